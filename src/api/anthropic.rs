@@ -1,0 +1,202 @@
+//! The Anthropic Messages API as legate reads it: the request fields of SPEC §5 and the kind
+//! of each streamed event (the SDKs dispatch on the SSE `event:` name, so legate does too).
+
+use super::{Field, MetaError, RequestMeta, StreamEventKind, read_fields, scan_prompt};
+use crate::sse::SseEvent;
+
+/// Reads `model` (string), `messages` (array), `max_tokens` (non-negative integer) and the
+/// optional `stream` flag; every other field is skipped, unknown ones included.
+pub fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
+    let [model, messages, max_tokens, stream] =
+        read_fields(body, ["model", "messages", "max_tokens", "stream"])?;
+    let model = model.string("model")?.into_owned();
+    messages.array("messages")?;
+    let max_tokens = max_tokens.u64("max_tokens")?;
+    let stream = stream.opt_bool("stream")?;
+    let (approx_input_tokens, _) = scan_prompt(body, None);
+    Ok(RequestMeta {
+        model,
+        stream,
+        max_tokens: Some(max_tokens),
+        include_usage: false,
+        approx_input_tokens,
+    })
+}
+
+/// Classifies one event by its `event:` name, falling back to the data's `type` for an event
+/// without a name. Unknown names are `Other` (the API adds event types over time).
+pub fn classify(ev: &SseEvent) -> StreamEventKind {
+    match ev.event.as_deref() {
+        Some(name) => kind_of(name),
+        None => match read_fields(ev.data.as_bytes(), ["type"]) {
+            Ok([Field::Str(kind)]) => kind_of(&kind),
+            _ => StreamEventKind::Other,
+        },
+    }
+}
+
+fn kind_of(name: &str) -> StreamEventKind {
+    match name {
+        "message_start" | "content_block_start" | "ping" => StreamEventKind::Preamble,
+        "content_block_delta" => StreamEventKind::Content,
+        "message_stop" => StreamEventKind::Terminal,
+        "error" => StreamEventKind::Error,
+        _ => StreamEventKind::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::SseParser;
+
+    fn meta(body: &str) -> Result<RequestMeta, MetaError> {
+        parse_request(body.as_bytes())
+    }
+
+    #[test]
+    fn reads_the_fields_legate_needs() {
+        let body = r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,
+            "system":"be brief","messages":[{"role":"user","content":"Hello"}],
+            "thinking":{"type":"enabled","budget_tokens":2048},"future_field":[1,{"a":null}]}"#;
+        let m = meta(body);
+        assert_eq!(
+            m,
+            Ok(RequestMeta {
+                model: "claude-sonnet-4-5".into(),
+                stream: true,
+                max_tokens: Some(1024),
+                include_usage: false,
+                // "be brief" = 10 bytes, the messages array = 35 bytes.
+                approx_input_tokens: 12,
+            })
+        );
+    }
+
+    #[test]
+    fn stream_defaults_to_false() {
+        let m = meta(r#"{"model":"m","max_tokens":1,"messages":[],"stream":null}"#);
+        assert_eq!(m.map(|m| m.stream), Ok(false));
+    }
+
+    #[test]
+    fn required_fields_and_types_are_enforced() {
+        let cases = [
+            (
+                r#"{"messages":[],"max_tokens":1}"#,
+                MetaError::Missing("model"),
+            ),
+            (
+                r#"{"model":"m","max_tokens":1}"#,
+                MetaError::Missing("messages"),
+            ),
+            (
+                r#"{"model":"m","messages":[]}"#,
+                MetaError::Missing("max_tokens"),
+            ),
+            (
+                r#"{"model":7,"messages":[],"max_tokens":1}"#,
+                MetaError::WrongType("model"),
+            ),
+            (
+                r#"{"model":"m","messages":{},"max_tokens":1}"#,
+                MetaError::WrongType("messages"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"max_tokens":-1}"#,
+                MetaError::WrongType("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"max_tokens":1.5}"#,
+                MetaError::WrongType("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"max_tokens":null}"#,
+                MetaError::WrongType("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"max_tokens":1,"stream":"yes"}"#,
+                MetaError::WrongType("stream"),
+            ),
+            (
+                r#"{"model":"a","model":"b","messages":[],"max_tokens":1}"#,
+                MetaError::Duplicate("model"),
+            ),
+            ("[]", MetaError::NotObject),
+        ];
+        for (body, want) in cases {
+            assert_eq!(meta(body), Err(want), "{body}");
+        }
+        assert!(matches!(meta("{\"model\":"), Err(MetaError::NotJson(_))));
+    }
+
+    /// A recorded stream shape (wire-protocol A5): preamble, content, usage, terminal.
+    const STREAM: &str = concat!(
+        "event: message_start\n",
+        "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\n",
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: ping\n",
+        "data: {\"type\": \"ping\"}\n\n",
+        "event: content_block_delta\n",
+        "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+        "event: content_block_stop\n",
+        "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\n",
+        "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n",
+        "event: message_stop\n",
+        "data: {\"type\":\"message_stop\"}\n\n",
+    );
+
+    pub(crate) fn events(wire: &str) -> Vec<SseEvent> {
+        let mut p = SseParser::new();
+        p.push(wire.as_bytes());
+        std::iter::from_fn(|| p.next_event()).collect()
+    }
+
+    #[test]
+    fn recorded_stream_is_classified_by_event_name() {
+        use StreamEventKind::*;
+        let kinds: Vec<_> = events(STREAM).iter().map(classify).collect();
+        assert_eq!(
+            kinds,
+            [
+                Preamble, Preamble, Preamble, Content, Other, Other, Terminal
+            ]
+        );
+    }
+
+    #[test]
+    fn error_event_and_unknown_names() {
+        let wire = concat!(
+            "event: error\n",
+            "data: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n",
+            "event: some_future_event\n",
+            "data: {\"type\":\"content_block_delta\"}\n\n",
+        );
+        let kinds: Vec<_> = events(wire).iter().map(classify).collect();
+        assert_eq!(kinds, [StreamEventKind::Error, StreamEventKind::Other]);
+    }
+
+    #[test]
+    fn unnamed_events_fall_back_to_the_data_type() {
+        let wire = concat!(
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+            "data: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n",
+            "data: not json\n\n",
+        );
+        use StreamEventKind::*;
+        let kinds: Vec<_> = events(wire).iter().map(classify).collect();
+        assert_eq!(kinds, [Content, Terminal, Error, Other]);
+    }
+
+    #[test]
+    fn deeply_nested_values_are_skipped_without_a_depth_limit() {
+        let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+        let body =
+            format!("{{\"model\":\"m\",\"max_tokens\":1,\"messages\":{deep},\"tools\":{deep}}}");
+        let m = parse_request(body.as_bytes());
+        assert_eq!(m.map(|m| m.approx_input_tokens), Ok(5000));
+    }
+}

@@ -1,0 +1,365 @@
+//! The OpenAI Chat Completions API as legate reads it: the request fields that route, meter
+//! and admit a call, and the kind of each streamed chunk (`data:`-only SSE ending in
+//! `data: [DONE]`).
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::{Field, MetaError, RequestMeta, StreamEventKind, read_fields, scan_prompt};
+use crate::sse::SseEvent;
+
+const INCLUDE_USAGE: &str = "stream_options.include_usage";
+
+/// Reads `model` (string) and `messages` (array), which are required, and the optional
+/// `max_completion_tokens` (which wins) / `max_tokens`, `stream` and
+/// `stream_options.include_usage`.
+pub fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
+    let [model, messages, max_completion, max_tokens, stream, options] = read_fields(
+        body,
+        [
+            "model",
+            "messages",
+            "max_completion_tokens",
+            "max_tokens",
+            "stream",
+            "stream_options",
+        ],
+    )?;
+    let model = model.string("model")?.into_owned();
+    messages.array("messages")?;
+    let max_completion = max_completion.opt_u64("max_completion_tokens")?;
+    let max_tokens = max_tokens.opt_u64("max_tokens")?;
+    let stream = stream.opt_bool("stream")?;
+    let want_options = match options {
+        Field::Object => true,
+        Field::Absent | Field::Null => false,
+        _ => return Err(MetaError::WrongType("stream_options")),
+    };
+    let (approx_input_tokens, options_span) =
+        scan_prompt(body, want_options.then_some("stream_options"));
+    let include_usage = match options_span {
+        Some(span) => match read_fields(&body[span], ["include_usage"]) {
+            Ok([flag]) => flag.opt_bool(INCLUDE_USAGE)?,
+            Err(MetaError::Duplicate(_)) => return Err(MetaError::Duplicate(INCLUDE_USAGE)),
+            Err(_) => return Err(MetaError::WrongType("stream_options")),
+        },
+        None => false,
+    };
+    Ok(RequestMeta {
+        model,
+        stream,
+        max_tokens: max_completion.or(max_tokens),
+        include_usage,
+        approx_input_tokens,
+    })
+}
+
+/// Classifies one chunk. `[DONE]` is terminal; a data object with a truthy `error` (or an
+/// `event: error`, which the Node SDK honours) is an error; a choice delta with non-empty
+/// `content`, `refusal`, `tool_calls` or `function_call` is content. Reasoning deltas of
+/// OpenAI-compatible servers (`reasoning_content`, `reasoning`) are model output the caller
+/// sees too, so they commit the stream like content. Finish and usage chunks are `Other`;
+/// anything else before them (role-only chunks, empty deltas) is preamble.
+pub fn classify(ev: &SseEvent) -> StreamEventKind {
+    if ev.event.as_deref() == Some("error") {
+        return StreamEventKind::Error;
+    }
+    // The Python SDK ends at any data starting with "[DONE]".
+    if ev.data.starts_with("[DONE]") {
+        return StreamEventKind::Terminal;
+    }
+    // Only objects are chunks: serde would also read a struct from an array.
+    if !ev.data.trim_start().starts_with('{') {
+        return StreamEventKind::Other;
+    }
+    let Ok(chunk) = serde_json::from_str::<Chunk>(&ev.data) else {
+        return StreamEventKind::Other;
+    };
+    let choices = chunk.choices.unwrap_or_default();
+    if chunk.error.0 {
+        StreamEventKind::Error
+    } else if choices.content {
+        StreamEventKind::Content
+    } else if choices.finished || chunk.usage.0 {
+        StreamEventKind::Other
+    } else {
+        StreamEventKind::Preamble
+    }
+}
+
+/// The parts of a `chat.completion.chunk` that decide its kind.
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    error: Truthy,
+    #[serde(default)]
+    choices: Option<Choices>,
+    #[serde(default)]
+    usage: Truthy,
+}
+
+/// What all choices of a chunk carry together (read without collecting them).
+#[derive(Default)]
+struct Choices {
+    content: bool,
+    finished: bool,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(ChoicesVisitor)
+    }
+}
+
+struct ChoicesVisitor;
+
+impl<'de> Visitor<'de> for ChoicesVisitor {
+    type Value = Choices;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of choices")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+        let mut all = Choices::default();
+        while let Some(choice) = seq.next_element::<Choice>()? {
+            all.finished |= choice.finish_reason.0;
+            all.content |= choice.delta.is_some_and(|d| d.has_content());
+        }
+        Ok(all)
+    }
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Truthy,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Truthy,
+    #[serde(default)]
+    refusal: Truthy,
+    #[serde(default)]
+    tool_calls: Truthy,
+    #[serde(default)]
+    function_call: Truthy,
+    #[serde(default)]
+    reasoning_content: Truthy,
+    #[serde(default)]
+    reasoning: Truthy,
+}
+
+impl Delta {
+    fn has_content(&self) -> bool {
+        [
+            &self.content,
+            &self.refusal,
+            &self.tool_calls,
+            &self.function_call,
+            &self.reasoning_content,
+            &self.reasoning,
+        ]
+        .iter()
+        .any(|t| t.0)
+    }
+}
+
+/// Python truthiness of any JSON value (what the SDK's `data.get("error")` tests): false for
+/// null, false, 0, "", [] and {}; absent is false too. Nested values are skipped, not stored.
+#[derive(Default)]
+struct Truthy(bool);
+
+impl<'de> Deserialize<'de> for Truthy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TruthyVisitor).map(Truthy)
+    }
+}
+
+struct TruthyVisitor;
+
+impl<'de> Visitor<'de> for TruthyVisitor {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
+        Ok(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
+        Ok(v != 0)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
+        Ok(v != 0)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<bool, E> {
+        Ok(v != 0.0)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+        Ok(!v.is_empty())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let mut any = false;
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            any = true;
+        }
+        Ok(any)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut any = false;
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+            any = true;
+        }
+        Ok(any)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::SseParser;
+
+    fn meta(body: &str) -> Result<RequestMeta, MetaError> {
+        parse_request(body.as_bytes())
+    }
+
+    #[test]
+    fn reads_the_fields_legate_needs() {
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Hi"}],
+            "stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true},
+            "max_tokens":10,"max_completion_tokens":20,"tools":[]}"#;
+        assert_eq!(
+            meta(body),
+            Ok(RequestMeta {
+                model: "gpt-4o".into(),
+                stream: true,
+                max_tokens: Some(20),
+                include_usage: true,
+                // messages = 32 bytes, tools = 2 bytes.
+                approx_input_tokens: 9,
+            })
+        );
+    }
+
+    #[test]
+    fn max_tokens_is_optional_and_the_fallback() {
+        let only_old = meta(r#"{"model":"m","messages":[],"max_tokens":7}"#);
+        assert_eq!(only_old.map(|m| m.max_tokens), Ok(Some(7)));
+        let neither = meta(r#"{"model":"m","messages":[],"max_completion_tokens":null}"#);
+        assert_eq!(
+            neither.map(|m| (m.max_tokens, m.stream, m.include_usage)),
+            Ok((None, false, false))
+        );
+    }
+
+    #[test]
+    fn required_fields_and_types_are_enforced() {
+        let cases = [
+            (r#"{"messages":[]}"#, MetaError::Missing("model")),
+            (r#"{"model":"m"}"#, MetaError::Missing("messages")),
+            (
+                r#"{"model":null,"messages":[]}"#,
+                MetaError::WrongType("model"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"max_tokens":"9"}"#,
+                MetaError::WrongType("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"max_completion_tokens":5,"max_tokens":-1}"#,
+                MetaError::WrongType("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"stream_options":true}"#,
+                MetaError::WrongType("stream_options"),
+            ),
+            (
+                r#"{"model":"m","messages":[],"stream_options":{"include_usage":1}}"#,
+                MetaError::WrongType(INCLUDE_USAGE),
+            ),
+            (
+                r#"{"model":"m","messages":[],"stream_options":{"include_usage":true,"include_usage":false}}"#,
+                MetaError::Duplicate(INCLUDE_USAGE),
+            ),
+            (
+                r#"{"model":"m","messages":[],"stream":true,"stream":false}"#,
+                MetaError::Duplicate("stream"),
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(meta(body), Err(want), "{body}");
+        }
+    }
+
+    fn kinds(wire: &str) -> Vec<StreamEventKind> {
+        let mut p = SseParser::new();
+        p.push(wire.as_bytes());
+        std::iter::from_fn(|| p.next_event())
+            .map(|e| classify(&e))
+            .collect()
+    }
+
+    const HEAD: &str =
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-4o","#;
+
+    fn chunk(rest: &str) -> String {
+        format!("data: {HEAD}{rest}\n\n")
+    }
+
+    #[test]
+    fn recorded_stream_with_usage_chunk() {
+        let wire = [
+            chunk(r#""choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"ab"}"#),
+            chunk(r#""choices":[{"index":0,"delta":{"content":"Hel"},"logprobs":null,"finish_reason":null}],"usage":null}"#),
+            chunk(r#""choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null}"#),
+            chunk(r#""choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        use StreamEventKind::*;
+        assert_eq!(kinds(&wire), [Preamble, Content, Other, Other, Terminal]);
+    }
+
+    #[test]
+    fn tool_calls_refusals_and_reasoning_commit_the_stream() {
+        let wire = [
+            chunk(r#""choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]}"#),
+            chunk(r#""choices":[{"index":0,"delta":{"refusal":"I can't"},"finish_reason":null}]}"#),
+            chunk(r#""choices":[{"index":0,"delta":{"reasoning_content":"hmm"},"finish_reason":null}]}"#),
+            chunk(r#""choices":[{"index":0,"delta":{"tool_calls":[]},"finish_reason":null}]}"#),
+            chunk(r#""choices":[{"index":0,"delta":null,"finish_reason":null}]}"#),
+        ]
+        .concat();
+        use StreamEventKind::*;
+        assert_eq!(
+            kinds(&wire),
+            [Content, Content, Content, Preamble, Preamble]
+        );
+    }
+
+    #[test]
+    fn error_chunks_follow_python_truthiness() {
+        let wire = concat!(
+            "data: {\"error\":{\"message\":\"The server had an error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n",
+            "data: {\"error\":null,\"choices\":[]}\n\n",
+            "data: {\"error\":{},\"choices\":[]}\n\n",
+            "event: error\ndata: {\"message\":\"x\"}\n\n",
+            "data: [\"error\"]\n\n",
+            "data: not json\n\n",
+        );
+        use StreamEventKind::*;
+        assert_eq!(
+            kinds(wire),
+            [Error, Preamble, Preamble, Error, Other, Other]
+        );
+    }
+}

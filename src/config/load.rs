@@ -1,0 +1,341 @@
+//! Where the configuration comes from: an explicit path, `$LEGATE_CONFIG`,
+//! `./config/legate.toml`, or the embedded default; then `LEGATE__SECTION__KEY` environment
+//! overrides merged on top (the `config` crate's convention), then validation.
+//!
+//! Paths inside the configuration (`ca_file`, `api_key_file`, …) are used as written: a
+//! relative path is relative to the working directory of the process.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use config::{Environment, File, FileFormat, ValueKind};
+
+use crate::config::{Config, ConfigError, ConfigErrors, validate};
+
+/// The embedded default: identical to `config/legate.toml`.
+pub const DEFAULT_TOML: &str = include_str!("../../config/legate.toml");
+
+/// Read when the working directory has one, before falling back to the embedded default.
+const LOCAL_CONFIG: &str = "config/legate.toml";
+
+/// Providers assumed when a file has no `[providers]` section at all, as documented. A file
+/// that has the section gets exactly the providers it lists.
+const DEFAULT_PROVIDERS_TOML: &str = r#"
+[providers.anthropic]
+kind = "anthropic"
+base_url = "https://api.anthropic.com"
+api_key_env = "ANTHROPIC_API_KEY"
+
+[providers.openai]
+kind = "openai"
+base_url = "https://api.openai.com"
+api_key_env = "OPENAI_API_KEY"
+"#;
+
+/// Where the config came from, for logs and `check` output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// `--config PATH`.
+    Path(PathBuf),
+    /// `$LEGATE_CONFIG`.
+    Env(PathBuf),
+    /// `./config/legate.toml`.
+    LocalFile(PathBuf),
+    /// [`DEFAULT_TOML`].
+    Embedded,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Path(p) => write!(f, "{} (--config)", p.display()),
+            Origin::Env(p) => write!(f, "{} ($LEGATE_CONFIG)", p.display()),
+            Origin::LocalFile(p) => write!(f, "{} (working directory)", p.display()),
+            Origin::Embedded => f.write_str("embedded default"),
+        }
+    }
+}
+
+/// Loads with the process environment (SPEC §1 order; see [`load_with_env`]).
+pub fn load(explicit: Option<&Path>) -> Result<(Config, Origin), ConfigErrors> {
+    load_with_env(explicit, &process_env())
+}
+
+/// The same pipeline with an injected environment: the explicit path, else `$LEGATE_CONFIG`,
+/// else `./config/legate.toml` if present, else [`DEFAULT_TOML`]; then `LEGATE__…` overrides.
+pub fn load_with_env(
+    explicit: Option<&Path>,
+    env: &HashMap<String, String>,
+) -> Result<(Config, Origin), ConfigErrors> {
+    let origin = choose_origin(explicit, env, Path::new(LOCAL_CONFIG).is_file());
+    let config = match &origin {
+        Origin::Path(p) | Origin::Env(p) | Origin::LocalFile(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                ConfigError::new(p.display().to_string(), format!("cannot read: {e}"))
+            })?;
+            merge_and_validate(&text, env, &p.display().to_string())?
+        }
+        Origin::Embedded => merge_and_validate(DEFAULT_TOML, env, "embedded default")?,
+    };
+    Ok((config, origin))
+}
+
+/// Loads a TOML text with `LEGATE__…` overrides from `env`.
+pub fn load_str(toml: &str, env: &HashMap<String, String>) -> Result<Config, ConfigErrors> {
+    merge_and_validate(toml, env, "")
+}
+
+/// The log filter for tracing-subscriber: `$LEGATE_LOG`, else `$RUST_LOG`, else `info`.
+pub fn log_filter() -> String {
+    log_filter_from(&process_env())
+}
+
+fn log_filter_from(env: &HashMap<String, String>) -> String {
+    ["LEGATE_LOG", "RUST_LOG"]
+        .iter()
+        .filter_map(|var| env.get(*var))
+        .find(|v| !v.trim().is_empty())
+        .cloned()
+        .unwrap_or_else(|| "info".to_owned())
+}
+
+/// Variables whose name or value is not Unicode cannot be legate settings or keys; skipping
+/// them beats refusing to start.
+fn process_env() -> HashMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+fn choose_origin(
+    explicit: Option<&Path>,
+    env: &HashMap<String, String>,
+    local_exists: bool,
+) -> Origin {
+    if let Some(p) = explicit {
+        return Origin::Path(p.to_path_buf());
+    }
+    if let Some(p) = env.get("LEGATE_CONFIG").filter(|p| !p.is_empty()) {
+        return Origin::Env(PathBuf::from(p));
+    }
+    if local_exists {
+        return Origin::LocalFile(PathBuf::from(LOCAL_CONFIG));
+    }
+    Origin::Embedded
+}
+
+/// Merges the TOML text and the environment overrides with the `config` crate, then validates
+/// the merged tree by hand. `label` names the text in syntax errors.
+fn merge_and_validate(
+    toml: &str,
+    env: &HashMap<String, String>,
+    label: &str,
+) -> Result<Config, ConfigErrors> {
+    let syntax_error = |e: config::ConfigError| ConfigError::new(label, e.to_string());
+    let file_only = config::Config::builder()
+        .add_source(File::from_str(toml, FileFormat::Toml))
+        .build()
+        .map_err(syntax_error)?;
+    let mut builder = config::Config::builder();
+    let has_providers =
+        matches!(&file_only.cache.kind, ValueKind::Table(m) if m.contains_key("providers"));
+    if !has_providers {
+        builder = builder.add_source(File::from_str(DEFAULT_PROVIDERS_TOML, FileFormat::Toml));
+    }
+    let overrides = Environment::with_prefix("LEGATE")
+        .separator("__")
+        .try_parsing(true)
+        .source(Some(
+            env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ));
+    let merged = builder
+        .add_source(File::from_str(toml, FileFormat::Toml))
+        .add_source(overrides)
+        .build()
+        .map_err(|e| ConfigError::new("environment", e.to_string()))?;
+    validate::validate(&merged.cache, env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn origin_follows_the_documented_order() {
+        let none = env(&[]);
+        let with_var = env(&[("LEGATE_CONFIG", "/etc/legate.toml")]);
+        let explicit = Path::new("/x.toml");
+        assert_eq!(
+            choose_origin(Some(explicit), &with_var, true),
+            Origin::Path(explicit.into())
+        );
+        assert_eq!(
+            choose_origin(None, &with_var, true),
+            Origin::Env("/etc/legate.toml".into())
+        );
+        assert_eq!(
+            choose_origin(None, &none, true),
+            Origin::LocalFile(LOCAL_CONFIG.into())
+        );
+        assert_eq!(choose_origin(None, &none, false), Origin::Embedded);
+        assert_eq!(
+            choose_origin(None, &env(&[("LEGATE_CONFIG", "")]), false),
+            Origin::Embedded
+        );
+    }
+
+    #[test]
+    fn log_filter_prefers_legate_log() {
+        assert_eq!(log_filter_from(&env(&[])), "info");
+        assert_eq!(log_filter_from(&env(&[("RUST_LOG", "debug")])), "debug");
+        assert_eq!(
+            log_filter_from(&env(&[
+                ("RUST_LOG", "debug"),
+                ("LEGATE_LOG", "legate=trace")
+            ])),
+            "legate=trace"
+        );
+        assert_eq!(
+            log_filter_from(&env(&[("LEGATE_LOG", ""), ("RUST_LOG", "warn")])),
+            "warn"
+        );
+    }
+
+    #[test]
+    fn explicit_path_is_read_and_a_missing_one_is_reported()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("legate.toml");
+        std::fs::write(&path, "[server]\nmax_body_bytes = 1234\n")?;
+        let (cfg, origin) = load_with_env(Some(&path), &env(&[]))?;
+        assert_eq!(cfg.server.max_body_bytes, 1234);
+        assert_eq!(origin, Origin::Path(path.clone()));
+
+        let (cfg, origin) = load_with_env(
+            None,
+            &env(&[("LEGATE_CONFIG", &path.display().to_string())]),
+        )?;
+        assert_eq!(cfg.server.max_body_bytes, 1234);
+        assert_eq!(origin, Origin::Env(path));
+
+        let missing = dir.path().join("absent.toml");
+        let Err(errs) = load_with_env(Some(&missing), &env(&[])) else {
+            return Err("a missing file loaded".into());
+        };
+        assert!(errs.has_path(&missing.display().to_string()));
+        Ok(())
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "[server\nlisten = 1\n")?;
+        let Err(errs) = load_with_env(Some(&path), &env(&[])) else {
+            return Err("bad TOML loaded".into());
+        };
+        assert!(errs.has_path(&path.display().to_string()), "{errs}");
+        Ok(())
+    }
+
+    /// Every `*.toml` under the crate's `config/` directory, examples included.
+    fn config_files() -> std::io::Result<Vec<PathBuf>> {
+        let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("config")];
+        let mut files = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "toml") {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// Examples name certificate and key files of the machine they were written for; point
+    /// each at a temporary file through environment overrides so the rest is validated as is.
+    fn stand_in_files(
+        toml: &str,
+        dir: &Path,
+    ) -> Result<HashMap<String, String>, Box<dyn std::error::Error>> {
+        let raw = config::Config::builder()
+            .add_source(File::from_str(toml, FileFormat::Toml))
+            .build()?;
+        let mut overrides = HashMap::new();
+        let Ok(providers) = raw.get_table("providers") else {
+            return Ok(overrides);
+        };
+        for (name, table) in providers {
+            let table = table.into_table()?;
+            for key in [
+                "api_key_file",
+                "ca_file",
+                "client_cert_file",
+                "client_key_file",
+            ] {
+                if table.contains_key(key) {
+                    let stand_in = dir.join(format!("{name}-{key}"));
+                    std::fs::write(&stand_in, "stand-in\n")?;
+                    overrides.insert(
+                        format!(
+                            "LEGATE__PROVIDERS__{}__{}",
+                            name.to_uppercase(),
+                            key.to_uppercase()
+                        ),
+                        stand_in.display().to_string(),
+                    );
+                }
+            }
+        }
+        Ok(overrides)
+    }
+
+    #[test]
+    fn every_file_in_the_config_directory_loads() -> Result<(), Box<dyn std::error::Error>> {
+        let files = config_files()?;
+        assert!(
+            files.len() >= 6,
+            "expected the default, offline and examples: {files:?}"
+        );
+        let dir = tempfile::tempdir()?;
+        for path in files {
+            let text = std::fs::read_to_string(&path)?;
+            let overrides = stand_in_files(&text, dir.path())?;
+            match load_with_env(Some(&path), &overrides) {
+                Ok((cfg, _)) => assert!(!cfg.providers.is_empty()),
+                Err(errs) => return Err(format!("{}:\n{errs}", path.display()).into()),
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_embedded_default_is_the_shipped_file_and_loads() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let shipped =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(LOCAL_CONFIG))?;
+        assert_eq!(shipped, DEFAULT_TOML);
+        let cfg = load_str(DEFAULT_TOML, &env(&[]))?;
+        // It spells out the built-in defaults: apart from prices it is the empty config.
+        let mut bare = load_str("", &env(&[]))?;
+        bare.prices = cfg.prices.clone();
+        assert_eq!(
+            crate::config::render_masked(&bare),
+            crate::config::render_masked(&cfg)
+        );
+        assert!(!cfg.prices.is_empty());
+        Ok(())
+    }
+}

@@ -1,0 +1,377 @@
+//! Provider credentials: a redacting [`Secret`] wrapper, where a key comes from
+//! ([`KeySource`]), and the live key a request reads ([`KeyCell`]), which follows a key file
+//! through rotations without a restart.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+
+/// How often a key file is re-read. Kubernetes updates mounted Secrets within about a minute,
+/// so a quarter second is far below anything an operator could notice, and reading a tiny file
+/// four times a second costs nothing.
+const WATCH_PERIOD: Duration = Duration::from_millis(250);
+
+/// A secret string: `Debug` and `Display` print `[redacted]`; the value is reachable only
+/// through [`Secret::expose`], so it cannot end up in a log line by accident.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Where a provider's key comes from.
+#[derive(Debug, Clone)]
+pub enum KeySource {
+    /// An environment variable, read once at load time; `value` is `None` when it is unset or
+    /// empty (not an error: legate must start on a machine without keys).
+    Env { var: String, value: Option<Secret> },
+    /// A file, re-read while legate runs (key rotation without restart).
+    File { path: PathBuf },
+    /// No key: requests go out without credentials (local OpenAI-compatible servers).
+    None,
+}
+
+/// The live provider key, cheap to read on every request.
+pub struct KeyCell {
+    current: ArcSwapOption<Secret>,
+    /// Set for file-backed keys only.
+    path: Option<PathBuf>,
+}
+
+impl fmt::Debug for KeyCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyCell")
+            .field("path", &self.path)
+            .field(
+                "current",
+                &self.current.load().as_ref().map(|_| "[redacted]"),
+            )
+            .finish()
+    }
+}
+
+impl KeyCell {
+    /// An environment key is fixed for the life of the process; a file key is read once now
+    /// (a failure is logged and leaves the cell empty until the watcher succeeds).
+    pub fn from_source(src: &KeySource) -> Self {
+        match src {
+            KeySource::Env { value, .. } => Self {
+                current: ArcSwapOption::new(value.clone().map(Arc::new)),
+                path: None,
+            },
+            KeySource::File { path } => {
+                let initial = match read_key_file(path) {
+                    Ok(key) => Some(Arc::new(key)),
+                    Err(err) => {
+                        warn_unreadable(path, &err);
+                        None
+                    }
+                };
+                Self {
+                    current: ArcSwapOption::new(initial),
+                    path: Some(path.clone()),
+                }
+            }
+            KeySource::None => Self {
+                current: ArcSwapOption::empty(),
+                path: None,
+            },
+        }
+    }
+
+    /// The key to send now, if any.
+    pub fn current(&self) -> Option<Arc<Secret>> {
+        self.current.load_full()
+    }
+
+    /// For a file-backed key, starts a task that re-reads the file every 250 ms and swaps in a
+    /// changed key. The file is re-opened by path each time because Kubernetes rotates mounted
+    /// Secrets by swapping a symlink, which an inode watch would miss. A missing or unreadable
+    /// file keeps the last good key. The task ends when the cell is dropped. Must be called
+    /// inside a Tokio runtime; returns `None` for keys that never change.
+    pub fn spawn_watch(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let path = self.path.clone()?;
+        let cell = Arc::downgrade(self);
+        Some(tokio::spawn(watch(cell, path)))
+    }
+
+    /// Replaces the key if `fresh` differs from the current one. Returns whether it changed.
+    fn update(&self, fresh: Secret) -> bool {
+        let unchanged = self
+            .current
+            .load()
+            .as_ref()
+            .is_some_and(|old| old.expose() == fresh.expose());
+        if !unchanged {
+            self.current.store(Some(Arc::new(fresh)));
+        }
+        !unchanged
+    }
+}
+
+async fn watch(cell: Weak<KeyCell>, path: PathBuf) {
+    let mut tick = tokio::time::interval(WATCH_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let Some(cell) = cell.upgrade() else {
+            return;
+        };
+        poll_once(&cell, &path, &mut failing).await;
+    }
+}
+
+/// One re-read of the key file. `failing` remembers an ongoing failure streak so the warning
+/// is logged once per streak rather than four times a second.
+async fn poll_once(cell: &KeyCell, path: &Path, failing: &mut bool) {
+    match read_key_file_async(path).await {
+        Ok(key) => {
+            if cell.update(key) {
+                tracing::info!(path = %path.display(), "provider key file changed; using the new key");
+            }
+            *failing = false;
+        }
+        Err(err) => {
+            if !*failing {
+                warn_unreadable(path, &err);
+            }
+            *failing = true;
+        }
+    }
+}
+
+fn warn_unreadable(path: &Path, err: &io::Error) {
+    tracing::warn!(
+        path = %path.display(),
+        error = %err,
+        "cannot read provider key file; keeping the last good key"
+    );
+}
+
+fn read_key_file(path: &Path) -> io::Result<Secret> {
+    parse_key(std::fs::read_to_string(path)?)
+}
+
+async fn read_key_file_async(path: &Path) -> io::Result<Secret> {
+    parse_key(tokio::fs::read_to_string(path).await?)
+}
+
+/// Trims one trailing newline (files written by `echo` or editors end with one); an empty key
+/// is treated as unreadable so a half-written file never replaces a good key.
+fn parse_key(mut text: String) -> io::Result<Secret> {
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    if text.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the file is empty",
+        ));
+    }
+    Ok(Secret::new(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposed(cell: &KeyCell) -> Option<String> {
+        cell.current().map(|s| s.expose().to_owned())
+    }
+
+    #[test]
+    fn secret_is_redacted_in_debug_and_display() {
+        let s = Secret::new("sk-very-secret".into());
+        assert_eq!(format!("{s:?}"), "[redacted]");
+        assert_eq!(format!("{s}"), "[redacted]");
+        assert_eq!(s.expose(), "sk-very-secret");
+        let src = KeySource::Env {
+            var: "K".into(),
+            value: Some(s),
+        };
+        assert!(!format!("{src:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn env_source_is_fixed_and_none_is_empty() {
+        let cell = KeyCell::from_source(&KeySource::Env {
+            var: "K".into(),
+            value: Some(Secret::new("abc".into())),
+        });
+        assert_eq!(exposed(&cell), Some("abc".into()));
+        assert!(!format!("{cell:?}").contains("abc"));
+        let unset = KeyCell::from_source(&KeySource::Env {
+            var: "K".into(),
+            value: None,
+        });
+        assert_eq!(exposed(&unset), None);
+        assert_eq!(exposed(&KeyCell::from_source(&KeySource::None)), None);
+    }
+
+    #[test]
+    fn file_key_trims_exactly_one_trailing_newline() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("key");
+        std::fs::write(&path, "sk-1\n\n")?;
+        let cell = KeyCell::from_source(&KeySource::File { path: path.clone() });
+        assert_eq!(exposed(&cell), Some("sk-1\n".into()));
+        std::fs::write(&path, "sk-2\r\n")?;
+        let cell = KeyCell::from_source(&KeySource::File { path });
+        assert_eq!(exposed(&cell), Some("sk-2".into()));
+        Ok(())
+    }
+
+    #[test]
+    fn missing_or_empty_key_file_gives_no_key() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let missing = KeyCell::from_source(&KeySource::File {
+            path: dir.path().join("absent"),
+        });
+        assert_eq!(exposed(&missing), None);
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n")?;
+        assert_eq!(
+            exposed(&KeyCell::from_source(&KeySource::File { path: empty })),
+            None
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn watch_is_only_for_file_keys() {
+        let cell = Arc::new(KeyCell::from_source(&KeySource::None));
+        assert!(cell.spawn_watch().is_none());
+    }
+
+    /// Polls until the cell holds `want`, bounded so a broken watcher fails instead of hanging.
+    async fn wait_for(cell: &KeyCell, want: Option<&str>) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            if exposed(cell).as_deref() == want {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn picks_up_a_rotated_key_file() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("key");
+        std::fs::write(&path, "old-key\n")?;
+        let cell = Arc::new(KeyCell::from_source(&KeySource::File {
+            path: path.clone(),
+        }));
+        assert_eq!(exposed(&cell), Some("old-key".into()));
+        let handle = cell.spawn_watch();
+        assert!(handle.is_some());
+
+        // Rotate the way an atomic writer does: a new file renamed over the old path.
+        let staged = dir.path().join("key.new");
+        std::fs::write(&staged, "new-key\n")?;
+        std::fs::rename(&staged, &path)?;
+        assert!(wait_for(&cell, Some("new-key")).await, "rotation not seen");
+
+        if let Some(h) = handle {
+            h.abort();
+        }
+        Ok(())
+    }
+
+    /// Kubernetes mounts a Secret as `key -> ..data/key` with `..data -> ..TIMESTAMP`, and
+    /// rotates it by pointing a fresh `..data` symlink at a new directory.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn follows_a_kubernetes_style_symlink_swap() -> io::Result<()> {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir()?;
+        let root = dir.path();
+        std::fs::create_dir(root.join("..v1"))?;
+        std::fs::write(root.join("..v1/key"), "first\n")?;
+        symlink("..v1", root.join("..data"))?;
+        symlink("..data/key", root.join("key"))?;
+        let cell = Arc::new(KeyCell::from_source(&KeySource::File {
+            path: root.join("key"),
+        }));
+        assert_eq!(exposed(&cell), Some("first".into()));
+        let handle = cell.spawn_watch();
+
+        std::fs::create_dir(root.join("..v2"))?;
+        std::fs::write(root.join("..v2/key"), "second\n")?;
+        symlink("..v2", root.join("..data_tmp"))?;
+        std::fs::rename(root.join("..data_tmp"), root.join("..data"))?;
+        std::fs::remove_dir_all(root.join("..v1"))?;
+        assert!(
+            wait_for(&cell, Some("second")).await,
+            "symlink swap not seen"
+        );
+        if let Some(h) = handle {
+            h.abort();
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn unreadable_file_keeps_the_last_good_key() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("key");
+        std::fs::write(&path, "good")?;
+        let cell = KeyCell::from_source(&KeySource::File { path: path.clone() });
+        let mut failing = false;
+        std::fs::remove_file(&path)?;
+        poll_once(&cell, &path, &mut failing).await;
+        assert!(failing);
+        assert_eq!(exposed(&cell), Some("good".into()));
+        std::fs::write(&path, "")?;
+        poll_once(&cell, &path, &mut failing).await;
+        assert_eq!(exposed(&cell), Some("good".into()));
+        std::fs::write(&path, "better\n")?;
+        poll_once(&cell, &path, &mut failing).await;
+        assert!(!failing);
+        assert_eq!(exposed(&cell), Some("better".into()));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn watcher_ends_when_the_cell_is_dropped() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("key");
+        std::fs::write(&path, "k")?;
+        let cell = Arc::new(KeyCell::from_source(&KeySource::File { path }));
+        let handle = cell.spawn_watch();
+        drop(cell);
+        if let Some(h) = handle {
+            let ended = tokio::time::timeout(Duration::from_secs(10), h).await;
+            assert!(ended.is_ok(), "watch task outlived its cell");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,449 @@
+//! Every validation rule, each asserted at its exact key path.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::config::{ApiKind, AuthHeader, Config, ConfigErrors, KeySource, TlsRoots, load_str};
+
+mod providers;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn no_env() -> HashMap<String, String> {
+    HashMap::new()
+}
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn errors_of(toml: &str) -> ConfigErrors {
+    match load_str(toml, &no_env()) {
+        Ok(_) => ConfigErrors(Vec::new()),
+        Err(e) => e,
+    }
+}
+
+/// Asserts that `toml` is refused with a problem at exactly `path`.
+#[track_caller]
+fn refused_at(toml: &str, path: &str) {
+    let errs = errors_of(toml);
+    assert!(
+        errs.has_path(path),
+        "expected a problem at `{path}`, got:\n{errs}\n--- for:\n{toml}"
+    );
+}
+
+fn message_at(errs: &ConfigErrors, path: &str) -> String {
+    errs.0
+        .iter()
+        .filter(|e| e.path == path)
+        .map(|e| e.message.clone())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[test]
+fn empty_config_gets_the_documented_defaults() -> TestResult {
+    let cfg = load_str("", &no_env())?;
+    assert_eq!(cfg.server.listen.to_string(), "127.0.0.1:8787");
+    assert_eq!(cfg.server.admin_listen.to_string(), "127.0.0.1:9787");
+    assert_eq!(cfg.server.max_body_bytes, 33_554_432);
+    assert_eq!(cfg.server.default_deadline, Duration::from_secs(600));
+    assert_eq!(cfg.server.shutdown_grace, Duration::from_secs(30));
+    let a = &cfg.providers["anthropic"];
+    assert_eq!(a.kind, ApiKind::Anthropic);
+    assert_eq!(a.base_url, "https://api.anthropic.com");
+    assert_eq!(a.auth_header, AuthHeader::XApiKey);
+    assert!(matches!(&a.key, KeySource::Env { var, value: None } if var == "ANTHROPIC_API_KEY"));
+    assert_eq!(a.connect_timeout, Duration::from_secs(5));
+    assert_eq!(a.first_byte_timeout, Duration::from_secs(60));
+    assert_eq!(a.idle_timeout, Duration::from_secs(60));
+    assert_eq!(a.pool_idle_timeout, Duration::from_secs(60));
+    assert_eq!(a.max_concurrency, 256);
+    assert_eq!(a.tls_roots, TlsRoots::Webpki);
+    assert!(a.ca_file.is_none() && a.client_cert_file.is_none() && a.client_key_file.is_none());
+    let o = &cfg.providers["openai"];
+    assert_eq!(o.kind, ApiKind::OpenAi);
+    assert_eq!(o.base_url, "https://api.openai.com");
+    assert_eq!(o.auth_header, AuthHeader::Bearer);
+    assert!(matches!(&o.key, KeySource::Env { var, .. } if var == "OPENAI_API_KEY"));
+    assert_eq!(
+        (cfg.routing.anthropic.as_str(), cfg.routing.openai.as_str()),
+        ("anthropic", "openai")
+    );
+    assert!(cfg.models.is_empty() && cfg.clients.is_empty() && cfg.prices.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_listed_providers_section_replaces_the_defaults() -> TestResult {
+    let cfg = load_str(
+        "[providers.claude]\nkind = \"anthropic\"\n[providers.local]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:8000/\"\n",
+        &no_env(),
+    )?;
+    assert_eq!(
+        cfg.providers.keys().collect::<Vec<_>>(),
+        ["claude", "local"]
+    );
+    // Without [routing], each API goes to its only provider of that kind.
+    assert_eq!(cfg.routing.anthropic, "claude");
+    assert_eq!(cfg.routing.openai, "local");
+    assert_eq!(cfg.providers["local"].base_url, "http://127.0.0.1:8000");
+    assert_eq!(cfg.providers["local"].auth_header, AuthHeader::Bearer);
+    assert!(matches!(cfg.providers["local"].key, KeySource::None));
+    Ok(())
+}
+
+#[test]
+fn unknown_keys_are_refused_at_every_level() {
+    refused_at("serve = 1", "serve");
+    refused_at(
+        "[server]\nlisten_addr = \"127.0.0.1:1\"",
+        "server.listen_addr",
+    );
+    refused_at(
+        "[providers.anthropic]\nbase = \"x\"",
+        "providers.anthropic.base",
+    );
+    refused_at(
+        "[[models]]\nname = \"a\"\nchain = [\"anthropic:m\"]\nalias = \"b\"",
+        "models[0].alias",
+    );
+    refused_at(
+        "[[models]]\nname = \"a\"\nchain = [\"anthropic:m\", { target = \"anthropic:n\", max_token = 5 }]",
+        "models[0].chain[1].max_token",
+    );
+    refused_at("[routing]\ndefault = \"anthropic\"", "routing.default");
+    refused_at(
+        "[[clients]]\ntenant = \"a\"\nname = \"x\"\nkey_sha256 = \"\"",
+        "clients[0].name",
+    );
+    refused_at(
+        "[[prices]]\nmodel = \"a:b\"\ninput = \"1\"\noutput = \"1\"\ncurrency = \"EUR\"",
+        "prices[0].currency",
+    );
+    let errs = errors_of("[server]\nlisen = 1");
+    assert!(
+        message_at(&errs, "server.lisen").contains("listen"),
+        "{errs}"
+    );
+}
+
+#[test]
+fn wrong_types_are_refused() {
+    refused_at("server = 5", "server");
+    refused_at(
+        "[server]\nmax_body_bytes = \"big\"",
+        "server.max_body_bytes",
+    );
+    refused_at("[server]\nlisten = 8787", "server.listen");
+    refused_at("[server]\nlisten = \"localhost:8787\"", "server.listen");
+    refused_at(
+        "[providers.anthropic]\nmax_concurrency = 1.5",
+        "providers.anthropic.max_concurrency",
+    );
+    refused_at("providers = []", "providers");
+    refused_at("[models]\nname = \"x\"", "models");
+    refused_at("models = [1]", "models[0]");
+    refused_at(
+        "[[models]]\nname = \"a\"\nchain = \"anthropic:m\"",
+        "models[0].chain",
+    );
+    refused_at(
+        "[[models]]\nname = \"a\"\nchain = [{ target = \"anthropic:m\", drop_thinking = \"yes\" }]",
+        "models[0].chain[0].drop_thinking",
+    );
+    refused_at(
+        "[[models]]\nname = \"a\"\nchain = [3]",
+        "models[0].chain[0]",
+    );
+    refused_at("[routing]\nopenai = 42", "routing.openai");
+}
+
+#[test]
+fn durations_must_parse_and_timeouts_must_be_positive() {
+    refused_at(
+        "[providers.anthropic]\nconnect_timeout = \"5 parsecs\"",
+        "providers.anthropic.connect_timeout",
+    );
+    refused_at("[server]\ndefault_deadline = 30", "server.default_deadline");
+    for key in [
+        "connect_timeout",
+        "first_byte_timeout",
+        "idle_timeout",
+        "pool_idle_timeout",
+    ] {
+        refused_at(
+            &format!("[providers.openai]\n{key} = \"0s\""),
+            &format!("providers.openai.{key}"),
+        );
+    }
+    refused_at(
+        "[server]\ndefault_deadline = \"0ms\"",
+        "server.default_deadline",
+    );
+    // A zero grace period is a valid choice: stop at once.
+    assert!(load_str("[server]\nshutdown_grace = \"0s\"", &no_env()).is_ok());
+    let cfg = load_str(
+        "[providers.anthropic]\n[providers.openai]\nidle_timeout = \"1m 30s\"",
+        &no_env(),
+    );
+    assert_eq!(
+        cfg.ok().map(|c| c.providers["openai"].idle_timeout),
+        Some(Duration::from_secs(90))
+    );
+}
+
+#[test]
+fn numeric_limits_must_be_positive() {
+    refused_at("[server]\nmax_body_bytes = 0", "server.max_body_bytes");
+    refused_at("[server]\nmax_body_bytes = -1", "server.max_body_bytes");
+    refused_at(
+        "[providers.anthropic]\nmax_concurrency = 0",
+        "providers.anthropic.max_concurrency",
+    );
+    refused_at(
+        "[[models]]\nname = \"a\"\nchain = [{ target = \"anthropic:m\", max_tokens = 0 }]",
+        "models[0].chain[0].max_tokens",
+    );
+}
+
+const TWO_KINDS: &str = "[providers.anthropic]\n[providers.openai]\n";
+
+#[test]
+fn chains_must_name_known_providers_of_one_kind() {
+    let model = |chain: &str| format!("{TWO_KINDS}[[models]]\nname = \"m\"\nchain = {chain}\n");
+    refused_at(
+        &model("[\"anthropic:a\", \"mystery:b\"]"),
+        "models[0].chain[1]",
+    );
+    refused_at(
+        &model("[\"anthropic:a\", { target = \"mystery:b\" }]"),
+        "models[0].chain[1].target",
+    );
+    refused_at(&model("[\"just-a-model\"]"), "models[0].chain[0]");
+    refused_at(&model("[\"anthropic:\"]"), "models[0].chain[0]");
+    refused_at(&model("[{ max_tokens = 5 }]"), "models[0].chain[0].target");
+    refused_at(&model("[]"), "models[0].chain");
+    refused_at(
+        &model("[\"anthropic:a\", \"openai:gpt-4o\"]"),
+        "models[0].chain[1]",
+    );
+    refused_at(
+        &format!("{TWO_KINDS}[[models]]\nchain = [\"anthropic:a\"]"),
+        "models[0].name",
+    );
+    refused_at(
+        &format!("{TWO_KINDS}[[models]]\nname = \"m\""),
+        "models[0].chain",
+    );
+}
+
+#[test]
+fn chain_steps_are_parsed() -> TestResult {
+    let cfg = load_str(
+        "[providers.anthropic]\n[providers.ollama]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:11434\"\n[[models]]\nname = \"large\"\nchain = [\"anthropic:claude-sonnet-4-5\", { target = \"anthropic:claude-haiku-4-5\", max_tokens = 8192, drop_thinking = true }]\n[[models]]\nname = \"local\"\nchain = [\"ollama:qwen2.5:7b\"]\n[routing]\nopenai = \"ollama\"\n",
+        &no_env(),
+    )?;
+    let large = &cfg.models[0].chain;
+    assert_eq!(large[0].target(), "anthropic:claude-sonnet-4-5");
+    assert_eq!((large[0].max_tokens, large[0].drop_thinking), (None, false));
+    assert_eq!(
+        (large[1].max_tokens, large[1].drop_thinking),
+        (Some(8192), true)
+    );
+    // The provider ends at the first colon; the model keeps the rest.
+    assert_eq!(cfg.models[1].chain[0].provider, "ollama");
+    assert_eq!(cfg.models[1].chain[0].model, "qwen2.5:7b");
+    Ok(())
+}
+
+#[test]
+fn duplicate_models_and_prices_are_refused() {
+    refused_at(
+        "[[models]]\nname = \"m\"\nchain = [\"anthropic:a\"]\n[[models]]\nname = \"m\"\nchain = [\"anthropic:b\"]",
+        "models[1].name",
+    );
+    refused_at(
+        "[[prices]]\nmodel = \"anthropic:a\"\ninput = \"1\"\noutput = \"2\"\n[[prices]]\nmodel = \"anthropic:a\"\ninput = \"1\"\noutput = \"2\"",
+        "prices[1].model",
+    );
+}
+
+#[test]
+fn routing_must_name_a_provider_of_the_right_kind() {
+    refused_at("[routing]\nanthropic = \"nowhere\"", "routing.anthropic");
+    refused_at("[routing]\nopenai = \"anthropic\"", "routing.openai");
+    refused_at("[providers.anthropic]\n", "routing.openai");
+    refused_at(
+        "[providers.a1]\nkind = \"anthropic\"\n[providers.a2]\nkind = \"anthropic\"\n[providers.openai]\n",
+        "routing.anthropic",
+    );
+}
+
+#[test]
+fn public_listen_requires_client_keys() -> TestResult {
+    refused_at("[server]\nlisten = \"0.0.0.0:8787\"", "server.listen");
+    let digest = "ab".repeat(32);
+    let cfg = load_str(
+        &format!(
+            "[server]\nlisten = \"0.0.0.0:8787\"\n[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{digest}\""
+        ),
+        &no_env(),
+    )?;
+    assert_eq!(cfg.clients[0].tenant, "team-a");
+    assert_eq!(cfg.clients[0].key_sha256, [0xab; 32]);
+    refused_at(
+        "[server]\nlisten = \"127.0.0.1:8787\"\nadmin_listen = \"127.0.0.1:8787\"",
+        "server.admin_listen",
+    );
+    assert!(
+        load_str(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"",
+            &no_env()
+        )
+        .is_ok()
+    );
+    Ok(())
+}
+
+#[test]
+fn client_entries_are_checked() {
+    let client = |tenant: &str, key: &str| {
+        format!("[[clients]]\ntenant = \"{tenant}\"\nkey_sha256 = \"{key}\"\n")
+    };
+    let good = "0f".repeat(32);
+    refused_at(&client("team-a", "abc"), "clients[0].key_sha256");
+    refused_at(&client("team-a", &"g".repeat(64)), "clients[0].key_sha256");
+    refused_at(&client("team-a", &"a".repeat(63)), "clients[0].key_sha256");
+    refused_at(&client("Team A", &good), "clients[0].tenant");
+    refused_at(
+        &format!("{}{}", client("a", &good), client("b", &good)),
+        "clients[1].key_sha256",
+    );
+    refused_at("[[clients]]\ntenant = \"a\"", "clients[0].key_sha256");
+    assert!(load_str(&client("a", &good.to_uppercase()), &no_env()).is_ok());
+}
+
+#[test]
+fn prices_are_exact_decimals() -> TestResult {
+    let price = |body: &str| format!("[[prices]]\nmodel = \"anthropic:m\"\n{body}\n");
+    refused_at(&price("input = \"abc\"\noutput = \"1\""), "prices[0].input");
+    refused_at(&price("input = \"1e3\"\noutput = \"1\""), "prices[0].input");
+    refused_at(&price("input = 0.3\noutput = \"1\""), "prices[0].input");
+    refused_at(&price("input = \"1\""), "prices[0].output");
+    refused_at(
+        &price("input = \"1\"\noutput = \"1\"\ncache_read = \"-1\""),
+        "prices[0].cache_read",
+    );
+    refused_at(
+        "[[prices]]\nmodel = \"sonnet\"\ninput = \"1\"\noutput = \"1\"",
+        "prices[0].model",
+    );
+    refused_at(
+        "[[prices]]\nmodel = \"Anthropic:m\"\ninput = \"1\"\noutput = \"1\"",
+        "prices[0].model",
+    );
+    let cfg = load_str(
+        &price("input = \"3\"\noutput = 15\ncache_write = \"3.75\""),
+        &no_env(),
+    )?;
+    let p = cfg.prices["anthropic:m"];
+    assert_eq!(
+        (p.input, p.output, p.cache_write, p.cache_read),
+        (3_000_000, 15_000_000, 3_750_000, 0)
+    );
+    Ok(())
+}
+
+#[test]
+fn sections_not_implemented_yet_are_refused_not_ignored() {
+    for (toml, path) in [
+        ("[retry]\nmax_attempts = 3", "retry"),
+        ("[breaker]\nwindow = \"30s\"", "breaker"),
+        ("[tenants.default]\npriority = \"interactive\"", "tenants"),
+        ("[ratelimit]\nstore = \"memory\"", "ratelimit"),
+        ("[shedding]\nqueue_limit = 512", "shedding"),
+    ] {
+        let errs = errors_of(toml);
+        assert!(
+            message_at(&errs, path).contains("not supported"),
+            "{path}: {errs}"
+        );
+        assert_eq!(errs.0.len(), 1, "{errs}");
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let errs = errors_of(
+        "[retry]\n[server]\nlisten = \"0.0.0.0:1\"\nmax_body_bytes = 0\n[providers.anthropic]\nconnect_timeout = \"soon\"\n[providers.openai]\nkind = \"gpt\"\n[[models]]\nname = \"m\"\nchain = [\"nobody:x\"]\n[[prices]]\nmodel = \"anthropic:m\"\ninput = \"x\"\noutput = \"1\"\n",
+    );
+    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        [
+            "models[0].chain[0]",
+            "prices[0].input",
+            "providers.anthropic.connect_timeout",
+            "providers.openai.kind",
+            "retry",
+            "server.listen",
+            "server.max_body_bytes",
+        ],
+        "{errs}"
+    );
+    // Display: one "path: message" per line.
+    assert_eq!(errs.to_string().lines().count(), errs.0.len());
+    assert!(errs.to_string().lines().all(|l| l.contains(": ")));
+}
+
+#[test]
+fn environment_overrides_apply_and_are_validated() -> TestResult {
+    let cfg: Config = load_str(
+        "[server]\nmax_body_bytes = 5000\n",
+        &env(&[
+            ("LEGATE__SERVER__MAX_BODY_BYTES", "1000"),
+            (
+                "LEGATE__PROVIDERS__ANTHROPIC__BASE_URL",
+                "http://127.0.0.1:8790/",
+            ),
+            ("LEGATE__PROVIDERS__OPENAI__MAX_CONCURRENCY", " 12"),
+            ("LEGATE__SERVER__DEFAULT_DEADLINE", "2m"),
+            ("LEGATE_LOG", "debug"),
+            ("UNRELATED", "x"),
+        ]),
+    )?;
+    assert_eq!(cfg.server.max_body_bytes, 1000);
+    assert_eq!(cfg.providers["anthropic"].base_url, "http://127.0.0.1:8790");
+    assert_eq!(cfg.providers["openai"].max_concurrency, 12);
+    assert_eq!(cfg.server.default_deadline, Duration::from_secs(120));
+
+    let bad = load_str(
+        "",
+        &env(&[
+            ("LEGATE__SERVER__MAX_BODY_BYTES", "lots"),
+            ("LEGATE__SERVER__COLOUR", "red"),
+        ]),
+    );
+    let Err(errs) = bad else {
+        return Err("bad overrides accepted".into());
+    };
+    assert!(
+        errs.has_path("server.max_body_bytes") && errs.has_path("server.colour"),
+        "{errs}"
+    );
+
+    // A provider named like a number, chosen through the environment, stays a name.
+    let cfg = load_str(
+        "[providers.anthropic]\n[providers.42]\nkind = \"openai\"\n[providers.openai]\n",
+        &env(&[("LEGATE__ROUTING__OPENAI", "42")]),
+    )?;
+    assert_eq!(cfg.routing.openai, "42");
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! The one error type of the request path and the one function that renders it as a response
+//! in the caller's API shape. Every refusal or failure legate itself produces passes through
+//! here, so statuses, error types and retry headers are decided in exactly one place.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::api::ApiShape;
+
+/// Where a failure came from: decides whether the SDK may retry it and how it is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The caller sent something legate refuses.
+    Client,
+    /// legate itself (configuration, internal).
+    Proxy,
+    /// The upstream provider failed or could not be reached.
+    Upstream,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyError {
+    /// Body not JSON, or lacking a required field (message says which).
+    InvalidRequest { message: String },
+    /// The model name is routed to a provider of the other API.
+    WrongApi {
+        model: String,
+        served_by: &'static str,
+    },
+    /// No such endpoint.
+    NotFound { method: String, path: String },
+    /// Body larger than `server.max_body_bytes`.
+    TooLarge { limit: usize },
+    /// `[[clients]]` is configured and the caller's key matches none (or is missing).
+    Unauthorized,
+    /// Absolute-form target, CONNECT, or a Host that is not this proxy.
+    ForbiddenTarget,
+    /// The provider has no key (env var unset or key file unreadable).
+    NoProviderKey { provider: String, hint: String },
+    /// Connecting to the upstream failed.
+    UpstreamUnreachable { provider: String },
+    /// The upstream did not send response headers within `first_byte_timeout`.
+    UpstreamTimeout { provider: String },
+    /// The request's deadline passed before an answer.
+    DeadlineExceeded,
+    /// The process is draining for shutdown.
+    ShuttingDown,
+    /// Anything unexpected; details go to the log only.
+    Internal,
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::InvalidRequest { .. } | ProxyError::WrongApi { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::ForbiddenTarget => StatusCode::FORBIDDEN,
+            ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+            ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn source(&self) -> Source {
+        match self {
+            ProxyError::InvalidRequest { .. }
+            | ProxyError::WrongApi { .. }
+            | ProxyError::NotFound { .. }
+            | ProxyError::TooLarge { .. }
+            | ProxyError::Unauthorized
+            | ProxyError::ForbiddenTarget => Source::Client,
+            ProxyError::NoProviderKey { .. } | ProxyError::Internal | ProxyError::ShuttingDown => {
+                Source::Proxy
+            }
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::DeadlineExceeded => Source::Upstream,
+        }
+    }
+
+    /// Short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::InvalidRequest { .. } => "invalid_request",
+            ProxyError::WrongApi { .. } => "wrong_api",
+            ProxyError::NotFound { .. } => "not_found",
+            ProxyError::TooLarge { .. } => "too_large",
+            ProxyError::Unauthorized => "unauthorized",
+            ProxyError::ForbiddenTarget => "forbidden_target",
+            ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::DeadlineExceeded => "deadline_exceeded",
+            ProxyError::ShuttingDown => "shutting_down",
+            ProxyError::Internal => "internal",
+        }
+    }
+
+    /// Anthropic `error.type`.
+    fn anthropic_type(&self) -> &'static str {
+        match self {
+            ProxyError::InvalidRequest { .. }
+            | ProxyError::WrongApi { .. }
+            | ProxyError::ForbiddenTarget => "invalid_request_error",
+            ProxyError::NotFound { .. } => "not_found_error",
+            ProxyError::TooLarge { .. } => "request_too_large",
+            ProxyError::Unauthorized => "authentication_error",
+            ProxyError::ShuttingDown => "overloaded_error",
+            ProxyError::NoProviderKey { .. }
+            | ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::DeadlineExceeded
+            | ProxyError::Internal => "api_error",
+        }
+    }
+
+    /// OpenAI `error.type` and `error.code`.
+    fn openai_type_code(&self) -> (&'static str, &'static str) {
+        match self {
+            ProxyError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
+            ProxyError::WrongApi { .. } => ("invalid_request_error", "model_not_found"),
+            ProxyError::NotFound { .. } => ("invalid_request_error", "unknown_url"),
+            ProxyError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ProxyError::Unauthorized => ("authentication_error", "invalid_api_key"),
+            ProxyError::ForbiddenTarget => ("invalid_request_error", "forbidden_target"),
+            ProxyError::ShuttingDown => ("server_error", "shutting_down"),
+            ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
+            ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
+            ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
+            ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
+            ProxyError::Internal => ("server_error", "internal_error"),
+        }
+    }
+
+    /// What happened and what to do; never a secret, never internal error text.
+    pub fn message(&self) -> String {
+        match self {
+            ProxyError::InvalidRequest { message } => message.clone(),
+            ProxyError::WrongApi { model, served_by } => format!(
+                "model `{model}` is served by a provider of the {served_by} API; send it to that API's endpoint"
+            ),
+            ProxyError::NotFound { method, path } => format!(
+                "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models and POST /v1/chat/completions"
+            ),
+            ProxyError::TooLarge { limit } => format!(
+                "the request body is larger than {limit} bytes (server.max_body_bytes); nothing was sent upstream"
+            ),
+            ProxyError::Unauthorized => {
+                "the API key sent to legate matches no configured client ([[clients]]); send the key legate issued to your tenant".to_string()
+            }
+            ProxyError::ForbiddenTarget => {
+                "legate only proxies to its configured providers: absolute-form targets, CONNECT and foreign Host headers are refused".to_string()
+            }
+            ProxyError::NoProviderKey { provider, hint } => format!(
+                "legate has no API key for provider `{provider}`: {hint}"
+            ),
+            ProxyError::UpstreamUnreachable { provider } => format!(
+                "could not connect to provider `{provider}`; legate will keep trying on later requests"
+            ),
+            ProxyError::UpstreamTimeout { provider } => format!(
+                "provider `{provider}` sent no response headers within its first_byte_timeout"
+            ),
+            ProxyError::DeadlineExceeded => {
+                "no answer within the request deadline (server.default_deadline or x-legate-deadline-ms)".to_string()
+            }
+            ProxyError::ShuttingDown => "legate is shutting down; retry on another replica".to_string(),
+            ProxyError::Internal => "legate hit an internal error; see its log for the request id".to_string(),
+        }
+    }
+
+    /// Renders the error in the caller's API shape with the headers the SDKs act on.
+    pub fn render(&self, api: ApiShape, request_id: &str) -> Response<Bytes> {
+        let message = self.message();
+        let body = match api {
+            ApiShape::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": {"type": self.anthropic_type(), "message": message},
+                "request_id": request_id,
+            }),
+            ApiShape::OpenAi => {
+                let (kind, code) = self.openai_type_code();
+                serde_json::json!({
+                    "error": {"message": message, "type": kind, "param": null, "code": code}
+                })
+            }
+        };
+        let mut resp = Response::new(Bytes::from(body.to_string()));
+        *resp.status_mut() = self.status();
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        // legate owns retries: an error that follows upstream attempts (or that a retry cannot
+        // fix) must not be multiplied by the SDK's own retry loop.
+        if self.source() != Source::Client {
+            headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(resp: &Response<Bytes>) -> serde_json::Value {
+        serde_json::from_slice(resp.body()).unwrap_or(serde_json::Value::Null)
+    }
+
+    #[test]
+    fn anthropic_shape_has_type_error_and_request_id() {
+        let resp = ProxyError::TooLarge { limit: 10 }.render(ApiShape::Anthropic, "lgt_1");
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let v = json(&resp);
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "request_too_large");
+        assert_eq!(v["request_id"], "lgt_1");
+        assert!(resp.headers().get("x-should-retry").is_none());
+    }
+
+    #[test]
+    fn openai_shape_has_code_and_null_param() {
+        let resp = ProxyError::Unauthorized.render(ApiShape::OpenAi, "lgt_2");
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let v = json(&resp);
+        assert_eq!(v["error"]["type"], "authentication_error");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        assert!(v["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn upstream_failures_forbid_sdk_retries() {
+        let resp = ProxyError::UpstreamUnreachable {
+            provider: "anthropic".into(),
+        }
+        .render(ApiShape::Anthropic, "x");
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            resp.headers().get("x-should-retry").map(|v| v.as_bytes()),
+            Some(&b"false"[..])
+        );
+    }
+}

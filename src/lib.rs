@@ -1,0 +1,17 @@
+//! legate: a model ambassador. A localhost proxy that owns the connection from agents to LLM
+//! providers: keys, TLS, timeouts, streaming, metering and metrics (see SPEC in the README).
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod meter;
+pub mod mock;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod splice;
+pub mod sse;
+pub mod telemetry;
+pub mod upstream;
+pub mod usage;

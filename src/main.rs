@@ -1,0 +1,81 @@
+//! Entry point: parse the command line, load config (before binding anything), start telemetry,
+//! and hand over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use legate::cli::{Cli, Command};
+use legate::config;
+
+/// sysexits EX_CONFIG-style code for a config that does not validate (`serve`).
+const EXIT_BAD_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(config.as_deref()),
+        Command::Serve { config } => serve(config.as_deref()),
+        Command::Mock { listen, script } => {
+            legate::telemetry::init_tracing(&config::log_filter());
+            block_on(legate::mock::run(listen, script))
+        }
+    }
+}
+
+fn check(path: Option<&std::path::Path>) -> ExitCode {
+    match config::load(path) {
+        Ok((cfg, origin)) => {
+            println!("{}", config::render::render_masked(&cfg));
+            for w in config::render::warnings(&cfg) {
+                eprintln!("warning: {w}");
+            }
+            eprintln!("config from {origin} is valid");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{}: {}", e.path, e.message);
+            }
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn serve(path: Option<&std::path::Path>) -> ExitCode {
+    legate::telemetry::init_tracing(&config::log_filter());
+    let (cfg, origin) = match config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{}: {}", e.path, e.message);
+            }
+            eprintln!("legate: invalid config; nothing was started");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    for w in config::render::warnings(&cfg) {
+        tracing::warn!("{w}");
+    }
+    tracing::info!(config = %origin, "config loaded");
+    block_on(legate::server::run(cfg, prometheus::Registry::new()))
+}
+
+fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("legate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("legate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

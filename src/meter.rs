@@ -1,0 +1,199 @@
+//! Money and prices: exact integer pico-dollars (1 USD = 10^12 pico-USD), so that budgets and
+//! cost counters never drift the way floating-point sums do.
+
+/// Pico-dollars in one US dollar.
+pub const PICO_PER_USD: u128 = 1_000_000_000_000;
+
+/// Price of one token of each kind, in pico-USD. A price quoted per million tokens with at most
+/// six decimal places is an exact integer here (USD 0.000001 per Mtok = 1 pico-USD per token).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Price {
+    pub input: u64,
+    pub output: u64,
+    pub cache_write: u64,
+    pub cache_read: u64,
+}
+
+/// Parses an exact decimal "USD per million tokens" string (`"3"`, `"0.30"`, `"3.75"`) into
+/// pico-USD per token. Refuses signs, exponents, and more than six decimal places, since those
+/// cannot be represented exactly.
+pub fn parse_usd_per_mtok(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (whole, frac) = match s.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (s, ""),
+    };
+    let digits_ok = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() && frac.is_empty() || !digits_ok(whole) || !digits_ok(frac) {
+        return Err(format!(
+            "`{s}` is not a plain decimal number of USD per million tokens (like \"3.75\")"
+        ));
+    }
+    if frac.len() > 6 {
+        return Err(format!(
+            "`{s}` has more than 6 decimal places; prices are exact to 0.000001 USD per million tokens"
+        ));
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole
+            .parse()
+            .map_err(|_| format!("`{s}` is too large for a price"))?
+    };
+    let mut frac_val: u64 = 0;
+    for b in frac.bytes().chain(std::iter::repeat(b'0')).take(6) {
+        frac_val = frac_val * 10 + u64::from(b - b'0');
+    }
+    whole
+        .checked_mul(1_000_000)
+        .and_then(|w| w.checked_add(frac_val))
+        .ok_or_else(|| format!("`{s}` is too large for a price"))
+}
+
+/// Parses an exact decimal USD amount (`"25"`, `"0.50"`) into pico-USD; at most 12 decimals.
+pub fn parse_usd(s: &str) -> Result<u128, String> {
+    let s = s.trim();
+    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits_ok = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() && frac.is_empty() || !digits_ok(whole) || !digits_ok(frac) {
+        return Err(format!(
+            "`{s}` is not a plain decimal USD amount (like \"25.50\")"
+        ));
+    }
+    if frac.len() > 12 {
+        return Err(format!("`{s}` is more precise than one pico-dollar"));
+    }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| format!("`{s}` is too large"))?
+    };
+    let mut frac_val: u128 = 0;
+    for b in frac.bytes().chain(std::iter::repeat(b'0')).take(12) {
+        frac_val = frac_val * 10 + u128::from(b - b'0');
+    }
+    whole
+        .checked_mul(PICO_PER_USD)
+        .and_then(|w| w.checked_add(frac_val))
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// Formats pico-USD as an exact decimal USD string (`"0.000123"`), trailing zeros trimmed.
+pub fn format_usd(pico: u128) -> String {
+    let whole = pico / PICO_PER_USD;
+    let frac = pico % PICO_PER_USD;
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let frac = format!("{frac:012}");
+    format!("{whole}.{}", frac.trim_end_matches('0'))
+}
+
+/// Formats pico-USD per token back as USD per million tokens (inverse of `parse_usd_per_mtok`).
+pub fn format_usd_per_mtok(pico_per_token: u64) -> String {
+    let whole = pico_per_token / 1_000_000;
+    let frac = pico_per_token % 1_000_000;
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let frac = format!("{frac:06}");
+    format!("{whole}.{}", frac.trim_end_matches('0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_parse_exactly() {
+        assert_eq!(parse_usd_per_mtok("3"), Ok(3_000_000));
+        assert_eq!(parse_usd_per_mtok("3.75"), Ok(3_750_000));
+        assert_eq!(parse_usd_per_mtok("0.30"), Ok(300_000));
+        assert_eq!(parse_usd_per_mtok(".5"), Ok(500_000));
+        assert_eq!(parse_usd_per_mtok("0.000001"), Ok(1));
+        assert!(parse_usd_per_mtok("0.0000001").is_err());
+        assert!(parse_usd_per_mtok("-1").is_err());
+        assert!(parse_usd_per_mtok("1e3").is_err());
+        assert!(parse_usd_per_mtok("").is_err());
+        assert!(parse_usd_per_mtok(".").is_err());
+    }
+
+    #[test]
+    fn usd_amounts_round_trip() {
+        assert_eq!(parse_usd("25"), Ok(25 * PICO_PER_USD));
+        assert_eq!(parse_usd("0.000000000001"), Ok(1));
+        assert_eq!(format_usd(1), "0.000000000001");
+        assert_eq!(format_usd(25 * PICO_PER_USD), "25");
+        assert_eq!(format_usd(parse_usd("1.5").unwrap_or(0)), "1.5");
+        assert_eq!(format_usd_per_mtok(3_750_000), "3.75");
+    }
+}
+
+/// Running totals per tenant and `provider:model`, served by `/admin/usage`. Exact integers.
+#[derive(Default)]
+pub struct Ledger {
+    entries: std::sync::Mutex<std::collections::BTreeMap<(String, String), LedgerEntry>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub requests: u64,
+    pub usage: crate::usage::Usage,
+    pub cost_pico: u128,
+}
+
+impl Ledger {
+    pub fn record(&self, tenant: &str, target: &str, usage: crate::usage::Usage, cost_pico: u128) {
+        let mut map = match self.entries.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let e = map
+            .entry((tenant.to_string(), target.to_string()))
+            .or_default();
+        e.requests += 1;
+        e.usage.input += usage.input;
+        e.usage.output += usage.output;
+        e.usage.cache_read += usage.cache_read;
+        e.usage.cache_write += usage.cache_write;
+        e.cost_pico += cost_pico;
+    }
+
+    pub fn snapshot(&self) -> Vec<(String, String, LedgerEntry)> {
+        let map = match self.entries.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.iter()
+            .map(|((t, m), e)| (t.clone(), m.clone(), *e))
+            .collect()
+    }
+
+    /// The `/admin/usage` document: per tenant, per `provider:model`, the four token counts and
+    /// cost as exact integer pico-dollars (a string, since JSON numbers lose precision past
+    /// 2^53) plus a decimal USD rendering.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut tenants = serde_json::Map::new();
+        for (tenant, target, e) in self.snapshot() {
+            let slot = tenants
+                .entry(tenant)
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if let serde_json::Value::Object(models) = slot {
+                models.insert(
+                    target,
+                    serde_json::json!({
+                        "requests": e.requests,
+                        "input_tokens": e.usage.input,
+                        "output_tokens": e.usage.output,
+                        "cache_read_tokens": e.usage.cache_read,
+                        "cache_write_tokens": e.usage.cache_write,
+                        "cost_pico_usd": e.cost_pico.to_string(),
+                        "cost_usd": format_usd(e.cost_pico),
+                    }),
+                );
+            }
+        }
+        serde_json::json!({ "tenants": tenants })
+    }
+}

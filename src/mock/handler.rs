@@ -1,0 +1,297 @@
+//! One request from arrival to response: control-plane calls go to `control`; API calls are
+//! recorded, checked against the expected key, routed, matched to a scripted reply and
+//! answered.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::AUTHORIZATION;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde::Deserialize;
+
+use super::body::MockBody;
+use super::reply::{Answer, Api, Asked, wait};
+use super::script::Script;
+use super::state::{MatchKey, RecordedRequest, Shared};
+use super::{anthropic, control};
+
+/// Models always listed, besides those the script names.
+const LISTED_MODELS: [&str; 2] = ["claude-sonnet-4-5", "claude-haiku-4-5"];
+
+/// Model named when the request names none.
+const FALLBACK_MODEL: &str = "mock-model";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Messages,
+    CountTokens,
+    Models,
+    Chat,
+    Unknown(Api),
+}
+
+impl Route {
+    fn of(method: &Method, path: &str, headers: &HeaderMap) -> Route {
+        match (method, path) {
+            (&Method::POST, "/v1/messages") => Route::Messages,
+            (&Method::POST, "/v1/messages/count_tokens") => Route::CountTokens,
+            (&Method::GET, "/v1/models") => Route::Models,
+            (&Method::POST, "/v1/chat/completions") => Route::Chat,
+            _ => Route::Unknown(guess_api(path, headers)),
+        }
+    }
+
+    fn api(self) -> Api {
+        match self {
+            Route::Messages | Route::CountTokens | Route::Models => Api::Anthropic,
+            Route::Chat => Api::OpenAi,
+            Route::Unknown(api) => api,
+        }
+    }
+}
+
+/// The error shape for a path the mock does not serve: by path family, else by whether the
+/// caller speaks Anthropic (`anthropic-version`).
+fn guess_api(path: &str, headers: &HeaderMap) -> Api {
+    const OPENAI: [&str; 4] = [
+        "/v1/chat/",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+    ];
+    const ANTHROPIC: [&str; 2] = ["/v1/messages", "/v1/models"];
+    if OPENAI.iter().any(|p| path.starts_with(p)) {
+        Api::OpenAi
+    } else if ANTHROPIC.iter().any(|p| path.starts_with(p))
+        || headers.contains_key("anthropic-version")
+    {
+        Api::Anthropic
+    } else {
+        Api::OpenAi
+    }
+}
+
+/// The request fields that shape the reply; everything else in the body is ignored.
+#[derive(Deserialize)]
+struct Meta {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// Entry point for every request on the listener.
+pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<MockBody> {
+    if request.uri().path().starts_with("/_mock/") {
+        return control::handle(&shared, request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(collected) = body.collect().await else {
+        // The request body broke off: nothing to record, and nobody left to answer.
+        let mut response = Response::new(MockBody::full(Bytes::new()));
+        *response.status_mut() = StatusCode::BAD_REQUEST;
+        return response;
+    };
+    let body = collected.to_bytes();
+    let path = parts.uri.path();
+    let route = Route::of(&parts.method, path, &parts.headers);
+    let recorded = RecordedRequest::new(
+        parts.method.to_string(),
+        parts
+            .uri
+            .path_and_query()
+            .map_or(path, |pq| pq.as_str())
+            .to_owned(),
+        header_list(&parts.headers),
+        body.clone(),
+    );
+    let (id, guard) = shared.record(recorded);
+    let answer = Answer {
+        api: route.api(),
+        id,
+        guard,
+    };
+    let script = shared.script();
+    if let Some(key) = &script.expect_key
+        && !authorized(&parts.headers, key)
+    {
+        let message = match answer.api {
+            Api::Anthropic => "invalid x-api-key",
+            Api::OpenAi => "Incorrect API key provided.",
+        };
+        return answer.error(StatusCode::UNAUTHORIZED, "authentication_error", message);
+    }
+    match route {
+        Route::Unknown(_) => {
+            let message = format!("Not found: {} {path}", parts.method);
+            answer.error(StatusCode::NOT_FOUND, "not_found_error", &message)
+        }
+        Route::Models => models(&shared, &script, answer, path).await,
+        Route::CountTokens | Route::Messages | Route::Chat => {
+            with_body(&shared, &script, answer, route, path, &body).await
+        }
+    }
+}
+
+/// `GET /v1/models`: the fixed names plus those the script mentions.
+async fn models(
+    shared: &Shared,
+    script: &Script,
+    answer: Answer,
+    path: &str,
+) -> Response<MockBody> {
+    let key = MatchKey {
+        model: None,
+        path,
+        stream: false,
+    };
+    let reply = shared.take_reply(&key, true);
+    if let Some(reply) = &reply {
+        wait(reply).await;
+    }
+    let mut names: Vec<String> = LISTED_MODELS.iter().map(|m| (*m).to_owned()).collect();
+    for name in script.model_names() {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    answer.document(reply.as_deref(), anthropic::models(&names))
+}
+
+/// The routes that read a JSON request body: count_tokens and the two generation endpoints.
+async fn with_body(
+    shared: &Shared,
+    script: &Script,
+    answer: Answer,
+    route: Route,
+    path: &str,
+    body: &Bytes,
+) -> Response<MockBody> {
+    let Ok(meta) = serde_json::from_slice::<Meta>(body) else {
+        let message = "The request body is not a valid JSON object.";
+        return answer.error(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+    };
+    let key = MatchKey {
+        model: meta.model.as_deref(),
+        path,
+        stream: meta.stream.unwrap_or(false),
+    };
+    if route == Route::CountTokens {
+        let reply = shared.take_reply(&key, true);
+        if let Some(reply) = &reply {
+            wait(reply).await;
+        }
+        let natural = anthropic::count_tokens(body.len() as u64 / 4);
+        return answer.document(reply.as_deref(), natural);
+    }
+    let reply = shared
+        .take_reply(&key, false)
+        .unwrap_or_else(|| Arc::clone(&script.default));
+    wait(&reply).await;
+    let asked = Asked {
+        model: meta.model.as_deref().unwrap_or(FALLBACK_MODEL),
+        stream: key.stream,
+        include_usage: meta
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    };
+    answer.generated(&reply, &asked)
+}
+
+fn header_list(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_owned(), value)
+        })
+        .collect()
+}
+
+/// True when at least one credential is presented and every presented one is the key.
+fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    let api_keys = headers.get_all("x-api-key").iter().map(|v| v.as_bytes());
+    let bearers = headers.get_all(AUTHORIZATION).iter().map(|v| {
+        let raw = v.as_bytes();
+        raw.strip_prefix(b"Bearer ").unwrap_or(raw)
+    });
+    let mut presented = api_keys.chain(bearers).peekable();
+    presented.peek().is_some() && presented.all(|k| k == key.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn key_check_accepts_either_credential_form() {
+        assert!(authorized(&headers(&[("x-api-key", "k")]), "k"));
+        assert!(authorized(&headers(&[("authorization", "Bearer k")]), "k"));
+        assert!(authorized(
+            &headers(&[("x-api-key", "k"), ("authorization", "Bearer k")]),
+            "k"
+        ));
+        assert!(!authorized(&headers(&[]), "k"));
+        assert!(!authorized(
+            &headers(&[("x-api-key", "k"), ("authorization", "Bearer x")]),
+            "k"
+        ));
+        assert!(!authorized(&headers(&[("authorization", "k")]), "Bearer k"));
+        assert!(!authorized(&headers(&[("x-api-key", "K")]), "k"));
+    }
+
+    #[test]
+    fn routes_and_error_shapes() {
+        let none = headers(&[]);
+        let anthropic = headers(&[("anthropic-version", "2023-06-01")]);
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/messages", &none),
+            Route::Messages
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/messages/count_tokens", &none),
+            Route::CountTokens
+        );
+        assert_eq!(Route::of(&Method::GET, "/v1/models", &none), Route::Models);
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/chat/completions", &none),
+            Route::Chat
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/messages", &none),
+            Route::Unknown(Api::Anthropic)
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/responses", &anthropic),
+            Route::Unknown(Api::OpenAi)
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v2/x", &anthropic),
+            Route::Unknown(Api::Anthropic)
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v2/x", &none),
+            Route::Unknown(Api::OpenAi)
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! The response body legate returns for an upstream answer. It forwards the upstream body as it
+//! arrives — for event streams exactly whole events, each as soon as it is complete, never
+//! buffered further and never compressed — while watching it: usage for metering, the first
+//! content event for time-to-first-token, the terminal event, the idle timeout between chunks,
+//! and shutdown. A failure after bytes reached the caller becomes an explicit error event, never
+//! a clean-looking end. Dropping it early (the caller went away) drops the upstream body, which
+//! cancels the upstream request, and is recorded as 499.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use prometheus::{Histogram, IntGauge};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use crate::api::{self, ApiShape, StreamEventKind};
+use crate::proxy::record::{RequestRecord, UsageSink};
+use crate::sse::SseParser;
+use crate::usage::{self, StreamUsage, Usage};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Non-streaming bodies larger than this are forwarded but not parsed for usage.
+const JSON_USAGE_CAP: usize = 8 << 20;
+
+enum Mode {
+    Sse {
+        parser: SseParser,
+        usage: StreamUsage,
+        /// Bytes of an event that is not complete yet.
+        pending: BytesMut,
+        saw_content: bool,
+        saw_terminal: bool,
+        saw_error: bool,
+    },
+    Json {
+        buf: Vec<u8>,
+        overflow: bool,
+    },
+}
+
+enum State {
+    Streaming,
+    /// One last frame (an error event) to send, then the end.
+    Closing(Option<Bytes>),
+    Done,
+}
+
+/// Everything a finished (or abandoned) response reports to.
+pub struct Accounting {
+    pub record: RequestRecord,
+    pub sink: UsageSink,
+    pub ttft: Histogram,
+    pub inflight: IntGauge,
+    pub status: u16,
+}
+
+pub struct TapBody {
+    inner: Incoming,
+    api: ApiShape,
+    mode: Mode,
+    state: State,
+    idle: Duration,
+    timer: Pin<Box<Sleep>>,
+    abort: Pin<Box<WaitForCancellationFutureOwned>>,
+    acct: Option<Accounting>,
+    /// Held for the life of the upstream exchange: `max_concurrency` counts streams too.
+    _permit: Option<OwnedSemaphorePermit>,
+    /// A non-stream body failed: the next poll returns an error so hyper aborts the connection.
+    failed_json: bool,
+}
+
+impl TapBody {
+    pub fn new(
+        inner: Incoming,
+        api: ApiShape,
+        is_sse: bool,
+        idle: Duration,
+        abort: WaitForCancellationFutureOwned,
+        acct: Accounting,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
+        let mode = if is_sse {
+            Mode::Sse {
+                parser: SseParser::new(),
+                usage: StreamUsage::new(api),
+                pending: BytesMut::new(),
+                saw_content: false,
+                saw_terminal: false,
+                saw_error: false,
+            }
+        } else {
+            Mode::Json {
+                buf: Vec::new(),
+                overflow: false,
+            }
+        };
+        TapBody {
+            inner,
+            api,
+            mode,
+            state: State::Streaming,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+            abort: Box::pin(abort),
+            acct: Some(acct),
+            _permit: permit,
+            failed_json: false,
+        }
+    }
+
+    /// Watches one upstream chunk; returns the bytes that may be forwarded now.
+    fn observe(&mut self, data: Bytes) -> Option<Bytes> {
+        match &mut self.mode {
+            Mode::Json { buf, overflow } => {
+                if !*overflow {
+                    if buf.len() + data.len() <= JSON_USAGE_CAP {
+                        buf.extend_from_slice(&data);
+                    } else {
+                        *overflow = true;
+                        buf.clear();
+                    }
+                }
+                Some(data)
+            }
+            Mode::Sse {
+                parser,
+                usage,
+                pending,
+                saw_content,
+                saw_terminal,
+                saw_error,
+            } => {
+                parser.push(&data);
+                while let Some(ev) = parser.next_event() {
+                    let kind = match self.api {
+                        ApiShape::Anthropic => api::anthropic::classify(&ev),
+                        ApiShape::OpenAi => api::openai::classify(&ev),
+                    };
+                    match kind {
+                        StreamEventKind::Content if !*saw_content => {
+                            *saw_content = true;
+                            if let Some(acct) = &self.acct {
+                                acct.ttft
+                                    .observe(acct.record.started().elapsed().as_secs_f64());
+                            }
+                        }
+                        StreamEventKind::Terminal => *saw_terminal = true,
+                        StreamEventKind::Error => *saw_error = true,
+                        _ => {}
+                    }
+                    usage.observe(&ev);
+                }
+                // Forward exactly the bytes of complete events; keep a partial one back so an
+                // error event legate may have to append never lands inside it.
+                let held = parser.pending_bytes();
+                let available = pending.len() + data.len();
+                let ready = available.saturating_sub(held);
+                if ready == 0 {
+                    pending.extend_from_slice(&data);
+                    return None;
+                }
+                if pending.is_empty() {
+                    pending.extend_from_slice(&data[ready..]);
+                    Some(data.slice(..ready))
+                } else {
+                    pending.extend_from_slice(&data);
+                    Some(pending.split_to(ready).freeze())
+                }
+            }
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        match &self.mode {
+            Mode::Sse { usage, .. } => usage.usage(),
+            Mode::Json { buf, overflow } => {
+                let ok = self.acct.as_ref().is_some_and(|a| a.status < 300);
+                if *overflow || !ok {
+                    return None;
+                }
+                match self.api {
+                    ApiShape::Anthropic => usage::anthropic_from_json(buf),
+                    ApiShape::OpenAi => usage::openai_from_json(buf),
+                }
+            }
+        }
+    }
+
+    /// The upstream body ended. A stream without its terminal event is a failure.
+    fn on_end(&mut self) -> State {
+        match &self.mode {
+            Mode::Sse {
+                saw_terminal,
+                saw_error,
+                ..
+            } if !*saw_terminal && !*saw_error => {
+                self.fail_stream("the upstream stream ended before its final event")
+            }
+            _ => {
+                self.complete(None);
+                State::Done
+            }
+        }
+    }
+
+    /// A failure mid-body: an explicit error event for event streams; for other bodies the
+    /// connection is aborted, so the caller sees a broken response rather than a short one.
+    fn fail(&mut self, why: &str) -> State {
+        match self.mode {
+            Mode::Sse { .. } => self.fail_stream(why),
+            Mode::Json { .. } => {
+                tracing::warn!(reason = why, "upstream response failed after it started");
+                self.complete(Some(502));
+                self.failed_json = true;
+                State::Done
+            }
+        }
+    }
+
+    fn fail_stream(&mut self, why: &str) -> State {
+        tracing::warn!(
+            reason = why,
+            "upstream stream failed after the response started"
+        );
+        self.complete(Some(502));
+        State::Closing(Some(stream_error_event(self.api, why)))
+    }
+
+    fn complete(&mut self, status_override: Option<u16>) {
+        let usage = self.usage();
+        if let Some(acct) = self.acct.take() {
+            if let Some(u) = usage {
+                acct.sink.record(u);
+            }
+            acct.inflight.dec();
+            acct.record.finish(status_override.unwrap_or(acct.status));
+        }
+    }
+}
+
+impl Drop for TapBody {
+    fn drop(&mut self) {
+        // Still accounting means the caller went away before the end: whatever usage was seen
+        // is still billed by the provider, so it is recorded, and the request counts as 499.
+        let usage = self.usage();
+        if let Some(mut acct) = self.acct.take() {
+            if let Some(u) = usage {
+                acct.sink.record(u);
+            }
+            acct.inflight.dec();
+            acct.record.client_gone();
+        }
+    }
+}
+
+/// An error event in the stream format of `api` (Anthropic `event: error`; OpenAI an error
+/// chunk), which the SDKs raise as an exception.
+pub fn stream_error_event(api: ApiShape, message: &str) -> Bytes {
+    match api {
+        ApiShape::Anthropic => {
+            let data = serde_json::json!({
+                "type": "error",
+                "error": {"type": "api_error", "message": message},
+            });
+            Bytes::from(format!("event: error\ndata: {data}\n\n"))
+        }
+        ApiShape::OpenAi => {
+            let data = serde_json::json!({
+                "error": {"message": message, "type": "server_error", "param": null, "code": "upstream_stream_error"},
+            });
+            Bytes::from(format!("data: {data}\n\n"))
+        }
+    }
+}
+
+impl Body for TapBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if std::mem::take(&mut this.failed_json) {
+                // A failed non-stream body: abort the connection so the caller sees it broken.
+                return Poll::Ready(Some(Err("upstream response failed".into())));
+            }
+            match &mut this.state {
+                State::Done => return Poll::Ready(None),
+                State::Closing(last) => {
+                    let last = last.take();
+                    this.state = State::Done;
+                    if let Some(b) = last {
+                        return Poll::Ready(Some(Ok(Frame::data(b))));
+                    }
+                    continue;
+                }
+                State::Streaming => {}
+            }
+            if this.abort.as_mut().poll(cx).is_ready() {
+                this.state =
+                    this.fail("legate is shutting down and the stream outlived shutdown_grace");
+                continue;
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let deadline = Instant::now() + this.idle;
+                    this.timer.as_mut().reset(deadline);
+                    match frame.into_data() {
+                        Ok(data) => {
+                            let out = this.observe(data);
+                            // With a Content-Length the caller may have every byte before this
+                            // body is polled again: account now, not at the next poll.
+                            if this.inner.is_end_stream() {
+                                this.state = this.on_end();
+                            }
+                            if let Some(out) = out {
+                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            }
+                        }
+                        Err(other) => return Poll::Ready(Some(Ok(other))),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    tracing::debug!(error = %e, "upstream body error");
+                    this.state = this.fail("the upstream connection broke mid-response");
+                }
+                Poll::Ready(None) => this.state = this.on_end(),
+                Poll::Pending => {
+                    if this.timer.as_mut().poll(cx).is_ready() {
+                        this.state =
+                            this.fail("the upstream sent nothing for longer than idle_timeout");
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.mode {
+            Mode::Json { .. } => self.inner.size_hint(),
+            Mode::Sse { .. } => SizeHint::default(),
+        }
+    }
+}

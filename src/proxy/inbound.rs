@@ -1,0 +1,288 @@
+//! The inbound side of a request, cheapest checks first: which endpoint it is (and so which API
+//! shape its errors take), whether its target may be proxied at all, who the caller is, and
+//! reading its body once under the size limit.
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Uri, header};
+use http_body_util::{BodyExt, Limited};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::api::ApiShape;
+use crate::config::ClientEntry;
+use crate::error::ProxyError;
+
+/// The endpoints of the data plane (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Messages,
+    CountTokens,
+    Models,
+    ChatCompletions,
+}
+
+impl Endpoint {
+    pub fn api(self) -> ApiShape {
+        match self {
+            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => ApiShape::Anthropic,
+            Endpoint::ChatCompletions => ApiShape::OpenAi,
+        }
+    }
+
+    /// The canonical upstream path.
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::Models => "/v1/models",
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+        }
+    }
+
+    /// Metric label of the inbound API.
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => "anthropic",
+            Endpoint::ChatCompletions => "openai",
+        }
+    }
+}
+
+/// Normalises the path (a doubled `/v1/v1/` collapses; `/chat/completions` without `/v1` is
+/// accepted, since SDK base URLs differ on whether they include it) and finds the endpoint.
+pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
+    let mut p = path.trim_end_matches('/');
+    while let Some(rest) = p.strip_prefix("/v1/v1/") {
+        p = &p[p.len() - rest.len() - 4..];
+    }
+    let p = p.strip_prefix("/v1").unwrap_or(p);
+    match (method, p) {
+        (&Method::POST, "/messages") => Some(Endpoint::Messages),
+        (&Method::POST, "/messages/count_tokens") => Some(Endpoint::CountTokens),
+        (&Method::GET, "/models") => Some(Endpoint::Models),
+        (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
+        _ => None,
+    }
+}
+
+/// The API shape an error for an unknown path takes: Anthropic SDKs always send
+/// `anthropic-version`, OpenAI SDKs never do.
+pub fn shape_for_unknown(headers: &HeaderMap) -> ApiShape {
+    if headers.contains_key("anthropic-version") {
+        ApiShape::Anthropic
+    } else {
+        ApiShape::OpenAi
+    }
+}
+
+/// Refuses what would make legate an open proxy or a DNS-rebinding target: absolute-form
+/// targets, CONNECT, and (without `[[clients]]` keys to protect it) a Host that is not a
+/// loopback name or the listen address.
+pub fn check_target(
+    method: &Method,
+    version: http::Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+    listen_ip: std::net::IpAddr,
+    has_clients: bool,
+) -> Result<(), ProxyError> {
+    // HTTP/2 always carries scheme and authority; in HTTP/1 they mean an absolute-form target,
+    // i.e. a caller trying to use legate as a forward proxy.
+    let absolute_form = version < http::Version::HTTP_2 && uri.scheme().is_some();
+    if method == Method::CONNECT || absolute_form {
+        return Err(ProxyError::ForbiddenTarget);
+    }
+    if has_clients {
+        return Ok(());
+    }
+    let host = match headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
+        Some(h) => h.to_string(),
+        None => match uri.authority() {
+            Some(a) => a.as_str().to_string(),
+            None => return Ok(()),
+        },
+    };
+    if host_is_local(&host, listen_ip) {
+        Ok(())
+    } else {
+        Err(ProxyError::ForbiddenTarget)
+    }
+}
+
+fn host_is_local(host: &str, listen_ip: std::net::IpAddr) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        })
+    };
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || ip == listen_ip,
+        Err(_) => false,
+    }
+}
+
+/// The caller's credentials as sent: `x-api-key` and/or `Authorization: Bearer` (SDK generations
+/// differ; a caller may send both).
+fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+        .and_then(|v| {
+            if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+                Some(&v[7..])
+            } else {
+                None
+            }
+        });
+    api_key.into_iter().chain(bearer)
+}
+
+/// Maps the caller to a tenant. Without `[[clients]]` everyone is `default` and keys are
+/// ignored; with them, a presented key's SHA-256 must match one, compared in constant time
+/// against every entry so timing does not reveal which.
+pub fn authenticate(headers: &HeaderMap, clients: &[ClientEntry]) -> Result<String, ProxyError> {
+    if clients.is_empty() {
+        return Ok("default".to_string());
+    }
+    let mut found: Option<&str> = None;
+    for key in presented_keys(headers) {
+        let digest: [u8; 32] = Sha256::digest(key).into();
+        for c in clients {
+            if bool::from(c.key_sha256.ct_eq(&digest)) && found.is_none() {
+                found = Some(&c.tenant);
+            }
+        }
+    }
+    found.map(str::to_string).ok_or(ProxyError::Unauthorized)
+}
+
+/// Why a body could not be read.
+pub enum BodyError {
+    TooLarge,
+    /// The client went away (or sent a broken body) while legate was reading.
+    Broken,
+}
+
+/// Reads the whole body once, refusing early on a declared Content-Length over the limit.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: hyper::body::Incoming,
+    limit: usize,
+) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(_) => Err(BodyError::Broken),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn paths_with_and_without_v1_and_doubled_v1_are_accepted() {
+        let post = Method::POST;
+        assert_eq!(classify(&post, "/v1/messages"), Some(Endpoint::Messages));
+        assert_eq!(classify(&post, "/v1/v1/messages"), Some(Endpoint::Messages));
+        assert_eq!(
+            classify(&post, "/chat/completions"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            classify(&post, "/v1/chat/completions/"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            classify(&post, "/v1/v1/chat/completions"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            classify(&post, "/v1/messages/count_tokens"),
+            Some(Endpoint::CountTokens)
+        );
+        assert_eq!(classify(&Method::GET, "/v1/models"), Some(Endpoint::Models));
+        assert_eq!(classify(&Method::GET, "/v1/messages"), None);
+        assert_eq!(classify(&post, "/v1/embeddings"), None);
+        assert_eq!(classify(&post, "/v2/messages"), None);
+    }
+
+    #[test]
+    fn foreign_hosts_are_refused_without_clients() {
+        let ip: std::net::IpAddr = [127, 0, 0, 1].into();
+        let uri: Uri = "/v1/messages".parse().unwrap_or_default();
+        let mut h = HeaderMap::new();
+        for ok in ["127.0.0.1:8787", "localhost", "localhost:1", "[::1]:80"] {
+            h.insert(header::HOST, HeaderValue::from_static(ok));
+            assert!(
+                check_target(&Method::POST, http::Version::HTTP_11, &uri, &h, ip, false).is_ok(),
+                "{ok}"
+            );
+        }
+        h.insert(header::HOST, HeaderValue::from_static("evil.example:8787"));
+        assert!(check_target(&Method::POST, http::Version::HTTP_11, &uri, &h, ip, false).is_err());
+        assert!(check_target(&Method::POST, http::Version::HTTP_11, &uri, &h, ip, true).is_ok());
+        assert!(
+            check_target(&Method::CONNECT, http::Version::HTTP_11, &uri, &h, ip, true).is_err()
+        );
+        let absolute: Uri = "http://evil.example/v1/messages"
+            .parse()
+            .unwrap_or_default();
+        assert!(
+            check_target(
+                &Method::POST,
+                http::Version::HTTP_11,
+                &absolute,
+                &h,
+                ip,
+                true
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn either_credential_style_authenticates() {
+        let key = b"team-a-key";
+        let clients = vec![ClientEntry {
+            tenant: "team-a".into(),
+            key_sha256: Sha256::digest(key).into(),
+        }];
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("team-a-key"));
+        assert_eq!(authenticate(&h, &clients).ok().as_deref(), Some("team-a"));
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer team-a-key"),
+        );
+        assert_eq!(authenticate(&h, &clients).ok().as_deref(), Some("team-a"));
+        h.insert("x-api-key", HeaderValue::from_static("wrong"));
+        assert_eq!(authenticate(&h, &clients).ok().as_deref(), Some("team-a"));
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("wrong"));
+        assert_eq!(authenticate(&h, &clients), Err(ProxyError::Unauthorized));
+        assert_eq!(
+            authenticate(&HeaderMap::new(), &[]).ok().as_deref(),
+            Some("default")
+        );
+    }
+}

@@ -1,0 +1,293 @@
+//! The data plane: one function, `Proxy::handle`, takes a request through the fixed order of
+//! policies below and returns the response. The order is the design; each step says why it
+//! sits where it does.
+
+pub mod attempt;
+pub mod body;
+pub mod inbound;
+pub mod models;
+pub mod record;
+pub mod response;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, ApiShape, RequestMeta};
+use crate::config::{ApiKind, Config};
+use crate::error::ProxyError;
+use crate::meter::Ledger;
+use crate::route::Labels;
+use crate::telemetry::Metrics;
+use crate::upstream::Upstream;
+use inbound::{BodyError, Endpoint};
+use record::RequestRecord;
+pub use response::ProxyBody;
+
+/// Everything that comes from one loaded config. Swapped whole, so a request sees one
+/// consistent config from start to end.
+pub struct Snapshot {
+    pub cfg: Arc<Config>,
+    pub upstreams: HashMap<String, Arc<Upstream>>,
+    pub labels: Labels,
+    pub hash: String,
+}
+
+impl Snapshot {
+    pub fn new(cfg: Arc<Config>) -> Result<Self, String> {
+        let mut upstreams = HashMap::new();
+        for (name, p) in &cfg.providers {
+            let up = Upstream::new(p).map_err(|e| format!("providers.{name}: {e}"))?;
+            upstreams.insert(name.clone(), Arc::new(up));
+        }
+        let labels = Labels::from_config(&cfg);
+        let hash = crate::config::render::config_hash(&cfg);
+        Ok(Snapshot {
+            cfg,
+            upstreams,
+            labels,
+            hash,
+        })
+    }
+}
+
+/// Request ids: a random per-process prefix and a counter, unique without a syscall per request.
+pub struct RequestIds {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    pub fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        RequestIds {
+            prefix: h.finish() & 0xffff_ffff_ffff,
+            next: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("lgt_{:012x}{:08x}", self.prefix, n)
+    }
+}
+
+impl Default for RequestIds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub struct Proxy {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub metrics: Arc<Metrics>,
+    pub ledger: Arc<Ledger>,
+    ids: RequestIds,
+    /// Fired when shutdown_grace has run out: open streams end with an error event.
+    pub abort_streams: CancellationToken,
+    listen_ip: IpAddr,
+}
+
+/// What the caller asked for, once the body has been read and parsed.
+struct Inbound {
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Bytes,
+    meta: RequestMeta,
+    deadline: tokio::time::Instant,
+}
+
+impl Proxy {
+    pub fn new(
+        snapshot: Snapshot,
+        metrics: Arc<Metrics>,
+        ledger: Arc<Ledger>,
+        listen_ip: IpAddr,
+    ) -> Self {
+        Proxy {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics,
+            ledger,
+            ids: RequestIds::new(),
+            abort_streams: CancellationToken::new(),
+            listen_ip,
+        }
+    }
+
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
+        let started = Instant::now();
+        let rid = self.ids.next_id();
+        let snap = self.snapshot.load_full();
+        let endpoint = inbound::classify(req.method(), req.uri().path());
+        let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), Endpoint::api);
+        let api_label = match api {
+            ApiShape::Anthropic => "anthropic",
+            ApiShape::OpenAi => "openai",
+        };
+        // The record lives in this future until an upstream body takes it over: if the caller
+        // goes away first, dropping the future records 499.
+        let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
+        let mut resp = match self.serve(&snap, endpoint, req, &rid, &mut record).await {
+            Ok(resp) => resp,
+            Err(err) => {
+                if err.source() != crate::error::Source::Client {
+                    tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
+                } else {
+                    tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
+                }
+                let r = err.render(api, &rid);
+                let (parts, body) = r.into_parts();
+                Response::from_parts(parts, ProxyBody::full(body))
+            }
+        };
+        if let Some(rec) = record.take() {
+            self.metrics
+                .overhead
+                .with_label_values(&[api_label])
+                .observe(started.elapsed().as_secs_f64());
+            rec.finish(resp.status().as_u16());
+        }
+        response::set_header(&mut resp, "x-legate-request-id", &rid);
+        Ok(resp)
+    }
+
+    async fn serve(
+        &self,
+        snap: &Snapshot,
+        endpoint: Option<Endpoint>,
+        req: Request<Incoming>,
+        rid: &str,
+        record: &mut Option<RequestRecord>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let cfg = &snap.cfg;
+        // 1. Target: refuse anything that would make legate an open proxy, before anything else.
+        inbound::check_target(
+            req.method(),
+            req.version(),
+            req.uri(),
+            req.headers(),
+            self.listen_ip,
+            !cfg.clients.is_empty(),
+        )?;
+        // 2. Endpoint: unknown routes are refused without reading the body.
+        let Some(endpoint) = endpoint else {
+            return Err(ProxyError::NotFound {
+                method: req.method().to_string(),
+                path: req.uri().path().to_string(),
+            });
+        };
+        // 3. Caller: the cheapest refusal for a bad key; no body is read for it.
+        let tenant = inbound::authenticate(req.headers(), &cfg.clients)?;
+        if let Some(r) = record.as_mut() {
+            r.set_tenant(snap.labels.tenant(&tenant));
+        }
+        if endpoint == Endpoint::Models {
+            return Ok(models::list(cfg));
+        }
+        // 4. Body: read once under the limit, parsed once into RequestMeta.
+        let (parts, body) = req.into_parts();
+        let body = match inbound::read_body(&parts.headers, body, cfg.server.max_body_bytes).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                return Err(ProxyError::TooLarge {
+                    limit: cfg.server.max_body_bytes,
+                });
+            }
+            Err(BodyError::Broken) => {
+                if let Some(r) = record.as_mut() {
+                    r.client_gone();
+                }
+                return Err(ProxyError::InvalidRequest {
+                    message: "the request body could not be read completely".to_string(),
+                });
+            }
+        };
+        let meta = parse_meta(endpoint, &body)?;
+        if let Some(r) = record.as_mut() {
+            r.set_model(snap.labels.model(&meta.model));
+        }
+        let deadline = deadline(&parts.headers, cfg.server.default_deadline);
+        let inbound = Inbound {
+            endpoint,
+            headers: parts.headers,
+            query: parts.uri.query().map(str::to_string),
+            body,
+            meta,
+            deadline,
+        };
+        // 5. Route and attempt upstream.
+        attempt::run(self, snap, inbound, rid, record).await
+    }
+}
+
+fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
+    let parsed = match endpoint {
+        Endpoint::Messages => api::anthropic::parse_request(body),
+        Endpoint::ChatCompletions => api::openai::parse_request(body),
+        Endpoint::CountTokens => return parse_count_tokens(body),
+        Endpoint::Models => return Err(ProxyError::Internal),
+    };
+    parsed.map_err(|e| ProxyError::InvalidRequest {
+        message: e.to_string(),
+    })
+}
+
+/// count_tokens needs only the model to be routed; the provider validates the rest.
+fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
+    #[derive(serde::Deserialize)]
+    struct CountTokens<'a> {
+        #[serde(borrow)]
+        model: std::borrow::Cow<'a, str>,
+    }
+    let parsed: CountTokens<'_> =
+        serde_json::from_slice(body).map_err(|e| ProxyError::InvalidRequest {
+            message: format!("the request body is not a JSON object with a string `model`: {e}"),
+        })?;
+    Ok(RequestMeta {
+        model: parsed.model.into_owned(),
+        stream: false,
+        max_tokens: None,
+        include_usage: false,
+        approx_input_tokens: (body.len() as u64).div_ceil(4),
+    })
+}
+
+/// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
+fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
+    let asked = headers
+        .get("x-legate-deadline-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let d = asked.map_or(default, |a| a.min(default));
+    tokio::time::Instant::now() + d
+}
+
+impl Endpoint {
+    pub fn kind(self) -> ApiKind {
+        match self.api() {
+            ApiShape::Anthropic => ApiKind::Anthropic,
+            ApiShape::OpenAi => ApiKind::OpenAi,
+        }
+    }
+}

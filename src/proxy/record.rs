@@ -1,0 +1,134 @@
+//! Accounting for one request: exactly one `legate_requests_total` sample per request, with
+//! status 499 when the caller went away before the answer was complete (recorded from `Drop`,
+//! so a cancelled future or a dropped response body is never lost), plus usage and cost.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::meter::{Ledger, Price};
+use crate::telemetry::Metrics;
+use crate::usage::Usage;
+
+/// Status recorded for a caller that disconnected before the response was complete.
+pub const CLIENT_GONE: u16 = 499;
+
+pub struct RequestRecord {
+    metrics: Arc<Metrics>,
+    api: &'static str,
+    model: String,
+    tenant: String,
+    started: Instant,
+    /// Set once the outcome is known; `None` at drop means the caller went away.
+    status: Option<u16>,
+    recorded: bool,
+}
+
+impl RequestRecord {
+    pub fn new(metrics: Arc<Metrics>, api: &'static str, started: Instant) -> Self {
+        RequestRecord {
+            metrics,
+            api,
+            model: "other".to_string(),
+            tenant: "default".to_string(),
+            started,
+            status: None,
+            recorded: false,
+        }
+    }
+
+    pub fn set_model(&mut self, label: &str) {
+        self.model = label.to_string();
+    }
+
+    pub fn set_tenant(&mut self, label: &str) {
+        self.tenant = label.to_string();
+    }
+
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Records the request as answered with `status` (now, for local and buffered answers).
+    pub fn finish(mut self, status: u16) {
+        self.status = Some(status);
+        self.write();
+    }
+
+    /// Notes the status without recording yet (a streamed body records when it ends).
+    pub fn set_status(&mut self, status: u16) {
+        self.status = Some(status);
+    }
+
+    /// Marks the answer as cut short by the caller.
+    pub fn client_gone(&mut self) {
+        self.status = None;
+    }
+
+    fn write(&mut self) {
+        if self.recorded {
+            return;
+        }
+        self.recorded = true;
+        let status = self.status.unwrap_or(CLIENT_GONE);
+        let status = status.to_string();
+        self.metrics
+            .requests
+            .with_label_values(&[self.api, &self.model, &self.tenant, status.as_str()])
+            .inc();
+        self.metrics
+            .request_duration
+            .with_label_values(&[self.api, &self.model])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        self.write();
+    }
+}
+
+/// Where a response's usage goes once the response has been read to its end.
+pub struct UsageSink {
+    pub metrics: Arc<Metrics>,
+    pub ledger: Arc<Ledger>,
+    pub tenant: String,
+    pub provider: String,
+    /// Upstream model, as a bounded label.
+    pub model_label: String,
+    /// `provider:model`, the ledger and price key.
+    pub target: String,
+    pub price: Option<Price>,
+}
+
+impl UsageSink {
+    pub fn record(&self, usage: Usage) {
+        let labels = |kind: &'static str| {
+            [
+                self.tenant.as_str(),
+                self.provider.as_str(),
+                self.model_label.as_str(),
+                kind,
+            ]
+        };
+        let t = &self.metrics.tokens;
+        t.with_label_values(&labels("input")).inc_by(usage.input);
+        t.with_label_values(&labels("output")).inc_by(usage.output);
+        t.with_label_values(&labels("cache_read"))
+            .inc_by(usage.cache_read);
+        t.with_label_values(&labels("cache_write"))
+            .inc_by(usage.cache_write);
+        let cost = self.price.map(|p| usage.cost_pico(&p)).unwrap_or(0);
+        if cost > 0 {
+            self.metrics
+                .cost
+                .with_label_values(&[&self.tenant, &self.provider, &self.model_label])
+                .inc_by(cost as f64 / crate::meter::PICO_PER_USD as f64);
+        }
+        self.ledger.record(&self.tenant, &self.target, usage, cost);
+    }
+}

@@ -1,0 +1,85 @@
+//! The response body type of the data plane, and helpers that shape responses: legate's own
+//! headers, and which upstream response headers pass back.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response};
+use http_body::{Body, Frame, SizeHint};
+
+use crate::proxy::body::{BoxError, TapBody};
+
+/// Either a body legate produced itself, or an upstream body passed through a `TapBody`.
+pub enum ProxyBody {
+    Full(Option<Bytes>),
+    Tap(Box<TapBody>),
+}
+
+impl ProxyBody {
+    pub fn full(b: Bytes) -> Self {
+        ProxyBody::Full(Some(b))
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ProxyBody::Tap(t) => Pin::new(t.as_mut()).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Full(b) => b.is_none(),
+            ProxyBody::Tap(t) => t.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ProxyBody::Full(None) => SizeHint::with_exact(0),
+            ProxyBody::Tap(t) => t.size_hint(),
+        }
+    }
+}
+
+/// Response headers that describe one hop only and are never passed back.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Copies the upstream's end-to-end headers (request ids, retry-after, every rate-limit header
+/// including ones legate does not know yet) into the response. `content-length` is kept only
+/// for bodies passed through unchanged (not event streams, which legate may end with an error
+/// event).
+pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: bool) {
+    for (name, value) in upstream {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) || (is_sse && n == "content-length") {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+}
+
+pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        resp.headers_mut().insert(name, v);
+    }
+}

@@ -1,0 +1,105 @@
+//! The admin plane: health, readiness, metrics and state. It never calls a model: upstream
+//! health comes from live traffic. Nothing here renders a secret.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use prometheus::Registry;
+
+use crate::proxy::Proxy;
+
+pub struct Admin {
+    pub proxy: Arc<Proxy>,
+    pub registry: Registry,
+    /// True once the data plane listens; false again when draining.
+    pub ready: AtomicBool,
+}
+
+impl Admin {
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let resp = match (req.method(), req.uri().path()) {
+            (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, "/readyz") => {
+                if self.ready.load(Ordering::SeqCst) {
+                    text(StatusCode::OK, "ready\n")
+                } else {
+                    text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                }
+            }
+            (&Method::GET, "/metrics") => {
+                let mut r = text(StatusCode::OK, &crate::telemetry::render(&self.registry));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                r
+            }
+            (&Method::GET, "/admin/state") => json(StatusCode::OK, &self.state()),
+            (&Method::GET, "/admin/usage") => json(StatusCode::OK, &self.proxy.ledger.to_json()),
+            (&Method::POST, "/admin/reload") => json(
+                StatusCode::NOT_IMPLEMENTED,
+                &serde_json::json!({"error": "config reload is not supported by this version; restart legate to apply a new config"}),
+            ),
+            _ => json(
+                StatusCode::NOT_FOUND,
+                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage"}),
+            ),
+        };
+        Ok(resp)
+    }
+
+    fn state(&self) -> serde_json::Value {
+        let snap = self.proxy.snapshot.load();
+        let mut providers = serde_json::Map::new();
+        for (name, p) in &snap.cfg.providers {
+            let up = snap.upstreams.get(name);
+            providers.insert(
+                name.clone(),
+                serde_json::json!({
+                    "kind": p.kind.as_str(),
+                    "base_url": p.base_url,
+                    "max_concurrency": p.max_concurrency,
+                    "available_slots": up.map(|u| u.permits.available_permits()),
+                    "key_loaded": up.map(|u| u.has_key()),
+                }),
+            );
+        }
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "config_hash": snap.hash,
+            "ready": self.ready.load(Ordering::SeqCst),
+            "providers": providers,
+            "breakers": [],
+            "buckets": [],
+            "pacing": [],
+        })
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}

@@ -1,0 +1,163 @@
+//! `legate serve`: binds the data and admin planes, wires the proxy, and runs graceful shutdown
+//! (SPEC §6): readiness false at once, new connections refused, in-flight requests and streams
+//! finish within `shutdown_grace`, streams still open then end with an error event.
+
+pub mod admin;
+pub mod listener;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prometheus::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::meter::Ledger;
+use crate::proxy::{Proxy, Snapshot};
+use crate::telemetry::Metrics;
+use admin::Admin;
+
+/// A running legate: its bound addresses and the handle to stop it.
+pub struct RunningServer {
+    pub data_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub proxy: Arc<Proxy>,
+    admin: Arc<Admin>,
+    stop_data: CancellationToken,
+    stop_admin: CancellationToken,
+    data_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+    key_watchers: Vec<JoinHandle<()>>,
+}
+
+/// Binds both listeners and starts serving. Fails (before serving anything) when a listener
+/// cannot be bound or a provider's TLS material cannot be loaded.
+pub async fn start(cfg: Config, registry: Registry) -> Result<RunningServer, String> {
+    let metrics = Arc::new(Metrics::new(&registry).map_err(|e| format!("metrics: {e}"))?);
+    let cfg = Arc::new(cfg);
+    let snapshot = Snapshot::new(cfg.clone())?;
+    let key_watchers = snapshot
+        .upstreams
+        .values()
+        .filter_map(|u| u.spawn_key_watch())
+        .collect();
+    let data = TcpListener::bind(cfg.server.listen)
+        .await
+        .map_err(|e| format!("server.listen {}: {e}", cfg.server.listen))?;
+    let admin_l = TcpListener::bind(cfg.server.admin_listen)
+        .await
+        .map_err(|e| format!("server.admin_listen {}: {e}", cfg.server.admin_listen))?;
+    let data_addr = data.local_addr().map_err(|e| e.to_string())?;
+    let admin_addr = admin_l.local_addr().map_err(|e| e.to_string())?;
+
+    let proxy = Arc::new(Proxy::new(
+        snapshot,
+        metrics,
+        Arc::new(Ledger::default()),
+        data_addr.ip(),
+    ));
+    let admin = Arc::new(Admin {
+        proxy: proxy.clone(),
+        registry,
+        ready: Default::default(),
+    });
+    let grace = cfg.server.shutdown_grace;
+
+    let stop_data = CancellationToken::new();
+    let p = proxy.clone();
+    let handler = Arc::new(move |req| p.clone().handle(req));
+    let abort = proxy.abort_streams.clone();
+    let data_task = tokio::spawn(listener::serve(
+        data,
+        handler,
+        stop_data.clone(),
+        grace,
+        move || abort.cancel(),
+    ));
+
+    let stop_admin = CancellationToken::new();
+    let a = admin.clone();
+    let admin_handler = Arc::new(move |req| a.clone().handle(req));
+    let admin_task = tokio::spawn(listener::serve(
+        admin_l,
+        admin_handler,
+        stop_admin.clone(),
+        std::time::Duration::from_secs(1),
+        || {},
+    ));
+    admin.ready.store(true, Ordering::SeqCst);
+    Ok(RunningServer {
+        data_addr,
+        admin_addr,
+        proxy,
+        admin,
+        stop_data,
+        stop_admin,
+        data_task,
+        admin_task,
+        key_watchers,
+    })
+}
+
+impl RunningServer {
+    /// Drains: `/readyz` turns 503 at once, the data listener closes, in-flight requests and
+    /// streams get `shutdown_grace` to finish; then the admin plane stops too.
+    pub async fn shutdown(self) {
+        self.admin.ready.store(false, Ordering::SeqCst);
+        self.stop_data.cancel();
+        let _ = self.data_task.await;
+        self.stop_admin.cancel();
+        let _ = self.admin_task.await;
+        for w in self.key_watchers {
+            w.abort();
+        }
+    }
+}
+
+/// Runs until SIGTERM or SIGINT, then shuts down gracefully. Prints one line with both bound
+/// addresses to stdout so that scripts and tests started with port 0 can find them.
+pub async fn run(cfg: Config, registry: Registry) -> Result<(), String> {
+    let server = start(cfg, registry).await?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "legate listening on http://{} (admin http://{})",
+            server.data_addr, server.admin_addr
+        );
+        let _ = out.flush();
+    }
+    tracing::info!(data = %server.data_addr, admin = %server.admin_addr, "legate serving");
+    wait_for_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    server.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("could not install signal handlers; stopping on Ctrl-C only");
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => {
+                // SIGHUP must not kill the process (its default action would).
+                tracing::warn!("SIGHUP received: config reload is not supported by this version; restart to apply a new config");
+            }
+        }
+    }
+}

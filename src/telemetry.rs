@@ -1,0 +1,146 @@
+//! Metrics (SPEC §8) registered on an injected prometheus `Registry`, so every server instance,
+//! including each test's, has its own; and tracing initialisation for the binary.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// LLM calls take from milliseconds to many minutes: buckets reach 10 minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+    600.0,
+];
+
+/// legate's own overhead is sub-millisecond when healthy: buckets resolve tens of microseconds.
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+];
+
+/// Every metric legate exports. Label values are bounded by config (see `Labels`).
+pub struct Metrics {
+    pub requests: IntCounterVec,
+    pub overhead: HistogramVec,
+    pub request_duration: HistogramVec,
+    pub upstream_attempts: IntCounterVec,
+    pub upstream_duration: HistogramVec,
+    pub ttft: HistogramVec,
+    pub tokens: IntCounterVec,
+    /// Cost is exported in USD as a float counter; the exact integer pico-USD lives in
+    /// `/admin/usage`.
+    pub cost: prometheus::CounterVec,
+    pub inflight: IntGaugeVec,
+    pub build_info: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = Metrics {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    "legate_requests_total",
+                    "Requests answered, by inbound API, model, tenant and status (499: client went away)",
+                ),
+                &["api", "model", "tenant", "status"],
+            )?,
+            overhead: HistogramVec::new(
+                HistogramOpts::new(
+                    "legate_overhead_seconds",
+                    "Time inside legate before the response headers, upstream time excluded",
+                )
+                .buckets(OVERHEAD_BUCKETS.to_vec()),
+                &["api"],
+            )?,
+            request_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "legate_request_duration_seconds",
+                    "Whole request duration, until the last body byte",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["api", "model"],
+            )?,
+            upstream_attempts: IntCounterVec::new(
+                Opts::new(
+                    "legate_upstream_attempts_total",
+                    "Upstream attempts by outcome (ok, retryable, fatal, timeout, connect_error, breaker_open)",
+                ),
+                &["provider", "model", "outcome"],
+            )?,
+            upstream_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "legate_upstream_duration_seconds",
+                    "Upstream request sent -> response headers",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["provider", "model"],
+            )?,
+            ttft: HistogramVec::new(
+                HistogramOpts::new(
+                    "legate_time_to_first_token_seconds",
+                    "Request received -> first content event of a stream",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["provider", "model"],
+            )?,
+            tokens: IntCounterVec::new(
+                Opts::new(
+                    "legate_tokens_total",
+                    "Tokens reported by providers, normalised (input excludes cache reads and writes)",
+                ),
+                &["tenant", "provider", "model", "kind"],
+            )?,
+            cost: prometheus::CounterVec::new(
+                Opts::new(
+                    "legate_cost_usd_total",
+                    "Cost in USD from the [[prices]] table",
+                ),
+                &["tenant", "provider", "model"],
+            )?,
+            inflight: IntGaugeVec::new(
+                Opts::new("legate_inflight_requests", "Upstream requests in flight"),
+                &["provider"],
+            )?,
+            build_info: IntGaugeVec::new(
+                Opts::new(
+                    "legate_build_info",
+                    "Always 1; the version label says which build",
+                ),
+                &["version"],
+            )?,
+        };
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.overhead.clone()))?;
+        registry.register(Box::new(m.request_duration.clone()))?;
+        registry.register(Box::new(m.upstream_attempts.clone()))?;
+        registry.register(Box::new(m.upstream_duration.clone()))?;
+        registry.register(Box::new(m.ttft.clone()))?;
+        registry.register(Box::new(m.tokens.clone()))?;
+        registry.register(Box::new(m.cost.clone()))?;
+        registry.register(Box::new(m.inflight.clone()))?;
+        registry.register(Box::new(m.build_info.clone()))?;
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        Ok(m)
+    }
+}
+
+/// Renders a registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    // Encoding into a Vec cannot fail for I/O reasons; a family that fails to encode is skipped.
+    if let Err(e) = TextEncoder::new().encode(&registry.gather(), &mut buf) {
+        tracing::warn!(error = %e, "metrics encoding failed");
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Installs the global tracing subscriber (stderr, filter from config::log_filter()).
+pub fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,260 @@
+//! One upstream provider: its pooled HTTP client (hyper-util over hyper-rustls), its live
+//! credential, its concurrency cap, and how a request to it is built. The per-attempt timeouts
+//! are applied by the caller (`proxy::attempt`), which knows the request's deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::Semaphore;
+
+use crate::config::secret::KeyCell;
+use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig, TlsRoots};
+use crate::error::ProxyError;
+
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
+/// credentials (consumed here; the provider key is injected instead), headers legate recomputes,
+/// and legate's own control headers.
+const DROPPED_REQUEST_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "x-api-key",
+    "authorization",
+    "accept-encoding",
+];
+
+pub struct Upstream {
+    pub name: String,
+    pub kind: ApiKind,
+    base_url: String,
+    client: HttpClient,
+    key: Arc<KeyCell>,
+    key_hint: String,
+    auth_header: AuthHeader,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// `max_concurrency`: in-flight requests to this provider; beyond it requests wait.
+    pub permits: Arc<Semaphore>,
+}
+
+impl Upstream {
+    pub fn new(cfg: &ProviderConfig) -> Result<Self, String> {
+        let tls = tls_config(cfg)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(cfg.connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(cfg.pool_idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(https);
+        let key = Arc::new(KeyCell::from_source(&cfg.key));
+        let key_hint = match &cfg.key {
+            KeySource::Env { var, .. } => format!("set the environment variable {var}"),
+            KeySource::File { path } => format!("check the key file {}", path.display()),
+            KeySource::None => "configure api_key_env or api_key_file".to_string(),
+        };
+        Ok(Upstream {
+            name: cfg.name.clone(),
+            kind: cfg.kind,
+            base_url: cfg.base_url.clone(),
+            client,
+            key,
+            key_hint,
+            auth_header: cfg.auth_header,
+            first_byte_timeout: cfg.first_byte_timeout,
+            idle_timeout: cfg.idle_timeout,
+            permits: Arc::new(Semaphore::new(cfg.max_concurrency)),
+        })
+    }
+
+    /// Starts the key-file watcher, if the key comes from a file.
+    pub fn spawn_key_watch(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.key.spawn_watch()
+    }
+
+    /// Builds the upstream request: the provider's URL + the inbound path, the caller's headers
+    /// minus hop-by-hop and credentials, exactly one provider credential, the body as given.
+    pub fn build_request(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        inbound: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, ProxyError> {
+        let uri: Uri = format!("{}{}", self.base_url, path_and_query)
+            .parse()
+            .map_err(|_| ProxyError::Internal)?;
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        let headers = req.headers_mut();
+        copy_forwardable(inbound, headers);
+        // Metering reads usage from the response bytes, so they must arrive uncompressed.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        let key = self
+            .key
+            .current()
+            .ok_or_else(|| ProxyError::NoProviderKey {
+                provider: self.name.clone(),
+                hint: self.key_hint.clone(),
+            })?;
+        let (name, value) = match self.auth_header {
+            AuthHeader::XApiKey => (
+                HeaderName::from_static("x-api-key"),
+                HeaderValue::from_str(key.expose()),
+            ),
+            AuthHeader::Bearer => (
+                header::AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {}", key.expose())),
+            ),
+        };
+        let mut value = value.map_err(|_| ProxyError::NoProviderKey {
+            provider: self.name.clone(),
+            hint: "the configured key contains characters not allowed in a header".to_string(),
+        })?;
+        value.set_sensitive(true);
+        headers.insert(name, value);
+        Ok(req)
+    }
+
+    /// Whether a key is loaded now (for `/admin/state`; never the key itself).
+    pub fn has_key(&self) -> bool {
+        self.key.current().is_some()
+    }
+
+    pub fn client(&self) -> &HttpClient {
+        &self.client
+    }
+}
+
+/// Copies every end-to-end header, dropping hop-by-hop ones (including any named in
+/// `Connection`), credentials and legate's own `x-legate-*` controls.
+fn copy_forwardable(inbound: &HeaderMap, out: &mut HeaderMap) {
+    let connection_named: Vec<String> = inbound
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for (name, value) in inbound {
+        let n = name.as_str();
+        if DROPPED_REQUEST_HEADERS.contains(&n)
+            || n.starts_with("x-legate-")
+            || connection_named.iter().any(|c| c == n)
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+}
+
+fn tls_config(cfg: &ProviderConfig) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    match cfg.tls_roots {
+        TlsRoots::Webpki => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        TlsRoots::Native => {
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                // A malformed system certificate is skipped, as every TLS client does.
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    if let Some(path) = &cfg.ca_file {
+        for cert in read_certs(path)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup failed: {e}"))?
+        .with_root_certificates(roots);
+    match (&cfg.client_cert_file, &cfg.client_key_file) {
+        (Some(cert), Some(key)) => {
+            let certs = read_certs(cert)?;
+            let key = read_key(key)?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("client certificate rejected: {e}"))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+fn read_certs(
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let certs: Result<Vec<_>, _> = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .collect();
+    let certs = certs.map_err(|e| format!("{}: not PEM certificates: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate found", path.display()));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &std::path::Path) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| format!("{}: not a usable PEM private key: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_credentials_and_legate_headers_are_not_forwarded() {
+        let mut inbound = HeaderMap::new();
+        inbound.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        inbound.insert("x-secret-hop", HeaderValue::from_static("1"));
+        inbound.insert("x-api-key", HeaderValue::from_static("client-key"));
+        inbound.insert("authorization", HeaderValue::from_static("Bearer client"));
+        inbound.insert("x-legate-priority", HeaderValue::from_static("batch"));
+        inbound.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        inbound.append("x-stainless-lang", HeaderValue::from_static("python"));
+        let mut out = HeaderMap::new();
+        copy_forwardable(&inbound, &mut out);
+        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["anthropic-version", "x-stainless-lang"]);
+    }
+}

@@ -1,0 +1,301 @@
+//! The real binary: `legate check` exit codes and messages, `legate serve` with `legate mock`
+//! as separate processes, secrets never leaking (logs at debug level, metrics, admin, error
+//! bodies), and SIGTERM draining an open stream.
+
+use std::process::Stdio;
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_legate");
+const PROVIDER_CANARY: &str = "sk-ant-CANARY-9d1e0c7b";
+const CLIENT_CANARY: &str = "sk-ant-CANARY-client-51f2";
+
+/// Spawns the binary and returns it with the first stdout line (the listening line).
+async fn spawn(
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stderr_to: Option<&std::path::Path>,
+) -> (Child, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("LEGATE_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    match stderr_to {
+        Some(p) => cmd.stderr(std::fs::File::create(p).unwrap()),
+        None => cmd.stderr(Stdio::null()),
+    };
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = lines.next_line().await.unwrap().expect("a listening line");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, line)
+}
+
+/// "legate listening on http://A (admin http://B)" -> (A, B)
+fn addrs(line: &str) -> (String, String) {
+    let mut urls = line
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter(|w| w.starts_with("http://"));
+    let data = urls.next().unwrap().to_string();
+    let admin = urls.next().unwrap().to_string();
+    (data, admin)
+}
+
+fn write_config(dir: &std::path::Path, mock_url: &str, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("legate.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+shutdown_grace = "10s"
+
+[providers.anthropic]
+kind = "anthropic"
+base_url = "{mock_url}"
+api_key_env = "ANTHROPIC_API_KEY"
+
+[providers.openai]
+kind = "openai"
+base_url = "{mock_url}"
+api_key_env = "OPENAI_API_KEY"
+{extra}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn start_mock(script: Option<&std::path::Path>) -> (Child, String) {
+    let mut args = vec!["mock", "--listen", "127.0.0.1:0"];
+    let s;
+    if let Some(p) = script {
+        s = p.display().to_string();
+        args.extend(["--script", s.as_str()]);
+    }
+    let (child, line) = spawn(&args, &[], None).await;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    (child, url)
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn check_accepts_a_valid_config_and_masks_nothing_it_should_not_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "http://127.0.0.1:9", "");
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config", cfg.to_str().unwrap()])
+        .env("ANTHROPIC_API_KEY", PROVIDER_CANARY)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("[providers.anthropic]"));
+    assert!(!stdout.contains(PROVIDER_CANARY));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(PROVIDER_CANARY));
+}
+
+#[tokio::test]
+async fn check_reports_every_problem_with_its_key_path_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "http://127.0.0.1:9",
+        "[[models]]\nname = \"large\"\nchain = [\"nowhere:model-x\"]\n",
+    );
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "shutdown_grace = \"10s\"",
+        "shutdown_grace = \"ten seconds\"\nlisten_backlog = 5",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("server.shutdown_grace"), "{stderr}");
+    assert!(stderr.contains("server.listen_backlog"), "{stderr}");
+    assert!(stderr.contains("models[0].chain[0]"), "{stderr}");
+
+    // serve refuses the same config before binding anything.
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[tokio::test]
+async fn secrets_never_appear_in_logs_metrics_admin_or_error_bodies() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, mock_url) = start_mock(None).await;
+    let client_hash = hex::encode(sha2::Sha256::digest(CLIENT_CANARY.as_bytes()));
+    let cfg = write_config(
+        dir.path(),
+        &mock_url,
+        &format!("[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{client_hash}\"\n"),
+    );
+    let log = dir.path().join("stderr.log");
+    let (mut legate, line) = spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[
+            ("ANTHROPIC_API_KEY", PROVIDER_CANARY),
+            ("OPENAI_API_KEY", PROVIDER_CANARY),
+            ("LEGATE_LOG", "trace"),
+        ],
+        Some(&log),
+    )
+    .await;
+    let (data, admin) = addrs(&line);
+    let http = reqwest::Client::new();
+    let mut seen = String::new();
+    let bodies = [
+        r#"{"model":"m","max_tokens":1,"messages":[]}"#,
+        r#"{"model":"m","max_tokens":1,"stream":true,"messages":[]}"#,
+        "{broken",
+    ];
+    for key in [CLIENT_CANARY, "sk-ant-CANARY-wrong-key"] {
+        for body in bodies {
+            let resp = http
+                .post(format!("{data}/v1/messages"))
+                .header("x-api-key", key)
+                .header("authorization", format!("Bearer {key}"))
+                .header("anthropic-version", "2023-06-01")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            seen.push_str(&format!("{:?}", resp.headers()));
+            seen.push_str(&resp.text().await.unwrap());
+        }
+    }
+    for path in [
+        "/metrics",
+        "/admin/state",
+        "/admin/usage",
+        "/healthz",
+        "/readyz",
+    ] {
+        seen.push_str(
+            &http
+                .get(format!("{admin}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(seen.contains("legate_requests_total"));
+    sigterm(&legate);
+    assert!(legate.wait().await.unwrap().success());
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(!logs.is_empty(), "trace logging produced output");
+    for (what, text) in [("responses", &seen), ("logs", &logs)] {
+        assert!(!text.contains("CANARY"), "a key leaked into {what}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_an_open_stream_then_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        r#"{"default":{"event_gap_ms":150,"content":[{"type":"text","text":"a b c d e f g h"}]}}"#,
+    )
+    .unwrap();
+    let (_mock, mock_url) = start_mock(Some(&script)).await;
+    let cfg = write_config(dir.path(), &mock_url, "");
+    let (mut legate, line) = spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
+        None,
+    )
+    .await;
+    let (data, admin) = addrs(&line);
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{data}/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    sigterm(&legate);
+    // Readiness turns false while the stream is still open.
+    let admin_http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    loop {
+        let r = admin_http
+            .get(format!("{admin}/readyz"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 503 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    // New connections to the data plane are refused.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let refused = fresh
+        .post(format!("{data}/v1/messages"))
+        .body(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+        .send()
+        .await;
+    assert!(
+        refused.is_err(),
+        "new connections must be refused while draining"
+    );
+    while let Some(chunk) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        text.contains("event: message_stop"),
+        "the open stream completed: {text}"
+    );
+    assert!(!text.contains("event: error"));
+    let status = legate.wait().await.unwrap();
+    assert_eq!(status.code(), Some(0));
+}

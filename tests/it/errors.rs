@@ -1,0 +1,205 @@
+//! Bad input gets the documented error in the caller's API shape, nothing reaches the
+//! provider, and the process keeps serving.
+
+use crate::harness;
+
+async fn json(resp: reqwest::Response) -> serde_json::Value {
+    resp.json().await.expect("error bodies are JSON")
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_in_each_api_shape() {
+    let env = harness::start("").await;
+    let a = env.messages("{not json").await;
+    assert_eq!(a.status(), 400);
+    assert!(a.headers().get("x-should-retry").is_none());
+    let v = json(a).await;
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["request_id"].as_str().unwrap().starts_with("lgt_"));
+
+    let o = env.chat("[1,2").await;
+    assert_eq!(o.status(), 400);
+    let v = json(o).await;
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["param"].is_null());
+    assert!(v["error"]["message"].as_str().unwrap().contains("JSON"));
+    assert_eq!(env.mock.stats().requests, 0);
+
+    // Still serving.
+    let ok = env
+        .messages(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test]
+async fn missing_required_fields_are_named() {
+    let env = harness::start("").await;
+    let v = json(env.messages(r#"{"model":"m","messages":[]}"#).await).await;
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens")
+    );
+    let v = json(env.chat(r#"{"messages":[]}"#).await).await;
+    assert!(v["error"]["message"].as_str().unwrap().contains("model"));
+    assert_eq!(env.mock.stats().requests, 0);
+}
+
+#[tokio::test]
+async fn oversize_bodies_are_413_declared_or_streamed() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&mock.base_url(), "max_body_bytes = 1000", "", "");
+    let env = harness::start_toml(mock, &toml).await;
+    let big = format!(
+        r#"{{"model":"m","max_tokens":1,"messages":[],"pad":"{}"}}"#,
+        "x".repeat(2000)
+    );
+
+    let declared = env.messages(big.clone()).await;
+    assert_eq!(declared.status(), 413);
+    let v = json(declared).await;
+    assert_eq!(v["error"]["type"], "request_too_large");
+
+    // Chunked: no Content-Length, the limit must still hold while reading.
+    let chunks: Vec<Result<String, std::io::Error>> =
+        vec![Ok(big[..900].to_string()), Ok(big[900..].to_string())];
+    let streamed = env
+        .http
+        .post(env.url("/v1/chat/completions"))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 413);
+    let v = json(streamed).await;
+    assert_eq!(v["error"]["code"], "request_too_large");
+    assert_eq!(env.mock.stats().requests, 0);
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_in_the_callers_shape() {
+    let env = harness::start("").await;
+    let a = env
+        .http
+        .post(env.url("/v1/messages/batches"))
+        .header("anthropic-version", "2023-06-01")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 404);
+    let v = json(a).await;
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "not_found_error");
+
+    let o = env
+        .http
+        .post(env.url("/v1/embeddings"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(o.status(), 404);
+    let v = json(o).await;
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["code"], "unknown_url");
+    assert_eq!(env.mock.stats().requests, 0);
+}
+
+#[tokio::test]
+async fn unknown_client_keys_are_401_when_clients_are_configured() {
+    use sha2::Digest;
+    let key_hash = hex::encode(sha2::Sha256::digest(b"team-a-secret"));
+    let env = harness::start(&format!(
+        "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{key_hash}\"\n"
+    ))
+    .await;
+    let body = r#"{"model":"m","max_tokens":1,"messages":[]}"#;
+    let bad = env.messages(body).await;
+    assert_eq!(bad.status(), 401);
+    assert_eq!(json(bad).await["error"]["type"], "authentication_error");
+    let bad_openai = env.chat(r#"{"model":"m","messages":[]}"#).await;
+    assert_eq!(bad_openai.status(), 401);
+    assert_eq!(json(bad_openai).await["error"]["code"], "invalid_api_key");
+    assert_eq!(env.mock.stats().requests, 0);
+
+    for (name, value) in [
+        ("x-api-key", "team-a-secret"),
+        ("authorization", "Bearer team-a-secret"),
+    ] {
+        let ok = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header(name, value)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200, "{name}");
+    }
+    let n = env
+        .metric(
+            "legate_requests_total",
+            &[("tenant", "team-a"), ("status", "200")],
+        )
+        .await;
+    assert_eq!(n, Some(2.0));
+    let reqs = env.mock.requests();
+    assert!(
+        reqs.iter()
+            .all(|r| !format!("{:?}", r.headers).contains("team-a-secret"))
+    );
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_without_sdk_retries() {
+    // A port that was just free: nothing listens there.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap();
+    drop(free);
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml(&format!("http://{addr}"), "");
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    assert_eq!(json(resp).await["error"]["type"], "api_error");
+    let n = env
+        .metric(
+            "legate_upstream_attempts_total",
+            &[("outcome", "connect_error")],
+        )
+        .await;
+    assert_eq!(n, Some(1.0));
+}
+
+#[tokio::test]
+async fn first_byte_timeout_is_504_and_cancels_the_upstream_call() {
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"default":{"hang":true}}"#).unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml_with(&mock.base_url(), "", "", "").replace(
+        "first_byte_timeout = \"5s\"",
+        "first_byte_timeout = \"200ms\"",
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    env.mock.wait_cancelled(1).await;
+    let n = env
+        .metric("legate_upstream_attempts_total", &[("outcome", "timeout")])
+        .await;
+    assert_eq!(n, Some(1.0));
+}

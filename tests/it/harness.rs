@@ -1,0 +1,192 @@
+//! Starting a mock provider and legate for one test, and reading what they saw.
+
+use std::collections::HashMap;
+
+use legate::mock::{MockServer, Script};
+use legate::server::RunningServer;
+
+pub const ANTHROPIC_KEY: &str = "sk-ant-CANARY-provider-4f9a1c";
+pub const OPENAI_KEY: &str = "sk-CANARY-openai-77b2e0";
+
+pub struct Env {
+    pub mock: MockServer,
+    pub legate: RunningServer,
+    pub registry: prometheus::Registry,
+    pub http: reqwest::Client,
+}
+
+/// A config with both providers pointing at the mock. `extra` is appended (models, clients,
+/// prices...). `{MOCK}` in `extra` is replaced by the mock's base URL.
+pub fn config_toml(mock_url: &str, extra: &str) -> String {
+    config_toml_with(mock_url, "", "", extra)
+}
+
+/// Like `config_toml`, with extra `[server]` keys and extra keys for both providers.
+pub fn config_toml_with(mock_url: &str, server: &str, provider: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+shutdown_grace = "5s"
+{server}
+
+[providers.anthropic]
+kind = "anthropic"
+base_url = "{mock_url}"
+api_key_env = "ANTHROPIC_API_KEY"
+first_byte_timeout = "5s"
+idle_timeout = "5s"
+{provider}
+
+[providers.openai]
+kind = "openai"
+base_url = "{mock_url}"
+api_key_env = "OPENAI_API_KEY"
+first_byte_timeout = "5s"
+idle_timeout = "5s"
+{provider}
+
+[routing]
+anthropic = "anthropic"
+openai = "openai"
+
+{extra}
+"#,
+        extra = extra.replace("{MOCK}", mock_url)
+    )
+}
+
+pub fn test_env_vars() -> HashMap<String, String> {
+    HashMap::from([
+        ("ANTHROPIC_API_KEY".to_string(), ANTHROPIC_KEY.to_string()),
+        ("OPENAI_API_KEY".to_string(), OPENAI_KEY.to_string()),
+    ])
+}
+
+pub async fn start_with(script: Script, extra: &str) -> Env {
+    let mock = MockServer::start(([127, 0, 0, 1], 0).into(), script, None)
+        .await
+        .expect("mock starts");
+    start_against(mock, extra).await
+}
+
+pub async fn start_against(mock: MockServer, extra: &str) -> Env {
+    let toml = config_toml(&mock.base_url(), extra);
+    start_toml(mock, &toml).await
+}
+
+/// Starts legate on a full config text against an already running mock.
+pub async fn start_toml(mock: MockServer, toml: &str) -> Env {
+    let cfg = legate::config::load_str(toml, &test_env_vars()).expect("test config is valid");
+    let registry = prometheus::Registry::new();
+    let legate = legate::server::start(cfg, registry.clone())
+        .await
+        .expect("legate starts");
+    Env {
+        mock,
+        legate,
+        registry,
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client builds"),
+    }
+}
+
+pub async fn start_mock(script: Script) -> MockServer {
+    MockServer::start(([127, 0, 0, 1], 0).into(), script, None)
+        .await
+        .expect("mock starts")
+}
+
+pub async fn start(extra: &str) -> Env {
+    start_with(Script::default(), extra).await
+}
+
+impl Env {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.legate.data_addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.legate.admin_addr, path)
+    }
+
+    pub fn script(&self, json: &str) {
+        self.mock
+            .set_script(Script::from_json(json).expect("test script is valid"));
+    }
+
+    /// POST /v1/messages with Anthropic-SDK-like headers.
+    pub async fn messages(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/messages"))
+            .header("x-api-key", "dummy-client-key")
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request reaches legate")
+    }
+
+    pub async fn chat(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/chat/completions"))
+            .header("authorization", "Bearer dummy-client-key")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request reaches legate")
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        legate::telemetry::render(&self.registry)
+    }
+
+    /// Value of one sample of `name` whose labels include all of `labels`.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let text = self.metrics_text().await;
+        metric_value(&text, name, labels)
+    }
+}
+
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse");
+    let mut total = None;
+    for s in scrape.samples {
+        if s.metric != name {
+            continue;
+        }
+        if labels
+            .iter()
+            .all(|(k, v)| s.labels.get(k).is_some_and(|x| x == *v))
+        {
+            let v = match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => continue,
+            };
+            total = Some(total.unwrap_or(0.0) + v);
+        }
+    }
+    total
+}
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+/// All values of a header (lowercase name) in a recorded upstream request.
+pub fn header_values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    headers
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
+}

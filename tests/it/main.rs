@@ -1,0 +1,14 @@
+//! Black-box tests: legate (in-process or the real binary) against the scripted mock provider,
+//! both on 127.0.0.1:0, driven by a real HTTP client.
+
+// A test that cannot set itself up should fail loudly at that line.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod harness;
+
+mod binary;
+mod errors;
+mod metering;
+mod passthrough;
+mod streaming;
+mod tls;

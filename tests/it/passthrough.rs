@@ -1,0 +1,225 @@
+//! What reaches the provider is exactly what the caller sent (bytes, headers), with one
+//! provider credential and never the caller's; what comes back carries the provider's headers.
+
+use crate::harness::{self, ANTHROPIC_KEY, OPENAI_KEY, header_values, sha256_hex};
+
+/// Unknown fields, odd key order, escapes and whitespace that a re-serialiser would change.
+const ODD_BODY: &str = "{ \"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \\\"q\\\" \\n\"}],\n  \"zz_future_field\": {\"b\":1,\"a\":[1.50, 2e3]},\"max_tokens\" :64, \"model\":\"claude-test\",\"metadata\":{\"user_id\":null} }";
+
+#[tokio::test]
+async fn body_is_forwarded_byte_for_byte_with_one_provider_credential() {
+    let env = harness::start("").await;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("x-api-key", "client-dummy-key")
+        .header("authorization", "Bearer client-dummy-token")
+        .header("anthropic-version", "2026-10-21")
+        .header("anthropic-beta", "feature-a,feature-b")
+        .header("x-stainless-retry-count", "0")
+        .header("user-agent", "Anthropic/Python 2.14.0")
+        .header("content-type", "application/json")
+        .header("x-legate-priority", "batch")
+        .body(ODD_BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 1);
+    let r = &reqs[0];
+    assert_eq!(r.path, "/v1/messages");
+    assert_eq!(r.body_sha256, sha256_hex(ODD_BODY.as_bytes()));
+    assert_eq!(r.body.as_ref(), ODD_BODY.as_bytes());
+    assert_eq!(header_values(&r.headers, "x-api-key"), vec![ANTHROPIC_KEY]);
+    assert!(header_values(&r.headers, "authorization").is_empty());
+    assert_eq!(
+        header_values(&r.headers, "anthropic-version"),
+        vec!["2026-10-21"]
+    );
+    assert_eq!(
+        header_values(&r.headers, "anthropic-beta"),
+        vec!["feature-a,feature-b"]
+    );
+    assert_eq!(
+        header_values(&r.headers, "x-stainless-retry-count"),
+        vec!["0"]
+    );
+    assert_eq!(
+        header_values(&r.headers, "user-agent"),
+        vec!["Anthropic/Python 2.14.0"]
+    );
+    assert!(header_values(&r.headers, "x-legate-priority").is_empty());
+    let all = format!("{:?}", r.headers);
+    assert!(
+        !all.contains("client-dummy"),
+        "caller credential leaked upstream: {all}"
+    );
+}
+
+#[tokio::test]
+async fn openai_calls_get_exactly_one_bearer_credential() {
+    let env = harness::start("").await;
+    let body = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = env.chat(body).await;
+    assert_eq!(resp.status(), 200);
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].path, "/v1/chat/completions");
+    assert_eq!(reqs[0].body.as_ref(), body.as_bytes());
+    assert_eq!(
+        header_values(&reqs[0].headers, "authorization"),
+        vec![format!("Bearer {OPENAI_KEY}").as_str()]
+    );
+    assert!(header_values(&reqs[0].headers, "x-api-key").is_empty());
+}
+
+#[tokio::test]
+async fn paths_without_v1_and_with_doubled_v1_reach_the_canonical_upstream_path() {
+    let env = harness::start("").await;
+    let body = r#"{"model":"gpt-test","messages":[]}"#;
+    for path in ["/chat/completions", "/v1/v1/chat/completions"] {
+        let resp = env
+            .http
+            .post(env.url(path))
+            .header("authorization", "Bearer x")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    let paths: Vec<String> = env.mock.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, vec!["/v1/chat/completions", "/v1/chat/completions"]);
+}
+
+#[tokio::test]
+async fn alias_is_resolved_by_splicing_only_the_model_value() {
+    let env = harness::start(
+        r#"
+[[models]]
+name = "large"
+chain = ["anthropic:claude-real-model"]
+"#,
+    )
+    .await;
+    let sent = ODD_BODY.replace("claude-test", "large");
+    let resp = env.messages(sent.clone()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:claude-real-model"
+    );
+    let got = env.mock.requests().remove(0).body;
+    let expected = sent.replace("\"large\"", "\"claude-real-model\"");
+    assert_eq!(std::str::from_utf8(&got).unwrap(), expected);
+}
+
+#[tokio::test]
+async fn provider_headers_pass_back_on_success_and_error() {
+    let env = harness::start("").await;
+    env.script(
+        r#"{"replies":[
+            {"headers":{"anthropic-ratelimit-requests-remaining":"41","anthropic-ratelimit-brand-new-limit":"7"}},
+            {"status":429,"headers":{"retry-after":"3","anthropic-ratelimit-tokens-remaining":"0","x-ratelimit-remaining-requests":"0"}}
+        ]}"#,
+    );
+    let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
+    let ok = env.messages(body).await;
+    assert_eq!(ok.status(), 200);
+    let h = ok.headers();
+    assert_eq!(h["anthropic-ratelimit-requests-remaining"], "41");
+    assert_eq!(h["anthropic-ratelimit-brand-new-limit"], "7");
+    assert!(h["request-id"].to_str().unwrap().starts_with("req_mock_"));
+    assert!(
+        h["x-legate-request-id"]
+            .to_str()
+            .unwrap()
+            .starts_with("lgt_")
+    );
+    assert_eq!(h["x-legate-served-by"], "anthropic:m");
+    assert_eq!(h["x-legate-attempts"], "1");
+    let overhead: f64 = h["x-legate-overhead-ms"].to_str().unwrap().parse().unwrap();
+    assert!(overhead >= 0.0);
+    assert!(h.get("x-should-retry").is_none());
+
+    let err = env.messages(body).await;
+    assert_eq!(err.status(), 429);
+    let h = err.headers().clone();
+    assert_eq!(h["retry-after"], "3");
+    assert_eq!(h["anthropic-ratelimit-tokens-remaining"], "0");
+    assert_eq!(h["x-ratelimit-remaining-requests"], "0");
+    assert_eq!(h["x-should-retry"], "false");
+    assert!(h["request-id"].to_str().unwrap().starts_with("req_mock_"));
+    let v: serde_json::Value = err.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+}
+
+#[tokio::test]
+async fn admin_and_health_endpoints_never_touch_the_upstream() {
+    let env = harness::start("").await;
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/admin/state",
+        "/admin/usage",
+    ] {
+        let resp = env.http.get(env.admin_url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    let models = env.http.get(env.url("/v1/models")).send().await.unwrap();
+    assert_eq!(models.status(), 200);
+    assert_eq!(env.mock.stats().requests, 0);
+}
+
+#[tokio::test]
+async fn models_lists_configured_names_and_aliases() {
+    let env = harness::start(
+        r#"
+[[models]]
+name = "large"
+chain = ["anthropic:claude-a", { target = "anthropic:claude-b", max_tokens = 100 }]
+"#,
+    )
+    .await;
+    let v: serde_json::Value = env
+        .http
+        .get(env.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["large", "claude-a", "claude-b"]);
+    assert_eq!(v["has_more"], false);
+}
+
+#[tokio::test]
+async fn count_tokens_is_forwarded_to_the_anthropic_provider() {
+    let env = harness::start("").await;
+    let body = r#"{"model":"claude-x","messages":[{"role":"user","content":"count me"}]}"#;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages/count_tokens"))
+        .header("x-api-key", "k")
+        .header("anthropic-version", "2023-06-01")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert!(v["input_tokens"].as_u64().is_some());
+    let r = env.mock.requests().remove(0);
+    assert_eq!(r.path, "/v1/messages/count_tokens");
+    assert_eq!(r.body.as_ref(), body.as_bytes());
+}

@@ -1,0 +1,221 @@
+//! Streams pass through event by event, unbuffered and uncompressed; failures after the first
+//! bytes become explicit error events; a caller that leaves cancels the upstream call.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use legate::sse::SseParser;
+use tokio::time::Instant;
+
+use crate::harness;
+
+const STREAM_BODY: &str = r#"{"model":"claude-s","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// Reads a whole SSE response, noting when each event completed at the client.
+async fn read_events(resp: reqwest::Response) -> Vec<(Instant, Option<String>, String)> {
+    let mut parser = SseParser::new();
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else { break };
+        let now = Instant::now();
+        parser.push(&chunk);
+        while let Some(ev) = parser.next_event() {
+            out.push((now, ev.event, ev.data));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn events_spaced_upstream_arrive_spaced_at_the_client() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"event_gap_ms":200,"content":[{"type":"text","text":"one two three four"}]}}"#,
+        )
+        .unwrap(),
+        "",
+    )
+    .await;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("x-api-key", "k")
+        .header("anthropic-version", "2023-06-01")
+        .header("accept-encoding", "gzip, deflate")
+        .body(STREAM_BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("content-encoding").is_none());
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = read_events(resp).await;
+    let names: Vec<&str> = events.iter().filter_map(|e| e.1.as_deref()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    assert!(names.contains(&"ping"), "pings pass through: {names:?}");
+    assert!(events.len() >= 6);
+    for pair in events.windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        assert!(
+            gap >= Duration::from_millis(150),
+            "events arrived together ({gap:?} apart): {:?} then {:?}",
+            pair[0].1,
+            pair[1].1
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_content_ends_with_an_explicit_error_event() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"cut_after":5}}"#).unwrap(),
+        "",
+    )
+    .await;
+    let resp = env.messages(STREAM_BODY).await;
+    assert_eq!(resp.status(), 200);
+    let events = read_events(resp).await;
+    let names: Vec<&str> = events.iter().filter_map(|e| e.1.as_deref()).collect();
+    assert!(!names.contains(&"message_stop"));
+    assert_eq!(names.last(), Some(&"error"), "{names:?}");
+    let err: serde_json::Value = serde_json::from_str(&events.last().unwrap().2).unwrap();
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "api_error");
+}
+
+#[tokio::test]
+async fn an_upstream_error_event_passes_through_unchanged() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"stream_error_after":4}}"#).unwrap(),
+        "",
+    )
+    .await;
+    let events = read_events(env.messages(STREAM_BODY).await).await;
+    let errors: Vec<_> = events
+        .iter()
+        .filter(|e| e.1.as_deref() == Some("error"))
+        .collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "exactly the provider's error event, not a second one"
+    );
+    let err: serde_json::Value = serde_json::from_str(&errors[0].2).unwrap();
+    assert_eq!(err["error"]["type"], "overloaded_error");
+}
+
+#[tokio::test]
+async fn a_stalled_stream_hits_the_idle_timeout() {
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"default":{"hang_after":4}}"#).unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml(&mock.base_url(), "")
+        .replace("idle_timeout = \"5s\"", "idle_timeout = \"300ms\"");
+    let env = harness::start_toml(mock, &toml).await;
+    let events = read_events(env.messages(STREAM_BODY).await).await;
+    assert_eq!(events.last().and_then(|e| e.1.as_deref()), Some("error"));
+    env.mock.wait_cancelled(1).await;
+}
+
+#[tokio::test]
+async fn openai_stream_passes_done_and_meters_the_usage_chunk() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"usage":{"input_tokens":11,"output_tokens":7,"cache_read_input_tokens":4}}}"#,
+        )
+        .unwrap(),
+        "",
+    )
+    .await;
+    let body = r#"{"model":"gpt-s","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    let events = read_events(env.chat(body).await).await;
+    assert_eq!(events.last().map(|e| e.2.as_str()), Some("[DONE]"));
+    let labels = |kind| [("provider", "openai"), ("kind", kind)];
+    assert_eq!(
+        env.metric("legate_tokens_total", &labels("input")).await,
+        Some(11.0)
+    );
+    assert_eq!(
+        env.metric("legate_tokens_total", &labels("cache_read"))
+            .await,
+        Some(4.0)
+    );
+    assert_eq!(
+        env.metric("legate_tokens_total", &labels("output")).await,
+        Some(7.0)
+    );
+}
+
+#[tokio::test]
+async fn a_caller_leaving_mid_stream_cancels_the_upstream_and_counts_499() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"event_gap_ms":100,"content":[{"type":"text","text":"a b c d e f g h i j k l m n o p"}]}}"#,
+        )
+        .unwrap(),
+        "",
+    )
+    .await;
+    let resp = env.messages(STREAM_BODY).await;
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    drop(stream);
+    env.mock.wait_cancelled(1).await;
+    let n = env
+        .metric(
+            "legate_requests_total",
+            &[("api", "anthropic"), ("status", "499")],
+        )
+        .await;
+    assert_eq!(n, Some(1.0));
+    assert_eq!(
+        env.metric("legate_inflight_requests", &[("provider", "anthropic")])
+            .await,
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn a_caller_leaving_before_headers_cancels_the_upstream_and_counts_499() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"hang":true}}"#).unwrap(),
+        "",
+    )
+    .await;
+    let call = tokio::spawn({
+        let http = env.http.clone();
+        let url = env.url("/v1/messages");
+        async move {
+            let _ = http
+                .post(url)
+                .header("anthropic-version", "2023-06-01")
+                .body(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+                .send()
+                .await;
+        }
+    });
+    env.mock.wait_requests(1).await;
+    call.abort();
+    env.mock.wait_cancelled(1).await;
+    let n = env
+        .metric("legate_requests_total", &[("status", "499")])
+        .await;
+    assert_eq!(n, Some(1.0));
+    // A caller leaving is never an upstream failure.
+    let failures = env
+        .metric(
+            "legate_upstream_attempts_total",
+            &[("outcome", "connect_error")],
+        )
+        .await;
+    assert_eq!(failures, None);
+}
