@@ -43,6 +43,10 @@ pub enum ProxyError {
     UpstreamTimeout { provider: String },
     /// The request's deadline passed before an answer.
     DeadlineExceeded,
+    /// An upstream stream broke (cut, stalled) before its first content event, on every try.
+    UpstreamStreamBroken { provider: String },
+    /// Every chain step's breaker is open: nothing was sent upstream.
+    AllBreakersOpen { retry_after: std::time::Duration },
     /// The process is draining for shutdown.
     ShuttingDown,
     /// Anything unexpected; details go to the log only.
@@ -62,7 +66,10 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamStreamBroken { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::AllBreakersOpen { .. } => overloaded(),
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
@@ -83,7 +90,9 @@ impl ProxyError {
             }
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
-            | ProxyError::DeadlineExceeded => Source::Upstream,
+            | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::DeadlineExceeded
+            | ProxyError::AllBreakersOpen { .. } => Source::Upstream,
         }
     }
 
@@ -100,6 +109,8 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
+            ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
+            ProxyError::AllBreakersOpen { .. } => "breaker_open",
             ProxyError::ShuttingDown => "shutting_down",
             ProxyError::Internal => "internal",
         }
@@ -114,10 +125,11 @@ impl ProxyError {
             ProxyError::NotFound { .. } => "not_found_error",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "authentication_error",
-            ProxyError::ShuttingDown => "overloaded_error",
+            ProxyError::ShuttingDown | ProxyError::AllBreakersOpen { .. } => "overloaded_error",
             ProxyError::NoProviderKey { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::UpstreamStreamBroken { .. }
             | ProxyError::DeadlineExceeded
             | ProxyError::Internal => "api_error",
         }
@@ -137,6 +149,8 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
             ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
             ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
+            ProxyError::UpstreamStreamBroken { .. } => ("server_error", "upstream_stream_broken"),
+            ProxyError::AllBreakersOpen { .. } => ("server_error", "overloaded"),
             ProxyError::Internal => ("server_error", "internal_error"),
         }
     }
@@ -172,6 +186,13 @@ impl ProxyError {
             ProxyError::DeadlineExceeded => {
                 "no answer within the request deadline (server.default_deadline or x-legate-deadline-ms)".to_string()
             }
+            ProxyError::UpstreamStreamBroken { provider } => format!(
+                "provider `{provider}` broke off its stream before any content, on every try"
+            ),
+            ProxyError::AllBreakersOpen { retry_after } => format!(
+                "every upstream for this model is failing and resting (circuit breakers open); retry in {}s",
+                retry_after.as_secs_f64().ceil()
+            ),
             ProxyError::ShuttingDown => "legate is shutting down; retry on another replica".to_string(),
             ProxyError::Internal => "legate hit an internal error; see its log for the request id".to_string(),
         }
@@ -200,12 +221,32 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        // legate owns retries: an error that follows upstream attempts (or that a retry cannot
-        // fix) must not be multiplied by the SDK's own retry loop.
-        if self.source() != Source::Client {
+        if let ProxyError::AllBreakersOpen { retry_after } = self {
+            // Nothing was sent upstream: the caller may come back when a probe is due.
+            set_retry_after(headers, *retry_after);
+        } else if self.source() != Source::Client {
+            // legate owns retries: an error that follows upstream attempts (or that a retry
+            // cannot fix) must not be multiplied by the SDK's own retry loop.
             headers.insert("x-should-retry", HeaderValue::from_static("false"));
         }
         resp
+    }
+}
+
+/// 529, the status Anthropic uses for "overloaded".
+fn overloaded() -> StatusCode {
+    StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+}
+
+/// `retry-after` in whole seconds (rounded up) and `retry-after-ms`, as the SDKs read them.
+pub fn set_retry_after(headers: &mut http::HeaderMap, wait: std::time::Duration) {
+    let ms = wait.as_millis().max(1);
+    let secs = ms.div_ceil(1000);
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        headers.insert(header::RETRY_AFTER, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
+        headers.insert("retry-after-ms", v);
     }
 }
 

@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod meter;
 pub mod mock;
+pub mod policy;
 pub mod proxy;
 pub mod route;
 pub mod server;

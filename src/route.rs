@@ -12,34 +12,38 @@ use crate::config::{ApiKind, ChainStep, Config};
 use crate::error::ProxyError;
 use crate::splice;
 
-/// The step chosen for a request.
+/// The steps that may serve a request, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    pub step: ChainStep,
+    pub steps: Vec<ChainStep>,
     /// True when the caller named a `[[models]]` entry rather than a provider's model.
     pub via_entry: bool,
 }
 
-/// Resolves the model a caller sent on the `api` endpoint to its first chain step (a
-/// `[[models]]` entry) or to the API's default provider with the model unchanged.
+/// Resolves the model a caller sent on the `api` endpoint to its chain (a `[[models]]` entry)
+/// or to the API's default provider with the model unchanged.
 pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, ProxyError> {
     if let Some(entry) = cfg.models.iter().find(|m| m.name == model) {
-        let Some(step) = entry.chain.first() else {
+        for step in &entry.chain {
+            let kind = cfg
+                .providers
+                .get(&step.provider)
+                .map(|p| p.kind)
+                .ok_or(ProxyError::Internal)?;
+            // Until translation exists every step speaks the caller's API (check enforces
+            // one kind per chain, so the first step decides).
+            if kind != api {
+                return Err(ProxyError::WrongApi {
+                    model: model.to_string(),
+                    served_by: kind.as_str(),
+                });
+            }
+        }
+        if entry.chain.is_empty() {
             return Err(ProxyError::Internal);
-        };
-        let kind = cfg
-            .providers
-            .get(&step.provider)
-            .map(|p| p.kind)
-            .ok_or(ProxyError::Internal)?;
-        if kind != api {
-            return Err(ProxyError::WrongApi {
-                model: model.to_string(),
-                served_by: kind.as_str(),
-            });
         }
         return Ok(Resolved {
-            step: step.clone(),
+            steps: entry.chain.clone(),
             via_entry: true,
         });
     }
@@ -48,12 +52,12 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
         ApiKind::OpenAi => &cfg.routing.openai,
     };
     Ok(Resolved {
-        step: ChainStep {
+        steps: vec![ChainStep {
             provider: provider.clone(),
             model: model.to_string(),
             max_tokens: None,
             drop_thinking: false,
-        },
+        }],
         via_entry: false,
     })
 }

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub cost: prometheus::CounterVec,
     pub inflight: IntGaugeVec,
     pub build_info: IntGaugeVec,
+    pub retries: IntCounterVec,
+    pub fallbacks: IntCounterVec,
+    pub breaker_state: IntGaugeVec,
 }
 
 impl Metrics {
@@ -106,8 +109,32 @@ impl Metrics {
                 ),
                 &["version"],
             )?,
+            retries: IntCounterVec::new(
+                Opts::new(
+                    "legate_retries_total",
+                    "Upstream attempts that were retries",
+                ),
+                &["provider", "model"],
+            )?,
+            fallbacks: IntCounterVec::new(
+                Opts::new(
+                    "legate_fallbacks_total",
+                    "Moves from one chain step to the next, by requested model",
+                ),
+                &["model", "from", "to"],
+            )?,
+            breaker_state: IntGaugeVec::new(
+                Opts::new(
+                    "legate_breaker_state",
+                    "Circuit breaker per upstream: 0 closed, 1 open, 2 half-open",
+                ),
+                &["provider", "model"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.retries.clone()))?;
+        registry.register(Box::new(m.fallbacks.clone()))?;
+        registry.register(Box::new(m.breaker_state.clone()))?;
         registry.register(Box::new(m.overhead.clone()))?;
         registry.register(Box::new(m.request_duration.clone()))?;
         registry.register(Box::new(m.upstream_attempts.clone()))?;

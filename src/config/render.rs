@@ -31,6 +31,7 @@ pub fn render_masked(cfg: &Config) -> String {
         }
         out.push_str("]\n");
     }
+    policy(&mut out, cfg);
     out.push_str("\n[routing]\n");
     line(&mut out, "anthropic", &quote(&cfg.routing.anthropic));
     line(&mut out, "openai", &quote(&cfg.routing.openai));
@@ -167,6 +168,23 @@ fn provider(out: &mut String, p: &ProviderConfig) {
             line(out, key, &quote(&path.display().to_string()));
         }
     }
+}
+
+fn policy(out: &mut String, cfg: &Config) {
+    let r = &cfg.retry;
+    out.push_str("\n[retry]\n");
+    line(out, "max_attempts", &r.max_attempts.to_string());
+    line(out, "base_delay", &duration(r.base_delay));
+    line(out, "max_delay", &duration(r.max_delay));
+    line(out, "max_retry_after", &duration(r.max_retry_after));
+    line(out, "budget_ratio", &format!("{:?}", r.budget_ratio));
+    let b = &cfg.breaker;
+    out.push_str("\n[breaker]\n");
+    line(out, "window", &duration(b.window));
+    line(out, "min_calls", &b.min_calls.to_string());
+    line(out, "failure_ratio", &format!("{:?}", b.failure_ratio));
+    line(out, "open_for", &duration(b.open_for));
+    line(out, "max_open_for", &duration(b.max_open_for));
 }
 
 fn chain_step(step: &ChainStep) -> String {

@@ -122,4 +122,53 @@ pub struct Config {
     pub clients: Vec<ClientEntry>,
     /// Keyed by `provider:model`.
     pub prices: BTreeMap<String, Price>,
+    pub retry: RetryConfig,
+    pub breaker: BreakerConfig,
+}
+
+/// `[retry]`: how one chain step is retried (SPEC §6).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryConfig {
+    /// Per chain step, first try included.
+    pub max_attempts: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// A retry-after longer than this moves on to the next chain step instead of waiting.
+    pub max_retry_after: Duration,
+    /// Retries may add at most this share of extra upstream load (floor: 10 retries/s).
+    pub budget_ratio: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(8),
+            max_retry_after: Duration::from_secs(20),
+            budget_ratio: 0.2,
+        }
+    }
+}
+
+/// `[breaker]`: the circuit breaker per upstream (provider + model).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerConfig {
+    pub window: Duration,
+    pub min_calls: u32,
+    pub failure_ratio: f64,
+    pub open_for: Duration,
+    pub max_open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            window: Duration::from_secs(30),
+            min_calls: 5,
+            failure_ratio: 0.5,
+            open_for: Duration::from_secs(30),
+            max_open_for: Duration::from_secs(300),
+        }
+    }
 }

@@ -11,6 +11,7 @@ use reader::{Cx, Table};
 
 mod clients;
 mod models;
+mod policy;
 mod prices;
 mod providers;
 mod reader;
@@ -21,7 +22,7 @@ mod tests;
 /// Sections of the documented format that this version does not implement yet. They are
 /// refused, never ignored: an operator who writes a rate limit must not believe it is
 /// enforced. Implementing one means removing it here and reading it in [`validate`].
-const NOT_YET_SUPPORTED: &[&str] = &["retry", "breaker", "tenants", "ratelimit", "shedding"];
+const NOT_YET_SUPPORTED: &[&str] = &["tenants", "ratelimit", "shedding"];
 
 /// Validates a merged tree. `env` is where `api_key_env` variables are looked up.
 pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, ConfigErrors> {
@@ -58,6 +59,14 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
     let clients = clients::parse(items, &path, &mut cx);
     let (items, path) = top.array(&mut cx, "prices");
     let prices = prices::parse(items, &path, &mut cx);
+    let retry = match top.table(&mut cx, "retry") {
+        Some(t) => policy::parse_retry(t, &mut cx),
+        None => Default::default(),
+    };
+    let breaker = match top.table(&mut cx, "breaker") {
+        Some(t) => policy::parse_breaker(t, &mut cx),
+        None => Default::default(),
+    };
     top.finish(&mut cx);
 
     if let Some(server) = &server {
@@ -83,6 +92,8 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             routing,
             clients,
             prices,
+            retry,
+            breaker,
         }),
         _ => Err(ConfigErrors(errors)),
     }

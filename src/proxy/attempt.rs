@@ -1,154 +1,528 @@
-//! Routing a parsed request to its upstream and making the call: the concurrency cap, the
-//! first-byte timeout and deadline, and turning the upstream answer into the caller's response
-//! (headers passed back, legate's headers added, the body handed to a `TapBody`).
+//! One upstream attempt: the concurrency slot, the call bounded by the first-byte timeout and
+//! the deadline, and what its answer means — a response to commit (a success, or a final
+//! error), or a failure worth another try. For event streams the preamble is held back until
+//! the commit point (the first content event), so a stream that fails before it can still be
+//! retried or fall back with the caller seeing one clean stream.
 
-use std::time::Instant;
+use std::time::{Duration, Instant as StdInstant};
 
-use http::{Method, Response, header};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use crate::api::ApiShape;
+use crate::config::ChainStep;
 use crate::error::ProxyError;
-use crate::proxy::body::{Accounting, TapBody};
+use crate::policy::breaker::{Outcome, Ticket};
+use crate::policy::retry::{self, Verdict};
+use crate::proxy::body::{Accounting, Mode, TapBody};
+use crate::proxy::chain::{Exec, Failure};
 use crate::proxy::record::{RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
-use crate::route;
 use crate::upstream::Upstream;
 
-pub(super) async fn run(
-    proxy: &Proxy,
-    snap: &Snapshot,
-    inb: Inbound,
-    rid: &str,
+/// Error bodies read to classify a retryable status are small; larger ones are cut here.
+const ERROR_BODY_LIMIT: usize = 1 << 20;
+/// A preamble larger than this is forwarded without waiting for content (a misbehaving
+/// upstream must not make legate buffer without bound).
+const PREAMBLE_LIMIT: usize = 256 << 10;
+
+pub enum Attempt {
+    /// Commit this response to the caller.
+    Answer(Response<ProxyBody>),
+    /// Worth another try (or the next step); `wait` is the upstream's retry-after, if any.
+    Retry {
+        failure: Failure,
+        wait: Option<Duration>,
+    },
+    /// Stop: nothing more can be tried (deadline, no key).
+    Abort(ProxyError),
+}
+
+/// What one attempt needs.
+pub struct Call<'a> {
+    pub proxy: &'a Proxy,
+    pub snap: &'a Snapshot,
+    pub up: &'a Upstream,
+    pub step: &'a ChainStep,
+    pub model_label: &'a str,
+    pub inb: &'a Inbound,
+    pub body: Bytes,
+}
+
+pub async fn run(
+    call: Call<'_>,
+    ticket: Ticket,
+    exec: &mut Exec,
     record: &mut Option<RequestRecord>,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let kind = inb.endpoint.kind();
-    let resolved = route::resolve(&snap.cfg, kind, &inb.meta.model)?;
-    let step = &resolved.step;
-    let up = snap
-        .upstreams
-        .get(&step.provider)
-        .ok_or(ProxyError::Internal)?;
-    let body = route::fit(&inb.body, &inb.meta, step, kind)?;
+) -> Attempt {
+    let Call { proxy, up, inb, .. } = call;
     let path = match &inb.query {
         Some(q) => format!("{}?{q}", inb.endpoint.upstream_path()),
         None => inb.endpoint.upstream_path().to_string(),
     };
-    let req = up.build_request(Method::POST, &path, &inb.headers, body)?;
-    let model_label = snap.labels.model(&step.model).to_string();
-    let started = record
-        .as_ref()
-        .map_or_else(Instant::now, RequestRecord::started);
-
+    let req = match up.build_request(Method::POST, &path, &inb.headers, call.body.clone()) {
+        Ok(r) => r,
+        Err(e) => return Attempt::Abort(e),
+    };
     // max_concurrency: wait for a slot, but never past the request's deadline.
+    let waited = Instant::now();
     let permit =
         match tokio::time::timeout_at(inb.deadline, up.permits.clone().acquire_owned()).await {
             Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(ProxyError::Internal),
-            Err(_) => return Err(ProxyError::DeadlineExceeded),
+            Ok(Err(_)) => return Attempt::Abort(ProxyError::Internal),
+            Err(_) => return Attempt::Abort(ProxyError::DeadlineExceeded),
         };
-
+    exec.outside += waited.elapsed();
     let metrics = &proxy.metrics;
+    let outcome = |label: &str| {
+        metrics
+            .upstream_attempts
+            .with_label_values(&[&up.name, call.model_label, label])
+            .inc();
+    };
     let inflight = metrics.inflight.with_label_values(&[&up.name]);
     inflight.inc();
-    let before_upstream = started.elapsed();
     let sent = Instant::now();
     let result = send(up, req, inb.deadline).await;
-    let upstream_time = sent.elapsed();
-    let headers_at = Instant::now();
     metrics
         .upstream_duration
-        .with_label_values(&[&up.name, &model_label])
-        .observe(upstream_time.as_secs_f64());
-    let outcome = match &result {
-        Ok(r) => outcome_for_status(r.status().as_u16()),
-        Err(ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded) => "timeout",
-        Err(_) => "connect_error",
-    };
-    metrics
-        .upstream_attempts
-        .with_label_values(&[&up.name, &model_label, outcome])
-        .inc();
-    let upstream = match result {
+        .with_label_values(&[&up.name, call.model_label])
+        .observe(sent.elapsed().as_secs_f64());
+    let resp = match result {
         Ok(r) => r,
         Err(e) => {
+            exec.outside += sent.elapsed();
             inflight.dec();
-            return Err(e);
+            let deadline = matches!(e, ProxyError::DeadlineExceeded);
+            outcome(match e {
+                ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => "timeout",
+                _ => "connect_error",
+            });
+            // The caller's own deadline running out says nothing about the provider.
+            ticket.report(if deadline {
+                Outcome::Neutral
+            } else {
+                Outcome::Failure
+            });
+            if deadline {
+                return Attempt::Abort(e);
+            }
+            return Attempt::Retry {
+                failure: Failure::Error(e),
+                wait: None,
+            };
         }
     };
-
-    let status = upstream.status();
-    let (parts, incoming) = upstream.into_parts();
-    let is_sse = parts
-        .headers
+    let status = resp.status();
+    let is_sse = resp
+        .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let Some(rec) = record.take() else {
-        inflight.dec();
-        return Err(ProxyError::Internal);
-    };
-    let acct = Accounting {
-        sink: UsageSink {
-            metrics: metrics.clone(),
-            ledger: proxy.ledger.clone(),
-            tenant: rec.tenant().to_string(),
-            provider: up.name.clone(),
-            model_label: model_label.clone(),
-            target: step.target(),
-            price: snap.cfg.prices.get(&step.target()).copied(),
-        },
-        ttft: metrics.ttft.with_label_values(&[&up.name, &model_label]),
-        inflight,
-        status: status.as_u16(),
-        record: rec,
-    };
+    let (parts, mut incoming) = resp.into_parts();
     let api = inb.endpoint.api();
-    let tap = TapBody::new(
-        incoming,
-        api,
-        is_sse,
-        up.idle_timeout,
-        proxy.abort_streams.clone().cancelled_owned(),
-        acct,
-        Some(permit),
-    );
-    let mut resp = Response::new(ProxyBody::Tap(Box::new(tap)));
+
+    if status.is_success() && is_sse {
+        let mut watch = Box::new(SseWatch::new(api));
+        let pre = read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline).await;
+        exec.outside += sent.elapsed();
+        return match pre {
+            Ok(held) => {
+                outcome("ok");
+                if watch.saw_content {
+                    let started = record
+                        .as_ref()
+                        .map_or_else(StdInstant::now, RequestRecord::started);
+                    metrics
+                        .ttft
+                        .with_label_values(&[&up.name, call.model_label])
+                        .observe(started.elapsed().as_secs_f64());
+                }
+                let tap = Tapped {
+                    incoming,
+                    mode: Mode::Sse(watch),
+                    held: (!held.is_empty()).then_some(held),
+                    ticket: Some(ticket),
+                    permit,
+                    inflight,
+                };
+                Attempt::Answer(commit(&call, status, &parts.headers, tap, record))
+            }
+            Err(pre) => {
+                inflight.dec();
+                outcome("retryable");
+                ticket.report(Outcome::Failure);
+                if Instant::now() >= inb.deadline {
+                    return Attempt::Abort(ProxyError::DeadlineExceeded);
+                }
+                let failure = match pre {
+                    PreCommit::ErrorEvent(data) => {
+                        let (st, body) = error_event_response(api, &data);
+                        Failure::Response(buffered(&call, st, &parts.headers, body))
+                    }
+                    PreCommit::Broken(why) => {
+                        tracing::info!(provider = %up.name, reason = why, "stream failed before its first content");
+                        Failure::Error(ProxyError::UpstreamStreamBroken {
+                            provider: up.name.clone(),
+                        })
+                    }
+                };
+                Attempt::Retry {
+                    failure,
+                    wait: None,
+                }
+            }
+        };
+    }
+
+    if status.is_success() {
+        // A whole answer is read before it is committed, so a cut mid-body is retried like
+        // any other failure instead of reaching the caller as a broken response.
+        let whole = read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
+        exec.outside += sent.elapsed();
+        match whole {
+            Whole::Complete(body) => {
+                inflight.dec();
+                drop(permit);
+                outcome("ok");
+                ticket.report(Outcome::Success);
+                let usage = match api {
+                    ApiShape::Anthropic => crate::usage::anthropic_from_json(&body),
+                    ApiShape::OpenAi => crate::usage::openai_from_json(&body),
+                };
+                if let (Some(u), Some(rec)) = (usage, record.as_ref()) {
+                    sink(&call, rec).record(u);
+                }
+                return Attempt::Answer(buffered(&call, status, &parts.headers, body));
+            }
+            Whole::TooLarge(prefix) => {
+                outcome("ok");
+                ticket.report(Outcome::Success);
+                let tap = Tapped {
+                    incoming,
+                    mode: Mode::Json {
+                        buf: Vec::new(),
+                        overflow: true,
+                    },
+                    held: Some(prefix),
+                    ticket: None,
+                    permit,
+                    inflight,
+                };
+                return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
+            }
+            Whole::Broken(why) => {
+                inflight.dec();
+                outcome("retryable");
+                ticket.report(Outcome::Failure);
+                tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
+                if Instant::now() >= inb.deadline {
+                    return Attempt::Abort(ProxyError::DeadlineExceeded);
+                }
+                return Attempt::Retry {
+                    failure: Failure::Error(ProxyError::UpstreamStreamBroken {
+                        provider: up.name.clone(),
+                    }),
+                    wait: None,
+                };
+            }
+        }
+    }
+
+    if !retry::needs_body(status) {
+        // A final error passed on as it is, streamed through.
+        let verdict = retry::classify(status, b"");
+        let (label, o) = match verdict {
+            Verdict::Success => ("ok", Outcome::Success),
+            Verdict::Final {
+                provider_fault: true,
+            } => ("fatal", Outcome::Failure),
+            _ => ("fatal", Outcome::Neutral),
+        };
+        outcome(label);
+        ticket.report(o);
+        exec.outside += sent.elapsed();
+        let tap = Tapped {
+            incoming,
+            mode: Mode::json(),
+            held: None,
+            ticket: None,
+            permit,
+            inflight,
+        };
+        return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
+    }
+
+    // A possibly retryable status: read its small body to decide.
+    let body = read_small(incoming, up.idle_timeout, inb.deadline).await;
+    exec.outside += sent.elapsed();
+    inflight.dec();
+    drop(permit);
+    let verdict = retry::classify(status, &body);
+    let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
+    let resp = buffered(&call, status, &parts.headers, body);
+    match verdict {
+        Verdict::Retryable { provider_fault } => {
+            outcome("retryable");
+            ticket.report(if provider_fault {
+                Outcome::Failure
+            } else {
+                Outcome::Neutral
+            });
+            Attempt::Retry {
+                failure: Failure::Response(resp),
+                wait,
+            }
+        }
+        Verdict::Final { provider_fault } => {
+            outcome("fatal");
+            ticket.report(if provider_fault {
+                Outcome::Failure
+            } else {
+                Outcome::Neutral
+            });
+            Attempt::Answer(resp)
+        }
+        Verdict::Success => Attempt::Answer(resp),
+    }
+}
+
+/// The parts of a response body that will be streamed through a `TapBody`.
+struct Tapped {
+    incoming: Incoming,
+    mode: Mode,
+    held: Option<Bytes>,
+    ticket: Option<Ticket>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    inflight: prometheus::IntGauge,
+}
+
+fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
+    UsageSink {
+        metrics: call.proxy.metrics.clone(),
+        ledger: call.proxy.ledger.clone(),
+        tenant: rec.tenant().to_string(),
+        provider: call.up.name.clone(),
+        model_label: call.model_label.to_string(),
+        target: call.step.target(),
+        price: call.snap.cfg.prices.get(&call.step.target()).copied(),
+    }
+}
+
+/// Commits an upstream response to the caller: its headers passed back, legate's added, its
+/// body streamed through a `TapBody` that owns the request's accounting from here on.
+fn commit(
+    call: &Call<'_>,
+    status: StatusCode,
+    upstream_headers: &HeaderMap,
+    tap: Tapped,
+    record: &mut Option<RequestRecord>,
+) -> Response<ProxyBody> {
+    let Call {
+        proxy,
+        up,
+        model_label,
+        inb,
+        ..
+    } = call;
+    let is_sse = matches!(tap.mode, Mode::Sse(_));
+    let metrics = &proxy.metrics;
+    let body = match record.take() {
+        Some(rec) => {
+            let acct = Accounting {
+                sink: sink(call, &rec),
+                ttft: metrics
+                    .ttft
+                    .with_label_values(&[up.name.as_str(), model_label]),
+                inflight: tap.inflight,
+                status: status.as_u16(),
+                ticket: tap.ticket,
+                record: rec,
+            };
+            ProxyBody::Tap(Box::new(TapBody::new(
+                tap.incoming,
+                inb.endpoint.api(),
+                tap.mode,
+                tap.held,
+                up.idle_timeout,
+                proxy.abort_streams.clone().cancelled_owned(),
+                acct,
+                Some(tap.permit),
+            )))
+        }
+        // Cannot happen (the record is taken once); answer without accounting rather than fail.
+        None => {
+            tap.inflight.dec();
+            ProxyBody::full(Bytes::new())
+        }
+    };
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    response::copy_upstream_headers(&parts.headers, resp.headers_mut(), is_sse);
-    response::set_header(&mut resp, "x-legate-served-by", &step.target());
-    response::set_header(&mut resp, "x-legate-attempts", "1");
-    if status.as_u16() >= 400 {
+    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), is_sse);
+    finish_headers(&mut resp, call);
+    resp
+}
+
+/// An upstream answer read whole: returned as it is, with legate's headers.
+fn buffered(
+    call: &Call<'_>,
+    status: StatusCode,
+    upstream_headers: &HeaderMap,
+    body: Bytes,
+) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(body));
+    *resp.status_mut() = status;
+    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
+    // The body may come from an error event of a stream: it is JSON, not an event stream.
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !is_json {
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+    }
+    finish_headers(&mut resp, call);
+    resp
+}
+
+fn finish_headers(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
+    response::set_header(resp, "x-legate-served-by", &call.step.target());
+    if resp.status().as_u16() >= 400 {
         // legate owns retries: the SDK must not multiply them.
-        response::set_header(&mut resp, "x-should-retry", "false");
-    }
-    let overhead = before_upstream + headers_at.elapsed();
-    response::set_header(
-        &mut resp,
-        "x-legate-overhead-ms",
-        &format!("{:.3}", overhead.as_secs_f64() * 1000.0),
-    );
-    metrics
-        .overhead
-        .with_label_values(&[api_label(api)])
-        .observe(overhead.as_secs_f64());
-    tracing::debug!(request_id = %rid, served_by = %step.target(), status = status.as_u16(), "upstream answered");
-    Ok(resp)
-}
-
-fn api_label(api: ApiShape) -> &'static str {
-    match api {
-        ApiShape::Anthropic => "anthropic",
-        ApiShape::OpenAi => "openai",
+        response::set_header(resp, "x-should-retry", "false");
     }
 }
 
-/// The metric outcome of an upstream status (SPEC §6 decides what is retryable).
-fn outcome_for_status(status: u16) -> &'static str {
-    match status {
-        200..=399 => "ok",
-        408 | 429 | 500 | 502 | 503 | 504 | 529 => "retryable",
-        _ => "fatal",
+/// Why a stream failed before its commit point.
+enum PreCommit {
+    /// An error event (its data) arrived before any content.
+    ErrorEvent(String),
+    Broken(&'static str),
+}
+
+/// Reads a stream up to its commit point (the first content event, or its end), holding the
+/// bytes back; each chunk must come within `idle` and all of it before the deadline.
+async fn read_to_commit(
+    incoming: &mut Incoming,
+    watch: &mut SseWatch,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<Bytes, PreCommit> {
+    let mut held = BytesMut::new();
+    loop {
+        if let Some(d) = &watch.error_data {
+            return Err(PreCommit::ErrorEvent(d.clone()));
+        }
+        if watch.saw_content || watch.saw_terminal || held.len() > PREAMBLE_LIMIT {
+            return Ok(held.freeze());
+        }
+        let limit = (Instant::now() + idle).min(deadline);
+        match tokio::time::timeout_at(limit, incoming.frame()).await {
+            Err(_) => {
+                return Err(PreCommit::Broken(
+                    "no content within idle_timeout or the deadline",
+                ));
+            }
+            Ok(Some(Err(_))) => return Err(PreCommit::Broken("the connection broke")),
+            Ok(None) => {
+                if let Some(rest) = watch.finish() {
+                    held.extend_from_slice(&rest);
+                }
+                if let Some(d) = &watch.error_data {
+                    return Err(PreCommit::ErrorEvent(d.clone()));
+                }
+                if watch.saw_terminal {
+                    return Ok(held.freeze());
+                }
+                return Err(PreCommit::Broken(
+                    "the stream ended before its first content",
+                ));
+            }
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    if let (Some(out), _) = watch.feed(data) {
+                        held.extend_from_slice(&out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An error event that arrived before any content becomes an ordinary error response: the
+/// caller has seen nothing yet, so it gets the status the event stands for.
+fn error_event_response(api: ApiShape, data: &str) -> (StatusCode, Bytes) {
+    let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+    let kind = v["error"]["type"].as_str().unwrap_or("api_error");
+    let status = match kind {
+        "overloaded_error" => 529,
+        "rate_limit_error" | "rate_limit_exceeded" => 429,
+        "invalid_request_error" => 400,
+        "authentication_error" => 401,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "request_too_large" => 413,
+        "timeout_error" => 504,
+        _ => 500,
+    };
+    let body = match api {
+        ApiShape::Anthropic if v.get("type").is_some() => data.to_string(),
+        ApiShape::Anthropic => {
+            serde_json::json!({"type": "error", "error": v["error"]}).to_string()
+        }
+        ApiShape::OpenAi => serde_json::json!({"error": v["error"]}).to_string(),
+    };
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        Bytes::from(body),
+    )
+}
+
+/// A whole success body larger than this is streamed through instead of held.
+const WHOLE_BODY_LIMIT: usize = 16 << 20;
+
+enum Whole {
+    Complete(Bytes),
+    /// Larger than `WHOLE_BODY_LIMIT`: what was read so far; the rest follows.
+    TooLarge(Bytes),
+    Broken(&'static str),
+}
+
+/// Reads a whole response body, each chunk within `idle`, all before the deadline.
+async fn read_whole(incoming: &mut Incoming, idle: Duration, deadline: Instant) -> Whole {
+    let mut buf = BytesMut::new();
+    loop {
+        let limit = (Instant::now() + idle).min(deadline);
+        match tokio::time::timeout_at(limit, incoming.frame()).await {
+            Err(_) => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
+            Ok(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
+            Ok(None) => return Whole::Complete(buf.freeze()),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > WHOLE_BODY_LIMIT {
+                        return Whole::TooLarge(buf.freeze());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads a small error body (bounded in size and time); a body that cannot be read is empty.
+async fn read_small(incoming: Incoming, idle: Duration, deadline: Instant) -> Bytes {
+    let limit = (Instant::now() + idle).min(deadline);
+    match tokio::time::timeout_at(limit, Limited::new(incoming, ERROR_BODY_LIMIT).collect()).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => Bytes::new(),
     }
 }
 
@@ -156,10 +530,10 @@ fn outcome_for_status(status: u16) -> &'static str {
 /// request's deadline, whichever comes first.
 async fn send(
     up: &Upstream,
-    req: http::Request<http_body_util::Full<bytes::Bytes>>,
-    deadline: tokio::time::Instant,
-) -> Result<Response<hyper::body::Incoming>, ProxyError> {
-    let first_byte = tokio::time::Instant::now() + up.first_byte_timeout;
+    req: http::Request<Full<Bytes>>,
+    deadline: Instant,
+) -> Result<Response<Incoming>, ProxyError> {
+    let first_byte = Instant::now() + up.first_byte_timeout;
     let limit = first_byte.min(deadline);
     match tokio::time::timeout_at(limit, up.client().request(req)).await {
         Ok(Ok(resp)) => Ok(resp),

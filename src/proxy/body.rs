@@ -3,14 +3,15 @@
 //! buffered further and never compressed — while watching it: usage for metering, the first
 //! content event for time-to-first-token, the terminal event, the idle timeout between chunks,
 //! and shutdown. A failure after bytes reached the caller becomes an explicit error event, never
-//! a clean-looking end. Dropping it early (the caller went away) drops the upstream body, which
-//! cancels the upstream request, and is recorded as 499.
+//! a clean-looking end, and counts against the upstream's breaker. Dropping it early (the caller
+//! went away) drops the upstream body, which cancels the upstream request, and is recorded as
+//! 499 — never as a provider failure.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use prometheus::{Histogram, IntGauge};
@@ -18,30 +19,29 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::api::{self, ApiShape, StreamEventKind};
+use crate::api::ApiShape;
+use crate::policy::breaker::{Outcome, Ticket};
 use crate::proxy::record::{RequestRecord, UsageSink};
-use crate::sse::SseParser;
-use crate::usage::{self, StreamUsage, Usage};
+use crate::proxy::watch::SseWatch;
+use crate::usage::{self, Usage};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Non-streaming bodies larger than this are forwarded but not parsed for usage.
 const JSON_USAGE_CAP: usize = 8 << 20;
 
-enum Mode {
-    Sse {
-        parser: SseParser,
-        usage: StreamUsage,
-        /// Bytes of an event that is not complete yet.
-        pending: BytesMut,
-        saw_content: bool,
-        saw_terminal: bool,
-        saw_error: bool,
-    },
-    Json {
-        buf: Vec<u8>,
-        overflow: bool,
-    },
+pub enum Mode {
+    Sse(Box<SseWatch>),
+    Json { buf: Vec<u8>, overflow: bool },
+}
+
+impl Mode {
+    pub fn json() -> Self {
+        Mode::Json {
+            buf: Vec::new(),
+            overflow: false,
+        }
+    }
 }
 
 enum State {
@@ -58,6 +58,8 @@ pub struct Accounting {
     pub ttft: Histogram,
     pub inflight: IntGauge,
     pub status: u16,
+    /// The breaker's verdict waits for the end of a stream.
+    pub ticket: Option<Ticket>,
 }
 
 pub struct TapBody {
@@ -65,6 +67,8 @@ pub struct TapBody {
     api: ApiShape,
     mode: Mode,
     state: State,
+    /// Bytes read before the response was committed (a stream's preamble and first content).
+    held: Option<Bytes>,
     idle: Duration,
     timer: Pin<Box<Sleep>>,
     abort: Pin<Box<WaitForCancellationFutureOwned>>,
@@ -76,35 +80,23 @@ pub struct TapBody {
 }
 
 impl TapBody {
+    #[expect(clippy::too_many_arguments, reason = "one constructor wiring one body")]
     pub fn new(
         inner: Incoming,
         api: ApiShape,
-        is_sse: bool,
+        mode: Mode,
+        held: Option<Bytes>,
         idle: Duration,
         abort: WaitForCancellationFutureOwned,
         acct: Accounting,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Self {
-        let mode = if is_sse {
-            Mode::Sse {
-                parser: SseParser::new(),
-                usage: StreamUsage::new(api),
-                pending: BytesMut::new(),
-                saw_content: false,
-                saw_terminal: false,
-                saw_error: false,
-            }
-        } else {
-            Mode::Json {
-                buf: Vec::new(),
-                overflow: false,
-            }
-        };
         TapBody {
             inner,
             api,
             mode,
             state: State::Streaming,
+            held,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
             abort: Box::pin(abort),
@@ -128,57 +120,22 @@ impl TapBody {
                 }
                 Some(data)
             }
-            Mode::Sse {
-                parser,
-                usage,
-                pending,
-                saw_content,
-                saw_terminal,
-                saw_error,
-            } => {
-                parser.push(&data);
-                while let Some(ev) = parser.next_event() {
-                    let kind = match self.api {
-                        ApiShape::Anthropic => api::anthropic::classify(&ev),
-                        ApiShape::OpenAi => api::openai::classify(&ev),
-                    };
-                    match kind {
-                        StreamEventKind::Content if !*saw_content => {
-                            *saw_content = true;
-                            if let Some(acct) = &self.acct {
-                                acct.ttft
-                                    .observe(acct.record.started().elapsed().as_secs_f64());
-                            }
-                        }
-                        StreamEventKind::Terminal => *saw_terminal = true,
-                        StreamEventKind::Error => *saw_error = true,
-                        _ => {}
+            Mode::Sse(watch) => {
+                let (out, started) = watch.feed(data);
+                if started {
+                    if let Some(acct) = &self.acct {
+                        acct.ttft
+                            .observe(acct.record.started().elapsed().as_secs_f64());
                     }
-                    usage.observe(&ev);
                 }
-                // Forward exactly the bytes of complete events; keep a partial one back so an
-                // error event legate may have to append never lands inside it.
-                let held = parser.pending_bytes();
-                let available = pending.len() + data.len();
-                let ready = available.saturating_sub(held);
-                if ready == 0 {
-                    pending.extend_from_slice(&data);
-                    return None;
-                }
-                if pending.is_empty() {
-                    pending.extend_from_slice(&data[ready..]);
-                    Some(data.slice(..ready))
-                } else {
-                    pending.extend_from_slice(&data);
-                    Some(pending.split_to(ready).freeze())
-                }
+                out
             }
         }
     }
 
     fn usage(&self) -> Option<Usage> {
         match &self.mode {
-            Mode::Sse { usage, .. } => usage.usage(),
+            Mode::Sse(watch) => watch.usage(),
             Mode::Json { buf, overflow } => {
                 let ok = self.acct.as_ref().is_some_and(|a| a.status < 300);
                 if *overflow || !ok {
@@ -194,18 +151,29 @@ impl TapBody {
 
     /// The upstream body ended. A stream without its terminal event is a failure.
     fn on_end(&mut self) -> State {
-        match &self.mode {
-            Mode::Sse {
-                saw_terminal,
-                saw_error,
-                ..
-            } if !*saw_terminal && !*saw_error => {
-                self.fail_stream("the upstream stream ended before its final event")
+        let Mode::Sse(watch) = &mut self.mode else {
+            self.complete(None, Outcome::Success);
+            return State::Done;
+        };
+        let rest = watch.finish();
+        if watch.saw_terminal || watch.error_data.is_some() {
+            // An upstream error event passed through as it is: the stream failed, visibly.
+            let outcome = if watch.error_data.is_some() {
+                Outcome::Failure
+            } else {
+                Outcome::Success
+            };
+            self.complete(None, outcome);
+            return State::Closing(rest);
+        }
+        let err = self.fail_stream("the upstream stream ended before its final event");
+        match (rest, err) {
+            (Some(r), State::Closing(Some(e))) => {
+                let mut joined = r.to_vec();
+                joined.extend_from_slice(&e);
+                State::Closing(Some(Bytes::from(joined)))
             }
-            _ => {
-                self.complete(None);
-                State::Done
-            }
+            (_, s) => s,
         }
     }
 
@@ -213,10 +181,10 @@ impl TapBody {
     /// connection is aborted, so the caller sees a broken response rather than a short one.
     fn fail(&mut self, why: &str) -> State {
         match self.mode {
-            Mode::Sse { .. } => self.fail_stream(why),
+            Mode::Sse(_) => self.fail_stream(why),
             Mode::Json { .. } => {
                 tracing::warn!(reason = why, "upstream response failed after it started");
-                self.complete(Some(502));
+                self.complete(Some(502), Outcome::Failure);
                 self.failed_json = true;
                 State::Done
             }
@@ -228,15 +196,18 @@ impl TapBody {
             reason = why,
             "upstream stream failed after the response started"
         );
-        self.complete(Some(502));
+        self.complete(Some(502), Outcome::Failure);
         State::Closing(Some(stream_error_event(self.api, why)))
     }
 
-    fn complete(&mut self, status_override: Option<u16>) {
+    fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
         let usage = self.usage();
-        if let Some(acct) = self.acct.take() {
+        if let Some(mut acct) = self.acct.take() {
             if let Some(u) = usage {
                 acct.sink.record(u);
+            }
+            if let Some(t) = acct.ticket.take() {
+                t.report(outcome);
             }
             acct.inflight.dec();
             acct.record.finish(status_override.unwrap_or(acct.status));
@@ -248,6 +219,7 @@ impl Drop for TapBody {
     fn drop(&mut self) {
         // Still accounting means the caller went away before the end: whatever usage was seen
         // is still billed by the provider, so it is recorded, and the request counts as 499.
+        // The breaker ticket drops unreported: a disconnect is never a provider failure.
         let usage = self.usage();
         if let Some(mut acct) = self.acct.take() {
             if let Some(u) = usage {
@@ -288,6 +260,9 @@ impl Body for TapBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(held) = this.held.take() {
+            return Poll::Ready(Some(Ok(Frame::data(held))));
+        }
         loop {
             if std::mem::take(&mut this.failed_json) {
                 // A failed non-stream body: abort the connection so the caller sees it broken.
@@ -347,13 +322,13 @@ impl Body for TapBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done)
+        self.held.is_none() && matches!(self.state, State::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
         match self.mode {
             Mode::Json { .. } => self.inner.size_hint(),
-            Mode::Sse { .. } => SizeHint::default(),
+            Mode::Sse(_) => SizeHint::default(),
         }
     }
 }

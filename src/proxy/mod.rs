@@ -4,10 +4,12 @@
 
 pub mod attempt;
 pub mod body;
+pub mod chain;
 pub mod inbound;
 pub mod models;
 pub mod record;
 pub mod response;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,6 +28,8 @@ use crate::api::{self, ApiShape, RequestMeta};
 use crate::config::{ApiKind, Config};
 use crate::error::ProxyError;
 use crate::meter::Ledger;
+use crate::policy::breaker::Breakers;
+use crate::policy::retry::RetryBudget;
 use crate::route::Labels;
 use crate::telemetry::Metrics;
 use crate::upstream::Upstream;
@@ -98,6 +102,10 @@ pub struct Proxy {
     pub snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
     pub ledger: Arc<Ledger>,
+    /// Breakers and the retry budget outlive config snapshots: an upstream's health does not
+    /// reset because the config was reloaded.
+    pub breakers: Breakers,
+    pub budget: RetryBudget,
     ids: RequestIds,
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
@@ -105,7 +113,7 @@ pub struct Proxy {
 }
 
 /// What the caller asked for, once the body has been read and parsed.
-struct Inbound {
+pub struct Inbound {
     endpoint: Endpoint,
     headers: HeaderMap,
     query: Option<String>,
@@ -121,7 +129,11 @@ impl Proxy {
         ledger: Arc<Ledger>,
         listen_ip: IpAddr,
     ) -> Self {
+        let breakers = Breakers::new(snapshot.cfg.breaker.clone(), metrics.breaker_state.clone());
+        let budget = RetryBudget::new(snapshot.cfg.retry.budget_ratio);
         Proxy {
+            breakers,
+            budget,
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             ledger,
@@ -147,7 +159,11 @@ impl Proxy {
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
         let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
-        let mut resp = match self.serve(&snap, endpoint, req, &rid, &mut record).await {
+        let mut stats = chain::ExecStats::default();
+        let result = self
+            .serve(&snap, endpoint, req, &mut record, &mut stats)
+            .await;
+        let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
                 if err.source() != crate::error::Source::Client {
@@ -160,11 +176,21 @@ impl Proxy {
                 Response::from_parts(parts, ProxyBody::full(body))
             }
         };
+        // Time inside legate before the response headers, upstream waits excluded.
+        let overhead = started.elapsed().saturating_sub(stats.outside);
+        if stats.attempts > 0 && !resp.headers().contains_key("x-legate-attempts") {
+            response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
+        }
+        self.metrics
+            .overhead
+            .with_label_values(&[api_label])
+            .observe(overhead.as_secs_f64());
+        response::set_header(
+            &mut resp,
+            "x-legate-overhead-ms",
+            &format!("{:.3}", overhead.as_secs_f64() * 1000.0),
+        );
         if let Some(rec) = record.take() {
-            self.metrics
-                .overhead
-                .with_label_values(&[api_label])
-                .observe(started.elapsed().as_secs_f64());
             rec.finish(resp.status().as_u16());
         }
         response::set_header(&mut resp, "x-legate-request-id", &rid);
@@ -176,8 +202,8 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Option<Endpoint>,
         req: Request<Incoming>,
-        rid: &str,
         record: &mut Option<RequestRecord>,
+        stats: &mut chain::ExecStats,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
@@ -235,8 +261,8 @@ impl Proxy {
             meta,
             deadline,
         };
-        // 5. Route and attempt upstream.
-        attempt::run(self, snap, inbound, rid, record).await
+        // 5. The chain: breakers, fitting, attempts, retries and fallback, in one place.
+        chain::run(self, snap, inbound, record, stats).await
     }
 }
 

@@ -77,10 +77,37 @@ impl Admin {
             "config_hash": snap.hash,
             "ready": self.ready.load(Ordering::SeqCst),
             "providers": providers,
-            "breakers": [],
+            "breakers": self.breakers(),
             "buckets": [],
             "pacing": [],
         })
+    }
+}
+
+impl Admin {
+    fn breakers(&self) -> serde_json::Value {
+        use crate::policy::breaker::State;
+        let now = tokio::time::Instant::now();
+        let list: Vec<serde_json::Value> = self
+            .proxy
+            .breakers
+            .snapshot()
+            .into_iter()
+            .map(|(upstream, state)| match state {
+                State::Closed => serde_json::json!({"upstream": upstream, "state": "closed"}),
+                State::Open { until } => serde_json::json!({
+                    "upstream": upstream,
+                    "state": "open",
+                    "probe_in_ms": until.saturating_duration_since(now).as_millis() as u64,
+                }),
+                State::HalfOpen { probe_out } => serde_json::json!({
+                    "upstream": upstream,
+                    "state": "half_open",
+                    "probe_in_flight": probe_out,
+                }),
+            })
+            .collect();
+        serde_json::Value::Array(list)
     }
 }
 

@@ -171,6 +171,7 @@ async fn unreachable_upstream_is_502_without_sdk_retries() {
         .await;
     assert_eq!(resp.status(), 502);
     assert_eq!(resp.headers()["x-should-retry"], "false");
+    assert_eq!(resp.headers()["x-legate-attempts"], "3");
     assert_eq!(json(resp).await["error"]["type"], "api_error");
     let n = env
         .metric(
@@ -178,7 +179,7 @@ async fn unreachable_upstream_is_502_without_sdk_retries() {
             &[("outcome", "connect_error")],
         )
         .await;
-    assert_eq!(n, Some(1.0));
+    assert_eq!(n, Some(3.0), "max_attempts connection attempts, then 502");
 }
 
 #[tokio::test]
@@ -197,9 +198,10 @@ async fn first_byte_timeout_is_504_and_cancels_the_upstream_call() {
         .await;
     assert_eq!(resp.status(), 504);
     assert_eq!(resp.headers()["x-should-retry"], "false");
-    env.mock.wait_cancelled(1).await;
+    // Each timed-out attempt is cancelled upstream, not left hanging.
+    env.mock.wait_cancelled(3).await;
     let n = env
         .metric("legate_upstream_attempts_total", &[("outcome", "timeout")])
         .await;
-    assert_eq!(n, Some(1.0));
+    assert_eq!(n, Some(3.0));
 }

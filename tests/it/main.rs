@@ -10,5 +10,6 @@ mod binary;
 mod errors;
 mod metering;
 mod passthrough;
+mod resilience;
 mod streaming;
 mod tls;

@@ -121,7 +121,7 @@ async fn provider_headers_pass_back_on_success_and_error() {
     env.script(
         r#"{"replies":[
             {"headers":{"anthropic-ratelimit-requests-remaining":"41","anthropic-ratelimit-brand-new-limit":"7"}},
-            {"status":429,"headers":{"retry-after":"3","anthropic-ratelimit-tokens-remaining":"0","x-ratelimit-remaining-requests":"0"}}
+            {"status":400,"headers":{"retry-after":"3","anthropic-ratelimit-tokens-remaining":"0","x-ratelimit-remaining-requests":"0"}}
         ]}"#,
     );
     let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
@@ -144,7 +144,7 @@ async fn provider_headers_pass_back_on_success_and_error() {
     assert!(h.get("x-should-retry").is_none());
 
     let err = env.messages(body).await;
-    assert_eq!(err.status(), 429);
+    assert_eq!(err.status(), 400);
     let h = err.headers().clone();
     assert_eq!(h["retry-after"], "3");
     assert_eq!(h["anthropic-ratelimit-tokens-remaining"], "0");
@@ -153,7 +153,7 @@ async fn provider_headers_pass_back_on_success_and_error() {
     assert!(h["request-id"].to_str().unwrap().starts_with("req_mock_"));
     let v: serde_json::Value = err.json().await.unwrap();
     assert_eq!(v["type"], "error");
-    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
 }
 
 #[tokio::test]

@@ -78,7 +78,33 @@ def test_anthropic_sdk_does_not_multiply_upstream_errors(mock, legate):
                                messages=[{"role": "user", "content": "hi"}])
     assert err.value.status_code == 529
     assert err.value.response.headers["x-should-retry"] == "false"
-    # Default max_retries=2 would make three calls if legate let the SDK retry.
+    assert err.value.response.headers["x-legate-attempts"] == "3"
+    # legate's max_attempts (3), not 3 x the SDK's default max_retries=2 on top.
+    assert len(mock.requests()) == 3
+
+
+def test_anthropic_sdk_raises_when_a_stream_breaks_after_content(mock, legate):
+    mock.script({"default": {"content": [{"type": "text", "text": "a b c d e f"}],
+                             "cut_after": 6}})
+    client = anthropic.Anthropic(base_url=legate.url, api_key="dummy-client-key")
+    with pytest.raises(anthropic.APIError):
+        with client.messages.stream(model="claude-sdk", max_tokens=64,
+                                    messages=[{"role": "user", "content": "hi"}]) as stream:
+            for _ in stream.text_stream:
+                pass
+            stream.get_final_message()
+    # Content had reached the caller: nothing was retried.
+    assert len(mock.requests()) == 1
+
+
+def test_openai_sdk_raises_when_a_stream_breaks_after_content(mock, legate):
+    mock.script({"default": {"content": [{"type": "text", "text": "a b c d e f"}],
+                             "cut_after": 4}})
+    client = openai.OpenAI(base_url=legate.url + "/v1", api_key="dummy-client-key")
+    with pytest.raises(openai.APIError):
+        for _ in client.chat.completions.create(
+                model="gpt-sdk", stream=True, messages=[{"role": "user", "content": "hi"}]):
+            pass
     assert len(mock.requests()) == 1
 
 

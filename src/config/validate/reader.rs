@@ -235,6 +235,25 @@ pub(crate) fn positive_usize(v: &Value, path: &str, cx: &mut Cx) -> Option<usize
         .ok()
 }
 
+/// A number in [0, 1] (integers 0 and 1 are accepted too).
+pub(crate) fn ratio(v: &Value, path: &str, cx: &mut Cx) -> Option<f64> {
+    let x = match &v.kind {
+        ValueKind::Float(f) => *f,
+        ValueKind::I64(n) => *n as f64,
+        ValueKind::U64(n) => *n as f64,
+        ValueKind::String(s) if from_env(v) => match s.trim().parse::<f64>() {
+            Ok(f) => f,
+            Err(_) => return type_error(cx, path, "a number between 0 and 1", &v.kind),
+        },
+        other => return type_error(cx, path, "a number between 0 and 1", other),
+    };
+    if !(0.0..=1.0).contains(&x) {
+        cx.err(path, format!("`{x}` is not between 0 and 1"));
+        return None;
+    }
+    Some(x)
+}
+
 pub(crate) fn boolean(v: &Value, path: &str, cx: &mut Cx) -> Option<bool> {
     match &v.kind {
         ValueKind::Boolean(b) => Some(*b),

@@ -363,8 +363,6 @@ fn prices_are_exact_decimals() -> TestResult {
 #[test]
 fn sections_not_implemented_yet_are_refused_not_ignored() {
     for (toml, path) in [
-        ("[retry]\nmax_attempts = 3", "retry"),
-        ("[breaker]\nwindow = \"30s\"", "breaker"),
         ("[tenants.default]\npriority = \"interactive\"", "tenants"),
         ("[ratelimit]\nstore = \"memory\"", "ratelimit"),
         ("[shedding]\nqueue_limit = 512", "shedding"),
@@ -381,7 +379,7 @@ fn sections_not_implemented_yet_are_refused_not_ignored() {
 #[test]
 fn every_problem_is_reported_at_once() {
     let errs = errors_of(
-        "[retry]\n[server]\nlisten = \"0.0.0.0:1\"\nmax_body_bytes = 0\n[providers.anthropic]\nconnect_timeout = \"soon\"\n[providers.openai]\nkind = \"gpt\"\n[[models]]\nname = \"m\"\nchain = [\"nobody:x\"]\n[[prices]]\nmodel = \"anthropic:m\"\ninput = \"x\"\noutput = \"1\"\n",
+        "[retry]\nmax_attempts = 0\n[server]\nlisten = \"0.0.0.0:1\"\nmax_body_bytes = 0\n[providers.anthropic]\nconnect_timeout = \"soon\"\n[providers.openai]\nkind = \"gpt\"\n[[models]]\nname = \"m\"\nchain = [\"nobody:x\"]\n[[prices]]\nmodel = \"anthropic:m\"\ninput = \"x\"\noutput = \"1\"\n",
     );
     let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
     paths.sort_unstable();
@@ -392,7 +390,7 @@ fn every_problem_is_reported_at_once() {
             "prices[0].input",
             "providers.anthropic.connect_timeout",
             "providers.openai.kind",
-            "retry",
+            "retry.max_attempts",
             "server.listen",
             "server.max_body_bytes",
         ],

@@ -1,0 +1,364 @@
+//! One circuit breaker per upstream (provider + model). Closed: outcomes are kept for a rolling
+//! window and it opens when at least `min_calls` calls saw `failure_ratio` failures. Open:
+//! calls are refused without touching the upstream. After `open_for`: exactly one probe passes,
+//! however many callers arrive; its success closes the breaker, its failure reopens it for
+//! twice as long (up to `max_open_for`). Only provider-side failures count; callers' mistakes,
+//! 429s and disconnects are neutral.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use prometheus::IntGaugeVec;
+use tokio::time::Instant;
+
+use crate::config::BreakerConfig;
+
+/// Breakers beyond this many upstreams are not created (callers may send any model name to a
+/// default route); such calls simply pass.
+const MAX_BREAKERS: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    Open { until: Instant },
+    HalfOpen { probe_out: bool },
+}
+
+impl State {
+    fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::Open { .. } => 1,
+            State::HalfOpen { .. } => 2,
+        }
+    }
+}
+
+struct Inner {
+    state: State,
+    open_for: Duration,
+    /// (when, failed) for closed-state calls inside the window.
+    outcomes: VecDeque<(Instant, bool)>,
+}
+
+pub struct Breaker {
+    cfg: BreakerConfig,
+    inner: Mutex<Inner>,
+    gauge: Option<prometheus::IntGauge>,
+}
+
+/// The answer to "may I call this upstream now?".
+pub enum Admission {
+    /// Go ahead; report the outcome on the ticket.
+    Pass(Ticket),
+    /// Refused; the earliest time a probe may pass.
+    Refused { until: Instant },
+}
+
+/// A call admitted by a breaker. Exactly one outcome is reported; dropping it unreported (the
+/// caller went away, the request was cancelled) is neutral and frees a probe slot.
+pub struct Ticket {
+    breaker: Option<Arc<Breaker>>,
+    probe: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    Neutral,
+}
+
+impl Ticket {
+    /// A ticket for an upstream without a breaker.
+    pub fn unguarded() -> Self {
+        Ticket {
+            breaker: None,
+            probe: false,
+        }
+    }
+
+    pub fn report(mut self, outcome: Outcome) {
+        if let Some(b) = self.breaker.take() {
+            b.record(self.probe, outcome);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(b) = self.breaker.take() {
+            b.record(self.probe, Outcome::Neutral);
+        }
+    }
+}
+
+impl Breaker {
+    pub fn new(cfg: BreakerConfig, gauge: Option<prometheus::IntGauge>) -> Self {
+        let open_for = cfg.open_for;
+        Breaker {
+            cfg,
+            inner: Mutex::new(Inner {
+                state: State::Closed,
+                open_for,
+                outcomes: VecDeque::new(),
+            }),
+            gauge,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        match self.inner.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn set(&self, inner: &mut Inner, state: State) {
+        inner.state = state;
+        if let Some(g) = &self.gauge {
+            g.set(state.gauge());
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.lock().state
+    }
+
+    pub fn admit(self: &Arc<Self>) -> Admission {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let probe = match inner.state {
+            State::Closed => false,
+            State::Open { until } if now < until => return Admission::Refused { until },
+            State::Open { .. } | State::HalfOpen { probe_out: false } => {
+                self.set(&mut inner, State::HalfOpen { probe_out: true });
+                true
+            }
+            // The probe is out: others wait for its verdict (a short, honest guess).
+            State::HalfOpen { probe_out: true } => {
+                return Admission::Refused {
+                    until: now + Duration::from_secs(1),
+                };
+            }
+        };
+        Admission::Pass(Ticket {
+            breaker: Some(self.clone()),
+            probe,
+        })
+    }
+
+    fn record(&self, probe: bool, outcome: Outcome) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if probe {
+            match outcome {
+                Outcome::Success => {
+                    inner.outcomes.clear();
+                    inner.open_for = self.cfg.open_for;
+                    self.set(&mut inner, State::Closed);
+                }
+                Outcome::Failure => {
+                    let open_for = (inner.open_for * 2).min(self.cfg.max_open_for);
+                    inner.open_for = open_for;
+                    self.set(
+                        &mut inner,
+                        State::Open {
+                            until: now + open_for,
+                        },
+                    );
+                }
+                Outcome::Neutral => self.set(&mut inner, State::HalfOpen { probe_out: false }),
+            }
+            return;
+        }
+        if inner.state != State::Closed || outcome == Outcome::Neutral {
+            return;
+        }
+        inner.outcomes.push_back((now, outcome == Outcome::Failure));
+        let window = self.cfg.window;
+        while inner
+            .outcomes
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > window)
+        {
+            inner.outcomes.pop_front();
+        }
+        let calls = inner.outcomes.len();
+        let failures = inner.outcomes.iter().filter(|(_, f)| *f).count();
+        if calls >= self.cfg.min_calls as usize
+            && failures as f64 >= self.cfg.failure_ratio * calls as f64
+        {
+            inner.outcomes.clear();
+            let open_for = self.cfg.open_for;
+            inner.open_for = open_for;
+            self.set(
+                &mut inner,
+                State::Open {
+                    until: now + open_for,
+                },
+            );
+        }
+    }
+}
+
+/// All breakers of the process, keyed by `provider:model`. They outlive config reloads.
+pub struct Breakers {
+    cfg: BreakerConfig,
+    map: Mutex<HashMap<String, Arc<Breaker>>>,
+    gauge: IntGaugeVec,
+}
+
+impl Breakers {
+    pub fn new(cfg: BreakerConfig, gauge: IntGaugeVec) -> Self {
+        Breakers {
+            cfg,
+            map: Mutex::new(HashMap::new()),
+            gauge,
+        }
+    }
+
+    /// The breaker of `provider:model`; `model_label` is the bounded metric label.
+    pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
+        let key = format!("{provider}:{model}");
+        let mut map = match self.map.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(b) = map.get(&key) {
+            return Some(b.clone());
+        }
+        if map.len() >= MAX_BREAKERS {
+            return None;
+        }
+        // Only configured models get their own gauge series; others would be unbounded.
+        let gauge = (model_label != "other").then(|| {
+            let g = self.gauge.with_label_values(&[provider, model_label]);
+            g.set(0);
+            g
+        });
+        let b = Arc::new(Breaker::new(self.cfg.clone(), gauge));
+        map.insert(key, b.clone());
+        Some(b)
+    }
+
+    /// For `/admin/state`: every breaker's state.
+    pub fn snapshot(&self) -> Vec<(String, State)> {
+        let map = match self.map.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        let mut out: Vec<(String, State)> =
+            map.iter().map(|(k, b)| (k.clone(), b.state())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> BreakerConfig {
+        BreakerConfig {
+            window: Duration::from_secs(30),
+            min_calls: 4,
+            failure_ratio: 0.5,
+            open_for: Duration::from_secs(10),
+            max_open_for: Duration::from_secs(25),
+        }
+    }
+
+    fn pass(b: &Arc<Breaker>) -> Ticket {
+        match b.admit() {
+            Admission::Pass(t) => t,
+            Admission::Refused { .. } => panic!("refused"),
+        }
+    }
+
+    fn refused(b: &Arc<Breaker>) -> bool {
+        matches!(b.admit(), Admission::Refused { .. })
+    }
+
+    fn trip(b: &Arc<Breaker>) {
+        for _ in 0..4 {
+            pass(b).report(Outcome::Failure);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_trips_below_min_calls() {
+        let b = Arc::new(Breaker::new(cfg(), None));
+        for _ in 0..3 {
+            pass(&b).report(Outcome::Failure);
+        }
+        assert_eq!(b.state(), State::Closed);
+        pass(&b).report(Outcome::Failure);
+        assert!(matches!(b.state(), State::Open { .. }));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn neutral_outcomes_never_trip_it() {
+        let b = Arc::new(Breaker::new(cfg(), None));
+        for _ in 0..100 {
+            pass(&b).report(Outcome::Neutral);
+            drop(pass(&b));
+        }
+        assert_eq!(b.state(), State::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_outcomes_leave_the_window() {
+        let b = Arc::new(Breaker::new(cfg(), None));
+        for _ in 0..3 {
+            pass(&b).report(Outcome::Failure);
+        }
+        tokio::time::advance(Duration::from_secs(31)).await;
+        pass(&b).report(Outcome::Failure);
+        assert_eq!(b.state(), State::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admits_exactly_one_probe_after_open_for() {
+        let b = Arc::new(Breaker::new(cfg(), None));
+        trip(&b);
+        assert!(refused(&b));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let probe = pass(&b);
+        for _ in 0..20 {
+            assert!(refused(&b), "only one probe at a time");
+        }
+        probe.report(Outcome::Success);
+        assert_eq!(b.state(), State::Closed);
+        pass(&b).report(Outcome::Success);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_probe_reopens_with_the_timer_doubled_up_to_the_cap() {
+        let b = Arc::new(Breaker::new(cfg(), None));
+        trip(&b);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        pass(&b).report(Outcome::Failure);
+        tokio::time::advance(Duration::from_secs(19)).await;
+        assert!(refused(&b), "20 s after a failed probe, not 10");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        pass(&b).report(Outcome::Failure);
+        tokio::time::advance(Duration::from_secs(24)).await;
+        assert!(refused(&b), "capped at max_open_for = 25 s");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        pass(&b).report(Outcome::Success);
+        assert_eq!(b.state(), State::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_probe_lets_the_next_caller_probe() {
+        let b = Arc::new(Breaker::new(cfg(), None));
+        trip(&b);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        drop(pass(&b));
+        assert_eq!(b.state(), State::HalfOpen { probe_out: false });
+        pass(&b).report(Outcome::Success);
+        assert_eq!(b.state(), State::Closed);
+    }
+}

@@ -1,0 +1,319 @@
+//! Retry arithmetic: which upstream answers are worth another try, how long to wait (the
+//! upstream's `retry-after-ms` / `retry-after`, else capped exponential backoff with jitter),
+//! and the retry budget that keeps retries from multiplying load during an outage.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use crate::config::RetryConfig;
+
+/// What one upstream answer means for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// 1xx–3xx: pass it on.
+    Success,
+    /// Worth another try (or the next chain step). `provider_fault` says whether it counts
+    /// against the upstream's circuit breaker.
+    Retryable { provider_fault: bool },
+    /// Another try would fail the same way (invalid request, content policy, too large, quota
+    /// exhausted): returned to the caller as it is, never routed around.
+    Final { provider_fault: bool },
+}
+
+/// Classifies an upstream status; `body` is consulted only for 429, where a spend or quota
+/// exhaustion (OpenAI `insufficient_quota`, Anthropic `enforced_spend_limit_reached`) must not
+/// be retried.
+pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
+    match status.as_u16() {
+        0..=399 => Verdict::Success,
+        429 if is_quota_exhaustion(body) => Verdict::Final {
+            provider_fault: false,
+        },
+        408 | 429 => Verdict::Retryable {
+            provider_fault: false,
+        },
+        500 | 502 | 503 | 504 | 529 => Verdict::Retryable {
+            provider_fault: true,
+        },
+        500..=599 => Verdict::Final {
+            provider_fault: true,
+        },
+        _ => Verdict::Final {
+            provider_fault: false,
+        },
+    }
+}
+
+/// Whether the status may be retryable, so its (small) error body must be read to decide.
+pub fn needs_body(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504 | 529)
+}
+
+fn is_quota_exhaustion(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        error: Option<ErrorObj>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ErrorObj {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        code: Option<serde_json::Value>,
+        details: Option<Details>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Details {
+        error_code: Option<String>,
+    }
+    let Ok(env) = serde_json::from_slice::<Envelope>(body) else {
+        return false;
+    };
+    let Some(e) = env.error else { return false };
+    e.code.as_ref().and_then(|c| c.as_str()) == Some("insufficient_quota")
+        || e.kind.as_deref() == Some("insufficient_quota")
+        || e.details.and_then(|d| d.error_code).as_deref() == Some("enforced_spend_limit_reached")
+}
+
+/// The wait an upstream asked for: `retry-after-ms` (milliseconds, fractional allowed) first,
+/// else `retry-after` as seconds or as an HTTP date.
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(Duration::from_secs_f64(ms / 1000.0));
+        }
+    }
+    let ra = text("retry-after")?;
+    if let Ok(secs) = ra.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let at = httpdate::parse_http_date(ra).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Capped exponential backoff with jitter, one per request and chain step. backon's jitter
+/// adds up to 100% of the delay, so the schedule is built on half the configured delays:
+/// each wait falls in [d/2, d) with d = min(base_delay * 2^n, max_delay).
+pub struct Backoff(backon::ExponentialBackoff);
+
+impl Backoff {
+    pub fn new(cfg: &RetryConfig) -> Self {
+        use backon::BackoffBuilder;
+        Backoff(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(cfg.base_delay / 2)
+                .with_max_delay(cfg.max_delay / 2)
+                .with_factor(2.0)
+                .with_jitter()
+                .without_max_times()
+                .build(),
+        )
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        self.0.next().unwrap_or_default()
+    }
+}
+
+/// Retries may add at most `ratio` extra upstream load over a rolling 10 s window, plus a
+/// floor of 10 retries per second so that a quiet proxy can still retry.
+pub struct RetryBudget {
+    ratio: f64,
+    epoch: Instant,
+    slots: Mutex<[Slot; WINDOW_SECS]>,
+}
+
+const WINDOW_SECS: usize = 10;
+const FLOOR_PER_SEC: f64 = 10.0;
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    second: u64,
+    requests: u64,
+    retries: u64,
+}
+
+impl RetryBudget {
+    pub fn new(ratio: f64) -> Self {
+        RetryBudget {
+            ratio,
+            epoch: Instant::now(),
+            slots: Mutex::new([Slot::default(); WINDOW_SECS]),
+        }
+    }
+
+    fn with_slots<R>(&self, f: impl FnOnce(&mut [Slot; WINDOW_SECS], u64) -> R) -> R {
+        let now = self.epoch.elapsed().as_secs();
+        let mut slots = match self.slots.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        let slot = &mut slots[(now % WINDOW_SECS as u64) as usize];
+        if slot.second != now {
+            *slot = Slot {
+                second: now,
+                ..Slot::default()
+            };
+        }
+        f(&mut slots, now)
+    }
+
+    /// A new request (its first attempt) earns retry credit.
+    pub fn deposit(&self) {
+        self.with_slots(|slots, now| slots[(now % WINDOW_SECS as u64) as usize].requests += 1);
+    }
+
+    /// Takes one retry from the budget, or says there is none left.
+    pub fn try_withdraw(&self) -> bool {
+        let ratio = self.ratio;
+        self.with_slots(|slots, now| {
+            let live = |s: &&Slot| now.saturating_sub(s.second) < WINDOW_SECS as u64;
+            let requests: u64 = slots.iter().filter(live).map(|s| s.requests).sum();
+            let retries: u64 = slots.iter().filter(live).map(|s| s.retries).sum();
+            let allowed = requests as f64 * ratio + FLOOR_PER_SEC * WINDOW_SECS as f64;
+            if (retries as f64) < allowed {
+                slots[(now % WINDOW_SECS as u64) as usize].retries += 1;
+                true
+            } else {
+                false
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn statuses_are_classified_per_the_failure_policy() {
+        let s = |n| StatusCode::from_u16(n).unwrap();
+        assert_eq!(classify(s(200), b""), Verdict::Success);
+        for n in [408, 429] {
+            assert_eq!(
+                classify(s(n), b"{}"),
+                Verdict::Retryable {
+                    provider_fault: false
+                }
+            );
+        }
+        for n in [500, 502, 503, 504, 529] {
+            assert_eq!(
+                classify(s(n), b"{}"),
+                Verdict::Retryable {
+                    provider_fault: true
+                }
+            );
+        }
+        for n in [400, 401, 403, 404, 413, 422] {
+            assert_eq!(
+                classify(s(n), b"{}"),
+                Verdict::Final {
+                    provider_fault: false
+                }
+            );
+        }
+        assert_eq!(
+            classify(s(501), b""),
+            Verdict::Final {
+                provider_fault: true
+            }
+        );
+    }
+
+    #[test]
+    fn quota_exhaustion_is_never_retried() {
+        let openai = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        let anthropic = br#"{"type":"error","error":{"type":"rate_limit_error","message":"spend limit","details":{"error_code":"enforced_spend_limit_reached"}}}"#;
+        let plain =
+            br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#;
+        let s429 = StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(
+            classify(s429, openai),
+            Verdict::Final {
+                provider_fault: false
+            }
+        );
+        assert_eq!(
+            classify(s429, anthropic),
+            Verdict::Final {
+                provider_fault: false
+            }
+        );
+        assert_eq!(
+            classify(s429, plain),
+            Verdict::Retryable {
+                provider_fault: false
+            }
+        );
+        assert_eq!(
+            classify(s429, b"<html>"),
+            Verdict::Retryable {
+                provider_fault: false
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_prefers_ms_then_seconds_then_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("5"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(5)));
+        h.insert("retry-after-ms", HeaderValue::from_static("300"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(300)));
+        let mut h = HeaderMap::new();
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(3));
+        h.insert("retry-after", HeaderValue::from_str(&date).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(3)));
+        h.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h, now), None);
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn backoff_is_capped_and_jittered_below_each_step() {
+        let cfg = RetryConfig {
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(8),
+            ..RetryConfig::default()
+        };
+        for _ in 0..50 {
+            let mut b = Backoff::new(&cfg);
+            let mut d = Duration::from_millis(500);
+            for _ in 0..10 {
+                let got = b.next_delay();
+                assert!(
+                    got >= d / 2 && got <= d,
+                    "{got:?} not in [{:?}, {d:?}]",
+                    d / 2
+                );
+                d = (d * 2).min(cfg.max_delay);
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_allows_the_ratio_plus_a_floor_then_refuses() {
+        let budget = RetryBudget::new(0.2);
+        for _ in 0..1000 {
+            budget.deposit();
+        }
+        // 1000 requests * 0.2 + 10/s * 10 s floor = 300 retries in the window.
+        let granted = (0..400).filter(|_| budget.try_withdraw()).count();
+        assert_eq!(granted, 300);
+        // The window rolls on: after it, the floor is available again.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let granted = (0..400).filter(|_| budget.try_withdraw()).count();
+        assert_eq!(granted, 100);
+    }
+}
