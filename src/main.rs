@@ -57,7 +57,15 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
         tracing::warn!("{w}");
     }
     tracing::info!(config = %origin, "config loaded");
-    block_on(legate::server::run(cfg, prometheus::Registry::new()))
+    // A reload re-reads the config from the same place, with the environment as it is then.
+    let explicit = path.map(std::path::Path::to_path_buf);
+    let source: legate::server::ConfigSource =
+        std::sync::Arc::new(move || config::load(explicit.as_deref()).map(|(cfg, _)| cfg));
+    block_on(legate::server::run(
+        cfg,
+        prometheus::Registry::new(),
+        source,
+    ))
 }
 
 fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub retries: IntCounterVec,
     pub fallbacks: IntCounterVec,
     pub breaker_state: IntGaugeVec,
+    pub config_reloads: IntCounterVec,
 }
 
 impl Metrics {
@@ -130,7 +131,15 @@ impl Metrics {
                 ),
                 &["provider", "model"],
             )?,
+            config_reloads: IntCounterVec::new(
+                Opts::new(
+                    "legate_config_reloads_total",
+                    "Config reloads by result (ok, error)",
+                ),
+                &["result"],
+            )?,
         };
+        registry.register(Box::new(m.config_reloads.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.retries.clone()))?;
         registry.register(Box::new(m.fallbacks.clone()))?;
@@ -147,6 +156,10 @@ impl Metrics {
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        // Both outcomes exist from the start, so an alert on errors sees a zero, not nothing.
+        for result in ["ok", "error"] {
+            m.config_reloads.with_label_values(&[result]);
+        }
         Ok(m)
     }
 }

@@ -9,6 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use prometheus::IntGaugeVec;
 use tokio::time::Instant;
 
@@ -43,7 +44,8 @@ struct Inner {
 }
 
 pub struct Breaker {
-    cfg: BreakerConfig,
+    /// Shared by all breakers and swapped on config reload.
+    cfg: Arc<ArcSwap<BreakerConfig>>,
     inner: Mutex<Inner>,
     gauge: Option<prometheus::IntGauge>,
 }
@@ -95,8 +97,8 @@ impl Drop for Ticket {
 }
 
 impl Breaker {
-    pub fn new(cfg: BreakerConfig, gauge: Option<prometheus::IntGauge>) -> Self {
-        let open_for = cfg.open_for;
+    pub fn new(cfg: Arc<ArcSwap<BreakerConfig>>, gauge: Option<prometheus::IntGauge>) -> Self {
+        let open_for = cfg.load().open_for;
         Breaker {
             cfg,
             inner: Mutex::new(Inner {
@@ -150,17 +152,18 @@ impl Breaker {
     }
 
     fn record(&self, probe: bool, outcome: Outcome) {
+        let cfg = self.cfg.load();
         let now = Instant::now();
         let mut inner = self.lock();
         if probe {
             match outcome {
                 Outcome::Success => {
                     inner.outcomes.clear();
-                    inner.open_for = self.cfg.open_for;
+                    inner.open_for = cfg.open_for;
                     self.set(&mut inner, State::Closed);
                 }
                 Outcome::Failure => {
-                    let open_for = (inner.open_for * 2).min(self.cfg.max_open_for);
+                    let open_for = (inner.open_for * 2).min(cfg.max_open_for);
                     inner.open_for = open_for;
                     self.set(
                         &mut inner,
@@ -177,7 +180,7 @@ impl Breaker {
             return;
         }
         inner.outcomes.push_back((now, outcome == Outcome::Failure));
-        let window = self.cfg.window;
+        let window = cfg.window;
         while inner
             .outcomes
             .front()
@@ -187,11 +190,9 @@ impl Breaker {
         }
         let calls = inner.outcomes.len();
         let failures = inner.outcomes.iter().filter(|(_, f)| *f).count();
-        if calls >= self.cfg.min_calls as usize
-            && failures as f64 >= self.cfg.failure_ratio * calls as f64
-        {
+        if calls >= cfg.min_calls as usize && failures as f64 >= cfg.failure_ratio * calls as f64 {
             inner.outcomes.clear();
-            let open_for = self.cfg.open_for;
+            let open_for = cfg.open_for;
             inner.open_for = open_for;
             self.set(
                 &mut inner,
@@ -205,7 +206,7 @@ impl Breaker {
 
 /// All breakers of the process, keyed by `provider:model`. They outlive config reloads.
 pub struct Breakers {
-    cfg: BreakerConfig,
+    cfg: Arc<ArcSwap<BreakerConfig>>,
     map: Mutex<HashMap<String, Arc<Breaker>>>,
     gauge: IntGaugeVec,
 }
@@ -213,10 +214,16 @@ pub struct Breakers {
 impl Breakers {
     pub fn new(cfg: BreakerConfig, gauge: IntGaugeVec) -> Self {
         Breakers {
-            cfg,
+            cfg: Arc::new(ArcSwap::from_pointee(cfg)),
             map: Mutex::new(HashMap::new()),
             gauge,
         }
+    }
+
+    /// Applies a reloaded `[breaker]` to every breaker, existing and future. Their states and
+    /// windows carry over: an upstream's health does not reset with the config.
+    pub fn set_config(&self, cfg: BreakerConfig) {
+        self.cfg.store(Arc::new(cfg));
     }
 
     /// The breaker of `provider:model`; `model_label` is the bounded metric label.
@@ -289,7 +296,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn nothing_trips_below_min_calls() {
-        let b = Arc::new(Breaker::new(cfg(), None));
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
         for _ in 0..3 {
             pass(&b).report(Outcome::Failure);
         }
@@ -300,7 +307,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn neutral_outcomes_never_trip_it() {
-        let b = Arc::new(Breaker::new(cfg(), None));
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
         for _ in 0..100 {
             pass(&b).report(Outcome::Neutral);
             drop(pass(&b));
@@ -310,7 +317,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn old_outcomes_leave_the_window() {
-        let b = Arc::new(Breaker::new(cfg(), None));
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
         for _ in 0..3 {
             pass(&b).report(Outcome::Failure);
         }
@@ -321,7 +328,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn admits_exactly_one_probe_after_open_for() {
-        let b = Arc::new(Breaker::new(cfg(), None));
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
         trip(&b);
         assert!(refused(&b));
         tokio::time::advance(Duration::from_secs(10)).await;
@@ -336,7 +343,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_probe_reopens_with_the_timer_doubled_up_to_the_cap() {
-        let b = Arc::new(Breaker::new(cfg(), None));
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
         trip(&b);
         tokio::time::advance(Duration::from_secs(10)).await;
         pass(&b).report(Outcome::Failure);
@@ -353,7 +360,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_probe_lets_the_next_caller_probe() {
-        let b = Arc::new(Breaker::new(cfg(), None));
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
         trip(&b);
         tokio::time::advance(Duration::from_secs(10)).await;
         drop(pass(&b));

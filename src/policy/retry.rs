@@ -126,7 +126,8 @@ impl Backoff {
 /// Retries may add at most `ratio` extra upstream load over a rolling 10 s window, plus a
 /// floor of 10 retries per second so that a quiet proxy can still retry.
 pub struct RetryBudget {
-    ratio: f64,
+    /// f64 bits, so a config reload can change it without a lock.
+    ratio: std::sync::atomic::AtomicU64,
     epoch: Instant,
     slots: Mutex<[Slot; WINDOW_SECS]>,
 }
@@ -144,7 +145,7 @@ struct Slot {
 impl RetryBudget {
     pub fn new(ratio: f64) -> Self {
         RetryBudget {
-            ratio,
+            ratio: std::sync::atomic::AtomicU64::new(ratio.to_bits()),
             epoch: Instant::now(),
             slots: Mutex::new([Slot::default(); WINDOW_SECS]),
         }
@@ -166,6 +167,11 @@ impl RetryBudget {
         f(&mut slots, now)
     }
 
+    pub fn set_ratio(&self, ratio: f64) {
+        self.ratio
+            .store(ratio.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A new request (its first attempt) earns retry credit.
     pub fn deposit(&self) {
         self.with_slots(|slots, now| slots[(now % WINDOW_SECS as u64) as usize].requests += 1);
@@ -173,7 +179,7 @@ impl RetryBudget {
 
     /// Takes one retry from the budget, or says there is none left.
     pub fn try_withdraw(&self) -> bool {
-        let ratio = self.ratio;
+        let ratio = f64::from_bits(self.ratio.load(std::sync::atomic::Ordering::Relaxed));
         self.with_slots(|slots, now| {
             let live = |s: &&Slot| now.saturating_sub(s.second) < WINDOW_SECS as u64;
             let requests: u64 = slots.iter().filter(live).map(|s| s.requests).sum();

@@ -18,12 +18,14 @@ pub struct Admin {
     pub registry: Registry,
     /// True once the data plane listens; false again when draining.
     pub ready: AtomicBool,
+    pub reloader: Arc<crate::server::Reloader>,
 }
 
 impl Admin {
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        peer: std::net::SocketAddr,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
         let resp = match (req.method(), req.uri().path()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
@@ -44,16 +46,37 @@ impl Admin {
             }
             (&Method::GET, "/admin/state") => json(StatusCode::OK, &self.state()),
             (&Method::GET, "/admin/usage") => json(StatusCode::OK, &self.proxy.ledger.to_json()),
-            (&Method::POST, "/admin/reload") => json(
-                StatusCode::NOT_IMPLEMENTED,
-                &serde_json::json!({"error": "config reload is not supported by this version; restart legate to apply a new config"}),
-            ),
+            (&Method::POST, "/admin/reload") => self.reload(peer),
             _ => json(
                 StatusCode::NOT_FOUND,
-                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage"}),
+                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage; POST /admin/reload"}),
             ),
         };
         Ok(resp)
+    }
+
+    /// Reload is a write: only callers on this host may ask for it, even when the admin plane
+    /// listens on the pod network for probes and scrapes.
+    fn reload(&self, peer: std::net::SocketAddr) -> Response<Full<Bytes>> {
+        if !peer.ip().is_loopback() {
+            return json(
+                StatusCode::FORBIDDEN,
+                &serde_json::json!({"result": "error", "errors": ["POST /admin/reload is accepted from loopback callers only"]}),
+            );
+        }
+        match self.reloader.reload() {
+            crate::server::ReloadOutcome::Applied {
+                config_hash,
+                restart_required,
+            } => json(
+                StatusCode::OK,
+                &serde_json::json!({"result": "ok", "config_hash": config_hash, "restart_required": restart_required}),
+            ),
+            crate::server::ReloadOutcome::Refused(errors) => json(
+                StatusCode::BAD_REQUEST,
+                &serde_json::json!({"result": "error", "errors": errors}),
+            ),
+        }
     }
 
     fn state(&self) -> serde_json::Value {

@@ -23,10 +23,10 @@ pub async fn serve<H, F, B>(
     listener: TcpListener,
     handler: Arc<H>,
     stop: CancellationToken,
-    grace: Duration,
+    grace: impl FnOnce() -> Duration,
     on_grace_expired: impl FnOnce(),
 ) where
-    H: Fn(http::Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(http::Request<Incoming>, std::net::SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -42,7 +42,7 @@ pub async fn serve<H, F, B>(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         // Typically EMFILE: back off briefly instead of spinning.
@@ -53,7 +53,7 @@ pub async fn serve<H, F, B>(
                 };
                 let _ = stream.set_nodelay(true);
                 let h = handler.clone();
-                let svc = service_fn(move |req| h(req));
+                let svc = service_fn(move |req| h(req, peer));
                 let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
@@ -70,7 +70,7 @@ pub async fn serve<H, F, B>(
     tokio::pin!(all_done);
     tokio::select! {
         _ = &mut all_done => {}
-        _ = tokio::time::sleep(grace) => {
+        _ = tokio::time::sleep(grace()) => {
             on_grace_expired();
             let _ = tokio::time::timeout(Duration::from_secs(2), &mut all_done).await;
         }

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod listener;
+pub mod reload;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::meter::Ledger;
 use crate::proxy::{Proxy, Snapshot};
 use crate::telemetry::Metrics;
 use admin::Admin;
+pub use reload::{ConfigSource, ReloadOutcome, Reloader};
 
 /// A running legate: its bound addresses and the handle to stop it.
 pub struct RunningServer {
@@ -30,16 +32,26 @@ pub struct RunningServer {
     stop_admin: CancellationToken,
     data_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
-    key_watchers: Vec<JoinHandle<()>>,
+    pub reloader: Arc<Reloader>,
 }
 
-/// Binds both listeners and starts serving. Fails (before serving anything) when a listener
-/// cannot be bound or a provider's TLS material cannot be loaded.
+/// Binds both listeners and starts serving, without a source to reload the config from.
 pub async fn start(cfg: Config, registry: Registry) -> Result<RunningServer, String> {
+    start_reloadable(cfg, registry, None).await
+}
+
+/// Binds both listeners and starts serving; `source` re-reads the config on reload. Fails
+/// (before serving anything) when a listener cannot be bound or a provider's TLS material
+/// cannot be loaded.
+pub async fn start_reloadable(
+    cfg: Config,
+    registry: Registry,
+    source: Option<ConfigSource>,
+) -> Result<RunningServer, String> {
     let metrics = Arc::new(Metrics::new(&registry).map_err(|e| format!("metrics: {e}"))?);
     let cfg = Arc::new(cfg);
     let snapshot = Snapshot::new(cfg.clone())?;
-    let key_watchers = snapshot
+    let key_watchers: Vec<JoinHandle<()>> = snapshot
         .upstreams
         .values()
         .filter_map(|u| u.spawn_key_watch())
@@ -59,17 +71,21 @@ pub async fn start(cfg: Config, registry: Registry) -> Result<RunningServer, Str
         Arc::new(Ledger::default()),
         data_addr.ip(),
     ));
+    let reloader = Arc::new(Reloader::new(source, proxy.clone(), &cfg, key_watchers));
     let admin = Arc::new(Admin {
         proxy: proxy.clone(),
         registry,
         ready: Default::default(),
+        reloader: reloader.clone(),
     });
-    let grace = cfg.server.shutdown_grace;
 
     let stop_data = CancellationToken::new();
     let p = proxy.clone();
-    let handler = Arc::new(move |req| p.clone().handle(req));
+    let handler = Arc::new(move |req, _peer| p.clone().handle(req));
     let abort = proxy.abort_streams.clone();
+    // The grace in force when shutdown starts: a reload may have changed it.
+    let p = proxy.clone();
+    let grace = move || p.snapshot.load().cfg.server.shutdown_grace;
     let data_task = tokio::spawn(listener::serve(
         data,
         handler,
@@ -80,12 +96,12 @@ pub async fn start(cfg: Config, registry: Registry) -> Result<RunningServer, Str
 
     let stop_admin = CancellationToken::new();
     let a = admin.clone();
-    let admin_handler = Arc::new(move |req| a.clone().handle(req));
+    let admin_handler = Arc::new(move |req, peer| a.clone().handle(req, peer));
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
         admin_handler,
         stop_admin.clone(),
-        std::time::Duration::from_secs(1),
+        || std::time::Duration::from_secs(1),
         || {},
     ));
     admin.ready.store(true, Ordering::SeqCst);
@@ -98,7 +114,7 @@ pub async fn start(cfg: Config, registry: Registry) -> Result<RunningServer, Str
         stop_admin,
         data_task,
         admin_task,
-        key_watchers,
+        reloader,
     })
 }
 
@@ -111,16 +127,15 @@ impl RunningServer {
         let _ = self.data_task.await;
         self.stop_admin.cancel();
         let _ = self.admin_task.await;
-        for w in self.key_watchers {
-            w.abort();
-        }
+        self.reloader.stop_watchers();
     }
 }
 
-/// Runs until SIGTERM or SIGINT, then shuts down gracefully. Prints one line with both bound
-/// addresses to stdout so that scripts and tests started with port 0 can find them.
-pub async fn run(cfg: Config, registry: Registry) -> Result<(), String> {
-    let server = start(cfg, registry).await?;
+/// Runs until SIGTERM or SIGINT (reloading on SIGHUP), then shuts down gracefully. Prints one
+/// line with both bound addresses to stdout so that scripts and tests started with port 0 can
+/// find them.
+pub async fn run(cfg: Config, registry: Registry, source: ConfigSource) -> Result<(), String> {
+    let server = start_reloadable(cfg, registry, Some(source)).await?;
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -132,14 +147,14 @@ pub async fn run(cfg: Config, registry: Registry) -> Result<(), String> {
         let _ = out.flush();
     }
     tracing::info!(data = %server.data_addr, admin = %server.admin_addr, "legate serving");
-    wait_for_signal().await;
+    wait_for_signal(&server.reloader).await;
     tracing::info!("shutting down: draining in-flight requests");
     server.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn wait_for_signal() {
+async fn wait_for_signal(reloader: &Reloader) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -155,8 +170,8 @@ async fn wait_for_signal() {
             _ = term.recv() => return,
             _ = int.recv() => return,
             _ = hup.recv() => {
-                // SIGHUP must not kill the process (its default action would).
-                tracing::warn!("SIGHUP received: config reload is not supported by this version; restart to apply a new config");
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = reloader.reload();
             }
         }
     }

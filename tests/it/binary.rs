@@ -299,3 +299,108 @@ async fn sigterm_drains_an_open_stream_then_exits_0() {
     let status = legate.wait().await.unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_config_from_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, mock_url) = start_mock(None).await;
+    let chain = |m: &str| format!("[[models]]\nname = \"large\"\nchain = [\"anthropic:{m}\"]\n");
+    let cfg = write_config(dir.path(), &mock_url, &chain("claude-old"));
+    let (legate, line) = spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
+        None,
+    )
+    .await;
+    let (data, admin) = addrs(&line);
+    let http = reqwest::Client::new();
+    let served_by = || async {
+        let r = http
+            .post(format!("{data}/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .body(r#"{"model":"large","max_tokens":1,"messages":[]}"#)
+            .send()
+            .await
+            .unwrap();
+        r.headers()["x-legate-served-by"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(served_by().await, "anthropic:claude-old");
+    write_config(dir.path(), &mock_url, &chain("claude-new"));
+    let pid = legate.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Wait on the reload counter, not on time (bounded).
+    let reloaded = async {
+        loop {
+            let text = http
+                .get(format!("{admin}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let ok = crate::harness::metric_value(
+                &text,
+                "legate_config_reloads_total",
+                &[("result", "ok")],
+            );
+            if ok == Some(1.0) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), reloaded)
+        .await
+        .expect("SIGHUP reloaded the config");
+    assert_eq!(served_by().await, "anthropic:claude-new");
+}
+
+#[tokio::test]
+async fn streams_outliving_shutdown_grace_end_with_an_error_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        r#"{"default":{"event_gap_ms":200,"content":[{"type":"text","text":"a b c d e f g h i j k l m n o p"}]}}"#,
+    )
+    .unwrap();
+    let (_mock, mock_url) = start_mock(Some(&script)).await;
+    let cfg = write_config(dir.path(), &mock_url, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("shutdown_grace = \"10s\"", "shutdown_grace = \"300ms\"");
+    std::fs::write(&cfg, text).unwrap();
+    let (mut legate, line) = spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
+        None,
+    )
+    .await;
+    let (data, _) = addrs(&line);
+    let resp = reqwest::Client::new()
+        .post(format!("{data}/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    sigterm(&legate);
+    while let Some(Ok(chunk)) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.contains("event: error"), "{text}");
+    assert!(!text.contains("event: message_stop"));
+    assert_eq!(legate.wait().await.unwrap().code(), Some(0));
+}

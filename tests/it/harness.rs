@@ -190,3 +190,26 @@ pub fn header_values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a
         .map(|(_, v)| v.as_str())
         .collect()
 }
+
+/// Starts legate on a config file that reload re-reads (the test env vars apply).
+pub async fn start_file(mock: MockServer, path: &std::path::Path) -> Env {
+    let env = test_env_vars();
+    let p = path.to_path_buf();
+    let source: legate::server::ConfigSource = std::sync::Arc::new(move || {
+        legate::config::load_with_env(Some(&p), &env).map(|(cfg, _)| cfg)
+    });
+    let cfg = source().expect("test config is valid");
+    let registry = prometheus::Registry::new();
+    let legate = legate::server::start_reloadable(cfg, registry.clone(), Some(source))
+        .await
+        .expect("legate starts");
+    Env {
+        mock,
+        legate,
+        registry,
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client builds"),
+    }
+}

@@ -10,6 +10,7 @@ mod binary;
 mod errors;
 mod metering;
 mod passthrough;
+mod reload;
 mod resilience;
 mod streaming;
 mod tls;

@@ -1,0 +1,143 @@
+//! Config reload (SIGHUP or `POST /admin/reload`): the config is re-read from where it came
+//! from, validated, and swapped whole and atomically. Requests and streams in flight keep the
+//! snapshot they started with; new requests use the new one. An invalid config is refused and
+//! the old one stays. Breaker states and the retry budget carry over. The listen addresses are
+//! bound once: changing them needs a restart, which the reload reports.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, ConfigErrors};
+use crate::proxy::{Proxy, Snapshot};
+
+/// Where a reload reads the config from (the same place `serve` read it at start).
+pub type ConfigSource = Arc<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    Applied {
+        config_hash: String,
+        /// Settings that changed but only take effect after a restart.
+        restart_required: Vec<String>,
+    },
+    Refused(Vec<String>),
+}
+
+pub struct Reloader {
+    source: Option<ConfigSource>,
+    proxy: Arc<Proxy>,
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+    watchers: Mutex<Vec<JoinHandle<()>>>,
+    /// Serialises reloads: two at once would race on the snapshot swap.
+    busy: Mutex<()>,
+}
+
+impl Reloader {
+    pub fn new(
+        source: Option<ConfigSource>,
+        proxy: Arc<Proxy>,
+        started_with: &Config,
+        watchers: Vec<JoinHandle<()>>,
+    ) -> Self {
+        Reloader {
+            source,
+            proxy,
+            listen: started_with.server.listen,
+            admin_listen: started_with.server.admin_listen,
+            watchers: Mutex::new(watchers),
+            busy: Mutex::new(()),
+        }
+    }
+
+    pub fn reload(&self) -> ReloadOutcome {
+        let _busy = match self.busy.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let outcome = self.try_reload();
+        let result = match &outcome {
+            ReloadOutcome::Applied { .. } => "ok",
+            ReloadOutcome::Refused(_) => "error",
+        };
+        self.proxy
+            .metrics
+            .config_reloads
+            .with_label_values(&[result])
+            .inc();
+        outcome
+    }
+
+    fn try_reload(&self) -> ReloadOutcome {
+        let Some(source) = &self.source else {
+            return ReloadOutcome::Refused(vec![
+                "legate was started without a config source to re-read".to_string(),
+            ]);
+        };
+        let cfg = match source() {
+            Ok(cfg) => cfg,
+            Err(errors) => {
+                let lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+                for line in &lines {
+                    tracing::error!(problem = %line, "config reload refused; the running config stays");
+                }
+                return ReloadOutcome::Refused(lines);
+            }
+        };
+        let mut restart_required = Vec::new();
+        if cfg.server.listen != self.listen {
+            restart_required.push("server.listen".to_string());
+        }
+        if cfg.server.admin_listen != self.admin_listen {
+            restart_required.push("server.admin_listen".to_string());
+        }
+        let breaker = cfg.breaker.clone();
+        let ratio = cfg.retry.budget_ratio;
+        let snapshot = match Snapshot::new(Arc::new(cfg)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(problem = %e, "config reload refused; the running config stays");
+                return ReloadOutcome::Refused(vec![e]);
+            }
+        };
+        let fresh: Vec<JoinHandle<()>> = snapshot
+            .upstreams
+            .values()
+            .filter_map(|u| u.spawn_key_watch())
+            .collect();
+        let config_hash = snapshot.hash.clone();
+        self.proxy.breakers.set_config(breaker);
+        self.proxy.budget.set_ratio(ratio);
+        self.proxy.snapshot.store(Arc::new(snapshot));
+        let old = {
+            let mut w = match self.watchers.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            std::mem::replace(&mut *w, fresh)
+        };
+        for h in old {
+            h.abort();
+        }
+        for key in &restart_required {
+            tracing::warn!(setting = %key, "changed in the config, but takes effect only after a restart");
+        }
+        tracing::info!(config_hash = %config_hash, "config reloaded");
+        ReloadOutcome::Applied {
+            config_hash,
+            restart_required,
+        }
+    }
+
+    pub fn stop_watchers(&self) {
+        let handles = match self.watchers.lock() {
+            Ok(mut g) => std::mem::take(&mut *g),
+            Err(p) => std::mem::take(&mut *p.into_inner()),
+        };
+        for h in handles {
+            h.abort();
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Reload swaps the whole config atomically: streams in flight finish on the old one, new
+//! requests use the new one, an invalid config is refused and counted, and a rotated key file
+//! is used by the next requests without a restart.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::harness;
+
+fn chain_to(model: &str) -> String {
+    format!("[[models]]\nname = \"large\"\nchain = [\"anthropic:{model}\"]\n")
+}
+
+const STREAM: &str = r#"{"model":"large","max_tokens":9,"stream":true,"messages":[]}"#;
+
+async fn reload(env: &harness::Env) -> (u16, serde_json::Value) {
+    let resp = env
+        .http
+        .post(env.admin_url("/admin/reload"))
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn reload_under_a_live_stream_finishes_it_and_routes_the_next_request_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(
+            r#"{"default":{"event_gap_ms":60,"content":[{"type":"text","text":"a b c d e f g h"}]}}"#,
+        )
+        .unwrap(),
+    )
+    .await;
+    std::fs::write(
+        &path,
+        harness::config_toml(&mock.base_url(), &chain_to("claude-old")),
+    )
+    .unwrap();
+    let env = harness::start_file(mock, &path).await;
+
+    let resp = env.messages(STREAM).await;
+    assert_eq!(resp.headers()["x-legate-served-by"], "anthropic:claude-old");
+    let mut stream = resp.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+
+    std::fs::write(
+        &path,
+        harness::config_toml(&env.mock.base_url(), &chain_to("claude-new")),
+    )
+    .unwrap();
+    let (status, v) = reload(&env).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"], "ok");
+
+    while let Some(chunk) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        text.contains("event: message_stop"),
+        "the old stream completed"
+    );
+    assert!(!text.contains("event: error"));
+
+    let next = env.messages(STREAM.replace("true", "false")).await;
+    assert_eq!(next.headers()["x-legate-served-by"], "anthropic:claude-new");
+    assert_eq!(
+        env.metric("legate_config_reloads_total", &[("result", "ok")])
+            .await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_reload_is_refused_counted_and_the_old_config_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    std::fs::write(
+        &path,
+        harness::config_toml(&mock.base_url(), &chain_to("claude-old")),
+    )
+    .unwrap();
+    let env = harness::start_file(mock, &path).await;
+    assert_eq!(
+        env.metric("legate_config_reloads_total", &[("result", "error")])
+            .await,
+        Some(0.0)
+    );
+
+    let broken = harness::config_toml(&env.mock.base_url(), &chain_to("claude-new")).replace(
+        "first_byte_timeout = \"5s\"",
+        "first_byte_timeout = \"whenever\"",
+    );
+    std::fs::write(&path, broken).unwrap();
+    let (status, v) = reload(&env).await;
+    assert_eq!(status, 400);
+    assert_eq!(v["result"], "error");
+    assert!(
+        v["errors"]
+            .to_string()
+            .contains("providers.anthropic.first_byte_timeout"),
+        "{v}"
+    );
+    assert_eq!(
+        env.metric("legate_config_reloads_total", &[("result", "error")])
+            .await,
+        Some(1.0)
+    );
+    let resp = env.messages(STREAM.replace("true", "false")).await;
+    assert_eq!(resp.headers()["x-legate-served-by"], "anthropic:claude-old");
+}
+
+#[tokio::test]
+async fn a_changed_listen_address_is_reported_as_needing_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml(&mock.base_url(), "");
+    std::fs::write(&path, &toml).unwrap();
+    let env = harness::start_file(mock, &path).await;
+    std::fs::write(
+        &path,
+        toml.replace(
+            "listen = \"127.0.0.1:0\"\nadmin",
+            "listen = \"127.0.0.1:1\"\nadmin",
+        ),
+    )
+    .unwrap();
+    let (status, v) = reload(&env).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["restart_required"], serde_json::json!(["server.listen"]));
+}
+
+#[tokio::test]
+async fn a_rotated_key_file_is_used_by_the_next_requests_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("anthropic-key");
+    std::fs::write(&key_path, "sk-ant-first-key\n").unwrap();
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"expect_key":"sk-ant-first-key"}"#).unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml(&mock.base_url(), "").replacen(
+        "api_key_env = \"ANTHROPIC_API_KEY\"",
+        &format!("api_key_file = \"{}\"", key_path.display()),
+        1,
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    let body = r#"{"model":"m","max_tokens":1,"messages":[]}"#;
+    assert_eq!(env.messages(body).await.status(), 200);
+
+    // Rotate the way Kubernetes does: a new file swapped in by rename.
+    env.script(r#"{"expect_key":"sk-ant-second-key"}"#);
+    let staged = dir.path().join("anthropic-key.new");
+    std::fs::write(&staged, "sk-ant-second-key\n").unwrap();
+    std::fs::rename(&staged, &key_path).unwrap();
+
+    // Bounded wait for the watcher (it re-reads within a second); the poll is the condition.
+    let mut status = 0;
+    for _ in 0..40 {
+        status = env.messages(body).await.status().as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200, "the rotated key was picked up within 2 s");
+    let last = env.mock.requests().pop().unwrap();
+    assert_eq!(
+        harness::header_values(&last.headers, "x-api-key"),
+        vec!["sk-ant-second-key"]
+    );
+}
