@@ -47,6 +47,15 @@ pub enum ProxyError {
     UpstreamStreamBroken { provider: String },
     /// Every chain step's breaker is open: nothing was sent upstream.
     AllBreakersOpen { retry_after: std::time::Duration },
+    /// A tenant limit refused the request for now.
+    RateLimited {
+        limit: &'static str,
+        retry_after: std::time::Duration,
+    },
+    /// The request reserves more tokens than the tenant's whole per-minute limit.
+    NeverFits { tokens: u64, tokens_per_minute: u64 },
+    /// The admission queue shed this lower-priority request.
+    Shed { retry_after: std::time::Duration },
     /// The process is draining for shutdown.
     ShuttingDown,
     /// Anything unexpected; details go to the log only.
@@ -56,9 +65,11 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::InvalidRequest { .. } | ProxyError::WrongApi { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::InvalidRequest { .. }
+            | ProxyError::WrongApi { .. }
+            | ProxyError::NeverFits { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Shed { .. } => overloaded(),
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -84,7 +95,10 @@ impl ProxyError {
             | ProxyError::NotFound { .. }
             | ProxyError::TooLarge { .. }
             | ProxyError::Unauthorized
-            | ProxyError::ForbiddenTarget => Source::Client,
+            | ProxyError::ForbiddenTarget
+            | ProxyError::RateLimited { .. }
+            | ProxyError::NeverFits { .. } => Source::Client,
+            ProxyError::Shed { .. } => Source::Proxy,
             ProxyError::NoProviderKey { .. } | ProxyError::Internal | ProxyError::ShuttingDown => {
                 Source::Proxy
             }
@@ -111,6 +125,9 @@ impl ProxyError {
             ProxyError::DeadlineExceeded => "deadline_exceeded",
             ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
             ProxyError::AllBreakersOpen { .. } => "breaker_open",
+            ProxyError::RateLimited { .. } => "rate_limited",
+            ProxyError::NeverFits { .. } => "never_fits",
+            ProxyError::Shed { .. } => "shed",
             ProxyError::ShuttingDown => "shutting_down",
             ProxyError::Internal => "internal",
         }
@@ -125,7 +142,11 @@ impl ProxyError {
             ProxyError::NotFound { .. } => "not_found_error",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "authentication_error",
-            ProxyError::ShuttingDown | ProxyError::AllBreakersOpen { .. } => "overloaded_error",
+            ProxyError::ShuttingDown
+            | ProxyError::AllBreakersOpen { .. }
+            | ProxyError::Shed { .. } => "overloaded_error",
+            ProxyError::RateLimited { .. } => "rate_limit_error",
+            ProxyError::NeverFits { .. } => "invalid_request_error",
             ProxyError::NoProviderKey { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -151,6 +172,11 @@ impl ProxyError {
             ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
             ProxyError::UpstreamStreamBroken { .. } => ("server_error", "upstream_stream_broken"),
             ProxyError::AllBreakersOpen { .. } => ("server_error", "overloaded"),
+            ProxyError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
+            ProxyError::NeverFits { .. } => {
+                ("invalid_request_error", "request_too_large_for_limit")
+            }
+            ProxyError::Shed { .. } => ("server_error", "overloaded"),
             ProxyError::Internal => ("server_error", "internal_error"),
         }
     }
@@ -189,6 +215,22 @@ impl ProxyError {
             ProxyError::UpstreamStreamBroken { provider } => format!(
                 "provider `{provider}` broke off its stream before any content, on every try"
             ),
+            ProxyError::RateLimited { limit, retry_after } => format!(
+                "this tenant's {} limit is reached; retry in {}s",
+                match *limit {
+                    "budget" => "daily budget",
+                    "tokens" => "tokens-per-minute",
+                    _ => "requests-per-minute",
+                },
+                retry_after.as_secs_f64().ceil()
+            ),
+            ProxyError::NeverFits { tokens, tokens_per_minute } => format!(
+                "this request reserves {tokens} tokens (estimated input + max_tokens), more than the tenant's whole limit of {tokens_per_minute} tokens per minute; lower max_tokens or shorten the prompt"
+            ),
+            ProxyError::Shed { retry_after } => format!(
+                "legate is at capacity and shed this lower-priority request; retry in {}s",
+                retry_after.as_secs_f64().ceil()
+            ),
             ProxyError::AllBreakersOpen { retry_after } => format!(
                 "every upstream for this model is failing and resting (circuit breakers open); retry in {}s",
                 retry_after.as_secs_f64().ceil()
@@ -221,8 +263,12 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let ProxyError::AllBreakersOpen { retry_after } = self {
-            // Nothing was sent upstream: the caller may come back when a probe is due.
+        if let ProxyError::AllBreakersOpen { retry_after }
+        | ProxyError::RateLimited { retry_after, .. }
+        | ProxyError::Shed { retry_after } = self
+        {
+            // Refused before any upstream attempt: the caller may come back when it would fit
+            // (and the SDK may retry it then: nothing is multiplied upstream).
             set_retry_after(headers, *retry_after);
         } else if self.source() != Source::Client {
             // legate owns retries: an error that follows upstream attempts (or that a retry

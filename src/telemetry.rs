@@ -34,6 +34,14 @@ pub struct Metrics {
     pub fallbacks: IntCounterVec,
     pub breaker_state: IntGaugeVec,
     pub config_reloads: IntCounterVec,
+    pub ratelimit_rejections: IntCounterVec,
+    pub shed: IntCounterVec,
+    pub queue_depth: IntGaugeVec,
+    pub upstream_ratelimit_remaining: prometheus::GaugeVec,
+    /// 1 while the shared (Redis) store is unreachable and local buckets are used.
+    pub ratelimit_store_degraded: prometheus::IntGauge,
+    /// Estimated input tokens / reported input tokens, per request.
+    pub token_estimate_ratio: HistogramVec,
 }
 
 impl Metrics {
@@ -138,7 +146,47 @@ impl Metrics {
                 ),
                 &["result"],
             )?,
+            ratelimit_rejections: IntCounterVec::new(
+                Opts::new(
+                    "legate_ratelimit_rejections_total",
+                    "Requests refused by a tenant limit (requests, tokens, budget)",
+                ),
+                &["tenant", "limit"],
+            )?,
+            shed: IntCounterVec::new(
+                Opts::new("legate_shed_total", "Requests shed by the admission queue"),
+                &["priority"],
+            )?,
+            queue_depth: IntGaugeVec::new(
+                Opts::new("legate_queue_depth", "Requests waiting for a provider slot"),
+                &["priority"],
+            )?,
+            upstream_ratelimit_remaining: prometheus::GaugeVec::new(
+                Opts::new(
+                    "legate_upstream_ratelimit_remaining_ratio",
+                    "Remaining share of the upstream's rate limit, from its response headers",
+                ),
+                &["provider", "kind"],
+            )?,
+            ratelimit_store_degraded: prometheus::IntGauge::new(
+                "legate_ratelimit_store_degraded",
+                "1 while the shared rate-limit store is unreachable and local buckets are used",
+            )?,
+            token_estimate_ratio: HistogramVec::new(
+                HistogramOpts::new(
+                    "legate_token_estimate_ratio",
+                    "Estimated input tokens at admission / input tokens the provider reported",
+                )
+                .buckets(vec![0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0]),
+                &["provider"],
+            )?,
         };
+        registry.register(Box::new(m.ratelimit_rejections.clone()))?;
+        registry.register(Box::new(m.shed.clone()))?;
+        registry.register(Box::new(m.queue_depth.clone()))?;
+        registry.register(Box::new(m.upstream_ratelimit_remaining.clone()))?;
+        registry.register(Box::new(m.ratelimit_store_degraded.clone()))?;
+        registry.register(Box::new(m.token_estimate_ratio.clone()))?;
         registry.register(Box::new(m.config_reloads.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.retries.clone()))?;
@@ -159,6 +207,9 @@ impl Metrics {
         // Both outcomes exist from the start, so an alert on errors sees a zero, not nothing.
         for result in ["ok", "error"] {
             m.config_reloads.with_label_values(&[result]);
+        }
+        for p in ["interactive", "background", "batch"] {
+            m.queue_depth.with_label_values(&[p]);
         }
         Ok(m)
     }

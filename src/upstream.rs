@@ -12,11 +12,13 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tokio::sync::Semaphore;
 
 use crate::config::secret::KeyCell;
-use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig, TlsRoots};
+use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig, SheddingConfig, TlsRoots};
 use crate::error::ProxyError;
+use crate::policy::admission::Gate;
+use crate::policy::pacer::Pacer;
+use crate::telemetry::Metrics;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -50,12 +52,18 @@ pub struct Upstream {
     auth_header: AuthHeader,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
-    /// `max_concurrency`: in-flight requests to this provider; beyond it requests wait.
-    pub permits: Arc<Semaphore>,
+    /// `max_concurrency` with its priority queue: beyond it requests wait, or are shed.
+    pub gate: Arc<Gate>,
+    /// Spaces out non-interactive calls when the provider's rate limit runs low.
+    pub pacer: Pacer,
 }
 
 impl Upstream {
-    pub fn new(cfg: &ProviderConfig) -> Result<Self, String> {
+    pub fn new(
+        cfg: &ProviderConfig,
+        shedding: &SheddingConfig,
+        metrics: &Metrics,
+    ) -> Result<Self, String> {
         let tls = tls_config(cfg)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -89,7 +97,13 @@ impl Upstream {
             auth_header: cfg.auth_header,
             first_byte_timeout: cfg.first_byte_timeout,
             idle_timeout: cfg.idle_timeout,
-            permits: Arc::new(Semaphore::new(cfg.max_concurrency)),
+            gate: Arc::new(Gate::new(
+                cfg.max_concurrency,
+                shedding.queue_limit,
+                metrics.queue_depth.clone(),
+                metrics.shed.clone(),
+            )),
+            pacer: Pacer::new(&cfg.name, metrics.upstream_ratelimit_remaining.clone()),
         })
     }
 

@@ -178,6 +178,39 @@ fn policy(out: &mut String, cfg: &Config) {
     line(out, "max_delay", &duration(r.max_delay));
     line(out, "max_retry_after", &duration(r.max_retry_after));
     line(out, "budget_ratio", &format!("{:?}", r.budget_ratio));
+    for (name, t) in &cfg.tenants {
+        let _ = writeln!(out, "\n[tenants.{name}]");
+        line(out, "priority", &quote(t.priority.as_str()));
+        line(
+            out,
+            "requests_per_minute",
+            &t.requests_per_minute.to_string(),
+        );
+        line(out, "tokens_per_minute", &t.tokens_per_minute.to_string());
+        line(
+            out,
+            "daily_budget_usd",
+            &quote(&crate::meter::format_usd(t.daily_budget_pico)),
+        );
+    }
+    let rl = &cfg.ratelimit;
+    out.push_str("\n[ratelimit]\n");
+    let store = match rl.store {
+        crate::config::StoreKind::Memory => "memory",
+        crate::config::StoreKind::Redis => "redis",
+    };
+    line(out, "store", &quote(store));
+    if let Some(url) = &rl.redis_url {
+        line(out, "redis_url", &quote(&mask_url(url)));
+    }
+    line(
+        out,
+        "default_output_reservation",
+        &rl.default_output_reservation.to_string(),
+    );
+    out.push_str("\n[shedding]\n");
+    line(out, "queue_limit", &cfg.shedding.queue_limit.to_string());
+    line(out, "pace_below", &format!("{:?}", cfg.shedding.pace_below));
     let b = &cfg.breaker;
     out.push_str("\n[breaker]\n");
     line(out, "window", &duration(b.window));
@@ -185,6 +218,16 @@ fn policy(out: &mut String, cfg: &Config) {
     line(out, "failure_ratio", &format!("{:?}", b.failure_ratio));
     line(out, "open_for", &duration(b.open_for));
     line(out, "max_open_for", &duration(b.max_open_for));
+}
+
+/// A Redis URL may carry a password (`redis://:PASSWORD@host`): it is masked.
+fn mask_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}[redacted]{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
 }
 
 fn chain_step(step: &ChainStep) -> String {

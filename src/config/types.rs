@@ -124,6 +124,22 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
+    /// Always holds `default`; a tenant named by `[[clients]]` without its own table gets the
+    /// default tenant's settings (and its own buckets).
+    pub tenants: BTreeMap<String, TenantConfig>,
+    pub ratelimit: RateLimitConfig,
+    pub shedding: SheddingConfig,
+}
+
+impl Config {
+    /// The settings of `tenant` (falling back to `default`).
+    pub fn tenant(&self, tenant: &str) -> TenantConfig {
+        self.tenants
+            .get(tenant)
+            .or_else(|| self.tenants.get("default"))
+            .cloned()
+            .unwrap_or_default()
+    }
 }
 
 /// `[retry]`: how one chain step is retried (SPEC §6).
@@ -169,6 +185,98 @@ impl Default for BreakerConfig {
             failure_ratio: 0.5,
             open_for: Duration::from_secs(30),
             max_open_for: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A request's priority: the admission queue serves interactive before background before
+/// batch, and sheds batch, then background, first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    Interactive = 0,
+    Background = 1,
+    Batch = 2,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::Interactive, Priority::Background, Priority::Batch];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Background => "background",
+            Priority::Batch => "batch",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "interactive" => Some(Priority::Interactive),
+            "background" => Some(Priority::Background),
+            "batch" => Some(Priority::Batch),
+            _ => None,
+        }
+    }
+}
+
+/// `[tenants.NAME]`: limits of one tenant. 0 means unlimited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantConfig {
+    pub priority: Priority,
+    pub requests_per_minute: u64,
+    pub tokens_per_minute: u64,
+    /// Exact integer pico-USD per UTC day.
+    pub daily_budget_pico: u128,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        TenantConfig {
+            priority: Priority::Interactive,
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            daily_budget_pico: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+/// `[ratelimit]`: where the tenants' buckets live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitConfig {
+    pub store: StoreKind,
+    pub redis_url: Option<String>,
+    /// Output tokens reserved for a request that names no max_tokens.
+    pub default_output_reservation: u64,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        RateLimitConfig {
+            store: StoreKind::Memory,
+            redis_url: None,
+            default_output_reservation: 4096,
+        }
+    }
+}
+
+/// `[shedding]`: the admission queue and the pacer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SheddingConfig {
+    pub queue_limit: usize,
+    pub pace_below: f64,
+}
+
+impl Default for SheddingConfig {
+    fn default() -> Self {
+        SheddingConfig {
+            queue_limit: 512,
+            pace_below: 0.2,
         }
     }
 }

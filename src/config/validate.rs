@@ -9,6 +9,7 @@ use config::Value;
 use crate::config::{Config, ConfigErrors};
 use reader::{Cx, Table};
 
+mod admission;
 mod clients;
 mod models;
 mod policy;
@@ -19,29 +20,12 @@ mod server;
 #[cfg(test)]
 mod tests;
 
-/// Sections of the documented format that this version does not implement yet. They are
-/// refused, never ignored: an operator who writes a rate limit must not believe it is
-/// enforced. Implementing one means removing it here and reading it in [`validate`].
-const NOT_YET_SUPPORTED: &[&str] = &["tenants", "ratelimit", "shedding"];
-
 /// Validates a merged tree. `env` is where `api_key_env` variables are looked up.
 pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, ConfigErrors> {
     let mut cx = Cx::new(env);
     let Some(mut top) = Table::of(root, "", &mut cx) else {
         return Err(ConfigErrors(cx.into_errors()));
     };
-    for section in NOT_YET_SUPPORTED {
-        if let Some((_, path)) = top.get(section) {
-            cx.err(
-                &path,
-                format!(
-                    "the [{section}] section is not supported by this version of legate yet; \
-                     remove it"
-                ),
-            );
-        }
-    }
-
     // An absent section reads as empty (all defaults); a non-table is reported.
     let server = top
         .table(&mut cx, "server")
@@ -65,6 +49,18 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
     };
     let breaker = match top.table(&mut cx, "breaker") {
         Some(t) => policy::parse_breaker(t, &mut cx),
+        None => Default::default(),
+    };
+    let tenants = match top.table(&mut cx, "tenants") {
+        Some(t) => admission::parse_tenants(t, &mut cx),
+        None => admission::parse_tenants(Table::absent("tenants"), &mut cx),
+    };
+    let ratelimit = match top.table(&mut cx, "ratelimit") {
+        Some(t) => admission::parse_ratelimit(t, &mut cx),
+        None => Default::default(),
+    };
+    let shedding = match top.table(&mut cx, "shedding") {
+        Some(t) => admission::parse_shedding(t, &mut cx),
         None => Default::default(),
     };
     top.finish(&mut cx);
@@ -94,6 +90,9 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             prices,
             retry,
             breaker,
+            tenants,
+            ratelimit,
+            shedding,
         }),
         _ => Err(ConfigErrors(errors)),
     }

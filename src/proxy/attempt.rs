@@ -69,14 +69,28 @@ pub async fn run(
         Ok(r) => r,
         Err(e) => return Attempt::Abort(e),
     };
-    // max_concurrency: wait for a slot, but never past the request's deadline.
     let waited = Instant::now();
-    let permit =
-        match tokio::time::timeout_at(inb.deadline, up.permits.clone().acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Attempt::Abort(ProxyError::Internal),
-            Err(_) => return Attempt::Abort(ProxyError::DeadlineExceeded),
-        };
+    // Pacing: when the provider's rate limit runs low, background and batch calls wait their
+    // slot so that what is left lasts until the reset.
+    if let Some(wait) = up
+        .pacer
+        .delay(inb.priority, call.snap.cfg.shedding.pace_below)
+    {
+        if Instant::now() + wait >= inb.deadline {
+            return Attempt::Abort(ProxyError::DeadlineExceeded);
+        }
+        tokio::time::sleep(wait).await;
+    }
+    // max_concurrency: wait for a slot in priority order, but never past the deadline.
+    let permit = match tokio::time::timeout_at(inb.deadline, up.gate.acquire(inb.priority)).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(_)) => {
+            return Attempt::Abort(ProxyError::Shed {
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        Err(_) => return Attempt::Abort(ProxyError::DeadlineExceeded),
+    };
     exec.outside += waited.elapsed();
     let metrics = &proxy.metrics;
     let outcome = |label: &str| {
@@ -118,6 +132,7 @@ pub async fn run(
             };
         }
     };
+    up.pacer.observe(resp.headers());
     let status = resp.status();
     let is_sse = resp
         .headers()
@@ -195,8 +210,9 @@ pub async fn run(
                     ApiShape::Anthropic => crate::usage::anthropic_from_json(&body),
                     ApiShape::OpenAi => crate::usage::openai_from_json(&body),
                 };
-                if let (Some(u), Some(rec)) = (usage, record.as_ref()) {
-                    sink(&call, rec).record(u);
+                if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
+                    let cost = sink(&call, rec).record(u);
+                    rec.settle(u, cost, &up.name);
                 }
                 return Attempt::Answer(buffered(&call, status, &parts.headers, body));
             }
@@ -298,7 +314,7 @@ struct Tapped {
     mode: Mode,
     held: Option<Bytes>,
     ticket: Option<Ticket>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: crate::policy::admission::Permit,
     inflight: prometheus::IntGauge,
 }
 

@@ -15,7 +15,6 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use prometheus::{Histogram, IntGauge};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
@@ -74,7 +73,7 @@ pub struct TapBody {
     abort: Pin<Box<WaitForCancellationFutureOwned>>,
     acct: Option<Accounting>,
     /// Held for the life of the upstream exchange: `max_concurrency` counts streams too.
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: Option<crate::policy::admission::Permit>,
     /// A non-stream body failed: the next poll returns an error so hyper aborts the connection.
     failed_json: bool,
 }
@@ -89,7 +88,7 @@ impl TapBody {
         idle: Duration,
         abort: WaitForCancellationFutureOwned,
         acct: Accounting,
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<crate::policy::admission::Permit>,
     ) -> Self {
         TapBody {
             inner,
@@ -204,7 +203,8 @@ impl TapBody {
         let usage = self.usage();
         if let Some(mut acct) = self.acct.take() {
             if let Some(u) = usage {
-                acct.sink.record(u);
+                let cost = acct.sink.record(u);
+                acct.record.settle(u, cost, &acct.sink.provider);
             }
             if let Some(t) = acct.ticket.take() {
                 t.report(outcome);
@@ -223,7 +223,8 @@ impl Drop for TapBody {
         let usage = self.usage();
         if let Some(mut acct) = self.acct.take() {
             if let Some(u) = usage {
-                acct.sink.record(u);
+                let cost = acct.sink.record(u);
+                acct.record.settle(u, cost, &acct.sink.provider);
             }
             acct.inflight.dec();
             acct.record.client_gone();

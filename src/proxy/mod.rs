@@ -25,10 +25,12 @@ use hyper::body::Incoming;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiShape, RequestMeta};
-use crate::config::{ApiKind, Config};
+use crate::config::{ApiKind, Config, Priority, StoreKind};
 use crate::error::ProxyError;
 use crate::meter::Ledger;
 use crate::policy::breaker::Breakers;
+use crate::policy::ratelimit::redis::RedisStore;
+use crate::policy::ratelimit::{Ask, Decision, Limiter, Reservation};
 use crate::policy::retry::RetryBudget;
 use crate::route::Labels;
 use crate::telemetry::Metrics;
@@ -47,10 +49,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn new(cfg: Arc<Config>) -> Result<Self, String> {
+    pub fn new(cfg: Arc<Config>, metrics: &Metrics) -> Result<Self, String> {
         let mut upstreams = HashMap::new();
         for (name, p) in &cfg.providers {
-            let up = Upstream::new(p).map_err(|e| format!("providers.{name}: {e}"))?;
+            let up = Upstream::new(p, &cfg.shedding, metrics)
+                .map_err(|e| format!("providers.{name}: {e}"))?;
             upstreams.insert(name.clone(), Arc::new(up));
         }
         let labels = Labels::from_config(&cfg);
@@ -106,6 +109,8 @@ pub struct Proxy {
     /// reset because the config was reloaded.
     pub breakers: Breakers,
     pub budget: RetryBudget,
+    /// Tenant buckets; the store (memory or Redis) is chosen at start.
+    pub limiter: Arc<Limiter>,
     ids: RequestIds,
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
@@ -120,6 +125,8 @@ pub struct Inbound {
     body: Bytes,
     meta: RequestMeta,
     deadline: tokio::time::Instant,
+    /// The tenant's priority, lowered (never raised) by `x-legate-priority`.
+    priority: Priority,
 }
 
 impl Proxy {
@@ -131,9 +138,27 @@ impl Proxy {
     ) -> Self {
         let breakers = Breakers::new(snapshot.cfg.breaker.clone(), metrics.breaker_state.clone());
         let budget = RetryBudget::new(snapshot.cfg.retry.budget_ratio);
+        let shared: Option<Box<dyn crate::policy::ratelimit::Store>> = match (
+            &snapshot.cfg.ratelimit.store,
+            &snapshot.cfg.ratelimit.redis_url,
+        ) {
+            (StoreKind::Redis, Some(url)) => match RedisStore::new(url) {
+                Ok(s) => Some(Box::new(s)),
+                Err(e) => {
+                    tracing::error!(error = %e.0, "the Redis store cannot be used; serving on local buckets");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let limiter = Arc::new(Limiter::new(
+            shared,
+            metrics.ratelimit_store_degraded.clone(),
+        ));
         Proxy {
             breakers,
             budget,
+            limiter,
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             ledger,
@@ -253,7 +278,18 @@ impl Proxy {
             r.set_model(snap.labels.model(&meta.model));
         }
         let deadline = deadline(&parts.headers, cfg.server.default_deadline);
+        // 5. Admission: the tenant's limits, before anything is sent upstream.
+        let tenant_cfg = cfg.tenant(&tenant);
+        let priority = requested_priority(&parts.headers)
+            .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
+        if endpoint != Endpoint::CountTokens {
+            let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
+            if let Some(r) = record.as_mut() {
+                r.reserve(reservation);
+            }
+        }
         let inbound = Inbound {
+            priority,
             endpoint,
             headers: parts.headers,
             query: parts.uri.query().map(str::to_string),
@@ -261,9 +297,64 @@ impl Proxy {
             meta,
             deadline,
         };
-        // 5. The chain: breakers, fitting, attempts, retries and fallback, in one place.
+        // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await
     }
+}
+
+impl Proxy {
+    /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
+    /// tenant's buckets, and checks its daily budget.
+    async fn admit(
+        &self,
+        snap: &Snapshot,
+        tenant: &str,
+        t: &crate::config::TenantConfig,
+        meta: &RequestMeta,
+    ) -> Result<Reservation, ProxyError> {
+        let output = meta
+            .max_tokens
+            .unwrap_or(snap.cfg.ratelimit.default_output_reservation);
+        let tokens = meta.approx_input_tokens.saturating_add(output);
+        let ask = Ask {
+            tenant: tenant.to_string(),
+            rpm: t.requests_per_minute,
+            tpm: t.tokens_per_minute,
+            tokens,
+            budget_pico: t.daily_budget_pico,
+        };
+        if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
+            return Err(ProxyError::NeverFits {
+                tokens,
+                tokens_per_minute: t.tokens_per_minute,
+            });
+        }
+        if ask.rpm > 0 || ask.tpm > 0 || ask.budget_pico > 0 {
+            if let Decision::Refuse { limit, retry_after } = self.limiter.admit(&ask).await {
+                self.metrics
+                    .ratelimit_rejections
+                    .with_label_values(&[snap.labels.tenant(tenant), limit.as_str()])
+                    .inc();
+                return Err(ProxyError::RateLimited {
+                    limit: limit.as_str(),
+                    retry_after,
+                });
+            }
+        }
+        Ok(Reservation::new(
+            self.limiter.clone(),
+            &ask,
+            meta.approx_input_tokens,
+        ))
+    }
+}
+
+/// `x-legate-priority`, if the caller sent a valid one.
+fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
+    headers
+        .get("x-legate-priority")
+        .and_then(|v| v.to_str().ok())
+        .and_then(Priority::parse)
 }
 
 fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::meter::{Ledger, Price};
+use crate::policy::ratelimit::Reservation;
 use crate::telemetry::Metrics;
 use crate::usage::Usage;
 
@@ -21,6 +22,9 @@ pub struct RequestRecord {
     /// Set once the outcome is known; `None` at drop means the caller went away.
     status: Option<u16>,
     recorded: bool,
+    /// The tenant's token/budget reservation, settled with the reported usage (or refunded in
+    /// full if none is reported).
+    reservation: Option<Reservation>,
 }
 
 impl RequestRecord {
@@ -33,7 +37,27 @@ impl RequestRecord {
             started,
             status: None,
             recorded: false,
+            reservation: None,
         }
+    }
+
+    pub fn reserve(&mut self, r: Reservation) {
+        self.reservation = Some(r);
+    }
+
+    /// Settles the reservation with what the provider reported.
+    pub fn settle(&mut self, usage: Usage, cost_pico: u128, provider: &str) {
+        let Some(mut r) = self.reservation.take() else {
+            return;
+        };
+        let input = usage.input + usage.cache_read + usage.cache_write;
+        if input > 0 {
+            self.metrics
+                .token_estimate_ratio
+                .with_label_values(&[provider])
+                .observe(r.estimated_input as f64 / input as f64);
+        }
+        r.settle(input + usage.output, cost_pico);
     }
 
     pub fn set_model(&mut self, label: &str) {
@@ -106,7 +130,8 @@ pub struct UsageSink {
 }
 
 impl UsageSink {
-    pub fn record(&self, usage: Usage) {
+    /// Records usage in metrics and the ledger; returns its cost in pico-USD.
+    pub fn record(&self, usage: Usage) -> u128 {
         let labels = |kind: &'static str| {
             [
                 self.tenant.as_str(),
@@ -130,5 +155,6 @@ impl UsageSink {
                 .inc_by(cost as f64 / crate::meter::PICO_PER_USD as f64);
         }
         self.ledger.record(&self.tenant, &self.target, usage, cost);
+        cost
     }
 }

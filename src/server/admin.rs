@@ -90,7 +90,12 @@ impl Admin {
                     "kind": p.kind.as_str(),
                     "base_url": p.base_url,
                     "max_concurrency": p.max_concurrency,
-                    "available_slots": up.map(|u| u.permits.available_permits()),
+                    "inflight": up.map(|u| u.gate.inflight()),
+                    "queued": up.map(|u| {
+                        let q = u.gate.queued();
+                        serde_json::json!({"interactive": q[0], "background": q[1], "batch": q[2]})
+                    }),
+                    "pacing": up.map(|u| u.pacer.snapshot()),
                     "key_loaded": up.map(|u| u.has_key()),
                 }),
             );
@@ -101,8 +106,11 @@ impl Admin {
             "ready": self.ready.load(Ordering::SeqCst),
             "providers": providers,
             "breakers": self.breakers(),
-            "buckets": [],
-            "pacing": [],
+            "buckets": {
+                "store": if self.proxy.limiter.is_shared() { "redis" } else { "memory" },
+                "degraded": self.proxy.limiter.is_degraded(),
+                "local": self.proxy.limiter.local_snapshot(),
+            },
         })
     }
 }

@@ -50,7 +50,7 @@ pub async fn start_reloadable(
 ) -> Result<RunningServer, String> {
     let metrics = Arc::new(Metrics::new(&registry).map_err(|e| format!("metrics: {e}"))?);
     let cfg = Arc::new(cfg);
-    let snapshot = Snapshot::new(cfg.clone())?;
+    let snapshot = Snapshot::new(cfg.clone(), &metrics)?;
     let key_watchers: Vec<JoinHandle<()>> = snapshot
         .upstreams
         .values()

@@ -30,6 +30,7 @@ pub struct Reloader {
     proxy: Arc<Proxy>,
     listen: SocketAddr,
     admin_listen: SocketAddr,
+    ratelimit: crate::config::RateLimitConfig,
     watchers: Mutex<Vec<JoinHandle<()>>>,
     /// Serialises reloads: two at once would race on the snapshot swap.
     busy: Mutex<()>,
@@ -47,6 +48,7 @@ impl Reloader {
             proxy,
             listen: started_with.server.listen,
             admin_listen: started_with.server.admin_listen,
+            ratelimit: started_with.ratelimit.clone(),
             watchers: Mutex::new(watchers),
             busy: Mutex::new(()),
         }
@@ -93,9 +95,16 @@ impl Reloader {
         if cfg.server.admin_listen != self.admin_listen {
             restart_required.push("server.admin_listen".to_string());
         }
+        // The bucket store is chosen once: its buckets must not vanish with a reload.
+        if cfg.ratelimit.store != self.ratelimit.store {
+            restart_required.push("ratelimit.store".to_string());
+        }
+        if cfg.ratelimit.redis_url != self.ratelimit.redis_url {
+            restart_required.push("ratelimit.redis_url".to_string());
+        }
         let breaker = cfg.breaker.clone();
         let ratio = cfg.retry.budget_ratio;
-        let snapshot = match Snapshot::new(Arc::new(cfg)) {
+        let snapshot = match Snapshot::new(Arc::new(cfg), &self.proxy.metrics) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(problem = %e, "config reload refused; the running config stays");

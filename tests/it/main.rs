@@ -6,6 +6,7 @@
 
 mod harness;
 
+mod admission;
 mod binary;
 mod errors;
 mod metering;

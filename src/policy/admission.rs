@@ -1,0 +1,255 @@
+//! The admission gate of one provider: at most `max_concurrency` requests in flight; beyond
+//! that they wait in a queue served interactive, then background, then batch. Past
+//! `queue_limit` waiting requests, batch work is shed first, then background; interactive work
+//! is never shed here (it displaces lower-priority waiters instead), so the queue stays bounded
+//! by `queue_limit` plus the interactive callers themselves.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus::{IntCounterVec, IntGaugeVec};
+use tokio::sync::oneshot;
+
+use crate::config::Priority;
+
+/// A request the gate refused: it should get 529 with retry-after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shed;
+
+type Grant = Result<(), Shed>;
+
+struct State {
+    inflight: usize,
+    queues: [VecDeque<oneshot::Sender<Grant>>; 3],
+}
+
+pub struct Gate {
+    max: usize,
+    queue_limit: usize,
+    state: Mutex<State>,
+    depth: IntGaugeVec,
+    shed: IntCounterVec,
+}
+
+/// A slot held for one upstream exchange; dropping it lets the next waiter in.
+pub struct Permit {
+    gate: Arc<Gate>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.gate.release();
+    }
+}
+
+/// A queued caller's receiver. If the caller goes away after its slot was handed over but
+/// before it saw it, the slot is passed on rather than lost.
+struct Waiting {
+    rx: Option<oneshot::Receiver<Grant>>,
+    gate: Arc<Gate>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if let Ok(Ok(())) = rx.try_recv() {
+                self.gate.release();
+            }
+        }
+    }
+}
+
+impl Gate {
+    pub fn new(max: usize, queue_limit: usize, depth: IntGaugeVec, shed: IntCounterVec) -> Self {
+        Gate {
+            max: max.max(1),
+            queue_limit,
+            state: Mutex::new(State {
+                inflight: 0,
+                queues: Default::default(),
+            }),
+            depth,
+            shed,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn gauge(&self, p: Priority, delta: i64) {
+        self.depth.with_label_values(&[p.as_str()]).add(delta);
+    }
+
+    /// Waits for a slot in priority order, or is shed.
+    pub async fn acquire(self: &Arc<Self>, p: Priority) -> Result<Permit, Shed> {
+        let rx = {
+            let mut st = self.lock();
+            if st.inflight < self.max && st.queues.iter().all(VecDeque::is_empty) {
+                st.inflight += 1;
+                return Ok(Permit { gate: self.clone() });
+            }
+            let queued: usize = st.queues.iter().map(VecDeque::len).sum();
+            if queued >= self.queue_limit {
+                // Make room by shedding the newest waiter of the lowest priority below ours.
+                let victim = Priority::ALL
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|q| *q > p && !st.queues[*q as usize].is_empty());
+                match victim {
+                    Some(q) => {
+                        if let Some(tx) = st.queues[q as usize].pop_back() {
+                            let _ = tx.send(Err(Shed));
+                        }
+                        self.gauge(q, -1);
+                        self.shed.with_label_values(&[q.as_str()]).inc();
+                    }
+                    None if p != Priority::Interactive => {
+                        self.shed.with_label_values(&[p.as_str()]).inc();
+                        return Err(Shed);
+                    }
+                    None => {}
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            st.queues[p as usize].push_back(tx);
+            self.gauge(p, 1);
+            rx
+        };
+        let mut waiting = Waiting {
+            rx: Some(rx),
+            gate: self.clone(),
+        };
+        let grant = match waiting.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => return Err(Shed),
+        };
+        waiting.rx = None;
+        match grant {
+            Ok(Ok(())) => Ok(Permit { gate: self.clone() }),
+            _ => Err(Shed),
+        }
+    }
+
+    /// Hands the slot to the first live waiter in priority order, or frees it.
+    fn release(&self) {
+        let mut st = self.lock();
+        for p in Priority::ALL {
+            while let Some(tx) = st.queues[p as usize].pop_front() {
+                self.gauge(p, -1);
+                if tx.send(Ok(())).is_ok() {
+                    return;
+                }
+            }
+        }
+        st.inflight = st.inflight.saturating_sub(1);
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.lock().inflight
+    }
+
+    pub fn queued(&self) -> [usize; 3] {
+        let st = self.lock();
+        [st.queues[0].len(), st.queues[1].len(), st.queues[2].len()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(max: usize, limit: usize) -> Arc<Gate> {
+        let depth = IntGaugeVec::new(prometheus::Opts::new("d", "d"), &["priority"]).unwrap();
+        let shed = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["priority"]).unwrap();
+        Arc::new(Gate::new(max, limit, depth, shed))
+    }
+
+    #[tokio::test]
+    async fn waiters_are_served_interactive_then_background_then_batch() {
+        let g = gate(1, 10);
+        let first = g.acquire(Priority::Interactive).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for p in [Priority::Batch, Priority::Background, Priority::Interactive] {
+            let g = g.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let permit = g.acquire(p).await.unwrap();
+                tx.send(p).unwrap();
+                drop(permit);
+            });
+        }
+        // Wait until all three are queued.
+        while g.queued().iter().sum::<usize>() < 3 {
+            tokio::task::yield_now().await;
+        }
+        drop(first);
+        let order: Vec<Priority> = vec![
+            rx.recv().await.unwrap(),
+            rx.recv().await.unwrap(),
+            rx.recv().await.unwrap(),
+        ];
+        assert_eq!(
+            order,
+            vec![Priority::Interactive, Priority::Background, Priority::Batch]
+        );
+        assert_eq!(g.inflight(), 0);
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_batch_is_shed_first_and_interactive_displaces_it() {
+        let g = gate(1, 2);
+        let _busy = g.acquire(Priority::Interactive).await.unwrap();
+        let b1 = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(Priority::Batch).await.map(drop) }
+        });
+        let b2 = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(Priority::Background).await.map(drop) }
+        });
+        while g.queued().iter().sum::<usize>() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // Queue full: another batch is shed at once.
+        assert_eq!(g.acquire(Priority::Batch).await.err(), Some(Shed));
+        // Interactive displaces the queued batch request.
+        let i = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(Priority::Interactive).await.map(drop) }
+        });
+        assert_eq!(b1.await.unwrap(), Err(Shed));
+        while g.queued()[0] < 1 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(g.queued(), [1, 1, 0]);
+        drop(_busy);
+        assert_eq!(i.await.unwrap(), Ok(()));
+        assert_eq!(b2.await.unwrap(), Ok(()));
+        assert_eq!(g.inflight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_leaves_does_not_leak_its_slot() {
+        let g = gate(1, 10);
+        let busy = g.acquire(Priority::Interactive).await.unwrap();
+        let w = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(Priority::Batch).await.map(drop) }
+        });
+        while g.queued()[2] < 1 {
+            tokio::task::yield_now().await;
+        }
+        w.abort();
+        let _ = w.await;
+        drop(busy);
+        assert_eq!(g.inflight(), 0);
+        let again = g.acquire(Priority::Batch).await;
+        assert!(again.is_ok());
+    }
+}

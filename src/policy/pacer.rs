@@ -1,0 +1,283 @@
+//! The pacer of one provider: it reads the rate-limit headers of every upstream answer
+//! (`anthropic-ratelimit-*`, `x-ratelimit-*`) and, while the remaining share of the tightest
+//! limit is below `pace_below`, spaces out background and batch calls so that what is left
+//! lasts until the reset. Interactive calls are never paced.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use prometheus::GaugeVec;
+use tokio::time::Instant;
+
+use crate::config::Priority;
+
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    ratio: f64,
+    remaining: u64,
+    reset_at: Instant,
+}
+
+pub struct Pacer {
+    provider: String,
+    state: Mutex<State>,
+    gauge: GaugeVec,
+}
+
+#[derive(Default)]
+struct State {
+    tightest: Option<Reading>,
+    next_slot: Option<Instant>,
+}
+
+/// Header families: (kind label, limit, remaining, reset) for both providers' conventions.
+const FAMILIES: &[(&str, &str, &str, &str)] = &[
+    (
+        "requests",
+        "anthropic-ratelimit-requests-limit",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ),
+    (
+        "tokens",
+        "anthropic-ratelimit-tokens-limit",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ),
+    (
+        "input_tokens",
+        "anthropic-ratelimit-input-tokens-limit",
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+    ),
+    (
+        "output_tokens",
+        "anthropic-ratelimit-output-tokens-limit",
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ),
+    (
+        "requests",
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ),
+    (
+        "tokens",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ),
+];
+
+impl Pacer {
+    pub fn new(provider: &str, gauge: GaugeVec) -> Self {
+        Pacer {
+            provider: provider.to_string(),
+            state: Mutex::new(State::default()),
+            gauge,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Reads an upstream answer's rate-limit headers (if any).
+    pub fn observe(&self, headers: &HeaderMap) {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let mut tightest: Option<Reading> = None;
+        for (kind, limit, remaining, reset) in FAMILIES {
+            let num = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            let (Some(limit), Some(remaining)) = (num(limit), num(remaining)) else {
+                continue;
+            };
+            if limit == 0 {
+                continue;
+            }
+            let ratio = (remaining as f64 / limit as f64).min(1.0);
+            self.gauge
+                .with_label_values(&[self.provider.as_str(), kind])
+                .set(ratio);
+            let reset_in = headers
+                .get(*reset)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_reset(v, wall))
+                .unwrap_or(Duration::from_secs(60));
+            let reading = Reading {
+                ratio,
+                remaining,
+                reset_at: now + reset_in,
+            };
+            if tightest.is_none_or(|t| reading.ratio < t.ratio) {
+                tightest = Some(reading);
+            }
+        }
+        if let Some(t) = tightest {
+            self.lock().tightest = Some(t);
+        }
+    }
+
+    /// How long a call of priority `p` should wait before it is sent; `None` for no wait.
+    pub fn delay(&self, p: Priority, pace_below: f64) -> Option<Duration> {
+        if p == Priority::Interactive {
+            return None;
+        }
+        let now = Instant::now();
+        let mut st = self.lock();
+        let t = st.tightest?;
+        if t.ratio >= pace_below || now >= t.reset_at {
+            return None;
+        }
+        // Spread what is left over the time until the reset.
+        let slots = t.remaining.max(1) as u32;
+        let interval = t.reset_at.saturating_duration_since(now) / slots;
+        let slot = st.next_slot.map_or(now, |n| n.max(now));
+        st.next_slot = Some(slot + interval);
+        let wait = slot.saturating_duration_since(now);
+        (!wait.is_zero()).then_some(wait)
+    }
+
+    /// For `/admin/state`.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let now = Instant::now();
+        match self.lock().tightest {
+            Some(t) => serde_json::json!({
+                "remaining_ratio": t.ratio,
+                "remaining": t.remaining,
+                "reset_in_ms": t.reset_at.saturating_duration_since(now).as_millis() as u64,
+            }),
+            None => serde_json::Value::Null,
+        }
+    }
+}
+
+/// A reset value: an RFC 3339 time (Anthropic) or a Go-style duration like `6m0s`, `1s`,
+/// `12ms` (OpenAI).
+fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(at) = humantime::parse_rfc3339_weak(v) {
+        return Some(at.duration_since(now).unwrap_or(Duration::ZERO));
+    }
+    parse_go_duration(v)
+}
+
+fn parse_go_duration(v: &str) -> Option<Duration> {
+    let mut total = 0f64;
+    let mut rest = v;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let n: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let secs = match &rest[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return None,
+        };
+        total += n * secs;
+        rest = &rest[unit_end..];
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn pacer() -> Pacer {
+        let g = GaugeVec::new(prometheus::Opts::new("g", "g"), &["provider", "kind"]).unwrap();
+        Pacer::new("anthropic", g)
+    }
+
+    #[test]
+    fn go_durations_and_rfc3339_resets_parse() {
+        assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(parse_go_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
+        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("soon"), None);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let at = humantime::format_rfc3339(now + Duration::from_secs(30)).to_string();
+        assert_eq!(parse_reset(&at, now), Some(Duration::from_secs(30)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn below_the_threshold_batch_is_spaced_and_interactive_is_not() {
+        let p = pacer();
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-ratelimit-limit-requests",
+            HeaderValue::from_static("100"),
+        );
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("4"),
+        );
+        h.insert("x-ratelimit-reset-requests", HeaderValue::from_static("2s"));
+        p.observe(&h);
+        assert_eq!(p.delay(Priority::Interactive, 0.2), None);
+        // 4 calls left over 2 s: one every 500 ms.
+        assert_eq!(p.delay(Priority::Batch, 0.2), None);
+        assert_eq!(
+            p.delay(Priority::Batch, 0.2),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            p.delay(Priority::Background, 0.2),
+            Some(Duration::from_millis(1000))
+        );
+        // Above the threshold nothing waits.
+        assert_eq!(p.delay(Priority::Batch, 0.01), None);
+        // After the reset nothing waits.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(p.delay(Priority::Batch, 0.2), None);
+    }
+
+    #[test]
+    fn the_tightest_limit_wins() {
+        let p = pacer();
+        let mut h = HeaderMap::new();
+        h.insert(
+            "anthropic-ratelimit-requests-limit",
+            HeaderValue::from_static("100"),
+        );
+        h.insert(
+            "anthropic-ratelimit-requests-remaining",
+            HeaderValue::from_static("90"),
+        );
+        h.insert(
+            "anthropic-ratelimit-tokens-limit",
+            HeaderValue::from_static("1000"),
+        );
+        h.insert(
+            "anthropic-ratelimit-tokens-remaining",
+            HeaderValue::from_static("50"),
+        );
+        p.observe(&h);
+        let snap = p.snapshot();
+        assert_eq!(snap["remaining_ratio"], 0.05);
+    }
+}

@@ -1,0 +1,104 @@
+//! Token-bucket arithmetic shared by every store (the Redis script mirrors it line by line):
+//! integers only, so that replicas and the local fallback agree to the token.
+//!
+//! A bucket with a limit of L per minute holds up to L * 60_000 units and refills L units per
+//! millisecond; taking n tokens costs n * 60_000 units. The level may go below zero when usage
+//! reported after the fact exceeds what was reserved (a debt that refills like anything else).
+
+pub const UNITS_PER_TOKEN: i128 = 60_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    pub level: i128,
+    pub last_ms: u64,
+}
+
+impl Bucket {
+    /// A new bucket starts full.
+    pub fn full(limit_per_min: u64, now_ms: u64) -> Self {
+        Bucket {
+            level: i128::from(limit_per_min) * UNITS_PER_TOKEN,
+            last_ms: now_ms,
+        }
+    }
+
+    fn refill(&mut self, limit_per_min: u64, now_ms: u64) {
+        let cap = i128::from(limit_per_min) * UNITS_PER_TOKEN;
+        let elapsed = i128::from(now_ms.saturating_sub(self.last_ms));
+        self.level = (self.level + elapsed * i128::from(limit_per_min)).min(cap);
+        self.last_ms = self.last_ms.max(now_ms);
+    }
+
+    /// Takes `n` tokens, or says how many milliseconds until they would be there.
+    pub fn take(&mut self, limit_per_min: u64, n: u64, now_ms: u64) -> Result<(), u64> {
+        self.refill(limit_per_min, now_ms);
+        let need = i128::from(n) * UNITS_PER_TOKEN;
+        if self.level >= need {
+            self.level -= need;
+            return Ok(());
+        }
+        let rate = i128::from(limit_per_min.max(1));
+        let wait = (need - self.level + rate - 1) / rate;
+        Err(u64::try_from(wait).unwrap_or(u64::MAX))
+    }
+
+    /// Gives `n` tokens back (a refund), or takes them (a debit) when `n` is negative.
+    pub fn give(&mut self, limit_per_min: u64, n: i64, now_ms: u64) {
+        self.refill(limit_per_min, now_ms);
+        let cap = i128::from(limit_per_min) * UNITS_PER_TOKEN;
+        self.level = (self.level + i128::from(n) * UNITS_PER_TOKEN).min(cap);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_full_bucket_serves_its_limit_then_says_when_the_next_fits() {
+        let mut b = Bucket::full(3, 0);
+        for _ in 0..3 {
+            assert_eq!(b.take(3, 1, 0), Ok(()));
+        }
+        // One token per 20 s at 3/min.
+        assert_eq!(b.take(3, 1, 0), Err(20_000));
+        assert_eq!(b.take(3, 1, 19_999), Err(1));
+        assert_eq!(b.take(3, 1, 20_000), Ok(()));
+    }
+
+    #[test]
+    fn refunds_make_room_and_debits_become_debt() {
+        let mut b = Bucket::full(1000, 0);
+        assert_eq!(b.take(1000, 900, 0), Ok(()));
+        assert!(b.take(1000, 900, 0).is_err());
+        b.give(1000, 885, 0);
+        assert_eq!(b.take(1000, 900, 0), Ok(()));
+        b.give(1000, -500, 0);
+        // 100 - 900 + 885 - 900 - 500 = -415 tokens: 1415 tokens short of one more 1000.
+        assert_eq!(b.take(1000, 1000, 0), Err(1415 * 60));
+    }
+
+    #[test]
+    fn refunds_never_overfill() {
+        let mut b = Bucket::full(10, 0);
+        b.give(10, 1_000, 0);
+        assert_eq!(b.level, 10 * UNITS_PER_TOKEN);
+    }
+
+    proptest! {
+        #[test]
+        fn the_promised_wait_is_exactly_enough(limit in 1u64..100_000, n in 1u64..100_000, t in 0u64..10_000) {
+            prop_assume!(n <= limit);
+            let mut b = Bucket::full(limit, 0);
+            let _ = b.take(limit, limit, 0);
+            let mut probe = b;
+            if let Err(wait) = probe.take(limit, n, t) {
+                let mut early = b;
+                prop_assert!(early.take(limit, n, t + wait - 1).is_err());
+                let mut on_time = b;
+                prop_assert!(on_time.take(limit, n, t + wait).is_ok());
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The in-process store: one mutex-guarded map of tenant buckets. Used alone (`store =
+//! "memory"`) and as the fallback while the shared store is unreachable.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::bucket::Bucket;
+use super::{Ask, BoxFuture, Decision, Limit, Now, Settlement, Store, StoreError};
+
+#[derive(Default)]
+pub struct MemoryStore {
+    tenants: Mutex<HashMap<String, TenantState>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TenantState {
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+    /// (UTC day, pico-USD spent that day)
+    spent: (u64, u128),
+}
+
+impl MemoryStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TenantState>> {
+        match self.tenants.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    pub fn admit_now(&self, ask: &Ask, now: Now) -> Result<Decision, StoreError> {
+        let mut map = self.lock();
+        let st = map.entry(ask.tenant.clone()).or_insert(TenantState {
+            requests: None,
+            tokens: None,
+            spent: (now.day(), 0),
+        });
+        if st.spent.0 != now.day() {
+            st.spent = (now.day(), 0);
+        }
+        if ask.budget_pico > 0 && st.spent.1 >= ask.budget_pico {
+            return Ok(Decision::Refuse {
+                limit: Limit::Budget,
+                retry_after: now.until_midnight(),
+            });
+        }
+        if ask.rpm > 0 {
+            let b = st
+                .requests
+                .get_or_insert_with(|| Bucket::full(ask.rpm, now.ms));
+            if let Err(wait) = b.take(ask.rpm, 1, now.ms) {
+                return Ok(refuse(Limit::Requests, wait));
+            }
+        }
+        if ask.tpm > 0 {
+            let b = st
+                .tokens
+                .get_or_insert_with(|| Bucket::full(ask.tpm, now.ms));
+            if let Err(wait) = b.take(ask.tpm, ask.tokens, now.ms) {
+                // Both limits or neither: give the request token back.
+                if let Some(r) = st.requests.as_mut() {
+                    r.give(ask.rpm, 1, now.ms);
+                }
+                return Ok(refuse(Limit::Tokens, wait));
+            }
+        }
+        Ok(Decision::Admit)
+    }
+
+    pub fn settle_now(&self, s: &Settlement, now: Now) {
+        let mut map = self.lock();
+        let Some(st) = map.get_mut(&s.tenant) else {
+            return;
+        };
+        if s.tpm > 0 && s.refund != 0 {
+            let b = st.tokens.get_or_insert_with(|| Bucket::full(s.tpm, now.ms));
+            b.give(s.tpm, s.refund, now.ms);
+        }
+        if s.cost_pico > 0 {
+            if st.spent.0 != now.day() {
+                st.spent = (now.day(), 0);
+            }
+            st.spent.1 = st.spent.1.saturating_add(s.cost_pico);
+        }
+    }
+
+    pub fn snapshot(&self, now: Now) -> serde_json::Value {
+        let map = self.lock();
+        let mut out = serde_json::Map::new();
+        for (tenant, st) in map.iter() {
+            let tokens =
+                |b: &Option<Bucket>| b.map(|b| (b.level / super::bucket::UNITS_PER_TOKEN) as i64);
+            out.insert(
+                tenant.clone(),
+                serde_json::json!({
+                    "requests_available": tokens(&st.requests),
+                    "tokens_available": tokens(&st.tokens),
+                    "spent_today_pico_usd": if st.spent.0 == now.day() { st.spent.1.to_string() } else { "0".to_string() },
+                }),
+            );
+        }
+        serde_json::Value::Object(out)
+    }
+}
+
+fn refuse(limit: Limit, wait_ms: u64) -> Decision {
+    Decision::Refuse {
+        limit,
+        retry_after: std::time::Duration::from_millis(wait_ms.max(1)),
+    }
+}
+
+impl Store for MemoryStore {
+    fn admit<'a>(&'a self, ask: &'a Ask, now: Now) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move { self.admit_now(ask, now) })
+    }
+
+    fn settle<'a>(&'a self, s: &'a Settlement, now: Now) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.settle_now(s, now);
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(rpm: u64, tpm: u64, tokens: u64, budget: u128) -> Ask {
+        Ask {
+            tenant: "t".into(),
+            rpm,
+            tpm,
+            tokens,
+            budget_pico: budget,
+        }
+    }
+
+    #[test]
+    fn a_token_refusal_does_not_spend_a_request() {
+        let m = MemoryStore::default();
+        let now = Now { ms: 1_000_000 };
+        assert_eq!(
+            m.admit_now(&ask(2, 100, 90, 0), now).ok(),
+            Some(Decision::Admit)
+        );
+        assert!(matches!(
+            m.admit_now(&ask(2, 100, 90, 0), now),
+            Ok(Decision::Refuse {
+                limit: Limit::Tokens,
+                ..
+            })
+        ));
+        // The refused request gave its request token back: one more small request fits.
+        assert_eq!(
+            m.admit_now(&ask(2, 100, 5, 0), now).ok(),
+            Some(Decision::Admit)
+        );
+        assert!(matches!(
+            m.admit_now(&ask(2, 100, 1, 0), now),
+            Ok(Decision::Refuse {
+                limit: Limit::Requests,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn the_budget_refuses_at_the_exact_pico_dollar_until_midnight() {
+        let m = MemoryStore::default();
+        let now = Now {
+            ms: 86_400_000 * 3 + 1000,
+        };
+        let a = ask(0, 0, 0, 1_000);
+        assert_eq!(m.admit_now(&a, now).ok(), Some(Decision::Admit));
+        let settle = |cost| Settlement {
+            tenant: "t".into(),
+            tpm: 0,
+            refund: 0,
+            cost_pico: cost,
+            budget_pico: 1_000,
+        };
+        m.settle_now(&settle(999), now);
+        assert_eq!(
+            m.admit_now(&a, now).ok(),
+            Some(Decision::Admit),
+            "1 pico-USD left"
+        );
+        m.settle_now(&settle(1), now);
+        match m.admit_now(&a, now) {
+            Ok(Decision::Refuse {
+                limit: Limit::Budget,
+                retry_after,
+            }) => {
+                assert_eq!(retry_after.as_millis(), 86_400_000 - 1000);
+            }
+            other => panic!("{other:?}"),
+        }
+        let tomorrow = Now { ms: 86_400_000 * 4 };
+        assert_eq!(m.admit_now(&a, tomorrow).ok(), Some(Decision::Admit));
+    }
+}

@@ -1,0 +1,260 @@
+//! Tenant rate limits: requests per minute, tokens per minute (reserved at admission, settled
+//! with the usage the provider reported), and a daily budget in exact pico-dollars. The buckets
+//! live in a `Store`: in memory, or in Redis shared by every replica. When Redis cannot be
+//! reached legate keeps serving on its local buckets, says so once in the log, in a metric and
+//! in `/admin/state`, and goes back to the shared buckets when Redis answers again.
+
+pub mod bucket;
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus::IntGauge;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Which limit refused a request (the metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Requests,
+    Tokens,
+    Budget,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Requests => "requests",
+            Limit::Tokens => "tokens",
+            Limit::Budget => "budget",
+        }
+    }
+}
+
+/// One admission question: may `tenant` send one request reserving `tokens` now?
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub tenant: String,
+    /// 0 = unlimited, for each limit.
+    pub rpm: u64,
+    pub tpm: u64,
+    pub tokens: u64,
+    pub budget_pico: u128,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Admit,
+    Refuse { limit: Limit, retry_after: Duration },
+}
+
+/// Settling one admitted request: tokens given back (`refund` > 0) or owed (< 0), and its cost.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    pub tenant: String,
+    pub tpm: u64,
+    pub refund: i64,
+    pub cost_pico: u128,
+    pub budget_pico: u128,
+}
+
+#[derive(Debug)]
+pub struct StoreError(pub String);
+
+/// Wall-clock time as the stores need it: unix milliseconds and the UTC day.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub ms: u64,
+}
+
+impl Now {
+    pub fn wall() -> Self {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Now { ms }
+    }
+
+    /// The UTC day number (budgets reset at UTC midnight).
+    pub fn day(self) -> u64 {
+        self.ms / 86_400_000
+    }
+
+    pub fn until_midnight(self) -> Duration {
+        Duration::from_millis(86_400_000 - self.ms % 86_400_000)
+    }
+}
+
+pub trait Store: Send + Sync {
+    fn admit<'a>(&'a self, ask: &'a Ask, now: Now) -> BoxFuture<'a, Result<Decision, StoreError>>;
+    fn settle<'a>(&'a self, s: &'a Settlement, now: Now) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+/// The limiter legate uses: the shared store when configured and reachable, else the local one.
+pub struct Limiter {
+    local: memory::MemoryStore,
+    shared: Option<Box<dyn Store>>,
+    degraded: AtomicBool,
+    /// While degraded, the shared store is tried again no sooner than this (unix ms).
+    retry_shared_at: AtomicU64,
+    degraded_gauge: IntGauge,
+}
+
+/// How long a shared-store call may take before the local buckets answer instead.
+const SHARED_TIMEOUT: Duration = Duration::from_millis(250);
+/// While the shared store is down, how often one request tries it again.
+const SHARED_RETRY_EVERY_MS: u64 = 1000;
+
+impl Limiter {
+    pub fn new(shared: Option<Box<dyn Store>>, degraded_gauge: IntGauge) -> Self {
+        Limiter {
+            local: memory::MemoryStore::default(),
+            shared,
+            degraded: AtomicBool::new(false),
+            retry_shared_at: AtomicU64::new(0),
+            degraded_gauge,
+        }
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
+    }
+
+    fn shared_usable(&self, now: Now) -> Option<&dyn Store> {
+        let shared = self.shared.as_deref()?;
+        if self.is_degraded() && now.ms < self.retry_shared_at.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(shared)
+    }
+
+    fn on_shared_ok(&self) {
+        if self.degraded.swap(false, Ordering::Relaxed) {
+            self.degraded_gauge.set(0);
+            tracing::info!(
+                "the shared rate-limit store answers again; buckets are shared once more"
+            );
+        }
+    }
+
+    fn on_shared_error(&self, now: Now, err: &str) {
+        self.retry_shared_at
+            .store(now.ms + SHARED_RETRY_EVERY_MS, Ordering::Relaxed);
+        if !self.degraded.swap(true, Ordering::Relaxed) {
+            self.degraded_gauge.set(1);
+            tracing::warn!(error = %err, "the shared rate-limit store is unreachable; serving on local buckets until it returns");
+        }
+    }
+
+    pub async fn admit(&self, ask: &Ask) -> Decision {
+        let now = Now::wall();
+        if let Some(shared) = self.shared_usable(now) {
+            match tokio::time::timeout(SHARED_TIMEOUT, shared.admit(ask, now)).await {
+                Ok(Ok(d)) => {
+                    self.on_shared_ok();
+                    return d;
+                }
+                Ok(Err(e)) => self.on_shared_error(now, &e.0),
+                Err(_) => self.on_shared_error(now, "timed out"),
+            }
+        }
+        match self.local.admit_now(ask, now) {
+            Ok(d) => d,
+            // The local store cannot fail; admitting is the safe answer if it ever did.
+            Err(_) => Decision::Admit,
+        }
+    }
+
+    pub async fn settle(&self, s: &Settlement) {
+        let now = Now::wall();
+        if let Some(shared) = self.shared_usable(now) {
+            match tokio::time::timeout(SHARED_TIMEOUT, shared.settle(s, now)).await {
+                Ok(Ok(())) => {
+                    self.on_shared_ok();
+                    return;
+                }
+                Ok(Err(e)) => self.on_shared_error(now, &e.0),
+                Err(_) => self.on_shared_error(now, "timed out"),
+            }
+        }
+        self.local.settle_now(s, now);
+    }
+
+    /// Settles without waiting: at once for local buckets (so the very next request sees the
+    /// refund), in the background for a shared store.
+    pub fn settle_detached(self: &Arc<Self>, s: Settlement) {
+        if self.shared.is_none() {
+            self.local.settle_now(&s, Now::wall());
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move { me.settle(&s).await });
+    }
+
+    /// For `/admin/state`: the local buckets (what is enforced when no shared store is used).
+    pub fn local_snapshot(&self) -> serde_json::Value {
+        self.local.snapshot(Now::wall())
+    }
+}
+
+/// A tenant's reservation for one request, settled exactly once: with the usage the provider
+/// reported, or (dropped unsettled: an error, a refusal, a caller gone before any usage)
+/// refunded in full.
+pub struct Reservation {
+    limiter: Arc<Limiter>,
+    tenant: String,
+    tpm: u64,
+    budget_pico: u128,
+    reserved: u64,
+    pub estimated_input: u64,
+    settled: bool,
+}
+
+impl Reservation {
+    pub fn new(limiter: Arc<Limiter>, ask: &Ask, estimated_input: u64) -> Self {
+        Reservation {
+            limiter,
+            tenant: ask.tenant.clone(),
+            tpm: ask.tpm,
+            budget_pico: ask.budget_pico,
+            reserved: ask.tokens,
+            estimated_input,
+            settled: false,
+        }
+    }
+
+    /// Settles with the tokens actually used and their cost.
+    pub fn settle(&mut self, used_tokens: u64, cost_pico: u128) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        if self.tpm == 0 && self.budget_pico == 0 {
+            return;
+        }
+        let refund = i64::try_from(self.reserved).unwrap_or(i64::MAX)
+            - i64::try_from(used_tokens).unwrap_or(i64::MAX);
+        self.limiter.settle_detached(Settlement {
+            tenant: self.tenant.clone(),
+            tpm: self.tpm,
+            refund: if self.tpm == 0 { 0 } else { refund },
+            cost_pico,
+            budget_pico: self.budget_pico,
+        });
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.settle(0, 0);
+    }
+}

@@ -1,0 +1,317 @@
+//! Admission control: tenant request and token limits with reservation and settlement, daily
+//! budgets in exact pico-dollars, the priority queue that sheds batch work first, and pacing on
+//! the provider's rate-limit headers.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::harness::{self, Env};
+
+const BODY: &str =
+    r#"{"model":"claude-t","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+
+async fn json(resp: reqwest::Response) -> serde_json::Value {
+    resp.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_request_past_the_per_minute_limit_is_refused_in_each_api_shape() {
+    let env = harness::start("[tenants.default]\nrequests_per_minute = 3\n").await;
+    for _ in 0..3 {
+        assert_eq!(env.messages(BODY).await.status(), 200);
+    }
+    let refused = env.messages(BODY).await;
+    assert_eq!(refused.status(), 429);
+    let h = refused.headers().clone();
+    assert!(
+        h.get("x-should-retry").is_none(),
+        "a local refusal may be retried by the SDK later"
+    );
+    let secs: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    let ms: u64 = h["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    // One request per 20 s at 3/min.
+    assert!((19_000..=20_000).contains(&ms), "{ms}");
+    assert_eq!(secs, ms.div_ceil(1000));
+    let v = json(refused).await;
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+
+    let o = env.chat(r#"{"model":"gpt-t","messages":[]}"#).await;
+    assert_eq!(o.status(), 429);
+    assert!(o.headers().get("retry-after").is_some());
+    let v = json(o).await;
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        env.mock.stats().requests,
+        3,
+        "refusals never reach the provider"
+    );
+    let n = env
+        .metric(
+            "legate_ratelimit_rejections_total",
+            &[("tenant", "default"), ("limit", "requests")],
+        )
+        .await;
+    assert_eq!(n, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_reservation_that_can_never_fit_is_a_400() {
+    let env = harness::start("[tenants.default]\ntokens_per_minute = 1000\n").await;
+    let resp = env
+        .messages(r#"{"model":"claude-t","max_tokens":5000,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 400);
+    let v = json(resp).await;
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1000 tokens per minute")
+    );
+    assert_eq!(env.mock.stats().requests, 0);
+}
+
+async fn settles(stream: bool) {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"usage":{"input_tokens":10,"output_tokens":5}}}"#,
+        )
+        .unwrap(),
+        "[tenants.default]\ntokens_per_minute = 1000\n",
+    )
+    .await;
+    let body = format!(
+        r#"{{"model":"claude-t","max_tokens":900,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let first = env.messages(body.clone()).await;
+    assert_eq!(first.status(), 200);
+    let _ = first.bytes().await.unwrap();
+    // Without settlement the bucket would hold ~100 tokens and this would be refused; the
+    // refund of the unused reservation makes it fit.
+    let second = env.messages(body).await;
+    assert_eq!(second.status(), 200, "stream={stream}");
+    let ratio = env
+        .metric(
+            "legate_token_estimate_ratio_count",
+            &[("provider", "anthropic")],
+        )
+        .await;
+    assert!(
+        ratio.unwrap_or(0.0) >= 1.0,
+        "the estimate's error is exported"
+    );
+}
+
+#[tokio::test]
+async fn settlement_refunds_the_unused_reservation() {
+    settles(false).await;
+}
+
+#[tokio::test]
+async fn a_streams_usage_is_settled_too() {
+    settles(true).await;
+}
+
+#[tokio::test]
+async fn the_daily_budget_refuses_at_the_exact_pico_dollar() {
+    // 10 input + 5 output tokens at 3 / 15 USD per Mtok = 105 micro-USD per request.
+    let prices = "[[prices]]\nmodel = \"anthropic:claude-t\"\ninput = \"3\"\noutput = \"15\"\n";
+    let script = r#"{"default":{"usage":{"input_tokens":10,"output_tokens":5}}}"#;
+    // One pico-dollar short of two requests: the second still fits, the third does not.
+    let env = harness::start_with(
+        legate::mock::Script::from_json(script).unwrap(),
+        &format!("[tenants.default]\ndaily_budget_usd = \"0.000209999999\"\n{prices}"),
+    )
+    .await;
+    assert_eq!(env.messages(BODY).await.status(), 200);
+    assert_eq!(env.messages(BODY).await.status(), 200);
+    let refused = env.messages(BODY).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(json(refused).await["error"]["type"], "rate_limit_error");
+    let n = env
+        .metric("legate_ratelimit_rejections_total", &[("limit", "budget")])
+        .await;
+    assert_eq!(n, Some(1.0));
+
+    // Exactly two requests' worth: spent == budget refuses the third as well.
+    let env = harness::start_with(
+        legate::mock::Script::from_json(script).unwrap(),
+        &format!("[tenants.default]\ndaily_budget_usd = \"0.00021\"\n{prices}"),
+    )
+    .await;
+    assert_eq!(env.messages(BODY).await.status(), 200);
+    assert_eq!(env.messages(BODY).await.status(), 200);
+    assert_eq!(env.messages(BODY).await.status(), 429);
+}
+
+#[tokio::test]
+async fn each_client_key_gets_its_own_tenants_limits() {
+    use sha2::Digest;
+    let h = |k: &str| hex::encode(sha2::Sha256::digest(k.as_bytes()));
+    let env = harness::start(&format!(
+        "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{}\"\n[[clients]]\ntenant = \"team-b\"\nkey_sha256 = \"{}\"\n[tenants.team-a]\nrequests_per_minute = 1\n[tenants.team-b]\nrequests_per_minute = 5\n",
+        h("key-a"),
+        h("key-b")
+    ))
+    .await;
+    let send = |key: &'static str| {
+        let http = env.http.clone();
+        let url = env.url("/v1/messages");
+        async move {
+            http.post(url)
+                .header("x-api-key", key)
+                .body(BODY)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(send("key-a").await, 200);
+    assert_eq!(send("key-a").await, 429);
+    for _ in 0..3 {
+        assert_eq!(send("key-b").await, 200);
+    }
+    let n = env
+        .metric("legate_ratelimit_rejections_total", &[("tenant", "team-a")])
+        .await;
+    assert_eq!(n, Some(1.0));
+}
+
+async fn queued(env: &Env, priority: &str) -> u64 {
+    let v: serde_json::Value = env
+        .http
+        .get(env.admin_url("/admin/state"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["providers"]["anthropic"]["queued"][priority]
+        .as_u64()
+        .unwrap()
+}
+
+async fn wait_queued(env: &Env, priority: &str, n: u64) {
+    let wait = async {
+        while queued(env, priority).await < n {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("requests queued");
+}
+
+fn send_with_priority(env: &Env, priority: &'static str) -> tokio::task::JoinHandle<u16> {
+    let http = env.http.clone();
+    let url = env.url("/v1/messages");
+    tokio::spawn(async move {
+        http.post(url)
+            .header("anthropic-version", "2023-06-01")
+            .header("x-legate-priority", priority)
+            .body(BODY)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    })
+}
+
+#[tokio::test]
+async fn a_full_queue_sheds_batch_first_and_serves_every_interactive_call() {
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"default":{"delay_ms":300}}"#).unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml_with(
+        &mock.base_url(),
+        "",
+        "max_concurrency = 1",
+        "[shedding]\nqueue_limit = 2\n",
+    );
+    let env = harness::start_toml(mock, &toml).await;
+
+    let holder = send_with_priority(&env, "interactive");
+    env.mock.wait_requests(1).await;
+    let b1 = send_with_priority(&env, "batch");
+    wait_queued(&env, "batch", 1).await;
+    let b2 = send_with_priority(&env, "batch");
+    wait_queued(&env, "batch", 2).await;
+    // The queue is full: a third batch call is shed at once.
+    let b3 = send_with_priority(&env, "batch").await.unwrap();
+    assert_eq!(b3, 529);
+    // An interactive call displaces the newest batch call instead of being shed.
+    let i1 = send_with_priority(&env, "interactive");
+    assert_eq!(b2.await.unwrap(), 529);
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(i1.await.unwrap(), 200);
+    assert_eq!(b1.await.unwrap(), 200);
+    assert_eq!(env.mock.stats().requests, 3);
+    assert_eq!(
+        env.metric("legate_shed_total", &[("priority", "batch")])
+            .await,
+        Some(2.0)
+    );
+    assert_eq!(env.metric("legate_queue_depth", &[]).await, Some(0.0));
+}
+
+#[tokio::test]
+async fn a_low_upstream_rate_limit_spaces_batch_calls_but_not_interactive_ones() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"headers":{"x-ratelimit-limit-requests":"100","x-ratelimit-remaining-requests":"4","x-ratelimit-reset-requests":"2s"}}}"#,
+        )
+        .unwrap(),
+        "",
+    )
+    .await;
+    // The first answer tells legate that 4% of the limit is left, resetting in 2 s.
+    assert_eq!(send_with_priority(&env, "interactive").await.unwrap(), 200);
+    let ratio = env
+        .metric(
+            "legate_upstream_ratelimit_remaining_ratio",
+            &[("provider", "anthropic"), ("kind", "requests")],
+        )
+        .await;
+    assert_eq!(ratio, Some(0.04));
+
+    let started = Instant::now();
+    let batch: Vec<_> = (0..3)
+        .map(|_| {
+            let h = send_with_priority(&env, "batch");
+            async move {
+                let s = h.await.unwrap();
+                (s, started.elapsed())
+            }
+        })
+        .collect();
+    let interactive = async {
+        let s = send_with_priority(&env, "interactive").await.unwrap();
+        (s, started.elapsed())
+    };
+    let (batch, interactive) = tokio::join!(futures_util::future::join_all(batch), interactive);
+    let mut times: Vec<Duration> = batch
+        .iter()
+        .map(|(s, t)| {
+            assert_eq!(*s, 200);
+            *t
+        })
+        .collect();
+    times.sort();
+    assert_eq!(interactive.0, 200);
+    // 4 calls left over ~2 s: batch calls go out about 500 ms apart.
+    assert!(times[2] >= Duration::from_millis(900), "{times:?}");
+    assert!(
+        interactive.1 < times[1],
+        "interactive {:?} waited behind batch {times:?}",
+        interactive.1
+    );
+}
