@@ -37,4 +37,10 @@ pub enum Command {
         #[arg(long)]
         script: Option<PathBuf>,
     },
+    /// Run the bundled headless agent loop through legate.
+    #[command(
+        after_help = "Exit codes: 0 finished, 1 could not run, 2 max turns, 3 token budget, \
+                      4 truncated reply, 5 upstream error, 130 cancelled (Ctrl-C)."
+    )]
+    Agent(crate::agent::AgentArgs),
 }

@@ -1,6 +1,7 @@
 //! legate: a model ambassador. A localhost proxy that owns the connection from agents to LLM
 //! providers: keys, TLS, timeouts, streaming, metering and metrics (see SPEC in the README).
 
+pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod config;

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => check(config.as_deref()),
+        Command::Agent(args) => agent(args),
         Command::Serve { config } => serve(config.as_deref()),
         Command::Mock { listen, script } => {
             legate::telemetry::init_tracing(&config::log_filter());
@@ -66,6 +67,24 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
         prometheus::Registry::new(),
         source,
     ))
+}
+
+/// `legate agent`: the loop's own exit codes (SPEC §9) become the process's.
+fn agent(args: legate::agent::AgentArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("legate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = rt.block_on(legate::agent::run(args));
+    // A terminal prompt left unanswered after Ctrl-C holds a blocking thread; do not wait for it.
+    rt.shutdown_background();
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {

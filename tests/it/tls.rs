@@ -69,3 +69,94 @@ async fn an_untrusted_certificate_is_refused() {
     assert_eq!(resp.status(), 502);
     assert_eq!(env.mock.stats().completed, 0);
 }
+
+/// A private CA issuing a server certificate for `localhost` and a client certificate.
+struct Pki {
+    ca_pem: String,
+    server_der: rustls::pki_types::CertificateDer<'static>,
+    server_key: rustls::pki_types::PrivateKeyDer<'static>,
+    client_pem: String,
+    client_key_pem: String,
+    ca_der: rustls::pki_types::CertificateDer<'static>,
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let client = CertificateParams::new(vec!["legate-client".to_string()])
+        .unwrap()
+        .signed_by(&client_key, &issuer)
+        .unwrap();
+    Pki {
+        ca_pem: ca.pem(),
+        ca_der: ca.der().clone(),
+        server_der: server.der().clone(),
+        server_key: rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+        client_pem: client.pem(),
+        client_key_pem: client_key.serialize_pem(),
+    }
+}
+
+#[tokio::test]
+async fn mutual_tls_presents_the_configured_client_certificate() {
+    let pki = pki();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca_der.clone()).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let server_cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![pki.server_der.clone()], pki.server_key.clone_key())
+        .unwrap();
+    let mock = legate::mock::MockServer::start(
+        ([127, 0, 0, 1], 0).into(),
+        legate::mock::Script::default(),
+        Some(std::sync::Arc::new(server_cfg)),
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let ca = write("ca.pem", &pki.ca_pem);
+    let cert = write("client.pem", &pki.client_pem);
+    let key = write("client.key", &pki.client_key_pem);
+    let body = r#"{"model":"m","max_tokens":1,"messages":[]}"#;
+
+    // Without the client certificate the handshake is refused.
+    let toml = harness::config_toml_with(&mock.base_url(), "", &format!("ca_file = \"{ca}\""), "");
+    let env = harness::start_toml(mock, &toml).await;
+    assert_eq!(env.messages(body).await.status(), 502);
+    assert_eq!(env.mock.stats().requests, 0);
+
+    // With it, the call goes through.
+    let toml = harness::config_toml_with(
+        &env.mock.base_url(),
+        "",
+        &format!("ca_file = \"{ca}\"\nclient_cert_file = \"{cert}\"\nclient_key_file = \"{key}\""),
+        "",
+    );
+    let env = harness::start_toml(env.mock, &toml).await;
+    assert_eq!(env.messages(body).await.status(), 200);
+    assert_eq!(env.mock.stats().requests, 1);
+}

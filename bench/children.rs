@@ -1,0 +1,180 @@
+//! The two processes under measurement, `legate mock` and `legate serve`: started with the
+//! environment the benchmark needs, their announced address read from stdout, their output
+//! drained for as long as they run (a full pipe would stall them), and their memory read from
+//! /proc.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::error::BenchError;
+
+/// How long a child may take to print its listening line.
+const STARTUP_LIMIT: Duration = Duration::from_secs(20);
+
+/// Dummy provider keys: the mock checks none, but legate refuses a provider without its key.
+const CHILD_ENV: [(&str, &str); 3] = [
+    ("ANTHROPIC_API_KEY", "bench-anthropic-key"),
+    ("OPENAI_API_KEY", "bench-openai-key"),
+    ("LEGATE_LOG", "warn"),
+];
+
+/// A running child; killed when dropped, or explicitly with [`Running::stop`].
+pub struct Running {
+    child: Child,
+    pid: u32,
+    /// The data-plane base URL, `http://127.0.0.1:PORT`.
+    pub base_url: String,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Kills the child and reaps it.
+    pub async fn stop(mut self) {
+        // Already exited is fine: nothing is left to stop.
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+/// Starts `legate mock --listen 127.0.0.1:0`.
+pub async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
+    let mut command = Command::new(bin);
+    command.args(["mock", "--listen", "127.0.0.1:0"]);
+    start(command, "legate mock", |line| {
+        line.strip_prefix("legate mock listening on ")
+            .map(str::to_owned)
+    })
+    .await
+}
+
+/// Starts `legate serve` with a config whose providers both point at `mock_url`; the config
+/// file is written into `dir`.
+pub async fn start_legate(bin: &Path, dir: &Path, mock_url: &str) -> Result<Running, BenchError> {
+    let config_path = dir.join("legate-bench.toml");
+    std::fs::write(&config_path, config_text(mock_url)).map_err(|source| BenchError::Io {
+        what: format!("cannot write {}", config_path.display()),
+        source,
+    })?;
+    let mut command = Command::new(bin);
+    command.arg("serve").arg("--config").arg(&config_path);
+    start(command, "legate serve", |line| {
+        let rest = line.strip_prefix("legate listening on ")?;
+        let (data, _admin) = rest.split_once(" (admin ")?;
+        Some(data.to_owned())
+    })
+    .await
+}
+
+/// The bench config: both APIs to the mock, and a concurrency limit high enough that
+/// admission never queues during the throughput phase.
+fn config_text(mock_url: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[providers.anthropic]
+kind = "anthropic"
+base_url = "{mock_url}"
+api_key_env = "ANTHROPIC_API_KEY"
+max_concurrency = 4096
+
+[providers.openai]
+kind = "openai"
+base_url = "{mock_url}"
+api_key_env = "OPENAI_API_KEY"
+"#
+    )
+}
+
+async fn start(
+    mut command: Command,
+    what: &'static str,
+    parse: impl Fn(&str) -> Option<String>,
+) -> Result<Running, BenchError> {
+    command
+        .envs(CHILD_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|source| BenchError::Spawn { what, source })?;
+    let missing = |detail: &str| BenchError::Startup {
+        what,
+        detail: detail.to_owned(),
+    };
+    let pid = child.id().ok_or_else(|| missing("exited at once"))?;
+    let stdout = child.stdout.take().ok_or_else(|| missing("no stdout"))?;
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(forward(stderr, what));
+    }
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(STARTUP_LIMIT, lines.next_line())
+        .await
+        .map_err(|_| missing("no listening line within 20 s"))?
+        .map_err(|source| BenchError::Spawn { what, source })?
+        .ok_or_else(|| missing("stdout closed before the listening line"))?;
+    let base_url =
+        parse(&first).ok_or_else(|| missing(&format!("unexpected first line {first:?}")))?;
+    tokio::spawn(async move {
+        // Keep reading so the child never blocks on a full pipe; the content is not needed.
+        while let Ok(Some(_)) = lines.next_line().await {}
+    });
+    Ok(Running {
+        child,
+        pid,
+        base_url,
+    })
+}
+
+/// Passes a child's log lines on to our stderr, prefixed, so warnings stay visible.
+async fn forward(stream: impl AsyncRead + Unpin, what: &'static str) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        eprintln!("[{what}] {line}");
+    }
+}
+
+/// Resident and peak memory of a process, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Memory {
+    pub rss: u64,
+    pub peak: u64,
+}
+
+/// Reads VmRSS and VmHWM from /proc/PID/status.
+pub fn memory(pid: u32) -> Result<Memory, BenchError> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
+        what: format!("cannot read {path}"),
+        source,
+    })?;
+    let field = |name: &str| -> Result<u64, BenchError> {
+        parse_kib(&text, name).ok_or_else(|| BenchError::Io {
+            what: format!("{path} has no readable {name}"),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+        })
+    };
+    Ok(Memory {
+        rss: field("VmRSS")?,
+        peak: field("VmHWM")?,
+    })
+}
+
+/// The value of a `Name:   1234 kB` line, in bytes.
+fn parse_kib(status: &str, name: &str) -> Option<u64> {
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}

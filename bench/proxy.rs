@@ -1,0 +1,175 @@
+//! legate's overhead benchmark (`cargo bench --bench proxy`): the same load against
+//! `legate mock` directly and through `legate serve` in front of it, side by side, judged
+//! against the product targets (added p99 under 1 ms at 1,000 req/s, added stream time to
+//! first byte under 1 ms, RSS under 40 MB after 10,000 requests).
+//!
+//! Progress goes to stderr; the Markdown results table and the machine line go to stdout.
+//! `--quick` (or `BENCH_QUICK=1`) shortens every phase about five times. Run without
+//! `--bench` (as `cargo test --all-targets` does) it is a smoke run of a few seconds that
+//! checks the machinery and judges nothing.
+
+mod children;
+mod client;
+mod error;
+mod load;
+mod phases;
+mod report;
+mod results;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use children::Running;
+use client::Target;
+use error::BenchError;
+
+/// How long each phase runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// The name printed with the results.
+    pub name: &'static str,
+    /// Whether the results may be judged against the targets (a release build, full length).
+    pub judged: bool,
+    pub warmup: Duration,
+    /// Measured time per target and rate, run in alternating slices.
+    pub per_rate: Duration,
+    pub slice: Duration,
+    pub stream_warmup: u32,
+    pub streams: u32,
+    pub throughput: Duration,
+    pub throughput_slice: Duration,
+    /// Requests legate must have served before its memory is read.
+    pub min_requests: u64,
+}
+
+impl Plan {
+    fn choose(args: &[String], quick_env: bool) -> Plan {
+        let benching = args.iter().any(|a| a == "--bench");
+        let quick = quick_env || args.iter().any(|a| a == "--quick");
+        match (benching, quick) {
+            (true, false) => Plan {
+                name: "full run",
+                judged: true,
+                warmup: Duration::from_secs(1),
+                per_rate: Duration::from_secs(5),
+                slice: Duration::from_secs(1),
+                stream_warmup: 30,
+                streams: 300,
+                throughput: Duration::from_secs(5),
+                throughput_slice: Duration::from_secs(1),
+                min_requests: 10_000,
+            },
+            (true, true) => Plan {
+                name: "quick run (--quick)",
+                judged: true,
+                warmup: Duration::from_millis(200),
+                per_rate: Duration::from_secs(1),
+                slice: Duration::from_millis(250),
+                stream_warmup: 10,
+                streams: 60,
+                throughput: Duration::from_secs(1),
+                throughput_slice: Duration::from_millis(250),
+                min_requests: 10_000,
+            },
+            (false, _) => Plan {
+                name: "smoke run (not judged; run with cargo bench for results)",
+                judged: false,
+                warmup: Duration::from_millis(50),
+                per_rate: Duration::from_millis(200),
+                slice: Duration::from_millis(100),
+                stream_warmup: 2,
+                streams: 10,
+                throughput: Duration::from_millis(200),
+                throughput_slice: Duration::from_millis(100),
+                min_requests: 500,
+            },
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick_env = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let plan = Plan::choose(&args, quick_env);
+    if let Err(e) = report::self_check() {
+        eprintln!("bench: internal check failed: {e}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(plan)) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(failed) => {
+            eprintln!("bench: {failed} requests failed; the results above are not trustworthy");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts both children, measures, prints the table; returns the number of failed requests.
+async fn run(plan: Plan) -> Result<u64, BenchError> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_legate"));
+    let load_before = report::load_average();
+    eprintln!(
+        "bench: {} with {} (1-min load average {load_before})",
+        plan.name,
+        bin.display()
+    );
+    let dir = tempfile::tempdir().map_err(|source| BenchError::Io {
+        what: "cannot create a temporary directory".to_owned(),
+        source,
+    })?;
+    let mock = children::start_mock(bin).await?;
+    let legate = match children::start_legate(bin, dir.path(), &mock.base_url).await {
+        Ok(legate) => legate,
+        Err(e) => {
+            mock.stop().await;
+            return Err(e);
+        }
+    };
+    eprintln!(
+        "bench: mock at {}, legate at {}",
+        mock.base_url, legate.base_url
+    );
+    let result = measure(plan, &mock, &legate).await;
+    legate.stop().await;
+    mock.stop().await;
+    let (rows, failed) = result?;
+    println!("{}", report::table(&rows));
+    println!("{}", report::machine_line(plan.name, &load_before));
+    if let Some(note) = report::busy_note(&load_before) {
+        println!("\n{note}");
+    }
+    Ok(failed)
+}
+
+async fn measure(
+    plan: Plan,
+    mock: &Running,
+    legate: &Running,
+) -> Result<(Vec<report::Row>, u64), BenchError> {
+    let client = client::build();
+    client::script_mock(&client, &mock.base_url, client::MOCK_SCRIPT).await?;
+    let targets = phases::Pair {
+        direct: Target::new("direct", &mock.base_url)?,
+        legate: Target::new("legate", &legate.base_url)?,
+    };
+    phases::preflight(&client, &targets).await?;
+    let at_start = children::memory(legate.pid())?;
+    let results = phases::all(plan, &client, &targets, legate.pid(), at_start).await?;
+    let failed = results.failed();
+    Ok((results.rows(plan), failed))
+}

@@ -1,0 +1,332 @@
+//! Answering one assistant turn's tool calls, in order: each call is parsed, passes the hook
+//! chain, is recorded (and fsynced) with its decision, runs if allowed, and has its result
+//! recorded before the next call starts. The same path answers calls left open by a crash
+//! when a transcript is resumed.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use serde_json::Value;
+
+use super::conversation::{self, ToolUse};
+use super::hooks::{Cancelled, HookChain};
+use super::resume::{INTERRUPTED, NOT_RUN_TRUNCATED, RecordedResult};
+use super::tools::{Call, CallError, ToolContext, ToolKind, ToolOutput, spec};
+use super::transcript::{Record, Writer};
+
+/// How the calls of a turn are to be answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A reply that just arrived: every call goes through the chain.
+    Live,
+    /// Calls left without a result by a crash: read-only ones run again, the others are
+    /// answered as interrupted.
+    Resumed,
+    /// Calls of a reply cut off at max_tokens: none runs.
+    Truncated,
+}
+
+/// Why answering stopped before every call had its result.
+#[derive(Debug)]
+pub enum Halt {
+    /// Ctrl-C while a human was being asked.
+    Cancelled,
+    /// The transcript could not be written: running a tool unrecorded would break its promise.
+    Transcript(std::io::Error),
+}
+
+impl From<Cancelled> for Halt {
+    fn from(_: Cancelled) -> Halt {
+        Halt::Cancelled
+    }
+}
+
+pub struct Dispatcher<'a> {
+    pub hooks: &'a HookChain,
+    pub tools: &'a ToolContext,
+    pub transcript: &'a mut Writer,
+}
+
+impl Dispatcher<'_> {
+    /// Answers every call of a turn and returns the tool_result blocks, in call order.
+    /// `answered` holds results already recorded; `input_errors` the calls whose streamed
+    /// input did not parse.
+    pub async fn answer(
+        &mut self,
+        uses: &[ToolUse],
+        answered: &HashMap<String, RecordedResult>,
+        input_errors: &HashMap<String, String>,
+        mode: Mode,
+    ) -> Result<Vec<Value>, Halt> {
+        let mut blocks = Vec::with_capacity(uses.len());
+        for tool_use in uses {
+            let output = match (answered.get(&tool_use.id), mode) {
+                (Some(done), _) => ToolOutput {
+                    content: done.content.clone(),
+                    is_error: done.is_error,
+                },
+                (None, Mode::Truncated) => self.record_only(tool_use, NOT_RUN_TRUNCATED)?,
+                (None, Mode::Resumed) if !is_read_only(&tool_use.name) => {
+                    self.record_only(tool_use, INTERRUPTED)?
+                }
+                (None, _) => {
+                    let rerun = mode == Mode::Resumed;
+                    self.run_one(tool_use, input_errors.get(&tool_use.id), rerun)
+                        .await?
+                }
+            };
+            blocks.push(conversation::tool_result(
+                &tool_use.id,
+                &output.content,
+                output.is_error,
+            ));
+        }
+        Ok(blocks)
+    }
+
+    /// An error result for a call that is not run, recorded like any other.
+    fn record_only(&mut self, tool_use: &ToolUse, content: &str) -> Result<ToolOutput, Halt> {
+        let output = ToolOutput::error(content.to_owned());
+        log(&format!("{} not run: {content}", tool_use.name));
+        self.record_result(tool_use, &output)?;
+        Ok(output)
+    }
+
+    async fn run_one(
+        &mut self,
+        tool_use: &ToolUse,
+        input_error: Option<&String>,
+        rerun: bool,
+    ) -> Result<ToolOutput, Halt> {
+        let call = match input_error {
+            Some(message) => Err(CallError::InvalidInput {
+                tool: tool_use.name.clone(),
+                message: message.clone(),
+            }),
+            None => Call::parse(&tool_use.name, &tool_use.input),
+        };
+        let decision = self.hooks.decide(&call, &self.tools.cancel).await?;
+        self.transcript
+            .write(&Record::ToolUse {
+                id: tool_use.id.clone(),
+                name: tool_use.name.clone(),
+                input: tool_use.input.clone(),
+                decision: decision.clone(),
+                rerun,
+            })
+            .map_err(Halt::Transcript)?;
+        let output = match (&call, decision.allow) {
+            (Ok(call), true) => {
+                log(&call.describe());
+                call.run(self.tools).await
+            }
+            _ => {
+                let denied = format!("denied by {}: {}", decision.hook, decision.reason);
+                log(&format!("{} {denied}", tool_use.name));
+                ToolOutput::error(denied)
+            }
+        };
+        self.record_result(tool_use, &output)?;
+        Ok(output)
+    }
+
+    fn record_result(&mut self, tool_use: &ToolUse, output: &ToolOutput) -> Result<(), Halt> {
+        self.transcript
+            .write(&Record::ToolResult {
+                tool_use_id: tool_use.id.clone(),
+                content: output.content.clone(),
+                is_error: output.is_error,
+            })
+            .map_err(Halt::Transcript)
+    }
+}
+
+fn is_read_only(name: &str) -> bool {
+    spec(name).is_some_and(|s| s.kind == ToolKind::ReadOnly)
+}
+
+/// One line per call on stderr: stdout carries only the model's text.
+fn log(what: &str) {
+    let line: String = what
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect();
+    let _ = writeln!(std::io::stderr(), "[tool] {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::cancel::Cancel;
+    use crate::agent::hooks::{Approve, TtyPrompter};
+    use crate::agent::workspace::Workspace;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        root: std::path::PathBuf,
+        log: std::path::PathBuf,
+        hooks: HookChain,
+        tools: ToolContext,
+    }
+
+    fn fixture(approve: Approve) -> std::io::Result<Fixture> {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path().join("ws");
+        std::fs::create_dir(&root)?;
+        std::fs::write(root.join("a.txt"), "alpha")?;
+        let ws = Workspace::open(&root)?;
+        Ok(Fixture {
+            log: dir.path().join("t.jsonl"),
+            hooks: HookChain::new(ws.clone(), approve, Arc::new(TtyPrompter)),
+            tools: ToolContext {
+                workspace: ws,
+                cancel: Cancel::never(),
+            },
+            root,
+            _dir: dir,
+        })
+    }
+
+    fn use_(id: &str, name: &str, input: Value) -> ToolUse {
+        ToolUse {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            input,
+        }
+    }
+
+    async fn answer(
+        f: &Fixture,
+        uses: &[ToolUse],
+        mode: Mode,
+    ) -> Result<(Vec<Value>, Vec<Record>), Box<dyn std::error::Error>> {
+        let mut writer = Writer::create(&f.log)?;
+        let mut d = Dispatcher {
+            hooks: &f.hooks,
+            tools: &f.tools,
+            transcript: &mut writer,
+        };
+        let blocks = match d.answer(uses, &HashMap::new(), &HashMap::new(), mode).await {
+            Ok(b) => b,
+            Err(h) => return Err(format!("{h:?}").into()),
+        };
+        let records = crate::agent::transcript::load(&f.log)?.records;
+        std::fs::remove_file(&f.log)?;
+        Ok((blocks, records))
+    }
+
+    #[tokio::test]
+    async fn live_calls_are_recorded_before_and_after_they_run()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let f = fixture(Approve::Auto)?;
+        let uses = [
+            use_(
+                "1",
+                "write_file",
+                json!({"path": "b.txt", "content": "beta"}),
+            ),
+            use_("2", "read_file", json!({"path": "../x"})),
+            use_("3", "nope", json!({})),
+        ];
+        let (blocks, records) = answer(&f, &uses, Mode::Live).await?;
+        assert_eq!(std::fs::read_to_string(f.root.join("b.txt"))?, "beta");
+        assert_eq!(blocks[0]["is_error"], false);
+        assert_eq!(blocks[1]["is_error"], true);
+        assert!(
+            blocks[1]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("path_guard"))
+        );
+        assert!(
+            blocks[2]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("allowlist"))
+        );
+        let kinds: Vec<&str> = records
+            .iter()
+            .map(|r| match r {
+                Record::ToolUse { .. } => "use",
+                Record::ToolResult { .. } => "result",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["use", "result", "use", "result", "use", "result"]);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn resumed_calls_rerun_reads_and_interrupt_writes()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let f = fixture(Approve::Auto)?;
+        let uses = [
+            use_("1", "read_file", json!({"path": "a.txt"})),
+            use_("2", "write_file", json!({"path": "c.txt", "content": "x"})),
+        ];
+        let (blocks, records) = answer(&f, &uses, Mode::Resumed).await?;
+        assert_eq!(blocks[0]["content"], "alpha");
+        assert_eq!(blocks[1]["content"], INTERRUPTED);
+        assert_eq!(blocks[1]["is_error"], true);
+        assert!(!f.root.join("c.txt").exists());
+        assert!(matches!(&records[0], Record::ToolUse { rerun: true, .. }));
+        assert_eq!(
+            records.len(),
+            3,
+            "a rerun use and result, an interrupted result"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn truncated_calls_never_run() -> Result<(), Box<dyn std::error::Error>> {
+        let f = fixture(Approve::Auto)?;
+        let uses = [
+            use_("1", "read_file", json!({"path": "a.txt"})),
+            use_("2", "write_file", json!({"path": "c.txt", "content": "x"})),
+        ];
+        let (blocks, _) = answer(&f, &uses, Mode::Truncated).await?;
+        assert!(blocks.iter().all(|b| b["content"] == NOT_RUN_TRUNCATED));
+        assert!(!f.root.join("c.txt").exists());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn recorded_results_are_reused_and_input_errors_refused()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let f = fixture(Approve::Auto)?;
+        let mut writer = Writer::none();
+        let mut d = Dispatcher {
+            hooks: &f.hooks,
+            tools: &f.tools,
+            transcript: &mut writer,
+        };
+        let uses = [
+            use_("1", "write_file", json!({"path": "d.txt", "content": "x"})),
+            use_("2", "write_file", json!({})),
+        ];
+        let answered = HashMap::from([(
+            "1".to_owned(),
+            RecordedResult {
+                content: "wrote earlier".to_owned(),
+                is_error: false,
+            },
+        )]);
+        let errors = HashMap::from([("2".to_owned(), "not valid JSON".to_owned())]);
+        let blocks = match d.answer(&uses, &answered, &errors, Mode::Live).await {
+            Ok(b) => b,
+            Err(h) => return Err(format!("{h:?}").into()),
+        };
+        assert_eq!(blocks[0]["content"], "wrote earlier");
+        assert!(!f.root.join("d.txt").exists());
+        assert!(
+            blocks[1]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("not valid JSON"))
+        );
+        Ok(())
+    }
+}

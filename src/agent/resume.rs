@@ -1,0 +1,268 @@
+//! Rebuilding the conversation from a transcript for `--resume`.
+//!
+//! The messages are replayed as they were sent. The last assistant turn may have tool calls
+//! without results (the process died among them); it is handed back open, and the loop
+//! answers each such call: a read-only one is run again, anything else gets an 'interrupted'
+//! error result, since it may or may not have had its effect. Calls of a reply cut off at
+//! max_tokens are never run.
+
+use std::collections::HashMap;
+
+use super::conversation::{self, Conversation, ToolUse};
+use super::transcript::Record;
+
+/// A recorded tool result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedResult {
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// The last assistant turn, whose tool calls are not all answered yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenTurn {
+    pub tool_uses: Vec<ToolUse>,
+    pub results: HashMap<String, RecordedResult>,
+    /// The reply did not stop for tool use (it was cut off): its calls must not run.
+    pub truncated: bool,
+}
+
+impl OpenTurn {
+    fn is_answered(&self) -> bool {
+        self.tool_uses
+            .iter()
+            .all(|u| self.results.contains_key(&u.id))
+    }
+}
+
+/// What a transcript says.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rebuilt {
+    /// Model and workspace of the latest run recorded.
+    pub model: Option<String>,
+    pub workspace: Option<String>,
+    /// Every message up to the open turn (included: its assistant message).
+    pub conversation: Conversation,
+    pub open_turn: Option<OpenTurn>,
+}
+
+pub fn rebuild(records: &[Record]) -> Rebuilt {
+    let mut out = Rebuilt::default();
+    let mut open: Option<OpenTurn> = None;
+    for record in records {
+        match record {
+            Record::Task {
+                model, workspace, ..
+            }
+            | Record::Resume {
+                model, workspace, ..
+            } => {
+                out.model = Some(model.clone());
+                out.workspace = Some(workspace.clone());
+            }
+            Record::User { content } => {
+                close(open.take(), &mut out.conversation);
+                out.conversation.push_user(content.clone());
+            }
+            Record::Assistant {
+                content,
+                stop_reason,
+                ..
+            } => {
+                close(open.take(), &mut out.conversation);
+                out.conversation.push_assistant(content.clone());
+                let tool_uses = conversation::tool_uses(content);
+                if !tool_uses.is_empty() {
+                    open = Some(OpenTurn {
+                        tool_uses,
+                        results: HashMap::new(),
+                        truncated: stop_reason != "tool_use",
+                    });
+                }
+            }
+            // The intent alone decides nothing: only a result shows the call was answered.
+            Record::ToolUse { .. } => {}
+            Record::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                if let Some(turn) = open.as_mut() {
+                    let result = RecordedResult {
+                        content: content.clone(),
+                        is_error: *is_error,
+                    };
+                    turn.results.insert(tool_use_id.clone(), result);
+                }
+            }
+        }
+    }
+    match open {
+        Some(turn) if turn.is_answered() => close(Some(turn), &mut out.conversation),
+        other => out.open_turn = other,
+    }
+    out
+}
+
+/// Appends a finished turn's results. A call still unanswered here was followed by later
+/// records, which a resumed run never writes without answering first; it is reported as
+/// interrupted all the same so the conversation stays valid.
+fn close(turn: Option<OpenTurn>, conversation: &mut Conversation) {
+    let Some(turn) = turn else {
+        return;
+    };
+    let blocks = turn
+        .tool_uses
+        .iter()
+        .map(|u| match turn.results.get(&u.id) {
+            Some(r) => conversation::tool_result(&u.id, &r.content, r.is_error),
+            None => conversation::tool_result(&u.id, INTERRUPTED, true),
+        })
+        .collect();
+    conversation.push_user(blocks);
+}
+
+/// The result given to a call that may have been cut short by a crash.
+pub const INTERRUPTED: &str =
+    "interrupted: the agent stopped while this call ran; it may or may not have taken effect";
+
+/// The result given to a call in a reply that was cut off.
+pub const NOT_RUN_TRUNCATED: &str =
+    "not run: the reply was cut off at max_tokens, so this call may be incomplete";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::hooks::{Decision, Hook};
+    use crate::agent::wire::Usage;
+    use serde_json::{Value, json};
+
+    fn task() -> Record {
+        Record::Task {
+            task: "t".to_owned(),
+            model: "m1".to_owned(),
+            workspace: "/w".to_owned(),
+            started_at: 0,
+        }
+    }
+
+    fn user(text: &str) -> Record {
+        Record::User {
+            content: vec![conversation::text(text)],
+        }
+    }
+
+    fn assistant(content: Vec<Value>, stop: &str) -> Record {
+        Record::Assistant {
+            content,
+            stop_reason: stop.to_owned(),
+            usage: Usage::default(),
+        }
+    }
+
+    fn call(id: &str, name: &str) -> Value {
+        json!({"type": "tool_use", "id": id, "name": name, "input": {}})
+    }
+
+    fn tool_use(id: &str, name: &str) -> Record {
+        Record::ToolUse {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            input: json!({}),
+            decision: Decision {
+                allow: true,
+                hook: Hook::Approval,
+                reason: "r".to_owned(),
+            },
+            rerun: false,
+        }
+    }
+
+    fn result(id: &str, content: &str) -> Record {
+        Record::ToolResult {
+            tool_use_id: id.to_owned(),
+            content: content.to_owned(),
+            is_error: false,
+        }
+    }
+
+    #[test]
+    fn answered_turns_replay_as_messages() {
+        let records = vec![
+            task(),
+            user("t"),
+            assistant(vec![call("a", "read_file")], "tool_use"),
+            tool_use("a", "read_file"),
+            result("a", "content"),
+            assistant(vec![conversation::text("done")], "end_turn"),
+        ];
+        let rebuilt = rebuild(&records);
+        assert_eq!(rebuilt.model.as_deref(), Some("m1"));
+        assert_eq!(rebuilt.open_turn, None);
+        let messages = rebuilt.conversation.messages();
+        assert_eq!(messages.len(), 4);
+        assert_eq!(messages[2]["content"][0]["content"], "content");
+        assert!(!rebuilt.conversation.awaits_reply());
+    }
+
+    #[test]
+    fn a_crash_among_tool_calls_leaves_the_turn_open() {
+        let records = vec![
+            task(),
+            user("t"),
+            assistant(
+                vec![
+                    call("a", "write_file"),
+                    call("b", "read_file"),
+                    call("c", "run_command"),
+                ],
+                "tool_use",
+            ),
+            tool_use("a", "write_file"),
+            result("a", "wrote"),
+            tool_use("b", "read_file"),
+        ];
+        let rebuilt = rebuild(&records);
+        let Some(open) = rebuilt.open_turn else {
+            panic!("the turn should be open");
+        };
+        assert!(!open.truncated);
+        assert_eq!(open.tool_uses.len(), 3);
+        assert_eq!(open.results.len(), 1);
+        assert_eq!(rebuilt.conversation.messages().len(), 2);
+    }
+
+    #[test]
+    fn a_cut_off_reply_is_open_and_truncated() {
+        let records = vec![
+            task(),
+            user("t"),
+            assistant(vec![call("a", "write_file")], "max_tokens"),
+        ];
+        let open = rebuild(&records).open_turn;
+        assert!(open.is_some_and(|o| o.truncated));
+    }
+
+    #[test]
+    fn a_later_resume_record_sets_the_model_and_follow_ups_merge() {
+        let records = vec![
+            task(),
+            user("t"),
+            assistant(vec![call("a", "list_dir")], "tool_use"),
+            result("a", "x"),
+            Record::Resume {
+                model: "m2".to_owned(),
+                workspace: "/w".to_owned(),
+                started_at: 0,
+            },
+            user("more"),
+        ];
+        let rebuilt = rebuild(&records);
+        assert_eq!(rebuilt.model.as_deref(), Some("m2"));
+        let messages = rebuilt.conversation.messages();
+        assert_eq!(messages.len(), 3);
+        assert_eq!(messages[2]["content"][0]["type"], "tool_result");
+        assert_eq!(messages[2]["content"][1]["text"], "more");
+        assert!(rebuilt.conversation.awaits_reply());
+    }
+}

@@ -1,0 +1,160 @@
+//! `edit_file`: replace an exact string in a file. The string must occur exactly once unless
+//! `replace_all` is set, so an edit never lands somewhere the model did not mean.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ToolError, ToolKind, ToolSpec, io_err, looks_binary};
+use crate::agent::workspace::Workspace;
+
+pub const SPEC: ToolSpec = ToolSpec {
+    name: "edit_file",
+    kind: ToolKind::Write,
+    description: "Replace an exact string in a text file. `old_string` must occur exactly once \
+                  (include surrounding lines to make it unique) unless `replace_all` is true.",
+    input_schema: schema,
+};
+
+/// Files larger than this are not edited in memory.
+const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path, relative to the workspace."},
+            "old_string": {"type": "string", "description": "The exact text to replace."},
+            "new_string": {"type": "string", "description": "The replacement text."},
+            "replace_all": {"type": "boolean", "description": "Replace every occurrence.", "default": false}
+        },
+        "required": ["path", "old_string", "new_string"],
+        "additionalProperties": false
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    pub path: String,
+    pub old_string: String,
+    pub new_string: String,
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+impl Input {
+    pub(super) fn check(&self) -> Result<(), String> {
+        if self.old_string.is_empty() {
+            return Err(ToolError::EmptyOldString.to_string());
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
+    let path = ws.resolve(&input.path)?;
+    let meta = tokio::fs::metadata(&path)
+        .await
+        .map_err(io_err(&input.path))?;
+    if meta.is_dir() {
+        return Err(ToolError::IsDirectory {
+            path: input.path.clone(),
+        });
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(ToolError::TooLarge {
+            path: input.path.clone(),
+            size: meta.len(),
+            limit: MAX_FILE_BYTES,
+        });
+    }
+    let bytes = tokio::fs::read(&path).await.map_err(io_err(&input.path))?;
+    if looks_binary(&bytes) {
+        return Err(ToolError::Binary {
+            path: input.path.clone(),
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|_| ToolError::Binary {
+        path: input.path.clone(),
+    })?;
+    let (edited, count) = replace(&text, input, &input.path)?;
+    tokio::fs::write(&path, edited.as_bytes())
+        .await
+        .map_err(io_err(&input.path))?;
+    Ok(format!(
+        "replaced {count} occurrence{} in {}",
+        if count == 1 { "" } else { "s" },
+        ws.display(&path)
+    ))
+}
+
+/// The edited text and the number of replacements, or why nothing may change.
+fn replace(text: &str, input: &Input, shown: &str) -> Result<(String, usize), ToolError> {
+    if input.old_string.is_empty() {
+        return Err(ToolError::EmptyOldString);
+    }
+    let count = text.matches(input.old_string.as_str()).count();
+    match count {
+        0 => Err(ToolError::OldStringMissing {
+            path: shown.to_owned(),
+        }),
+        1 => Ok((text.replacen(&input.old_string, &input.new_string, 1), 1)),
+        n if input.replace_all => Ok((text.replace(&input.old_string, &input.new_string), n)),
+        n => Err(ToolError::OldStringNotUnique {
+            path: shown.to_owned(),
+            count: n,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(old: &str, new: &str, all: bool) -> Input {
+        Input {
+            path: "f.txt".to_owned(),
+            old_string: old.to_owned(),
+            new_string: new.to_owned(),
+            replace_all: all,
+        }
+    }
+
+    #[test]
+    fn replaces_a_unique_string_and_refuses_ambiguity() {
+        let text = "a = 1\nb = 1\n";
+        assert_eq!(
+            replace(text, &input("a = 1", "a = 2", false), "f").ok(),
+            Some(("a = 2\nb = 1\n".to_owned(), 1))
+        );
+        assert!(matches!(
+            replace(text, &input("= 1", "= 2", false), "f"),
+            Err(ToolError::OldStringNotUnique { count: 2, .. })
+        ));
+        assert_eq!(
+            replace(text, &input("= 1", "= 2", true), "f").ok(),
+            Some(("a = 2\nb = 2\n".to_owned(), 2))
+        );
+        assert!(matches!(
+            replace(text, &input("c", "d", true), "f"),
+            Err(ToolError::OldStringMissing { .. })
+        ));
+        assert!(matches!(
+            replace(text, &input("", "d", true), "f"),
+            Err(ToolError::EmptyOldString)
+        ));
+    }
+
+    #[tokio::test]
+    async fn edits_the_file_on_disk_only_on_success() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("f.txt"), "x x\n")?;
+        let ws = Workspace::open(dir.path())?;
+        assert!(run(&input("x", "y", false), &ws).await.is_err());
+        assert_eq!(std::fs::read_to_string(dir.path().join("f.txt"))?, "x x\n");
+        let out = run(&input("x x", "y", false), &ws).await?;
+        assert_eq!(out, "replaced 1 occurrence in f.txt");
+        assert_eq!(std::fs::read_to_string(dir.path().join("f.txt"))?, "y\n");
+        Ok(())
+    }
+}

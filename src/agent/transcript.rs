@@ -1,0 +1,362 @@
+//! The transcript: a JSONL write-ahead log of the run, one record per line, each written and
+//! fsynced before the loop moves on. A `tool_use` record is on disk before its tool runs and
+//! its `tool_result` after, so after a crash the log tells which calls may have had effects.
+//!
+//! Loading tolerates exactly what a crash can leave: a torn last line (the process died in the
+//! middle of writing it), which is dropped and overwritten on the next append.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::hooks::Decision;
+use super::wire::Usage;
+
+/// One line of the transcript.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// The start of a run.
+    Task {
+        task: String,
+        model: String,
+        workspace: String,
+        /// Seconds since the Unix epoch.
+        started_at: u64,
+    },
+    /// A later run continuing this transcript with `--resume`.
+    Resume {
+        model: String,
+        workspace: String,
+        started_at: u64,
+    },
+    /// User content sent to the model (the task, or a follow-up given with `--resume`).
+    User { content: Vec<Value> },
+    /// A finished reply.
+    Assistant {
+        content: Vec<Value>,
+        stop_reason: String,
+        usage: Usage,
+    },
+    /// A tool call and the hook chain's decision, written before the tool runs.
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+        decision: Decision,
+        /// Set when a resumed run reruns a read-only call that had no result.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        rerun: bool,
+    },
+    /// A tool call's result, exactly as sent to the model.
+    ToolResult {
+        tool_use_id: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+/// A transcript that cannot be read back.
+#[derive(Debug)]
+pub enum TranscriptError {
+    Io {
+        path: PathBuf,
+        source: io::Error,
+    },
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        detail: String,
+    },
+}
+
+impl fmt::Display for TranscriptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TranscriptError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            TranscriptError::BadLine { path, line, detail } => {
+                write!(
+                    f,
+                    "{}:{line}: not a transcript record: {detail}",
+                    path.display()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for TranscriptError {}
+
+/// A transcript read back: its records and how many bytes of the file they span.
+#[derive(Debug)]
+pub struct Loaded {
+    pub records: Vec<Record>,
+    /// Bytes up to the end of the last whole record; a torn line after it is cut off.
+    pub valid_len: u64,
+}
+
+/// Reads a transcript for `--resume`.
+pub fn load(path: &Path) -> Result<Loaded, TranscriptError> {
+    let bytes = std::fs::read(path).map_err(|source| TranscriptError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&bytes).map_err(|(line, detail)| TranscriptError::BadLine {
+        path: path.to_owned(),
+        line,
+        detail,
+    })
+}
+
+/// Parses transcript bytes; the error is (1-based line, detail).
+fn parse(bytes: &[u8]) -> Result<Loaded, (usize, String)> {
+    let mut records = Vec::new();
+    let mut valid_len = 0u64;
+    let mut rest = bytes;
+    let mut line_no = 0;
+    while !rest.is_empty() {
+        line_no += 1;
+        let (line, complete, used) = match rest.iter().position(|&b| b == b'\n') {
+            Some(end) => (&rest[..end], true, end + 1),
+            None => (rest, false, rest.len()),
+        };
+        rest = &rest[used..];
+        if line.iter().all(u8::is_ascii_whitespace) {
+            if complete {
+                valid_len += used as u64;
+            }
+            continue;
+        }
+        match serde_json::from_slice::<Record>(line) {
+            Ok(record) => {
+                records.push(record);
+                valid_len += used as u64;
+            }
+            // The last line without its newline was being written when the process died.
+            Err(_) if !complete => break,
+            Err(e) => return Err((line_no, e.to_string())),
+        }
+    }
+    Ok(Loaded { records, valid_len })
+}
+
+/// Appends records, fsyncing each; a no-op without a file.
+#[derive(Debug)]
+pub struct Writer {
+    file: Option<File>,
+    /// A newline is owed before the next record (the file ended in a whole record that lacked
+    /// its newline).
+    owes_newline: bool,
+}
+
+impl Writer {
+    /// No transcript.
+    pub fn none() -> Writer {
+        Writer {
+            file: None,
+            owes_newline: false,
+        }
+    }
+
+    /// A new transcript. An existing non-empty file is refused: it belongs to another run,
+    /// and `--resume` is the way to continue it.
+    pub fn create(path: &Path) -> io::Result<Writer> {
+        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists; continue it with --resume or choose another file",
+                    path.display()
+                ),
+            ));
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)?;
+        Ok(Writer {
+            file: Some(file),
+            owes_newline: false,
+        })
+    }
+
+    /// Continues a loaded transcript, cutting off a torn last line first.
+    pub fn resume(path: &Path, loaded: &Loaded) -> io::Result<Writer> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        file.set_len(loaded.valid_len)?;
+        file.sync_data()?;
+        let owes_newline = loaded.valid_len > 0 && !ends_with_newline(path, loaded.valid_len)?;
+        let mut writer = Writer {
+            file: Some(file),
+            owes_newline,
+        };
+        if let Some(f) = writer.file.as_mut() {
+            use std::io::Seek;
+            f.seek(io::SeekFrom::End(0))?;
+        }
+        Ok(writer)
+    }
+
+    /// Writes one record and its newline, then fsyncs, so the record survives a crash that
+    /// happens right after this returns.
+    pub fn write(&mut self, record: &Record) -> io::Result<()> {
+        let Some(file) = self.file.as_mut() else {
+            return Ok(());
+        };
+        let mut line = Vec::with_capacity(256);
+        if self.owes_newline {
+            line.push(b'\n');
+        }
+        serde_json::to_writer(&mut line, record).map_err(io::Error::other)?;
+        line.push(b'\n');
+        file.write_all(&line)?;
+        file.sync_data()?;
+        self.owes_newline = false;
+        Ok(())
+    }
+}
+
+fn ends_with_newline(path: &Path, len: u64) -> io::Result<bool> {
+    use std::io::{Read, Seek};
+    let mut file = File::open(path)?;
+    file.seek(io::SeekFrom::Start(len - 1))?;
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last)?;
+    Ok(last[0] == b'\n')
+}
+
+/// Seconds since the Unix epoch, for the run records.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::hooks::Hook;
+    use serde_json::json;
+
+    fn sample() -> Vec<Record> {
+        vec![
+            Record::Task {
+                task: "t".to_owned(),
+                model: "m".to_owned(),
+                workspace: "/w".to_owned(),
+                started_at: 1,
+            },
+            Record::User {
+                content: vec![json!({"type": "text", "text": "t"})],
+            },
+            Record::ToolUse {
+                id: "a".to_owned(),
+                name: "read_file".to_owned(),
+                input: json!({"path": "x"}),
+                decision: Decision {
+                    allow: true,
+                    hook: Hook::Approval,
+                    reason: "read-only tool".to_owned(),
+                },
+                rerun: false,
+            },
+            Record::ToolResult {
+                tool_use_id: "a".to_owned(),
+                content: "x".to_owned(),
+                is_error: false,
+            },
+        ]
+    }
+
+    #[test]
+    fn records_have_the_documented_shape() -> Result<(), serde_json::Error> {
+        let line = serde_json::to_value(&sample()[2])?;
+        assert_eq!(
+            line,
+            json!({"type": "tool_use", "id": "a", "name": "read_file", "input": {"path": "x"},
+                   "decision": {"allow": true, "hook": "approval", "reason": "read-only tool"}})
+        );
+        let result = serde_json::to_value(&sample()[3])?;
+        assert_eq!(
+            result,
+            json!({"type": "tool_result", "tool_use_id": "a", "content": "x", "is_error": false})
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn written_records_load_back() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.jsonl");
+        let mut writer = Writer::create(&path)?;
+        for r in sample() {
+            writer.write(&r)?;
+        }
+        drop(writer);
+        let loaded = load(&path)?;
+        assert_eq!(loaded.records, sample());
+        assert_eq!(loaded.valid_len, std::fs::metadata(&path)?.len());
+        assert!(
+            Writer::create(&path).is_err(),
+            "an existing transcript is not clobbered"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_torn_last_line_is_dropped_and_overwritten() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.jsonl");
+        let mut text = String::new();
+        for r in &sample()[..2] {
+            text.push_str(&serde_json::to_string(r)?);
+            text.push('\n');
+        }
+        let whole = text.len() as u64;
+        text.push_str(r#"{"type":"tool_use","id":"#);
+        std::fs::write(&path, &text)?;
+        let loaded = load(&path)?;
+        assert_eq!(loaded.records, sample()[..2].to_vec());
+        assert_eq!(loaded.valid_len, whole);
+        let mut writer = Writer::resume(&path, &loaded)?;
+        writer.write(&sample()[3])?;
+        drop(writer);
+        assert_eq!(load(&path)?.records.len(), 3);
+        Ok(())
+    }
+
+    #[test]
+    fn a_whole_last_record_without_newline_is_kept() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.jsonl");
+        std::fs::write(&path, serde_json::to_string(&sample()[0])?)?;
+        let loaded = load(&path)?;
+        assert_eq!(loaded.records.len(), 1);
+        let mut writer = Writer::resume(&path, &loaded)?;
+        writer.write(&sample()[1])?;
+        drop(writer);
+        assert_eq!(load(&path)?.records, sample()[..2].to_vec());
+        Ok(())
+    }
+
+    #[test]
+    fn a_bad_line_in_the_middle_is_an_error_with_its_number() {
+        let text = format!(
+            "{}\nnot json\n{}\n",
+            serde_json::to_string(&sample()[0]).unwrap_or_default(),
+            serde_json::to_string(&sample()[1]).unwrap_or_default()
+        );
+        assert!(matches!(parse(text.as_bytes()), Err((2, _))));
+    }
+
+    #[test]
+    fn no_file_means_no_writes() -> io::Result<()> {
+        Writer::none().write(&sample()[0])
+    }
+}

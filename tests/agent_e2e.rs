@@ -1,0 +1,719 @@
+//! `legate agent` end to end: `legate mock` scripted to play a model, behind `legate serve`,
+//! and `legate agent` as a subprocess in a temporary workspace, all on 127.0.0.1 port 0.
+//! The mock's request log shows what the agent sent back (tool results, conversation), the
+//! workspace and the transcript show what it did.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test that cannot set itself up should fail loudly at that line"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_legate");
+/// Upper bound for any one step (a process starting, an agent run) before the test fails.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// The mock and legate in front of it, with a scratch directory for everything else.
+struct Stack {
+    dir: tempfile::TempDir,
+    _mock: Child,
+    _serve: Child,
+    mock_url: String,
+    url: String,
+}
+
+/// Spawns the binary and returns it with the URL from its first stdout line.
+async fn spawn_listening(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("LEGATE_CONFIG")
+        .env_remove("RUST_LOG")
+        .env("ANTHROPIC_API_KEY", "mock-key")
+        .env("OPENAI_API_KEY", "mock-key")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(BOUND, lines.next_line())
+        .await
+        .expect("a listening line in time")
+        .unwrap()
+        .expect("a listening line");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let url = line
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_owned();
+    (child, url)
+}
+
+async fn stack(script: Value) -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let script_arg = script_path.display().to_string();
+    let (mock, mock_url) =
+        spawn_listening(&["mock", "--listen", "127.0.0.1:0", "--script", &script_arg]).await;
+    let config = dir.path().join("legate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[providers.anthropic]
+kind = "anthropic"
+base_url = "{mock_url}"
+api_key_env = "ANTHROPIC_API_KEY"
+
+[providers.openai]
+kind = "openai"
+base_url = "{mock_url}"
+api_key_env = "OPENAI_API_KEY"
+"#
+        ),
+    )
+    .unwrap();
+    let config_arg = config.display().to_string();
+    let (serve, url) = spawn_listening(&["serve", "--config", &config_arg]).await;
+    std::fs::create_dir(dir.path().join("ws")).unwrap();
+    Stack {
+        dir,
+        _mock: mock,
+        _serve: serve,
+        mock_url,
+        url,
+    }
+}
+
+impl Stack {
+    fn ws(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `legate agent` in the workspace, pointed at legate, with a clean environment.
+    fn agent(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("agent")
+            .args(args)
+            .args(["--url", &self.url])
+            .current_dir(self.ws())
+            .env_remove("LEGATE_URL")
+            .env_remove("LEGATE_AGENT_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        run(self.agent(args)).await
+    }
+
+    /// The `/v1/messages` request bodies the mock received, in order.
+    async fn model_requests(&self) -> Vec<Value> {
+        let url = format!("{}/_mock/requests", self.mock_url);
+        let list: Vec<Value> = reqwest::get(url).await.unwrap().json().await.unwrap();
+        list.into_iter()
+            .filter(|r| r["path"] == "/v1/messages")
+            .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
+            .collect()
+    }
+
+    async fn mock_inflight(&self) -> u64 {
+        let url = format!("{}/_mock/stats", self.mock_url);
+        let stats: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        stats["inflight"].as_u64().unwrap()
+    }
+}
+
+async fn run(mut cmd: Command) -> Output {
+    let child = cmd.spawn().unwrap();
+    tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("the agent finishes in time")
+        .unwrap()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A scripted reply calling tools: (id, name, input) each.
+fn tools_reply(calls: &[(&str, &str, Value)]) -> Value {
+    let content: Vec<Value> = calls
+        .iter()
+        .map(
+            |(id, name, input)| json!({"type": "tool_use", "id": id, "name": name, "input": input}),
+        )
+        .collect();
+    json!({"content": content, "stop_reason": "tool_use"})
+}
+
+fn text_reply(text: &str) -> Value {
+    json!({"content": [{"type": "text", "text": text}], "stop_reason": "end_turn"})
+}
+
+/// The tool_result blocks a request sent, from its last (user) message.
+fn tool_results(request: &Value) -> Vec<Value> {
+    let messages = request["messages"].as_array().unwrap();
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    last["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_result")
+        .cloned()
+        .collect()
+}
+
+fn transcript(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn write_read_edit_run_script() -> Value {
+    json!({"replies": [
+        {"content": [
+            {"type": "text", "text": "I'll write the file first."},
+            {"type": "tool_use", "id": "w1", "name": "write_file",
+             "input": {"path": "notes/hello.txt", "content": "hello world\n"}}
+        ], "stop_reason": "tool_use"},
+        tools_reply(&[
+            ("r1", "read_file", json!({"path": "notes/hello.txt"})),
+            ("l1", "list_dir", json!({"path": "notes"})),
+        ]),
+        tools_reply(&[(
+            "e1",
+            "edit_file",
+            json!({"path": "notes/hello.txt", "old_string": "world", "new_string": "legate"}),
+        )]),
+        tools_reply(&[(
+            "c1",
+            "run_command",
+            json!({"command": "cp notes/hello.txt out.txt && wc -c < out.txt"}),
+        )]),
+        text_reply("All done: the note says hello to legate."),
+    ]})
+}
+
+#[tokio::test]
+async fn write_read_edit_run_task_finishes_with_the_files_as_expected() {
+    let s = stack(write_read_edit_run_script()).await;
+    let out = s.run(&["write a note, read it, edit it, copy it"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("notes/hello.txt")).unwrap(),
+        "hello legate\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("out.txt")).unwrap(),
+        "hello legate\n"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("I'll write the file first."), "{stdout}");
+    assert!(stdout.contains("All done: the note says hello to legate."));
+
+    let requests = s.model_requests().await;
+    assert_eq!(requests.len(), 5);
+    let first = &requests[0];
+    assert_eq!(first["model"], "claude-sonnet-4-5");
+    assert_eq!(first["stream"], true);
+    assert_eq!(first["max_tokens"], 8192);
+    assert_eq!(first["tools"].as_array().unwrap().len(), 6);
+    assert_eq!(
+        first["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "write a note, read it, edit it, copy it"}]}])
+    );
+    let wrote = tool_results(&requests[1]);
+    assert_eq!(wrote[0]["tool_use_id"], "w1");
+    assert_eq!(wrote[0]["is_error"], false);
+    let read = tool_results(&requests[2]);
+    assert_eq!(read[0]["content"], "hello world\n");
+    assert_eq!(read[1]["tool_use_id"], "l1");
+    assert_eq!(read[1]["content"], "hello.txt (12 bytes)");
+    assert_eq!(tool_results(&requests[3])[0]["is_error"], false);
+    let ran = tool_results(&requests[4]);
+    assert_eq!(ran[0]["is_error"], false);
+    let ran_text = ran[0]["content"].as_str().unwrap();
+    assert!(ran_text.starts_with("exit code: 0"), "{ran_text}");
+    assert!(ran_text.contains("13"), "{ran_text}");
+    // The assistant turns went back as they came, so the model keeps its context.
+    assert_eq!(requests[4]["messages"].as_array().unwrap().len(), 9);
+}
+
+#[tokio::test]
+async fn transcript_has_every_tool_use_followed_by_its_result_in_order() {
+    let s = stack(write_read_edit_run_script()).await;
+    let log = s.path("run.jsonl");
+    let out = s
+        .run(&["a task", "--transcript", log.to_str().unwrap()])
+        .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let records = transcript(&log);
+    let shape: Vec<String> = records
+        .iter()
+        .map(|r| match r["type"].as_str().unwrap() {
+            "tool_use" => format!("use:{}", r["id"].as_str().unwrap()),
+            "tool_result" => format!("result:{}", r["tool_use_id"].as_str().unwrap()),
+            "assistant" => format!("assistant:{}", r["stop_reason"].as_str().unwrap()),
+            other => other.to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            "task",
+            "user",
+            "assistant:tool_use",
+            "use:w1",
+            "result:w1",
+            "assistant:tool_use",
+            "use:r1",
+            "result:r1",
+            "use:l1",
+            "result:l1",
+            "assistant:tool_use",
+            "use:e1",
+            "result:e1",
+            "assistant:tool_use",
+            "use:c1",
+            "result:c1",
+            "assistant:end_turn",
+        ]
+    );
+    for record in records.iter().filter(|r| r["type"] == "tool_use") {
+        assert_eq!(record["decision"]["allow"], true, "{record}");
+        assert_eq!(record["decision"]["hook"], "approval");
+    }
+    let task = &records[0];
+    assert_eq!(task["task"], "a task");
+    assert_eq!(task["model"], "claude-sonnet-4-5");
+}
+
+#[tokio::test]
+async fn path_escapes_are_denied_and_nothing_is_written_outside() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "outside secret").unwrap();
+    let absolute = outside.path().join("abs.txt").display().to_string();
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("p1", "write_file", json!({"path": "../escape.txt", "content": "x"})),
+            ("p2", "write_file", json!({"path": absolute, "content": "x"})),
+            ("p3", "write_file", json!({"path": "link/via-link.txt", "content": "x"})),
+            ("p4", "read_file", json!({"path": "secret-link"})),
+            ("p5", "edit_file", json!({"path": "secret-link", "old_string": "outside", "new_string": "inside"})),
+            ("p6", "list_dir", json!({"path": "link"})),
+        ]),
+        text_reply("Could not leave the workspace."),
+    ]}))
+    .await;
+    std::os::unix::fs::symlink(outside.path(), s.ws().join("link")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        s.ws().join("secret-link"),
+    )
+    .unwrap();
+    let out = s.run(&["try to escape"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    let results = tool_results(&s.model_requests().await[1]);
+    assert_eq!(results.len(), 6);
+    for result in &results {
+        assert_eq!(result["is_error"], true, "{result}");
+        let text = result["content"].as_str().unwrap();
+        assert!(text.contains("denied by path_guard"), "{text}");
+        assert!(text.contains("outside the workspace"), "{text}");
+        assert!(!text.contains("outside secret"), "{text}");
+    }
+    let mut left: Vec<String> = std::fs::read_dir(outside.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["secret.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret.txt")).unwrap(),
+        "outside secret"
+    );
+    assert!(!s.dir.path().join("escape.txt").exists());
+}
+
+#[tokio::test]
+async fn a_reply_cut_at_max_tokens_inside_a_tool_use_exits_4_without_running_it() {
+    let s = stack(json!({"replies": [
+        {"content": [
+            {"type": "text", "text": "Writing the big file now"},
+            {"type": "tool_use", "id": "cut1", "name": "write_file",
+             "input": {"path": "cut.txt", "content": "only the first half of"}}
+        ], "stop_reason": "max_tokens"},
+        text_reply("never requested"),
+    ]}))
+    .await;
+    let log = s.path("run.jsonl");
+    let out = s
+        .run(&["write a big file", "--transcript", log.to_str().unwrap()])
+        .await;
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    assert!(stderr(&out).contains("cut off"), "{}", stderr(&out));
+    assert!(!s.ws().join("cut.txt").exists());
+    assert_eq!(s.model_requests().await.len(), 1);
+    let records = transcript(&log);
+    assert!(records.iter().all(|r| r["type"] != "tool_use"));
+    assert_eq!(records.last().unwrap()["stop_reason"], "max_tokens");
+}
+
+#[tokio::test]
+async fn the_turn_limit_exits_2() {
+    let s = stack(json!({"default": {
+        "content": [{"type": "tool_use", "name": "list_dir", "input": {}}],
+        "stop_reason": "tool_use"
+    }}))
+    .await;
+    let out = s.run(&["loop forever", "--max-turns", "3"]).await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert_eq!(s.model_requests().await.len(), 3);
+}
+
+#[tokio::test]
+async fn the_token_budget_exits_3() {
+    let s = stack(json!({"default": {
+        "content": [{"type": "tool_use", "name": "list_dir", "input": {}}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 100, "output_tokens": 50}
+    }}))
+    .await;
+    let out = s.run(&["spend", "--budget-tokens", "400"]).await;
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    // 150 tokens a turn: 150, 300, 450 >= 400 stops before the fourth request.
+    assert_eq!(s.model_requests().await.len(), 3);
+    assert!(stderr(&out).contains("450"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn readonly_denies_write_and_run_tools() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("w", "write_file", json!({"path": "new.txt", "content": "x"})),
+            ("e", "edit_file", json!({"path": "keep.txt", "old_string": "same", "new_string": "changed"})),
+            ("c", "run_command", json!({"command": "touch ran.txt"})),
+            ("r", "read_file", json!({"path": "keep.txt"})),
+        ]),
+        text_reply("Read only, understood."),
+    ]}))
+    .await;
+    std::fs::write(s.ws().join("keep.txt"), "same").unwrap();
+    let log = s.path("run.jsonl");
+    let out = s
+        .run(&[
+            "look around",
+            "--approve",
+            "readonly",
+            "--transcript",
+            log.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!s.ws().join("new.txt").exists());
+    assert!(!s.ws().join("ran.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("keep.txt")).unwrap(),
+        "same"
+    );
+    let results = tool_results(&s.model_requests().await[1]);
+    for denied in &results[..3] {
+        assert_eq!(denied["is_error"], true);
+        assert!(
+            denied["content"]
+                .as_str()
+                .unwrap()
+                .contains("--approve readonly")
+        );
+    }
+    assert_eq!(results[3]["is_error"], false);
+    assert_eq!(results[3]["content"], "same");
+    let decisions: Vec<(Value, Value)> = transcript(&log)
+        .into_iter()
+        .filter(|r| r["type"] == "tool_use")
+        .map(|r| {
+            (
+                r["decision"]["allow"].clone(),
+                r["decision"]["hook"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            (json!(false), json!("approval")),
+            (json!(false), json!("approval")),
+            (json!(false), json!("approval")),
+            (json!(true), json!("approval")),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn secrets_unknown_tools_and_bad_inputs_become_error_results() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("s", "write_file", json!({"path": ".env", "content": "ANTHROPIC_API_KEY=sk-ant-api03-AAAABBBBCCCCDDDDEEEE"})),
+            ("u", "delete_everything", json!({})),
+            ("i", "read_file", json!({"file": "a.txt"})),
+        ]),
+        text_reply("Noted."),
+    ]}))
+    .await;
+    let log = s.path("run.jsonl");
+    let out = s
+        .run(&["misbehave", "--transcript", log.to_str().unwrap()])
+        .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!s.ws().join(".env").exists());
+    let results = tool_results(&s.model_requests().await[1]);
+    let texts: Vec<&str> = results
+        .iter()
+        .map(|r| r["content"].as_str().unwrap())
+        .collect();
+    assert!(results.iter().all(|r| r["is_error"] == true));
+    assert!(texts[0].contains("denied by secret_scan"), "{}", texts[0]);
+    assert!(
+        texts[1].contains("unknown tool `delete_everything`"),
+        "{}",
+        texts[1]
+    );
+    assert!(
+        texts[2].contains("invalid input for read_file"),
+        "{}",
+        texts[2]
+    );
+    let hooks: Vec<Value> = transcript(&log)
+        .into_iter()
+        .filter(|r| r["type"] == "tool_use")
+        .map(|r| r["decision"]["hook"].clone())
+        .collect();
+    assert_eq!(
+        hooks,
+        [json!("secret_scan"), json!("allowlist"), json!("allowlist")]
+    );
+}
+
+#[tokio::test]
+async fn pause_turn_sends_the_conversation_again() {
+    let s = stack(json!({"replies": [
+        {"content": [{"type": "text", "text": "Still working..."}], "stop_reason": "pause_turn"},
+        text_reply("Done after the pause."),
+    ]}))
+    .await;
+    let out = s.run(&["long task"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let requests = s.model_requests().await;
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1]["messages"][1],
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Still working..."}]})
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_error_exits_5_with_the_error_on_stderr() {
+    let s = stack(json!({"replies": [
+        {"status": 400, "error_type": "invalid_request_error", "error_message": "prompt is too long"}
+    ]}))
+    .await;
+    let out = s.run(&["anything"]).await;
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("invalid_request_error"), "{err}");
+    assert!(err.contains("prompt is too long"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreachable_legate_exits_5() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "agent",
+        "hello",
+        "--url",
+        &format!("http://127.0.0.1:{port}"),
+    ])
+    .current_dir(ws.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    let out = run(cmd).await;
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot reach legate"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_while_waiting_for_the_model_exits_130() {
+    let s = stack(json!({"replies": [{"hang": true}]})).await;
+    let child = s.agent(&["wait"]).spawn().unwrap();
+    // Wait until the request has reached the mock, so the signal lands mid-turn.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while s.mock_inflight().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the request never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("the agent stops in time")
+        .unwrap();
+    assert_eq!(code(&out), 130, "{}", stderr(&out));
+}
+
+/// Opens a FIFO for writing on a thread: it returns once the agent has opened the other end.
+fn open_fifo_writer(path: PathBuf) -> tokio::sync::oneshot::Receiver<std::fs::File> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let _ = tx.send(file);
+    });
+    rx
+}
+
+#[tokio::test]
+async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupting_writes() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[("w1", "write_file", json!({"path": "a.txt", "content": "alpha"}))]),
+        tools_reply(&[
+            ("g1", "read_file", json!({"path": "gate"})),
+            ("c1", "run_command", json!({"command": "echo ran > ran.txt"})),
+        ]),
+        text_reply("Resumed and done."),
+    ]}))
+    .await;
+    let gate = s.ws().join("gate");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&gate)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let log = s.path("run.jsonl");
+    let mut first = s
+        .agent(&["read the gate", "--transcript", log.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    // read_file blocks opening the FIFO; our open returns once it has, which is after the
+    // tool_use record was written and fsynced. Then the process dies without a result.
+    let writer = tokio::time::timeout(BOUND, open_fifo_writer(gate.clone()))
+        .await
+        .expect("the agent opens the gate in time")
+        .unwrap();
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    drop(writer);
+
+    let before = transcript(&log);
+    let last = before.last().unwrap();
+    assert_eq!(last["type"], "tool_use");
+    assert_eq!(last["id"], "g1");
+    assert!(before.iter().all(|r| r["tool_use_id"] != "g1"));
+
+    std::fs::remove_file(&gate).unwrap();
+    std::fs::write(&gate, "opened after the crash").unwrap();
+    let out = s.run(&["--resume", log.to_str().unwrap()]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Resumed and done."));
+    assert!(
+        !s.ws().join("ran.txt").exists(),
+        "the write call is not run again"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("a.txt")).unwrap(),
+        "alpha"
+    );
+
+    let requests = s.model_requests().await;
+    assert_eq!(requests.len(), 3);
+    let results = tool_results(&requests[2]);
+    assert_eq!(results[0]["tool_use_id"], "g1");
+    assert_eq!(results[0]["is_error"], false);
+    assert_eq!(results[0]["content"], "opened after the crash");
+    assert_eq!(results[1]["tool_use_id"], "c1");
+    assert_eq!(results[1]["is_error"], true);
+    assert!(
+        results[1]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("interrupted")
+    );
+    // The resumed conversation is the one the first run had built, plus the answers.
+    let resumed = requests[2]["messages"].as_array().unwrap();
+    assert_eq!(resumed.len(), 5);
+    assert_eq!(
+        resumed[..3],
+        requests[1]["messages"].as_array().unwrap()[..]
+    );
+
+    let after = transcript(&log);
+    let added: Vec<String> = after[before.len()..]
+        .iter()
+        .map(|r| match r["type"].as_str().unwrap() {
+            "tool_use" => format!("use:{}:rerun={}", r["id"].as_str().unwrap(), r["rerun"]),
+            "tool_result" => format!("result:{}", r["tool_use_id"].as_str().unwrap()),
+            "assistant" => format!("assistant:{}", r["stop_reason"].as_str().unwrap()),
+            other => other.to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        added,
+        [
+            "resume",
+            "use:g1:rerun=true",
+            "result:g1",
+            "result:c1",
+            "assistant:end_turn"
+        ]
+    );
+}
