@@ -13,5 +13,6 @@ mod metering;
 mod passthrough;
 mod reload;
 mod resilience;
+mod shared_limits;
 mod streaming;
 mod tls;

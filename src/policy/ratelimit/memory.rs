@@ -57,9 +57,11 @@ impl MemoryStore {
                 .tokens
                 .get_or_insert_with(|| Bucket::full(ask.tpm, now.ms));
             if let Err(wait) = b.take(ask.tpm, ask.tokens, now.ms) {
-                // Both limits or neither: give the request token back.
-                if let Some(r) = st.requests.as_mut() {
-                    r.give(ask.rpm, 1, now.ms);
+                // Both limits or neither: give back the request token just taken.
+                if ask.rpm > 0 {
+                    if let Some(r) = st.requests.as_mut() {
+                        r.give(ask.rpm, 1, now.ms);
+                    }
                 }
                 return Ok(refuse(Limit::Tokens, wait));
             }

@@ -1,43 +1,210 @@
-//! The shared store: tenant buckets in Redis, changed only by server-side scripts so that every
-//! replica's admission and settlement is atomic. (Placeholder until the Redis store lands:
-//! every call fails, so the limiter serves on its local buckets.)
+//! The shared store: tenant buckets in Redis, so that every replica enforces one combined limit.
+//! Each admission and each settlement is one Lua script (EVALSHA, loaded on a NOSCRIPT reply)
+//! that replays `bucket.rs` and `memory.rs` atomically on the server, on the server's clock, so
+//! replicas with skewed clocks agree and the local fallback counts the same way.
+//!
+//! Keys, per tenant; the `{tenant}` hash tag keeps one tenant's keys on one cluster slot:
+//! - `legate:rl:{tenant}:req`, `legate:rl:{tenant}:tok`: hashes of `level` (units, may be
+//!   negative: a debt) and `last_ms`. An absent bucket is a full one, so each expires once it
+//!   would be full again, plus a minute: dead tenants do not pile up.
+//! - `legate:rl:{tenant}:spent`: a hash of `day` (the UTC day number) and `pico` (pico-USD
+//!   spent that day). It grows with HINCRBY, a signed 64-bit integer: the spend saturates at
+//!   about 9.2 million USD per tenant per day, so a larger daily budget is never reached. It
+//!   expires two days after its last write.
+//!
+//! Construction never connects: legate must start while Redis is down. The first call
+//! connects; any failed call drops the connection (a dead socket, a timeout, or a server that
+//! turned replica after a failover), and the next call connects afresh. Both the connection
+//! and each reply have a short timeout, so a missing Redis costs a request little.
 
-use super::{Ask, BoxFuture, Decision, Now, Settlement, Store, StoreError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, FromRedisValue, RedisError, Script, ScriptInvocation};
+use tokio::sync::Mutex;
+
+use super::{Ask, BoxFuture, Decision, Limit, Now, Settlement, Store, StoreError};
+
+const COMMON_LUA: &str = include_str!("redis/common.lua");
+const ADMIT_LUA: &str = include_str!("redis/admit.lua");
+const SETTLE_LUA: &str = include_str!("redis/settle.lua");
+
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Limits and token counts are clamped to this before they reach a script, so that every value
+/// the script computes is an integer below 2^53 and therefore exact in a Lua double (10^11
+/// tokens are 6 * 10^15 units). Nothing real comes near it.
+const MAX_SCRIPT_TOKENS: u64 = 100_000_000_000;
 
 pub struct RedisStore {
-    _url: String,
+    client: Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    admit: Script,
+    settle: Script,
+    /// Unix ms the scripts use instead of the server's TIME; 0 (always, outside tests) = TIME.
+    pinned_clock_ms: AtomicU64,
+}
+
+/// The Redis keys of one tenant.
+#[derive(Debug, PartialEq, Eq)]
+struct Keys {
+    requests: String,
+    tokens: String,
+    spent: String,
+}
+
+impl Keys {
+    fn of(tenant: &str) -> Self {
+        // Tenant names are `[a-z0-9_-]+` (validated), so they never contain a brace that would
+        // move the hash tag.
+        let base = format!("legate:rl:{{{tenant}}}");
+        Keys {
+            requests: format!("{base}:req"),
+            tokens: format!("{base}:tok"),
+            spent: format!("{base}:spent"),
+        }
+    }
 }
 
 impl RedisStore {
+    /// Checks the URL; does not connect.
     pub fn new(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("rediss://") {
+            // The Redis client builds its TLS config from the process-wide crypto provider;
+            // make it legate's (ring). An error only says one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        // The error names the problem, never the URL: it may carry a password.
+        let client = Client::open(url).map_err(|e| {
+            StoreError(format!(
+                "ratelimit.redis_url is not usable: {}",
+                e.category()
+            ))
+        })?;
         Ok(RedisStore {
-            _url: url.to_string(),
+            client,
+            conn: Mutex::new(None),
+            admit: Script::new(&format!("{COMMON_LUA}\n{ADMIT_LUA}")),
+            settle: Script::new(&format!("{COMMON_LUA}\n{SETTLE_LUA}")),
+            pinned_clock_ms: AtomicU64::new(0),
         })
     }
+
+    /// The open connection, or a new one.
+    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn run<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+        let result = match self.connection().await {
+            Ok(mut conn) => call.invoke_async(&mut conn).await,
+            Err(e) => Err(e),
+        };
+        let result = result.map_err(|e| StoreError(format!("Redis: {e}")));
+        if result.is_err() {
+            // Whatever went wrong, the next call starts from a fresh connection.
+            *self.conn.lock().await = None;
+        }
+        result
+    }
+
+    fn clock_arg(&self) -> String {
+        match self.pinned_clock_ms.load(Ordering::Relaxed) {
+            0 => String::new(),
+            ms => ms.to_string(),
+        }
+    }
+
+    /// Makes the scripts use `ms` as the time instead of the server's clock.
+    #[cfg(test)]
+    fn pin_clock(&self, ms: u64) {
+        self.pinned_clock_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+fn clamp_tokens(n: u64) -> u64 {
+    n.min(MAX_SCRIPT_TOKENS)
+}
+
+/// ARGV of the admission script, before the clock.
+fn admit_args(ask: &Ask) -> [String; 4] {
+    [
+        clamp_tokens(ask.rpm).to_string(),
+        clamp_tokens(ask.tpm).to_string(),
+        clamp_tokens(ask.tokens).to_string(),
+        ask.budget_pico.to_string(),
+    ]
+}
+
+/// ARGV of the settlement script, before the clock.
+fn settle_args(s: &Settlement) -> [String; 3] {
+    let bound = MAX_SCRIPT_TOKENS as i64;
+    [
+        clamp_tokens(s.tpm).to_string(),
+        s.refund.clamp(-bound, bound).to_string(),
+        // HINCRBY takes a signed 64-bit increment; the script saturates the sum there too.
+        s.cost_pico.min(i64::MAX as u128).to_string(),
+    ]
+}
+
+/// Reads the admission script's `{outcome, wait_ms}` reply.
+fn decision(outcome: i64, wait_ms: i64) -> Result<Decision, StoreError> {
+    let limit = match outcome {
+        0 => return Ok(Decision::Admit),
+        1 => Limit::Requests,
+        2 => Limit::Tokens,
+        3 => Limit::Budget,
+        other => {
+            return Err(StoreError(format!(
+                "the admission script answered an unknown outcome {other}"
+            )));
+        }
+    };
+    let wait = u64::try_from(wait_ms).unwrap_or(0).max(1);
+    Ok(Decision::Refuse {
+        limit,
+        retry_after: Duration::from_millis(wait),
+    })
 }
 
 impl Store for RedisStore {
-    fn admit<'a>(
-        &'a self,
-        _ask: &'a Ask,
-        _now: Now,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async {
-            Err(StoreError(
-                "the Redis store is not available in this build".into(),
-            ))
+    /// `_now` is not used: the server's clock decides, the same for every replica.
+    fn admit<'a>(&'a self, ask: &'a Ask, _now: Now) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let keys = Keys::of(&ask.tenant);
+            let mut call = self.admit.key(&keys.requests);
+            call.key(&keys.tokens).key(&keys.spent);
+            call.arg(&admit_args(ask)[..]).arg(self.clock_arg());
+            let (outcome, wait_ms): (i64, i64) = self.run(&call).await?;
+            decision(outcome, wait_ms)
         })
     }
 
-    fn settle<'a>(
-        &'a self,
-        _s: &'a Settlement,
-        _now: Now,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async {
-            Err(StoreError(
-                "the Redis store is not available in this build".into(),
-            ))
+    fn settle<'a>(&'a self, s: &'a Settlement, _now: Now) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let keys = Keys::of(&s.tenant);
+            let mut call = self.settle.key(&keys.tokens);
+            call.key(&keys.spent);
+            call.arg(&settle_args(s)[..]).arg(self.clock_arg());
+            let _: i64 = self.run(&call).await?;
+            Ok(())
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

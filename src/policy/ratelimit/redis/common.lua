@@ -1,0 +1,96 @@
+-- legate rate limits: the arithmetic of bucket.rs and memory.rs, for the Redis scripts.
+-- Prepended to admit.lua and settle.lua; each script runs atomically on the server.
+--
+-- Numbers are Lua doubles. Every value kept here is an integer below 2^53 (the Rust side clamps
+-- limits and token counts to 10^11, so a full bucket holds at most 6 * 10^15 units), so the
+-- doubles are exact and the results equal the i128 arithmetic of bucket.rs. Spend is never a Lua
+-- number: it stays a decimal string and grows with HINCRBY (a signed 64-bit integer).
+
+-- Scripts that read TIME and then write need effect replication on Redis before 5.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
+local UNITS = 60000
+local DAY_MS = 86400000
+-- An absent bucket starts full, so a bucket's keys may vanish once it would be full again.
+local IDLE_MARGIN_MS = 60000
+-- A day's spend outlives the day so that a late settlement still finds it.
+local SPEND_TTL_MS = 2 * DAY_MS
+local SPEND_MAX = '9223372036854775807'
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- The clock: the server's TIME, so that replicas with skewed clocks agree.
+local function now_ms(override)
+  if override ~= '' then
+    return tonumber(override)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function load(key, limit, now)
+  local v = redis.call('HMGET', key, 'level', 'last_ms')
+  local level, last = tonumber(v[1]), tonumber(v[2])
+  if level == nil or last == nil then
+    return { level = limit * UNITS, last = now }
+  end
+  return { level = level, last = last }
+end
+
+local function save(key, b, limit)
+  redis.call('HSET', key, 'level', int(b.level), 'last_ms', int(b.last))
+  local to_full = math.ceil((limit * UNITS - b.level) / limit)
+  redis.call('PEXPIRE', key, int(math.max(to_full, 0) + IDLE_MARGIN_MS))
+end
+
+local function refill(b, limit, now)
+  local cap = limit * UNITS
+  local elapsed = math.max(now - b.last, 0)
+  b.level = math.min(b.level + elapsed * limit, cap)
+  b.last = math.max(b.last, now)
+end
+
+-- Takes n tokens and returns nil, or returns the milliseconds until they would be there.
+local function take(b, limit, n, now)
+  refill(b, limit, now)
+  local need = n * UNITS
+  if b.level >= need then
+    b.level = b.level - need
+    return nil
+  end
+  local rate = math.max(limit, 1)
+  return math.floor((need - b.level + rate - 1) / rate)
+end
+
+-- Gives n tokens back (a refund), or takes them (a debit) when n is negative.
+local function give(b, limit, n, now)
+  refill(b, limit, now)
+  b.level = math.min(b.level + n * UNITS, limit * UNITS)
+end
+
+-- The pico-dollars spent on UTC day `day`, as a decimal string.
+local function spent_on(key, day)
+  local v = redis.call('HMGET', key, 'day', 'pico')
+  if v[1] == int(day) and v[2] then
+    return v[2]
+  end
+  return '0'
+end
+
+-- a >= b for decimal strings of digits without leading zeros (no locale-dependent compare).
+local function dec_ge(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x > y
+    end
+  end
+  return true
+end

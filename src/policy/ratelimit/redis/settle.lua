@@ -1,0 +1,27 @@
+-- Settlement of one admitted request (memory.rs `settle_now`): tokens refunded or debited, and
+-- the cost added to the UTC day's spend (saturating at the int64 maximum).
+-- KEYS: token bucket, daily spend.
+-- ARGV: tpm, refund in tokens (signed), cost in pico-USD (decimal, at most int64),
+--       clock override ('' = TIME).
+local tpm, refund, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local now = now_ms(ARGV[4])
+
+if tpm > 0 and refund ~= 0 then
+  local b = load(KEYS[1], tpm, now)
+  give(b, tpm, refund, now)
+  save(KEYS[1], b, tpm)
+end
+
+if cost ~= '0' then
+  local day = int(math.floor(now / DAY_MS))
+  if redis.call('HGET', KEYS[2], 'day') ~= day then
+    redis.call('HSET', KEYS[2], 'day', day, 'pico', '0')
+  end
+  local r = redis.pcall('HINCRBY', KEYS[2], 'pico', cost)
+  if type(r) == 'table' and r.err then
+    redis.call('HSET', KEYS[2], 'pico', SPEND_MAX)
+  end
+  redis.call('PEXPIRE', KEYS[2], int(SPEND_TTL_MS))
+end
+
+return 0

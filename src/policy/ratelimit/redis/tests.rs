@@ -1,0 +1,403 @@
+//! The Redis store's tests: its failure behaviour needs no Redis; the scripts are checked against
+//! a real `redis-server` (skipped when none is installed, unless `CI` is set), by replaying the
+//! in-memory store's arithmetic on a pinned clock.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use super::*;
+use crate::policy::ratelimit::memory::MemoryStore;
+
+const DAY_MS: u64 = 86_400_000;
+
+fn ask(tenant: &str, rpm: u64, tpm: u64, tokens: u64, budget_pico: u128) -> Ask {
+    Ask {
+        tenant: tenant.into(),
+        rpm,
+        tpm,
+        tokens,
+        budget_pico,
+    }
+}
+
+fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlement {
+    Settlement {
+        tenant: tenant.into(),
+        tpm,
+        refund,
+        cost_pico,
+        budget_pico: 0,
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn creating_the_store_does_not_connect_and_calls_fail_fast_while_redis_is_down() {
+    let store = RedisStore::new(&format!("redis://127.0.0.1:{}/0", free_port())).unwrap();
+    let started = Instant::now();
+    let answer = store.admit(&ask("t", 1, 0, 0, 0), Now::wall()).await;
+    assert!(answer.is_err(), "{answer:?}");
+    assert!(
+        store
+            .settle(&settlement("t", 10, 5, 0), Now::wall())
+            .await
+            .is_err()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_costs_a_call_its_timeouts_not_a_hang() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accepts connections and keeps them open without a word.
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    let store = RedisStore::new(&format!("redis://127.0.0.1:{port}/0")).unwrap();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(3),
+        store.admit(&ask("t", 1, 0, 0, 0), Now::wall()),
+    )
+    .await;
+    assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
+    silent.abort();
+}
+
+#[test]
+fn an_unusable_url_is_refused_without_echoing_it() {
+    for url in ["http://user:hunter2@example:6379", "redis://:hunter2@[::1"] {
+        match RedisStore::new(url) {
+            Err(StoreError(msg)) => assert!(!msg.contains("hunter2"), "{msg}"),
+            Ok(_) => panic!("{url} was accepted"),
+        }
+    }
+    assert!(RedisStore::new("redis://:pw@127.0.0.1:6379/2").is_ok());
+    assert!(RedisStore::new("rediss://127.0.0.1:6380/0").is_ok());
+}
+
+#[test]
+fn one_tenants_keys_share_a_hash_tag() {
+    assert_eq!(
+        Keys::of("team-a"),
+        Keys {
+            requests: "legate:rl:{team-a}:req".into(),
+            tokens: "legate:rl:{team-a}:tok".into(),
+            spent: "legate:rl:{team-a}:spent".into(),
+        }
+    );
+}
+
+#[test]
+fn script_arguments_stay_exact_in_lua_doubles_and_int64() {
+    let a = ask("t", u64::MAX, 5, u64::MAX, u128::MAX);
+    let [rpm, tpm, tokens, budget] = admit_args(&a);
+    assert_eq!((rpm.as_str(), tpm.as_str()), ("100000000000", "5"));
+    assert_eq!(tokens, "100000000000");
+    // The budget is compared as a decimal string, so it travels whole.
+    assert_eq!(budget, u128::MAX.to_string());
+    let [_, refund, cost] = settle_args(&settlement("t", 1, i64::MIN, u128::MAX));
+    assert_eq!(
+        (refund.as_str(), cost.as_str()),
+        ("-100000000000", "9223372036854775807")
+    );
+    assert!(MAX_SCRIPT_TOKENS as f64 * 60_000.0 * 1.5 < 2f64.powi(53));
+}
+
+#[test]
+fn script_replies_become_decisions() {
+    assert_eq!(decision(0, 0).unwrap(), Decision::Admit);
+    let refused = |limit, ms| Decision::Refuse {
+        limit,
+        retry_after: Duration::from_millis(ms),
+    };
+    assert_eq!(
+        decision(1, 20_000).unwrap(),
+        refused(Limit::Requests, 20_000)
+    );
+    assert_eq!(decision(2, 0).unwrap(), refused(Limit::Tokens, 1));
+    assert_eq!(decision(3, 5).unwrap(), refused(Limit::Budget, 5));
+    assert!(decision(7, 1).is_err());
+}
+
+/// A `redis-server` child on a free loopback port, killed when dropped.
+struct RedisServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// None (after saying so) when redis-server is not installed; under CI that is a failure.
+    fn start() -> Option<Self> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "redis-server is not installed (apt-get install -y redis-server); CI needs it"
+            );
+            eprintln!("redis-server is not installed: skipping the Redis store script tests");
+            return None;
+        }
+        Some(Self::start_on(free_port()))
+    }
+
+    fn start_on(port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = RedisServer {
+            child,
+            port,
+            _dir: dir,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) {
+        for _ in 0..200 {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "redis-server exited"
+            );
+            if pong(self.port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server did not answer PING within 5 s");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+fn pong(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let mut buf = [0u8; 5];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG"
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit { tokens: u64 },
+    Settle { refund: i64, cost: u128 },
+    Wait { ms: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..1_500).prop_map(|tokens| Op::Admit { tokens }),
+        2 => (-800i64..800, 0u128..1_200).prop_map(|(refund, cost)| Op::Settle { refund, cost }),
+        2 => (0u64..40_000).prop_map(|ms| Op::Wait { ms }),
+    ]
+}
+
+/// The limits, a start time (often just before a UTC midnight), and what happens.
+fn scenario() -> impl Strategy<Value = ((u64, u64, u128), u64, Vec<Op>)> {
+    let limits = (0u64..6, prop_oneof![Just(0u64), 1u64..2_000], 0u128..3_000);
+    let start = prop_oneof![DAY_MS - 90_000..DAY_MS, 0..DAY_MS];
+    (limits, start, proptest::collection::vec(op(), 1..40))
+}
+
+#[test]
+fn the_scripts_decide_exactly_as_the_memory_store() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let redis = RedisStore::new(&server.url()).unwrap();
+    let case = std::sync::atomic::AtomicU32::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        ..Config::default()
+    });
+    let outcome = runner.run(&scenario(), |((rpm, tpm, budget), start, ops)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tenant = format!("case-{n}");
+        let memory = MemoryStore::default();
+        let mut now = Now {
+            ms: 20_000 * DAY_MS + start,
+        };
+        // memory.rs settles only tenants it has seen: begin with an admission.
+        let opening = Op::Admit { tokens: 1 };
+        for (i, op) in std::iter::once(&opening).chain(&ops).enumerate() {
+            redis.pin_clock(now.ms);
+            match *op {
+                Op::Admit { tokens } => {
+                    let a = ask(&tenant, rpm, tpm, tokens, budget);
+                    let expected = memory.admit_now(&a, now).unwrap();
+                    let got = rt.block_on(redis.admit(&a, now)).unwrap();
+                    prop_assert_eq!(got, expected, "step {}: {:?}", i, op);
+                }
+                Op::Settle { refund, cost } => {
+                    let s = settlement(&tenant, tpm, refund, cost);
+                    memory.settle_now(&s, now);
+                    rt.block_on(redis.settle(&s, now)).unwrap();
+                }
+                Op::Wait { ms } => now.ms += ms,
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn the_server_clock_sets_the_budget_wait_and_spend_saturates_at_int64() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let redis = RedisStore::new(&server.url()).unwrap();
+    let cap = i64::MAX as u128;
+    rt.block_on(async {
+        let s = settlement("rich", 0, 0, u128::MAX);
+        redis.settle(&s, Now::wall()).await.unwrap();
+        redis.settle(&s, Now::wall()).await.unwrap();
+        // A budget above the int64 cap is never reached; one at it is.
+        let above = redis
+            .admit(&ask("rich", 0, 0, 0, cap + 1), Now::wall())
+            .await;
+        assert_eq!(above.unwrap(), Decision::Admit);
+        let at = redis.admit(&ask("rich", 0, 0, 0, cap), Now::wall()).await;
+        let Ok(Decision::Refuse {
+            limit: Limit::Budget,
+            retry_after,
+        }) = at
+        else {
+            panic!("{at:?}");
+        };
+        // This server runs on this machine's clock.
+        let expected = Now::wall().until_midnight().as_millis() as i128;
+        assert!(
+            (retry_after.as_millis() as i128 - expected).abs() < 5_000,
+            "{retry_after:?}"
+        );
+    });
+}
+
+#[test]
+fn buckets_expire_once_they_would_be_full_and_spend_after_two_days() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let redis = RedisStore::new(&server.url()).unwrap();
+    let client = Client::open(server.url()).unwrap();
+    rt.block_on(async {
+        redis
+            .admit(&ask("ttl", 60, 10, 0, 0), Now::wall())
+            .await
+            .unwrap();
+        // A debit of 100 tokens at 10/min: the bucket is full again in 600 s.
+        let owed = settlement("ttl", 10, -100, 7);
+        redis.settle(&owed, Now::wall()).await.unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let pttl = |key: &'static str| {
+            let mut conn = conn.clone();
+            async move {
+                redis::cmd("PTTL")
+                    .arg(key)
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .unwrap()
+            }
+        };
+        // One request of 60/min is refilled in 1 s, plus the idle minute.
+        let req = pttl("legate:rl:{ttl}:req").await;
+        assert!((59_000..=61_000).contains(&req), "{req}");
+        let tok = pttl("legate:rl:{ttl}:tok").await;
+        assert!((658_000..=660_000).contains(&tok), "{tok}");
+        let spent = pttl("legate:rl:{ttl}:spent").await;
+        assert!(
+            (2 * DAY_MS as i64 - 5_000..=2 * DAY_MS as i64).contains(&spent),
+            "{spent}"
+        );
+        let pico: String = redis::cmd("HGET")
+            .arg("legate:rl:{ttl}:spent")
+            .arg("pico")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pico, "7");
+    });
+}
+
+#[test]
+fn after_redis_restarts_the_next_call_reconnects() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let port = server.port;
+    let redis = RedisStore::new(&server.url()).unwrap();
+    let a = ask("back", 3, 0, 0, 0);
+    rt.block_on(async {
+        assert_eq!(redis.admit(&a, Now::wall()).await.unwrap(), Decision::Admit);
+        drop(server);
+        assert!(redis.admit(&a, Now::wall()).await.is_err());
+        let _again = RedisServer::start_on(port);
+        // A new, empty server: its bucket starts full again.
+        for _ in 0..3 {
+            assert_eq!(redis.admit(&a, Now::wall()).await.unwrap(), Decision::Admit);
+        }
+        let refused = redis.admit(&a, Now::wall()).await.unwrap();
+        assert!(
+            matches!(
+                refused,
+                Decision::Refuse {
+                    limit: Limit::Requests,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+    });
+}
