@@ -56,8 +56,6 @@ pub enum ProxyError {
     NeverFits { tokens: u64, tokens_per_minute: u64 },
     /// The admission queue shed this lower-priority request.
     Shed { retry_after: std::time::Duration },
-    /// The process is draining for shutdown.
-    ShuttingDown,
     /// Anything unexpected; details go to the log only.
     Internal,
 }
@@ -84,7 +82,6 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
-            ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -99,9 +96,7 @@ impl ProxyError {
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
             ProxyError::Shed { .. } => Source::Proxy,
-            ProxyError::NoProviderKey { .. } | ProxyError::Internal | ProxyError::ShuttingDown => {
-                Source::Proxy
-            }
+            ProxyError::NoProviderKey { .. } | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
@@ -128,7 +123,6 @@ impl ProxyError {
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::NeverFits { .. } => "never_fits",
             ProxyError::Shed { .. } => "shed",
-            ProxyError::ShuttingDown => "shutting_down",
             ProxyError::Internal => "internal",
         }
     }
@@ -142,9 +136,7 @@ impl ProxyError {
             ProxyError::NotFound { .. } => "not_found_error",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "authentication_error",
-            ProxyError::ShuttingDown
-            | ProxyError::AllBreakersOpen { .. }
-            | ProxyError::Shed { .. } => "overloaded_error",
+            ProxyError::AllBreakersOpen { .. } | ProxyError::Shed { .. } => "overloaded_error",
             ProxyError::RateLimited { .. } => "rate_limit_error",
             ProxyError::NeverFits { .. } => "invalid_request_error",
             ProxyError::NoProviderKey { .. }
@@ -165,7 +157,6 @@ impl ProxyError {
             ProxyError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ProxyError::Unauthorized => ("authentication_error", "invalid_api_key"),
             ProxyError::ForbiddenTarget => ("invalid_request_error", "forbidden_target"),
-            ProxyError::ShuttingDown => ("server_error", "shutting_down"),
             ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
             ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
             ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
@@ -235,7 +226,6 @@ impl ProxyError {
                 "every upstream for this model is failing and resting (circuit breakers open); retry in {}s",
                 retry_after.as_secs_f64().ceil()
             ),
-            ProxyError::ShuttingDown => "legate is shutting down; retry on another replica".to_string(),
             ProxyError::Internal => "legate hit an internal error; see its log for the request id".to_string(),
         }
     }

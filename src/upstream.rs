@@ -48,6 +48,8 @@ pub struct Upstream {
     base_url: String,
     client: HttpClient,
     key: Arc<KeyCell>,
+    /// No key source configured (a local vLLM / Ollama server): no credential is sent.
+    keyless: bool,
     key_hint: String,
     auth_header: AuthHeader,
     pub first_byte_timeout: Duration,
@@ -77,6 +79,9 @@ impl Upstream {
             .enable_http2()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
+            // A pooled connection the provider closed before the request was written is
+            // retried at once on a fresh one, below the attempt loop: it costs no attempt.
+            .retry_canceled_requests(true)
             .pool_idle_timeout(cfg.pool_idle_timeout)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -93,6 +98,7 @@ impl Upstream {
             base_url: cfg.base_url.clone(),
             client,
             key,
+            keyless: matches!(cfg.key, KeySource::None),
             key_hint,
             auth_header: cfg.auth_header,
             first_byte_timeout: cfg.first_byte_timeout,
@@ -134,6 +140,9 @@ impl Upstream {
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
+        if self.keyless {
+            return Ok(req);
+        }
         let key = self
             .key
             .current()

@@ -101,6 +101,8 @@ pub async fn run(
     };
     let inflight = metrics.inflight.with_label_values(&[&up.name]);
     inflight.inc();
+    // Counted here, once the request is really about to leave.
+    exec.attempts += 1;
     let sent = Instant::now();
     let result = send(up, req, inb.deadline).await;
     metrics

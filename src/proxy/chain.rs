@@ -158,7 +158,6 @@ async fn run_step(
             None => Ticket::unguarded(),
         };
         exec.any_admitted = true;
-        exec.attempts += 1;
         if n > 1 {
             proxy
                 .metrics

@@ -215,6 +215,16 @@ impl Proxy {
             "x-legate-overhead-ms",
             &format!("{:.3}", overhead.as_secs_f64() * 1000.0),
         );
+        if resp.status().as_u16() == 529
+            && resp
+                .extensions()
+                .get::<hyper::ext::ReasonPhrase>()
+                .is_none()
+        {
+            // hyper knows no reason phrase for 529 and would write "<none>".
+            resp.extensions_mut()
+                .insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
+        }
         if let Some(rec) = record.take() {
             rec.finish(resp.status().as_u16());
         }

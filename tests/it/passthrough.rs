@@ -223,3 +223,19 @@ async fn count_tokens_is_forwarded_to_the_anthropic_provider() {
     assert_eq!(r.path, "/v1/messages/count_tokens");
     assert_eq!(r.body.as_ref(), body.as_bytes());
 }
+
+#[tokio::test]
+async fn a_provider_without_a_key_source_gets_no_credential() {
+    // A local vLLM / Ollama server: no api_key_env, no api_key_file.
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml(&mock.base_url(), "")
+        .replace("api_key_env = \"OPENAI_API_KEY\"\n", "");
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .chat(r#"{"model":"llama3:8b","messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let r = env.mock.requests().remove(0);
+    assert!(header_values(&r.headers, "authorization").is_empty());
+    assert!(header_values(&r.headers, "x-api-key").is_empty());
+}
