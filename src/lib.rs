@@ -15,5 +15,6 @@ pub mod server;
 pub mod splice;
 pub mod sse;
 pub mod telemetry;
+pub mod translate;
 pub mod upstream;
 pub mod usage;

@@ -24,21 +24,7 @@ pub struct Resolved {
 /// or to the API's default provider with the model unchanged.
 pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, ProxyError> {
     if let Some(entry) = cfg.models.iter().find(|m| m.name == model) {
-        for step in &entry.chain {
-            let kind = cfg
-                .providers
-                .get(&step.provider)
-                .map(|p| p.kind)
-                .ok_or(ProxyError::Internal)?;
-            // Until translation exists every step speaks the caller's API (check enforces
-            // one kind per chain, so the first step decides).
-            if kind != api {
-                return Err(ProxyError::WrongApi {
-                    model: model.to_string(),
-                    served_by: kind.as_str(),
-                });
-            }
-        }
+        // Steps may speak either API: one of the other kind is served through translation.
         if entry.chain.is_empty() {
             return Err(ProxyError::Internal);
         }

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub ratelimit_store_degraded: prometheus::IntGauge,
     /// Estimated input tokens / reported input tokens, per request.
     pub token_estimate_ratio: HistogramVec,
+    pub translated: IntCounterVec,
+    pub translation_drops: IntCounterVec,
 }
 
 impl Metrics {
@@ -180,7 +182,23 @@ impl Metrics {
                 .buckets(vec![0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0]),
                 &["provider"],
             )?,
+            translated: IntCounterVec::new(
+                Opts::new(
+                    "legate_translated_requests_total",
+                    "Requests sent to a chain step of the other API, translated",
+                ),
+                &["from", "to"],
+            )?,
+            translation_drops: IntCounterVec::new(
+                Opts::new(
+                    "legate_translation_dropped_total",
+                    "Request parts dropped by translation fitting rules (bounded set of names)",
+                ),
+                &["from", "to", "what"],
+            )?,
         };
+        registry.register(Box::new(m.translated.clone()))?;
+        registry.register(Box::new(m.translation_drops.clone()))?;
         registry.register(Box::new(m.ratelimit_rejections.clone()))?;
         registry.register(Box::new(m.shed.clone()))?;
         registry.register(Box::new(m.queue_depth.clone()))?;

@@ -126,6 +126,7 @@ impl Upstream {
         path_and_query: &str,
         inbound: &HeaderMap,
         body: Bytes,
+        translated: bool,
     ) -> Result<Request<Full<Bytes>>, ProxyError> {
         let uri: Uri = format!("{}{}", self.base_url, path_and_query)
             .parse()
@@ -135,6 +136,24 @@ impl Upstream {
         *req.uri_mut() = uri;
         let headers = req.headers_mut();
         copy_forwardable(inbound, headers);
+        if translated {
+            // The caller spoke the other API: its API's headers mean nothing here.
+            let other: Vec<HeaderName> = headers
+                .keys()
+                .filter(|n| {
+                    n.as_str().starts_with("anthropic-") || n.as_str().starts_with("openai-")
+                })
+                .cloned()
+                .collect();
+            for n in other {
+                headers.remove(n);
+            }
+            if self.kind == ApiKind::Anthropic {
+                // The version whose request fields the translation produces (temperature and
+                // top_p are refused by later versions).
+                headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+            }
+        }
         // Metering reads usage from the response bytes, so they must arrive uncompressed.
         headers.insert(
             header::ACCEPT_ENCODING,

@@ -13,16 +13,20 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::api::ApiShape;
-use crate::config::ChainStep;
+use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
 use crate::policy::breaker::{Outcome, Ticket};
 use crate::policy::retry::{self, Verdict};
 use crate::proxy::body::{Accounting, Mode, TapBody};
+use crate::proxy::chain;
 use crate::proxy::chain::{Exec, Failure};
+use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::{RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
+use crate::translate;
 use crate::upstream::Upstream;
 
 /// Error bodies read to classify a retryable status are small; larger ones are cut here.
@@ -61,11 +65,25 @@ pub async fn run(
     record: &mut Option<RequestRecord>,
 ) -> Attempt {
     let Call { proxy, up, inb, .. } = call;
-    let path = match &inb.query {
-        Some(q) => format!("{}?{q}", inb.endpoint.upstream_path()),
-        None => inb.endpoint.upstream_path().to_string(),
+    // A step of the other API is reached through translation (SPEC §10).
+    let translating = up.kind != inb.endpoint.kind();
+    let dir = chain::direction(inb.endpoint.kind());
+    let upstream_path = match (inb.endpoint, up.kind) {
+        (Endpoint::CountTokens | Endpoint::Models, _) => inb.endpoint.upstream_path(),
+        (_, ApiKind::Anthropic) => Endpoint::Messages.upstream_path(),
+        (_, ApiKind::OpenAi) => Endpoint::ChatCompletions.upstream_path(),
     };
-    let req = match up.build_request(Method::POST, &path, &inb.headers, call.body.clone()) {
+    let path = match &inb.query {
+        Some(q) => format!("{upstream_path}?{q}"),
+        None => upstream_path.to_string(),
+    };
+    let req = match up.build_request(
+        Method::POST,
+        &path,
+        &inb.headers,
+        call.body.clone(),
+        translating,
+    ) {
         Ok(r) => r,
         Err(e) => return Attempt::Abort(e),
     };
@@ -141,8 +159,18 @@ pub async fn run(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let (parts, mut incoming) = resp.into_parts();
+    let (parts, incoming) = resp.into_parts();
     let api = inb.endpoint.api();
+    let mut incoming = if translating && status.is_success() && is_sse {
+        let upstream_shape = match up.kind {
+            ApiKind::Anthropic => ApiShape::Anthropic,
+            ApiKind::OpenAi => ApiShape::OpenAi,
+        };
+        let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
+        UpstreamBody::translated(incoming, tr, upstream_shape)
+    } else {
+        UpstreamBody::Plain(incoming)
+    };
 
     if status.is_success() && is_sse {
         let mut watch = Box::new(SseWatch::new(api));
@@ -202,6 +230,20 @@ pub async fn run(
         // any other failure instead of reaching the caller as a broken response.
         let whole = read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
         exec.outside += sent.elapsed();
+        // Translated: the caller's API shape, or an answer that cannot be carried across.
+        let whole = match (whole, translating) {
+            (Whole::Complete(body), true) => match translate::response(dir, &body) {
+                Ok(b) => Whole::Complete(Bytes::from(b)),
+                Err(e) => {
+                    tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
+                    Whole::Broken("the upstream answer could not be translated")
+                }
+            },
+            (Whole::TooLarge(_), true) => {
+                Whole::Broken("the upstream answer is too large to translate")
+            }
+            (w, _) => w,
+        };
         match whole {
             Whole::Complete(body) => {
                 inflight.dec();
@@ -252,7 +294,7 @@ pub async fn run(
         }
     }
 
-    if !retry::needs_body(status) {
+    if !retry::needs_body(status) && !translating {
         // A final error passed on as it is, streamed through.
         let verdict = retry::classify(status, b"");
         let (label, o) = match verdict {
@@ -283,7 +325,13 @@ pub async fn run(
     drop(permit);
     let verdict = retry::classify(status, &body);
     let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
-    let resp = buffered(&call, status, &parts.headers, body);
+    let resp = if translating {
+        let (st, b) = translate::error(dir, status.as_u16(), &body);
+        let st = StatusCode::from_u16(st).unwrap_or(status);
+        buffered(&call, st, &parts.headers, Bytes::from(b))
+    } else {
+        buffered(&call, status, &parts.headers, body)
+    };
     match verdict {
         Verdict::Retryable { provider_fault } => {
             outcome("retryable");
@@ -312,7 +360,7 @@ pub async fn run(
 
 /// The parts of a response body that will be streamed through a `TapBody`.
 struct Tapped {
-    incoming: Incoming,
+    incoming: UpstreamBody,
     mode: Mode,
     held: Option<Bytes>,
     ticket: Option<Ticket>,
@@ -429,7 +477,7 @@ enum PreCommit {
 /// Reads a stream up to its commit point (the first content event, or its end), holding the
 /// bytes back; each chunk must come within `idle` and all of it before the deadline.
 async fn read_to_commit(
-    incoming: &mut Incoming,
+    incoming: &mut UpstreamBody,
     watch: &mut SseWatch,
     idle: Duration,
     deadline: Instant,
@@ -515,7 +563,7 @@ enum Whole {
 }
 
 /// Reads a whole response body, each chunk within `idle`, all before the deadline.
-async fn read_whole(incoming: &mut Incoming, idle: Duration, deadline: Instant) -> Whole {
+async fn read_whole(incoming: &mut UpstreamBody, idle: Duration, deadline: Instant) -> Whole {
     let mut buf = BytesMut::new();
     loop {
         let limit = (Instant::now() + idle).min(deadline);
@@ -536,7 +584,7 @@ async fn read_whole(incoming: &mut Incoming, idle: Duration, deadline: Instant) 
 }
 
 /// Reads a small error body (bounded in size and time); a body that cannot be read is empty.
-async fn read_small(incoming: Incoming, idle: Duration, deadline: Instant) -> Bytes {
+async fn read_small(incoming: UpstreamBody, idle: Duration, deadline: Instant) -> Bytes {
     let limit = (Instant::now() + idle).min(deadline);
     match tokio::time::timeout_at(limit, Limited::new(incoming, ERROR_BODY_LIMIT).collect()).await {
         Ok(Ok(c)) => c.to_bytes(),

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use prometheus::{Histogram, IntGauge};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
@@ -21,6 +20,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use crate::api::ApiShape;
 use crate::policy::breaker::{Outcome, Ticket};
 use crate::proxy::record::{RequestRecord, UsageSink};
+use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
 use crate::usage::{self, Usage};
 
@@ -62,7 +62,7 @@ pub struct Accounting {
 }
 
 pub struct TapBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     api: ApiShape,
     mode: Mode,
     state: State,
@@ -81,7 +81,7 @@ pub struct TapBody {
 impl TapBody {
     #[expect(clippy::too_many_arguments, reason = "one constructor wiring one body")]
     pub fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         api: ApiShape,
         mode: Mode,
         held: Option<Bytes>,
@@ -134,7 +134,7 @@ impl TapBody {
 
     fn usage(&self) -> Option<Usage> {
         match &self.mode {
-            Mode::Sse(watch) => watch.usage(),
+            Mode::Sse(watch) => self.inner.upstream_usage().or_else(|| watch.usage()),
             Mode::Json { buf, overflow } => {
                 let ok = self.acct.as_ref().is_some_and(|a| a.status < 300);
                 if *overflow || !ok {

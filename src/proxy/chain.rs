@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::Response;
 use tokio::time::Instant;
 
-use crate::config::ChainStep;
+use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
 use crate::policy::breaker::{Admission, Ticket};
 use crate::policy::retry::Backoff;
@@ -20,6 +20,7 @@ use crate::proxy::record::RequestRecord;
 use crate::proxy::response::{self, ProxyBody};
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
+use crate::translate;
 
 /// What failed last, to be reported if no step can answer.
 pub enum Failure {
@@ -126,6 +127,47 @@ async fn execute(
     }
 }
 
+/// The caller's body in the step's API, fitted to the step (model and max_tokens).
+fn translated_body(
+    proxy: &Proxy,
+    inb: &Inbound,
+    step: &ChainStep,
+    upstream: ApiKind,
+) -> Result<bytes::Bytes, String> {
+    if inb.endpoint == crate::proxy::inbound::Endpoint::CountTokens {
+        return Err("count_tokens is not translated between APIs".to_string());
+    }
+    let dir = direction(inb.endpoint.kind());
+    let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
+    let (from, to) = (inb.endpoint.kind().as_str(), upstream.as_str());
+    proxy
+        .metrics
+        .translated
+        .with_label_values(&[from, to])
+        .inc();
+    for what in dropped {
+        proxy
+            .metrics
+            .translation_drops
+            .with_label_values(&[from, to, what])
+            .inc();
+    }
+    let meta = match upstream {
+        ApiKind::Anthropic => crate::api::anthropic::parse_request(&bytes),
+        ApiKind::OpenAi => crate::api::openai::parse_request(&bytes),
+    }
+    .map_err(|e| e.to_string())?;
+    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream).map_err(|e| e.message())
+}
+
+/// The translation direction for a caller of `api` (the upstream speaks the other one).
+pub fn direction(caller: ApiKind) -> translate::Dir {
+    match caller {
+        ApiKind::Anthropic => translate::Dir::AnthropicToOpenAi,
+        ApiKind::OpenAi => translate::Dir::OpenAiToAnthropic,
+    }
+}
+
 async fn run_step(
     proxy: &Proxy,
     snap: &Snapshot,
@@ -141,7 +183,28 @@ async fn run_step(
         .ok_or(ProxyError::Internal)?;
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
-    let body = route::fit(&inb.body, &inb.meta, step, inb.endpoint.kind())?;
+    let caller = inb.endpoint.kind();
+    let body = if up.kind == caller {
+        route::fit(&inb.body, &inb.meta, step, caller)?
+    } else {
+        match translated_body(proxy, inb, step, up.kind) {
+            Ok(b) => b,
+            Err(why) => {
+                // A step that cannot honour the request is not sent to: the next one may.
+                tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+                exec.any_admitted = true;
+                if exec.last.is_none() {
+                    exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
+                        message: format!(
+                            "this request cannot be served by {} (another API): {why}",
+                            step.target()
+                        ),
+                    }));
+                }
+                return Ok(StepEnd::Unavailable);
+            }
+        }
+    };
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
         let ticket = match breaker.as_ref().map(|b| b.admit()) {

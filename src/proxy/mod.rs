@@ -9,6 +9,7 @@ pub mod inbound;
 pub mod models;
 pub mod record;
 pub mod response;
+pub mod upbody;
 pub mod watch;
 
 use std::collections::HashMap;

@@ -16,3 +16,4 @@ mod resilience;
 mod shared_limits;
 mod streaming;
 mod tls;
+mod translation;

@@ -100,6 +100,14 @@ api_key_env = "ANTHROPIC_API_KEY"
 kind = "openai"
 base_url = "{mock.url}"
 api_key_env = "OPENAI_API_KEY"
+
+[[models]]
+name = "served-by-openai"
+chain = ["openai:gpt-backend"]
+
+[[models]]
+name = "served-by-anthropic"
+chain = ["anthropic:claude-backend"]
 """
     )
     proc, line = _spawn(

@@ -56,38 +56,21 @@ fn chain(t: &mut Table, providers: &Providers, cx: &mut Cx) -> Option<Vec<ChainS
         return None;
     }
     let mut steps = Vec::new();
-    // The API of the first step whose provider kind is known; every step must speak it,
-    // since requests are forwarded without translation.
-    let mut chain_kind: Option<(ApiKind, String)> = None;
+    // Steps may speak either API: a step of the other kind is served through translation.
     for (j, item) in items.iter().enumerate() {
         let step_path = format!("{path}[{j}]");
         let Some((step, target_path)) = step(item, &step_path, cx) else {
             continue;
         };
-        match providers.kinds.get(&step.provider) {
-            None => cx.err(
+        if !providers.kinds.contains_key(&step.provider) {
+            cx.err(
                 &target_path,
                 format!(
                     "unknown provider `{}` ({})",
                     step.provider,
                     providers.names()
                 ),
-            ),
-            Some(None) => {}
-            Some(Some(kind)) => match &chain_kind {
-                None => chain_kind = Some((*kind, step.provider.clone())),
-                Some((first, first_provider)) if first != kind => cx.err(
-                    &target_path,
-                    format!(
-                        "provider `{}` speaks the {} API but `{first_provider}` earlier in this \
-                         chain speaks the {} API; a chain cannot mix APIs",
-                        step.provider,
-                        kind.as_str(),
-                        first.as_str()
-                    ),
-                ),
-                Some(_) => {}
-            },
+            );
         }
         steps.push(step);
     }

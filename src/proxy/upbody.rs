@@ -1,0 +1,119 @@
+//! The upstream response body as the rest of the proxy reads it: the provider's bytes as they
+//! are, or — when a chain step speaks the other API — translated event by event into the
+//! caller's API, so that commit-point reading, usage metering and forwarding all see the
+//! caller's shape.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::api::ApiShape;
+use crate::sse::SseParser;
+use crate::translate::StreamTranslator;
+use crate::usage::{StreamUsage, Usage};
+
+pub enum UpstreamBody {
+    Plain(Incoming),
+    Translated(Box<Translated>),
+}
+
+pub struct Translated {
+    inner: Incoming,
+    translator: StreamTranslator,
+    ended: bool,
+    /// Usage is metered on the upstream's own events: the caller's translated stream may not
+    /// carry it (an OpenAI caller who did not ask for the usage chunk).
+    parser: SseParser,
+    usage: StreamUsage,
+}
+
+impl UpstreamBody {
+    pub fn translated(inner: Incoming, translator: StreamTranslator, upstream: ApiShape) -> Self {
+        UpstreamBody::Translated(Box::new(Translated {
+            inner,
+            translator,
+            ended: false,
+            parser: SseParser::new(),
+            usage: StreamUsage::new(upstream),
+        }))
+    }
+
+    /// Usage read from the upstream's own events, for a translated stream.
+    pub fn upstream_usage(&self) -> Option<Usage> {
+        match self {
+            UpstreamBody::Plain(_) => None,
+            UpstreamBody::Translated(t) => t.usage.usage(),
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Plain(inner) => Pin::new(inner).poll_frame(cx),
+            UpstreamBody::Translated(t) => t.poll_translated(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Plain(inner) => inner.is_end_stream(),
+            UpstreamBody::Translated(t) => t.ended,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Plain(inner) => inner.size_hint(),
+            UpstreamBody::Translated(_) => SizeHint::default(),
+        }
+    }
+}
+
+impl Translated {
+    fn poll_translated(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        loop {
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.parser.push(&data);
+                        while let Some(ev) = self.parser.next_event() {
+                            self.usage.observe(&ev);
+                        }
+                        let out = self.translator.push(&data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    // Completes the caller's terminal events only if the upstream's stream
+                    // really completed; a cut stays a cut.
+                    let out = self.translator.finish();
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    }
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Upstream errors in the caller's shape. The HTTP status is kept (the SDKs pick their
+//! exception and retry behaviour from it); the error type is mapped by type and code, never
+//! by message text, with the status as the fallback.
+
+use super::{anthropic as an, openai as oa};
+
+/// Upstream OpenAI-shaped error → Anthropic error body.
+pub fn to_anthropic(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
+    let detail = parse_openai(upstream_body);
+    let (kind, message) = match detail {
+        Some(detail) => (anthropic_type(&detail, Some(status)), detail.message),
+        None => (status_type(status), String::new()),
+    };
+    (
+        status,
+        anthropic_body(kind, &fallback_message(message, status)),
+    )
+}
+
+/// Upstream Anthropic-shaped error → OpenAI error body.
+pub fn to_openai(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
+    let (kind, message) = match serde_json::from_slice::<an::ErrorBody>(upstream_body) {
+        Ok(body) => (body.error.kind, body.error.message),
+        Err(_) => (status_type(status).to_owned(), String::new()),
+    };
+    (
+        status,
+        openai_body(&kind, &fallback_message(message, status)),
+    )
+}
+
+fn fallback_message(message: String, status: u16) -> String {
+    if message.is_empty() {
+        // Not the upstream body itself: it may be an HTML page from a load balancer.
+        format!("the upstream provider answered HTTP {status} without a readable error")
+    } else {
+        message
+    }
+}
+
+/// `{"error":{…}}`, or the error object at the top level as some compatible servers send it.
+pub fn parse_openai(body: &[u8]) -> Option<oa::ErrorDetail> {
+    if let Ok(body) = serde_json::from_slice::<oa::ErrorBody>(body) {
+        return Some(body.error);
+    }
+    serde_json::from_slice::<oa::ErrorDetail>(body)
+        .ok()
+        .filter(|d| !d.message.is_empty())
+}
+
+/// The Anthropic error type for an OpenAI error: a known code first, then a known type, then
+/// the HTTP status (or, in a stream, a numeric `code` holding one).
+pub fn anthropic_type(detail: &oa::ErrorDetail, status: Option<u16>) -> &'static str {
+    let code = detail.code.as_ref().and_then(|c| c.as_str());
+    let by_code = match code {
+        Some("invalid_api_key" | "invalid_authentication") => Some("authentication_error"),
+        Some("permission_denied" | "unsupported_country_region_territory") => {
+            Some("permission_error")
+        }
+        Some("insufficient_quota") => Some("billing_error"),
+        Some("model_not_found" | "not_found") => Some("not_found_error"),
+        Some("conflict") => Some("conflict_error"),
+        Some("request_too_large") => Some("request_too_large"),
+        Some("rate_limit_exceeded") => Some("rate_limit_error"),
+        Some("overloaded") => Some("overloaded_error"),
+        Some("timeout") => Some("timeout_error"),
+        _ => None,
+    };
+    let by_type = || match detail.kind.as_deref() {
+        Some("invalid_request_error") => Some("invalid_request_error"),
+        Some("requests" | "tokens" | "rate_limit_exceeded") => Some("rate_limit_error"),
+        Some("insufficient_quota") => Some("billing_error"),
+        Some("server_error") => Some("api_error"),
+        _ => None,
+    };
+    let numeric_code = || {
+        detail
+            .code
+            .as_ref()
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok())
+    };
+    by_code.or_else(by_type).unwrap_or_else(|| {
+        status
+            .or_else(numeric_code)
+            .map_or("api_error", status_type)
+    })
+}
+
+/// Anthropic's error type for an HTTP status (its documented table).
+pub fn status_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        409 => "conflict_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+/// The OpenAI `(type, code)` for an Anthropic error type. Codes make every known type
+/// recoverable on the way back; an unknown type passes as the OpenAI type.
+pub fn openai_type(anthropic_type: &str) -> (String, Option<&'static str>) {
+    let (kind, code) = match anthropic_type {
+        "invalid_request_error" => ("invalid_request_error", None),
+        "authentication_error" => ("invalid_request_error", Some("invalid_api_key")),
+        "permission_error" => ("invalid_request_error", Some("permission_denied")),
+        "billing_error" => ("insufficient_quota", Some("insufficient_quota")),
+        "not_found_error" => ("invalid_request_error", Some("not_found")),
+        "conflict_error" => ("invalid_request_error", Some("conflict")),
+        "request_too_large" => ("invalid_request_error", Some("request_too_large")),
+        "rate_limit_error" => ("requests", Some("rate_limit_exceeded")),
+        "api_error" => ("server_error", None),
+        "overloaded_error" => ("server_error", Some("overloaded")),
+        "timeout_error" => ("server_error", Some("timeout")),
+        other => (other, None),
+    };
+    (kind.to_owned(), code)
+}
+
+pub fn anthropic_detail(kind: &str, message: &str) -> an::ErrorDetail {
+    an::ErrorDetail {
+        kind: kind.to_owned(),
+        message: message.to_owned(),
+    }
+}
+
+pub fn openai_detail(anthropic_kind: &str, message: &str) -> oa::ErrorDetail {
+    let (kind, code) = openai_type(anthropic_kind);
+    oa::ErrorDetail {
+        message: message.to_owned(),
+        kind: Some(kind),
+        param: None,
+        code: code.map(|c| serde_json::Value::String(c.to_owned())),
+    }
+}
+
+fn anthropic_body(kind: &str, message: &str) -> Vec<u8> {
+    let body = an::ErrorBody {
+        kind: "error".to_owned(),
+        error: anthropic_detail(kind, message),
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+fn openai_body(anthropic_kind: &str, message: &str) -> Vec<u8> {
+    let body = oa::ErrorBody {
+        error: openai_detail(anthropic_kind, message),
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn parse(bytes: &[u8]) -> Value {
+        serde_json::from_slice(bytes).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn openai_rate_limit_becomes_anthropic_rate_limit_error() {
+        let body = json!({"error": {"message": "Rate limit reached", "type": "requests",
+                                    "param": null, "code": "rate_limit_exceeded"}});
+        let (status, out) = to_anthropic(429, body.to_string().as_bytes());
+        assert_eq!(status, 429);
+        assert_eq!(
+            parse(&out),
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached"}})
+        );
+    }
+
+    #[test]
+    fn anthropic_overload_becomes_openai_server_error() {
+        let body = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"},
+                          "request_id": "req_1"});
+        let (status, out) = to_openai(529, body.to_string().as_bytes());
+        assert_eq!(status, 529);
+        assert_eq!(
+            parse(&out),
+            json!({"error": {"message": "Overloaded", "type": "server_error", "param": null, "code": "overloaded"}})
+        );
+    }
+
+    #[test]
+    fn openai_codes_and_types_map_before_the_status() {
+        let cases = [
+            (
+                json!({"type": "invalid_request_error", "code": "invalid_api_key"}),
+                401,
+                "authentication_error",
+            ),
+            (
+                json!({"type": "insufficient_quota", "code": "insufficient_quota"}),
+                429,
+                "billing_error",
+            ),
+            (
+                json!({"type": "invalid_request_error", "code": "model_not_found"}),
+                404,
+                "not_found_error",
+            ),
+            (
+                json!({"type": "invalid_request_error", "code": null}),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                json!({"type": "server_error", "code": null}),
+                500,
+                "api_error",
+            ),
+            (
+                json!({"type": "BadRequestError", "code": 400}),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                json!({"type": "ServiceUnavailableError", "code": 503}),
+                503,
+                "overloaded_error",
+            ),
+        ];
+        for (detail, status, want) in cases {
+            let detail: oa::ErrorDetail =
+                serde_json::from_value(detail).unwrap_or(oa::ErrorDetail {
+                    message: String::new(),
+                    kind: None,
+                    param: None,
+                    code: None,
+                });
+            assert_eq!(anthropic_type(&detail, Some(status)), want, "{detail:?}");
+        }
+    }
+
+    #[test]
+    fn a_numeric_code_stands_in_for_the_status_in_a_stream() {
+        let detail: Option<oa::ErrorDetail> = serde_json::from_value(
+            json!({"message": "x", "type": "InternalServerError", "code": 529}),
+        )
+        .ok();
+        assert_eq!(
+            detail.map(|d| anthropic_type(&d, None)),
+            Some("overloaded_error")
+        );
+    }
+
+    #[test]
+    fn every_anthropic_type_survives_the_way_to_openai_and_back() {
+        for (kind, status) in [
+            ("invalid_request_error", 400),
+            ("authentication_error", 401),
+            ("billing_error", 402),
+            ("permission_error", 403),
+            ("not_found_error", 404),
+            ("conflict_error", 409),
+            ("request_too_large", 413),
+            ("rate_limit_error", 429),
+            ("api_error", 500),
+            ("timeout_error", 504),
+            ("overloaded_error", 529),
+        ] {
+            for any_status in [status, 400, 500] {
+                let detail = openai_detail(kind, "m");
+                assert_eq!(anthropic_type(&detail, Some(any_status)), kind);
+            }
+        }
+    }
+
+    #[test]
+    fn top_level_error_objects_and_html_are_understood() {
+        let vllm = json!({"object": "error", "message": "bad", "type": "BadRequestError", "param": null, "code": 400});
+        let (_, out) = to_anthropic(400, vllm.to_string().as_bytes());
+        assert_eq!(parse(&out)["error"]["type"], "invalid_request_error");
+        assert_eq!(parse(&out)["error"]["message"], "bad");
+        let (status, out) = to_anthropic(502, b"<html>bad gateway</html>");
+        assert_eq!(status, 502);
+        assert_eq!(parse(&out)["error"]["type"], "api_error");
+        let (status, out) = to_openai(503, b"");
+        assert_eq!(status, 503);
+        assert_eq!(parse(&out)["error"]["type"], "server_error");
+        assert_eq!(parse(&out)["error"]["code"], "overloaded");
+    }
+}

@@ -1,0 +1,174 @@
+//! Translation between Anthropic Messages and OpenAI Chat Completions (SPEC §10): a caller of
+//! one API served by a chain step of the other kind. Pure code: bytes in, bytes out, no I/O.
+//!
+//! [`request`] rewrites the caller's body for the upstream (re-serialised, `model` set to the
+//! step's model) and names what the fitting rules dropped; [`response`] and [`error`] bring a
+//! whole upstream answer back into the caller's shape; [`StreamTranslator`] does the same for a
+//! stream, event by event. A request that cannot be served without something the other API
+//! lacks is [`Untranslatable`]: it must not be sent to that step.
+//!
+//! # Mapping
+//!
+//! | Anthropic Messages | OpenAI Chat Completions | losses and fitting rules |
+//! |---|---|---|
+//! | `system` (string or text blocks) | first message, role `system` (string, or text parts) | OpenAI `system`/`developer` messages anywhere are gathered into `system` (`system_moved_to_top`); several become text blocks; their `name` is dropped |
+//! | user/assistant `content`: string | `content`: string | — |
+//! | text blocks | text parts; a single text is sent as a plain string | a single text block and a string are the same content; `cache_control`, `citations` dropped |
+//! | `image` block, base64 / url source | `image_url` part, `data:` URL / URL | `detail` other than `auto` dropped; Files-API image: untranslatable |
+//! | `document` block, base64 (PDF) | `file` part with base64 `file_data`, `filename` = title | text documents become a text part (title dropped); by URL / file id: untranslatable |
+//! | assistant `tool_use` blocks | assistant `tool_calls` (`arguments` = input as JSON string) | tool calls follow the text (no interleaving); arguments that are not a JSON object become `{}` (`invalid_tool_arguments`) |
+//! | user `tool_result` blocks | `tool` messages (`tool_call_id`), before the rest of the user turn | `is_error` is carried as a `[tool error]` prefix of the text and restored from it; images in results dropped (`tool_result_images`); tool ids outside `[A-Za-z0-9_-]` get `_` |
+//! | consecutive turns of one role | tool messages + user message | merged back into one Anthropic turn |
+//! | final assistant turn (prefill) | final assistant message | OpenAI answers after it rather than continuing it (`assistant_prefill`) |
+//! | `tools` (custom: name, description, `input_schema`) | `tools` (`function`: name, description, `parameters`) | server tools (`type` other than `custom`) dropped (`server_tools`); OpenAI non-function tools dropped (`custom_tools`), `strict` dropped; no `parameters` = empty object schema |
+//! | `tool_choice` auto / any / none / tool{name} | `"auto"` / `"required"` / `"none"` / `{type:function,function:{name}}` | forcing a server tool (by name, or `any` with only server tools) or an OpenAI custom tool: untranslatable; OpenAI `allowed_tools` narrows `tools` to the allowed ones |
+//! | `disable_parallel_tool_use: true` | `parallel_tool_calls: false` | dropped with `none` |
+//! | `stop_sequences` | `stop` (string or list) | — |
+//! | `max_tokens` | `max_completion_tokens` | OpenAI → Anthropic: `max_completion_tokens`, else `max_tokens`, else 4096 |
+//! | `temperature`, `top_p` | `temperature`, `top_p` | OpenAI temperature above 1 is clamped to 1 (`temperature_clamped`) |
+//! | `metadata.user_id` | `user` | — |
+//! | `stream` | `stream` (+ `stream_options.include_usage: true` upstream) | — |
+//! | `thinking` config, thinking blocks and signatures, `top_k`, `cache_control`, `service_tier`, `container`, `mcp_servers`, `context_management`, `output_config`, … | — | dropped, each listed by name; unknown fields as `unknown_fields` |
+//! | — | `n` > 1 | untranslatable |
+//! | — | `logprobs`, `top_logprobs`, `response_format` (not `text`), `audio`, `modalities`, `prediction`, `seed`, penalties, `logit_bias`, `reasoning_effort`, `store`, `metadata`, `service_tier`, `prompt_cache_key`, `safety_identifier`, … | dropped, each listed by name; `input_audio` parts and message `name`s too |
+//!
+//! Responses:
+//!
+//! | Anthropic message | `chat.completion` | losses |
+//! |---|---|---|
+//! | `id` `msg_X` | `id` `chatcmpl-X` | — (either prefix is swapped for the other) |
+//! | `model` | `model` | echoed from the upstream |
+//! | text blocks | `message.content` (joined) | several text blocks become one; thinking and server-tool blocks dropped |
+//! | — | `message.refusal` | becomes text, and `stop` becomes `refusal` |
+//! | `tool_use` blocks | `message.tool_calls` | arguments that are not a JSON object: untranslatable |
+//! | `stop_reason` end_turn, stop_sequence / max_tokens / tool_use / refusal | `finish_reason` stop / length / tool_calls / content_filter | `stop_sequence` comes back as `end_turn` and the matched `stop_sequence` is lost; `stop` with tool calls comes back as `tool_use` (so an agent loop runs them) |
+//! | `usage` input + cache_read + cache_write | `prompt_tokens` (`cached_tokens` = cache_read, `cache_write_tokens` = cache_write) | — (SPEC §6) |
+//! | `usage.output_tokens` (`thinking_tokens`) | `completion_tokens` (`reasoning_tokens`) | `total_tokens` is recomputed |
+//! | `stop_reason` pause_turn, model_context_window_exceeded | `finish_reason` stop, length | come back as `end_turn`, `max_tokens` |
+//! | — | `created` | set from the clock |
+//! | an upstream body that is not a message / has no choice | | untranslatable |
+//!
+//! Streams carry the same mapping event by event:
+//!
+//! | Anthropic events | OpenAI chunks | notes |
+//! |---|---|---|
+//! | `message_start` (id, model, usage) | role chunk (`role: assistant`, `content: ""`) | from OpenAI: message_start is written at the first chunk, with zero usage unless that chunk reports usage |
+//! | text block start + `text_delta`s | `content` (and `refusal`) deltas | from OpenAI: a text block opens at the first non-empty content |
+//! | `tool_use` block start (id, name) + `input_json_delta`s | `tool_calls` deltas, one `index` per call: the first with id, type, name, then `arguments` fragments | from OpenAI: a block opens at the first fragment carrying an id; calls must arrive one after another, and a fragment for an already closed call ends the stream with an `api_error` event instead of a corrupt input; a call whose id never came gets `call_legate_<index>` |
+//! | `message_delta` (stop_reason, cumulative usage) + `message_stop` | finish chunk + usage chunk (only when the OpenAI caller asked for `include_usage`) + `[DONE]` | from OpenAI: written at `[DONE]`, with the full usage of the final usage chunk (translated per SPEC §6) |
+//! | `ping` | SSE comment `: ping` | OpenAI has no ping event; the comment keeps idle watchdogs fed |
+//! | thinking / signature / citations deltas, server-tool blocks | — | dropped |
+//! | `event: error` | `data: {"error":{…}}` | nothing is written after it |
+//!
+//! The caller's terminal is written only when the upstream's terminal is read (`[DONE]`,
+//! `message_stop`): an upstream cut stays a cut, for the proxy to end with its own error event.
+//!
+//! Errors keep the HTTP status and the upstream message. The type maps by code, then type, then
+//! status:
+//!
+//! | Anthropic `error.type` | OpenAI `error.type` / `code` |
+//! |---|---|
+//! | invalid_request_error | invalid_request_error / null |
+//! | authentication_error | invalid_request_error / invalid_api_key |
+//! | permission_error | invalid_request_error / permission_denied (also from unsupported_country_region_territory) |
+//! | billing_error | insufficient_quota / insufficient_quota |
+//! | not_found_error | invalid_request_error / not_found (also from model_not_found) |
+//! | conflict_error | invalid_request_error / conflict |
+//! | request_too_large | invalid_request_error / request_too_large |
+//! | rate_limit_error | requests / rate_limit_exceeded (also from type tokens) |
+//! | api_error | server_error / null |
+//! | overloaded_error | server_error / overloaded |
+//! | timeout_error | server_error / timeout |
+//! | by status (Anthropic's table), for any other OpenAI type | any other Anthropic type passes as the OpenAI type |
+//!
+//! Drop labels returned by [`request`] (a closed set, fit for a metric label): the field names
+//! of the two tables above (`thinking`, `top_k`, `cache_control`, `service_tier`, `container`,
+//! `mcp_servers`, `context_management`, `inference_geo`, `output_config`, `output_format`;
+//! `logprobs`, `top_logprobs`, `response_format`, `audio`, `modalities`, `prediction`, `seed`,
+//! `frequency_penalty`, `presence_penalty`, `logit_bias`, `reasoning_effort`, `store`,
+//! `metadata`, `web_search_options`, `verbosity`, `service_tier`, `prompt_cache_key`,
+//! `prompt_cache_retention`, `safety_identifier`, `functions`, `function_call`) and
+//! `unknown_fields`, `thinking_blocks`, `citations`, `server_tools`, `custom_tools`,
+//! `custom_tool_calls`, `strict`, `tool_result_images`, `document_titles`, `misplaced_media`,
+//! `unsupported_blocks`, `unsupported_parts`, `input_audio`, `image_detail`, `message_names`,
+//! `function_messages`, `system_moved_to_top`, `empty_messages`, `invalid_tool_arguments`,
+//! `assistant_prefill`, `temperature_clamped`.
+
+mod anthropic;
+mod error;
+mod fitting;
+mod mapping;
+mod openai;
+mod request_anthropic;
+mod request_openai;
+mod response;
+mod stream;
+mod stream_anthropic;
+mod stream_openai;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use stream::StreamTranslator;
+
+/// Which way a call is translated: the caller's API → the upstream's API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dir {
+    /// An Anthropic Messages caller served by an OpenAI-compatible step.
+    AnthropicToOpenAi,
+    /// An OpenAI Chat Completions caller served by an Anthropic step.
+    OpenAiToAnthropic,
+}
+
+/// Why a request cannot be sent to a step of the other kind (a forced server tool, …), or why
+/// an upstream answer cannot be carried back. The text is fit for the caller and the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untranslatable(pub String);
+
+impl fmt::Display for Untranslatable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Untranslatable {}
+
+/// Translates a caller's request body into the upstream API, setting `model` to
+/// `target_model`. Returns the new body and the labels of what the fitting rules dropped (for
+/// logs and metrics; a bounded set of static names).
+pub fn request(
+    dir: Dir,
+    body: &[u8],
+    target_model: &str,
+) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {
+    match dir {
+        Dir::AnthropicToOpenAi => request_openai::translate(body, target_model),
+        Dir::OpenAiToAnthropic => request_anthropic::translate(body, target_model),
+    }
+}
+
+/// Translates a whole non-streaming upstream response (2xx) back into the caller's API.
+pub fn response(dir: Dir, upstream_body: &[u8]) -> Result<Vec<u8>, Untranslatable> {
+    match dir {
+        Dir::AnthropicToOpenAi => response::to_anthropic(upstream_body),
+        Dir::OpenAiToAnthropic => response::to_openai(upstream_body, now_unix_secs()),
+    }
+}
+
+/// Translates an upstream error (status + body) into the caller's error shape: (status, body).
+pub fn error(dir: Dir, status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
+    match dir {
+        Dir::AnthropicToOpenAi => error::to_anthropic(status, upstream_body),
+        Dir::OpenAiToAnthropic => error::to_openai(status, upstream_body),
+    }
+}
+
+/// Seconds since the epoch for OpenAI's `created` (Anthropic responses carry no timestamp).
+fn now_unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

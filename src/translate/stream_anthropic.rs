@@ -1,0 +1,328 @@
+//! OpenAI `chat.completion.chunk`s → Anthropic stream events (an Anthropic caller served by an
+//! OpenAI-compatible step).
+//!
+//! Anthropic streams one content block at a time, so the first chunk opens `message_start`,
+//! text opens a text block, and the first chunk of a tool call that carries its id opens a
+//! tool_use block (closing the block before it). Argument fragments become `input_json_delta`s
+//! of that block. Tool calls must arrive one after another, as OpenAI and vLLM send them: a
+//! fragment for a call whose block was already closed cannot be placed, and the stream ends
+//! with an error event rather than a corrupted tool input. Usage comes in OpenAI's last chunk,
+//! so the full usage goes into the final `message_delta` (message_start carries zeros unless the
+//! first chunk already reports usage).
+
+use serde_json::json;
+
+use super::error::{anthropic_detail, anthropic_type, parse_openai};
+use super::mapping::{anthropic_id, anthropic_tool_id, anthropic_usage, stop_reason};
+use super::stream::{is_done, write_anthropic};
+use super::{anthropic as an, openai as oa};
+use crate::sse::SseEvent;
+
+#[derive(Debug, Default)]
+pub struct ToAnthropic {
+    started: bool,
+    /// The upstream ended (terminal or error): later events are ignored.
+    done: bool,
+    complete: bool,
+    next_block: u64,
+    open: Option<Open>,
+    calls: Vec<Call>,
+    finish_reason: Option<String>,
+    usage: Option<oa::Usage>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Open {
+    Text { block: u64 },
+    Tool { block: u64, call: u64 },
+}
+
+/// One OpenAI tool call (by its `index`).
+#[derive(Debug)]
+struct Call {
+    index: u64,
+    state: CallState,
+}
+
+#[derive(Debug)]
+enum CallState {
+    /// Fragments seen before the one carrying the id.
+    Waiting {
+        name: String,
+        arguments: String,
+    },
+    Open,
+    Closed,
+}
+
+impl ToAnthropic {
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    pub fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
+        let is_error = event.event.as_deref() == Some("error");
+        if self.done || (event.data.trim().is_empty() && !is_error) {
+            return;
+        }
+        if is_done(event) {
+            self.complete(out);
+            return;
+        }
+        if is_error {
+            return match parse_openai(event.data.as_bytes()) {
+                Some(detail) => self.fail(out, anthropic_type(&detail, None), &detail.message),
+                None => self.fail(
+                    out,
+                    "api_error",
+                    "the upstream provider reported a stream error",
+                ),
+            };
+        }
+        let chunk = match serde_json::from_str::<oa::Chunk>(&event.data) {
+            Ok(chunk) => chunk,
+            Err(_) => {
+                return self.fail(
+                    out,
+                    "api_error",
+                    "the upstream provider sent a stream event legate cannot read",
+                );
+            }
+        };
+        if let Some(detail) = &chunk.error {
+            return self.fail(out, anthropic_type(detail, None), &detail.message);
+        }
+        self.start(&chunk.id, &chunk.model, chunk.usage.as_ref(), out);
+        if chunk.usage.is_some() {
+            self.usage.clone_from(&chunk.usage);
+        }
+        // n > 1 is refused at request time: only the first choice exists.
+        for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+            let delta = choice.delta;
+            for text in [delta.content, delta.refusal].into_iter().flatten() {
+                self.text(&text, out);
+            }
+            for call in delta.tool_calls.unwrap_or_default() {
+                if !self.tool(call, out) {
+                    return self.fail(
+                        out,
+                        "api_error",
+                        "the upstream provider interleaved tool call arguments, which cannot be streamed as Anthropic content blocks",
+                    );
+                }
+            }
+            if choice.finish_reason.is_some() {
+                self.finish_reason = choice.finish_reason;
+            }
+        }
+    }
+
+    fn start(&mut self, id: &str, model: &str, usage: Option<&oa::Usage>, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let usage = usage.map(anthropic_usage).unwrap_or(an::Usage {
+            input_tokens: Some(0),
+            output_tokens: Some(0),
+            ..an::Usage::default()
+        });
+        let message = an::MessageResponse {
+            id: anthropic_id(id),
+            kind: "message".to_owned(),
+            role: an::Role::Assistant,
+            content: Vec::new(),
+            model: model.to_owned(),
+            stop_reason: None,
+            stop_sequence: None,
+            usage,
+        };
+        write_anthropic(out, &an::StreamEvent::MessageStart { message });
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
+        if text.is_empty() {
+            return;
+        }
+        let block = match self.open {
+            Some(Open::Text { block }) => block,
+            _ => {
+                self.close(out);
+                let block = self.open_block(
+                    out,
+                    an::Block::Text {
+                        text: String::new(),
+                        cache_control: None,
+                        citations: None,
+                    },
+                );
+                self.open = Some(Open::Text { block });
+                block
+            }
+        };
+        let delta = an::Delta::Text {
+            text: text.to_owned(),
+        };
+        write_anthropic(
+            out,
+            &an::StreamEvent::ContentBlockDelta {
+                index: block,
+                delta,
+            },
+        );
+    }
+
+    /// Applies one tool-call fragment; false when it belongs to an already closed block.
+    fn tool(&mut self, call: oa::ToolCallDelta, out: &mut Vec<u8>) -> bool {
+        let function = call.function.unwrap_or_default();
+        let arguments = function.arguments.unwrap_or_default();
+        let position = match self.calls.iter().position(|c| c.index == call.index) {
+            Some(position) => position,
+            None => {
+                self.calls.push(Call {
+                    index: call.index,
+                    state: CallState::Waiting {
+                        name: String::new(),
+                        arguments: String::new(),
+                    },
+                });
+                self.calls.len() - 1
+            }
+        };
+        match &mut self.calls[position].state {
+            CallState::Closed => return false,
+            CallState::Open => {
+                if let Some(Open::Tool { block, .. }) = self.open {
+                    self.arguments(block, arguments, out);
+                }
+            }
+            CallState::Waiting {
+                name,
+                arguments: held,
+            } => {
+                if let Some(part) = function.name {
+                    name.push_str(&part);
+                }
+                held.push_str(&arguments);
+                if let Some(id) = call.id {
+                    let (name, held) = (std::mem::take(name), std::mem::take(held));
+                    self.open_tool(position, &id, name, held, out);
+                }
+            }
+        }
+        true
+    }
+
+    fn open_tool(
+        &mut self,
+        position: usize,
+        id: &str,
+        name: String,
+        arguments: String,
+        out: &mut Vec<u8>,
+    ) {
+        self.close(out);
+        let block = self.open_block(
+            out,
+            an::Block::ToolUse {
+                id: anthropic_tool_id(id),
+                name,
+                input: json!({}),
+                cache_control: None,
+            },
+        );
+        let call = self.calls[position].index;
+        self.calls[position].state = CallState::Open;
+        self.open = Some(Open::Tool { block, call });
+        self.arguments(block, arguments, out);
+    }
+
+    fn arguments(&self, block: u64, partial_json: String, out: &mut Vec<u8>) {
+        if partial_json.is_empty() {
+            return;
+        }
+        let delta = an::Delta::InputJson { partial_json };
+        write_anthropic(
+            out,
+            &an::StreamEvent::ContentBlockDelta {
+                index: block,
+                delta,
+            },
+        );
+    }
+
+    fn open_block(&mut self, out: &mut Vec<u8>, content_block: an::Block) -> u64 {
+        let index = self.next_block;
+        self.next_block += 1;
+        write_anthropic(
+            out,
+            &an::StreamEvent::ContentBlockStart {
+                index,
+                content_block,
+            },
+        );
+        index
+    }
+
+    fn close(&mut self, out: &mut Vec<u8>) {
+        let Some(open) = self.open.take() else { return };
+        let block = match open {
+            Open::Text { block } => block,
+            Open::Tool { block, call } => {
+                if let Some(c) = self.calls.iter_mut().find(|c| c.index == call) {
+                    c.state = CallState::Closed;
+                }
+                block
+            }
+        };
+        write_anthropic(out, &an::StreamEvent::ContentBlockStop { index: block });
+    }
+
+    /// `[DONE]`: closes the open block, opens calls whose id never came (with a stand-in id),
+    /// then message_delta (stop reason, full usage) and message_stop.
+    fn complete(&mut self, out: &mut Vec<u8>) {
+        self.start("", "", None, out);
+        self.close(out);
+        for position in 0..self.calls.len() {
+            if let CallState::Waiting { name, arguments } = &mut self.calls[position].state {
+                let (name, arguments) = (std::mem::take(name), std::mem::take(arguments));
+                let id = format!("call_legate_{}", self.calls[position].index);
+                self.open_tool(position, &id, name, arguments, out);
+                self.close(out);
+            }
+        }
+        let has_calls = !self.calls.is_empty();
+        let usage = self
+            .usage
+            .as_ref()
+            .map(anthropic_usage)
+            .unwrap_or(an::Usage {
+                output_tokens: Some(0),
+                ..an::Usage::default()
+            });
+        let delta = an::MessageDeltaBody {
+            stop_reason: Some(stop_reason(self.finish_reason.as_deref(), has_calls).to_owned()),
+            stop_sequence: None,
+        };
+        write_anthropic(
+            out,
+            &an::StreamEvent::MessageDelta {
+                delta,
+                usage: Some(usage),
+            },
+        );
+        write_anthropic(out, &an::StreamEvent::MessageStop);
+        self.done = true;
+        self.complete = true;
+    }
+
+    fn fail(&mut self, out: &mut Vec<u8>, kind: &str, message: &str) {
+        write_anthropic(
+            out,
+            &an::StreamEvent::Error {
+                error: anthropic_detail(kind, message),
+            },
+        );
+        self.done = true;
+    }
+}

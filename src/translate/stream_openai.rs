@@ -1,0 +1,232 @@
+//! Anthropic stream events → OpenAI `chat.completion.chunk`s (an OpenAI caller served by an
+//! Anthropic step).
+//!
+//! message_start becomes the role chunk; text deltas become content deltas; each tool_use
+//! block becomes the next tool call index (its start carries id and name, its
+//! `input_json_delta`s the argument fragments). message_delta only records the stop reason and
+//! the running usage; message_stop writes the finish chunk, the usage chunk (if the caller
+//! asked for it) and `[DONE]`. Thinking and server-tool blocks are dropped; a ping becomes an
+//! SSE comment line.
+
+use super::error::openai_detail;
+use super::mapping::{finish_reason, openai_id, openai_usage};
+use super::stream::{DONE, write_data, write_openai};
+use super::{anthropic as an, openai as oa};
+use crate::sse::SseEvent;
+
+#[derive(Debug)]
+pub struct ToOpenAi {
+    include_usage: bool,
+    created: u64,
+    id: String,
+    model: String,
+    started: bool,
+    done: bool,
+    complete: bool,
+    /// Anthropic block index → OpenAI tool call index.
+    calls: Vec<(u64, u64)>,
+    stop_reason: Option<String>,
+    usage: an::Usage,
+}
+
+impl ToOpenAi {
+    pub fn new(include_usage: bool, created: u64) -> Self {
+        Self {
+            include_usage,
+            created,
+            id: String::new(),
+            model: String::new(),
+            started: false,
+            done: false,
+            complete: false,
+            calls: Vec::new(),
+            stop_reason: None,
+            usage: an::Usage::default(),
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    pub fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
+        if self.done || event.data.trim().is_empty() {
+            return;
+        }
+        let Ok(parsed) = serde_json::from_str::<an::StreamEvent>(&event.data) else {
+            return self.fail(
+                out,
+                "api_error",
+                "the upstream provider sent a stream event legate cannot read",
+            );
+        };
+        match parsed {
+            an::StreamEvent::MessageStart { message } => {
+                self.id = openai_id(&message.id);
+                self.model = message.model;
+                self.usage = message.usage;
+                self.start(out);
+            }
+            an::StreamEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => {
+                self.start(out);
+                self.block_start(index, content_block, out);
+            }
+            an::StreamEvent::ContentBlockDelta { index, delta } => {
+                self.start(out);
+                self.block_delta(index, delta, out);
+            }
+            an::StreamEvent::MessageDelta { delta, usage } => {
+                if delta.stop_reason.is_some() {
+                    self.stop_reason = delta.stop_reason;
+                }
+                if let Some(usage) = usage {
+                    self.usage.overwrite_with(&usage);
+                }
+            }
+            an::StreamEvent::MessageStop => self.complete(out),
+            an::StreamEvent::Error { error } => self.fail(out, &error.kind, &error.message),
+            // No chunk for a ping, but a comment line: OpenAI clients skip it, and it keeps
+            // idle watchdogs fed while thinking (which is not carried) streams upstream.
+            an::StreamEvent::Ping => out.extend_from_slice(b": ping\n\n"),
+            an::StreamEvent::ContentBlockStop { .. } | an::StreamEvent::Other => {}
+        }
+    }
+
+    /// The role chunk, once.
+    fn start(&mut self, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let delta = oa::ChunkDelta {
+            role: Some("assistant".to_owned()),
+            content: Some(String::new()),
+            ..oa::ChunkDelta::default()
+        };
+        self.write_delta(out, delta, None);
+    }
+
+    fn block_start(&mut self, index: u64, block: an::Block, out: &mut Vec<u8>) {
+        match block {
+            an::Block::Text { text, .. } => self.content(text, out),
+            an::Block::ToolUse {
+                id, name, input, ..
+            } => {
+                let call = self.calls.len() as u64;
+                self.calls.push((index, call));
+                // Anthropic starts with `{}` and streams the input; a filled input is sent whole.
+                let arguments = match &input {
+                    serde_json::Value::Object(map) if map.is_empty() => String::new(),
+                    serde_json::Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                let call = oa::ToolCallDelta {
+                    index: call,
+                    id: Some(id),
+                    kind: Some(oa::function_kind()),
+                    function: Some(oa::FunctionDelta {
+                        name: Some(name),
+                        arguments: Some(arguments),
+                    }),
+                };
+                self.write_calls(out, call);
+            }
+            _ => {}
+        }
+    }
+
+    fn block_delta(&mut self, index: u64, delta: an::Delta, out: &mut Vec<u8>) {
+        match delta {
+            an::Delta::Text { text } => self.content(text, out),
+            an::Delta::InputJson { partial_json } => {
+                let Some(&(_, call)) = self.calls.iter().find(|(block, _)| *block == index) else {
+                    return;
+                };
+                if partial_json.is_empty() {
+                    return;
+                }
+                let call = oa::ToolCallDelta {
+                    index: call,
+                    id: None,
+                    kind: None,
+                    function: Some(oa::FunctionDelta {
+                        name: None,
+                        arguments: Some(partial_json),
+                    }),
+                };
+                self.write_calls(out, call);
+            }
+            an::Delta::Other => {}
+        }
+    }
+
+    fn content(&mut self, text: String, out: &mut Vec<u8>) {
+        if text.is_empty() {
+            return;
+        }
+        let delta = oa::ChunkDelta {
+            content: Some(text),
+            ..oa::ChunkDelta::default()
+        };
+        self.write_delta(out, delta, None);
+    }
+
+    fn write_calls(&self, out: &mut Vec<u8>, call: oa::ToolCallDelta) {
+        let delta = oa::ChunkDelta {
+            tool_calls: Some(vec![call]),
+            ..oa::ChunkDelta::default()
+        };
+        self.write_delta(out, delta, None);
+    }
+
+    fn write_delta(&self, out: &mut Vec<u8>, delta: oa::ChunkDelta, finish: Option<String>) {
+        let choice = oa::ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason: finish,
+        };
+        write_openai(out, &self.chunk(vec![choice], None));
+    }
+
+    fn chunk(&self, choices: Vec<oa::ChunkChoice>, usage: Option<oa::Usage>) -> oa::Chunk {
+        oa::Chunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".to_owned(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+            error: None,
+        }
+    }
+
+    /// message_stop: the finish chunk, the usage chunk (empty choices) and `[DONE]`.
+    fn complete(&mut self, out: &mut Vec<u8>) {
+        self.start(out);
+        let finish = finish_reason(self.stop_reason.as_deref()).to_owned();
+        self.write_delta(out, oa::ChunkDelta::default(), Some(finish));
+        if self.include_usage {
+            write_openai(
+                out,
+                &self.chunk(Vec::new(), Some(openai_usage(&self.usage))),
+            );
+        }
+        write_data(out, DONE);
+        self.done = true;
+        self.complete = true;
+    }
+
+    fn fail(&mut self, out: &mut Vec<u8>, kind: &str, message: &str) {
+        write_openai(
+            out,
+            &oa::ErrorBody {
+                error: openai_detail(kind, message),
+            },
+        );
+        self.done = true;
+    }
+}

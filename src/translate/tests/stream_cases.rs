@@ -1,0 +1,305 @@
+//! Stream translation on hand-written upstream streams: the exact events the caller gets,
+//! usage on request, mid-stream errors, and the cases a translator must refuse to paper over.
+
+use serde_json::{Value, json};
+
+use super::super::{Dir, StreamTranslator};
+use super::stream_support::*;
+
+#[test]
+fn openai_stream_becomes_anthropic_events() {
+    let input = [
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        chunk(json!({"content": "Hi"}), None),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":"}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        openai_usage_chunk(),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let out = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
+    let want = vec![
+        (
+            Some("message_start"),
+            json!({"type": "message_start", "message": {"id": "msg_abc", "type": "message",
+            "role": "assistant", "content": [], "model": "gpt-4.1", "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "Hi"}}),
+        ),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "call_1", "name": "get", "input": {}}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "1}"}}),
+        ),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 1}),
+        ),
+        (
+            Some("message_delta"),
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"input_tokens": 30, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 100,
+                      "output_tokens": 12}}),
+        ),
+        (Some("message_stop"), json!({"type": "message_stop"})),
+    ];
+    let want: Vec<_> = want
+        .into_iter()
+        .map(|(n, d)| (n.map(str::to_owned), d))
+        .collect();
+    assert_eq!(events(&out), want);
+}
+
+#[test]
+fn anthropic_stream_becomes_openai_chunks() {
+    let input = [
+        anthropic_start(),
+        anthropic_event(&json!({"type": "ping"})),
+        anthropic_event(&json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""}})),
+        anthropic_event(&json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "hmm"}})),
+        anthropic_event(&json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "signature_delta", "signature": "c2ln"}})),
+        anthropic_event(&json!({"type": "content_block_stop", "index": 0})),
+        anthropic_event(&json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get", "input": {}}})),
+        anthropic_event(&json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": ""}})),
+        anthropic_event(&json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"a\": 1}"}})),
+        anthropic_event(&json!({"type": "content_block_stop", "index": 1})),
+        anthropic_end("tool_use"),
+    ]
+    .concat();
+    let out = translate(Dir::OpenAiToAnthropic, true, input.as_bytes(), &[]);
+    // The ping is no chunk, only a comment line (skipped by the parser below).
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches(": ping\n\n").count(), 1);
+    let base = |choices: Value, usage: Option<Value>| {
+        let mut chunk = json!({"id": "chatcmpl-01X", "object": "chat.completion.chunk", "created": CREATED,
+            "model": "claude-sonnet-4-5", "choices": choices});
+        if let Some(usage) = usage {
+            chunk["usage"] = usage;
+        }
+        (None, chunk)
+    };
+    let choice = |delta: Value, finish: Value| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+    let want = vec![
+        base(
+            choice(json!({"role": "assistant", "content": ""}), Value::Null),
+            None,
+        ),
+        base(
+            choice(
+                json!({"tool_calls": [{"index": 0, "id": "toolu_1", "type": "function",
+            "function": {"name": "get", "arguments": ""}}]}),
+                Value::Null,
+            ),
+            None,
+        ),
+        base(
+            choice(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 1}"}}]}),
+                Value::Null,
+            ),
+            None,
+        ),
+        base(choice(json!({}), json!("tool_calls")), None),
+        base(
+            json!([]),
+            Some(
+                json!({"prompt_tokens": 130, "completion_tokens": 15, "total_tokens": 145,
+            "prompt_tokens_details": {"cached_tokens": 100, "cache_write_tokens": 5}}),
+            ),
+        ),
+        (None, json!("[DONE]")),
+    ];
+    assert_eq!(events(&out), want);
+}
+
+#[test]
+fn usage_chunk_only_when_the_openai_caller_asked() {
+    let input = [anthropic_start(), anthropic_end("end_turn")].concat();
+    let view = openai_view(&translate(
+        Dir::OpenAiToAnthropic,
+        false,
+        input.as_bytes(),
+        &[],
+    ));
+    assert_eq!(
+        view.as_ref().map(|v| (v.usage.is_none(), v.done)),
+        Ok((true, true))
+    );
+    let view = openai_view(&translate(
+        Dir::OpenAiToAnthropic,
+        true,
+        input.as_bytes(),
+        &[],
+    ));
+    assert_eq!(
+        view.map(|v| v.usage.map(|u| u.prompt_tokens)),
+        Ok(Some(130))
+    );
+}
+
+#[test]
+fn mid_stream_errors_become_the_callers_error_event_and_end_the_stream() {
+    let anthropic = [
+        anthropic_start(),
+        anthropic_event(&json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})),
+        anthropic_end("end_turn"),
+    ]
+    .concat();
+    let view = openai_view(&translate(
+        Dir::OpenAiToAnthropic,
+        true,
+        anthropic.as_bytes(),
+        &[],
+    ));
+    let error = json!({"message": "Overloaded", "type": "server_error", "param": null, "code": "overloaded"});
+    assert_eq!(view.map(|v| (v.error, v.done)), Ok((Some(error), false)));
+
+    let openai = [
+        chunk(json!({"role": "assistant", "content": "Hi"}), None),
+        sse(None, &json!({"error": {"message": "Rate limited", "type": "requests", "code": "rate_limit_exceeded"}})),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let view = anthropic_view(&translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        openai.as_bytes(),
+        &[],
+    ));
+    assert_eq!(
+        view.map(|v| (v.error, v.stopped)),
+        Ok((Some("rate_limit_error".to_owned()), false))
+    );
+}
+
+#[test]
+fn a_named_error_event_without_a_json_error_still_ends_the_stream() {
+    let input = [
+        chunk(json!({"role": "assistant", "content": "Hi"}), None),
+        "event: error\ndata: upstream exploded\n\n".to_owned(),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let view = anthropic_view(&translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        input.as_bytes(),
+        &[],
+    ));
+    assert_eq!(
+        view.map(|v| (v.text, v.error, v.stopped)),
+        Ok(("Hi".to_owned(), Some("api_error".to_owned()), false))
+    );
+}
+
+#[test]
+fn interleaved_tool_arguments_end_in_an_error_not_a_corrupt_input() {
+    let call = |index: u64, id: Option<&str>, args: &str| {
+        let mut c = json!({"index": index, "function": {"arguments": args}});
+        if let Some(id) = id {
+            c["id"] = json!(id);
+            c["function"]["name"] = json!("f");
+        }
+        chunk(json!({"tool_calls": [c]}), None)
+    };
+    let input = [
+        call(0, Some("a"), "{"),
+        call(1, Some("b"), "{"),
+        call(0, None, "}"),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let view = anthropic_view(&translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        input.as_bytes(),
+        &[],
+    ));
+    assert_eq!(
+        view.map(|v| (v.error, v.stopped)),
+        Ok((Some("api_error".to_owned()), false))
+    );
+}
+
+#[test]
+fn a_tool_call_without_an_id_gets_a_stand_in_at_the_end() {
+    let input = [
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{}"}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let view = anthropic_view(&translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        input.as_bytes(),
+        &[],
+    ));
+    let tools = vec![("call_legate_0".to_owned(), "f".to_owned(), "{}".to_owned())];
+    assert_eq!(
+        view.map(|v| (v.tools, v.stop_reason)),
+        Ok((tools, Some("tool_use".to_owned())))
+    );
+}
+
+#[test]
+fn garbage_after_the_terminal_is_ignored_and_a_cut_has_no_terminal() {
+    let mut translator = StreamTranslator::with_created(Dir::AnthropicToOpenAi, false, CREATED);
+    let head = chunk(json!({"role": "assistant", "content": "Hi"}), None);
+    let out = translator.push(head.as_bytes());
+    assert!(!translator.is_complete());
+    let cut = [out, translator.finish()].concat();
+    assert!(anthropic_view(&cut).is_ok_and(|v| !v.stopped && v.text == "Hi"));
+    let done = translator.push(b"data: [DONE]\n\ndata: {\"choices\": 3}\n\n");
+    assert!(translator.is_complete());
+    assert_eq!(
+        events(&done).len(),
+        3,
+        "block stop, message_delta, message_stop"
+    );
+}

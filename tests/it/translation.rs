@@ -1,0 +1,228 @@
+//! One chain across both APIs: a caller of either API served by a provider of the other kind,
+//! streaming and not, tool calls included, and a fallback across kinds mid-storm.
+
+use futures_util::StreamExt;
+
+use crate::harness::{self, OPENAI_KEY, header_values};
+
+const CHAINS: &str = r#"
+[retry]
+base_delay = "10ms"
+max_delay = "20ms"
+
+[[models]]
+name = "via-openai"
+chain = ["openai:gpt-backend"]
+
+[[models]]
+name = "via-anthropic"
+chain = ["anthropic:claude-backend"]
+
+[[models]]
+name = "mixed"
+chain = ["anthropic:claude-primary", "openai:gpt-backup"]
+"#;
+
+const TOOL_REPLY: &str = r#"{"default":{"content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"call_1","name":"read_file","input":{"path":"notes/a b.txt","lines":[1,2,3]}}],"stop_reason":"tool_use","usage":{"input_tokens":21,"output_tokens":9}}}"#;
+
+/// Anthropic events of a streamed answer: (event name, data).
+async fn anthropic_events(resp: reqwest::Response) -> Vec<(String, serde_json::Value)> {
+    let mut parser = legate::sse::SseParser::new();
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
+        parser.push(&chunk);
+        while let Some(ev) = parser.next_event() {
+            let data = serde_json::from_str(&ev.data).unwrap_or(serde_json::Value::Null);
+            out.push((ev.event.unwrap_or_default(), data));
+        }
+    }
+    out
+}
+
+/// Rebuilds the tool input JSON of an Anthropic stream from its input_json_delta pieces.
+fn tool_input(events: &[(String, serde_json::Value)]) -> serde_json::Value {
+    let json: String = events
+        .iter()
+        .filter(|(_, d)| d["delta"]["type"] == "input_json_delta")
+        .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap().to_string())
+        .collect();
+    serde_json::from_str(&json).unwrap()
+}
+
+#[tokio::test]
+async fn an_anthropic_caller_is_served_by_an_openai_provider() {
+    let env =
+        harness::start_with(legate::mock::Script::from_json(TOOL_REPLY).unwrap(), CHAINS).await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":256,"system":"be brief","messages":[{"role":"user","content":"read it"}],"tools":[{"name":"read_file","description":"read","input_schema":{"type":"object","properties":{"path":{"type":"string"}}}}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "openai:gpt-backend");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["stop_reason"], "tool_use");
+    assert_eq!(v["content"][0]["text"], "Let me look.");
+    assert_eq!(v["content"][1]["type"], "tool_use");
+    assert_eq!(v["content"][1]["name"], "read_file");
+    assert_eq!(v["content"][1]["input"]["path"], "notes/a b.txt");
+    assert_eq!(v["usage"]["input_tokens"], 21);
+    assert_eq!(v["usage"]["output_tokens"], 9);
+    let up = env.mock.requests().remove(0);
+    assert_eq!(up.path, "/v1/chat/completions");
+    assert_eq!(
+        header_values(&up.headers, "authorization"),
+        vec![format!("Bearer {OPENAI_KEY}").as_str()]
+    );
+    assert!(header_values(&up.headers, "anthropic-version").is_empty());
+    let sent: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
+    assert_eq!(sent["model"], "gpt-backend");
+    assert_eq!(sent["messages"][0]["role"], "system");
+    assert_eq!(sent["tools"][0]["function"]["name"], "read_file");
+    let translated = env
+        .metric(
+            "legate_translated_requests_total",
+            &[("from", "anthropic"), ("to", "openai")],
+        )
+        .await;
+    assert_eq!(translated, Some(1.0));
+}
+
+#[tokio::test]
+async fn an_anthropic_stream_from_an_openai_provider_carries_the_tool_call_intact() {
+    let env =
+        harness::start_with(legate::mock::Script::from_json(TOOL_REPLY).unwrap(), CHAINS).await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":256,"stream":true,"messages":[{"role":"user","content":"read it"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let events = anthropic_events(resp).await;
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    assert_eq!(names.iter().filter(|n| **n == "message_start").count(), 1);
+    assert_eq!(
+        tool_input(&events),
+        serde_json::json!({"path":"notes/a b.txt","lines":[1,2,3]})
+    );
+    let delta = events.iter().find(|(n, _)| n == "message_delta").unwrap();
+    assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
+    // Metered from the upstream's own usage.
+    let doc: serde_json::Value = env
+        .http
+        .get(env.admin_url("/admin/usage"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        doc["tenants"]["default"]["openai:gpt-backend"]["output_tokens"],
+        9
+    );
+}
+
+#[tokio::test]
+async fn an_openai_caller_is_served_by_an_anthropic_provider_streaming_and_not() {
+    let env =
+        harness::start_with(legate::mock::Script::from_json(TOOL_REPLY).unwrap(), CHAINS).await;
+    let body = r#"{"model":"via-anthropic","messages":[{"role":"user","content":"read it"}]}"#;
+    let resp = env.chat(body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:claude-backend"
+    );
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "read_file");
+    let args: serde_json::Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["lines"], serde_json::json!([1, 2, 3]));
+    let up = env.mock.requests().remove(0);
+    assert_eq!(up.path, "/v1/messages");
+    assert_eq!(
+        header_values(&up.headers, "anthropic-version"),
+        vec!["2023-06-01"]
+    );
+    let sent: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
+    assert!(
+        sent["max_tokens"].as_u64().is_some(),
+        "Anthropic requires max_tokens"
+    );
+
+    let stream = env
+        .chat(r#"{"model":"via-anthropic","stream":true,"messages":[{"role":"user","content":"read it"}]}"#)
+        .await;
+    let text = stream.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let mut args = String::new();
+    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if let Ok(chunk) = serde_json::from_str::<serde_json::Value>(line) {
+            if let Some(a) =
+                chunk["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            {
+                args.push_str(a);
+            }
+        }
+    }
+    let args: serde_json::Value = serde_json::from_str(&args).unwrap();
+    assert_eq!(args["path"], "notes/a b.txt");
+}
+
+#[tokio::test]
+async fn a_529_storm_falls_back_across_apis_with_a_streamed_tool_call_intact() {
+    let script = r#"{"replies":[{"match":{"model":"claude-primary"},"times":0,"status":529}],
+        "default":{"content":[{"type":"tool_use","id":"call_9","name":"write_file","input":{"path":"out.txt","content":"line one\nline \"two\""}}],"stop_reason":"tool_use"}}"#;
+    let env = harness::start_with(legate::mock::Script::from_json(script).unwrap(), CHAINS).await;
+    let resp = env
+        .messages(r#"{"model":"mixed","max_tokens":128,"stream":true,"messages":[{"role":"user","content":"write it"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "openai:gpt-backup");
+    assert_eq!(resp.headers()["x-legate-attempts"], "4");
+    let events = anthropic_events(resp).await;
+    assert_eq!(events.last().map(|e| e.0.as_str()), Some("message_stop"));
+    assert_eq!(
+        tool_input(&events),
+        serde_json::json!({"path":"out.txt","content":"line one\nline \"two\""})
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_error_comes_back_in_the_callers_shape() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"status":400,"error_message":"bad tool schema"}}"#,
+        )
+        .unwrap(),
+        CHAINS,
+    )
+    .await;
+    let resp = env
+        .messages(
+            r#"{"model":"via-openai","max_tokens":16,"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["message"], "bad tool schema");
+}
+
+#[tokio::test]
+async fn a_request_a_step_cannot_honour_is_not_sent_to_it() {
+    let env = harness::start(CHAINS).await;
+    // n > 1 has no Anthropic equivalent.
+    let resp = env
+        .chat(r#"{"model":"via-anthropic","n":3,"messages":[{"role":"user","content":"x"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(env.mock.stats().requests, 0);
+}
