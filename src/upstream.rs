@@ -57,15 +57,61 @@ pub struct Upstream {
     /// `max_concurrency` with its priority queue: beyond it requests wait, or are shed.
     pub gate: Arc<Gate>,
     /// Spaces out non-interactive calls when the provider's rate limit runs low.
-    pub pacer: Pacer,
+    pub pacer: Arc<Pacer>,
+}
+
+/// Per-provider state that outlives config snapshots: the admission gate (with whoever holds
+/// or waits for its slots) and the pacer's reading of the provider's rate limit. A reload
+/// resizes them in place instead of starting from zero.
+pub struct Lanes {
+    metrics: Arc<Metrics>,
+    map: std::sync::Mutex<std::collections::HashMap<String, Lane>>,
+}
+
+/// One provider's gate and pacer.
+type Lane = (Arc<Gate>, Arc<Pacer>);
+
+impl Lanes {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Lanes {
+            metrics,
+            map: Default::default(),
+        }
+    }
+
+    fn get(&self, provider: &str, max: usize, queue_limit: usize) -> Lane {
+        let mut map = match self.map.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if let Some((gate, pacer)) = map.get(provider) {
+            gate.resize(max, queue_limit);
+            return (gate.clone(), pacer.clone());
+        }
+        let lane = (
+            Arc::new(Gate::new(
+                max,
+                queue_limit,
+                self.metrics.queue_depth.clone(),
+                self.metrics.shed.clone(),
+            )),
+            Arc::new(Pacer::new(
+                provider,
+                self.metrics.upstream_ratelimit_remaining.clone(),
+            )),
+        );
+        map.insert(provider.to_string(), lane.clone());
+        lane
+    }
 }
 
 impl Upstream {
     pub fn new(
         cfg: &ProviderConfig,
         shedding: &SheddingConfig,
-        metrics: &Metrics,
+        lanes: &Lanes,
     ) -> Result<Self, String> {
+        let (gate, pacer) = lanes.get(&cfg.name, cfg.max_concurrency, shedding.queue_limit);
         let tls = tls_config(cfg)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -103,13 +149,8 @@ impl Upstream {
             auth_header: cfg.auth_header,
             first_byte_timeout: cfg.first_byte_timeout,
             idle_timeout: cfg.idle_timeout,
-            gate: Arc::new(Gate::new(
-                cfg.max_concurrency,
-                shedding.queue_limit,
-                metrics.queue_depth.clone(),
-                metrics.shed.clone(),
-            )),
-            pacer: Pacer::new(&cfg.name, metrics.upstream_ratelimit_remaining.clone()),
+            gate,
+            pacer,
         })
     }
 

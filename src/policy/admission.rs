@@ -5,6 +5,7 @@
 //! by `queue_limit` plus the interactive callers themselves.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::{IntCounterVec, IntGaugeVec};
@@ -24,8 +25,10 @@ struct State {
 }
 
 pub struct Gate {
-    max: usize,
-    queue_limit: usize,
+    /// Both change in place on reload: the gate (and who holds or waits for it) outlives
+    /// config snapshots, so a reload can never let more than `max` through.
+    max: AtomicUsize,
+    queue_limit: AtomicUsize,
     state: Mutex<State>,
     depth: IntGaugeVec,
     shed: IntCounterVec,
@@ -63,8 +66,8 @@ impl Drop for Waiting {
 impl Gate {
     pub fn new(max: usize, queue_limit: usize, depth: IntGaugeVec, shed: IntCounterVec) -> Self {
         Gate {
-            max: max.max(1),
-            queue_limit,
+            max: AtomicUsize::new(max.max(1)),
+            queue_limit: AtomicUsize::new(queue_limit),
             state: Mutex::new(State {
                 inflight: 0,
                 queues: Default::default(),
@@ -89,12 +92,19 @@ impl Gate {
     pub async fn acquire(self: &Arc<Self>, p: Priority) -> Result<Permit, Shed> {
         let rx = {
             let mut st = self.lock();
-            if st.inflight < self.max && st.queues.iter().all(VecDeque::is_empty) {
+            let max = self.max.load(Ordering::Relaxed);
+            let queue_limit = self.queue_limit.load(Ordering::Relaxed);
+            if st.inflight < max && st.queues.iter().all(VecDeque::is_empty) {
                 st.inflight += 1;
                 return Ok(Permit { gate: self.clone() });
             }
-            let queued: usize = st.queues.iter().map(VecDeque::len).sum();
-            if queued >= self.queue_limit {
+            let mut queued: usize = st.queues.iter().map(VecDeque::len).sum();
+            if queued >= queue_limit {
+                // Callers that gave up (deadline, disconnect) must not hold queue places.
+                self.prune(&mut st);
+                queued = st.queues.iter().map(VecDeque::len).sum();
+            }
+            if queued >= queue_limit {
                 // Make room by shedding the newest waiter of the lowest priority below ours.
                 let victim = Priority::ALL
                     .iter()
@@ -133,6 +143,37 @@ impl Gate {
         match grant {
             Ok(Ok(())) => Ok(Permit { gate: self.clone() }),
             _ => Err(Shed),
+        }
+    }
+
+    /// Applies a reloaded `max_concurrency` and `queue_limit`; a larger cap lets waiters in.
+    pub fn resize(&self, max: usize, queue_limit: usize) {
+        self.max.store(max.max(1), Ordering::Relaxed);
+        self.queue_limit.store(queue_limit, Ordering::Relaxed);
+        let mut st = self.lock();
+        'grant: while st.inflight < self.max.load(Ordering::Relaxed) {
+            for p in Priority::ALL {
+                while let Some(tx) = st.queues[p as usize].pop_front() {
+                    self.gauge(p, -1);
+                    if tx.send(Ok(())).is_ok() {
+                        st.inflight += 1;
+                        continue 'grant;
+                    }
+                }
+            }
+            break;
+        }
+    }
+
+    fn prune(&self, st: &mut State) {
+        for p in Priority::ALL {
+            let q = &mut st.queues[p as usize];
+            let before = q.len();
+            q.retain(|tx| !tx.is_closed());
+            let gone = before - q.len();
+            if gone > 0 {
+                self.gauge(p, -(gone as i64));
+            }
         }
     }
 
@@ -232,6 +273,35 @@ mod tests {
         assert_eq!(i.await.unwrap(), Ok(()));
         assert_eq!(b2.await.unwrap(), Ok(()));
         assert_eq!(g.inflight(), 0);
+    }
+
+    #[tokio::test]
+    async fn waiters_that_gave_up_do_not_hold_queue_places() {
+        let g = gate(1, 2);
+        let _busy = g.acquire(Priority::Interactive).await.unwrap();
+        let gone: Vec<_> = (0..2)
+            .map(|_| {
+                let g = g.clone();
+                tokio::spawn(async move { g.acquire(Priority::Batch).await.map(drop) })
+            })
+            .collect();
+        while g.queued()[2] < 2 {
+            tokio::task::yield_now().await;
+        }
+        for h in gone {
+            h.abort();
+            let _ = h.await;
+        }
+        // The queue is nominally full of dead entries: a live batch caller still gets a place.
+        let live = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(Priority::Batch).await.map(drop) }
+        });
+        while g.queued()[2] != 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(_busy);
+        assert_eq!(live.await.unwrap(), Ok(()));
     }
 
     #[tokio::test]

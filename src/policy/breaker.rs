@@ -81,6 +81,22 @@ impl Ticket {
         }
     }
 
+    /// The answer is committed (a stream's first content arrived). A probe has then proven the
+    /// upstream: its success is given now, so other callers are not refused for the whole
+    /// length of the stream; what the stream does afterwards counts as an ordinary call.
+    pub fn committed(mut self) -> Ticket {
+        if self.probe {
+            if let Some(b) = self.breaker.take() {
+                b.record(true, Outcome::Success);
+                return Ticket {
+                    breaker: Some(b),
+                    probe: false,
+                };
+            }
+        }
+        self
+    }
+
     pub fn report(mut self, outcome: Outcome) {
         if let Some(b) = self.breaker.take() {
             b.record(self.probe, outcome);
@@ -126,6 +142,18 @@ impl Breaker {
 
     pub fn state(&self) -> State {
         self.lock().state
+    }
+
+    /// Closed with no outcome inside its window: nothing would be lost by forgetting it.
+    fn is_idle(&self) -> bool {
+        let window = self.cfg.load().window;
+        let now = Instant::now();
+        let inner = self.lock();
+        inner.state == State::Closed
+            && inner
+                .outcomes
+                .back()
+                .is_none_or(|(t, _)| now.duration_since(*t) > window)
     }
 
     pub fn admit(self: &Arc<Self>) -> Admission {
@@ -237,7 +265,11 @@ impl Breakers {
             return Some(b.clone());
         }
         if map.len() >= MAX_BREAKERS {
-            return None;
+            // Make room by forgetting breakers with nothing to remember (closed, empty window).
+            map.retain(|_, b| !b.is_idle());
+            if map.len() >= MAX_BREAKERS {
+                return None;
+            }
         }
         // Only configured models get their own gauge series; others would be unbounded.
         let gauge = (model_label != "other").then(|| {
@@ -355,6 +387,19 @@ mod tests {
         assert!(refused(&b), "capped at max_open_for = 25 s");
         tokio::time::advance(Duration::from_secs(1)).await;
         pass(&b).report(Outcome::Success);
+        assert_eq!(b.state(), State::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streaming_probe_closes_the_breaker_at_its_first_content() {
+        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        trip(&b);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let stream = pass(&b).committed();
+        assert_eq!(b.state(), State::Closed);
+        pass(&b).report(Outcome::Success);
+        // A failure later in that stream is an ordinary failure in the window.
+        stream.report(Outcome::Failure);
         assert_eq!(b.state(), State::Closed);
     }
 

@@ -109,11 +109,13 @@ impl Pacer {
             self.gauge
                 .with_label_values(&[self.provider.as_str(), kind])
                 .set(ratio);
+            // Capped at a day: a header must not be able to overflow the clock arithmetic.
             let reset_in = headers
                 .get(*reset)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| parse_reset(v, wall))
-                .unwrap_or(Duration::from_secs(60));
+                .unwrap_or(Duration::from_secs(60))
+                .min(Duration::from_secs(86_400));
             let reading = Reading {
                 ratio,
                 remaining,
@@ -140,7 +142,7 @@ impl Pacer {
             return None;
         }
         // Spread what is left over the time until the reset.
-        let slots = t.remaining.max(1) as u32;
+        let slots = u32::try_from(t.remaining.max(1)).unwrap_or(u32::MAX);
         let interval = t.reset_at.saturating_duration_since(now) / slots;
         let slot = st.next_slot.map_or(now, |n| n.max(now));
         st.next_slot = Some(slot + interval);
@@ -199,7 +201,7 @@ fn parse_go_duration(v: &str) -> Option<Duration> {
         total += n * secs;
         rest = &rest[unit_end..];
     }
-    Some(Duration::from_secs_f64(total))
+    (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total.min(86_400.0)))
 }
 
 #[cfg(test)]
@@ -219,6 +221,10 @@ mod tests {
         assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
         assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_go_duration("soon"), None);
+        assert_eq!(
+            parse_go_duration("99999999999999999999s"),
+            Some(Duration::from_secs(86_400))
+        );
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let at = humantime::format_rfc3339(now + Duration::from_secs(30)).to_string();
         assert_eq!(parse_reset(&at, now), Some(Duration::from_secs(30)));

@@ -87,16 +87,22 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .map(str::trim)
     };
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
+        if let Some(d) = seconds(ms / 1000.0) {
+            return Some(d);
         }
     }
     let ra = text("retry-after")?;
     if let Ok(secs) = ra.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return seconds(secs);
     }
     let at = httpdate::parse_http_date(ra).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// A non-negative, finite number of seconds as a Duration, capped at a day: an upstream's
+/// header must never be able to overflow legate's arithmetic.
+fn seconds(s: f64) -> Option<Duration> {
+    (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s.min(86_400.0)))
 }
 
 /// Capped exponential backoff with jitter, one per request and chain step. backon's jitter
@@ -281,6 +287,11 @@ mod tests {
         let date = httpdate::fmt_http_date(now + Duration::from_secs(3));
         h.insert("retry-after", HeaderValue::from_str(&date).unwrap());
         assert_eq!(retry_after(&h, now), Some(Duration::from_secs(3)));
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("99999999999999999999"),
+        );
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(86_400)));
         h.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h, now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);

@@ -21,7 +21,7 @@ use crate::proxy::body::{Accounting, Mode, TapBody};
 use crate::proxy::chain;
 use crate::proxy::chain::{Exec, Failure};
 use crate::proxy::inbound::Endpoint;
-use crate::proxy::record::{RequestRecord, UsageSink};
+use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
 use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
@@ -43,8 +43,10 @@ pub enum Attempt {
         failure: Failure,
         wait: Option<Duration>,
     },
-    /// Stop: nothing more can be tried (deadline, no key).
+    /// Stop: nothing more can be tried (deadline, shed).
     Abort(ProxyError),
+    /// This step cannot be called at all (no key for its provider): try the next one.
+    Skip(ProxyError),
 }
 
 /// What one attempt needs.
@@ -85,7 +87,7 @@ pub async fn run(
         translating,
     ) {
         Ok(r) => r,
-        Err(e) => return Attempt::Abort(e),
+        Err(e) => return Attempt::Skip(e),
     };
     let waited = Instant::now();
     // Pacing: when the provider's rate limit runs low, background and batch calls wait their
@@ -117,8 +119,8 @@ pub async fn run(
             .with_label_values(&[&up.name, call.model_label, label])
             .inc();
     };
-    let inflight = metrics.inflight.with_label_values(&[&up.name]);
-    inflight.inc();
+    // Decremented on every path, a dropped future (the caller went away) included.
+    let inflight = InflightGuard::new(metrics.inflight.with_label_values(&[&up.name]));
     // Counted here, once the request is really about to leave.
     exec.attempts += 1;
     let sent = Instant::now();
@@ -131,7 +133,7 @@ pub async fn run(
         Ok(r) => r,
         Err(e) => {
             exec.outside += sent.elapsed();
-            inflight.dec();
+            drop(inflight);
             let deadline = matches!(e, ProxyError::DeadlineExceeded);
             outcome(match e {
                 ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => "timeout",
@@ -192,33 +194,59 @@ pub async fn run(
                     incoming,
                     mode: Mode::Sse(watch),
                     held: (!held.is_empty()).then_some(held),
-                    ticket: Some(ticket),
+                    ticket: Some(ticket.committed()),
                     permit,
                     inflight,
                 };
                 Attempt::Answer(commit(&call, status, &parts.headers, tap, record))
             }
-            Err(pre) => {
-                inflight.dec();
+            Err(PreCommit::ErrorEvent(data)) => {
+                drop(inflight);
+                // Nothing reached the caller: the event is judged like the status it stands
+                // for (an invalid request is final and never falls back; a rate limit is
+                // retried but is no provider failure).
+                let (st, body) = error_event_response(api, &data);
+                let verdict = retry::classify(st, &body);
+                let resp = buffered(&call, st, &parts.headers, body);
+                let fault = |f: bool| {
+                    if f {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Neutral
+                    }
+                };
+                match verdict {
+                    Verdict::Retryable { provider_fault } => {
+                        outcome("retryable");
+                        ticket.report(fault(provider_fault));
+                        if Instant::now() >= inb.deadline {
+                            return Attempt::Abort(ProxyError::DeadlineExceeded);
+                        }
+                        Attempt::Retry {
+                            failure: Failure::Response(resp),
+                            wait: None,
+                        }
+                    }
+                    Verdict::Final { provider_fault } => {
+                        outcome("fatal");
+                        ticket.report(fault(provider_fault));
+                        Attempt::Answer(resp)
+                    }
+                    Verdict::Success => Attempt::Answer(resp),
+                }
+            }
+            Err(PreCommit::Broken(why)) => {
+                drop(inflight);
                 outcome("retryable");
                 ticket.report(Outcome::Failure);
+                tracing::info!(provider = %up.name, reason = why, "stream failed before its first content");
                 if Instant::now() >= inb.deadline {
                     return Attempt::Abort(ProxyError::DeadlineExceeded);
                 }
-                let failure = match pre {
-                    PreCommit::ErrorEvent(data) => {
-                        let (st, body) = error_event_response(api, &data);
-                        Failure::Response(buffered(&call, st, &parts.headers, body))
-                    }
-                    PreCommit::Broken(why) => {
-                        tracing::info!(provider = %up.name, reason = why, "stream failed before its first content");
-                        Failure::Error(ProxyError::UpstreamStreamBroken {
-                            provider: up.name.clone(),
-                        })
-                    }
-                };
                 Attempt::Retry {
-                    failure,
+                    failure: Failure::Error(ProxyError::UpstreamStreamBroken {
+                        provider: up.name.clone(),
+                    }),
                     wait: None,
                 }
             }
@@ -246,7 +274,7 @@ pub async fn run(
         };
         match whole {
             Whole::Complete(body) => {
-                inflight.dec();
+                drop(inflight);
                 drop(permit);
                 outcome("ok");
                 ticket.report(Outcome::Success);
@@ -254,9 +282,14 @@ pub async fn run(
                     ApiShape::Anthropic => crate::usage::anthropic_from_json(&body),
                     ApiShape::OpenAi => crate::usage::openai_from_json(&body),
                 };
-                if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
-                    let cost = sink(&call, rec).record(u);
-                    rec.settle(u, cost, &up.name);
+                if let Some(rec) = record.as_mut() {
+                    match usage {
+                        Some(u) => {
+                            let cost = sink(&call, rec).record(u);
+                            rec.settle(u, cost, &up.name);
+                        }
+                        None => rec.keep_reservation(),
+                    }
                 }
                 return Attempt::Answer(buffered(&call, status, &parts.headers, body));
             }
@@ -277,7 +310,7 @@ pub async fn run(
                 return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
             }
             Whole::Broken(why) => {
-                inflight.dec();
+                drop(inflight);
                 outcome("retryable");
                 ticket.report(Outcome::Failure);
                 tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
@@ -321,7 +354,7 @@ pub async fn run(
     // A possibly retryable status: read its small body to decide.
     let body = read_small(incoming, up.idle_timeout, inb.deadline).await;
     exec.outside += sent.elapsed();
-    inflight.dec();
+    drop(inflight);
     drop(permit);
     let verdict = retry::classify(status, &body);
     let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
@@ -365,7 +398,7 @@ struct Tapped {
     held: Option<Bytes>,
     ticket: Option<Ticket>,
     permit: crate::policy::admission::Permit,
-    inflight: prometheus::IntGauge,
+    inflight: InflightGuard,
 }
 
 fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
@@ -423,7 +456,7 @@ fn commit(
         }
         // Cannot happen (the record is taken once); answer without accounting rather than fail.
         None => {
-            tap.inflight.dec();
+            drop(tap.inflight);
             ProxyBody::full(Bytes::new())
         }
     };

@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use prometheus::{Histogram, IntGauge};
+use prometheus::Histogram;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::api::ApiShape;
 use crate::policy::breaker::{Outcome, Ticket};
-use crate::proxy::record::{RequestRecord, UsageSink};
+use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
 use crate::usage::{self, Usage};
@@ -55,7 +55,7 @@ pub struct Accounting {
     pub record: RequestRecord,
     pub sink: UsageSink,
     pub ttft: Histogram,
-    pub inflight: IntGauge,
+    pub inflight: InflightGuard,
     pub status: u16,
     /// The breaker's verdict waits for the end of a stream.
     pub ticket: Option<Ticket>,
@@ -202,14 +202,18 @@ impl TapBody {
     fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
         let usage = self.usage();
         if let Some(mut acct) = self.acct.take() {
-            if let Some(u) = usage {
-                let cost = acct.sink.record(u);
-                acct.record.settle(u, cost, &acct.sink.provider);
+            match usage {
+                Some(u) => {
+                    let cost = acct.sink.record(u);
+                    acct.record.settle(u, cost, &acct.sink.provider);
+                }
+                // Served without reported usage: the estimate stands (no refund).
+                None if acct.status < 400 => acct.record.keep_reservation(),
+                None => {}
             }
             if let Some(t) = acct.ticket.take() {
                 t.report(outcome);
             }
-            acct.inflight.dec();
             acct.record.finish(status_override.unwrap_or(acct.status));
         }
     }
@@ -222,11 +226,15 @@ impl Drop for TapBody {
         // The breaker ticket drops unreported: a disconnect is never a provider failure.
         let usage = self.usage();
         if let Some(mut acct) = self.acct.take() {
-            if let Some(u) = usage {
-                let cost = acct.sink.record(u);
-                acct.record.settle(u, cost, &acct.sink.provider);
+            match usage {
+                Some(u) => {
+                    let cost = acct.sink.record(u);
+                    acct.record.settle(u, cost, &acct.sink.provider);
+                }
+                // The provider was reached and may have billed it: keep the estimate.
+                None if acct.status < 400 => acct.record.keep_reservation(),
+                None => {}
             }
-            acct.inflight.dec();
             acct.record.client_gone();
         }
     }

@@ -240,6 +240,11 @@ async fn run_step(
         match attempt::run(call, ticket, exec, record).await {
             Attempt::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Attempt::Abort(e) => return Err(e),
+            Attempt::Skip(e) => {
+                tracing::warn!(step = %step.target(), error = e.kind(), "chain step cannot be called; trying the next");
+                exec.last = Some(Failure::Error(e));
+                return Ok(StepEnd::Unavailable);
+            }
             Attempt::Retry { failure, wait } => {
                 exec.last = Some(failure);
                 if n == retry.max_attempts {

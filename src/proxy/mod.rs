@@ -35,7 +35,7 @@ use crate::policy::ratelimit::{Ask, Decision, Limiter, Reservation};
 use crate::policy::retry::RetryBudget;
 use crate::route::Labels;
 use crate::telemetry::Metrics;
-use crate::upstream::Upstream;
+use crate::upstream::{Lanes, Upstream};
 use inbound::{BodyError, Endpoint};
 use record::RequestRecord;
 pub use response::ProxyBody;
@@ -50,10 +50,10 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn new(cfg: Arc<Config>, metrics: &Metrics) -> Result<Self, String> {
+    pub fn new(cfg: Arc<Config>, lanes: &Lanes) -> Result<Self, String> {
         let mut upstreams = HashMap::new();
         for (name, p) in &cfg.providers {
-            let up = Upstream::new(p, &cfg.shedding, metrics)
+            let up = Upstream::new(p, &cfg.shedding, lanes)
                 .map_err(|e| format!("providers.{name}: {e}"))?;
             upstreams.insert(name.clone(), Arc::new(up));
         }
@@ -112,6 +112,8 @@ pub struct Proxy {
     pub budget: RetryBudget,
     /// Tenant buckets; the store (memory or Redis) is chosen at start.
     pub limiter: Arc<Limiter>,
+    /// Admission gates and pacers per provider, carried across reloads.
+    pub lanes: Arc<Lanes>,
     ids: RequestIds,
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
@@ -133,6 +135,7 @@ pub struct Inbound {
 impl Proxy {
     pub fn new(
         snapshot: Snapshot,
+        lanes: Arc<Lanes>,
         metrics: Arc<Metrics>,
         ledger: Arc<Ledger>,
         listen_ip: IpAddr,
@@ -160,6 +163,7 @@ impl Proxy {
             breakers,
             budget,
             limiter,
+            lanes,
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             ledger,
@@ -204,8 +208,15 @@ impl Proxy {
         };
         // Time inside legate before the response headers, upstream waits excluded.
         let overhead = started.elapsed().saturating_sub(stats.outside);
-        if stats.attempts > 0 && !resp.headers().contains_key("x-legate-attempts") {
-            response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
+        if stats.attempts > 0 {
+            if !resp.headers().contains_key("x-legate-attempts") {
+                response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
+            }
+            if resp.status().as_u16() >= 400 {
+                // Whatever ended it, this request already cost upstream attempts: the SDK must
+                // not multiply them.
+                response::set_header(&mut resp, "x-should-retry", "false");
+            }
         }
         self.metrics
             .overhead

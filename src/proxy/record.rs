@@ -21,6 +21,7 @@ pub struct RequestRecord {
     started: Instant,
     /// Set once the outcome is known; `None` at drop means the caller went away.
     status: Option<u16>,
+    gone: bool,
     recorded: bool,
     /// The tenant's token/budget reservation, settled with the reported usage (or refunded in
     /// full if none is reported).
@@ -36,6 +37,7 @@ impl RequestRecord {
             tenant: "default".to_string(),
             started,
             status: None,
+            gone: false,
             recorded: false,
             reservation: None,
         }
@@ -43,6 +45,13 @@ impl RequestRecord {
 
     pub fn reserve(&mut self, r: Reservation) {
         self.reservation = Some(r);
+    }
+
+    /// An answer was served but its usage is unknown: the reservation stands as charged.
+    pub fn keep_reservation(&mut self) {
+        if let Some(r) = self.reservation.as_mut() {
+            r.keep();
+        }
     }
 
     /// Settles the reservation with what the provider reported.
@@ -72,9 +81,12 @@ impl RequestRecord {
         self.started
     }
 
-    /// Records the request as answered with `status` (now, for local and buffered answers).
+    /// Records the request as answered with `status` (now, for local and buffered answers),
+    /// unless the caller was already seen to go away: that stays a 499.
     pub fn finish(mut self, status: u16) {
-        self.status = Some(status);
+        if !self.gone {
+            self.status = Some(status);
+        }
         self.write();
     }
 
@@ -85,6 +97,7 @@ impl RequestRecord {
 
     /// Marks the answer as cut short by the caller.
     pub fn client_gone(&mut self) {
+        self.gone = true;
         self.status = None;
     }
 
@@ -113,6 +126,23 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         self.write();
+    }
+}
+
+/// One upstream exchange in `legate_inflight_requests`: counted while it lives, on every path
+/// (a future dropped because the caller went away included).
+pub struct InflightGuard(prometheus::IntGauge);
+
+impl InflightGuard {
+    pub fn new(gauge: prometheus::IntGauge) -> Self {
+        gauge.inc();
+        InflightGuard(gauge)
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -50,7 +50,8 @@ pub async fn start_reloadable(
 ) -> Result<RunningServer, String> {
     let metrics = Arc::new(Metrics::new(&registry).map_err(|e| format!("metrics: {e}"))?);
     let cfg = Arc::new(cfg);
-    let snapshot = Snapshot::new(cfg.clone(), &metrics)?;
+    let lanes = Arc::new(crate::upstream::Lanes::new(metrics.clone()));
+    let snapshot = Snapshot::new(cfg.clone(), &lanes)?;
     let key_watchers: Vec<JoinHandle<()>> = snapshot
         .upstreams
         .values()
@@ -67,6 +68,7 @@ pub async fn start_reloadable(
 
     let proxy = Arc::new(Proxy::new(
         snapshot,
+        lanes,
         metrics,
         Arc::new(Ledger::default()),
         data_addr.ip(),

@@ -104,7 +104,7 @@ impl Reloader {
         }
         let breaker = cfg.breaker.clone();
         let ratio = cfg.retry.budget_ratio;
-        let snapshot = match Snapshot::new(Arc::new(cfg), &self.proxy.metrics) {
+        let snapshot = match Snapshot::new(Arc::new(cfg), &self.proxy.lanes) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(problem = %e, "config reload refused; the running config stays");

@@ -13,6 +13,7 @@ mod metering;
 mod passthrough;
 mod reload;
 mod resilience;
+mod robustness;
 mod shared_limits;
 mod streaming;
 mod tls;

@@ -233,6 +233,12 @@ impl Reservation {
         }
     }
 
+    /// The provider answered but reported no usage (an OpenAI stream without the usage chunk):
+    /// the estimate stands, nothing is refunded.
+    pub fn keep(&mut self) {
+        self.settled = true;
+    }
+
     /// Settles with the tokens actually used and their cost.
     pub fn settle(&mut self, used_tokens: u64, cost_pico: u128) {
         if std::mem::replace(&mut self.settled, true) {

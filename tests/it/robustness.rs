@@ -1,0 +1,232 @@
+//! Edge paths of the request lifecycle: what a caller leaving, an upstream's odd headers, an
+//! unusable chain step or a reload must never break or leak.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::{self, Env};
+
+const BODY: &str =
+    r#"{"model":"claude-r","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+
+async fn wait_metric(env: &Env, name: &str, labels: &[(&str, &str)], want: f64) {
+    let wait = async {
+        while env.metric(name, labels).await != Some(want) {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{name}{labels:?} never reached {want}"));
+}
+
+#[tokio::test]
+async fn callers_leaving_before_the_answer_leave_no_inflight_count_behind() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"delay_ms":2000}}"#).unwrap(),
+        "",
+    )
+    .await;
+    for _ in 0..3 {
+        let call = tokio::spawn({
+            let http = env.http.clone();
+            let url = env.url("/v1/messages");
+            async move {
+                let _ = http.post(url).body(BODY).send().await;
+            }
+        });
+        let seen = env.mock.stats().requests + 1;
+        env.mock.wait_requests(seen).await;
+        call.abort();
+    }
+    env.mock.wait_cancelled(3).await;
+    wait_metric(&env, "legate_requests_total", &[("status", "499")], 3.0).await;
+    assert_eq!(
+        env.metric("legate_inflight_requests", &[("provider", "anthropic")])
+            .await,
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn a_caller_leaving_mid_upload_is_a_499_not_a_400() {
+    let env = harness::start("").await;
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    sock.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":\"m\"")
+        .await
+        .unwrap();
+    sock.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let _ = sock.read_to_end(&mut rest).await;
+    wait_metric(&env, "legate_requests_total", &[("status", "499")], 1.0).await;
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "400")])
+            .await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn absurd_rate_limit_and_retry_headers_do_not_break_requests() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"replies":[{"status":529,"headers":{"retry-after-ms":"1e300"}}],
+                "default":{"headers":{"x-ratelimit-limit-requests":"18446744073709551615","x-ratelimit-remaining-requests":"1","x-ratelimit-reset-requests":"99999999999999999999s"}}}"#,
+        )
+        .unwrap(),
+        "[retry]\nmax_retry_after = \"1s\"\n",
+    )
+    .await;
+    // The 529's retry-after is far beyond max_retry_after: no wait, no panic, an answer.
+    let resp = env.messages(BODY).await;
+    assert_eq!(resp.status(), 529);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    // The pacer reads a nonsensical limit and reset without overflowing.
+    for _ in 0..2 {
+        let resp = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header("x-legate-priority", "batch")
+            .body(BODY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_request_error_event_before_content_is_final_and_never_falls_back() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"stream_error_after":1,"error_type":"invalid_request_error","error_message":"bad block"}}"#,
+        )
+        .unwrap(),
+        "[[models]]\nname = \"large\"\nchain = [\"anthropic:claude-a\", \"anthropic:claude-b\"]\n",
+    )
+    .await;
+    let resp = env
+        .messages(r#"{"model":"large","max_tokens":8,"stream":true,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    assert_eq!(resp.headers()["x-legate-served-by"], "anthropic:claude-a");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(env.mock.stats().requests, 1);
+    assert_eq!(env.metric("legate_fallbacks_total", &[]).await, None);
+}
+
+#[tokio::test]
+async fn a_served_stream_without_usage_keeps_its_token_reservation() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"usage":{"input_tokens":50,"output_tokens":900}}}"#,
+        )
+        .unwrap(),
+        "[tenants.default]\ntokens_per_minute = 1000\n",
+    )
+    .await;
+    // An OpenAI stream without stream_options.include_usage reports no usage at all: the
+    // reservation (estimate + max_tokens) must stand, not be refunded.
+    let body = r#"{"model":"gpt-r","max_tokens":500,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let first = env.chat(body).await;
+    assert_eq!(first.status(), 200);
+    let _ = first.text().await.unwrap();
+    let second = env.chat(body).await;
+    assert_eq!(second.status(), 429);
+}
+
+#[tokio::test]
+async fn a_step_without_a_key_is_skipped_for_the_next_one() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml(
+        &mock.base_url(),
+        "[providers.spare]\nkind = \"anthropic\"\nbase_url = \"{MOCK}\"\napi_key_env = \"UNSET_KEY_FOR_TEST\"\n[[models]]\nname = \"large\"\nchain = [\"spare:claude-a\", \"anthropic:claude-b\"]\n",
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"large","max_tokens":8,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "anthropic:claude-b");
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+}
+
+#[tokio::test]
+async fn a_reload_never_lets_more_than_max_concurrency_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"default":{"delay_ms":400}}"#).unwrap(),
+    )
+    .await;
+    std::fs::write(
+        &path,
+        harness::config_toml_with(&mock.base_url(), "", "max_concurrency = 1", ""),
+    )
+    .unwrap();
+    let env = harness::start_file(mock, &path).await;
+    let first = tokio::spawn({
+        let http = env.http.clone();
+        let url = env.url("/v1/messages");
+        async move {
+            http.post(url)
+                .body(BODY)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    env.mock.wait_requests(1).await;
+    let reload = env
+        .http
+        .post(env.admin_url("/admin/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status(), 200);
+    let second = tokio::spawn({
+        let http = env.http.clone();
+        let url = env.url("/v1/messages");
+        async move {
+            http.post(url)
+                .body(BODY)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    // The second call waits in the same gate the first one holds, across the reload.
+    let queued = async {
+        loop {
+            let v: serde_json::Value = env
+                .http
+                .get(env.admin_url("/admin/state"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if v["providers"]["anthropic"]["queued"]["interactive"] == 1 {
+                assert_eq!(v["providers"]["anthropic"]["inflight"], 1);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the second call queued behind the first");
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(second.await.unwrap(), 200);
+    assert_eq!(env.mock.stats().requests, 2);
+}
