@@ -160,7 +160,7 @@ pub fn memory(pid: u32) -> Result<Memory, BenchError> {
     })?;
     let field = |name: &str| -> Result<u64, BenchError> {
         parse_kib(&text, name).ok_or_else(|| BenchError::Io {
-            what: format!("{path} has no readable {name}"),
+            what: format!("{path} has no readable {name} (has the process exited?)"),
             source: std::io::Error::from(std::io::ErrorKind::InvalidData),
         })
     };

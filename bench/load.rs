@@ -1,10 +1,10 @@
 //! The three load shapes: open loop at a fixed rate (latency without coordinated omission),
 //! sequential streams (time to first byte), and a closed loop at fixed concurrency
-//! (throughput). Each runs one bounded slice against one target; the caller alternates slices
-//! between targets so machine noise falls on both.
+//! (throughput). Each is bounded in time or count. The open loop interleaves both sides itself;
+//! the caller alternates the others between sides so machine noise falls on both.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::client::{self, Client, Target};
 use crate::error::BenchError;
+use crate::pair::{Pair, interleaved};
 
 /// What one slice of load produced.
 #[derive(Debug, Default)]
@@ -53,22 +54,37 @@ impl Outcome {
     }
 }
 
-/// Open loop: a request starts at every scheduled instant `k / rate` whether or not earlier
-/// ones finished, and its latency runs from that instant to the last body byte, so a stall
-/// shows up in every request it delays instead of hiding as a pause in the schedule.
+/// One run of load, split in two: the lead-in (warm-up), run but not measured, and the
+/// measured part.
+#[derive(Debug, Default)]
+pub struct Split {
+    pub lead_in: Outcome,
+    pub measured: Outcome,
+}
+
+/// Open loop on both sides at once, `rate` requests per second each: a request starts at
+/// every scheduled instant whether or not earlier ones finished, the sides taking turns
+/// request by request (ABBA), and its latency runs from that instant to the last body byte.
+/// A stall therefore shows up in every request it delays instead of hiding as a pause in the
+/// schedule, and a stall of the machine (another process, the hypervisor) lands on both sides
+/// at the same moment instead of on whichever side happened to be running. Requests scheduled
+/// within `lead_in` warm both sides up and are only counted.
 ///
 /// The schedule runs on a blocking thread with `std::thread::sleep`, whose precision (tens of
 /// microseconds) is far finer than the tokio timer's millisecond wheel.
 pub async fn open_loop(
     client: &Client,
-    target: &Target,
+    targets: &Pair<Target>,
     rate: u32,
+    lead_in: Duration,
     length: Duration,
-) -> Result<Outcome, BenchError> {
-    let count = (f64::from(rate) * length.as_secs_f64()).round() as u64;
-    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+) -> Result<Pair<Split>, BenchError> {
+    let combined = 2.0 * f64::from(rate);
+    let unmeasured = (combined * lead_in.as_secs_f64()).round() as u64;
+    let count = unmeasured + (combined * length.as_secs_f64()).round() as u64;
+    let period = Duration::from_secs_f64(1.0 / combined.max(1.0));
     let handle = Handle::current();
-    let (client, target) = (client.clone(), target.clone());
+    let (client, targets) = (client.clone(), targets.clone());
     let scheduler = tokio::task::spawn_blocking(move || {
         let start = Instant::now();
         let mut lag = Duration::ZERO;
@@ -78,8 +94,10 @@ pub async fn open_loop(
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            lag = lag.max(Instant::now().saturating_duration_since(due));
-            let request = target.message(false);
+            if k >= unmeasured {
+                lag = lag.max(Instant::now().saturating_duration_since(due));
+            }
+            let request = targets.get(interleaved(k)).message(false);
             let client = client.clone();
             tasks.push(handle.spawn(async move {
                 client::complete(&client, request?).await?;
@@ -88,15 +106,20 @@ pub async fn open_loop(
         }
         (tasks, lag)
     });
-    let (tasks, lag) = scheduler.await.map_err(join_failed)?;
-    let mut outcome = Outcome {
-        worst_lag: lag,
-        ..Outcome::default()
-    };
-    for task in tasks {
-        outcome.record(task.await.map_err(join_failed)?);
+    let (tasks, lag) = scheduler.await.map_err(BenchError::Task)?;
+    let mut split: Pair<Split> = Pair::default();
+    for (k, task) in (0..).zip(tasks) {
+        let result = task.await.map_err(BenchError::Task)?;
+        let side = split.get_mut(interleaved(k));
+        if k < unmeasured {
+            side.lead_in.record(result);
+        } else {
+            side.measured.record(result);
+        }
     }
-    Ok(outcome)
+    split.direct.measured.worst_lag = lag;
+    split.legate.measured.worst_lag = lag;
+    Ok(split)
 }
 
 /// Sequential streaming requests, one at a time: time from sending to the first body byte.
@@ -116,49 +139,53 @@ pub async fn stream_ttfb(
     Ok(outcome)
 }
 
-/// Closed loop: `concurrency` workers each send the next request as soon as the previous one
-/// finished, until `length` has passed. Returns the outcome and the wall time it took (the
-/// last requests end a little after `length`).
+/// Closed loop on one side: `concurrency` workers each send the next request as soon as the
+/// previous one finished, for `lead_in` and then `length`. Requests that end within the
+/// lead-in are only counted; the measured part comes with its wall time (the last requests
+/// end a little after `length`).
+///
+/// The lead-in matters because the sides run in turns here: a process that sat idle while the
+/// other side was measured is cold, and on small virtual machines its first answers after a
+/// second of idleness take several milliseconds. That is an artefact of taking turns, not a
+/// property of steady load, so it is kept out of both sides alike.
 pub async fn closed_loop(
     client: &Client,
     target: &Target,
     concurrency: usize,
+    lead_in: Duration,
     length: Duration,
-) -> Result<(Outcome, Duration), BenchError> {
-    let start = Instant::now();
+) -> Result<(Split, Duration), BenchError> {
+    let measure_from = Instant::now() + lead_in;
     let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         let (client, target) = (client.clone(), target.clone());
-        let (stop, ok) = (Arc::clone(&stop), Arc::clone(&ok));
+        let stop = Arc::clone(&stop);
         workers.push(tokio::spawn(async move {
-            let mut failed = Outcome::default();
+            let mut split = Split::default();
             while !stop.load(Ordering::Relaxed) {
                 let result = match target.message(false) {
                     Ok(request) => client::complete(&client, request).await,
                     Err(e) => Err(e),
                 };
-                match result {
-                    Ok(()) => {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => failed.record(Err(e)),
-                }
+                let part = if Instant::now() < measure_from {
+                    &mut split.lead_in
+                } else {
+                    &mut split.measured
+                };
+                // Throughput counts requests; their durations are not kept.
+                part.record(result.map(|()| None));
             }
-            failed
+            split
         }));
     }
-    tokio::time::sleep(length).await;
+    tokio::time::sleep_until((measure_from + length).into()).await;
     stop.store(true, Ordering::Relaxed);
-    let mut outcome = Outcome::default();
+    let mut total = Split::default();
     for worker in workers {
-        outcome.absorb(worker.await.map_err(join_failed)?);
+        let split = worker.await.map_err(BenchError::Task)?;
+        total.lead_in.absorb(split.lead_in);
+        total.measured.absorb(split.measured);
     }
-    outcome.ok = ok.load(Ordering::Relaxed);
-    Ok((outcome, start.elapsed()))
-}
-
-fn join_failed(e: tokio::task::JoinError) -> BenchError {
-    BenchError::Task(e)
+    Ok((total, measure_from.elapsed()))
 }

@@ -1,7 +1,7 @@
 //! The order of the run: preflight, latency at each fixed rate, stream time to first byte,
-//! throughput, then enough extra requests for the memory reading. Every phase alternates
-//! between the two targets in ABBA order (direct, legate, legate, direct, …) so drift in the
-//! machine's load falls evenly on both sides.
+//! throughput, then enough extra requests for the memory reading. Every phase mixes the two
+//! sides in ABBA order, request by request where the load shape allows it (open loop, streams)
+//! and slice by slice where it does not (closed loop), so the machine's noise falls on both.
 
 use std::time::Duration;
 
@@ -9,52 +9,18 @@ use crate::Plan;
 use crate::children::{self, Memory};
 use crate::client::{self, Client, Target};
 use crate::error::BenchError;
-use crate::load::{self, Outcome};
+use crate::load::{self, Outcome, Split};
+use crate::pair::{Pair, Side, interleaved, order};
+use crate::report;
 
 /// Open-loop rates, requests per second; the last one carries the latency target.
 pub const RATES: [u32; 2] = [200, 1_000];
 /// Workers in the closed-loop throughput phase.
 pub const CONCURRENCY: usize = 32;
+/// Requests [`preflight`] sends through legate.
+const PREFLIGHT_REQUESTS: u64 = 2;
 /// Upper bound on the extra throughput-slice rounds run to reach `Plan::min_requests`.
 const MAX_TOP_UP_ROUNDS: u32 = 600;
-
-/// The same thing for each side of the comparison.
-#[derive(Debug, Default)]
-pub struct Pair<T> {
-    pub direct: T,
-    pub legate: T,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Side {
-    Direct,
-    Legate,
-}
-
-impl<T> Pair<T> {
-    fn get(&self, side: Side) -> &T {
-        match side {
-            Side::Direct => &self.direct,
-            Side::Legate => &self.legate,
-        }
-    }
-
-    fn get_mut(&mut self, side: Side) -> &mut T {
-        match side {
-            Side::Direct => &mut self.direct,
-            Side::Legate => &mut self.legate,
-        }
-    }
-}
-
-/// ABBA: which side goes first alternates every round.
-fn order(round: u32) -> [Side; 2] {
-    if round % 2 == 0 {
-        [Side::Direct, Side::Legate]
-    } else {
-        [Side::Legate, Side::Direct]
-    }
-}
 
 /// Requests carried by closed-loop throughput slices on one side.
 #[derive(Debug, Default)]
@@ -79,6 +45,7 @@ pub struct Results {
     pub served: u64,
     /// Requests that failed during warm-ups (measured failures are in the outcomes).
     pub warm_errors: u64,
+    pub first_warm_error: Option<String>,
     pub at_start: Memory,
     pub at_end: Memory,
 }
@@ -88,12 +55,23 @@ pub struct Results {
 struct Tally {
     served: u64,
     warm_errors: u64,
+    first_warm_error: Option<String>,
 }
 
 impl Tally {
     fn warm(&mut self, side: Side, outcome: &Outcome) {
         self.warm_errors += outcome.errors;
+        if self.first_warm_error.is_none() {
+            self.first_warm_error.clone_from(&outcome.first_error);
+        }
         self.measured(side, outcome);
+    }
+
+    /// Counts a split slice and returns its measured part.
+    fn split(&mut self, side: Side, split: Split) -> Outcome {
+        self.warm(side, &split.lead_in);
+        self.measured(side, &split.measured);
+        split.measured
     }
 
     fn measured(&mut self, side: Side, outcome: &Outcome) {
@@ -130,7 +108,7 @@ pub async fn all(
     at_start: Memory,
 ) -> Result<Results, BenchError> {
     let mut tally = Tally {
-        served: 2,
+        served: PREFLIGHT_REQUESTS,
         ..Tally::default()
     };
     let mut latency = Vec::new();
@@ -144,7 +122,9 @@ pub async fn all(
     let at_end = children::memory(legate_pid)?;
     eprintln!(
         "bench: legate served {} requests; RSS {} (peak {})",
-        tally.served, at_end.rss, at_end.peak
+        tally.served,
+        report::megabytes(at_end.rss),
+        report::megabytes(at_end.peak)
     );
     Ok(Results {
         latency,
@@ -152,14 +132,15 @@ pub async fn all(
         throughput,
         served: tally.served,
         warm_errors: tally.warm_errors,
+        first_warm_error: tally.first_warm_error,
         at_start,
         at_end,
     })
 }
 
-fn rounds(total: Duration, slice: Duration) -> u32 {
+fn rounds(total: Duration, slice: Duration) -> u64 {
     let n = (total.as_secs_f64() / slice.as_secs_f64().max(1e-3)).round();
-    (n as u32).max(1)
+    (n as u64).max(1)
 }
 
 async fn latency_at(
@@ -169,21 +150,14 @@ async fn latency_at(
     rate: u32,
     tally: &mut Tally,
 ) -> Result<Pair<Outcome>, BenchError> {
-    eprintln!("bench: open loop at {rate} req/s");
-    for side in order(0) {
-        let warm = load::open_loop(client, targets.get(side), rate, plan.warmup).await?;
-        tally.warm(side, &warm);
-    }
-    let mut result: Pair<Outcome> = Pair::default();
-    for round in 0..rounds(plan.per_rate, plan.slice) {
-        for side in order(round) {
-            let slice = load::open_loop(client, targets.get(side), rate, plan.slice).await?;
-            tally.measured(side, &slice);
-            result.get_mut(side).absorb(slice);
-        }
-    }
+    eprintln!("bench: open loop at {rate} req/s per side, interleaved");
+    let split = load::open_loop(client, targets, rate, plan.warmup, plan.per_rate).await?;
+    let result = Pair {
+        direct: tally.split(Side::Direct, split.direct),
+        legate: tally.split(Side::Legate, split.legate),
+    };
     eprintln!(
-        "bench:   {} + {} requests, worst scheduler lag {:?}",
+        "bench:   {} + {} requests measured, worst scheduler lag {:?}",
         result.direct.ok + result.direct.errors,
         result.legate.ok + result.legate.errors,
         result.direct.worst_lag.max(result.legate.worst_lag)
@@ -202,15 +176,15 @@ async fn streams(
         plan.streams
     );
     let mut result: Pair<Outcome> = Pair::default();
-    for i in 0..plan.stream_warmup + plan.streams {
-        for side in order(i) {
-            let one = load::stream_ttfb(client, targets.get(side), 1).await?;
-            if i < plan.stream_warmup {
-                tally.warm(side, &one);
-            } else {
-                tally.measured(side, &one);
-                result.get_mut(side).absorb(one);
-            }
+    let total = 2 * u64::from(plan.stream_warmup + plan.streams);
+    for k in 0..total {
+        let side = interleaved(k);
+        let one = load::stream_ttfb(client, targets.get(side), 1).await?;
+        if k < 2 * u64::from(plan.stream_warmup) {
+            tally.warm(side, &one);
+        } else {
+            tally.measured(side, &one);
+            result.get_mut(side).absorb(one);
         }
     }
     Ok(result)
@@ -225,18 +199,20 @@ async fn throughput(
     eprintln!("bench: closed loop, {CONCURRENCY} concurrent requests");
     for side in order(0) {
         let target = targets.get(side);
-        let (warm, _) = load::closed_loop(client, target, CONCURRENCY, plan.warmup).await?;
-        tally.warm(side, &warm);
+        let (warm, _) =
+            load::closed_loop(client, target, CONCURRENCY, plan.warmup, Duration::ZERO).await?;
+        tally.split(side, warm);
     }
     let mut result: Pair<Throughput> = Pair::default();
     for round in 0..rounds(plan.throughput, plan.throughput_slice) {
         for side in order(round) {
             let target = targets.get(side);
+            let (lead_in, length) = (plan.lead_in, plan.throughput_slice);
             let (slice, elapsed) =
-                load::closed_loop(client, target, CONCURRENCY, plan.throughput_slice).await?;
-            tally.measured(side, &slice);
+                load::closed_loop(client, target, CONCURRENCY, lead_in, length).await?;
+            let measured = tally.split(side, slice);
             let total = result.get_mut(side);
-            total.outcome.absorb(slice);
+            total.outcome.absorb(measured);
             total.elapsed += elapsed;
         }
     }
@@ -258,8 +234,9 @@ async fn top_up(
     let mut round = 0;
     while tally.served < plan.min_requests && round < MAX_TOP_UP_ROUNDS {
         let length = plan.throughput_slice;
-        let (extra, _) = load::closed_loop(client, legate, CONCURRENCY, length).await?;
-        tally.warm(Side::Legate, &extra);
+        let (extra, _) =
+            load::closed_loop(client, legate, CONCURRENCY, Duration::ZERO, length).await?;
+        tally.split(Side::Legate, extra);
         round += 1;
     }
     Ok(())

@@ -12,6 +12,7 @@ mod children;
 mod client;
 mod error;
 mod load;
+mod pair;
 mod phases;
 mod report;
 mod results;
@@ -32,9 +33,11 @@ pub struct Plan {
     /// Whether the results may be judged against the targets (a release build, full length).
     pub judged: bool,
     pub warmup: Duration,
-    /// Measured time per target and rate, run in alternating slices.
+    /// Measured time per rate, both sides interleaved.
     pub per_rate: Duration,
-    pub slice: Duration,
+    /// Unmeasured load at the start of every throughput slice, so the side that sat idle is
+    /// warm again.
+    pub lead_in: Duration,
     pub stream_warmup: u32,
     pub streams: u32,
     pub throughput: Duration,
@@ -53,7 +56,7 @@ impl Plan {
                 judged: true,
                 warmup: Duration::from_secs(1),
                 per_rate: Duration::from_secs(5),
-                slice: Duration::from_secs(1),
+                lead_in: Duration::from_millis(250),
                 stream_warmup: 30,
                 streams: 300,
                 throughput: Duration::from_secs(5),
@@ -65,7 +68,7 @@ impl Plan {
                 judged: true,
                 warmup: Duration::from_millis(200),
                 per_rate: Duration::from_secs(1),
-                slice: Duration::from_millis(250),
+                lead_in: Duration::from_millis(100),
                 stream_warmup: 10,
                 streams: 60,
                 throughput: Duration::from_secs(1),
@@ -77,7 +80,7 @@ impl Plan {
                 judged: false,
                 warmup: Duration::from_millis(50),
                 per_rate: Duration::from_millis(200),
-                slice: Duration::from_millis(100),
+                lead_in: Duration::from_millis(20),
                 stream_warmup: 2,
                 streams: 10,
                 throughput: Duration::from_millis(200),
@@ -163,7 +166,7 @@ async fn measure(
 ) -> Result<(Vec<report::Row>, u64), BenchError> {
     let client = client::build();
     client::script_mock(&client, &mock.base_url, client::MOCK_SCRIPT).await?;
-    let targets = phases::Pair {
+    let targets = pair::Pair {
         direct: Target::new("direct", &mock.base_url)?,
         legate: Target::new("legate", &legate.base_url)?,
     };
@@ -171,5 +174,8 @@ async fn measure(
     let at_start = children::memory(legate.pid())?;
     let results = phases::all(plan, &client, &targets, legate.pid(), at_start).await?;
     let failed = results.failed();
+    if let Some(first) = results.first_error() {
+        eprintln!("bench: first failure: {first}");
+    }
     Ok((results.rows(plan), failed))
 }

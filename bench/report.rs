@@ -112,7 +112,7 @@ pub fn load_average() -> String {
         .unwrap_or_else(|| "?".to_owned())
 }
 
-/// `Machine: <cpu model>, nproc N; <UTC date and time>; <what kind of run>; load averages`.
+/// `Machine: <cpu model>, nproc N; <UTC date and time>; <what kind of run>; load average`.
 /// The load average is there because other work on a 2-core machine moves every number.
 pub fn machine_line(run: &str, load_before: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -122,10 +122,9 @@ pub fn machine_line(run: &str, load_before: &str) -> String {
         .map_or("unknown CPU", |(_, name)| name.trim());
     let nproc = std::thread::available_parallelism().map_or(0, usize::from);
     format!(
-        "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} \
-         before, {} after",
-        utc_now(),
-        load_average()
+        "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} at \
+         start",
+        utc_now()
     )
 }
 
@@ -133,13 +132,11 @@ pub fn machine_line(run: &str, load_before: &str) -> String {
 /// load average near one already puts scheduling delays into every tail latency.
 pub fn busy_note(load_before: &str) -> Option<String> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
-    let worst = [load_before.to_owned(), load_average()]
-        .iter()
-        .filter_map(|l| l.parse::<f64>().ok())
-        .fold(0.0, f64::max);
-    (worst > cores / 2.0).then(|| {
+    // Only the reading taken before the run: the run itself raises the load average.
+    let load: f64 = load_before.parse().ok()?;
+    (load > cores / 2.0).then(|| {
         format!(
-            "Note: the machine was busy with other work (1-min load average up to {worst:.2} on \
+            "Note: the machine was busy with other work (1-min load average {load:.2} at start on \
              {cores} cores); p99 and max include time spent waiting for a CPU."
         )
     })

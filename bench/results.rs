@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::Plan;
 use crate::load::Outcome;
-use crate::phases::{CONCURRENCY, Pair, RATES, Results};
+use crate::pair::Pair;
+use crate::phases::{CONCURRENCY, RATES, Results};
 use crate::report::{self, Row};
 
 /// Added latency (p99 at the highest rate, and stream time to first byte) must stay under this.
@@ -67,6 +68,23 @@ impl Results {
         let throughput =
             self.throughput.direct.outcome.errors + self.throughput.legate.outcome.errors;
         measured + throughput + self.warm_errors
+    }
+
+    /// The first failure of the run, to explain a non-zero [`Results::failed`].
+    pub fn first_error(&self) -> Option<&str> {
+        let pairs = self
+            .latency
+            .iter()
+            .map(|(_, pair)| pair)
+            .chain([&self.ttfb]);
+        pairs
+            .flat_map(|p| [&p.direct, &p.legate])
+            .chain([
+                &self.throughput.direct.outcome,
+                &self.throughput.legate.outcome,
+            ])
+            .find_map(|o| o.first_error.as_deref())
+            .or(self.first_warm_error.as_deref())
     }
 
     /// The results table, in the order the phases ran.
@@ -146,7 +164,7 @@ impl Results {
 /// p50, p99 (judged at the highest rate), max and request counts at one open-loop rate.
 fn latency_rows(plan: Plan, rate: u32, pair: &Pair<Outcome>) -> Vec<Row> {
     let sorted = Sorted::of(pair);
-    let rate_name = format!("{} req/s", report::thousands(u64::from(rate)));
+    let rate_name = format!("{} req/s per side", report::thousands(u64::from(rate)));
     let judged_rate = RATES.last().is_some_and(|&last| last == rate);
     let mut p99 = sorted.row(format!("latency p99 @ {rate_name}"), 99.0);
     if judged_rate {

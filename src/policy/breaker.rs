@@ -39,8 +39,8 @@ impl State {
 struct Inner {
     state: State,
     open_for: Duration,
-    /// (when, failed) for closed-state calls inside the window.
-    outcomes: VecDeque<(Instant, bool)>,
+    /// Closed-state outcomes inside the rolling window.
+    outcomes: Window,
 }
 
 pub struct Breaker {
@@ -120,7 +120,7 @@ impl Breaker {
             inner: Mutex::new(Inner {
                 state: State::Closed,
                 open_for,
-                outcomes: VecDeque::new(),
+                outcomes: Window::default(),
             }),
             gauge,
         }
@@ -152,8 +152,8 @@ impl Breaker {
         inner.state == State::Closed
             && inner
                 .outcomes
-                .back()
-                .is_none_or(|(t, _)| now.duration_since(*t) > window)
+                .last()
+                .is_none_or(|t| now.duration_since(t) > window)
     }
 
     pub fn admit(self: &Arc<Self>) -> Admission {
@@ -207,18 +207,12 @@ impl Breaker {
         if inner.state != State::Closed || outcome == Outcome::Neutral {
             return;
         }
-        inner.outcomes.push_back((now, outcome == Outcome::Failure));
-        let window = cfg.window;
-        while inner
+        inner
             .outcomes
-            .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) > window)
+            .record(now, outcome == Outcome::Failure, cfg.window);
+        let (calls, failures) = (inner.outcomes.calls, inner.outcomes.failures);
+        if calls >= u64::from(cfg.min_calls) && failures as f64 >= cfg.failure_ratio * calls as f64
         {
-            inner.outcomes.pop_front();
-        }
-        let calls = inner.outcomes.len();
-        let failures = inner.outcomes.iter().filter(|(_, f)| *f).count();
-        if calls >= cfg.min_calls as usize && failures as f64 >= cfg.failure_ratio * calls as f64 {
             inner.outcomes.clear();
             let open_for = cfg.open_for;
             inner.open_for = open_for;
@@ -229,6 +223,60 @@ impl Breaker {
                 },
             );
         }
+    }
+}
+
+/// Outcomes of a rolling window, kept in slices of at most `SLICE` with running totals: the
+/// work and memory per call stay constant however many calls the window holds (a per-call list
+/// rescanned on every call made the breaker the proxy's bottleneck under load).
+#[derive(Default)]
+struct Window {
+    slices: VecDeque<Slice>,
+    calls: u64,
+    failures: u64,
+}
+
+struct Slice {
+    start: Instant,
+    calls: u64,
+    failures: u64,
+}
+
+/// The window's resolution: an outcome leaves it at most this much late.
+const SLICE: Duration = Duration::from_millis(100);
+
+impl Window {
+    fn record(&mut self, now: Instant, failed: bool, window: Duration) {
+        let failed = u64::from(failed);
+        match self.slices.back_mut() {
+            Some(s) if now.duration_since(s.start) < SLICE => {
+                s.calls += 1;
+                s.failures += failed;
+            }
+            _ => self.slices.push_back(Slice {
+                start: now,
+                calls: 1,
+                failures: failed,
+            }),
+        }
+        self.calls += 1;
+        self.failures += failed;
+        while let Some(front) = self.slices.front() {
+            if now.duration_since(front.start) <= window {
+                break;
+            }
+            self.calls -= front.calls;
+            self.failures -= front.failures;
+            self.slices.pop_front();
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Window::default();
+    }
+
+    fn last(&self) -> Option<Instant> {
+        self.slices.back().map(|s| s.start)
     }
 }
 
