@@ -184,15 +184,7 @@ async fn each_client_key_gets_its_own_tenants_limits() {
 }
 
 async fn queued(env: &Env, priority: &str) -> u64 {
-    let v: serde_json::Value = env
-        .http
-        .get(env.admin_url("/admin/state"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = env.admin_json("/admin/state").await;
     v["providers"]["anthropic"]["queued"][priority]
         .as_u64()
         .unwrap()

@@ -213,3 +213,17 @@ pub async fn start_file(mock: MockServer, path: &std::path::Path) -> Env {
             .expect("client builds"),
     }
 }
+
+impl Env {
+    /// GET an admin-plane JSON document (`/admin/state`, `/admin/usage`).
+    pub async fn admin_json(&self, path: &str) -> serde_json::Value {
+        self.http
+            .get(self.admin_url(path))
+            .send()
+            .await
+            .expect("admin plane answers")
+            .json()
+            .await
+            .expect("admin documents are JSON")
+    }
+}

@@ -18,14 +18,7 @@ const USAGE: &str = r#"{"input_tokens":1000,"output_tokens":200,"cache_read_inpu
 const EXPECTED_PICO: &str = "7875000000";
 
 async fn usage_doc(env: &harness::Env) -> serde_json::Value {
-    env.http
-        .get(env.admin_url("/admin/usage"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    env.admin_json("/admin/usage").await
 }
 
 #[tokio::test]

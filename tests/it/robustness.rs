@@ -207,15 +207,7 @@ async fn a_reload_never_lets_more_than_max_concurrency_through() {
     // The second call waits in the same gate the first one holds, across the reload.
     let queued = async {
         loop {
-            let v: serde_json::Value = env
-                .http
-                .get(env.admin_url("/admin/state"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v: serde_json::Value = env.admin_json("/admin/state").await;
             if v["providers"]["anthropic"]["queued"]["interactive"] == 1 {
                 assert_eq!(v["providers"]["anthropic"]["inflight"], 1);
                 break;

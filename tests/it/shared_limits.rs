@@ -105,15 +105,7 @@ async fn replica(redis: &Redis, tenant: &str, script: &str) -> Env {
 
 async fn degraded(env: &Env) -> (Option<f64>, bool) {
     let gauge = env.metric("legate_ratelimit_store_degraded", &[]).await;
-    let state: serde_json::Value = env
-        .http
-        .get(env.admin_url("/admin/state"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state: serde_json::Value = env.admin_json("/admin/state").await;
     let flag = state["buckets"]["degraded"]
         .as_bool()
         .expect("/admin/state has buckets.degraded");

@@ -108,15 +108,7 @@ async fn an_anthropic_stream_from_an_openai_provider_carries_the_tool_call_intac
     let delta = events.iter().find(|(n, _)| n == "message_delta").unwrap();
     assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
     // Metered from the upstream's own usage.
-    let doc: serde_json::Value = env
-        .http
-        .get(env.admin_url("/admin/usage"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc: serde_json::Value = env.admin_json("/admin/usage").await;
     assert_eq!(
         doc["tenants"]["default"]["openai:gpt-backend"]["output_tokens"],
         9
