@@ -46,6 +46,8 @@ pub struct Metrics {
     pub translation_drops: IntCounterVec,
     /// Requests a client sent as its own retry (`x-stainless-retry-count` above 0).
     pub client_retries: IntCounterVec,
+    /// Open inbound connections per plane (data, admin).
+    pub connections: IntGaugeVec,
 }
 
 impl Metrics {
@@ -205,8 +207,13 @@ impl Metrics {
                 ),
                 &["api", "tenant"],
             )?,
+            connections: IntGaugeVec::new(
+                Opts::new("legate_connections", "Open inbound connections"),
+                &["plane"],
+            )?,
         };
         registry.register(Box::new(m.client_retries.clone()))?;
+        registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.translated.clone()))?;
         registry.register(Box::new(m.translation_drops.clone()))?;
         registry.register(Box::new(m.ratelimit_rejections.clone()))?;
@@ -238,6 +245,9 @@ impl Metrics {
         }
         for p in ["interactive", "background", "batch"] {
             m.queue_depth.with_label_values(&[p]);
+        }
+        for plane in ["data", "admin"] {
+            m.connections.with_label_values(&[plane]);
         }
         Ok(m)
     }

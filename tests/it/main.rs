@@ -10,6 +10,7 @@ mod admission;
 mod agents;
 mod binary;
 mod catalog;
+mod connections;
 mod errors;
 mod metering;
 mod passthrough;
