@@ -78,7 +78,6 @@ def test_tool_call_round_trip(mock, legate, route, streamed):
         assert final.response_metadata["headers"]["x-legate-served-by"] == served_by
 
 
-@pytest.mark.xfail(strict=True, reason="needs legate_client_retries_total (issue 13, proxy side)")
 def test_client_retries_are_counted(mock, legate):
     """A client that times out and retries on its own: the OpenAI SDK under ChatOpenAI marks the
     retry with `x-stainless-retry-count: 1`, and legate counts it for the operator."""
