@@ -12,6 +12,7 @@ pub mod mock;
 pub mod names;
 pub mod policy;
 pub mod proxy;
+pub mod responses;
 pub mod route;
 pub mod server;
 pub mod splice;
