@@ -37,6 +37,9 @@ pub enum ProxyError {
     ForbiddenTarget,
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
+    /// A cloud provider's credential could not be obtained (`what` says which step failed;
+    /// never a secret).
+    CredentialUnavailable { provider: String, what: String },
     /// Connecting to the upstream failed.
     UpstreamUnreachable { provider: String },
     /// The upstream did not send response headers within `first_byte_timeout`.
@@ -75,9 +78,9 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamStreamBroken { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::CredentialUnavailable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::AllBreakersOpen { .. } => overloaded(),
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -96,7 +99,9 @@ impl ProxyError {
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
             ProxyError::Shed { .. } => Source::Proxy,
-            ProxyError::NoProviderKey { .. } | ProxyError::Internal => Source::Proxy,
+            ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
+            | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
@@ -115,6 +120,7 @@ impl ProxyError {
             ProxyError::Unauthorized => "unauthorized",
             ProxyError::ForbiddenTarget => "forbidden_target",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
@@ -140,6 +146,7 @@ impl ProxyError {
             ProxyError::RateLimited { .. } => "rate_limit_error",
             ProxyError::NeverFits { .. } => "invalid_request_error",
             ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
@@ -158,6 +165,7 @@ impl ProxyError {
             ProxyError::Unauthorized => ("authentication_error", "invalid_api_key"),
             ProxyError::ForbiddenTarget => ("invalid_request_error", "forbidden_target"),
             ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
+            ProxyError::CredentialUnavailable { .. } => ("server_error", "credential_unavailable"),
             ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
             ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
             ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
@@ -193,6 +201,9 @@ impl ProxyError {
             }
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
+            ),
+            ProxyError::CredentialUnavailable { provider, what } => format!(
+                "legate could not obtain a credential for provider `{provider}`: {what}"
             ),
             ProxyError::UpstreamUnreachable { provider } => format!(
                 "could not connect to provider `{provider}`; legate will keep trying on later requests"
