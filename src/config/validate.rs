@@ -12,6 +12,7 @@ use reader::{Cx, Table};
 mod admission;
 mod clients;
 mod limits;
+mod cloud;
 mod models;
 mod policy;
 mod prices;

@@ -74,6 +74,9 @@ def test_read_round_trip_same_api(mock, legate, tmp_path):
     assert SECRET in json.dumps(last["content"])
     assert legate.metric("legate_requests_total", api="anthropic", status="200") == 2
     assert legate.metric("legate_requests_total", api="anthropic", status="400") == 0
+    # Metered from the streams' usage: the mock reports 10 input and 5 output tokens a call.
+    assert legate.metric("legate_tokens_total", provider="anthropic", kind="input") == 20
+    assert legate.metric("legate_tokens_total", provider="anthropic", kind="output") == 10
 
 
 def test_read_round_trip_cross_provider(mock, legate, tmp_path):
@@ -86,6 +89,8 @@ def test_read_round_trip_cross_provider(mock, legate, tmp_path):
     assert tool_msg["role"] == "tool"
     assert SECRET in tool_msg["content"]
     assert legate.metric("legate_translated_requests_total", **{"from": "anthropic"}) == 2
+    assert legate.metric("legate_tokens_total", provider="openai", kind="input") == 20
+    assert legate.metric("legate_tokens_total", provider="openai", kind="output") == 10
 
 
 def test_cross_provider_is_clean(mock, legate, tmp_path):

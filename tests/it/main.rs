@@ -11,6 +11,7 @@ mod agents;
 mod binary;
 mod catalog;
 mod connections;
+mod cloud;
 mod errors;
 mod metering;
 mod passthrough;
