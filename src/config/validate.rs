@@ -11,8 +11,8 @@ use reader::{Cx, Table};
 
 mod admission;
 mod clients;
-mod limits;
 mod cloud;
+mod limits;
 mod models;
 mod policy;
 mod prices;
