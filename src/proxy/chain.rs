@@ -209,7 +209,7 @@ async fn run_step(
     let body = if up.kind == caller {
         route::fit(&inb.body, &inb.meta, step, caller, limit)?
     } else if inb.endpoint == Endpoint::CountTokens {
-        match estimate::answer(inb, step, up.kind) {
+        match estimate::answer(inb, step, up.kind).await {
             Ok(resp) => return Ok(StepEnd::Answer(resp)),
             Err(why) => return Ok(unfit(exec, step, &why)),
         }

@@ -99,11 +99,6 @@ class Word(BaseModel):
     word: str
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs structured output mapped on translated routes, or the step unfit "
-    "(issue 13, proxy side)",
-)
 def test_structured_output_is_never_silently_dropped(mock, legate):
     """`with_structured_output` sends a JSON schema; served by an Anthropic step, the schema must
     reach the provider in its own field, or the step is refused: never free text silently."""
