@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod meter;
 pub mod mock;
+pub mod observe;
 pub mod policy;
 pub mod proxy;
 pub mod route;

@@ -12,6 +12,7 @@ use reader::{Cx, Table};
 mod admission;
 mod clients;
 mod models;
+mod observe;
 mod policy;
 mod prices;
 mod providers;
@@ -63,6 +64,9 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
         Some(t) => admission::parse_shedding(t, &mut cx),
         None => Default::default(),
     };
+    let (log, telemetry) = (top.table(&mut cx, "log"), top.table(&mut cx, "telemetry"));
+    let journal = top.table(&mut cx, "journal");
+    let observe = observe::parse(log, telemetry, journal, &mut cx);
     top.finish(&mut cx);
 
     if let Some(server) = &server {
@@ -93,6 +97,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             tenants,
             ratelimit,
             shedding,
+            observe,
         }),
         _ => Err(ConfigErrors(errors)),
     }

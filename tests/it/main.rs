@@ -6,10 +6,13 @@
 
 mod harness;
 
+mod access_log;
 mod admission;
 mod binary;
 mod errors;
 mod metering;
+mod observe;
+mod otlp;
 mod passthrough;
 mod reload;
 mod resilience;
