@@ -63,6 +63,15 @@ pub fn render_masked(cfg: &Config) -> String {
             &quote(&format_usd_per_mtok(price.cache_read)),
         );
     }
+    for l in &cfg.limits {
+        out.push_str("\n[[limits]]\n");
+        line(&mut out, "model", &quote(&l.model));
+        line(
+            &mut out,
+            "max_output_tokens",
+            &l.max_output_tokens.to_string(),
+        );
+    }
     out
 }
 
@@ -124,6 +133,20 @@ fn server(out: &mut String, s: &ServerConfig) {
     line(out, "max_body_bytes", &s.max_body_bytes.to_string());
     line(out, "default_deadline", &duration(s.default_deadline));
     line(out, "shutdown_grace", &duration(s.shutdown_grace));
+    let l = &s.limits;
+    line(out, "header_read_timeout", &duration(l.header_read_timeout));
+    line(out, "body_read_timeout", &duration(l.body_read_timeout));
+    line(
+        out,
+        "connection_idle_timeout",
+        &duration(l.connection_idle_timeout),
+    );
+    line(out, "max_connections", &l.max_connections.to_string());
+    line(
+        out,
+        "admin_max_connections",
+        &l.admin_max_connections.to_string(),
+    );
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {

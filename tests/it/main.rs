@@ -8,7 +8,10 @@ mod harness;
 
 mod access_log;
 mod admission;
+mod agents;
 mod binary;
+mod catalog;
+mod connections;
 mod errors;
 mod metering;
 mod observe;
