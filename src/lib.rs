@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod cloud;
 pub mod config;
 pub mod error;
 pub mod limits;

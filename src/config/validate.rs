@@ -11,6 +11,7 @@ use reader::{Cx, Table};
 
 mod admission;
 mod clients;
+mod cloud;
 mod limits;
 mod models;
 mod observe;

@@ -11,6 +11,7 @@ mod admission;
 mod agents;
 mod binary;
 mod catalog;
+mod cloud;
 mod connections;
 mod errors;
 mod metering;
