@@ -56,7 +56,6 @@ fn check(path: Option<&std::path::Path>) -> ExitCode {
 }
 
 fn serve(path: Option<&std::path::Path>) -> ExitCode {
-    legate::telemetry::init_tracing(&config::log_filter());
     let (cfg, origin) = match config::load(path) {
         Ok(c) => c,
         Err(errors) => {
@@ -67,6 +66,8 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
+    let log = &cfg.observe.log;
+    legate::observe::logfmt::init(log.format, &config::log_filter_or(&log.level));
     for w in config::render::warnings(&cfg) {
         tracing::warn!("{w}");
     }

@@ -307,6 +307,11 @@ impl Upstream {
         self.key.current().is_some()
     }
 
+    /// The key in use now, only so captured payloads can be stripped of it (never shown).
+    pub fn current_key(&self) -> Option<Arc<crate::config::Secret>> {
+        self.key.current()
+    }
+
     pub fn client(&self) -> &HttpClient {
         &self.client
     }

@@ -32,6 +32,7 @@ pub fn render_masked(cfg: &Config) -> String {
         out.push_str("]\n");
     }
     policy(&mut out, cfg);
+    crate::config::observe::render(&mut out, &cfg.observe);
     out.push_str("\n[routing]\n");
     line(&mut out, "anthropic", &quote(&cfg.routing.anthropic));
     line(&mut out, "openai", &quote(&cfg.routing.openai));
@@ -302,16 +303,16 @@ fn chain_step(step: &ChainStep) -> String {
     s
 }
 
-fn line(out: &mut String, key: &str, value: &str) {
+pub(crate) fn line(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "{key} = {value}");
 }
 
-fn duration(d: Duration) -> String {
+pub(crate) fn duration(d: Duration) -> String {
     quote(&humantime::format_duration(d).to_string())
 }
 
 /// A TOML basic string.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');
     for c in s.chars() {

@@ -6,6 +6,7 @@
 
 mod harness;
 
+mod access_log;
 mod admission;
 mod agents;
 mod binary;
@@ -14,6 +15,8 @@ mod cloud;
 mod connections;
 mod errors;
 mod metering;
+mod observe;
+mod otlp;
 mod passthrough;
 mod reload;
 mod resilience;
