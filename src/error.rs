@@ -35,6 +35,12 @@ pub enum ProxyError {
     Unauthorized,
     /// Absolute-form target, CONNECT, or a Host that is not this proxy.
     ForbiddenTarget,
+    /// A browser request from a web page (an `Origin` that is not loopback).
+    ForbiddenOrigin,
+    /// The request body did not arrive within `server.body_read_timeout`.
+    BodyTimeout,
+    /// Request bodies being read already fill `server.max_buffered_bytes`.
+    BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
     /// A cloud provider's credential could not be obtained (`what` says which step failed;
@@ -74,7 +80,9 @@ impl ProxyError {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ProxyError::ForbiddenTarget => StatusCode::FORBIDDEN,
+            ProxyError::ForbiddenTarget | ProxyError::ForbiddenOrigin => StatusCode::FORBIDDEN,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::BuffersFull { .. } => overloaded(),
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -96,9 +104,11 @@ impl ProxyError {
             | ProxyError::TooLarge { .. }
             | ProxyError::Unauthorized
             | ProxyError::ForbiddenTarget
+            | ProxyError::ForbiddenOrigin
+            | ProxyError::BodyTimeout
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
-            ProxyError::Shed { .. } => Source::Proxy,
+            ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
             ProxyError::NoProviderKey { .. }
             | ProxyError::CredentialUnavailable { .. }
             | ProxyError::Internal => Source::Proxy,
@@ -119,6 +129,9 @@ impl ProxyError {
             ProxyError::TooLarge { .. } => "too_large",
             ProxyError::Unauthorized => "unauthorized",
             ProxyError::ForbiddenTarget => "forbidden_target",
+            ProxyError::ForbiddenOrigin => "forbidden_origin",
+            ProxyError::BodyTimeout => "body_timeout",
+            ProxyError::BuffersFull { .. } => "buffers_full",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
             ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
@@ -138,11 +151,15 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { .. }
             | ProxyError::WrongApi { .. }
-            | ProxyError::ForbiddenTarget => "invalid_request_error",
+            | ProxyError::ForbiddenTarget
+            | ProxyError::BodyTimeout => "invalid_request_error",
+            ProxyError::ForbiddenOrigin => "permission_error",
             ProxyError::NotFound { .. } => "not_found_error",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "authentication_error",
-            ProxyError::AllBreakersOpen { .. } | ProxyError::Shed { .. } => "overloaded_error",
+            ProxyError::AllBreakersOpen { .. }
+            | ProxyError::Shed { .. }
+            | ProxyError::BuffersFull { .. } => "overloaded_error",
             ProxyError::RateLimited { .. } => "rate_limit_error",
             ProxyError::NeverFits { .. } => "invalid_request_error",
             ProxyError::NoProviderKey { .. }
@@ -164,6 +181,9 @@ impl ProxyError {
             ProxyError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ProxyError::Unauthorized => ("authentication_error", "invalid_api_key"),
             ProxyError::ForbiddenTarget => ("invalid_request_error", "forbidden_target"),
+            ProxyError::ForbiddenOrigin => ("permission_error", "forbidden_origin"),
+            ProxyError::BodyTimeout => ("invalid_request_error", "request_timeout"),
+            ProxyError::BuffersFull { .. } => ("server_error", "overloaded"),
             ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
             ProxyError::CredentialUnavailable { .. } => ("server_error", "credential_unavailable"),
             ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
@@ -199,6 +219,16 @@ impl ProxyError {
             ProxyError::ForbiddenTarget => {
                 "legate only proxies to its configured providers: absolute-form targets, CONNECT and foreign Host headers are refused".to_string()
             }
+            ProxyError::ForbiddenOrigin => {
+                "requests from web pages (an Origin header that is not a loopback origin) are refused: a page in a browser must not spend the provider keys".to_string()
+            }
+            ProxyError::BodyTimeout => {
+                "the request body did not arrive within server.body_read_timeout; nothing was sent upstream".to_string()
+            }
+            ProxyError::BuffersFull { retry_after } => format!(
+                "legate is reading as many request bodies as server.max_buffered_bytes allows; retry in {}s",
+                retry_after.as_secs_f64().ceil()
+            ),
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
             ),
@@ -266,7 +296,8 @@ impl ProxyError {
         );
         if let ProxyError::AllBreakersOpen { retry_after }
         | ProxyError::RateLimited { retry_after, .. }
-        | ProxyError::Shed { retry_after } = self
+        | ProxyError::Shed { retry_after }
+        | ProxyError::BuffersFull { retry_after } = self
         {
             // Refused before any upstream attempt: the caller may come back when it would fit
             // (and the SDK may retry it then: nothing is multiplied upstream).

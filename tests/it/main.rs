@@ -9,6 +9,7 @@ mod harness;
 mod admission;
 mod binary;
 mod cloud;
+mod connections;
 mod errors;
 mod metering;
 mod passthrough;
