@@ -9,6 +9,7 @@ mod harness;
 mod admission;
 mod binary;
 mod cloud;
+mod cloud_secrets;
 mod connections;
 mod errors;
 mod metering;
