@@ -7,7 +7,9 @@
 mod harness;
 
 mod admission;
+mod agents;
 mod binary;
+mod catalog;
 mod cloud;
 mod cloud_secrets;
 mod connections;
