@@ -128,8 +128,7 @@ fn tool_reply() -> &'static str {
 #[tokio::test]
 async fn bedrock_json_and_stream_through_web_identity_with_the_model_in_the_url() {
     // Prices apply to the platform's model ids, through a prefix pattern.
-    let prices =
-        "[[prices]]\nmodel = \"bedrock:anthropic.claude-sonnet-4-5*\"\ninput = \"3\"\noutput = \"15\"\n";
+    let prices = "[[prices]]\nmodel = \"bedrock:anthropic.claude-sonnet-4-5*\"\ninput = \"3\"\noutput = \"15\"\n";
     let c = start(tool_reply(), CloudOptions::default(), prices).await;
     let env = &c.env;
     let resp = env
