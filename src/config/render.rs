@@ -84,6 +84,8 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
             KeySource::Env { var, value: None } => out.push(format!(
                 "{at}: {var} is not set; requests to this provider will fail until it is"
             )),
+            // A cloud provider with its own credential source needs no key.
+            KeySource::None if owns_credential(&p.platform) => {}
             KeySource::None if p.base_url.starts_with("https://") => out.push(format!(
                 "{at}: no api_key_env or api_key_file; requests are sent without a provider key"
             )),
@@ -170,6 +172,7 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         KeySource::File { path } => {
             line(out, "api_key_file", &quote(&path.display().to_string()));
         }
+        KeySource::None if owns_credential(&p.platform) => {}
         KeySource::None => out.push_str("# no provider key\n"),
     }
     let auth = match p.auth_header {
@@ -197,6 +200,16 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         if let Some(path) = file {
             line(out, key, &quote(&path.display().to_string()));
         }
+    }
+}
+
+/// Whether a provider's credential comes from its platform (pod identity), not a key.
+fn owns_credential(p: &crate::config::cloud::Platform) -> bool {
+    use crate::config::cloud::{AzureSource, Platform};
+    match p {
+        Platform::Direct => false,
+        Platform::AzureOpenAi(a) => !matches!(a.credentials, AzureSource::ApiKey),
+        Platform::Bedrock(_) | Platform::Vertex(_) => true,
     }
 }
 

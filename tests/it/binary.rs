@@ -95,7 +95,7 @@ async fn start_mock(script: Option<&std::path::Path>) -> (Child, String) {
     (child, url)
 }
 
-fn sigterm(child: &Child) {
+pub(crate) fn sigterm(child: &Child) {
     let pid = child.id().unwrap().to_string();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid])

@@ -12,6 +12,7 @@ mod agents;
 mod binary;
 mod catalog;
 mod cloud;
+mod cloud_secrets;
 mod connections;
 mod errors;
 mod metering;
