@@ -135,11 +135,10 @@ impl RequestRecord {
             return;
         }
         self.recorded = true;
-        let status = self.status.unwrap_or(CLIENT_GONE);
-        let status = status.to_string();
+        let status = status_label(self.status.unwrap_or(CLIENT_GONE));
         self.metrics
             .requests
-            .with_label_values(&[self.api, &self.model, &self.tenant, status.as_str()])
+            .with_label_values(&[self.api, &self.model, &self.tenant, &status])
             .inc();
         let elapsed = self.started.elapsed();
         self.metrics
@@ -158,6 +157,27 @@ impl RequestRecord {
     pub fn tenant(&self) -> &str {
         &self.tenant
     }
+}
+
+/// The status as a label value, without formatting the common ones.
+fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
+    let known = match status {
+        200 => "200",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        413 => "413",
+        429 => "429",
+        499 => "499",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        529 => "529",
+        other => return other.to_string().into(),
+    };
+    known.into()
 }
 
 impl Drop for RequestRecord {
