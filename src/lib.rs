@@ -10,6 +10,7 @@ pub mod meter;
 pub mod mock;
 pub mod policy;
 pub mod proxy;
+pub mod redact;
 pub mod route;
 pub mod server;
 pub mod splice;

@@ -234,6 +234,14 @@ impl Upstream {
         self.key.current().is_some()
     }
 
+    /// What removes this provider's key from its answers (`None` without a key).
+    pub fn redactor(&self) -> Option<crate::redact::Redactor> {
+        if self.keyless {
+            return None;
+        }
+        crate::redact::Redactor::new(self.key.current())
+    }
+
     pub fn client(&self) -> &HttpClient {
         &self.client
     }

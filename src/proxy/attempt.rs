@@ -328,7 +328,8 @@ pub async fn run(
     }
 
     if !retry::needs_body(status) && !translating {
-        // A final error passed on as it is, streamed through.
+        // A final error passed on as it is: read whole (it is small) so that a key the
+        // upstream echoes in it can be removed.
         let verdict = retry::classify(status, b"");
         let (label, o) = match verdict {
             Verdict::Success => ("ok", Outcome::Success),
@@ -337,18 +338,18 @@ pub async fn run(
             } => ("fatal", Outcome::Failure),
             _ => ("fatal", Outcome::Neutral),
         };
+        let body = read_small(incoming, up.idle_timeout, inb.deadline).await;
+        exec.outside += sent.elapsed();
+        drop(inflight);
+        drop(permit);
         outcome(label);
         ticket.report(o);
-        exec.outside += sent.elapsed();
-        let tap = Tapped {
-            incoming,
-            mode: Mode::json(),
-            held: None,
-            ticket: None,
-            permit,
-            inflight,
-        };
-        return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
+        let mut resp = buffered(&call, status, &parts.headers, body);
+        // Passed on as it is: an HTML error page stays labelled as one.
+        if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+            resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        }
+        return Attempt::Answer(resp);
     }
 
     // A possibly retryable status: read its small body to decide.
@@ -429,7 +430,10 @@ fn commit(
         inb,
         ..
     } = call;
+    let redact = up.redactor();
+    // Redaction may change the body's length: it is then sent without one.
     let is_sse = matches!(tap.mode, Mode::Sse(_));
+    let keep_length = !is_sse && redact.is_none();
     let metrics = &proxy.metrics;
     let body = match record.take() {
         Some(rec) => {
@@ -443,16 +447,19 @@ fn commit(
                 ticket: tap.ticket,
                 record: rec,
             };
-            ProxyBody::Tap(Box::new(TapBody::new(
-                tap.incoming,
-                inb.endpoint.api(),
-                tap.mode,
-                tap.held,
-                up.idle_timeout,
-                proxy.abort_streams.clone().cancelled_owned(),
-                acct,
-                Some(tap.permit),
-            )))
+            ProxyBody::Tap(Box::new(
+                TapBody::new(
+                    tap.incoming,
+                    inb.endpoint.api(),
+                    tap.mode,
+                    tap.held,
+                    up.idle_timeout,
+                    proxy.abort_streams.clone().cancelled_owned(),
+                    acct,
+                    Some(tap.permit),
+                )
+                .with_redactor(redact.clone()),
+            ))
         }
         // Cannot happen (the record is taken once); answer without accounting rather than fail.
         None => {
@@ -462,7 +469,10 @@ fn commit(
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), is_sse);
+    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), !keep_length);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
     finish_headers(&mut resp, call);
     resp
 }
@@ -474,9 +484,18 @@ fn buffered(
     upstream_headers: &HeaderMap,
     body: Bytes,
 ) -> Response<ProxyBody> {
+    // An upstream that echoes the key it was sent must not hand it to the caller.
+    let redact = call.up.redactor();
+    let body = match &redact {
+        Some(r) => r.bytes(body),
+        None => body,
+    };
     let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
     response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
     // The body may come from an error event of a stream: it is JSON, not an event stream.
     let is_json = resp
         .headers()

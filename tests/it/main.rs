@@ -5,6 +5,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod harness;
+mod key_echo;
 
 mod admission;
 mod binary;
