@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod loopback;
 pub mod meter;
 pub mod mock;
 pub mod policy;

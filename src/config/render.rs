@@ -93,7 +93,7 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
             }
         }
     }
-    if !cfg.server.admin_listen.ip().is_loopback() {
+    if !crate::loopback::is_loopback_ip(cfg.server.admin_listen.ip()) {
         out.push(format!(
             "server.admin_listen: `{}` is reachable from other hosts, and the admin plane has \
              no authentication",

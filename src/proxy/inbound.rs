@@ -121,13 +121,25 @@ fn host_is_local(host: &str, listen_ip: std::net::IpAddr) -> bool {
             }
         })
     };
-    if name.eq_ignore_ascii_case("localhost") {
+    if crate::loopback::is_loopback_host(name) {
         return true;
     }
-    match name.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback() || ip == listen_ip,
-        Err(_) => false,
+    name.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip == listen_ip)
+}
+
+/// Refuses browser requests from web pages: the SDKs send no `Origin`, so one that is not a
+/// loopback origin is a page in the developer's browser trying to spend the keys (SPEC §14).
+pub fn check_origin(headers: &HeaderMap) -> Result<(), ProxyError> {
+    for origin in headers.get_all(header::ORIGIN) {
+        let ok = origin
+            .to_str()
+            .is_ok_and(crate::loopback::is_loopback_origin);
+        if !ok {
+            return Err(ProxyError::ForbiddenOrigin);
+        }
     }
+    Ok(())
 }
 
 /// The caller's credentials as sent: `x-api-key` and/or `Authorization: Bearer` (SDK generations

@@ -253,6 +253,8 @@ impl Proxy {
         stats: &mut chain::ExecStats,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
+        // 0. Origin: a web page in a browser never gets further, whatever else it sends.
+        inbound::check_origin(req.headers())?;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
         inbound::check_target(
             req.method(),

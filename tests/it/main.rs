@@ -12,6 +12,7 @@ mod binary;
 mod connections;
 mod errors;
 mod metering;
+mod origin;
 mod passthrough;
 mod reload;
 mod resilience;
