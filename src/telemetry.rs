@@ -44,6 +44,8 @@ pub struct Metrics {
     pub token_estimate_ratio: HistogramVec,
     pub translated: IntCounterVec,
     pub translation_drops: IntCounterVec,
+    /// Requests a client sent as its own retry (`x-stainless-retry-count` above 0).
+    pub client_retries: IntCounterVec,
     /// Open inbound connections per plane (data, admin).
     pub connections: IntGaugeVec,
 }
@@ -198,11 +200,19 @@ impl Metrics {
                 ),
                 &["from", "to", "what"],
             )?,
+            client_retries: IntCounterVec::new(
+                Opts::new(
+                    "legate_client_retries_total",
+                    "Requests whose x-stainless-retry-count is above 0: a client retrying on top of legate",
+                ),
+                &["api", "tenant"],
+            )?,
             connections: IntGaugeVec::new(
                 Opts::new("legate_connections", "Open inbound connections"),
                 &["plane"],
             )?,
         };
+        registry.register(Box::new(m.client_retries.clone()))?;
         registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.translated.clone()))?;
         registry.register(Box::new(m.translation_drops.clone()))?;

@@ -62,6 +62,15 @@ pub fn render_masked(cfg: &Config) -> String {
             &quote(&format_usd_per_mtok(price.cache_read)),
         );
     }
+    for l in &cfg.limits {
+        out.push_str("\n[[limits]]\n");
+        line(&mut out, "model", &quote(&l.model));
+        line(
+            &mut out,
+            "max_output_tokens",
+            &l.max_output_tokens.to_string(),
+        );
+    }
     out
 }
 

@@ -149,8 +149,10 @@ pub struct Config {
     pub models: Vec<ModelEntry>,
     pub routing: RoutingConfig,
     pub clients: Vec<ClientEntry>,
-    /// Keyed by `provider:model`.
+    /// Keyed by `provider:model` (the model may be a `*` pattern).
     pub prices: BTreeMap<String, Price>,
+    /// `[[limits]]`: output limits beyond (or instead of) the built-in table.
+    pub limits: Vec<crate::limits::OutputLimit>,
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
     /// Always holds `default`; a tenant named by `[[clients]]` without its own table gets the

@@ -71,13 +71,17 @@ pub async fn run(
     let translating = up.kind != inb.endpoint.kind();
     let dir = chain::direction(inb.endpoint.kind());
     let upstream_path = match (inb.endpoint, up.kind) {
-        (Endpoint::CountTokens | Endpoint::Models, _) => inb.endpoint.upstream_path(),
+        (Endpoint::CountTokens | Endpoint::Models | Endpoint::Model, _) => {
+            inb.endpoint.upstream_path()
+        }
         (_, ApiKind::Anthropic) => Endpoint::Messages.upstream_path(),
         (_, ApiKind::OpenAi) => Endpoint::ChatCompletions.upstream_path(),
     };
+    // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
+    // provider of that API only, never a translated request.
     let path = match &inb.query {
-        Some(q) => format!("{upstream_path}?{q}"),
-        None => upstream_path.to_string(),
+        Some(q) if !translating => format!("{upstream_path}?{q}"),
+        _ => upstream_path.to_string(),
     };
     let req = match up.build_request(
         Method::POST,
@@ -264,7 +268,7 @@ pub async fn run(
                 Ok(b) => Whole::Complete(Bytes::from(b)),
                 Err(e) => {
                     tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
-                    Whole::Broken("the upstream answer could not be translated")
+                    Whole::Unusable(e.0)
                 }
             },
             (Whole::TooLarge(_), true) => {
@@ -309,18 +313,30 @@ pub async fn run(
                 };
                 return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
             }
-            Whole::Broken(why) => {
+            failed @ (Whole::Broken(_) | Whole::Unusable(_)) => {
                 drop(inflight);
                 outcome("retryable");
                 ticket.report(Outcome::Failure);
-                tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
                 if Instant::now() >= inb.deadline {
                     return Attempt::Abort(ProxyError::DeadlineExceeded);
                 }
-                return Attempt::Retry {
-                    failure: Failure::Error(ProxyError::UpstreamStreamBroken {
+                // The error names what happened: a cut body, or an answer that arrived whole
+                // but cannot be carried to the caller.
+                let error = match failed {
+                    Whole::Unusable(reason) => ProxyError::UpstreamAnswerUnusable {
                         provider: up.name.clone(),
-                    }),
+                        reason,
+                    },
+                    Whole::Broken(why) => {
+                        tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
+                        ProxyError::UpstreamStreamBroken {
+                            provider: up.name.clone(),
+                        }
+                    }
+                    Whole::Complete(_) | Whole::TooLarge(_) => ProxyError::Internal,
+                };
+                return Attempt::Retry {
+                    failure: Failure::Error(error),
                     wait: None,
                 };
             }
@@ -410,7 +426,7 @@ fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         provider: call.up.name.clone(),
         model_label: call.model_label.to_string(),
         target: call.step.target(),
-        price: call.snap.cfg.prices.get(&call.step.target()).copied(),
+        price: crate::meter::price_for(&call.snap.cfg.prices, &call.step.target()),
     }
 }
 
@@ -612,6 +628,9 @@ enum Whole {
     /// Larger than `WHOLE_BODY_LIMIT`: what was read so far; the rest follows.
     TooLarge(Bytes),
     Broken(&'static str),
+    /// Complete, but not an answer that can reach the caller (translated: no choices, broken
+    /// tool arguments).
+    Unusable(String),
 }
 
 /// Reads a whole response body, each chunk within `idle`, all before the deadline.

@@ -8,7 +8,9 @@ mod harness;
 mod key_echo;
 
 mod admission;
+mod agents;
 mod binary;
+mod catalog;
 mod connections;
 mod errors;
 mod metering;
