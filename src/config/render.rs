@@ -146,6 +146,7 @@ fn server(out: &mut String, s: &ServerConfig) {
         "admin_max_connections",
         &l.admin_max_connections.to_string(),
     );
+    line(out, "max_event_bytes", &l.max_event_bytes.to_string());
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {

@@ -167,19 +167,20 @@ pub async fn run(
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
     let (parts, incoming) = resp.into_parts();
     let api = inb.endpoint.api();
+    let max_event = call.snap.cfg.server.limits.max_event_bytes;
     let mut incoming = if translating && status.is_success() && is_sse {
         let upstream_shape = match up.kind {
             ApiKind::Anthropic => ApiShape::Anthropic,
             ApiKind::OpenAi => ApiShape::OpenAi,
         };
         let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
-        UpstreamBody::translated(incoming, tr, upstream_shape)
+        UpstreamBody::translated(incoming, tr, upstream_shape, max_event)
     } else {
         UpstreamBody::Plain(incoming)
     };
 
     if status.is_success() && is_sse {
-        let mut watch = Box::new(SseWatch::new(api));
+        let mut watch = Box::new(SseWatch::new(api).with_max_event(max_event));
         let pre = read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline).await;
         exec.outside += sent.elapsed();
         return match pre {
@@ -554,6 +555,11 @@ async fn read_to_commit(
     loop {
         if let Some(d) = &watch.error_data {
             return Err(PreCommit::ErrorEvent(d.clone()));
+        }
+        if watch.oversize {
+            return Err(PreCommit::Broken(
+                "an event is larger than server.max_event_bytes",
+            ));
         }
         if watch.saw_content || watch.saw_terminal || held.len() > PREAMBLE_LIMIT {
             return Ok(held.freeze());

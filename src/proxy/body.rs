@@ -319,6 +319,16 @@ impl Body for TapBody {
                     match frame.into_data() {
                         Ok(data) => {
                             let out = this.observe(data);
+                            if matches!(&this.mode, Mode::Sse(w) if w.oversize) {
+                                // The complete events before it still go out, then the error.
+                                this.state = this.fail_stream(
+                                    "the upstream sent an event larger than server.max_event_bytes",
+                                );
+                                if let Some(out) = out {
+                                    return this.emit(out);
+                                }
+                                continue;
+                            }
                             // With a Content-Length the caller may have every byte before this
                             // body is polled again: account now, not at the next poll.
                             if this.inner.is_end_stream() {
