@@ -147,6 +147,7 @@ fn server(out: &mut String, s: &ServerConfig) {
         &l.admin_max_connections.to_string(),
     );
     line(out, "max_event_bytes", &l.max_event_bytes.to_string());
+    line(out, "max_buffered_bytes", &l.max_buffered_bytes.to_string());
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {

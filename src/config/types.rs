@@ -69,6 +69,8 @@ pub struct ServerLimits {
     pub admin_max_connections: usize,
     /// An upstream stream event (or unterminated line) larger than this breaks the stream.
     pub max_event_bytes: usize,
+    /// Request bodies being read and held, all requests together; beyond it 529.
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for ServerLimits {
@@ -80,6 +82,7 @@ impl Default for ServerLimits {
             max_connections: 4096,
             admin_max_connections: 64,
             max_event_bytes: 4 << 20,
+            max_buffered_bytes: 256 << 20,
         }
     }
 }

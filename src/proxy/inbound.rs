@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Uri, header};
-use http_body_util::{BodyExt, Limited};
+
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -219,16 +219,22 @@ pub enum BodyError {
     Broken,
     /// The body did not arrive within `server.body_read_timeout`.
     TimedOut,
+    /// Bodies being read already fill `server.max_buffered_bytes`.
+    Full,
 }
 
 /// Reads the whole body once, within `timeout`, refusing early on a declared Content-Length
-/// over the limit.
+/// over the limit; its bytes count against `share` of the global buffer budget (up to
+/// `max_buffered`), a declared length up front.
 pub async fn read_body(
     headers: &HeaderMap,
     body: hyper::body::Incoming,
     limit: usize,
     timeout: std::time::Duration,
+    share: &mut crate::proxy::buffers::BufferShare,
+    max_buffered: usize,
 ) -> Result<Bytes, BodyError> {
+    use crate::proxy::buffers::{Collect, collect};
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -236,15 +242,25 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge);
     }
-    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    // A declared length is taken at once: a crowd of large uploads is refused before their
+    // bytes arrive, not once they fill memory.
+    let declared = declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+    if !share.take(declared, max_buffered) {
+        return Err(BodyError::Full);
+    }
+    let read = tokio::time::timeout(timeout, collect(body, limit, share, max_buffered)).await;
     let Ok(read) = read else {
         return Err(BodyError::TimedOut);
     };
-    match read {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
-        Err(_) => Err(BodyError::Broken),
-    }
+    let body = match read {
+        Ok(b) => b,
+        Err(Collect::TooLarge) => return Err(BodyError::TooLarge),
+        Err(Collect::Full) => return Err(BodyError::Full),
+        Err(Collect::Broken) => return Err(BodyError::Broken),
+    };
+    // The body is held now: its real size replaces the declared one.
+    share.shrink_to(body.len());
+    Ok(body)
 }
 
 #[cfg(test)]

@@ -69,5 +69,8 @@ fn parse_limits(t: &mut Table, cx: &mut Cx) -> ServerLimits {
         max_event_bytes: t
             .opt(cx, "max_event_bytes", reader::positive_usize)
             .unwrap_or(d.max_event_bytes),
+        max_buffered_bytes: t
+            .opt(cx, "max_buffered_bytes", reader::positive_usize)
+            .unwrap_or(d.max_buffered_bytes),
     }
 }
