@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod limits;
 pub mod loopback;
+pub mod lru;
 pub mod meter;
 pub mod mock;
 pub mod names;

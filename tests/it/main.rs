@@ -10,6 +10,7 @@ mod key_echo;
 mod admission;
 mod agents;
 mod binary;
+mod bounded_state;
 mod buffers;
 mod catalog;
 mod connections;
