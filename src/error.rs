@@ -45,6 +45,9 @@ pub enum ProxyError {
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
+    /// A cloud provider's credential could not be obtained (`what` says which step failed;
+    /// never a secret).
+    CredentialUnavailable { provider: String, what: String },
     /// Connecting to the upstream failed.
     UpstreamUnreachable { provider: String },
     /// The upstream did not send response headers within `first_byte_timeout`.
@@ -90,7 +93,8 @@ impl ProxyError {
             }
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamStreamBroken { .. }
-            | ProxyError::UpstreamAnswerUnusable { .. } => StatusCode::BAD_GATEWAY,
+            | ProxyError::UpstreamAnswerUnusable { .. }
+            | ProxyError::CredentialUnavailable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::AllBreakersOpen { .. } => overloaded(),
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -112,7 +116,9 @@ impl ProxyError {
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
             ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
-            ProxyError::NoProviderKey { .. } | ProxyError::Internal => Source::Proxy,
+            ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
+            | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
@@ -136,6 +142,7 @@ impl ProxyError {
             ProxyError::BodyTimeout => "body_timeout",
             ProxyError::BuffersFull { .. } => "buffers_full",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
@@ -166,6 +173,7 @@ impl ProxyError {
             ProxyError::RateLimited { .. } => "rate_limit_error",
             ProxyError::NeverFits { .. } => "invalid_request_error",
             ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
@@ -189,6 +197,7 @@ impl ProxyError {
             ProxyError::BodyTimeout => ("invalid_request_error", "request_timeout"),
             ProxyError::BuffersFull { .. } => ("server_error", "overloaded"),
             ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
+            ProxyError::CredentialUnavailable { .. } => ("server_error", "credential_unavailable"),
             ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
             ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
             ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
@@ -241,6 +250,9 @@ impl ProxyError {
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
             ),
+            ProxyError::CredentialUnavailable { provider, what } => format!(
+                "legate could not obtain a credential for provider `{provider}`: {what}"
+            ),
             ProxyError::UpstreamUnreachable { provider } => format!(
                 "could not connect to provider `{provider}`; legate will keep trying on later requests"
             ),
@@ -251,7 +263,7 @@ impl ProxyError {
                 "no answer within the request deadline (server.default_deadline or x-legate-deadline-ms)".to_string()
             }
             ProxyError::UpstreamStreamBroken { provider } => format!(
-                "provider `{provider}` broke off its stream before any content, on every try"
+                "provider `{provider}` broke off its answer (a cut, a stall, or a stream without content) before any of it reached you, on every try"
             ),
             ProxyError::UpstreamAnswerUnusable { provider, reason } => format!(
                 "provider `{provider}` answered, but legate cannot pass the answer on: {reason}"

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod cloud;
 pub mod config;
 pub mod error;
 pub mod limits;
@@ -12,6 +13,7 @@ pub mod lru;
 pub mod meter;
 pub mod mock;
 pub mod names;
+pub mod observe;
 pub mod policy;
 pub mod proxy;
 pub mod redact;

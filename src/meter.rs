@@ -1,6 +1,8 @@
 //! Money and prices: exact integer pico-dollars (1 USD = 10^12 pico-USD), so that budgets and
 //! cost counters never drift the way floating-point sums do.
 
+use std::collections::BTreeMap;
+
 /// Pico-dollars in one US dollar.
 pub const PICO_PER_USD: u128 = 1_000_000_000_000;
 
@@ -156,7 +158,7 @@ pub struct Ledger {
 /// (bounded by the configured tenants and providers).
 struct Entries {
     recent: crate::lru::Lru<(String, String), LedgerEntry>,
-    folded: std::collections::BTreeMap<(String, String), LedgerEntry>,
+    folded: BTreeMap<(String, String), LedgerEntry>,
 }
 
 /// Distinct `(tenant, provider:model)` entries kept apart.
@@ -219,7 +221,7 @@ impl Ledger {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let mut out: std::collections::BTreeMap<(String, String), LedgerEntry> = map.folded.clone();
+        let mut out: BTreeMap<(String, String), LedgerEntry> = map.folded.clone();
         for (k, e) in map.recent.iter() {
             out.entry(k.clone()).or_default().add(e);
         }

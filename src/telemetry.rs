@@ -32,6 +32,8 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     pub retries: IntCounterVec,
     pub fallbacks: IntCounterVec,
+    /// Cloud credentials obtained or refreshed, by provider and result (ok / error).
+    pub credential_refreshes: IntCounterVec,
     pub breaker_state: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub ratelimit_rejections: IntCounterVec,
@@ -131,6 +133,13 @@ impl Metrics {
                 ),
                 &["provider", "model"],
             )?,
+            credential_refreshes: IntCounterVec::new(
+                Opts::new(
+                    "legate_credential_refreshes_total",
+                    "Cloud credentials obtained or refreshed, by provider and result",
+                ),
+                &["provider", "result"],
+            )?,
             fallbacks: IntCounterVec::new(
                 Opts::new(
                     "legate_fallbacks_total",
@@ -226,6 +235,7 @@ impl Metrics {
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.retries.clone()))?;
         registry.register(Box::new(m.fallbacks.clone()))?;
+        registry.register(Box::new(m.credential_refreshes.clone()))?;
         registry.register(Box::new(m.breaker_state.clone()))?;
         registry.register(Box::new(m.overhead.clone()))?;
         registry.register(Box::new(m.request_duration.clone()))?;
@@ -267,6 +277,12 @@ pub fn render(registry: &Registry) -> String {
 pub fn init_tracing(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The SigV4 signer traces canonical requests, session token included: never shown, at any
+    // level an operator may choose.
+    let filter = match "aws_sigv4=off".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -32,6 +32,8 @@ pub enum AuthHeader {
     XApiKey,
     /// `authorization: Bearer KEY`
     Bearer,
+    /// `api-key: KEY` (Azure OpenAI)
+    ApiKey,
 }
 
 /// Which trust anchors verify the provider's certificate.
@@ -92,6 +94,8 @@ pub struct ProviderConfig {
     /// The table name under `[providers.NAME]`.
     pub name: String,
     pub kind: ApiKind,
+    /// The cloud platform serving the API, or `Direct`.
+    pub platform: super::cloud::Platform,
     /// Scheme + authority (+ optional path prefix), without a trailing slash.
     pub base_url: String,
     pub key: KeySource,
@@ -166,6 +170,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     pub ratelimit: RateLimitConfig,
     pub shedding: SheddingConfig,
+    /// `[log]`, `[telemetry]`, `[journal]` (SPEC §12).
+    pub observe: super::observe::ObserveConfig,
 }
 
 impl Config {

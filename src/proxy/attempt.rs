@@ -23,7 +23,7 @@ use crate::proxy::chain::{Exec, Failure};
 use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
-use crate::proxy::upbody::UpstreamBody;
+use crate::proxy::upbody::{Raw, UpstreamBody};
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::translate;
@@ -83,16 +83,43 @@ pub async fn run(
         Some(q) if !translating => format!("{upstream_path}?{q}"),
         _ => upstream_path.to_string(),
     };
-    let req = match up.build_request(
-        Method::POST,
-        &path,
-        &inb.headers,
-        call.body.clone(),
-        translating,
-    ) {
+    let built = match (&up.cloud, inb.endpoint) {
+        (Some(_), Endpoint::CountTokens | Endpoint::Models) => Err(ProxyError::InvalidRequest {
+            message: format!(
+                "provider `{}` is a cloud platform that does not serve this endpoint",
+                up.name
+            ),
+        }),
+        // A credential that cannot be obtained fails before anything is sent: it counts
+        // against neither the breaker nor the caller, and the next chain step may answer.
+        (Some(cloud), _) => {
+            up.build_cloud_request(
+                cloud,
+                (&call.step.model, inb.meta.stream),
+                &inb.headers,
+                call.body.clone(),
+                translating,
+            )
+            .await
+        }
+        (None, _) => up.build_request(
+            Method::POST,
+            &path,
+            &inb.headers,
+            call.body.clone(),
+            translating,
+            true,
+        ),
+    };
+    let req = match built {
         Ok(r) => r,
         Err(e) => return Attempt::Skip(e),
     };
+    let mut req = req;
+    if let Some(tp) = exec.traceparent.take() {
+        // The attempt's span is the provider's parent (W3C Trace Context).
+        req.headers_mut().insert("traceparent", tp);
+    }
     let waited = Instant::now();
     // Pacing: when the provider's rate limit runs low, background and batch calls wait their
     // slot so that what is left lasts until the reset.
@@ -160,12 +187,30 @@ pub async fn run(
     };
     up.pacer.observe(resp.headers());
     let status = resp.status();
-    let is_sse = resp
+    let content_type = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let (parts, incoming) = resp.into_parts();
+        .unwrap_or("")
+        .trim_start();
+    // Bedrock's binary event stream is read as the SSE it carries from here on.
+    let event_stream = status.is_success()
+        && up.cloud.as_ref().is_some_and(|c| c.event_stream())
+        && content_type.starts_with(crate::cloud::eventstream::CONTENT_TYPE);
+    let is_sse = event_stream || content_type.starts_with("text/event-stream");
+    let (mut parts, incoming) = resp.into_parts();
+    let incoming = if event_stream {
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Raw::EventStream(Box::new(crate::cloud::eventstream::EventStreamSse::new(
+            incoming,
+        )))
+    } else {
+        Raw::Http(incoming)
+    };
     let api = inb.endpoint.api();
     let max_event = call.snap.cfg.server.limits.max_event_bytes;
     let mut incoming = if translating && status.is_success() && is_sse {
@@ -187,6 +232,9 @@ pub async fn run(
             Ok(held) => {
                 outcome("ok");
                 if watch.saw_content {
+                    if let Some(r) = record.as_ref() {
+                        r.first_content();
+                    }
                     let started = record
                         .as_ref()
                         .map_or_else(StdInstant::now, RequestRecord::started);
@@ -344,7 +392,9 @@ pub async fn run(
         }
     }
 
-    if !retry::needs_body(status) && !translating {
+    // A platform's error answer is read whole to be put in the caller's shape.
+    let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
+    if !retry::needs_body(status) && !translating && !platform_shape {
         // A final error passed on as it is: read whole (it is small) so that a key the
         // upstream echoes in it can be removed.
         let verdict = retry::classify(status, b"");
@@ -374,6 +424,14 @@ pub async fn run(
     exec.outside += sent.elapsed();
     drop(inflight);
     drop(permit);
+    let (status, body) = match up
+        .cloud
+        .as_ref()
+        .and_then(|c| c.map_error(status, &parts.headers, &body))
+    {
+        Some(mapped) => mapped,
+        None => (status, body),
+    };
     let verdict = retry::classify(status, &body);
     let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
     let resp = if translating {

@@ -7,16 +7,21 @@
 mod harness;
 mod key_echo;
 
+mod access_log;
 mod admission;
 mod agents;
 mod binary;
 mod bounded_state;
 mod buffers;
 mod catalog;
+mod cloud;
+mod cloud_secrets;
 mod connections;
 mod errors;
 mod metering;
+mod observe;
 mod origin;
+mod otlp;
 mod oversize;
 mod passthrough;
 mod rawup;
