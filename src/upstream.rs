@@ -325,6 +325,14 @@ impl Upstream {
         self.key.current().is_some()
     }
 
+    /// What removes this provider's key from its answers (`None` without a key).
+    pub fn redactor(&self) -> Option<crate::redact::Redactor> {
+        if self.keyless {
+            return None;
+        }
+        crate::redact::Redactor::new(self.key.current())
+    }
+
     /// The key in use now, only so captured payloads can be stripped of it (never shown).
     pub fn current_key(&self) -> Option<Arc<crate::config::Secret>> {
         self.key.current()

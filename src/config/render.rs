@@ -105,7 +105,7 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
             }
         }
     }
-    if !cfg.server.admin_listen.ip().is_loopback() {
+    if !crate::loopback::is_loopback_ip(cfg.server.admin_listen.ip()) {
         out.push(format!(
             "server.admin_listen: `{}` is reachable from other hosts, and the admin plane has \
              no authentication",
@@ -149,6 +149,8 @@ fn server(out: &mut String, s: &ServerConfig) {
         "admin_max_connections",
         &l.admin_max_connections.to_string(),
     );
+    line(out, "max_event_bytes", &l.max_event_bytes.to_string());
+    line(out, "max_buffered_bytes", &l.max_buffered_bytes.to_string());
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {

@@ -69,6 +69,10 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// Open admin-plane connections, counted apart so probes are never starved.
     pub admin_max_connections: usize,
+    /// An upstream stream event (or unterminated line) larger than this breaks the stream.
+    pub max_event_bytes: usize,
+    /// Request bodies being read and held, all requests together; beyond it 529.
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for ServerLimits {
@@ -79,6 +83,8 @@ impl Default for ServerLimits {
             connection_idle_timeout: Duration::from_secs(120),
             max_connections: 4096,
             admin_max_connections: 64,
+            max_event_bytes: 4 << 20,
+            max_buffered_bytes: 256 << 20,
         }
     }
 }

@@ -75,7 +75,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
 
     if let Some(server) = &server {
         // Without client keys anyone who can reach the port spends the provider keys.
-        if !server.listen.ip().is_loopback() && clients.is_empty() {
+        if !crate::loopback::is_loopback_ip(server.listen.ip()) && clients.is_empty() {
             cx.err(
                 "server.listen",
                 format!(

@@ -212,19 +212,20 @@ pub async fn run(
         Raw::Http(incoming)
     };
     let api = inb.endpoint.api();
+    let max_event = call.snap.cfg.server.limits.max_event_bytes;
     let mut incoming = if translating && status.is_success() && is_sse {
         let upstream_shape = match up.kind {
             ApiKind::Anthropic => ApiShape::Anthropic,
             ApiKind::OpenAi => ApiShape::OpenAi,
         };
         let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
-        UpstreamBody::translated(incoming, tr, upstream_shape)
+        UpstreamBody::translated(incoming, tr, upstream_shape, max_event)
     } else {
         UpstreamBody::Plain(incoming)
     };
 
     if status.is_success() && is_sse {
-        let mut watch = Box::new(SseWatch::new(api));
+        let mut watch = Box::new(SseWatch::new(api).with_max_event(max_event));
         let pre = read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline).await;
         exec.outside += sent.elapsed();
         return match pre {
@@ -394,7 +395,8 @@ pub async fn run(
     // A platform's error answer is read whole to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
     if !retry::needs_body(status) && !translating && !platform_shape {
-        // A final error passed on as it is, streamed through.
+        // A final error passed on as it is: read whole (it is small) so that a key the
+        // upstream echoes in it can be removed.
         let verdict = retry::classify(status, b"");
         let (label, o) = match verdict {
             Verdict::Success => ("ok", Outcome::Success),
@@ -403,18 +405,18 @@ pub async fn run(
             } => ("fatal", Outcome::Failure),
             _ => ("fatal", Outcome::Neutral),
         };
+        let body = read_small(incoming, up.idle_timeout, inb.deadline).await;
+        exec.outside += sent.elapsed();
+        drop(inflight);
+        drop(permit);
         outcome(label);
         ticket.report(o);
-        exec.outside += sent.elapsed();
-        let tap = Tapped {
-            incoming,
-            mode: Mode::json(),
-            held: None,
-            ticket: None,
-            permit,
-            inflight,
-        };
-        return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
+        let mut resp = buffered(&call, status, &parts.headers, body);
+        // Passed on as it is: an HTML error page stays labelled as one.
+        if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+            resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        }
+        return Attempt::Answer(resp);
     }
 
     // A possibly retryable status: read its small body to decide.
@@ -503,7 +505,10 @@ fn commit(
         inb,
         ..
     } = call;
+    let redact = up.redactor();
+    // Redaction may change the body's length: it is then sent without one.
     let is_sse = matches!(tap.mode, Mode::Sse(_));
+    let keep_length = !is_sse && redact.is_none();
     let metrics = &proxy.metrics;
     let body = match record.take() {
         Some(rec) => {
@@ -517,16 +522,19 @@ fn commit(
                 ticket: tap.ticket,
                 record: rec,
             };
-            ProxyBody::Tap(Box::new(TapBody::new(
-                tap.incoming,
-                inb.endpoint.api(),
-                tap.mode,
-                tap.held,
-                up.idle_timeout,
-                proxy.abort_streams.clone().cancelled_owned(),
-                acct,
-                Some(tap.permit),
-            )))
+            ProxyBody::Tap(Box::new(
+                TapBody::new(
+                    tap.incoming,
+                    inb.endpoint.api(),
+                    tap.mode,
+                    tap.held,
+                    up.idle_timeout,
+                    proxy.abort_streams.clone().cancelled_owned(),
+                    acct,
+                    Some(tap.permit),
+                )
+                .with_redactor(redact.clone()),
+            ))
         }
         // Cannot happen (the record is taken once); answer without accounting rather than fail.
         None => {
@@ -536,7 +544,10 @@ fn commit(
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), is_sse);
+    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), !keep_length);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
     finish_headers(&mut resp, call);
     resp
 }
@@ -548,9 +559,18 @@ fn buffered(
     upstream_headers: &HeaderMap,
     body: Bytes,
 ) -> Response<ProxyBody> {
+    // An upstream that echoes the key it was sent must not hand it to the caller.
+    let redact = call.up.redactor();
+    let body = match &redact {
+        Some(r) => r.bytes(body),
+        None => body,
+    };
     let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
     response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
     // The body may come from an error event of a stream: it is JSON, not an event stream.
     let is_json = resp
         .headers()
@@ -593,6 +613,11 @@ async fn read_to_commit(
     loop {
         if let Some(d) = &watch.error_data {
             return Err(PreCommit::ErrorEvent(d.clone()));
+        }
+        if watch.oversize {
+            return Err(PreCommit::Broken(
+                "an event is larger than server.max_event_bytes",
+            ));
         }
         if watch.saw_content || watch.saw_terminal || held.len() > PREAMBLE_LIMIT {
             return Ok(held.freeze());

@@ -4,6 +4,7 @@
 
 pub mod attempt;
 pub mod body;
+pub mod buffers;
 pub mod chain;
 pub mod estimate;
 pub mod inbound;
@@ -119,6 +120,8 @@ pub struct Proxy {
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
     listen_ip: IpAddr,
+    /// Request bodies held by all requests together (`max_buffered_bytes`).
+    pub buffers: Arc<buffers::BufferBudget>,
     /// Access log, journal and traces (SPEC §12).
     pub observer: Arc<crate::observe::Observer>,
 }
@@ -133,6 +136,8 @@ pub struct Inbound {
     deadline: tokio::time::Instant,
     /// The tenant's priority, lowered (never raised) by `x-legate-priority`.
     priority: Priority,
+    /// The body's share of `max_buffered_bytes`, held as long as the body is.
+    _buffered: buffers::BufferShare,
     /// Where attempts are reported.
     pub(crate) obs: crate::observe::RequestObs,
 }
@@ -175,6 +180,7 @@ impl Proxy {
             ids: RequestIds::new(),
             abort_streams: CancellationToken::new(),
             listen_ip,
+            buffers: Default::default(),
             observer: Arc::new(crate::observe::Observer::journal_only(0)),
         }
     }
@@ -295,6 +301,8 @@ impl Proxy {
         obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
+        // 0. Origin: a web page in a browser never gets further, whatever else it sends.
+        inbound::check_origin(req.headers())?;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
         inbound::check_target(
             req.method(),
@@ -339,15 +347,24 @@ impl Proxy {
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
         let limits = &cfg.server.limits;
+        let mut share = buffers::BufferShare::new(self.buffers.clone());
         let read = inbound::read_body(
             &parts.headers,
             body,
             cfg.server.max_body_bytes,
             limits.body_read_timeout,
+            &mut share,
+            limits.max_buffered_bytes,
         );
         let body = match read.await {
             Ok(b) => b,
             Err(BodyError::TimedOut) => return Err(ProxyError::BodyTimeout),
+            Err(BodyError::Full) => {
+                tracing::warn!("request refused: server.max_buffered_bytes is reached");
+                return Err(ProxyError::BuffersFull {
+                    retry_after: Duration::from_secs(1),
+                });
+            }
             Err(BodyError::TooLarge) => {
                 return Err(ProxyError::TooLarge {
                     limit: cfg.server.max_body_bytes,
@@ -392,6 +409,7 @@ impl Proxy {
             body,
             meta,
             deadline,
+            _buffered: share,
             obs: obs.clone(),
         };
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.

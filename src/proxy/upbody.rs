@@ -64,16 +64,24 @@ pub struct Translated {
     /// carry it (an OpenAI caller who did not ask for the usage chunk).
     parser: SseParser,
     usage: StreamUsage,
+    /// Largest upstream event (or unterminated line) accepted; beyond it the stream is cut.
+    max_event: usize,
 }
 
 impl UpstreamBody {
-    pub fn translated(inner: Raw, translator: StreamTranslator, upstream: ApiShape) -> Self {
+    pub fn translated(
+        inner: Raw,
+        translator: StreamTranslator,
+        upstream: ApiShape,
+        max_event: usize,
+    ) -> Self {
         UpstreamBody::Translated(Box::new(Translated {
             inner,
             translator,
             ended: false,
             parser: SseParser::new(),
             usage: StreamUsage::new(upstream),
+            max_event,
         }))
     }
 
@@ -130,6 +138,14 @@ impl Translated {
                         self.parser.push(&data);
                         while let Some(ev) = self.parser.next_event() {
                             self.usage.observe(&ev);
+                        }
+                        if self.parser.pending_bytes() > self.max_event {
+                            // Ends like a cut (no terminal event): the stream is broken.
+                            tracing::warn!(
+                                "upstream stream event larger than server.max_event_bytes"
+                            );
+                            self.ended = true;
+                            return Poll::Ready(None);
                         }
                         let out = self.translator.push(&data);
                         if !out.is_empty() {
