@@ -7,12 +7,6 @@ use clap::Parser;
 use legate::cli::{Cli, Command};
 use legate::config;
 
-/// mimalloc instead of the system allocator: a proxied request makes about 70 small
-/// allocations, and with glibc's malloc they cost about 12 % of legate's instructions per
-/// request (mimalloc: 8 % fewer instructions per request in total, same resident memory).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// sysexits EX_CONFIG-style code for a config that does not validate (`serve`).
 const EXIT_BAD_CONFIG: u8 = 64;
 
