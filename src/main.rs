@@ -16,9 +16,22 @@ fn main() -> ExitCode {
         Command::Check { config } => check(config.as_deref()),
         Command::Agent(args) => agent(args),
         Command::Serve { config } => serve(config.as_deref()),
-        Command::Mock { listen, script } => {
+        Command::Mock {
+            listen,
+            script,
+            cloud,
+            credential_ttl,
+            azure_api_key,
+            aws_static_key,
+        } => {
             legate::telemetry::init_tracing(&config::log_filter());
-            block_on(legate::mock::run(listen, script))
+            let cloud = cloud.then(|| legate::mock::CloudOptions {
+                credential_ttl,
+                azure_api_key,
+                aws_static_key: aws_static_key
+                    .and_then(|k| k.split_once(':').map(|(a, b)| (a.to_owned(), b.to_owned()))),
+            });
+            block_on(legate::mock::run(listen, script, cloud))
         }
     }
 }
@@ -43,7 +56,6 @@ fn check(path: Option<&std::path::Path>) -> ExitCode {
 }
 
 fn serve(path: Option<&std::path::Path>) -> ExitCode {
-    legate::telemetry::init_tracing(&config::log_filter());
     let (cfg, origin) = match config::load(path) {
         Ok(c) => c,
         Err(errors) => {
@@ -54,6 +66,8 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
+    let log = &cfg.observe.log;
+    legate::observe::logfmt::init(log.format, &config::log_filter_or(&log.level));
     for w in config::render::warnings(&cfg) {
         tracing::warn!("{w}");
     }

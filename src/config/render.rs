@@ -32,6 +32,7 @@ pub fn render_masked(cfg: &Config) -> String {
         out.push_str("]\n");
     }
     policy(&mut out, cfg);
+    crate::config::observe::render(&mut out, &cfg.observe);
     out.push_str("\n[routing]\n");
     line(&mut out, "anthropic", &quote(&cfg.routing.anthropic));
     line(&mut out, "openai", &quote(&cfg.routing.openai));
@@ -62,6 +63,15 @@ pub fn render_masked(cfg: &Config) -> String {
             &quote(&format_usd_per_mtok(price.cache_read)),
         );
     }
+    for l in &cfg.limits {
+        out.push_str("\n[[limits]]\n");
+        line(&mut out, "model", &quote(&l.model));
+        line(
+            &mut out,
+            "max_output_tokens",
+            &l.max_output_tokens.to_string(),
+        );
+    }
     out
 }
 
@@ -74,6 +84,8 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
             KeySource::Env { var, value: None } => out.push(format!(
                 "{at}: {var} is not set; requests to this provider will fail until it is"
             )),
+            // A cloud provider with its own credential source needs no key.
+            KeySource::None if owns_credential(&p.platform) => {}
             KeySource::None if p.base_url.starts_with("https://") => out.push(format!(
                 "{at}: no api_key_env or api_key_file; requests are sent without a provider key"
             )),
@@ -123,12 +135,31 @@ fn server(out: &mut String, s: &ServerConfig) {
     line(out, "max_body_bytes", &s.max_body_bytes.to_string());
     line(out, "default_deadline", &duration(s.default_deadline));
     line(out, "shutdown_grace", &duration(s.shutdown_grace));
+    let l = &s.limits;
+    line(out, "header_read_timeout", &duration(l.header_read_timeout));
+    line(out, "body_read_timeout", &duration(l.body_read_timeout));
+    line(
+        out,
+        "connection_idle_timeout",
+        &duration(l.connection_idle_timeout),
+    );
+    line(out, "max_connections", &l.max_connections.to_string());
+    line(
+        out,
+        "admin_max_connections",
+        &l.admin_max_connections.to_string(),
+    );
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {
     let _ = writeln!(out, "\n[providers.{}]", p.name);
-    line(out, "kind", &quote(p.kind.as_str()));
+    line(
+        out,
+        "kind",
+        &quote(p.platform.kind_name().unwrap_or(p.kind.as_str())),
+    );
     line(out, "base_url", &quote(&p.base_url));
+    platform(out, &p.platform);
     match &p.key {
         KeySource::Env { var, value } => {
             let state = if value.is_some() {
@@ -141,11 +172,13 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         KeySource::File { path } => {
             line(out, "api_key_file", &quote(&path.display().to_string()));
         }
+        KeySource::None if owns_credential(&p.platform) => {}
         KeySource::None => out.push_str("# no provider key\n"),
     }
     let auth = match p.auth_header {
         AuthHeader::XApiKey => "x-api-key",
         AuthHeader::Bearer => "bearer",
+        AuthHeader::ApiKey => "api-key",
     };
     line(out, "auth_header", &quote(auth));
     line(out, "connect_timeout", &duration(p.connect_timeout));
@@ -167,6 +200,47 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         if let Some(path) = file {
             line(out, key, &quote(&path.display().to_string()));
         }
+    }
+}
+
+/// Whether a provider's credential comes from its platform (pod identity), not a key.
+fn owns_credential(p: &crate::config::cloud::Platform) -> bool {
+    use crate::config::cloud::{AzureSource, Platform};
+    match p {
+        Platform::Direct => false,
+        Platform::AzureOpenAi(a) => !matches!(a.credentials, AzureSource::ApiKey),
+        Platform::Bedrock(_) | Platform::Vertex(_) => true,
+    }
+}
+
+/// A cloud provider's place names and, as a comment, the credential source it will use.
+fn platform(out: &mut String, p: &crate::config::cloud::Platform) {
+    use crate::config::cloud::Platform;
+    match p {
+        Platform::Direct => return,
+        Platform::Bedrock(b) => {
+            line(out, "region", &quote(&b.region));
+            line(out, "anthropic_version", &quote(&b.anthropic_version));
+        }
+        Platform::Vertex(v) => {
+            line(out, "project", &quote(&v.project));
+            line(out, "region", &quote(&v.region));
+            line(out, "anthropic_version", &quote(&v.anthropic_version));
+        }
+        Platform::AzureOpenAi(a) => {
+            line(out, "api_version", &quote(&a.api_version));
+            if !a.deployments.is_empty() {
+                let items: Vec<String> = a
+                    .deployments
+                    .iter()
+                    .map(|(m, d)| format!("{{ model = {}, deployment = {} }}", quote(m), quote(d)))
+                    .collect();
+                line(out, "deployments", &format!("[{}]", items.join(", ")));
+            }
+        }
+    }
+    if let Some(source) = p.credential_source() {
+        let _ = writeln!(out, "# credentials: {source}");
     }
 }
 
@@ -242,16 +316,16 @@ fn chain_step(step: &ChainStep) -> String {
     s
 }
 
-fn line(out: &mut String, key: &str, value: &str) {
+pub(crate) fn line(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "{key} = {value}");
 }
 
-fn duration(d: Duration) -> String {
+pub(crate) fn duration(d: Duration) -> String {
     quote(&humantime::format_duration(d).to_string())
 }
 
 /// A TOML basic string.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');
     for c in s.chars() {

@@ -32,6 +32,8 @@ pub enum AuthHeader {
     XApiKey,
     /// `authorization: Bearer KEY`
     Bearer,
+    /// `api-key: KEY` (Azure OpenAI)
+    ApiKey,
 }
 
 /// Which trust anchors verify the provider's certificate.
@@ -50,6 +52,35 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub default_deadline: Duration,
     pub shutdown_grace: Duration,
+    /// Limits that keep the process standing (SPEC §14).
+    pub limits: ServerLimits,
+}
+
+/// `[server]` keys that bound what one peer can hold: connection deadlines and caps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Request head (HTTP/1) or preface and first request (HTTP/2) must arrive within this.
+    pub header_read_timeout: Duration,
+    /// The whole request body must arrive within this.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    pub connection_idle_timeout: Duration,
+    /// Open data-plane connections; beyond it new ones wait in the accept backlog.
+    pub max_connections: usize,
+    /// Open admin-plane connections, counted apart so probes are never starved.
+    pub admin_max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
+            connection_idle_timeout: Duration::from_secs(120),
+            max_connections: 4096,
+            admin_max_connections: 64,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +88,8 @@ pub struct ProviderConfig {
     /// The table name under `[providers.NAME]`.
     pub name: String,
     pub kind: ApiKind,
+    /// The cloud platform serving the API, or `Direct`.
+    pub platform: super::cloud::Platform,
     /// Scheme + authority (+ optional path prefix), without a trailing slash.
     pub base_url: String,
     pub key: KeySource,
@@ -120,8 +153,10 @@ pub struct Config {
     pub models: Vec<ModelEntry>,
     pub routing: RoutingConfig,
     pub clients: Vec<ClientEntry>,
-    /// Keyed by `provider:model`.
+    /// Keyed by `provider:model` (the model may be a `*` pattern).
     pub prices: BTreeMap<String, Price>,
+    /// `[[limits]]`: output limits beyond (or instead of) the built-in table.
+    pub limits: Vec<crate::limits::OutputLimit>,
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
     /// Always holds `default`; a tenant named by `[[clients]]` without its own table gets the
@@ -129,6 +164,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     pub ratelimit: RateLimitConfig,
     pub shedding: SheddingConfig,
+    /// `[log]`, `[telemetry]`, `[journal]` (SPEC §12).
+    pub observe: super::observe::ObserveConfig,
 }
 
 impl Config {

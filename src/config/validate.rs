@@ -11,7 +11,10 @@ use reader::{Cx, Table};
 
 mod admission;
 mod clients;
+mod cloud;
+mod limits;
 mod models;
+mod observe;
 mod policy;
 mod prices;
 mod providers;
@@ -43,6 +46,8 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
     let clients = clients::parse(items, &path, &mut cx);
     let (items, path) = top.array(&mut cx, "prices");
     let prices = prices::parse(items, &path, &mut cx);
+    let (items, path) = top.array(&mut cx, "limits");
+    let limits = limits::parse(items, &path, &mut cx);
     let retry = match top.table(&mut cx, "retry") {
         Some(t) => policy::parse_retry(t, &mut cx),
         None => Default::default(),
@@ -63,6 +68,9 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
         Some(t) => admission::parse_shedding(t, &mut cx),
         None => Default::default(),
     };
+    let (log, telemetry) = (top.table(&mut cx, "log"), top.table(&mut cx, "telemetry"));
+    let journal = top.table(&mut cx, "journal");
+    let observe = observe::parse(log, telemetry, journal, &mut cx);
     top.finish(&mut cx);
 
     if let Some(server) = &server {
@@ -88,11 +96,13 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             routing,
             clients,
             prices,
+            limits,
             retry,
             breaker,
             tenants,
             ratelimit,
             shedding,
+            observe,
         }),
         _ => Err(ConfigErrors(errors)),
     }

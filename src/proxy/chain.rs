@@ -16,6 +16,8 @@ use crate::error::ProxyError;
 use crate::policy::breaker::{Admission, Ticket};
 use crate::policy::retry::Backoff;
 use crate::proxy::attempt::{self, Attempt};
+use crate::proxy::estimate;
+use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::{self, ProxyBody};
 use crate::proxy::{Inbound, Proxy, Snapshot};
@@ -38,6 +40,10 @@ pub struct Exec {
     last: Option<Failure>,
     any_admitted: bool,
     earliest_probe: Option<Instant>,
+    /// The chain step being tried, from 1 (for the journal and traces).
+    step_no: usize,
+    /// `traceparent` for the attempt about to be sent (export on).
+    pub traceparent: Option<http::HeaderValue>,
 }
 
 enum StepEnd {
@@ -67,6 +73,8 @@ pub(super) async fn run(
         last: None,
         any_admitted: false,
         earliest_probe: None,
+        step_no: 0,
+        traceparent: None,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
     stats.outside = exec.outside;
@@ -103,6 +111,7 @@ async fn execute(
                 .inc();
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
+        exec.step_no = i + 1;
         match run_step(proxy, snap, &inb, step, exec, record).await? {
             StepEnd::Answer(mut resp) => {
                 response::set_header(&mut resp, "x-legate-attempts", &exec.attempts.to_string());
@@ -127,16 +136,15 @@ async fn execute(
     }
 }
 
-/// The caller's body in the step's API, fitted to the step (model and max_tokens).
+/// The caller's body in the step's API, fitted to the step (model and max_tokens, capped at
+/// the model's output limit `limit`).
 fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
+    limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    if inb.endpoint == crate::proxy::inbound::Endpoint::CountTokens {
-        return Err("count_tokens is not translated between APIs".to_string());
-    }
     let dir = direction(inb.endpoint.kind());
     let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
     let (from, to) = (inb.endpoint.kind().as_str(), upstream.as_str());
@@ -157,7 +165,24 @@ fn translated_body(
         ApiKind::OpenAi => crate::api::openai::parse_request(&bytes),
     }
     .map_err(|e| e.to_string())?;
-    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream).map_err(|e| e.message())
+    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream, limit).map_err(|e| e.message())
+}
+
+/// A step that cannot honour the request is not sent to: the next one may. If none can, the
+/// caller learns why.
+fn unfit(inb: &Inbound, exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
+    tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+    inb.obs.passed_over(exec.step_no, step, "unfit", why);
+    exec.any_admitted = true;
+    if exec.last.is_none() {
+        exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
+            message: format!(
+                "this request cannot be served by {} (another API): {why}",
+                step.target()
+            ),
+        }));
+    }
+    StepEnd::Unavailable
 }
 
 /// The translation direction for a caller of `api` (the upstream speaks the other one).
@@ -184,25 +209,22 @@ async fn run_step(
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
     let caller = inb.endpoint.kind();
+    // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
+    // capped at what that model accepts; a caller naming the model itself is sent as it asked.
+    let limit = (up.kind != caller || step.model != inb.meta.model)
+        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
+        .flatten();
     let body = if up.kind == caller {
-        route::fit(&inb.body, &inb.meta, step, caller)?
+        route::fit(&inb.body, &inb.meta, step, caller, limit)?
+    } else if inb.endpoint == Endpoint::CountTokens {
+        match estimate::answer(inb, step, up.kind).await {
+            Ok(resp) => return Ok(StepEnd::Answer(resp)),
+            Err(why) => return Ok(unfit(inb, exec, step, &why)),
+        }
     } else {
-        match translated_body(proxy, inb, step, up.kind) {
+        match translated_body(proxy, inb, step, up.kind, limit) {
             Ok(b) => b,
-            Err(why) => {
-                // A step that cannot honour the request is not sent to: the next one may.
-                tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
-                exec.any_admitted = true;
-                if exec.last.is_none() {
-                    exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
-                        message: format!(
-                            "this request cannot be served by {} (another API): {why}",
-                            step.target()
-                        ),
-                    }));
-                }
-                return Ok(StepEnd::Unavailable);
-            }
+            Err(why) => return Ok(unfit(inb, exec, step, &why)),
         }
     };
     let mut backoff = Backoff::new(retry);
@@ -215,6 +237,12 @@ async fn run_step(
                     .with_label_values(&[&step.provider, model_label, "breaker_open"])
                     .inc();
                 exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
+                inb.obs.passed_over(
+                    exec.step_no,
+                    step,
+                    "breaker_open",
+                    "the circuit breaker is open",
+                );
                 return Ok(StepEnd::Unavailable);
             }
             Some(Admission::Pass(t)) => t,
@@ -237,26 +265,53 @@ async fn run_step(
             inb,
             body: body.clone(),
         };
-        match attempt::run(call, ticket, exec, record).await {
+        let server = snap
+            .cfg
+            .providers
+            .get(&step.provider)
+            .and_then(|p| p.base_url.parse::<http::Uri>().ok())
+            .and_then(|u| u.host().map(str::to_string));
+        let scope = inb.obs.begin_attempt(exec.step_no, step, up.kind, server);
+        exec.traceparent = scope.traceparent();
+        let sent_before = exec.attempts;
+        let result = attempt::run(call, ticket, exec, record).await;
+        scope.end(&result, exec.attempts > sent_before);
+        match result {
             Attempt::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Attempt::Abort(e) => return Err(e),
             Attempt::Skip(e) => {
                 tracing::warn!(step = %step.target(), error = e.kind(), "chain step cannot be called; trying the next");
+                inb.obs
+                    .moved_on("this step cannot be called; trying the next");
                 exec.last = Some(Failure::Error(e));
                 return Ok(StepEnd::Unavailable);
             }
             Attempt::Retry { failure, wait } => {
                 exec.last = Some(failure);
                 if n == retry.max_attempts {
+                    inb.obs
+                        .moved_on(format!("{n} attempts spent on retryable failures"));
                     break;
                 }
                 let delay = match wait {
                     // Waiting that long is worse than a substitute answering now.
-                    Some(w) if w > retry.max_retry_after => break,
+                    Some(w) if w > retry.max_retry_after => {
+                        inb.obs.moved_on(format!(
+                            "retry-after {}s is longer than max_retry_after",
+                            w.as_secs_f64().ceil()
+                        ));
+                        break;
+                    }
                     Some(w) => w,
                     None => backoff.next_delay(),
                 };
-                if Instant::now() + delay >= inb.deadline || !proxy.budget.try_withdraw() {
+                if Instant::now() + delay >= inb.deadline {
+                    inb.obs
+                        .moved_on("the deadline leaves no time for another try");
+                    break;
+                }
+                if !proxy.budget.try_withdraw() {
+                    inb.obs.moved_on("the retry budget is spent");
                     break;
                 }
                 tokio::time::sleep(delay).await;

@@ -18,13 +18,17 @@ pub enum Endpoint {
     Messages,
     CountTokens,
     Models,
+    /// `GET /v1/models/{id}`: answered in the caller's API shape (read from its headers).
+    Model,
     ChatCompletions,
 }
 
 impl Endpoint {
     pub fn api(self) -> ApiShape {
         match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => ApiShape::Anthropic,
+            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => {
+                ApiShape::Anthropic
+            }
             Endpoint::ChatCompletions => ApiShape::OpenAi,
         }
     }
@@ -34,7 +38,7 @@ impl Endpoint {
         match self {
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
-            Endpoint::Models => "/v1/models",
+            Endpoint::Models | Endpoint::Model => "/v1/models",
             Endpoint::ChatCompletions => "/v1/chat/completions",
         }
     }
@@ -42,7 +46,9 @@ impl Endpoint {
     /// Metric label of the inbound API.
     pub fn label(self) -> &'static str {
         match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => "anthropic",
+            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => {
+                "anthropic"
+            }
             Endpoint::ChatCompletions => "openai",
         }
     }
@@ -60,9 +66,37 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         (&Method::POST, "/messages") => Some(Endpoint::Messages),
         (&Method::POST, "/messages/count_tokens") => Some(Endpoint::CountTokens),
         (&Method::GET, "/models") => Some(Endpoint::Models),
+        (&Method::GET, p) if p.len() > "/models/".len() && p.starts_with("/models/") => {
+            Some(Endpoint::Model)
+        }
         (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
         _ => None,
     }
+}
+
+/// The model id of a `GET /v1/models/{id}` path, percent-decoded (an id may hold a `/`).
+pub fn model_id(path: &str) -> Option<String> {
+    let (_, raw) = path.split_once("/models/")?;
+    let raw = raw.trim_end_matches('/');
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok().filter(|s| !s.is_empty())
 }
 
 /// The API shape an error for an unknown path takes: Anthropic SDKs always send
@@ -171,13 +205,17 @@ pub enum BodyError {
     TooLarge,
     /// The client went away (or sent a broken body) while legate was reading.
     Broken,
+    /// The body did not arrive within `server.body_read_timeout`.
+    TimedOut,
 }
 
-/// Reads the whole body once, refusing early on a declared Content-Length over the limit.
+/// Reads the whole body once, within `timeout`, refusing early on a declared Content-Length
+/// over the limit.
 pub async fn read_body(
     headers: &HeaderMap,
     body: hyper::body::Incoming,
     limit: usize,
+    timeout: std::time::Duration,
 ) -> Result<Bytes, BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -186,7 +224,11 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge);
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    let Ok(read) = read else {
+        return Err(BodyError::TimedOut);
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
         Err(_) => Err(BodyError::Broken),
@@ -220,6 +262,14 @@ mod tests {
             Some(Endpoint::CountTokens)
         );
         assert_eq!(classify(&Method::GET, "/v1/models"), Some(Endpoint::Models));
+        assert_eq!(
+            classify(&Method::GET, "/v1/models/claude-x"),
+            Some(Endpoint::Model)
+        );
+        assert_eq!(
+            classify(&Method::GET, "/v1/models/"),
+            Some(Endpoint::Models)
+        );
         assert_eq!(classify(&Method::GET, "/v1/messages"), None);
         assert_eq!(classify(&post, "/v1/embeddings"), None);
         assert_eq!(classify(&post, "/v2/messages"), None);

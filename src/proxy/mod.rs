@@ -5,6 +5,7 @@
 pub mod attempt;
 pub mod body;
 pub mod chain;
+pub mod estimate;
 pub mod inbound;
 pub mod models;
 pub mod record;
@@ -118,6 +119,8 @@ pub struct Proxy {
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
     listen_ip: IpAddr,
+    /// Access log, journal and traces (SPEC §12).
+    pub observer: Arc<crate::observe::Observer>,
 }
 
 /// What the caller asked for, once the body has been read and parsed.
@@ -130,6 +133,8 @@ pub struct Inbound {
     deadline: tokio::time::Instant,
     /// The tenant's priority, lowered (never raised) by `x-legate-priority`.
     priority: Priority,
+    /// Where attempts are reported.
+    pub(crate) obs: crate::observe::RequestObs,
 }
 
 impl Proxy {
@@ -170,7 +175,14 @@ impl Proxy {
             ids: RequestIds::new(),
             abort_streams: CancellationToken::new(),
             listen_ip,
+            observer: Arc::new(crate::observe::Observer::journal_only(0)),
         }
+    }
+
+    /// Reports finished requests to `observer` (access log, journal, export).
+    pub fn with_observer(mut self, observer: Arc<crate::observe::Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     pub async fn handle(
@@ -181,21 +193,40 @@ impl Proxy {
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
         let endpoint = inbound::classify(req.method(), req.uri().path());
-        let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), Endpoint::api);
+        // One model is answered in the caller's own shape, told apart by its headers.
+        let api = match endpoint {
+            None | Some(Endpoint::Model) => inbound::shape_for_unknown(req.headers()),
+            Some(e) => e.api(),
+        };
         let api_label = match api {
             ApiShape::Anthropic => "anthropic",
             ApiShape::OpenAi => "openai",
         };
+        let obs = crate::observe::RequestObs::start(
+            &self.observer,
+            &rid,
+            api_label,
+            req.method(),
+            req.uri().path(),
+            req.headers(),
+        );
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
-        let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
+        let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
+        rec.observe(obs.clone());
+        let mut record = Some(rec);
         let mut stats = chain::ExecStats::default();
-        let result = self
-            .serve(&snap, endpoint, req, &mut record, &mut stats)
-            .await;
+        let span = obs.span().clone();
+        let result = tracing::Instrument::instrument(
+            self.serve(&snap, endpoint, req, &mut record, &mut stats, &obs),
+            span.clone(),
+        )
+        .await;
+        let _in = span.enter();
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
+                obs.update(|f| f.error_type = Some(err.kind()));
                 if err.source() != crate::error::Source::Client {
                     tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
                 } else {
@@ -237,11 +268,21 @@ impl Proxy {
             resp.extensions_mut()
                 .insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
         }
+        let served_by = resp
+            .headers()
+            .get("x-legate-served-by")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        obs.update(|f| {
+            f.overhead = Some(overhead);
+            f.attempts = stats.attempts;
+            f.served_by = served_by;
+        });
         if let Some(rec) = record.take() {
             rec.finish(resp.status().as_u16());
         }
         response::set_header(&mut resp, "x-legate-request-id", &rid);
-        Ok(resp)
+        Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
     async fn serve(
@@ -251,6 +292,7 @@ impl Proxy {
         req: Request<Incoming>,
         record: &mut Option<RequestRecord>,
         stats: &mut chain::ExecStats,
+        obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
@@ -274,13 +316,38 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        if endpoint == Endpoint::Models {
-            return Ok(models::list(cfg));
+        if let Some(retries) = client_retry_count(req.headers()) {
+            // The caller's own retry on top of legate's: worth seeing (README: turning them off).
+            self.metrics
+                .client_retries
+                .with_label_values(&[endpoint.label(), snap.labels.tenant(&tenant)])
+                .inc();
+            tracing::debug!(
+                client_retry = retries,
+                "the client retried this request itself"
+            );
+        }
+        match endpoint {
+            Endpoint::Models => return Ok(models::list(cfg)),
+            Endpoint::Model => {
+                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
+                let api = inbound::shape_for_unknown(req.headers());
+                return models::retrieve(cfg, &id, api);
+            }
+            _ => {}
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
-        let body = match inbound::read_body(&parts.headers, body, cfg.server.max_body_bytes).await {
+        let limits = &cfg.server.limits;
+        let read = inbound::read_body(
+            &parts.headers,
+            body,
+            cfg.server.max_body_bytes,
+            limits.body_read_timeout,
+        );
+        let body = match read.await {
             Ok(b) => b,
+            Err(BodyError::TimedOut) => return Err(ProxyError::BodyTimeout),
             Err(BodyError::TooLarge) => {
                 return Err(ProxyError::TooLarge {
                     limit: cfg.server.max_body_bytes,
@@ -295,15 +362,22 @@ impl Proxy {
                 });
             }
         };
+        crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
             r.set_model(snap.labels.model(&meta.model));
         }
+        obs.update(|f| {
+            f.model = Some(meta.model.clone());
+            f.max_tokens = meta.max_tokens;
+            f.stream = meta.stream;
+        });
         let deadline = deadline(&parts.headers, cfg.server.default_deadline);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(&tenant);
         let priority = requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
+        obs.update(|f| f.priority = Some(priority.as_str()));
         if endpoint != Endpoint::CountTokens {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
@@ -318,6 +392,7 @@ impl Proxy {
             body,
             meta,
             deadline,
+            obs: obs.clone(),
         };
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await
@@ -371,6 +446,15 @@ impl Proxy {
     }
 }
 
+/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
+fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+}
+
 /// `x-legate-priority`, if the caller sent a valid one.
 fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
     headers
@@ -380,15 +464,26 @@ fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
 }
 
 fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    let parsed = match endpoint {
-        Endpoint::Messages => api::anthropic::parse_request(body),
-        Endpoint::ChatCompletions => api::openai::parse_request(body),
-        Endpoint::CountTokens => return parse_count_tokens(body),
-        Endpoint::Models => return Err(ProxyError::Internal),
-    };
-    parsed.map_err(|e| ProxyError::InvalidRequest {
+    let invalid = |e: api::MetaError| ProxyError::InvalidRequest {
         message: e.to_string(),
-    })
+    };
+    let meta = match endpoint {
+        Endpoint::Messages => api::anthropic::parse_request(body).map_err(invalid)?,
+        Endpoint::ChatCompletions => api::openai::parse_request(body).map_err(invalid)?,
+        Endpoint::CountTokens => parse_count_tokens(body)?,
+        Endpoint::Models | Endpoint::Model => return Err(ProxyError::Internal),
+    };
+    // Names travel into logs, maps and labels: an absurd one is refused before it does.
+    if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
+        return Err(ProxyError::InvalidRequest {
+            message: format!(
+                "the model name is {} bytes long; legate accepts model names of at most {} bytes",
+                meta.model.len(),
+                crate::names::MAX_MODEL_NAME_BYTES
+            ),
+        });
+    }
+    Ok(meta)
 }
 
 /// count_tokens needs only the model to be routed; the provider validates the rest.

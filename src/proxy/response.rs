@@ -14,6 +14,8 @@ use crate::proxy::body::{BoxError, TapBody};
 pub enum ProxyBody {
     Full(Option<Bytes>),
     Tap(Box<TapBody>),
+    /// Any of the above, observed for the journal and traces (`observe::capture`).
+    Observed(Box<crate::observe::capture::ObservedBody>),
 }
 
 impl ProxyBody {
@@ -33,6 +35,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             ProxyBody::Tap(t) => Pin::new(t.as_mut()).poll_frame(cx),
+            ProxyBody::Observed(o) => Pin::new(o.as_mut()).poll_frame(cx),
         }
     }
 
@@ -40,6 +43,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(b) => b.is_none(),
             ProxyBody::Tap(t) => t.is_end_stream(),
+            ProxyBody::Observed(o) => o.is_end_stream(),
         }
     }
 
@@ -48,6 +52,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
             ProxyBody::Tap(t) => t.size_hint(),
+            ProxyBody::Observed(o) => o.size_hint(),
         }
     }
 }

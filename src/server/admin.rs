@@ -47,9 +47,25 @@ impl Admin {
             (&Method::GET, "/admin/state") => json(StatusCode::OK, &self.state()),
             (&Method::GET, "/admin/usage") => json(StatusCode::OK, &self.proxy.ledger.to_json()),
             (&Method::POST, "/admin/reload") => self.reload(peer),
+            (&Method::GET, "/admin/requests") => {
+                match crate::observe::journal::parse_query(req.uri().query()) {
+                    Ok(q) => json(StatusCode::OK, &self.proxy.observer.journal().list(&q)),
+                    Err(e) => json(StatusCode::BAD_REQUEST, &serde_json::json!({"error": e})),
+                }
+            }
+            (&Method::GET, path) if path.starts_with("/admin/requests/") => {
+                let id = &path["/admin/requests/".len()..];
+                match self.proxy.observer.journal().get(id) {
+                    Some(doc) => json(StatusCode::OK, &doc),
+                    None => json(
+                        StatusCode::NOT_FOUND,
+                        &serde_json::json!({"error": "no such request in the journal (it holds the last [journal] size requests)"}),
+                    ),
+                }
+            }
             _ => json(
                 StatusCode::NOT_FOUND,
-                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage; POST /admin/reload"}),
+                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage, /admin/requests, /admin/requests/{id}; POST /admin/reload"}),
             ),
         };
         Ok(resp)
@@ -87,8 +103,11 @@ impl Admin {
             providers.insert(
                 name.clone(),
                 serde_json::json!({
-                    "kind": p.kind.as_str(),
+                    "kind": p.platform.kind_name().unwrap_or(p.kind.as_str()),
+                    "api": p.kind.as_str(),
                     "base_url": p.base_url,
+                    // Source and expiry of a cloud credential, never its value.
+                    "credential": up.and_then(|u| u.cloud.as_ref()).and_then(|c| c.state()),
                     "max_concurrency": p.max_concurrency,
                     "inflight": up.map(|u| u.gate.inflight()),
                     "queued": up.map(|u| {

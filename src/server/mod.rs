@@ -3,6 +3,7 @@
 //! finish within `shutdown_grace`, streams still open then end with an error event.
 
 pub mod admin;
+pub mod conn;
 pub mod listener;
 pub mod reload;
 
@@ -66,13 +67,17 @@ pub async fn start_reloadable(
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_l.local_addr().map_err(|e| e.to_string())?;
 
-    let proxy = Arc::new(Proxy::new(
-        snapshot,
-        lanes,
-        metrics,
-        Arc::new(Ledger::default()),
-        data_addr.ip(),
-    ));
+    let observer = Arc::new(crate::observe::Observer::start(&cfg.observe, &registry)?);
+    let proxy = Arc::new(
+        Proxy::new(
+            snapshot,
+            lanes,
+            metrics,
+            Arc::new(Ledger::default()),
+            data_addr.ip(),
+        )
+        .with_observer(observer),
+    );
     let reloader = Arc::new(Reloader::new(source, proxy.clone(), &cfg, key_watchers));
     let admin = Arc::new(Admin {
         proxy: proxy.clone(),
@@ -88,9 +93,29 @@ pub async fn start_reloadable(
     // The grace in force when shutdown starts: a reload may have changed it.
     let p = proxy.clone();
     let grace = move || p.snapshot.load().cfg.server.shutdown_grace;
+    let limits = cfg.server.limits.clone();
+    let p = proxy.clone();
+    let conn_limits = move || {
+        let l = &p.snapshot.load().cfg.server.limits;
+        conn::ConnLimits {
+            header_read_timeout: l.header_read_timeout,
+            connection_idle_timeout: l.connection_idle_timeout,
+        }
+    };
+    let data_plane = listener::Plane {
+        limits: conn_limits.clone(),
+        max_connections: listener::data_cap(limits.max_connections, limits.admin_max_connections),
+        gauge: proxy.metrics.connections.with_label_values(&["data"]),
+    };
+    let admin_plane = listener::Plane {
+        limits: conn_limits,
+        max_connections: limits.admin_max_connections,
+        gauge: proxy.metrics.connections.with_label_values(&["admin"]),
+    };
     let data_task = tokio::spawn(listener::serve(
         data,
         handler,
+        data_plane,
         stop_data.clone(),
         grace,
         move || abort.cancel(),
@@ -102,6 +127,7 @@ pub async fn start_reloadable(
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
         admin_handler,
+        admin_plane,
         stop_admin.clone(),
         || std::time::Duration::from_secs(1),
         || {},
@@ -130,6 +156,8 @@ impl RunningServer {
         self.stop_admin.cancel();
         let _ = self.admin_task.await;
         self.reloader.stop_watchers();
+        // Spans of the requests that just finished still go out, within a bounded wait.
+        self.proxy.observer.shutdown().await;
     }
 }
 

@@ -30,7 +30,11 @@ pub struct Reloader {
     proxy: Arc<Proxy>,
     listen: SocketAddr,
     admin_listen: SocketAddr,
+    /// `max_connections`, `admin_max_connections`: each plane's cap is fixed at start.
+    caps: (usize, usize),
     ratelimit: crate::config::RateLimitConfig,
+    /// `[log]`, `[telemetry]`, `[journal]` are applied once, at start.
+    observe: crate::config::observe::ObserveConfig,
     watchers: Mutex<Vec<JoinHandle<()>>>,
     /// Serialises reloads: two at once would race on the snapshot swap.
     busy: Mutex<()>,
@@ -48,7 +52,12 @@ impl Reloader {
             proxy,
             listen: started_with.server.listen,
             admin_listen: started_with.server.admin_listen,
+            caps: (
+                started_with.server.limits.max_connections,
+                started_with.server.limits.admin_max_connections,
+            ),
             ratelimit: started_with.ratelimit.clone(),
+            observe: started_with.observe.clone(),
             watchers: Mutex::new(watchers),
             busy: Mutex::new(()),
         }
@@ -95,12 +104,30 @@ impl Reloader {
         if cfg.server.admin_listen != self.admin_listen {
             restart_required.push("server.admin_listen".to_string());
         }
+        let l = &cfg.server.limits;
+        if l.max_connections != self.caps.0 {
+            restart_required.push("server.max_connections".to_string());
+        }
+        if l.admin_max_connections != self.caps.1 {
+            restart_required.push("server.admin_max_connections".to_string());
+        }
         // The bucket store is chosen once: its buckets must not vanish with a reload.
         if cfg.ratelimit.store != self.ratelimit.store {
             restart_required.push("ratelimit.store".to_string());
         }
         if cfg.ratelimit.redis_url != self.ratelimit.redis_url {
             restart_required.push("ratelimit.redis_url".to_string());
+        }
+        let (now, then) = (&cfg.observe, &self.observe);
+        if now.log != then.log {
+            restart_required.push("log".to_string());
+        }
+        if now.telemetry != then.telemetry {
+            restart_required.push("telemetry".to_string());
+        }
+        // capture and capture_bytes apply to new requests at once; the ring is sized at start.
+        if now.journal.size != then.journal.size {
+            restart_required.push("journal.size".to_string());
         }
         let breaker = cfg.breaker.clone();
         let ratio = cfg.retry.budget_ratio;
