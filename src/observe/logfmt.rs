@@ -19,12 +19,11 @@ pub const ACCESS_TARGET: &str = "legate::access";
 /// The field holding an access record (a JSON object as text), spliced into the line.
 pub const RECORD_FIELD: &str = "record";
 
-/// Installs the global subscriber on stderr; `filter` is a tracing-subscriber filter.
+/// Installs the global subscriber on stderr; `filter` is a tracing-subscriber filter, with the
+/// directives that keep secrets out of the log (`telemetry::log_filter`).
 pub fn init(format: LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(crate::telemetry::log_filter(filter))
         .with_writer(std::io::stderr)
         .fmt_fields(JsonFields::new())
         .event_format(Line { format })
