@@ -45,6 +45,9 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
 pub struct Upstream {
     pub name: String,
     pub kind: ApiKind,
+    /// An `openai` provider that serves the Responses API (else Responses callers are
+    /// translated to Chat Completions for it).
+    pub responses: bool,
     base_url: String,
     client: HttpClient,
     key: Arc<KeyCell>,
@@ -141,6 +144,7 @@ impl Upstream {
         Ok(Upstream {
             name: cfg.name.clone(),
             kind: cfg.kind,
+            responses: cfg.responses,
             base_url: cfg.base_url.clone(),
             client,
             key,

@@ -18,6 +18,7 @@ use crate::policy::retry::Backoff;
 use crate::proxy::attempt::{self, Attempt};
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::responses::Xlate;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
 use crate::translate;
@@ -132,14 +133,22 @@ fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
-    upstream: ApiKind,
+    up: &crate::upstream::Upstream,
 ) -> Result<bytes::Bytes, String> {
+    let upstream = up.kind;
     if inb.endpoint == crate::proxy::inbound::Endpoint::CountTokens {
         return Err("count_tokens is not translated between APIs".to_string());
     }
-    let dir = direction(inb.endpoint.kind());
-    let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
-    let (from, to) = (inb.endpoint.kind().as_str(), upstream.as_str());
+    let (bytes, dropped) = match (Xlate::for_step(inb.endpoint.api(), up), &inb.conversation) {
+        (Xlate::Responses(target), Some(conv)) => {
+            conv.request_for(target, &inb.body, &step.model)?
+        }
+        _ => {
+            let dir = direction(inb.endpoint.kind());
+            translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?
+        }
+    };
+    let (from, to) = (inb.endpoint.label(), upstream.as_str());
     proxy
         .metrics
         .translated
@@ -184,10 +193,10 @@ async fn run_step(
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
     let caller = inb.endpoint.kind();
-    let body = if up.kind == caller {
+    let body = if !Xlate::for_step(inb.endpoint.api(), up).translating() {
         route::fit(&inb.body, &inb.meta, step, caller)?
     } else {
-        match translated_body(proxy, inb, step, up.kind) {
+        match translated_body(proxy, inb, step, up) {
             Ok(b) => b,
             Err(why) => {
                 // A step that cannot honour the request is not sent to: the next one may.

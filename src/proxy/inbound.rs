@@ -19,6 +19,12 @@ pub enum Endpoint {
     CountTokens,
     Models,
     ChatCompletions,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/responses/input_tokens`.
+    ResponsesInputTokens,
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST …/{id}/cancel`, `GET …/{id}/input_items`.
+    StoredResponse,
 }
 
 impl Endpoint {
@@ -26,6 +32,9 @@ impl Endpoint {
         match self {
             Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => ApiShape::Anthropic,
             Endpoint::ChatCompletions => ApiShape::OpenAi,
+            Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
+                ApiShape::Responses
+            }
         }
     }
 
@@ -36,6 +45,10 @@ impl Endpoint {
             Endpoint::CountTokens => "/v1/messages/count_tokens",
             Endpoint::Models => "/v1/models",
             Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::ResponsesInputTokens => "/v1/responses/input_tokens",
+            // Built from the request's own path (it names the response id).
+            Endpoint::StoredResponse => "/v1/responses",
         }
     }
 
@@ -44,6 +57,9 @@ impl Endpoint {
         match self {
             Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => "anthropic",
             Endpoint::ChatCompletions => "openai",
+            Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
+                "responses"
+            }
         }
     }
 }
@@ -61,7 +77,24 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         (&Method::POST, "/messages/count_tokens") => Some(Endpoint::CountTokens),
         (&Method::GET, "/models") => Some(Endpoint::Models),
         (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
-        _ => None,
+        (&Method::POST, "/responses") => Some(Endpoint::Responses),
+        (&Method::POST, "/responses/input_tokens") => Some(Endpoint::ResponsesInputTokens),
+        (m, p) => {
+            let rest = p.strip_prefix("/responses/")?;
+            let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
+            let known = matches!(
+                (m, action),
+                (&Method::GET | &Method::DELETE, "")
+                    | (&Method::POST, "cancel")
+                    | (&Method::GET, "input_items")
+            );
+            // Ids are path segments of safe characters: nothing that could reshape the path.
+            let safe = !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            (known && safe).then_some(Endpoint::StoredResponse)
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod inbound;
 pub mod models;
 pub mod record;
 pub mod response;
+pub mod responses;
 pub mod upbody;
 pub mod watch;
 
@@ -117,6 +118,8 @@ pub struct Proxy {
     ids: RequestIds,
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
+    /// The Responses API's conversation store (chosen at start, like the rate-limit store).
+    pub conversations: Arc<crate::responses::ConversationStore>,
     listen_ip: IpAddr,
 }
 
@@ -130,6 +133,8 @@ pub struct Inbound {
     deadline: tokio::time::Instant,
     /// The tenant's priority, lowered (never raised) by `x-legate-priority`.
     priority: Priority,
+    /// A Responses request's conversation (its `previous_response_id` looked up).
+    conversation: Option<Arc<responses::Conversation>>,
 }
 
 impl Proxy {
@@ -159,7 +164,9 @@ impl Proxy {
             shared,
             metrics.ratelimit_store_degraded.clone(),
         ));
+        let conversations = Arc::new(conversation_store(&snapshot.cfg));
         Proxy {
+            conversations,
             breakers,
             budget,
             limiter,
@@ -180,18 +187,23 @@ impl Proxy {
         let started = Instant::now();
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
+        if responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers()) {
+            // Before anything else, body unread: a WebSocket-first client falls back at once.
+            return Ok(responses::upgrade_required());
+        }
         let endpoint = inbound::classify(req.method(), req.uri().path());
         let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), Endpoint::api);
         let api_label = match api {
             ApiShape::Anthropic => "anthropic",
             ApiShape::OpenAi => "openai",
+            ApiShape::Responses => "responses",
         };
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
         let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
         let mut stats = chain::ExecStats::default();
         let result = self
-            .serve(&snap, endpoint, req, &mut record, &mut stats)
+            .serve(&snap, endpoint, req, &rid, &mut record, &mut stats)
             .await;
         let mut resp = match result {
             Ok(resp) => resp,
@@ -249,6 +261,7 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Option<Endpoint>,
         req: Request<Incoming>,
+        rid: &str,
         record: &mut Option<RequestRecord>,
         stats: &mut chain::ExecStats,
     ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -276,6 +289,17 @@ impl Proxy {
         }
         if endpoint == Endpoint::Models {
             return Ok(models::list(cfg));
+        }
+        if endpoint == Endpoint::StoredResponse {
+            return responses::stored_response(
+                snap,
+                &self.conversations,
+                req.method(),
+                req.uri().path(),
+                req.uri().query(),
+                req.headers(),
+            )
+            .await;
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
@@ -312,13 +336,24 @@ impl Proxy {
         let tenant_cfg = cfg.tenant(&tenant);
         let priority = requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
-        if endpoint != Endpoint::CountTokens {
+        if !matches!(
+            endpoint,
+            Endpoint::CountTokens | Endpoint::ResponsesInputTokens
+        ) {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
                 r.reserve(reservation);
             }
         }
+        let conversation = if endpoint == Endpoint::Responses {
+            let conv =
+                responses::Conversation::load(self.conversations.clone(), &body, rid).await?;
+            Some(Arc::new(conv))
+        } else {
+            None
+        };
         let inbound = Inbound {
+            conversation,
             priority,
             endpoint,
             headers: parts.headers,
@@ -327,6 +362,9 @@ impl Proxy {
             meta,
             deadline,
         };
+        if endpoint == Endpoint::ResponsesInputTokens {
+            return responses::input_tokens(snap, &inbound).await;
+        }
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await
     }
@@ -391,8 +429,11 @@ fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError
     let parsed = match endpoint {
         Endpoint::Messages => api::anthropic::parse_request(body),
         Endpoint::ChatCompletions => api::openai::parse_request(body),
-        Endpoint::CountTokens => return parse_count_tokens(body),
-        Endpoint::Models => return Err(ProxyError::Internal),
+        Endpoint::Responses => api::responses::parse_request(body),
+        Endpoint::CountTokens | Endpoint::ResponsesInputTokens => {
+            return parse_count_tokens(body);
+        }
+        Endpoint::Models | Endpoint::StoredResponse => return Err(ProxyError::Internal),
     };
     parsed.map_err(|e| ProxyError::InvalidRequest {
         message: e.to_string(),
@@ -434,7 +475,24 @@ impl Endpoint {
     pub fn kind(self) -> ApiKind {
         match self.api() {
             ApiShape::Anthropic => ApiKind::Anthropic,
-            ApiShape::OpenAi => ApiKind::OpenAi,
+            // Responses callers are routed like the other OpenAI API ([routing] openai).
+            ApiShape::OpenAi | ApiShape::Responses => ApiKind::OpenAi,
         }
     }
+}
+
+/// The conversation store of `[responses]`: Redis when configured (at `ratelimit.redis_url`),
+/// else memory; a Redis URL that cannot be used falls back to memory, said in the log.
+fn conversation_store(cfg: &Config) -> crate::responses::ConversationStore {
+    use crate::responses::store::{MemoryStore, RedisConversations};
+    let rs = &cfg.responses;
+    if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
+        match RedisConversations::new(url, rs.ttl) {
+            Ok(r) => return crate::responses::ConversationStore::Redis(Box::new(r)),
+            Err(e) => {
+                tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");
+            }
+        }
+    }
+    crate::responses::ConversationStore::Memory(MemoryStore::new(rs.max_bytes, rs.ttl))
 }

@@ -20,9 +20,25 @@ pub enum UpstreamBody {
     Translated(Box<Translated>),
 }
 
+/// Turns upstream stream bytes, in any chunking, into the caller's bytes.
+pub trait EventTranslator: Send {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8>;
+    /// The upstream ended; writes no terminal unless the upstream's terminal was read.
+    fn finish(&mut self) -> Vec<u8>;
+}
+
+impl EventTranslator for StreamTranslator {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        StreamTranslator::push(self, chunk)
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        StreamTranslator::finish(self)
+    }
+}
+
 pub struct Translated {
     inner: Incoming,
-    translator: StreamTranslator,
+    translator: Box<dyn EventTranslator>,
     ended: bool,
     /// Usage is metered on the upstream's own events: the caller's translated stream may not
     /// carry it (an OpenAI caller who did not ask for the usage chunk).
@@ -31,7 +47,11 @@ pub struct Translated {
 }
 
 impl UpstreamBody {
-    pub fn translated(inner: Incoming, translator: StreamTranslator, upstream: ApiShape) -> Self {
+    pub fn translated(
+        inner: Incoming,
+        translator: Box<dyn EventTranslator>,
+        upstream: ApiShape,
+    ) -> Self {
         UpstreamBody::Translated(Box::new(Translated {
             inner,
             translator,

@@ -14,6 +14,7 @@ mod metering;
 mod passthrough;
 mod reload;
 mod resilience;
+mod responses;
 mod robustness;
 mod shared_limits;
 mod streaming;
