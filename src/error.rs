@@ -29,6 +29,8 @@ pub enum ProxyError {
     },
     /// No such endpoint.
     NotFound { method: String, path: String },
+    /// `GET /v1/models/{id}` for a model legate has not configured.
+    ModelNotFound { model: String },
     /// Body larger than `server.max_body_bytes`.
     TooLarge { limit: usize },
     /// `[[clients]]` is configured and the caller's key matches none (or is missing).
@@ -43,6 +45,9 @@ pub enum ProxyError {
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
+    /// A cloud provider's credential could not be obtained (`what` says which step failed;
+    /// never a secret).
+    CredentialUnavailable { provider: String, what: String },
     /// Connecting to the upstream failed.
     UpstreamUnreachable { provider: String },
     /// The upstream did not send response headers within `first_byte_timeout`.
@@ -51,6 +56,9 @@ pub enum ProxyError {
     DeadlineExceeded,
     /// An upstream stream broke (cut, stalled) before its first content event, on every try.
     UpstreamStreamBroken { provider: String },
+    /// The upstream answered, but with something that cannot be passed on (no choices, tool
+    /// arguments that are not a JSON object), on every try. `reason` holds no upstream content.
+    UpstreamAnswerUnusable { provider: String, reason: String },
     /// Every chain step's breaker is open: nothing was sent upstream.
     AllBreakersOpen { retry_after: std::time::Duration },
     /// A tenant limit refused the request for now.
@@ -74,7 +82,7 @@ impl ProxyError {
             | ProxyError::NeverFits { .. } => StatusCode::BAD_REQUEST,
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Shed { .. } => overloaded(),
-            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
             ProxyError::ForbiddenTarget | ProxyError::ForbiddenOrigin => StatusCode::FORBIDDEN,
@@ -83,9 +91,10 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamStreamBroken { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::UpstreamAnswerUnusable { .. }
+            | ProxyError::CredentialUnavailable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::AllBreakersOpen { .. } => overloaded(),
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -98,6 +107,7 @@ impl ProxyError {
             ProxyError::InvalidRequest { .. }
             | ProxyError::WrongApi { .. }
             | ProxyError::NotFound { .. }
+            | ProxyError::ModelNotFound { .. }
             | ProxyError::TooLarge { .. }
             | ProxyError::Unauthorized
             | ProxyError::ForbiddenTarget
@@ -106,10 +116,13 @@ impl ProxyError {
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
             ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
-            ProxyError::NoProviderKey { .. } | ProxyError::Internal => Source::Proxy,
+            ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
+            | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::UpstreamAnswerUnusable { .. }
             | ProxyError::DeadlineExceeded
             | ProxyError::AllBreakersOpen { .. } => Source::Upstream,
         }
@@ -121,6 +134,7 @@ impl ProxyError {
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::WrongApi { .. } => "wrong_api",
             ProxyError::NotFound { .. } => "not_found",
+            ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::TooLarge { .. } => "too_large",
             ProxyError::Unauthorized => "unauthorized",
             ProxyError::ForbiddenTarget => "forbidden_target",
@@ -128,10 +142,12 @@ impl ProxyError {
             ProxyError::BodyTimeout => "body_timeout",
             ProxyError::BuffersFull { .. } => "buffers_full",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
             ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
+            ProxyError::UpstreamAnswerUnusable { .. } => "upstream_answer_unusable",
             ProxyError::AllBreakersOpen { .. } => "breaker_open",
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::NeverFits { .. } => "never_fits",
@@ -148,7 +164,7 @@ impl ProxyError {
             | ProxyError::ForbiddenTarget
             | ProxyError::BodyTimeout => "invalid_request_error",
             ProxyError::ForbiddenOrigin => "permission_error",
-            ProxyError::NotFound { .. } => "not_found_error",
+            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => "not_found_error",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "authentication_error",
             ProxyError::AllBreakersOpen { .. }
@@ -157,9 +173,11 @@ impl ProxyError {
             ProxyError::RateLimited { .. } => "rate_limit_error",
             ProxyError::NeverFits { .. } => "invalid_request_error",
             ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::UpstreamAnswerUnusable { .. }
             | ProxyError::DeadlineExceeded
             | ProxyError::Internal => "api_error",
         }
@@ -171,6 +189,7 @@ impl ProxyError {
             ProxyError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
             ProxyError::WrongApi { .. } => ("invalid_request_error", "model_not_found"),
             ProxyError::NotFound { .. } => ("invalid_request_error", "unknown_url"),
+            ProxyError::ModelNotFound { .. } => ("invalid_request_error", "model_not_found"),
             ProxyError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ProxyError::Unauthorized => ("authentication_error", "invalid_api_key"),
             ProxyError::ForbiddenTarget => ("invalid_request_error", "forbidden_target"),
@@ -178,10 +197,14 @@ impl ProxyError {
             ProxyError::BodyTimeout => ("invalid_request_error", "request_timeout"),
             ProxyError::BuffersFull { .. } => ("server_error", "overloaded"),
             ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
+            ProxyError::CredentialUnavailable { .. } => ("server_error", "credential_unavailable"),
             ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
             ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
             ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
             ProxyError::UpstreamStreamBroken { .. } => ("server_error", "upstream_stream_broken"),
+            ProxyError::UpstreamAnswerUnusable { .. } => {
+                ("server_error", "upstream_answer_unusable")
+            }
             ProxyError::AllBreakersOpen { .. } => ("server_error", "overloaded"),
             ProxyError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             ProxyError::NeverFits { .. } => {
@@ -201,6 +224,9 @@ impl ProxyError {
             ),
             ProxyError::NotFound { method, path } => format!(
                 "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models and POST /v1/chat/completions"
+            ),
+            ProxyError::ModelNotFound { model } => format!(
+                "model `{model}` is not configured in legate; GET /v1/models lists the names it serves"
             ),
             ProxyError::TooLarge { limit } => format!(
                 "the request body is larger than {limit} bytes (server.max_body_bytes); nothing was sent upstream"
@@ -224,6 +250,9 @@ impl ProxyError {
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
             ),
+            ProxyError::CredentialUnavailable { provider, what } => format!(
+                "legate could not obtain a credential for provider `{provider}`: {what}"
+            ),
             ProxyError::UpstreamUnreachable { provider } => format!(
                 "could not connect to provider `{provider}`; legate will keep trying on later requests"
             ),
@@ -235,6 +264,9 @@ impl ProxyError {
             }
             ProxyError::UpstreamStreamBroken { provider } => format!(
                 "provider `{provider}` broke off its stream before any content, on every try"
+            ),
+            ProxyError::UpstreamAnswerUnusable { provider, reason } => format!(
+                "provider `{provider}` answered, but legate cannot pass the answer on: {reason}"
             ),
             ProxyError::RateLimited { limit, retry_after } => format!(
                 "this tenant's {} limit is reached; retry in {}s",

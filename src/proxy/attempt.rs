@@ -23,7 +23,7 @@ use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
 use crate::proxy::responses::{self, Xlate};
-use crate::proxy::upbody::UpstreamBody;
+use crate::proxy::upbody::{Raw, UpstreamBody};
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::upstream::Upstream;
@@ -70,20 +70,44 @@ pub async fn run(
     let xl = Xlate::for_step(inb.endpoint.api(), up);
     let translating = xl.translating();
     let upstream_path = match inb.endpoint {
-        Endpoint::CountTokens | Endpoint::Models => inb.endpoint.upstream_path(),
+        Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => inb.endpoint.upstream_path(),
         _ => xl.path(inb.endpoint, up.kind),
     };
+    // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
+    // provider of that API only, never a translated request.
     let path = match &inb.query {
-        Some(q) => format!("{upstream_path}?{q}"),
-        None => upstream_path.to_string(),
+        Some(q) if !translating => format!("{upstream_path}?{q}"),
+        _ => upstream_path.to_string(),
     };
-    let req = match up.build_request(
-        Method::POST,
-        &path,
-        &inb.headers,
-        call.body.clone(),
-        translating,
-    ) {
+    let built = match (&up.cloud, inb.endpoint) {
+        (Some(_), Endpoint::CountTokens | Endpoint::Models) => Err(ProxyError::InvalidRequest {
+            message: format!(
+                "provider `{}` is a cloud platform that does not serve this endpoint",
+                up.name
+            ),
+        }),
+        // A credential that cannot be obtained fails before anything is sent: it counts
+        // against neither the breaker nor the caller, and the next chain step may answer.
+        (Some(cloud), _) => {
+            up.build_cloud_request(
+                cloud,
+                (&call.step.model, inb.meta.stream),
+                &inb.headers,
+                call.body.clone(),
+                translating,
+            )
+            .await
+        }
+        (None, _) => up.build_request(
+            Method::POST,
+            &path,
+            &inb.headers,
+            call.body.clone(),
+            translating,
+            true,
+        ),
+    };
+    let req = match built {
         Ok(r) => r,
         Err(e) => return Attempt::Skip(e),
     };
@@ -154,12 +178,30 @@ pub async fn run(
     };
     up.pacer.observe(resp.headers());
     let status = resp.status();
-    let is_sse = resp
+    let content_type = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let (parts, incoming) = resp.into_parts();
+        .unwrap_or("")
+        .trim_start();
+    // Bedrock's binary event stream is read as the SSE it carries from here on.
+    let event_stream = status.is_success()
+        && up.cloud.as_ref().is_some_and(|c| c.event_stream())
+        && content_type.starts_with(crate::cloud::eventstream::CONTENT_TYPE);
+    let is_sse = event_stream || content_type.starts_with("text/event-stream");
+    let (mut parts, incoming) = resp.into_parts();
+    let incoming = if event_stream {
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Raw::EventStream(Box::new(crate::cloud::eventstream::EventStreamSse::new(
+            incoming,
+        )))
+    } else {
+        Raw::Http(incoming)
+    };
     let api = inb.endpoint.api();
     let translator = (status.is_success() && is_sse)
         .then(|| responses::stream_translator(xl, inb, inb.meta.include_usage))
@@ -268,7 +310,7 @@ pub async fn run(
                     Ok(b) => Whole::Complete(b),
                     Err(e) => {
                         tracing::warn!(provider = %up.name, error = %e, "upstream answer not translatable");
-                        Whole::Broken("the upstream answer could not be translated")
+                        Whole::Unusable(e)
                     }
                 }
             }
@@ -315,25 +357,39 @@ pub async fn run(
                 };
                 return Attempt::Answer(commit(&call, status, &parts.headers, tap, record));
             }
-            Whole::Broken(why) => {
+            failed @ (Whole::Broken(_) | Whole::Unusable(_)) => {
                 drop(inflight);
                 outcome("retryable");
                 ticket.report(Outcome::Failure);
-                tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
                 if Instant::now() >= inb.deadline {
                     return Attempt::Abort(ProxyError::DeadlineExceeded);
                 }
-                return Attempt::Retry {
-                    failure: Failure::Error(ProxyError::UpstreamStreamBroken {
+                // The error names what happened: a cut body, or an answer that arrived whole
+                // but cannot be carried to the caller.
+                let error = match failed {
+                    Whole::Unusable(reason) => ProxyError::UpstreamAnswerUnusable {
                         provider: up.name.clone(),
-                    }),
+                        reason,
+                    },
+                    Whole::Broken(why) => {
+                        tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
+                        ProxyError::UpstreamStreamBroken {
+                            provider: up.name.clone(),
+                        }
+                    }
+                    Whole::Complete(_) | Whole::TooLarge(_) => ProxyError::Internal,
+                };
+                return Attempt::Retry {
+                    failure: Failure::Error(error),
                     wait: None,
                 };
             }
         }
     }
 
-    if !retry::needs_body(status) && !translating {
+    // A platform's error answer is read whole to be put in the caller's shape.
+    let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
+    if !retry::needs_body(status) && !translating && !platform_shape {
         // A final error passed on as it is, streamed through.
         let verdict = retry::classify(status, b"");
         let (label, o) = match verdict {
@@ -362,6 +418,14 @@ pub async fn run(
     exec.outside += sent.elapsed();
     drop(inflight);
     drop(permit);
+    let (status, body) = match up
+        .cloud
+        .as_ref()
+        .and_then(|c| c.map_error(status, &parts.headers, &body))
+    {
+        Some(mapped) => mapped,
+        None => (status, body),
+    };
     let verdict = retry::classify(status, &body);
     let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
     let resp = if translating {
@@ -415,7 +479,7 @@ fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         provider: call.up.name.clone(),
         model_label: call.model_label.to_string(),
         target: call.step.target(),
-        price: call.snap.cfg.prices.get(&call.step.target()).copied(),
+        price: crate::meter::price_for(&call.snap.cfg.prices, &call.step.target()),
     }
 }
 
@@ -604,6 +668,9 @@ enum Whole {
     /// Larger than `WHOLE_BODY_LIMIT`: what was read so far; the rest follows.
     TooLarge(Bytes),
     Broken(&'static str),
+    /// Complete, but not an answer that can reach the caller (translated: no choices, broken
+    /// tool arguments).
+    Unusable(String),
 }
 
 /// Reads a whole response body, each chunk within `idle`, all before the deadline.

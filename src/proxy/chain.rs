@@ -16,6 +16,8 @@ use crate::error::ProxyError;
 use crate::policy::breaker::{Admission, Ticket};
 use crate::policy::retry::Backoff;
 use crate::proxy::attempt::{self, Attempt};
+use crate::proxy::estimate;
+use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::{self, ProxyBody};
 use crate::proxy::responses::Xlate;
@@ -128,17 +130,16 @@ async fn execute(
     }
 }
 
-/// The caller's body in the step's API, fitted to the step (model and max_tokens).
+/// The caller's body in the step's API, fitted to the step (model and max_tokens, capped at
+/// the model's output limit `limit`).
 fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
     up: &crate::upstream::Upstream,
+    limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
     let upstream = up.kind;
-    if inb.endpoint == crate::proxy::inbound::Endpoint::CountTokens {
-        return Err("count_tokens is not translated between APIs".to_string());
-    }
     let (bytes, dropped) = match (Xlate::for_step(inb.endpoint.api(), up), &inb.conversation) {
         (Xlate::Responses(target), Some(conv)) => {
             conv.request_for(target, &inb.body, &step.model)?
@@ -166,7 +167,23 @@ fn translated_body(
         ApiKind::OpenAi => crate::api::openai::parse_request(&bytes),
     }
     .map_err(|e| e.to_string())?;
-    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream).map_err(|e| e.message())
+    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream, limit).map_err(|e| e.message())
+}
+
+/// A step that cannot honour the request is not sent to: the next one may. If none can, the
+/// caller learns why.
+fn unfit(exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
+    tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+    exec.any_admitted = true;
+    if exec.last.is_none() {
+        exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
+            message: format!(
+                "this request cannot be served by {} (another API): {why}",
+                step.target()
+            ),
+        }));
+    }
+    StepEnd::Unavailable
 }
 
 /// The translation direction for a caller of `api` (the upstream speaks the other one).
@@ -193,25 +210,23 @@ async fn run_step(
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
     let caller = inb.endpoint.kind();
-    let body = if !Xlate::for_step(inb.endpoint.api(), up).translating() {
-        route::fit(&inb.body, &inb.meta, step, caller)?
+    let translating = Xlate::for_step(inb.endpoint.api(), up).translating();
+    // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
+    // capped at what that model accepts; a caller naming the model itself is sent as it asked.
+    let limit = (translating || step.model != inb.meta.model)
+        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
+        .flatten();
+    let body = if !translating {
+        route::fit(&inb.body, &inb.meta, step, caller, limit)?
+    } else if inb.endpoint == Endpoint::CountTokens {
+        match estimate::answer(inb, step, up.kind) {
+            Ok(resp) => return Ok(StepEnd::Answer(resp)),
+            Err(why) => return Ok(unfit(exec, step, &why)),
+        }
     } else {
-        match translated_body(proxy, inb, step, up) {
+        match translated_body(proxy, inb, step, up, limit) {
             Ok(b) => b,
-            Err(why) => {
-                // A step that cannot honour the request is not sent to: the next one may.
-                tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
-                exec.any_admitted = true;
-                if exec.last.is_none() {
-                    exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
-                        message: format!(
-                            "this request cannot be served by {} (another API): {why}",
-                            step.target()
-                        ),
-                    }));
-                }
-                return Ok(StepEnd::Unavailable);
-            }
+            Err(why) => return Ok(unfit(exec, step, &why)),
         }
     };
     let mut backoff = Backoff::new(retry);

@@ -18,6 +18,8 @@ pub enum Endpoint {
     Messages,
     CountTokens,
     Models,
+    /// `GET /v1/models/{id}`: answered in the caller's API shape (read from its headers).
+    Model,
     ChatCompletions,
     /// `POST /v1/responses`.
     Responses,
@@ -30,7 +32,9 @@ pub enum Endpoint {
 impl Endpoint {
     pub fn api(self) -> ApiShape {
         match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => ApiShape::Anthropic,
+            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => {
+                ApiShape::Anthropic
+            }
             Endpoint::ChatCompletions => ApiShape::OpenAi,
             Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
                 ApiShape::Responses
@@ -43,7 +47,7 @@ impl Endpoint {
         match self {
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
-            Endpoint::Models => "/v1/models",
+            Endpoint::Models | Endpoint::Model => "/v1/models",
             Endpoint::ChatCompletions => "/v1/chat/completions",
             Endpoint::Responses => "/v1/responses",
             Endpoint::ResponsesInputTokens => "/v1/responses/input_tokens",
@@ -55,7 +59,9 @@ impl Endpoint {
     /// Metric label of the inbound API.
     pub fn label(self) -> &'static str {
         match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => "anthropic",
+            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => {
+                "anthropic"
+            }
             Endpoint::ChatCompletions => "openai",
             Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
                 "responses"
@@ -76,6 +82,9 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         (&Method::POST, "/messages") => Some(Endpoint::Messages),
         (&Method::POST, "/messages/count_tokens") => Some(Endpoint::CountTokens),
         (&Method::GET, "/models") => Some(Endpoint::Models),
+        (&Method::GET, p) if p.len() > "/models/".len() && p.starts_with("/models/") => {
+            Some(Endpoint::Model)
+        }
         (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
         (&Method::POST, "/responses") => Some(Endpoint::Responses),
         (&Method::POST, "/responses/input_tokens") => Some(Endpoint::ResponsesInputTokens),
@@ -96,6 +105,31 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
             (known && safe).then_some(Endpoint::StoredResponse)
         }
     }
+}
+
+/// The model id of a `GET /v1/models/{id}` path, percent-decoded (an id may hold a `/`).
+pub fn model_id(path: &str) -> Option<String> {
+    let (_, raw) = path.split_once("/models/")?;
+    let raw = raw.trim_end_matches('/');
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok().filter(|s| !s.is_empty())
 }
 
 /// The API shape an error for an unknown path takes: Anthropic SDKs always send
@@ -261,6 +295,14 @@ mod tests {
             Some(Endpoint::CountTokens)
         );
         assert_eq!(classify(&Method::GET, "/v1/models"), Some(Endpoint::Models));
+        assert_eq!(
+            classify(&Method::GET, "/v1/models/claude-x"),
+            Some(Endpoint::Model)
+        );
+        assert_eq!(
+            classify(&Method::GET, "/v1/models/"),
+            Some(Endpoint::Models)
+        );
         assert_eq!(classify(&Method::GET, "/v1/messages"), None);
         assert_eq!(classify(&post, "/v1/embeddings"), None);
         assert_eq!(classify(&post, "/v2/messages"), None);

@@ -5,6 +5,7 @@
 pub mod attempt;
 pub mod body;
 pub mod chain;
+pub mod estimate;
 pub mod inbound;
 pub mod models;
 pub mod record;
@@ -192,7 +193,11 @@ impl Proxy {
             return Ok(responses::upgrade_required());
         }
         let endpoint = inbound::classify(req.method(), req.uri().path());
-        let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), Endpoint::api);
+        // One model is answered in the caller's own shape, told apart by its headers.
+        let api = match endpoint {
+            None | Some(Endpoint::Model) => inbound::shape_for_unknown(req.headers()),
+            Some(e) => e.api(),
+        };
         let api_label = match api {
             ApiShape::Anthropic => "anthropic",
             ApiShape::OpenAi => "openai",
@@ -287,8 +292,25 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        if endpoint == Endpoint::Models {
-            return Ok(models::list(cfg));
+        if let Some(retries) = client_retry_count(req.headers()) {
+            // The caller's own retry on top of legate's: worth seeing (README: turning them off).
+            self.metrics
+                .client_retries
+                .with_label_values(&[endpoint.label(), snap.labels.tenant(&tenant)])
+                .inc();
+            tracing::debug!(
+                client_retry = retries,
+                "the client retried this request itself"
+            );
+        }
+        match endpoint {
+            Endpoint::Models => return Ok(models::list(cfg)),
+            Endpoint::Model => {
+                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
+                let api = inbound::shape_for_unknown(req.headers());
+                return models::retrieve(cfg, &id, api);
+            }
+            _ => {}
         }
         if endpoint == Endpoint::StoredResponse {
             return responses::stored_response(
@@ -417,6 +439,15 @@ impl Proxy {
     }
 }
 
+/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
+fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+}
+
 /// `x-legate-priority`, if the caller sent a valid one.
 fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
     headers
@@ -426,18 +457,29 @@ fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
 }
 
 fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    let parsed = match endpoint {
-        Endpoint::Messages => api::anthropic::parse_request(body),
-        Endpoint::ChatCompletions => api::openai::parse_request(body),
-        Endpoint::Responses => api::responses::parse_request(body),
-        Endpoint::CountTokens | Endpoint::ResponsesInputTokens => {
-            return parse_count_tokens(body);
-        }
-        Endpoint::Models | Endpoint::StoredResponse => return Err(ProxyError::Internal),
-    };
-    parsed.map_err(|e| ProxyError::InvalidRequest {
+    let invalid = |e: api::MetaError| ProxyError::InvalidRequest {
         message: e.to_string(),
-    })
+    };
+    let meta = match endpoint {
+        Endpoint::Messages => api::anthropic::parse_request(body).map_err(invalid)?,
+        Endpoint::ChatCompletions => api::openai::parse_request(body).map_err(invalid)?,
+        Endpoint::Responses => api::responses::parse_request(body).map_err(invalid)?,
+        Endpoint::CountTokens | Endpoint::ResponsesInputTokens => parse_count_tokens(body)?,
+        Endpoint::Models | Endpoint::Model | Endpoint::StoredResponse => {
+            return Err(ProxyError::Internal);
+        }
+    };
+    // Names travel into logs, maps and labels: an absurd one is refused before it does.
+    if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
+        return Err(ProxyError::InvalidRequest {
+            message: format!(
+                "the model name is {} bytes long; legate accepts model names of at most {} bytes",
+                meta.model.len(),
+                crate::names::MAX_MODEL_NAME_BYTES
+            ),
+        });
+    }
+    Ok(meta)
 }
 
 /// count_tokens needs only the model to be routed; the provider validates the rest.

@@ -37,7 +37,10 @@ pub enum Xlate {
 impl Xlate {
     pub fn for_step(caller: ApiShape, up: &Upstream) -> Xlate {
         match (caller, up.kind) {
-            (ApiShape::Responses, ApiKind::OpenAi) if up.responses => Xlate::None,
+            // Cloud platforms are reached through their chat endpoints.
+            (ApiShape::Responses, ApiKind::OpenAi) if up.responses && up.cloud.is_none() => {
+                Xlate::None
+            }
             (ApiShape::Responses, ApiKind::OpenAi) => Xlate::Responses(Target::Chat),
             (ApiShape::Responses, ApiKind::Anthropic) => Xlate::Responses(Target::Anthropic),
             (ApiShape::Anthropic, ApiKind::OpenAi) => Xlate::Classic(Dir::AnthropicToOpenAi),
@@ -426,7 +429,7 @@ pub async fn forward(
         Some(q) => format!("{path}?{q}"),
         None => path.to_owned(),
     };
-    let req = up.build_request(method, &target, headers, body, false)?;
+    let req = up.build_request(method, &target, headers, body, false, true)?;
     let call = up.client().request(req);
     let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
         Ok(Ok(r)) => r,
@@ -471,7 +474,7 @@ pub async fn input_tokens(
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
     if Xlate::for_step(ApiShape::Responses, up) == Xlate::None {
-        let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::OpenAi)?;
+        let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::OpenAi, None)?;
         return forward(
             up,
             Method::POST,

@@ -40,6 +40,9 @@ pub struct Request {
 pub enum Role {
     User,
     Assistant,
+    /// A system entry inside `messages[]` (Claude Code sends them mid-conversation): it keeps
+    /// its position, unlike the top-level `system`.
+    System,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
