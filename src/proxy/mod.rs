@@ -188,10 +188,6 @@ impl Proxy {
         let started = Instant::now();
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
-        if responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers()) {
-            // Before anything else, body unread: a WebSocket-first client falls back at once.
-            return Ok(responses::upgrade_required());
-        }
         let endpoint = inbound::classify(req.method(), req.uri().path());
         // One model is answered in the caller's own shape, told apart by its headers.
         let api = match endpoint {
@@ -205,6 +201,14 @@ impl Proxy {
         };
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
+        if responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers()) {
+            // Before the key or the body is read: a WebSocket-first client falls back at once.
+            // Counted (api="responses", status 426), so the fallback can be seen.
+            RequestRecord::new(self.metrics.clone(), "responses", started).finish(426);
+            let mut resp = responses::upgrade_required();
+            response::set_header(&mut resp, "x-legate-request-id", &rid);
+            return Ok(resp);
+        }
         let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
         let mut stats = chain::ExecStats::default();
         let result = self
