@@ -135,14 +135,17 @@ impl OpenAiUsage {
 
 /// Usage of a non-streaming Anthropic `Message` body (None without a usage object).
 pub fn anthropic_from_json(body: &[u8]) -> Option<Usage> {
-    let msg: AnthropicMessage = serde_json::from_slice(body).ok()?;
-    msg.usage.map(|u| u.to_usage())
+    // Only the top-level `usage` value is decoded; the walk to it skips the content unparsed.
+    let span = crate::splice::top_level_value_span(body, "usage")?;
+    let usage: Option<AnthropicUsage> = serde_json::from_slice(&body[span]).ok()?;
+    usage.map(|u| u.to_usage())
 }
 
 /// Usage of a non-streaming OpenAI `chat.completion` body (None without a usage object).
 pub fn openai_from_json(body: &[u8]) -> Option<Usage> {
-    let b: OpenAiBody = serde_json::from_slice(body).ok()?;
-    b.usage.map(|u| u.to_usage())
+    let span = crate::splice::top_level_value_span(body, "usage")?;
+    let usage: Option<OpenAiUsage> = serde_json::from_slice(&body[span]).ok()?;
+    usage.map(|u| u.to_usage())
 }
 
 /// Watches a stream's events for usage. Anthropic: `message_start.message.usage`, then every

@@ -168,6 +168,8 @@ pub struct Config {
     pub ratelimit: RateLimitConfig,
     pub shedding: SheddingConfig,
     pub responses: ResponsesConfig,
+    /// `[log]`, `[telemetry]`, `[journal]` (SPEC §12).
+    pub observe: super::observe::ObserveConfig,
 }
 
 impl Config {

@@ -14,6 +14,7 @@ mod clients;
 mod cloud;
 mod limits;
 mod models;
+mod observe;
 mod policy;
 mod prices;
 mod providers;
@@ -77,6 +78,9 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             "store = \"redis\" needs ratelimit.redis_url (e.g. \"redis://127.0.0.1:6379/0\")",
         );
     }
+    let (log, telemetry) = (top.table(&mut cx, "log"), top.table(&mut cx, "telemetry"));
+    let journal = top.table(&mut cx, "journal");
+    let observe = observe::parse(log, telemetry, journal, &mut cx);
     top.finish(&mut cx);
 
     if let Some(server) = &server {
@@ -109,6 +113,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             ratelimit,
             shedding,
             responses,
+            observe,
         }),
         _ => Err(ConfigErrors(errors)),
     }

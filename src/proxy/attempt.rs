@@ -111,6 +111,11 @@ pub async fn run(
         Ok(r) => r,
         Err(e) => return Attempt::Skip(e),
     };
+    let mut req = req;
+    if let Some(tp) = exec.traceparent.take() {
+        // The attempt's span is the provider's parent (W3C Trace Context).
+        req.headers_mut().insert("traceparent", tp);
+    }
     let waited = Instant::now();
     // Pacing: when the provider's rate limit runs low, background and batch calls wait their
     // slot so that what is left lasts until the reset.
@@ -226,6 +231,9 @@ pub async fn run(
             Ok(held) => {
                 outcome("ok");
                 if watch.saw_content {
+                    if let Some(r) = record.as_ref() {
+                        r.first_content();
+                    }
                     let started = record
                         .as_ref()
                         .map_or_else(StdInstant::now, RequestRecord::started);

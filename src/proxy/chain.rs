@@ -41,6 +41,10 @@ pub struct Exec {
     last: Option<Failure>,
     any_admitted: bool,
     earliest_probe: Option<Instant>,
+    /// The chain step being tried, from 1 (for the journal and traces).
+    step_no: usize,
+    /// `traceparent` for the attempt about to be sent (export on).
+    pub traceparent: Option<http::HeaderValue>,
 }
 
 enum StepEnd {
@@ -70,6 +74,8 @@ pub(super) async fn run(
         last: None,
         any_admitted: false,
         earliest_probe: None,
+        step_no: 0,
+        traceparent: None,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
     stats.outside = exec.outside;
@@ -106,6 +112,7 @@ async fn execute(
                 .inc();
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
+        exec.step_no = i + 1;
         match run_step(proxy, snap, &inb, step, exec, record).await? {
             StepEnd::Answer(mut resp) => {
                 response::set_header(&mut resp, "x-legate-attempts", &exec.attempts.to_string());
@@ -172,8 +179,9 @@ fn translated_body(
 
 /// A step that cannot honour the request is not sent to: the next one may. If none can, the
 /// caller learns why.
-fn unfit(exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
+fn unfit(inb: &Inbound, exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
     tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+    inb.obs.passed_over(exec.step_no, step, "unfit", why);
     exec.any_admitted = true;
     if exec.last.is_none() {
         exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
@@ -219,14 +227,14 @@ async fn run_step(
     let body = if !translating {
         route::fit(&inb.body, &inb.meta, step, caller, limit)?
     } else if inb.endpoint == Endpoint::CountTokens {
-        match estimate::answer(inb, step, up.kind) {
+        match estimate::answer(inb, step, up.kind).await {
             Ok(resp) => return Ok(StepEnd::Answer(resp)),
-            Err(why) => return Ok(unfit(exec, step, &why)),
+            Err(why) => return Ok(unfit(inb, exec, step, &why)),
         }
     } else {
         match translated_body(proxy, inb, step, up, limit) {
             Ok(b) => b,
-            Err(why) => return Ok(unfit(exec, step, &why)),
+            Err(why) => return Ok(unfit(inb, exec, step, &why)),
         }
     };
     let mut backoff = Backoff::new(retry);
@@ -239,6 +247,12 @@ async fn run_step(
                     .with_label_values(&[&step.provider, model_label, "breaker_open"])
                     .inc();
                 exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
+                inb.obs.passed_over(
+                    exec.step_no,
+                    step,
+                    "breaker_open",
+                    "the circuit breaker is open",
+                );
                 return Ok(StepEnd::Unavailable);
             }
             Some(Admission::Pass(t)) => t,
@@ -261,26 +275,53 @@ async fn run_step(
             inb,
             body: body.clone(),
         };
-        match attempt::run(call, ticket, exec, record).await {
+        let server = snap
+            .cfg
+            .providers
+            .get(&step.provider)
+            .and_then(|p| p.base_url.parse::<http::Uri>().ok())
+            .and_then(|u| u.host().map(str::to_string));
+        let scope = inb.obs.begin_attempt(exec.step_no, step, up.kind, server);
+        exec.traceparent = scope.traceparent();
+        let sent_before = exec.attempts;
+        let result = attempt::run(call, ticket, exec, record).await;
+        scope.end(&result, exec.attempts > sent_before);
+        match result {
             Attempt::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Attempt::Abort(e) => return Err(e),
             Attempt::Skip(e) => {
                 tracing::warn!(step = %step.target(), error = e.kind(), "chain step cannot be called; trying the next");
+                inb.obs
+                    .moved_on("this step cannot be called; trying the next");
                 exec.last = Some(Failure::Error(e));
                 return Ok(StepEnd::Unavailable);
             }
             Attempt::Retry { failure, wait } => {
                 exec.last = Some(failure);
                 if n == retry.max_attempts {
+                    inb.obs
+                        .moved_on(format!("{n} attempts spent on retryable failures"));
                     break;
                 }
                 let delay = match wait {
                     // Waiting that long is worse than a substitute answering now.
-                    Some(w) if w > retry.max_retry_after => break,
+                    Some(w) if w > retry.max_retry_after => {
+                        inb.obs.moved_on(format!(
+                            "retry-after {}s is longer than max_retry_after",
+                            w.as_secs_f64().ceil()
+                        ));
+                        break;
+                    }
                     Some(w) => w,
                     None => backoff.next_delay(),
                 };
-                if Instant::now() + delay >= inb.deadline || !proxy.budget.try_withdraw() {
+                if Instant::now() + delay >= inb.deadline {
+                    inb.obs
+                        .moved_on("the deadline leaves no time for another try");
+                    break;
+                }
+                if !proxy.budget.try_withdraw() {
+                    inb.obs.moved_on("the retry budget is spent");
                     break;
                 }
                 tokio::time::sleep(delay).await;

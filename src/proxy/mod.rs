@@ -122,6 +122,8 @@ pub struct Proxy {
     /// The Responses API's conversation store (chosen at start, like the rate-limit store).
     pub conversations: Arc<crate::responses::ConversationStore>,
     listen_ip: IpAddr,
+    /// Access log, journal and traces (SPEC §12).
+    pub observer: Arc<crate::observe::Observer>,
 }
 
 /// What the caller asked for, once the body has been read and parsed.
@@ -136,6 +138,8 @@ pub struct Inbound {
     priority: Priority,
     /// A Responses request's conversation (its `previous_response_id` looked up).
     conversation: Option<Arc<responses::Conversation>>,
+    /// Where attempts are reported.
+    pub(crate) obs: crate::observe::RequestObs,
 }
 
 impl Proxy {
@@ -178,7 +182,14 @@ impl Proxy {
             ids: RequestIds::new(),
             abort_streams: CancellationToken::new(),
             listen_ip,
+            observer: Arc::new(crate::observe::Observer::journal_only(0)),
         }
+    }
+
+    /// Reports finished requests to `observer` (access log, journal, export).
+    pub fn with_observer(mut self, observer: Arc<crate::observe::Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     pub async fn handle(
@@ -199,6 +210,14 @@ impl Proxy {
             ApiShape::OpenAi => "openai",
             ApiShape::Responses => "responses",
         };
+        let obs = crate::observe::RequestObs::start(
+            &self.observer,
+            &rid,
+            api_label,
+            req.method(),
+            req.uri().path(),
+            req.headers(),
+        );
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
         if responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers()) {
@@ -209,14 +228,21 @@ impl Proxy {
             response::set_header(&mut resp, "x-legate-request-id", &rid);
             return Ok(resp);
         }
-        let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
+        let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
+        rec.observe(obs.clone());
+        let mut record = Some(rec);
         let mut stats = chain::ExecStats::default();
-        let result = self
-            .serve(&snap, endpoint, req, &rid, &mut record, &mut stats)
-            .await;
+        let span = obs.span().clone();
+        let result = tracing::Instrument::instrument(
+            self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
+            span.clone(),
+        )
+        .await;
+        let _in = span.enter();
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
+                obs.update(|f| f.error_type = Some(err.kind()));
                 if err.source() != crate::error::Source::Client {
                     tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
                 } else {
@@ -258,13 +284,27 @@ impl Proxy {
             resp.extensions_mut()
                 .insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
         }
+        let served_by = resp
+            .headers()
+            .get("x-legate-served-by")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        obs.update(|f| {
+            f.overhead = Some(overhead);
+            f.attempts = stats.attempts;
+            f.served_by = served_by;
+        });
         if let Some(rec) = record.take() {
             rec.finish(resp.status().as_u16());
         }
         response::set_header(&mut resp, "x-legate-request-id", &rid);
-        Ok(resp)
+        Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the request's parts and its per-request sinks, each used once"
+    )]
     async fn serve(
         &self,
         snap: &Snapshot,
@@ -273,6 +313,7 @@ impl Proxy {
         rid: &str,
         record: &mut Option<RequestRecord>,
         stats: &mut chain::ExecStats,
+        obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
@@ -353,15 +394,22 @@ impl Proxy {
                 });
             }
         };
+        crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
             r.set_model(snap.labels.model(&meta.model));
         }
+        obs.update(|f| {
+            f.model = Some(meta.model.clone());
+            f.max_tokens = meta.max_tokens;
+            f.stream = meta.stream;
+        });
         let deadline = deadline(&parts.headers, cfg.server.default_deadline);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(&tenant);
         let priority = requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
+        obs.update(|f| f.priority = Some(priority.as_str()));
         if !matches!(
             endpoint,
             Endpoint::CountTokens | Endpoint::ResponsesInputTokens
@@ -387,6 +435,7 @@ impl Proxy {
             body,
             meta,
             deadline,
+            obs: obs.clone(),
         };
         if endpoint == Endpoint::ResponsesInputTokens {
             return responses::input_tokens(snap, &inbound).await;
