@@ -301,7 +301,7 @@ impl ProxyError {
                 "error": {"type": self.anthropic_type(), "message": message},
                 "request_id": request_id,
             }),
-            ApiShape::OpenAi => {
+            ApiShape::OpenAi | ApiShape::Responses => {
                 let (kind, code) = self.openai_type_code();
                 serde_json::json!({
                     "error": {"message": message, "type": kind, "param": null, "code": code}

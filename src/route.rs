@@ -84,7 +84,9 @@ pub fn fit(
         if asked > cap {
             let keys: &[&str] = match api {
                 ApiKind::Anthropic => &["max_tokens"],
-                ApiKind::OpenAi => &["max_completion_tokens", "max_tokens"],
+                // Chat Completions, or the Responses API's `max_output_tokens`: only a key
+                // present in the body is replaced.
+                ApiKind::OpenAi => &["max_completion_tokens", "max_tokens", "max_output_tokens"],
             };
             for key in keys {
                 if let Some(changed) = splice::replace_top_level(&out, key, &cap.to_string()) {

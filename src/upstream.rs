@@ -55,6 +55,9 @@ const ENDPOINT_PATHS: [&str; 4] = [
 pub struct Upstream {
     pub name: String,
     pub kind: ApiKind,
+    /// An `openai` provider that serves the Responses API (else Responses callers are
+    /// translated to Chat Completions for it).
+    pub responses: bool,
     base_url: String,
     /// The URL of each endpoint path without a query, parsed once.
     uris: Vec<(&'static str, Uri)>,
@@ -160,6 +163,7 @@ impl Upstream {
         Ok(Upstream {
             name: cfg.name.clone(),
             kind: cfg.kind,
+            responses: cfg.responses,
             base_url: cfg.base_url.clone(),
             uris,
             client,

@@ -168,6 +168,11 @@ impl StreamUsage {
         match self.api {
             ApiShape::Anthropic => self.observe_anthropic(ev),
             ApiShape::OpenAi => self.observe_openai(ev),
+            ApiShape::Responses => {
+                if let Some(u) = crate::api::responses::usage_from_event(ev) {
+                    self.usage = Some(u);
+                }
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod responses;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -20,6 +21,8 @@ use crate::splice;
 pub enum ApiShape {
     Anthropic,
     OpenAi,
+    /// The OpenAI Responses API (OpenAI's error envelope, semantic event streams).
+    Responses,
 }
 
 /// What legate reads from a request body, parsed once.
@@ -79,6 +82,7 @@ fn expected_type(field: &str) -> &'static str {
         "messages" => "an array",
         "stream_options" => "an object",
         "stream" | "stream_options.include_usage" => "true or false",
+        "input" => "a string or an array of items",
         _ => "a non-negative integer",
     }
 }

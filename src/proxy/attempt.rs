@@ -18,15 +18,14 @@ use crate::error::ProxyError;
 use crate::policy::breaker::{Outcome, Ticket};
 use crate::policy::retry::{self, Verdict};
 use crate::proxy::body::{Accounting, Mode, TapBody};
-use crate::proxy::chain;
 use crate::proxy::chain::{Exec, Failure};
 use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::responses::{self, Xlate};
 use crate::proxy::upbody::{Raw, UpstreamBody};
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
-use crate::translate;
 use crate::upstream::Upstream;
 
 /// Error bodies read to classify a retryable status are small; larger ones are cut here.
@@ -67,15 +66,12 @@ pub async fn run(
     record: &mut Option<RequestRecord>,
 ) -> Attempt {
     let Call { proxy, up, inb, .. } = call;
-    // A step of the other API is reached through translation (SPEC §10).
-    let translating = up.kind != inb.endpoint.kind();
-    let dir = chain::direction(inb.endpoint.kind());
-    let upstream_path = match (inb.endpoint, up.kind) {
-        (Endpoint::CountTokens | Endpoint::Models | Endpoint::Model, _) => {
-            inb.endpoint.upstream_path()
-        }
-        (_, ApiKind::Anthropic) => Endpoint::Messages.upstream_path(),
-        (_, ApiKind::OpenAi) => Endpoint::ChatCompletions.upstream_path(),
+    // A step of another API is reached through translation (SPEC §10, §11).
+    let xl = Xlate::for_step(inb.endpoint.api(), up);
+    let translating = xl.translating();
+    let upstream_path = match inb.endpoint {
+        Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => inb.endpoint.upstream_path(),
+        _ => xl.path(inb.endpoint, up.kind),
     };
     // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
     // provider of that API only, never a translated request.
@@ -213,15 +209,19 @@ pub async fn run(
     };
     let api = inb.endpoint.api();
     let max_event = call.snap.cfg.server.limits.max_event_bytes;
-    let mut incoming = if translating && status.is_success() && is_sse {
-        let upstream_shape = match up.kind {
-            ApiKind::Anthropic => ApiShape::Anthropic,
-            ApiKind::OpenAi => ApiShape::OpenAi,
-        };
-        let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
-        UpstreamBody::translated(incoming, tr, upstream_shape, max_event)
-    } else {
-        UpstreamBody::Plain(incoming)
+    let translator = (status.is_success() && is_sse)
+        .then(|| responses::stream_translator(xl, inb, inb.meta.include_usage))
+        .flatten();
+    let mut incoming = match translator {
+        Some(tr) => {
+            let upstream_shape = match (up.kind, xl) {
+                (ApiKind::Anthropic, _) => ApiShape::Anthropic,
+                (ApiKind::OpenAi, Xlate::None) => api,
+                (ApiKind::OpenAi, _) => ApiShape::OpenAi,
+            };
+            UpstreamBody::translated(incoming, tr, upstream_shape, max_event)
+        }
+        None => UpstreamBody::Plain(incoming),
     };
 
     if status.is_success() && is_sse {
@@ -313,13 +313,16 @@ pub async fn run(
         exec.outside += sent.elapsed();
         // Translated: the caller's API shape, or an answer that cannot be carried across.
         let whole = match (whole, translating) {
-            (Whole::Complete(body), true) => match translate::response(dir, &body) {
-                Ok(b) => Whole::Complete(Bytes::from(b)),
-                Err(e) => {
-                    tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
-                    Whole::Unusable(e.0)
+            // A Responses passthrough answer is read too: it is kept in the store.
+            (Whole::Complete(body), _) if translating || inb.conversation.is_some() => {
+                match responses::translate_whole(xl, inb, &body) {
+                    Ok(b) => Whole::Complete(b),
+                    Err(e) => {
+                        tracing::warn!(provider = %up.name, error = %e, "upstream answer not translatable");
+                        Whole::Unusable(e)
+                    }
                 }
-            },
+            }
             (Whole::TooLarge(_), true) => {
                 Whole::Broken("the upstream answer is too large to translate")
             }
@@ -334,6 +337,7 @@ pub async fn run(
                 let usage = match api {
                     ApiShape::Anthropic => crate::usage::anthropic_from_json(&body),
                     ApiShape::OpenAi => crate::usage::openai_from_json(&body),
+                    ApiShape::Responses => crate::api::responses::usage_from_json(&body),
                 };
                 if let Some(rec) = record.as_mut() {
                     match usage {
@@ -435,7 +439,7 @@ pub async fn run(
     let verdict = retry::classify(status, &body);
     let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
     let resp = if translating {
-        let (st, b) = translate::error(dir, status.as_u16(), &body);
+        let (st, b) = responses::translate_error(xl, status.as_u16(), &body);
         let st = StatusCode::from_u16(st).unwrap_or(status);
         buffered(&call, st, &parts.headers, Bytes::from(b))
     } else {
@@ -658,6 +662,9 @@ async fn read_to_commit(
 /// An error event that arrived before any content becomes an ordinary error response: the
 /// caller has seen nothing yet, so it gets the status the event stands for.
 fn error_event_response(api: ApiShape, data: &str) -> (StatusCode, Bytes) {
+    if api == ApiShape::Responses {
+        return responses::error_event_response(data);
+    }
     let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
     let kind = v["error"]["type"].as_str().unwrap_or("api_error");
     let status = match kind {
@@ -676,7 +683,9 @@ fn error_event_response(api: ApiShape, data: &str) -> (StatusCode, Bytes) {
         ApiShape::Anthropic => {
             serde_json::json!({"type": "error", "error": v["error"]}).to_string()
         }
-        ApiShape::OpenAi => serde_json::json!({"error": v["error"]}).to_string(),
+        ApiShape::OpenAi | ApiShape::Responses => {
+            serde_json::json!({"error": v["error"]}).to_string()
+        }
     };
     (
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

@@ -162,6 +162,7 @@ impl TapBody {
                 match self.api {
                     ApiShape::Anthropic => usage::anthropic_from_json(buf),
                     ApiShape::OpenAi => usage::openai_from_json(buf),
+                    ApiShape::Responses => crate::api::responses::usage_from_json(buf),
                 }
             }
         }
@@ -275,6 +276,23 @@ pub fn stream_error_event(api: ApiShape, message: &str) -> Bytes {
                 "error": {"message": message, "type": "server_error", "param": null, "code": "upstream_stream_error"},
             });
             Bytes::from(format!("data: {data}\n\n"))
+        }
+        ApiShape::Responses => {
+            // An `error` event, then the terminal `response.failed` the SDKs' stream helpers
+            // end on (the upstream's sequence is not tracked here: both are numbered past it).
+            let code = "upstream_stream_error";
+            let error = serde_json::json!({
+                "type": "error", "code": code, "message": message, "param": null,
+                "sequence_number": 1_000_000_000u64,
+            });
+            let failed = serde_json::json!({
+                "type": "response.failed", "sequence_number": 1_000_000_001u64,
+                "response": {"object": "response", "status": "failed", "output": [],
+                             "error": {"code": code, "message": message}},
+            });
+            Bytes::from(format!(
+                "event: error\ndata: {error}\n\nevent: response.failed\ndata: {failed}\n\n"
+            ))
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::proxy::estimate;
 use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::responses::Xlate;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
 use crate::translate;
@@ -142,12 +143,20 @@ fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
-    upstream: ApiKind,
+    up: &crate::upstream::Upstream,
     limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    let dir = direction(inb.endpoint.kind());
-    let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
-    let (from, to) = (inb.endpoint.kind().as_str(), upstream.as_str());
+    let upstream = up.kind;
+    let (bytes, dropped) = match (Xlate::for_step(inb.endpoint.api(), up), &inb.conversation) {
+        (Xlate::Responses(target), Some(conv)) => {
+            conv.request_for(target, &inb.body, &step.model)?
+        }
+        _ => {
+            let dir = direction(inb.endpoint.kind());
+            translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?
+        }
+    };
+    let (from, to) = (inb.endpoint.label(), upstream.as_str());
     proxy
         .metrics
         .translated
@@ -209,12 +218,13 @@ async fn run_step(
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
     let caller = inb.endpoint.kind();
+    let translating = Xlate::for_step(inb.endpoint.api(), up).translating();
     // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
     // capped at what that model accepts; a caller naming the model itself is sent as it asked.
-    let limit = (up.kind != caller || step.model != inb.meta.model)
+    let limit = (translating || step.model != inb.meta.model)
         .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
         .flatten();
-    let body = if up.kind == caller {
+    let body = if !translating {
         route::fit(&inb.body, &inb.meta, step, caller, limit)?
     } else if inb.endpoint == Endpoint::CountTokens {
         match estimate::answer(inb, step, up.kind).await {
@@ -222,7 +232,7 @@ async fn run_step(
             Err(why) => return Ok(unfit(inb, exec, step, &why)),
         }
     } else {
-        match translated_body(proxy, inb, step, up.kind, limit) {
+        match translated_body(proxy, inb, step, up, limit) {
             Ok(b) => b,
             Err(why) => return Ok(unfit(inb, exec, step, &why)),
         }

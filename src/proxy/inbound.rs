@@ -21,6 +21,12 @@ pub enum Endpoint {
     /// `GET /v1/models/{id}`: answered in the caller's API shape (read from its headers).
     Model,
     ChatCompletions,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/responses/input_tokens`.
+    ResponsesInputTokens,
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST …/{id}/cancel`, `GET …/{id}/input_items`.
+    StoredResponse,
 }
 
 impl Endpoint {
@@ -30,6 +36,9 @@ impl Endpoint {
                 ApiShape::Anthropic
             }
             Endpoint::ChatCompletions => ApiShape::OpenAi,
+            Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
+                ApiShape::Responses
+            }
         }
     }
 
@@ -40,6 +49,10 @@ impl Endpoint {
             Endpoint::CountTokens => "/v1/messages/count_tokens",
             Endpoint::Models | Endpoint::Model => "/v1/models",
             Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::ResponsesInputTokens => "/v1/responses/input_tokens",
+            // Built from the request's own path (it names the response id).
+            Endpoint::StoredResponse => "/v1/responses",
         }
     }
 
@@ -50,6 +63,9 @@ impl Endpoint {
                 "anthropic"
             }
             Endpoint::ChatCompletions => "openai",
+            Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
+                "responses"
+            }
         }
     }
 }
@@ -70,7 +86,24 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
             Some(Endpoint::Model)
         }
         (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
-        _ => None,
+        (&Method::POST, "/responses") => Some(Endpoint::Responses),
+        (&Method::POST, "/responses/input_tokens") => Some(Endpoint::ResponsesInputTokens),
+        (m, p) => {
+            let rest = p.strip_prefix("/responses/")?;
+            let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
+            let known = matches!(
+                (m, action),
+                (&Method::GET | &Method::DELETE, "")
+                    | (&Method::POST, "cancel")
+                    | (&Method::GET, "input_items")
+            );
+            // Ids are path segments of safe characters: nothing that could reshape the path.
+            let safe = !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            (known && safe).then_some(Endpoint::StoredResponse)
+        }
     }
 }
 

@@ -11,6 +11,7 @@ pub mod inbound;
 pub mod models;
 pub mod record;
 pub mod response;
+pub mod responses;
 pub mod upbody;
 pub mod watch;
 
@@ -119,6 +120,8 @@ pub struct Proxy {
     ids: RequestIds,
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
+    /// The Responses API's conversation store (chosen at start, like the rate-limit store).
+    pub conversations: Arc<crate::responses::ConversationStore>,
     listen_ip: IpAddr,
     /// Request bodies held by all requests together (`max_buffered_bytes`).
     pub buffers: Arc<buffers::BufferBudget>,
@@ -138,6 +141,8 @@ pub struct Inbound {
     priority: Priority,
     /// The body's share of `max_buffered_bytes`, held as long as the body is.
     _buffered: buffers::BufferShare,
+    /// A Responses request's conversation (its `previous_response_id` looked up).
+    conversation: Option<Arc<responses::Conversation>>,
     /// Where attempts are reported.
     pub(crate) obs: crate::observe::RequestObs,
 }
@@ -169,7 +174,9 @@ impl Proxy {
             shared,
             metrics.ratelimit_store_degraded.clone(),
         ));
+        let conversations = Arc::new(conversation_store(&snapshot.cfg));
         Proxy {
+            conversations,
             breakers,
             budget,
             limiter,
@@ -207,6 +214,7 @@ impl Proxy {
         let api_label = match api {
             ApiShape::Anthropic => "anthropic",
             ApiShape::OpenAi => "openai",
+            ApiShape::Responses => "responses",
         };
         let obs = crate::observe::RequestObs::start(
             &self.observer,
@@ -218,13 +226,21 @@ impl Proxy {
         );
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
+        if responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers()) {
+            // Before the key or the body is read: a WebSocket-first client falls back at once.
+            // Counted (api="responses", status 426), so the fallback can be seen.
+            RequestRecord::new(self.metrics.clone(), "responses", started).finish(426);
+            let mut resp = responses::upgrade_required();
+            response::set_header(&mut resp, "x-legate-request-id", &rid);
+            return Ok(resp);
+        }
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
         let mut record = Some(rec);
         let mut stats = chain::ExecStats::default();
         let span = obs.span().clone();
         let result = tracing::Instrument::instrument(
-            self.serve(&snap, endpoint, req, &mut record, &mut stats, &obs),
+            self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
             span.clone(),
         )
         .await;
@@ -291,11 +307,16 @@ impl Proxy {
         Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the request's parts and its per-request sinks, each used once"
+    )]
     async fn serve(
         &self,
         snap: &Snapshot,
         endpoint: Option<Endpoint>,
         req: Request<Incoming>,
+        rid: &str,
         record: &mut Option<RequestRecord>,
         stats: &mut chain::ExecStats,
         obs: &crate::observe::RequestObs,
@@ -343,6 +364,17 @@ impl Proxy {
                 return models::retrieve(cfg, &id, api);
             }
             _ => {}
+        }
+        if endpoint == Endpoint::StoredResponse {
+            return responses::stored_response(
+                snap,
+                &self.conversations,
+                req.method(),
+                req.uri().path(),
+                req.uri().query(),
+                req.headers(),
+            )
+            .await;
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
@@ -395,13 +427,24 @@ impl Proxy {
         let priority = requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
         obs.update(|f| f.priority = Some(priority.as_str()));
-        if endpoint != Endpoint::CountTokens {
+        if !matches!(
+            endpoint,
+            Endpoint::CountTokens | Endpoint::ResponsesInputTokens
+        ) {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
                 r.reserve(reservation);
             }
         }
+        let conversation = if endpoint == Endpoint::Responses {
+            let conv =
+                responses::Conversation::load(self.conversations.clone(), &body, rid).await?;
+            Some(Arc::new(conv))
+        } else {
+            None
+        };
         let inbound = Inbound {
+            conversation,
             priority,
             endpoint,
             headers: parts.headers,
@@ -412,6 +455,9 @@ impl Proxy {
             _buffered: share,
             obs: obs.clone(),
         };
+        if endpoint == Endpoint::ResponsesInputTokens {
+            return responses::input_tokens(snap, &inbound).await;
+        }
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await
     }
@@ -488,8 +534,11 @@ fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError
     let meta = match endpoint {
         Endpoint::Messages => api::anthropic::parse_request(body).map_err(invalid)?,
         Endpoint::ChatCompletions => api::openai::parse_request(body).map_err(invalid)?,
-        Endpoint::CountTokens => parse_count_tokens(body)?,
-        Endpoint::Models | Endpoint::Model => return Err(ProxyError::Internal),
+        Endpoint::Responses => api::responses::parse_request(body).map_err(invalid)?,
+        Endpoint::CountTokens | Endpoint::ResponsesInputTokens => parse_count_tokens(body)?,
+        Endpoint::Models | Endpoint::Model | Endpoint::StoredResponse => {
+            return Err(ProxyError::Internal);
+        }
     };
     // Names travel into logs, maps and labels: an absurd one is refused before it does.
     if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
@@ -539,7 +588,24 @@ impl Endpoint {
     pub fn kind(self) -> ApiKind {
         match self.api() {
             ApiShape::Anthropic => ApiKind::Anthropic,
-            ApiShape::OpenAi => ApiKind::OpenAi,
+            // Responses callers are routed like the other OpenAI API ([routing] openai).
+            ApiShape::OpenAi | ApiShape::Responses => ApiKind::OpenAi,
         }
     }
+}
+
+/// The conversation store of `[responses]`: Redis when configured (at `ratelimit.redis_url`),
+/// else memory; a Redis URL that cannot be used falls back to memory, said in the log.
+fn conversation_store(cfg: &Config) -> crate::responses::ConversationStore {
+    use crate::responses::store::{MemoryStore, RedisConversations};
+    let rs = &cfg.responses;
+    if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
+        match RedisConversations::new(url, rs.ttl) {
+            Ok(r) => return crate::responses::ConversationStore::Redis(Box::new(r)),
+            Err(e) => {
+                tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");
+            }
+        }
+    }
+    crate::responses::ConversationStore::Memory(MemoryStore::new(rs.max_bytes, rs.ttl))
 }

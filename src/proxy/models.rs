@@ -85,7 +85,7 @@ pub fn retrieve(cfg: &Config, id: &str, api: ApiShape) -> Result<Response<ProxyB
             "display_name": id,
             "created_at": "1970-01-01T00:00:00Z",
         }),
-        ApiShape::OpenAi => json!({
+        ApiShape::OpenAi | ApiShape::Responses => json!({
             "id": id,
             "object": "model",
             "created": 0,

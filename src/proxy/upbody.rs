@@ -21,6 +21,22 @@ pub enum UpstreamBody {
     Translated(Box<Translated>),
 }
 
+/// Turns upstream stream bytes, in any chunking, into the caller's bytes.
+pub trait EventTranslator: Send {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8>;
+    /// The upstream ended; writes no terminal unless the upstream's terminal was read.
+    fn finish(&mut self) -> Vec<u8>;
+}
+
+impl EventTranslator for StreamTranslator {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        StreamTranslator::push(self, chunk)
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        StreamTranslator::finish(self)
+    }
+}
+
 /// The provider's bytes: as they came, or a Bedrock event stream already read as SSE.
 pub enum Raw {
     Http(Incoming),
@@ -58,7 +74,7 @@ impl Body for Raw {
 
 pub struct Translated {
     inner: Raw,
-    translator: StreamTranslator,
+    translator: Box<dyn EventTranslator>,
     ended: bool,
     /// Usage is metered on the upstream's own events: the caller's translated stream may not
     /// carry it (an OpenAI caller who did not ask for the usage chunk).
@@ -71,7 +87,7 @@ pub struct Translated {
 impl UpstreamBody {
     pub fn translated(
         inner: Raw,
-        translator: StreamTranslator,
+        translator: Box<dyn EventTranslator>,
         upstream: ApiShape,
         max_event: usize,
     ) -> Self {

@@ -92,6 +92,7 @@ impl SseWatch {
             let kind = match self.api {
                 ApiShape::Anthropic => api::anthropic::classify(&ev),
                 ApiShape::OpenAi => api::openai::classify(&ev),
+                ApiShape::Responses => api::responses::classify(&ev),
             };
             match kind {
                 StreamEventKind::Content => self.saw_content = true,

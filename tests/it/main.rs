@@ -27,6 +27,7 @@ mod passthrough;
 mod rawup;
 mod reload;
 mod resilience;
+mod responses;
 mod robustness;
 mod shared_limits;
 mod streaming;

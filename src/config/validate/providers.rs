@@ -133,6 +133,7 @@ fn provider(name: &str, mut t: Table, cx: &mut Cx) -> (Option<ApiKind>, Option<P
     let ca_file = t.opt(cx, "ca_file", existing_file);
     let client_cert_file = t.opt(cx, "client_cert_file", existing_file);
     let client_key_file = t.opt(cx, "client_key_file", existing_file);
+    let responses = t.opt(cx, "responses", reader::boolean);
     client_identity_pair(&mut t, cx);
     let platform = cloud::platform(declared, &mut t, &key, cx);
     t.finish(cx);
@@ -163,6 +164,7 @@ fn provider(name: &str, mut t: Table, cx: &mut Cx) -> (Option<ApiKind>, Option<P
         ca_file,
         client_cert_file,
         client_key_file,
+        responses: responses.unwrap_or(true),
     };
     (Some(kind), Some(config))
 }
