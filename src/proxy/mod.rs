@@ -211,7 +211,10 @@ impl Proxy {
             None | Some(Endpoint::Model) => inbound::shape_for_unknown(req.headers()),
             Some(e) => e.api(),
         };
+        let websocket =
+            responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers());
         let api_label = match api {
+            _ if websocket => "responses",
             ApiShape::Anthropic => "anthropic",
             ApiShape::OpenAi => "openai",
             ApiShape::Responses => "responses",
@@ -226,10 +229,13 @@ impl Proxy {
         );
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
-        if responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers()) {
+        if websocket {
             // Before the key or the body is read: a WebSocket-first client falls back at once.
-            // Counted (api="responses", status 426), so the fallback can be seen.
-            RequestRecord::new(self.metrics.clone(), "responses", started).finish(426);
+            // Counted (api="responses", status 426) and logged, so the fallback can be seen.
+            let mut rec = RequestRecord::new(self.metrics.clone(), "responses", started);
+            obs.update(|f| f.error_type = Some("websocket_not_supported"));
+            rec.observe(obs.clone());
+            rec.finish(426);
             let mut resp = responses::upgrade_required();
             response::set_header(&mut resp, "x-legate-request-id", &rid);
             return Ok(resp);
