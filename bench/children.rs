@@ -23,7 +23,7 @@ const CHILD_ENV: [(&str, &str); 3] = [
 ];
 
 /// A running child; killed when dropped, or explicitly with [`Running::stop`].
-pub struct Running {
+pub(crate) struct Running {
     child: Child,
     pid: u32,
     /// The data-plane base URL, `http://127.0.0.1:PORT`.
@@ -31,12 +31,12 @@ pub struct Running {
 }
 
 impl Running {
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid
     }
 
     /// Kills the child and reaps it.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         // Already exited is fine: nothing is left to stop.
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
@@ -44,7 +44,7 @@ impl Running {
 }
 
 /// Starts `legate mock --listen 127.0.0.1:0`.
-pub async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
+pub(crate) async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
     let mut command = Command::new(bin);
     command.args(["mock", "--listen", "127.0.0.1:0"]);
     start(command, "legate mock", |line| {
@@ -56,7 +56,11 @@ pub async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
 
 /// Starts `legate serve` with a config whose providers both point at `mock_url`; the config
 /// file is written into `dir`.
-pub async fn start_legate(bin: &Path, dir: &Path, mock_url: &str) -> Result<Running, BenchError> {
+pub(crate) async fn start_legate(
+    bin: &Path,
+    dir: &Path,
+    mock_url: &str,
+) -> Result<Running, BenchError> {
     let config_path = dir.join("legate-bench.toml");
     std::fs::write(&config_path, config_text(mock_url)).map_err(|source| BenchError::Io {
         what: format!("cannot write {}", config_path.display()),
@@ -146,13 +150,13 @@ async fn forward(stream: impl AsyncRead + Unpin, what: &'static str) {
 
 /// Resident and peak memory of a process, in bytes.
 #[derive(Debug, Clone, Copy)]
-pub struct Memory {
+pub(crate) struct Memory {
     pub rss: u64,
     pub peak: u64,
 }
 
 /// Reads VmRSS and VmHWM from /proc/PID/status.
-pub fn memory(pid: u32) -> Result<Memory, BenchError> {
+pub(crate) fn memory(pid: u32) -> Result<Memory, BenchError> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
         what: format!("cannot read {path}"),

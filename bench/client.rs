@@ -15,21 +15,21 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::error::BenchError;
 
-pub type Client = LegacyClient<HttpConnector, Full<Bytes>>;
+pub(crate) type Client = LegacyClient<HttpConnector, Full<Bytes>>;
 
 /// Longest a single request may take before it counts as failed; far above any latency the
 /// benchmark expects, so only a real stall trips it.
-pub const REQUEST_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
 const MESSAGE: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":256,"messages":[{"role":"user","content":"Say hello in one short sentence."}]}"#;
 const STREAM_MESSAGE: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":256,"stream":true,"messages":[{"role":"user","content":"Say hello in one short sentence."}]}"#;
 
 /// The reply the mock is scripted with: a few hundred bytes of text, about the size of a short
 /// model answer, so the proxy has a realistic body to carry.
-pub const MOCK_SCRIPT: &str = r#"{"default":{"content":[{"type":"text","text":"Hello! legate is a model ambassador: a small proxy that sits beside an agent on localhost and owns the connection to the model providers, with their keys, timeouts, streaming, usage metering and metrics. This reply is padded to a few hundred bytes so that the benchmark carries a body about the size of a short real answer."}]}}"#;
+pub(crate) const MOCK_SCRIPT: &str = r#"{"default":{"content":[{"type":"text","text":"Hello! legate is a model ambassador: a small proxy that sits beside an agent on localhost and owns the connection to the model providers, with their keys, timeouts, streaming, usage metering and metrics. This reply is padded to a few hundred bytes so that the benchmark carries a body about the size of a short real answer."}]}}"#;
 
 /// Keep-alive pool with room for every connection the heaviest phase opens.
-pub fn build() -> Client {
+pub(crate) fn build() -> Client {
     let mut connector = HttpConnector::new();
     // Without it Nagle's algorithm would hold small writes and dwarf what is being measured.
     connector.set_nodelay(true);
@@ -41,13 +41,13 @@ pub fn build() -> Client {
 
 /// One side of the comparison: the mock directly, or legate in front of it.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub label: &'static str,
     messages: Uri,
 }
 
 impl Target {
-    pub fn new(label: &'static str, base_url: &str) -> Result<Target, BenchError> {
+    pub(crate) fn new(label: &'static str, base_url: &str) -> Result<Target, BenchError> {
         let messages = format!("{base_url}/v1/messages")
             .parse::<Uri>()
             .map_err(|e| BenchError::Request(e.into()))?;
@@ -55,7 +55,7 @@ impl Target {
     }
 
     /// `POST /v1/messages`, streaming or not, with the headers an Anthropic SDK sends.
-    pub fn message(&self, stream: bool) -> Result<Request<Full<Bytes>>, BenchError> {
+    pub(crate) fn message(&self, stream: bool) -> Result<Request<Full<Bytes>>, BenchError> {
         let body = if stream { STREAM_MESSAGE } else { MESSAGE };
         Request::builder()
             .method(Method::POST)
@@ -70,7 +70,10 @@ impl Target {
 }
 
 /// Sends a request and reads its body to the end; the caller times it.
-pub async fn complete(client: &Client, request: Request<Full<Bytes>>) -> Result<(), BenchError> {
+pub(crate) async fn complete(
+    client: &Client,
+    request: Request<Full<Bytes>>,
+) -> Result<(), BenchError> {
     let work = async {
         let response = client.request(request).await.map_err(BenchError::Client)?;
         let body = checked(response)?;
@@ -84,7 +87,7 @@ pub async fn complete(client: &Client, request: Request<Full<Bytes>>) -> Result<
 
 /// Sends a streaming request and returns the time from sending to the first body byte, then
 /// reads the rest of the stream so the connection goes back to the pool clean.
-pub async fn first_byte(
+pub(crate) async fn first_byte(
     client: &Client,
     request: Request<Full<Bytes>>,
 ) -> Result<Duration, BenchError> {
@@ -108,7 +111,11 @@ pub async fn first_byte(
 }
 
 /// Replaces the mock's script (control plane `PUT /_mock/script`).
-pub async fn script_mock(client: &Client, mock_url: &str, script: &str) -> Result<(), BenchError> {
+pub(crate) async fn script_mock(
+    client: &Client,
+    mock_url: &str,
+    script: &str,
+) -> Result<(), BenchError> {
     let request = Request::builder()
         .method(Method::PUT)
         .uri(format!("{mock_url}/_mock/script"))

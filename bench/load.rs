@@ -16,7 +16,7 @@ use crate::pair::{Pair, interleaved};
 
 /// What one slice of load produced.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// One duration per successful request (latency or time to first byte).
     pub samples: Vec<Duration>,
     /// Requests that completed with status 200.
@@ -43,7 +43,7 @@ impl Outcome {
     }
 
     /// Folds another slice's outcome into this one.
-    pub fn absorb(&mut self, other: Outcome) {
+    pub(crate) fn absorb(&mut self, other: Outcome) {
         self.samples.extend(other.samples);
         self.ok += other.ok;
         self.errors += other.errors;
@@ -57,7 +57,7 @@ impl Outcome {
 /// One run of load, split in two: the lead-in (warm-up), run but not measured, and the
 /// measured part.
 #[derive(Debug, Default)]
-pub struct Split {
+pub(crate) struct Split {
     pub lead_in: Outcome,
     pub measured: Outcome,
 }
@@ -72,7 +72,7 @@ pub struct Split {
 ///
 /// The schedule runs on a blocking thread with `std::thread::sleep`, whose precision (tens of
 /// microseconds) is far finer than the tokio timer's millisecond wheel.
-pub async fn open_loop(
+pub(crate) async fn open_loop(
     client: &Client,
     targets: &Pair<Target>,
     rate: u32,
@@ -123,7 +123,7 @@ pub async fn open_loop(
 }
 
 /// Sequential streaming requests, one at a time: time from sending to the first body byte.
-pub async fn stream_ttfb(
+pub(crate) async fn stream_ttfb(
     client: &Client,
     target: &Target,
     count: u32,
@@ -148,7 +148,7 @@ pub async fn stream_ttfb(
 /// other side was measured is cold, and on small virtual machines its first answers after a
 /// second of idleness take several milliseconds. That is an artefact of taking turns, not a
 /// property of steady load, so it is kept out of both sides alike.
-pub async fn closed_loop(
+pub(crate) async fn closed_loop(
     client: &Client,
     target: &Target,
     concurrency: usize,

@@ -3,26 +3,26 @@
 
 /// The same thing for each side of the comparison.
 #[derive(Debug, Default, Clone)]
-pub struct Pair<T> {
+pub(crate) struct Pair<T> {
     pub direct: T,
     pub legate: T,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
+pub(crate) enum Side {
     Direct,
     Legate,
 }
 
 impl<T> Pair<T> {
-    pub fn get(&self, side: Side) -> &T {
+    pub(crate) fn get(&self, side: Side) -> &T {
         match side {
             Side::Direct => &self.direct,
             Side::Legate => &self.legate,
         }
     }
 
-    pub fn get_mut(&mut self, side: Side) -> &mut T {
+    pub(crate) fn get_mut(&mut self, side: Side) -> &mut T {
         match side {
             Side::Direct => &mut self.direct,
             Side::Legate => &mut self.legate,
@@ -32,7 +32,7 @@ impl<T> Pair<T> {
 
 /// ABBA: which side goes first alternates every round (direct, legate, legate, direct, …),
 /// so neither side is always the one that follows the other.
-pub fn order(round: u64) -> [Side; 2] {
+pub(crate) fn order(round: u64) -> [Side; 2] {
     if round % 2 == 0 {
         [Side::Direct, Side::Legate]
     } else {
@@ -41,7 +41,7 @@ pub fn order(round: u64) -> [Side; 2] {
 }
 
 /// The side of the `k`-th request in an interleaved sequence: pairs in ABBA order.
-pub fn interleaved(k: u64) -> Side {
+pub(crate) fn interleaved(k: u64) -> Side {
     let [first, second] = order(k / 2);
     if k % 2 == 0 { first } else { second }
 }

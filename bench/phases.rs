@@ -14,9 +14,9 @@ use crate::pair::{Pair, Side, interleaved, order};
 use crate::report;
 
 /// Open-loop rates, requests per second; the last one carries the latency target.
-pub const RATES: [u32; 2] = [200, 1_000];
+pub(crate) const RATES: [u32; 2] = [200, 1_000];
 /// Workers in the closed-loop throughput phase.
-pub const CONCURRENCY: usize = 32;
+pub(crate) const CONCURRENCY: usize = 32;
 /// Requests [`preflight`] sends through legate.
 const PREFLIGHT_REQUESTS: u64 = 2;
 /// Upper bound on the extra throughput-slice rounds run to reach `Plan::min_requests`.
@@ -24,20 +24,20 @@ const MAX_TOP_UP_ROUNDS: u32 = 600;
 
 /// Requests carried by closed-loop throughput slices on one side.
 #[derive(Debug, Default)]
-pub struct Throughput {
+pub(crate) struct Throughput {
     pub outcome: Outcome,
     pub elapsed: Duration,
 }
 
 impl Throughput {
-    pub fn per_second(&self) -> f64 {
+    pub(crate) fn per_second(&self) -> f64 {
         self.outcome.ok as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
     }
 }
 
 /// Everything measured in one run.
 #[derive(Debug)]
-pub struct Results {
+pub(crate) struct Results {
     pub latency: Vec<(u32, Pair<Outcome>)>,
     pub ttfb: Pair<Outcome>,
     pub throughput: Pair<Throughput>,
@@ -83,7 +83,7 @@ impl Tally {
 
 /// One plain and one streaming request to each side, so a broken setup fails with a clear
 /// message before any measurement.
-pub async fn preflight(client: &Client, targets: &Pair<Target>) -> Result<(), BenchError> {
+pub(crate) async fn preflight(client: &Client, targets: &Pair<Target>) -> Result<(), BenchError> {
     for target in [&targets.direct, &targets.legate] {
         let failed = |e: BenchError| BenchError::Preflight {
             target: target.label,
@@ -100,7 +100,7 @@ pub async fn preflight(client: &Client, targets: &Pair<Target>) -> Result<(), Be
 }
 
 /// Runs every phase in order and reads legate's memory at the end.
-pub async fn all(
+pub(crate) async fn all(
     plan: Plan,
     client: &Client,
     targets: &Pair<Target>,

@@ -58,7 +58,7 @@ impl Sorted {
 
 impl Results {
     /// Failed requests anywhere in the run.
-    pub fn failed(&self) -> u64 {
+    pub(crate) fn failed(&self) -> u64 {
         let pairs = self
             .latency
             .iter()
@@ -71,7 +71,7 @@ impl Results {
     }
 
     /// The first failure of the run, to explain a non-zero [`Results::failed`].
-    pub fn first_error(&self) -> Option<&str> {
+    pub(crate) fn first_error(&self) -> Option<&str> {
         let pairs = self
             .latency
             .iter()
@@ -88,7 +88,7 @@ impl Results {
     }
 
     /// The results table, in the order the phases ran.
-    pub fn rows(&self, plan: Plan) -> Vec<Row> {
+    pub(crate) fn rows(&self, plan: Plan) -> Vec<Row> {
         let mut rows = Vec::new();
         for (rate, pair) in &self.latency {
             rows.extend(latency_rows(plan, *rate, pair));

@@ -16,8 +16,6 @@ use crate::splice;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub steps: Vec<ChainStep>,
-    /// True when the caller named a `[[models]]` entry rather than a provider's model.
-    pub via_entry: bool,
 }
 
 /// Resolves the model a caller sent on the `api` endpoint to its chain (a `[[models]]` entry)
@@ -30,7 +28,6 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
         }
         return Ok(Resolved {
             steps: entry.chain.clone(),
-            via_entry: true,
         });
     }
     let provider = match api {
@@ -44,7 +41,6 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
             max_tokens: None,
             drop_thinking: false,
         }],
-        via_entry: false,
     })
 }
 
@@ -64,11 +60,7 @@ pub fn fit(
     }
     if let (Some(cap), Some(asked)) = (step.max_tokens, meta.max_tokens) {
         if asked > cap {
-            let keys: &[&str] = match api {
-                ApiKind::Anthropic => &["max_tokens"],
-                ApiKind::OpenAi => &["max_completion_tokens", "max_tokens"],
-            };
-            for key in keys {
+            for key in api.dialect().max_tokens_keys() {
                 if let Some(changed) = splice::replace_top_level(&out, key, &cap.to_string()) {
                     out = Cow::Owned(changed);
                 }

@@ -56,7 +56,7 @@ pub(crate) fn top_level_members(body: &[u8]) -> Members<'_> {
 impl Members<'_> {
     /// True when the body turned out not to be a well-formed object (only meaningful once the
     /// iterator has returned `None`).
-    pub fn is_malformed(&self) -> bool {
+    pub(crate) fn is_malformed(&self) -> bool {
         self.state != WalkState::Done
     }
 

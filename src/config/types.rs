@@ -9,21 +9,7 @@ use std::time::Duration;
 use super::secret::KeySource;
 use crate::meter::Price;
 
-/// Which wire API a provider speaks (and which inbound API a request came in on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ApiKind {
-    Anthropic,
-    OpenAi,
-}
-
-impl ApiKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApiKind::Anthropic => "anthropic",
-            ApiKind::OpenAi => "openai",
-        }
-    }
-}
+pub use crate::api::ApiKind;
 
 /// How the provider credential is sent upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

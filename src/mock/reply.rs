@@ -13,12 +13,8 @@ use super::script::{Fault, FaultKind, RawBody, Reply};
 use super::state::RequestGuard;
 use super::{anthropic, openai};
 
-/// Which provider's shapes a request gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Api {
-    Anthropic,
-    OpenAi,
-}
+/// Which provider's shapes a request gets: the proxy's own list of APIs.
+pub(crate) use crate::api::ApiKind as Api;
 
 fn json_type() -> HeaderValue {
     HeaderValue::from_static("application/json")
@@ -53,7 +49,7 @@ impl Answer {
     }
 
     /// Sends `body` with the id header of the API, then the reply's own headers on top.
-    pub fn send(
+    pub(super) fn send(
         self,
         status: StatusCode,
         content_type: HeaderValue,
@@ -84,7 +80,12 @@ impl Answer {
     }
 
     /// An error in the API's shape.
-    pub fn error(self, status: StatusCode, error_type: &str, message: &str) -> Response<MockBody> {
+    pub(super) fn error(
+        self,
+        status: StatusCode,
+        error_type: &str,
+        message: &str,
+    ) -> Response<MockBody> {
         let body = self.error_body(error_type, message);
         self.send(status, json_type(), MockBody::full(body), &[])
     }
@@ -97,7 +98,7 @@ impl Answer {
     }
 
     /// A successful JSON document (count_tokens, models), unless the reply says otherwise.
-    pub fn document(self, reply: Option<&Reply>, natural: Bytes) -> Response<MockBody> {
+    pub(super) fn document(self, reply: Option<&Reply>, natural: Bytes) -> Response<MockBody> {
         match reply {
             None => self.send(StatusCode::OK, json_type(), MockBody::full(natural), &[]),
             Some(reply) if reply.body.is_some() || !reply.status.is_success() => {
@@ -111,7 +112,7 @@ impl Answer {
     }
 
     /// A generated Message / chat.completion, or its stream.
-    pub fn generated(self, reply: &Reply, asked: &Asked<'_>) -> Response<MockBody> {
+    pub(super) fn generated(self, reply: &Reply, asked: &Asked<'_>) -> Response<MockBody> {
         if reply.body.is_some() || !reply.status.is_success() {
             return self.scripted_document(reply);
         }

@@ -29,7 +29,7 @@ pub enum Verdict {
 pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
     match status.as_u16() {
         0..=399 => Verdict::Success,
-        429 if is_quota_exhaustion(body) => Verdict::Final {
+        429 if crate::api::is_quota_exhaustion(body) => Verdict::Final {
             provider_fault: false,
         },
         408 | 429 => Verdict::Retryable {
@@ -50,31 +50,6 @@ pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
 /// Whether the status may be retryable, so its (small) error body must be read to decide.
 pub fn needs_body(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504 | 529)
-}
-
-fn is_quota_exhaustion(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        error: Option<ErrorObj>,
-    }
-    #[derive(serde::Deserialize)]
-    struct ErrorObj {
-        #[serde(rename = "type")]
-        kind: Option<String>,
-        code: Option<serde_json::Value>,
-        details: Option<Details>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Details {
-        error_code: Option<String>,
-    }
-    let Ok(env) = serde_json::from_slice::<Envelope>(body) else {
-        return false;
-    };
-    let Some(e) = env.error else { return false };
-    e.code.as_ref().and_then(|c| c.as_str()) == Some("insufficient_quota")
-        || e.kind.as_deref() == Some("insufficient_quota")
-        || e.details.and_then(|d| d.error_code).as_deref() == Some("enforced_spend_limit_reached")
 }
 
 /// The wait an upstream asked for: `retry-after-ms` (milliseconds, fractional allowed) first,

@@ -12,15 +12,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::api::ApiShape;
-use crate::config::{ApiKind, ChainStep};
+use crate::config::ChainStep;
 use crate::error::ProxyError;
 use crate::policy::breaker::{Outcome, Ticket};
 use crate::policy::retry::{self, Verdict};
 use crate::proxy::body::{Accounting, Mode, TapBody};
-use crate::proxy::chain;
 use crate::proxy::chain::{Exec, Failure};
-use crate::proxy::inbound::Endpoint;
 use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::response::{self, ProxyBody};
 use crate::proxy::upbody::UpstreamBody;
@@ -67,14 +64,10 @@ pub async fn run(
     record: &mut Option<RequestRecord>,
 ) -> Attempt {
     let Call { proxy, up, inb, .. } = call;
-    // A step of the other API is reached through translation (SPEC §10).
-    let translating = up.kind != inb.endpoint.kind();
-    let dir = chain::direction(inb.endpoint.kind());
-    let upstream_path = match (inb.endpoint, up.kind) {
-        (Endpoint::CountTokens | Endpoint::Models, _) => inb.endpoint.upstream_path(),
-        (_, ApiKind::Anthropic) => Endpoint::Messages.upstream_path(),
-        (_, ApiKind::OpenAi) => Endpoint::ChatCompletions.upstream_path(),
-    };
+    // A step of another API is reached through translation (SPEC §10).
+    let dir = translate::Dir::between(inb.endpoint.api, up.kind);
+    let translating = dir.is_some();
+    let upstream_path = inb.endpoint.upstream_path(up.kind);
     let path = match &inb.query {
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path.to_string(),
@@ -162,16 +155,13 @@ pub async fn run(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
     let (parts, incoming) = resp.into_parts();
-    let api = inb.endpoint.api();
-    let mut incoming = if translating && status.is_success() && is_sse {
-        let upstream_shape = match up.kind {
-            ApiKind::Anthropic => ApiShape::Anthropic,
-            ApiKind::OpenAi => ApiShape::OpenAi,
-        };
-        let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
-        UpstreamBody::translated(incoming, tr, upstream_shape)
-    } else {
-        UpstreamBody::Plain(incoming)
+    let api = inb.endpoint.api;
+    let mut incoming = match dir {
+        Some(dir) if status.is_success() && is_sse => {
+            let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
+            UpstreamBody::translated(incoming, tr, up.kind)
+        }
+        _ => UpstreamBody::Plain(incoming),
     };
 
     if status.is_success() && is_sse {
@@ -205,7 +195,7 @@ pub async fn run(
                 // Nothing reached the caller: the event is judged like the status it stands
                 // for (an invalid request is final and never falls back; a rate limit is
                 // retried but is no provider failure).
-                let (st, body) = error_event_response(api, &data);
+                let (st, body) = api.dialect().error_event_response(&data);
                 let verdict = retry::classify(st, &body);
                 let resp = buffered(&call, st, &parts.headers, body);
                 let fault = |f: bool| {
@@ -259,15 +249,15 @@ pub async fn run(
         let whole = read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
         exec.outside += sent.elapsed();
         // Translated: the caller's API shape, or an answer that cannot be carried across.
-        let whole = match (whole, translating) {
-            (Whole::Complete(body), true) => match translate::response(dir, &body) {
+        let whole = match (whole, dir) {
+            (Whole::Complete(body), Some(dir)) => match translate::response(dir, &body) {
                 Ok(b) => Whole::Complete(Bytes::from(b)),
                 Err(e) => {
                     tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
                     Whole::Broken("the upstream answer could not be translated")
                 }
             },
-            (Whole::TooLarge(_), true) => {
+            (Whole::TooLarge(_), Some(_)) => {
                 Whole::Broken("the upstream answer is too large to translate")
             }
             (w, _) => w,
@@ -278,10 +268,7 @@ pub async fn run(
                 drop(permit);
                 outcome("ok");
                 ticket.report(Outcome::Success);
-                let usage = match api {
-                    ApiShape::Anthropic => crate::usage::anthropic_from_json(&body),
-                    ApiShape::OpenAi => crate::usage::openai_from_json(&body),
-                };
+                let usage = api.dialect().usage_of_body(&body);
                 if let Some(rec) = record.as_mut() {
                     match usage {
                         Some(u) => {
@@ -358,7 +345,7 @@ pub async fn run(
     drop(permit);
     let verdict = retry::classify(status, &body);
     let wait = retry::retry_after(&parts.headers, std::time::SystemTime::now());
-    let resp = if translating {
+    let resp = if let Some(dir) = dir {
         let (st, b) = translate::error(dir, status.as_u16(), &body);
         let st = StatusCode::from_u16(st).unwrap_or(status);
         buffered(&call, st, &parts.headers, Bytes::from(b))
@@ -445,7 +432,7 @@ fn commit(
             };
             ProxyBody::Tap(Box::new(TapBody::new(
                 tap.incoming,
-                inb.endpoint.api(),
+                inb.endpoint.api,
                 tap.mode,
                 tap.held,
                 up.idle_timeout,
@@ -554,35 +541,6 @@ async fn read_to_commit(
             }
         }
     }
-}
-
-/// An error event that arrived before any content becomes an ordinary error response: the
-/// caller has seen nothing yet, so it gets the status the event stands for.
-fn error_event_response(api: ApiShape, data: &str) -> (StatusCode, Bytes) {
-    let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-    let kind = v["error"]["type"].as_str().unwrap_or("api_error");
-    let status = match kind {
-        "overloaded_error" => 529,
-        "rate_limit_error" | "rate_limit_exceeded" => 429,
-        "invalid_request_error" => 400,
-        "authentication_error" => 401,
-        "permission_error" => 403,
-        "not_found_error" => 404,
-        "request_too_large" => 413,
-        "timeout_error" => 504,
-        _ => 500,
-    };
-    let body = match api {
-        ApiShape::Anthropic if v.get("type").is_some() => data.to_string(),
-        ApiShape::Anthropic => {
-            serde_json::json!({"type": "error", "error": v["error"]}).to_string()
-        }
-        ApiShape::OpenAi => serde_json::json!({"error": v["error"]}).to_string(),
-    };
-    (
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        Bytes::from(body),
-    )
 }
 
 /// A whole success body larger than this is streamed through instead of held.

@@ -81,7 +81,7 @@ async fn execute(
     record: &mut Option<RequestRecord>,
     exec: &mut Exec,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let resolved = route::resolve(&snap.cfg, inb.endpoint.kind(), &inb.meta.model)?;
+    let resolved = route::resolve(&snap.cfg, inb.endpoint.api, &inb.meta.model)?;
     let fallback_off = inb
         .headers
         .get("x-legate-fallback")
@@ -134,12 +134,13 @@ fn translated_body(
     step: &ChainStep,
     upstream: ApiKind,
 ) -> Result<bytes::Bytes, String> {
-    if inb.endpoint == crate::proxy::inbound::Endpoint::CountTokens {
+    if inb.endpoint.op == crate::api::Operation::CountTokens {
         return Err("count_tokens is not translated between APIs".to_string());
     }
-    let dir = direction(inb.endpoint.kind());
+    let dir = translate::Dir::between(inb.endpoint.api, upstream)
+        .ok_or_else(|| format!("no translation from {} to {upstream}", inb.endpoint.api))?;
     let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
-    let (from, to) = (inb.endpoint.kind().as_str(), upstream.as_str());
+    let (from, to) = (inb.endpoint.api.as_str(), upstream.as_str());
     proxy
         .metrics
         .translated
@@ -152,20 +153,11 @@ fn translated_body(
             .with_label_values(&[from, to, what])
             .inc();
     }
-    let meta = match upstream {
-        ApiKind::Anthropic => crate::api::anthropic::parse_request(&bytes),
-        ApiKind::OpenAi => crate::api::openai::parse_request(&bytes),
-    }
-    .map_err(|e| e.to_string())?;
+    let meta = upstream
+        .dialect()
+        .parse_request(&bytes)
+        .map_err(|e| e.to_string())?;
     route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream).map_err(|e| e.message())
-}
-
-/// The translation direction for a caller of `api` (the upstream speaks the other one).
-pub fn direction(caller: ApiKind) -> translate::Dir {
-    match caller {
-        ApiKind::Anthropic => translate::Dir::AnthropicToOpenAi,
-        ApiKind::OpenAi => translate::Dir::OpenAiToAnthropic,
-    }
 }
 
 async fn run_step(
@@ -183,7 +175,7 @@ async fn run_step(
         .ok_or(ProxyError::Internal)?;
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
-    let caller = inb.endpoint.kind();
+    let caller = inb.endpoint.api;
     let body = if up.kind == caller {
         route::fit(&inb.body, &inb.meta, step, caller)?
     } else {

@@ -8,70 +8,52 @@ use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::api::ApiShape;
+use crate::api::{ApiKind, Operation};
 use crate::config::ClientEntry;
 use crate::error::ProxyError;
 
-/// The endpoints of the data plane (SPEC §3).
+/// An endpoint of the data plane (SPEC §3): the API it speaks and what it asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Messages,
-    CountTokens,
-    Models,
-    ChatCompletions,
+pub struct Endpoint {
+    pub api: ApiKind,
+    pub op: Operation,
 }
 
 impl Endpoint {
-    pub fn api(self) -> ApiShape {
-        match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => ApiShape::Anthropic,
-            Endpoint::ChatCompletions => ApiShape::OpenAi,
+    /// The upstream path of this operation on a provider of `upstream`'s API: the caller's own
+    /// path for count_tokens and models, the API's generation path for a model call.
+    pub fn upstream_path(self, upstream: ApiKind) -> &'static str {
+        let own = self.api.dialect().upstream_path(self.op);
+        match self.op {
+            Operation::Generate => upstream.dialect().upstream_path(Operation::Generate),
+            Operation::CountTokens | Operation::Models => own,
         }
-    }
-
-    /// The canonical upstream path.
-    pub fn upstream_path(self) -> &'static str {
-        match self {
-            Endpoint::Messages => "/v1/messages",
-            Endpoint::CountTokens => "/v1/messages/count_tokens",
-            Endpoint::Models => "/v1/models",
-            Endpoint::ChatCompletions => "/v1/chat/completions",
-        }
-    }
-
-    /// Metric label of the inbound API.
-    pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models => "anthropic",
-            Endpoint::ChatCompletions => "openai",
-        }
+        .unwrap_or("/")
     }
 }
 
 /// Normalises the path (a doubled `/v1/v1/` collapses; `/chat/completions` without `/v1` is
-/// accepted, since SDK base URLs differ on whether they include it) and finds the endpoint.
+/// accepted, since SDK base URLs differ on whether they include it) and asks each dialect
+/// whether it is one of its paths.
 pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
     let mut p = path.trim_end_matches('/');
     while let Some(rest) = p.strip_prefix("/v1/v1/") {
         p = &p[p.len() - rest.len() - 4..];
     }
     let p = p.strip_prefix("/v1").unwrap_or(p);
-    match (method, p) {
-        (&Method::POST, "/messages") => Some(Endpoint::Messages),
-        (&Method::POST, "/messages/count_tokens") => Some(Endpoint::CountTokens),
-        (&Method::GET, "/models") => Some(Endpoint::Models),
-        (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
-        _ => None,
-    }
+    ApiKind::ALL.into_iter().find_map(|api| {
+        let op = api.dialect().operation(method, p)?;
+        Some(Endpoint { api, op })
+    })
 }
 
 /// The API shape an error for an unknown path takes: Anthropic SDKs always send
 /// `anthropic-version`, OpenAI SDKs never do.
-pub fn shape_for_unknown(headers: &HeaderMap) -> ApiShape {
+pub fn shape_for_unknown(headers: &HeaderMap) -> ApiKind {
     if headers.contains_key("anthropic-version") {
-        ApiShape::Anthropic
+        ApiKind::Anthropic
     } else {
-        ApiShape::OpenAi
+        ApiKind::OpenAi
     }
 }
 
@@ -198,28 +180,27 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    const fn ep(api: ApiKind, op: Operation) -> Endpoint {
+        Endpoint { api, op }
+    }
+    const MESSAGES: Endpoint = ep(ApiKind::Anthropic, Operation::Generate);
+    const COUNT_TOKENS: Endpoint = ep(ApiKind::Anthropic, Operation::CountTokens);
+    const MODELS: Endpoint = ep(ApiKind::Anthropic, Operation::Models);
+    const CHAT: Endpoint = ep(ApiKind::OpenAi, Operation::Generate);
+
     #[test]
     fn paths_with_and_without_v1_and_doubled_v1_are_accepted() {
         let post = Method::POST;
-        assert_eq!(classify(&post, "/v1/messages"), Some(Endpoint::Messages));
-        assert_eq!(classify(&post, "/v1/v1/messages"), Some(Endpoint::Messages));
-        assert_eq!(
-            classify(&post, "/chat/completions"),
-            Some(Endpoint::ChatCompletions)
-        );
-        assert_eq!(
-            classify(&post, "/v1/chat/completions/"),
-            Some(Endpoint::ChatCompletions)
-        );
-        assert_eq!(
-            classify(&post, "/v1/v1/chat/completions"),
-            Some(Endpoint::ChatCompletions)
-        );
+        assert_eq!(classify(&post, "/v1/messages"), Some(MESSAGES));
+        assert_eq!(classify(&post, "/v1/v1/messages"), Some(MESSAGES));
+        assert_eq!(classify(&post, "/chat/completions"), Some(CHAT));
+        assert_eq!(classify(&post, "/v1/chat/completions/"), Some(CHAT));
+        assert_eq!(classify(&post, "/v1/v1/chat/completions"), Some(CHAT));
         assert_eq!(
             classify(&post, "/v1/messages/count_tokens"),
-            Some(Endpoint::CountTokens)
+            Some(COUNT_TOKENS)
         );
-        assert_eq!(classify(&Method::GET, "/v1/models"), Some(Endpoint::Models));
+        assert_eq!(classify(&Method::GET, "/v1/models"), Some(MODELS));
         assert_eq!(classify(&Method::GET, "/v1/messages"), None);
         assert_eq!(classify(&post, "/v1/embeddings"), None);
         assert_eq!(classify(&post, "/v2/messages"), None);

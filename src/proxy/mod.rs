@@ -25,8 +25,8 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, ApiShape, RequestMeta};
-use crate::config::{ApiKind, Config, Priority, StoreKind};
+use crate::api::{Operation, RequestMeta};
+use crate::config::{Config, Priority, StoreKind};
 use crate::error::ProxyError;
 use crate::meter::Ledger;
 use crate::policy::breaker::Breakers;
@@ -181,11 +181,8 @@ impl Proxy {
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
         let endpoint = inbound::classify(req.method(), req.uri().path());
-        let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), Endpoint::api);
-        let api_label = match api {
-            ApiShape::Anthropic => "anthropic",
-            ApiShape::OpenAi => "openai",
-        };
+        let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), |e| e.api);
+        let api_label = api.as_str();
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
         let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
@@ -274,7 +271,7 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        if endpoint == Endpoint::Models {
+        if endpoint.op == Operation::Models {
             return Ok(models::list(cfg));
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
@@ -304,7 +301,7 @@ impl Proxy {
         let tenant_cfg = cfg.tenant(&tenant);
         let priority = requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
-        if endpoint != Endpoint::CountTokens {
+        if endpoint.op != Operation::CountTokens {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
                 r.reserve(reservation);
@@ -380,11 +377,10 @@ fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
 }
 
 fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    let parsed = match endpoint {
-        Endpoint::Messages => api::anthropic::parse_request(body),
-        Endpoint::ChatCompletions => api::openai::parse_request(body),
-        Endpoint::CountTokens => return parse_count_tokens(body),
-        Endpoint::Models => return Err(ProxyError::Internal),
+    let parsed = match endpoint.op {
+        Operation::Generate => endpoint.api.dialect().parse_request(body),
+        Operation::CountTokens => return parse_count_tokens(body),
+        Operation::Models => return Err(ProxyError::Internal),
     };
     parsed.map_err(|e| ProxyError::InvalidRequest {
         message: e.to_string(),
@@ -420,13 +416,4 @@ fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
         .map(Duration::from_millis);
     let d = asked.map_or(default, |a| a.min(default));
     tokio::time::Instant::now() + d
-}
-
-impl Endpoint {
-    pub fn kind(self) -> ApiKind {
-        match self.api() {
-            ApiShape::Anthropic => ApiKind::Anthropic,
-            ApiShape::OpenAi => ApiKind::OpenAi,
-        }
-    }
 }

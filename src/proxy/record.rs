@@ -90,11 +90,6 @@ impl RequestRecord {
         self.write();
     }
 
-    /// Notes the status without recording yet (a streamed body records when it ends).
-    pub fn set_status(&mut self, status: u16) {
-        self.status = Some(status);
-    }
-
     /// Marks the answer as cut short by the caller.
     pub fn client_gone(&mut self) {
         self.gone = true;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::api::ApiShape;
+use crate::api::ApiKind;
 use crate::sse::SseParser;
 use crate::translate::StreamTranslator;
 use crate::usage::{StreamUsage, Usage};
@@ -31,7 +31,7 @@ pub struct Translated {
 }
 
 impl UpstreamBody {
-    pub fn translated(inner: Incoming, translator: StreamTranslator, upstream: ApiShape) -> Self {
+    pub fn translated(inner: Incoming, translator: StreamTranslator, upstream: ApiKind) -> Self {
         UpstreamBody::Translated(Box::new(Translated {
             inner,
             translator,

@@ -4,12 +4,12 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::api::{self, ApiShape, StreamEventKind};
+use crate::api::{ApiKind, StreamEventKind};
 use crate::sse::SseParser;
 use crate::usage::StreamUsage;
 
 pub struct SseWatch {
-    api: ApiShape,
+    api: ApiKind,
     parser: SseParser,
     usage: StreamUsage,
     /// Bytes of an event that is not complete yet.
@@ -21,7 +21,7 @@ pub struct SseWatch {
 }
 
 impl SseWatch {
-    pub fn new(api: ApiShape) -> Self {
+    pub fn new(api: ApiKind) -> Self {
         SseWatch {
             api,
             parser: SseParser::new(),
@@ -73,10 +73,7 @@ impl SseWatch {
 
     fn drain_events(&mut self) {
         while let Some(ev) = self.parser.next_event() {
-            let kind = match self.api {
-                ApiShape::Anthropic => api::anthropic::classify(&ev),
-                ApiShape::OpenAi => api::openai::classify(&ev),
-            };
+            let kind = self.api.dialect().classify(&ev);
             match kind {
                 StreamEventKind::Content => self.saw_content = true,
                 StreamEventKind::Terminal => self.saw_terminal = true,
@@ -89,7 +86,7 @@ impl SseWatch {
         }
     }
 
-    pub fn usage(&self) -> Option<crate::usage::Usage> {
+    pub fn usage(&self) -> Option<crate::meter::Usage> {
         self.usage.usage()
     }
 }

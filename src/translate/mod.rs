@@ -64,18 +64,18 @@
 //! `message_stop`): an upstream cut stays a cut, for the proxy to end with its own error event.
 //!
 //! Errors keep the HTTP status and the upstream message. The type maps by code, then type, then
-//! status:
+//! status, through what it means (`api::ErrorClass`, each side's row in its dialect's table):
 //!
 //! | Anthropic `error.type` | OpenAI `error.type` / `code` |
 //! |---|---|
 //! | invalid_request_error | invalid_request_error / null |
-//! | authentication_error | invalid_request_error / invalid_api_key |
+//! | authentication_error | authentication_error / invalid_api_key |
 //! | permission_error | invalid_request_error / permission_denied (also from unsupported_country_region_territory) |
 //! | billing_error | insufficient_quota / insufficient_quota |
 //! | not_found_error | invalid_request_error / not_found (also from model_not_found) |
 //! | conflict_error | invalid_request_error / conflict |
 //! | request_too_large | invalid_request_error / request_too_large |
-//! | rate_limit_error | requests / rate_limit_exceeded (also from type tokens) |
+//! | rate_limit_error | rate_limit_error / rate_limit_exceeded (also from types requests and tokens) |
 //! | api_error | server_error / null |
 //! | overloaded_error | server_error / overloaded |
 //! | timeout_error | server_error / timeout |
@@ -112,6 +112,8 @@ mod tests;
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::api::ApiKind;
+
 pub use stream::StreamTranslator;
 
 /// Which way a call is translated: the caller's API → the upstream's API.
@@ -121,6 +123,26 @@ pub enum Dir {
     AnthropicToOpenAi,
     /// An OpenAI Chat Completions caller served by an Anthropic step.
     OpenAiToAnthropic,
+}
+
+impl Dir {
+    /// The direction from a caller of one API to an upstream of another; None when legate
+    /// has no translation between them (or they are the same API).
+    pub fn between(caller: ApiKind, upstream: ApiKind) -> Option<Dir> {
+        match (caller, upstream) {
+            (ApiKind::Anthropic, ApiKind::OpenAi) => Some(Dir::AnthropicToOpenAi),
+            (ApiKind::OpenAi, ApiKind::Anthropic) => Some(Dir::OpenAiToAnthropic),
+            _ => None,
+        }
+    }
+
+    /// The API of the upstream this direction calls.
+    pub fn upstream(self) -> ApiKind {
+        match self {
+            Dir::AnthropicToOpenAi => ApiKind::OpenAi,
+            Dir::OpenAiToAnthropic => ApiKind::Anthropic,
+        }
+    }
 }
 
 /// Why a request cannot be sent to a step of the other kind (a forced server tool, …), or why

@@ -15,7 +15,7 @@ use super::{anthropic as an, openai as oa};
 use crate::sse::SseEvent;
 
 #[derive(Debug)]
-pub struct ToOpenAi {
+pub(super) struct ToOpenAi {
     include_usage: bool,
     created: u64,
     id: String,
@@ -30,7 +30,7 @@ pub struct ToOpenAi {
 }
 
 impl ToOpenAi {
-    pub fn new(include_usage: bool, created: u64) -> Self {
+    pub(super) fn new(include_usage: bool, created: u64) -> Self {
         Self {
             include_usage,
             created,
@@ -45,11 +45,11 @@ impl ToOpenAi {
         }
     }
 
-    pub fn is_complete(&self) -> bool {
+    pub(super) fn is_complete(&self) -> bool {
         self.complete
     }
 
-    pub fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
+    pub(super) fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
         if self.done || event.data.trim().is_empty() {
             return;
         }

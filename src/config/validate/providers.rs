@@ -25,7 +25,7 @@ pub(crate) struct Providers {
 
 impl Providers {
     /// The declared names, for "unknown provider" messages.
-    pub fn names(&self) -> String {
+    pub(super) fn names(&self) -> String {
         let names: Vec<&str> = self.kinds.keys().map(String::as_str).collect();
         if names.is_empty() {
             "none are configured".to_owned()

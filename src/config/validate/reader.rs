@@ -20,18 +20,18 @@ pub(crate) struct Cx<'e> {
 }
 
 impl<'e> Cx<'e> {
-    pub fn new(env: &'e HashMap<String, String>) -> Self {
+    pub(super) fn new(env: &'e HashMap<String, String>) -> Self {
         Self {
             errors: Vec::new(),
             env,
         }
     }
 
-    pub fn err(&mut self, path: &str, message: impl Into<String>) {
+    pub(super) fn err(&mut self, path: &str, message: impl Into<String>) {
         self.errors.push(ConfigError::new(path, message));
     }
 
-    pub fn into_errors(self) -> Vec<ConfigError> {
+    pub(super) fn into_errors(self) -> Vec<ConfigError> {
         self.errors
     }
 }
@@ -49,7 +49,7 @@ pub(crate) struct Table<'v> {
 
 impl<'v> Table<'v> {
     /// The table at `path`, or an error if the value is something else.
-    pub fn of(value: &'v Value, path: &str, cx: &mut Cx) -> Option<Self> {
+    pub(super) fn of(value: &'v Value, path: &str, cx: &mut Cx) -> Option<Self> {
         match &value.kind {
             ValueKind::Table(map) => Some(Self::new(path, Some(map))),
             other => {
@@ -60,7 +60,7 @@ impl<'v> Table<'v> {
     }
 
     /// A table that is absent from the file: every key takes its default.
-    pub fn absent(path: &str) -> Self {
+    pub(super) fn absent(path: &str) -> Self {
         Self::new(path, None)
     }
 
@@ -73,7 +73,7 @@ impl<'v> Table<'v> {
     }
 
     /// The path of a key of this table.
-    pub fn child(&self, key: &str) -> String {
+    pub(super) fn child(&self, key: &str) -> String {
         if self.path.is_empty() {
             key.to_owned()
         } else {
@@ -82,14 +82,14 @@ impl<'v> Table<'v> {
     }
 
     /// The raw value of `key` (marking it as known), with its path.
-    pub fn get(&mut self, key: &str) -> Option<(&'v Value, String)> {
+    pub(super) fn get(&mut self, key: &str) -> Option<(&'v Value, String)> {
         self.asked.insert(key.to_owned());
         let value = self.map?.get(key)?;
         Some((value, self.child(key)))
     }
 
     /// The sub-table at `key`; an absent key reads as an empty table.
-    pub fn table(&mut self, cx: &mut Cx, key: &str) -> Option<Table<'v>> {
+    pub(super) fn table(&mut self, cx: &mut Cx, key: &str) -> Option<Table<'v>> {
         match self.get(key) {
             Some((value, path)) => Table::of(value, &path, cx),
             None => Some(Table::absent(&self.child(key))),
@@ -97,7 +97,7 @@ impl<'v> Table<'v> {
     }
 
     /// The array at `key` with its path; an absent key reads as an empty array.
-    pub fn array(&mut self, cx: &mut Cx, key: &str) -> (&'v [Value], String) {
+    pub(super) fn array(&mut self, cx: &mut Cx, key: &str) -> (&'v [Value], String) {
         let path = self.child(key);
         match self.get(key) {
             Some((value, _)) => match &value.kind {
@@ -115,13 +115,13 @@ impl<'v> Table<'v> {
     }
 
     /// An optional key converted by `conv`: `None` when absent or invalid (invalid is reported).
-    pub fn opt<T>(&mut self, cx: &mut Cx, key: &str, conv: Conv<T>) -> Option<T> {
+    pub(super) fn opt<T>(&mut self, cx: &mut Cx, key: &str, conv: Conv<T>) -> Option<T> {
         let (value, path) = self.get(key)?;
         conv(value, &path, cx)
     }
 
     /// A key that must be present.
-    pub fn req<T>(&mut self, cx: &mut Cx, key: &str, conv: Conv<T>) -> Option<T> {
+    pub(super) fn req<T>(&mut self, cx: &mut Cx, key: &str, conv: Conv<T>) -> Option<T> {
         if self.map.is_some_and(|m| m.contains_key(key)) {
             self.opt(cx, key, conv)
         } else {
@@ -132,7 +132,7 @@ impl<'v> Table<'v> {
     }
 
     /// The keys present in this table, sorted (the underlying map has no stable order).
-    pub fn keys(&self) -> Vec<&'v str> {
+    pub(super) fn keys(&self) -> Vec<&'v str> {
         let mut keys: Vec<&str> = self
             .map
             .map(|m| m.keys().map(String::as_str).collect())
@@ -142,7 +142,7 @@ impl<'v> Table<'v> {
     }
 
     /// Reports every key that nothing asked for.
-    pub fn finish(self, cx: &mut Cx) {
+    pub(super) fn finish(self, cx: &mut Cx) {
         let known: Vec<&str> = self.asked.iter().map(String::as_str).collect();
         for key in self.keys() {
             if !self.asked.contains(key) {
