@@ -30,6 +30,12 @@ pub enum ProxyError {
     Unauthorized,
     /// Absolute-form target, CONNECT, or a Host that is not this proxy.
     ForbiddenTarget,
+    /// A browser request from a web page (an `Origin` that is not loopback).
+    ForbiddenOrigin,
+    /// The request body did not arrive within `server.body_read_timeout`.
+    BodyTimeout,
+    /// Request bodies being read already fill `server.max_buffered_bytes`.
+    BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
     /// Connecting to the upstream failed.
@@ -66,7 +72,9 @@ impl ProxyError {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ProxyError::ForbiddenTarget => StatusCode::FORBIDDEN,
+            ProxyError::ForbiddenTarget | ProxyError::ForbiddenOrigin => StatusCode::FORBIDDEN,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::BuffersFull { .. } => overloaded(),
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -87,9 +95,11 @@ impl ProxyError {
             | ProxyError::TooLarge { .. }
             | ProxyError::Unauthorized
             | ProxyError::ForbiddenTarget
+            | ProxyError::ForbiddenOrigin
+            | ProxyError::BodyTimeout
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
-            ProxyError::Shed { .. } => Source::Proxy,
+            ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -107,6 +117,9 @@ impl ProxyError {
             ProxyError::TooLarge { .. } => "too_large",
             ProxyError::Unauthorized => "unauthorized",
             ProxyError::ForbiddenTarget => "forbidden_target",
+            ProxyError::ForbiddenOrigin => "forbidden_origin",
+            ProxyError::BodyTimeout => "body_timeout",
+            ProxyError::BuffersFull { .. } => "buffers_full",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -127,11 +140,15 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { .. }
             | ProxyError::ForbiddenTarget
+            | ProxyError::BodyTimeout
             | ProxyError::NeverFits { .. } => ErrorClass::InvalidRequest,
+            ProxyError::ForbiddenOrigin => ErrorClass::Permission,
             ProxyError::NotFound { .. } => ErrorClass::NotFound,
             ProxyError::TooLarge { .. } => ErrorClass::TooLarge,
             ProxyError::Unauthorized => ErrorClass::Authentication,
-            ProxyError::AllBreakersOpen { .. } | ProxyError::Shed { .. } => ErrorClass::Overloaded,
+            ProxyError::AllBreakersOpen { .. }
+            | ProxyError::Shed { .. }
+            | ProxyError::BuffersFull { .. } => ErrorClass::Overloaded,
             ProxyError::RateLimited { .. } => ErrorClass::RateLimited,
             ProxyError::NoProviderKey { .. }
             | ProxyError::UpstreamUnreachable { .. }
@@ -150,12 +167,16 @@ impl ProxyError {
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "invalid_api_key",
             ProxyError::ForbiddenTarget => "forbidden_target",
+            ProxyError::ForbiddenOrigin => "forbidden_origin",
+            ProxyError::BodyTimeout => "request_timeout",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
             ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
-            ProxyError::AllBreakersOpen { .. } | ProxyError::Shed { .. } => "overloaded",
+            ProxyError::AllBreakersOpen { .. }
+            | ProxyError::Shed { .. }
+            | ProxyError::BuffersFull { .. } => "overloaded",
             ProxyError::RateLimited { .. } => "rate_limit_exceeded",
             ProxyError::NeverFits { .. } => "request_too_large_for_limit",
             ProxyError::Internal => "internal_error",
@@ -178,6 +199,16 @@ impl ProxyError {
             ProxyError::ForbiddenTarget => {
                 "legate only proxies to its configured providers: absolute-form targets, CONNECT and foreign Host headers are refused".to_string()
             }
+            ProxyError::ForbiddenOrigin => {
+                "requests from web pages (an Origin header that is not a loopback origin) are refused: a page in a browser must not spend the provider keys".to_string()
+            }
+            ProxyError::BodyTimeout => {
+                "the request body did not arrive within server.body_read_timeout; nothing was sent upstream".to_string()
+            }
+            ProxyError::BuffersFull { retry_after } => format!(
+                "legate is reading as many request bodies as server.max_buffered_bytes allows; retry in {}s",
+                retry_after.as_secs_f64().ceil()
+            ),
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
             ),
@@ -235,7 +266,8 @@ impl ProxyError {
         );
         if let ProxyError::AllBreakersOpen { retry_after }
         | ProxyError::RateLimited { retry_after, .. }
-        | ProxyError::Shed { retry_after } = self
+        | ProxyError::Shed { retry_after }
+        | ProxyError::BuffersFull { retry_after } = self
         {
             // Refused before any upstream attempt: the caller may come back when it would fit
             // (and the SDK may retry it then: nothing is multiplied upstream).

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub token_estimate_ratio: HistogramVec,
     pub translated: IntCounterVec,
     pub translation_drops: IntCounterVec,
+    /// Open inbound connections per plane (data, admin).
+    pub connections: IntGaugeVec,
 }
 
 impl Metrics {
@@ -196,7 +198,12 @@ impl Metrics {
                 ),
                 &["from", "to", "what"],
             )?,
+            connections: IntGaugeVec::new(
+                Opts::new("legate_connections", "Open inbound connections"),
+                &["plane"],
+            )?,
         };
+        registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.translated.clone()))?;
         registry.register(Box::new(m.translation_drops.clone()))?;
         registry.register(Box::new(m.ratelimit_rejections.clone()))?;
@@ -228,6 +235,9 @@ impl Metrics {
         }
         for p in ["interactive", "background", "batch"] {
             m.queue_depth.with_label_values(&[p]);
+        }
+        for plane in ["data", "admin"] {
+            m.connections.with_label_values(&[plane]);
         }
         Ok(m)
     }

@@ -123,6 +123,20 @@ fn server(out: &mut String, s: &ServerConfig) {
     line(out, "max_body_bytes", &s.max_body_bytes.to_string());
     line(out, "default_deadline", &duration(s.default_deadline));
     line(out, "shutdown_grace", &duration(s.shutdown_grace));
+    let l = &s.limits;
+    line(out, "header_read_timeout", &duration(l.header_read_timeout));
+    line(out, "body_read_timeout", &duration(l.body_read_timeout));
+    line(
+        out,
+        "connection_idle_timeout",
+        &duration(l.connection_idle_timeout),
+    );
+    line(out, "max_connections", &l.max_connections.to_string());
+    line(
+        out,
+        "admin_max_connections",
+        &l.admin_max_connections.to_string(),
+    );
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {

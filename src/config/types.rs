@@ -36,6 +36,35 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub default_deadline: Duration,
     pub shutdown_grace: Duration,
+    /// Limits that keep the process standing (SPEC §14).
+    pub limits: ServerLimits,
+}
+
+/// `[server]` keys that bound what one peer can hold: connection deadlines and caps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Request head (HTTP/1) or preface and first request (HTTP/2) must arrive within this.
+    pub header_read_timeout: Duration,
+    /// The whole request body must arrive within this.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    pub connection_idle_timeout: Duration,
+    /// Open data-plane connections; beyond it new ones wait in the accept backlog.
+    pub max_connections: usize,
+    /// Open admin-plane connections, counted apart so probes are never starved.
+    pub admin_max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
+            connection_idle_timeout: Duration::from_secs(120),
+            max_connections: 4096,
+            admin_max_connections: 64,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

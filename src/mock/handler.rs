@@ -12,10 +12,11 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::body::MockBody;
+use super::render::Render;
 use super::reply::{Answer, Api, Asked, wait};
 use super::script::Script;
 use super::state::{MatchKey, RecordedRequest, Shared};
-use super::{anthropic, control};
+use super::{anthropic, control, responses};
 
 /// Models always listed, besides those the script names.
 const LISTED_MODELS: [&str; 2] = ["claude-sonnet-4-5", "claude-haiku-4-5"];
@@ -29,6 +30,10 @@ enum Route {
     CountTokens,
     Models,
     Chat,
+    Responses,
+    InputTokens,
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST …/{id}/cancel`, `GET …/{id}/input_items`.
+    StoredResponse,
     Unknown(Api),
 }
 
@@ -39,6 +44,9 @@ impl Route {
             (&Method::POST, "/v1/messages/count_tokens") => Route::CountTokens,
             (&Method::GET, "/v1/models") => Route::Models,
             (&Method::POST, "/v1/chat/completions") => Route::Chat,
+            (&Method::POST, "/v1/responses") => Route::Responses,
+            (&Method::POST, "/v1/responses/input_tokens") => Route::InputTokens,
+            (m, p) if stored_response_path(m, p).is_some() => Route::StoredResponse,
             _ => Route::Unknown(guess_api(path, headers)),
         }
     }
@@ -47,6 +55,7 @@ impl Route {
         match self {
             Route::Messages | Route::CountTokens | Route::Models => Api::Anthropic,
             Route::Chat => Api::OpenAi,
+            Route::Responses | Route::InputTokens | Route::StoredResponse => Api::Responses,
             Route::Unknown(api) => api,
         }
     }
@@ -127,7 +136,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> R
     {
         let message = match answer.api {
             Api::Anthropic => "invalid x-api-key",
-            Api::OpenAi => "Incorrect API key provided.",
+            Api::OpenAi | Api::Responses => "Incorrect API key provided.",
         };
         return answer.error(StatusCode::UNAUTHORIZED, "authentication_error", message);
     }
@@ -137,9 +146,14 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> R
             answer.error(StatusCode::NOT_FOUND, "not_found_error", &message)
         }
         Route::Models => models(&shared, &script, answer, path).await,
-        Route::CountTokens | Route::Messages | Route::Chat => {
-            with_body(&shared, &script, answer, route, path, &body).await
+        Route::StoredResponse => {
+            stored_response(&shared, &script, answer, &parts.method, path).await
         }
+        Route::CountTokens
+        | Route::Messages
+        | Route::Chat
+        | Route::Responses
+        | Route::InputTokens => with_body(&shared, &script, answer, route, path, &body).await,
     }
 }
 
@@ -186,12 +200,17 @@ async fn with_body(
         path,
         stream: meta.stream.unwrap_or(false),
     };
-    if route == Route::CountTokens {
+    if matches!(route, Route::CountTokens | Route::InputTokens) {
         let reply = shared.take_reply(&key, true);
         if let Some(reply) = &reply {
             wait(reply).await;
         }
-        let natural = anthropic::count_tokens(body.len() as u64 / 4);
+        let tokens = body.len() as u64 / 4;
+        let natural = if route == Route::InputTokens {
+            responses::input_tokens(tokens)
+        } else {
+            anthropic::count_tokens(tokens)
+        };
         return answer.document(reply.as_deref(), natural);
     }
     let reply = shared
@@ -207,6 +226,55 @@ async fn with_body(
             .unwrap_or(false),
     };
     answer.generated(&reply, &asked)
+}
+
+/// The id and the action of a stored-response path: `GET`/`DELETE /v1/responses/{id}`,
+/// `POST …/{id}/cancel`, `GET …/{id}/input_items`.
+fn stored_response_path<'a>(method: &Method, path: &'a str) -> Option<(&'a str, &'a str)> {
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
+    let fits = matches!(
+        (method, action),
+        (&Method::GET | &Method::DELETE, "")
+            | (&Method::POST, "cancel")
+            | (&Method::GET, "input_items")
+    );
+    (fits && !id.is_empty() && id != "input_tokens").then_some((id, action))
+}
+
+/// The mock keeps no conversations: a stored response is the default reply under the asked
+/// id, unless a queued reply names the path.
+async fn stored_response(
+    shared: &Shared,
+    script: &Script,
+    answer: Answer,
+    method: &Method,
+    path: &str,
+) -> Response<MockBody> {
+    let Some((id, action)) = stored_response_path(method, path) else {
+        return answer.error(StatusCode::NOT_FOUND, "not_found_error", "Not found");
+    };
+    let key = MatchKey {
+        model: None,
+        path,
+        stream: false,
+    };
+    let reply = shared.take_reply(&key, true);
+    if let Some(reply) = &reply {
+        wait(reply).await;
+    }
+    let render = Render {
+        id: answer.id,
+        model: script.default.model.as_deref().unwrap_or(FALLBACK_MODEL),
+        reply: &script.default,
+    };
+    let natural = match (method, action) {
+        (&Method::DELETE, _) => responses::deleted(id),
+        (_, "input_items") => responses::input_items(),
+        (_, "cancel") => responses::stored(&render, id, Some("cancelled")),
+        _ => responses::stored(&render, id, None),
+    };
+    answer.document(reply.as_deref(), natural)
 }
 
 fn header_list(headers: &HeaderMap) -> Vec<(String, String)> {
@@ -283,6 +351,26 @@ mod tests {
         );
         assert_eq!(
             Route::of(&Method::POST, "/v1/responses", &anthropic),
+            Route::Responses
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/responses/resp_1", &none),
+            Route::StoredResponse
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/responses/resp_1/cancel", &none),
+            Route::StoredResponse
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/responses/resp_1/input_items", &none),
+            Route::StoredResponse
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/responses/input_tokens", &none),
+            Route::InputTokens
+        );
+        assert_eq!(
+            Route::of(&Method::PUT, "/v1/responses/resp_1", &none),
             Route::Unknown(Api::OpenAi)
         );
         assert_eq!(

@@ -1,27 +1,34 @@
-//! `legate mock`: a scripted fake provider speaking the Anthropic Messages and OpenAI Chat
-//! Completions APIs, with fault injection (error statuses, delays, hangs, mid-stream errors,
-//! cuts and stalls). Tests, benchmarks and the offline quick start run legate against it, and
+//! `legate mock`: a scripted fake provider speaking the Anthropic Messages, OpenAI Chat
+//! Completions and OpenAI Responses APIs, with fault injection (error statuses, delays, hangs,
+//! mid-stream errors, cuts and stalls). Tests, benchmarks and the offline quick start run legate against it, and
 //! users drill their agents with it.
 //!
 //! Data plane: `POST /v1/messages`, `POST /v1/messages/count_tokens`, `GET /v1/models`,
-//! `POST /v1/chat/completions`; anything else is a 404 in the matching shape. Control plane on
-//! the same listener: `GET /_mock/requests`, `GET /_mock/stats`, `POST /_mock/reset`,
+//! `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/responses/input_tokens`,
+//! `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
+//! `GET /v1/responses/{id}/input_items` (the mock keeps no conversations: a stored response
+//! is the default reply under the asked id); anything else is a 404 in the matching shape.
+//! Control plane on the same listener: `GET /_mock/requests`, `GET /_mock/stats`, `POST /_mock/reset`,
 //! `PUT /_mock/script`.
 //!
 //! Script rules beyond the format itself:
-//! - Queued replies apply to `/v1/messages` and `/v1/chat/completions`. `count_tokens` and
-//!   `models` take only queued replies whose `match.path` names them, and otherwise answer
-//!   normally; the `default` reply never applies to them.
+//! - Queued replies apply to `/v1/messages`, `/v1/chat/completions` and `/v1/responses`.
+//!   `count_tokens`, `input_tokens`, the stored-response endpoints and `models` take only
+//!   queued replies whose `match.path` names them, and otherwise answer normally; the `default` reply never applies to them.
 //! - `match` may also hold `"stream": true|false`.
 //! - A `body` that is a JSON string is sent verbatim as text (an HTML error page, say); any
 //!   other JSON value is sent as `application/json`. Scripted `headers` override the mock's.
-//! - Content blocks: `text`, `tool_use` (`id` optional) and `thinking` (Anthropic only).
+//! - Content blocks: `text`, `tool_use` (`id` optional) and `thinking` (Anthropic; a
+//!   reasoning summary in the Responses API).
 //! - Missing `usage` fields default to input 10, output 5, cache 0.
 //! - On a non-streaming response, `cut_after` / `hang_after` (whatever N) send the first half
 //!   of the document and then cut or stall; `stream_error_after` does not apply there. At most
 //!   one of the three may be set. A fault whose N exceeds the stream's event count never fires.
 //! - A mid-stream error is `overloaded_error` / "Overloaded" unless `error_type` /
 //!   `error_message` say otherwise.
+//! - A Responses stream error is an `error` event followed by `response.failed`.
+//!   `"drop_terminal": true` ends a stream cleanly without its terminal event (`message_stop`,
+//!   `[DONE]`, `response.completed`).
 //! - `POST /_mock/reset` clears the recorded requests and the counters (not `inflight`, and not
 //!   the script's remaining uses); setting a script re-arms every entry.
 mod anthropic;
@@ -32,6 +39,7 @@ mod openai;
 mod parse;
 mod render;
 mod reply;
+mod responses;
 mod script;
 mod server;
 mod state;

@@ -66,6 +66,8 @@ struct RawReply {
     stream_error_after: Option<usize>,
     cut_after: Option<usize>,
     hang_after: Option<usize>,
+    #[serde(default)]
+    drop_terminal: bool,
 }
 
 impl RawScript {
@@ -128,6 +130,7 @@ impl RawReply {
             hang: self.hang,
             event_gap: Duration::from_millis(self.event_gap_ms),
             fault,
+            drop_terminal: self.drop_terminal,
         })
     }
 }

@@ -11,10 +11,16 @@ use super::body::MockBody;
 use super::render::Render;
 use super::script::{Fault, FaultKind, RawBody, Reply};
 use super::state::RequestGuard;
-use super::{anthropic, openai};
+use super::{anthropic, openai, responses};
 
-/// Which provider's shapes a request gets: the proxy's own list of APIs.
-pub(crate) use crate::api::ApiKind as Api;
+/// Which provider's shapes a request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    Anthropic,
+    OpenAi,
+    /// The OpenAI Responses API: OpenAI's headers and error envelope, its own bodies.
+    Responses,
+}
 
 fn json_type() -> HeaderValue {
     HeaderValue::from_static("application/json")
@@ -58,7 +64,7 @@ impl Answer {
     ) -> Response<MockBody> {
         let id_header = match self.api {
             Api::Anthropic => HeaderName::from_static("request-id"),
-            Api::OpenAi => HeaderName::from_static("x-request-id"),
+            Api::OpenAi | Api::Responses => HeaderName::from_static("x-request-id"),
         };
         let id_value = HeaderValue::from_str(&self.request_id());
         let mut response = Response::new(body.with_guard(self.guard));
@@ -93,7 +99,7 @@ impl Answer {
     fn error_body(&self, error_type: &str, message: &str) -> Bytes {
         match self.api {
             Api::Anthropic => anthropic::error(error_type, message, &self.request_id()),
-            Api::OpenAi => openai::error(error_type, message),
+            Api::OpenAi | Api::Responses => openai::error(error_type, message),
         }
     }
 
@@ -111,7 +117,7 @@ impl Answer {
         }
     }
 
-    /// A generated Message / chat.completion, or its stream.
+    /// A generated Message / chat.completion / response, or its stream.
     pub(super) fn generated(self, reply: &Reply, asked: &Asked<'_>) -> Response<MockBody> {
         if reply.body.is_some() || !reply.status.is_success() {
             return self.scripted_document(reply);
@@ -126,6 +132,7 @@ impl Answer {
             let data = match self.api {
                 Api::Anthropic => anthropic::message(&render),
                 Api::OpenAi => openai::completion(&render),
+                Api::Responses => responses::response(&render),
             };
             return self.send(
                 reply.status,
@@ -135,7 +142,7 @@ impl Answer {
             );
         }
         let (error_type, message) = reply.stream_error();
-        let (events, error_event) = match self.api {
+        let (mut events, error_event) = match self.api {
             Api::Anthropic => (
                 anthropic::events(&render),
                 anthropic::error_event(error_type, message),
@@ -144,7 +151,18 @@ impl Answer {
                 openai::chunks(&render, asked.include_usage),
                 openai::error_event(error_type, message),
             ),
+            Api::Responses => {
+                let at = reply.fault.map_or(0, |f| f.after);
+                (
+                    responses::events(&render),
+                    responses::error_events(&render, at, error_type, message),
+                )
+            }
         };
+        if reply.drop_terminal {
+            // A stream that ends cleanly but without its terminal event.
+            events.pop();
+        }
         let body = MockBody::events(events)
             .with_gap(reply.event_gap)
             .with_fault(reply.fault, error_event);

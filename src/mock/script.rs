@@ -156,6 +156,9 @@ pub(crate) struct Reply {
     pub hang: bool,
     pub event_gap: Duration,
     pub fault: Option<Fault>,
+    /// A stream ends cleanly without its terminal event (`message_stop`, `[DONE]`,
+    /// `response.completed`).
+    pub drop_terminal: bool,
 }
 
 impl Default for Reply {
@@ -178,6 +181,7 @@ impl Default for Reply {
             hang: false,
             event_gap: Duration::ZERO,
             fault: None,
+            drop_terminal: false,
         }
     }
 }

@@ -153,13 +153,17 @@ pub enum BodyError {
     TooLarge,
     /// The client went away (or sent a broken body) while legate was reading.
     Broken,
+    /// The body did not arrive within `server.body_read_timeout`.
+    TimedOut,
 }
 
-/// Reads the whole body once, refusing early on a declared Content-Length over the limit.
+/// Reads the whole body once, within `timeout`, refusing early on a declared Content-Length
+/// over the limit.
 pub async fn read_body(
     headers: &HeaderMap,
     body: hyper::body::Incoming,
     limit: usize,
+    timeout: std::time::Duration,
 ) -> Result<Bytes, BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -168,7 +172,11 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge);
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    let Ok(read) = read else {
+        return Err(BodyError::TimedOut);
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
         Err(_) => Err(BodyError::Broken),

@@ -276,8 +276,16 @@ impl Proxy {
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
-        let body = match inbound::read_body(&parts.headers, body, cfg.server.max_body_bytes).await {
+        let limits = &cfg.server.limits;
+        let read = inbound::read_body(
+            &parts.headers,
+            body,
+            cfg.server.max_body_bytes,
+            limits.body_read_timeout,
+        );
+        let body = match read.await {
             Ok(b) => b,
+            Err(BodyError::TimedOut) => return Err(ProxyError::BodyTimeout),
             Err(BodyError::TooLarge) => {
                 return Err(ProxyError::TooLarge {
                     limit: cfg.server.max_body_bytes,

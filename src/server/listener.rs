@@ -1,6 +1,11 @@
 //! Accept loops: one per listener, HTTP/1.1 and HTTP/2 (hyper-util auto), every connection
 //! watched for graceful shutdown. Stopping the loop drops the listener, so new connections are
 //! refused at once while the watched ones finish.
+//!
+//! Each plane has its own cap on open connections (SPEC §14): a connection is accepted only
+//! once a slot is free, so beyond the cap peers wait in the kernel's backlog instead of using
+//! up descriptors the other plane (and the upstream connections) need. Every connection is
+//! held to the deadlines of [`super::conn`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,34 +17,58 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo};
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How one plane holds its connections: the deadlines (read at each accept, so a reload
+/// applies to new connections), the cap, and the gauge of open connections.
+pub struct Plane<L> {
+    pub limits: L,
+    pub max_connections: usize,
+    pub gauge: prometheus::IntGauge,
+}
 
 /// Serves `listener` with `handler` until `stop` fires; then waits for open connections to
 /// finish, up to `grace`, calling `on_grace_expired` if they have not (so open streams can be
 /// ended with an error event), and giving them a short final moment to flush it.
-pub async fn serve<H, F, B>(
+pub async fn serve<H, F, B, L>(
     listener: TcpListener,
     handler: Arc<H>,
+    plane: Plane<L>,
     stop: CancellationToken,
     grace: impl FnOnce() -> Duration,
     on_grace_expired: impl FnOnce(),
 ) where
     H: Fn(http::Request<Incoming>, std::net::SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
+    L: Fn() -> ConnLimits,
 {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The connection watch bounds the head, protocol detection and HTTP/2 alike; hyper's own
+    // head timer would also run on idle keep-alive connections and cut them early.
     builder
         .http1()
         .timer(TokioTimer::new())
         .keep_alive(true)
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(None);
     let builder = Arc::new(builder);
+    let slots = Arc::new(Semaphore::new(plane.max_connections));
     loop {
+        // A free slot first: beyond the cap, peers wait in the backlog, not on a descriptor.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+            _ = stop.cancelled() => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -52,14 +81,38 @@ pub async fn serve<H, F, B>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let watch = ConnWatch::new((plane.limits)());
                 let h = handler.clone();
-                let svc = service_fn(move |req| h(req, peer));
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                let w = watch.clone();
+                let svc = service_fn(move |req| {
+                    let inflight = w.begin();
+                    let fut = h(req, peer);
+                    async move {
+                        let resp = fut.await?;
+                        Ok::<_, std::convert::Infallible>(
+                            resp.map(|b| Guarded::new(b, inflight)),
+                        )
                     }
+                });
+                let io = TokioIo::new(WatchedIo::new(stream, watch.clone()));
+                let conn = builder.serve_connection(io, svc).into_owned();
+                let conn = graceful.watch(conn);
+                let gauge = plane.gauge.clone();
+                gauge.inc();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        r = conn => {
+                            if let Err(e) = r {
+                                tracing::debug!(error = %e, "connection ended with an error");
+                            }
+                        }
+                        // Dropping the connection closes it: nothing is in flight on it.
+                        _ = watch.expired() => {
+                            tracing::debug!(peer = %peer, "connection closed: no request within its deadline");
+                        }
+                    }
+                    gauge.dec();
+                    drop(slot);
                 });
             }
             _ = stop.cancelled() => break,
@@ -75,4 +128,35 @@ pub async fn serve<H, F, B>(
             let _ = tokio::time::timeout(Duration::from_secs(2), &mut all_done).await;
         }
     }
+}
+
+/// Descriptors kept free beside the two planes: listeners, log and key files, DNS, Redis.
+const RESERVED_DESCRIPTORS: u64 = 32;
+
+/// The data plane's connection cap, lowered when the process may not open that many
+/// descriptors: each data connection may need an upstream connection too, and the admin plane
+/// keeps its own share, so `/healthz` still answers when the data plane is full.
+pub fn data_cap(max_connections: usize, admin_max_connections: usize) -> usize {
+    let Some(limit) = open_files_limit() else {
+        return max_connections;
+    };
+    let spare = limit.saturating_sub(admin_max_connections as u64 + RESERVED_DESCRIPTORS);
+    let fits = usize::try_from(spare / 2).unwrap_or(usize::MAX).max(1);
+    if fits < max_connections {
+        tracing::warn!(
+            max_connections,
+            open_files_limit = limit,
+            effective = fits,
+            "server.max_connections is more than the descriptor limit allows; using the lower cap"
+        );
+        return fits;
+    }
+    max_connections
+}
+
+/// The soft RLIMIT_NOFILE, read from procfs (Linux) so that no unsafe call is needed.
+fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }

@@ -3,6 +3,7 @@
 //! finish within `shutdown_grace`, streams still open then end with an error event.
 
 pub mod admin;
+pub mod conn;
 pub mod listener;
 pub mod reload;
 
@@ -88,9 +89,29 @@ pub async fn start_reloadable(
     // The grace in force when shutdown starts: a reload may have changed it.
     let p = proxy.clone();
     let grace = move || p.snapshot.load().cfg.server.shutdown_grace;
+    let limits = cfg.server.limits.clone();
+    let p = proxy.clone();
+    let conn_limits = move || {
+        let l = &p.snapshot.load().cfg.server.limits;
+        conn::ConnLimits {
+            header_read_timeout: l.header_read_timeout,
+            connection_idle_timeout: l.connection_idle_timeout,
+        }
+    };
+    let data_plane = listener::Plane {
+        limits: conn_limits.clone(),
+        max_connections: listener::data_cap(limits.max_connections, limits.admin_max_connections),
+        gauge: proxy.metrics.connections.with_label_values(&["data"]),
+    };
+    let admin_plane = listener::Plane {
+        limits: conn_limits,
+        max_connections: limits.admin_max_connections,
+        gauge: proxy.metrics.connections.with_label_values(&["admin"]),
+    };
     let data_task = tokio::spawn(listener::serve(
         data,
         handler,
+        data_plane,
         stop_data.clone(),
         grace,
         move || abort.cancel(),
@@ -102,6 +123,7 @@ pub async fn start_reloadable(
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
         admin_handler,
+        admin_plane,
         stop_admin.clone(),
         || std::time::Duration::from_secs(1),
         || {},

@@ -30,6 +30,8 @@ pub struct Reloader {
     proxy: Arc<Proxy>,
     listen: SocketAddr,
     admin_listen: SocketAddr,
+    /// `max_connections`, `admin_max_connections`: each plane's cap is fixed at start.
+    caps: (usize, usize),
     ratelimit: crate::config::RateLimitConfig,
     watchers: Mutex<Vec<JoinHandle<()>>>,
     /// Serialises reloads: two at once would race on the snapshot swap.
@@ -48,6 +50,10 @@ impl Reloader {
             proxy,
             listen: started_with.server.listen,
             admin_listen: started_with.server.admin_listen,
+            caps: (
+                started_with.server.limits.max_connections,
+                started_with.server.limits.admin_max_connections,
+            ),
             ratelimit: started_with.ratelimit.clone(),
             watchers: Mutex::new(watchers),
             busy: Mutex::new(()),
@@ -94,6 +100,13 @@ impl Reloader {
         }
         if cfg.server.admin_listen != self.admin_listen {
             restart_required.push("server.admin_listen".to_string());
+        }
+        let l = &cfg.server.limits;
+        if l.max_connections != self.caps.0 {
+            restart_required.push("server.max_connections".to_string());
+        }
+        if l.admin_max_connections != self.caps.1 {
+            restart_required.push("server.admin_max_connections".to_string());
         }
         // The bucket store is chosen once: its buckets must not vanish with a reload.
         if cfg.ratelimit.store != self.ratelimit.store {

@@ -70,7 +70,7 @@
 //! |---|---|
 //! | invalid_request_error | invalid_request_error / null |
 //! | authentication_error | authentication_error / invalid_api_key |
-//! | permission_error | invalid_request_error / permission_denied (also from unsupported_country_region_territory) |
+//! | permission_error | permission_error / permission_denied (also from unsupported_country_region_territory and type request_forbidden) |
 //! | billing_error | insufficient_quota / insufficient_quota |
 //! | not_found_error | invalid_request_error / not_found (also from model_not_found) |
 //! | conflict_error | invalid_request_error / conflict |

@@ -8,6 +8,7 @@ mod harness;
 
 mod admission;
 mod binary;
+mod connections;
 mod errors;
 mod metering;
 mod passthrough;

@@ -25,67 +25,20 @@ const fn row(
 }
 
 /// Rate limits come before quota: both are 429, and a 429 without a body is a rate limit.
+#[rustfmt::skip]
 pub(crate) static TABLE: ErrorTable = ErrorTable {
     rows: &[
         row(C::InvalidRequest, "invalid_request_error", None, 400, &[]),
-        row(
-            C::Authentication,
-            "authentication_error",
-            Some("invalid_api_key"),
-            401,
-            &[],
-        ),
-        row(
-            C::RateLimited,
-            "rate_limit_error",
-            Some("rate_limit_exceeded"),
-            429,
-            &[],
-        ),
-        row(
-            C::Billing,
-            "insufficient_quota",
-            Some("insufficient_quota"),
-            429,
-            &[402],
-        ),
-        row(
-            C::Permission,
-            "invalid_request_error",
-            Some("permission_denied"),
-            403,
-            &[],
-        ),
-        row(
-            C::NotFound,
-            "invalid_request_error",
-            Some("not_found"),
-            404,
-            &[],
-        ),
-        row(
-            C::Conflict,
-            "invalid_request_error",
-            Some("conflict"),
-            409,
-            &[],
-        ),
-        row(
-            C::TooLarge,
-            "invalid_request_error",
-            Some("request_too_large"),
-            413,
-            &[],
-        ),
+        row(C::Authentication, "authentication_error", Some("invalid_api_key"), 401, &[]),
+        row(C::RateLimited, "rate_limit_error", Some("rate_limit_exceeded"), 429, &[]),
+        row(C::Billing, "insufficient_quota", Some("insufficient_quota"), 429, &[402]),
+        row(C::Permission, "permission_error", Some("permission_denied"), 403, &[]),
+        row(C::NotFound, "invalid_request_error", Some("not_found"), 404, &[]),
+        row(C::Conflict, "invalid_request_error", Some("conflict"), 409, &[]),
+        row(C::TooLarge, "invalid_request_error", Some("request_too_large"), 413, &[]),
         row(C::Server, "server_error", None, 500, &[]),
         row(C::Timeout, "server_error", Some("timeout"), 504, &[408]),
-        row(
-            C::Overloaded,
-            "server_error",
-            Some("overloaded"),
-            529,
-            &[503],
-        ),
+        row(C::Overloaded, "server_error", Some("overloaded"), 529, &[503]),
     ],
     // OpenAI's own rate-limit types, and the Anthropic names that OpenAI-compatible servers in
     // front of Anthropic models (and `legate mock`) put in an OpenAI-shaped error.
@@ -94,7 +47,7 @@ pub(crate) static TABLE: ErrorTable = ErrorTable {
         ("tokens", C::RateLimited),
         ("rate_limit_exceeded", C::RateLimited),
         ("billing_error", C::Billing),
-        ("permission_error", C::Permission),
+        ("request_forbidden", C::Permission),
         ("not_found_error", C::NotFound),
         ("conflict_error", C::Conflict),
         ("api_error", C::Server),
@@ -184,7 +137,7 @@ mod tests {
             ("invalid_request_error", None, 400),
             ("authentication_error", Some("invalid_api_key"), 401),
             ("insufficient_quota", Some("insufficient_quota"), 429),
-            ("invalid_request_error", Some("permission_denied"), 403),
+            ("permission_error", Some("permission_denied"), 403),
             ("invalid_request_error", Some("not_found"), 404),
             ("invalid_request_error", Some("conflict"), 409),
             ("invalid_request_error", Some("request_too_large"), 413),
@@ -204,7 +157,7 @@ mod tests {
             (400, "invalid_request_error"),
             (401, "authentication_error"),
             (402, "insufficient_quota"),
-            (403, "invalid_request_error"),
+            (403, "permission_error"),
             (404, "invalid_request_error"),
             (408, "server_error"),
             (409, "invalid_request_error"),

@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use super::reader::{self, Cx, Table};
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, ServerLimits};
 
 pub(crate) const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8787);
@@ -38,6 +38,7 @@ pub(crate) fn parse(mut t: Table, cx: &mut Cx) -> ServerConfig {
     let shutdown_grace = t
         .opt(cx, "shutdown_grace", reader::duration)
         .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+    let limits = parse_limits(&mut t, cx);
     t.finish(cx);
     ServerConfig {
         listen,
@@ -45,5 +46,25 @@ pub(crate) fn parse(mut t: Table, cx: &mut Cx) -> ServerConfig {
         max_body_bytes,
         default_deadline,
         shutdown_grace,
+        limits,
+    }
+}
+
+/// The keys of SPEC §14 that bound connections.
+fn parse_limits(t: &mut Table, cx: &mut Cx) -> ServerLimits {
+    let d = ServerLimits::default();
+    let dur = |t: &mut Table, cx: &mut Cx, key: &str, default: Duration| {
+        t.opt(cx, key, reader::positive_duration).unwrap_or(default)
+    };
+    ServerLimits {
+        header_read_timeout: dur(t, cx, "header_read_timeout", d.header_read_timeout),
+        body_read_timeout: dur(t, cx, "body_read_timeout", d.body_read_timeout),
+        connection_idle_timeout: dur(t, cx, "connection_idle_timeout", d.connection_idle_timeout),
+        max_connections: t
+            .opt(cx, "max_connections", reader::positive_usize)
+            .unwrap_or(d.max_connections),
+        admin_max_connections: t
+            .opt(cx, "admin_max_connections", reader::positive_usize)
+            .unwrap_or(d.admin_max_connections),
     }
 }

@@ -5,6 +5,7 @@ mod anthropic_api;
 mod control_plane;
 mod faults;
 mod openai_api;
+mod responses_api;
 mod script_queue;
 mod transport;
 

@@ -221,7 +221,7 @@ async fn error_status_gets_the_openai_error_body() -> TestResult {
 async fn unknown_openai_path_gets_an_openai_404() -> TestResult {
     let server = start(json!({})).await?;
     let response = client()
-        .post(format!("{}/v1/responses", server.base_url()))
+        .post(format!("{}/v1/embeddings", server.base_url()))
         .body("{}")
         .send()
         .await?;

@@ -1,0 +1,241 @@
+//! Deadlines of one inbound connection (SPEC §14), whatever protocol it speaks. hyper bounds
+//! only the HTTP/1 head, and only once protocol detection is over; a peer that sends nothing,
+//! only an HTTP/2 preface, or half a request head would otherwise hold its descriptor forever.
+//!
+//! The watch sees the connection from outside: the socket's reads (through [`WatchedIo`]) and
+//! the requests that reach the service (through [`ConnWatch::begin`]). While no request is in
+//! flight the connection must, from its first unanswered byte, deliver a request within
+//! `header_read_timeout` (a new connection from its accept), and is closed after
+//! `connection_idle_timeout` without one. A request in flight is bounded by its own timeouts.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The deadlines a connection is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub header_read_timeout: Duration,
+    pub connection_idle_timeout: Duration,
+}
+
+struct State {
+    inflight: usize,
+    /// When the connection last had no request in flight (its accept, at first).
+    idle_since: Instant,
+    /// The first byte received since then, if any: a request is on its way.
+    head_started: Option<Instant>,
+    /// Whether any request reached the service yet.
+    served: bool,
+}
+
+/// What one connection is doing, shared by its socket, its requests and its watchdog.
+pub struct ConnWatch {
+    limits: ConnLimits,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl ConnWatch {
+    pub fn new(limits: ConnLimits) -> Arc<Self> {
+        Arc::new(ConnWatch {
+            limits,
+            state: Mutex::new(State {
+                inflight: 0,
+                idle_since: Instant::now(),
+                head_started: None,
+                served: false,
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// A request reached the service; it is in flight until the guard drops (with the
+    /// response body, or with the handler if the caller went away first).
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        {
+            let mut s = self.lock();
+            s.inflight += 1;
+            s.served = true;
+            s.head_started = None;
+        }
+        self.changed.notify_one();
+        InFlight(self.clone())
+    }
+
+    fn on_bytes(&self) {
+        let mut s = self.lock();
+        if s.inflight == 0 && s.head_started.is_none() {
+            s.head_started = Some(Instant::now());
+            drop(s);
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection must be closed if nothing changes, or `None` while a request is
+    /// in flight.
+    fn deadline(&self) -> Option<Instant> {
+        let s = self.lock();
+        if s.inflight > 0 {
+            return None;
+        }
+        let head = if s.served {
+            s.head_started
+        } else {
+            // A new connection owes its first request from the accept on.
+            Some(s.idle_since)
+        };
+        let idle = s.idle_since + self.limits.connection_idle_timeout;
+        Some(match head {
+            Some(h) => idle.min(h + self.limits.header_read_timeout),
+            None => idle,
+        })
+    }
+
+    /// Resolves when the connection has overstayed: the caller then drops it.
+    pub async fn expired(&self) {
+        loop {
+            match self.deadline() {
+                None => self.changed.notified().await,
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {
+                            if self.deadline().is_some_and(|d| d <= Instant::now()) {
+                                return;
+                            }
+                        }
+                        _ = self.changed.notified() => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One request in flight on a watched connection.
+pub struct InFlight(Arc<ConnWatch>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        {
+            let mut s = self.0.lock();
+            s.inflight = s.inflight.saturating_sub(1);
+            if s.inflight == 0 {
+                s.idle_since = Instant::now();
+                s.head_started = None;
+            }
+        }
+        self.0.changed.notify_one();
+    }
+}
+
+/// The socket of a watched connection: every read is reported to the watch.
+pub struct WatchedIo<T> {
+    inner: T,
+    watch: Arc<ConnWatch>,
+}
+
+impl<T> WatchedIo<T> {
+    pub fn new(inner: T, watch: Arc<ConnWatch>) -> Self {
+        WatchedIo { inner, watch }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WatchedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.watch.on_bytes();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// A response body that keeps its request in flight until it is done or dropped.
+pub struct Guarded<B> {
+    inner: B,
+    _inflight: InFlight,
+}
+
+impl<B> Guarded<B> {
+    pub fn new(inner: B, inflight: InFlight) -> Self {
+        Guarded {
+            inner,
+            _inflight: inflight,
+        }
+    }
+}
+
+impl<B> Body for Guarded<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,200 @@
+//! Inbound connections are bounded (SPEC §14): peers that send nothing, only an HTTP/2
+//! preface, half a head or half a body are closed within their deadlines; each plane has its
+//! own cap, so `/healthz` answers while the data plane is full; `legate_connections` counts
+//! them; and under a low descriptor limit the process keeps answering.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::{self, Env};
+
+const BODY: &str =
+    r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+
+async fn wait_gauge(env: &Env, plane: &str, want: f64) {
+    let wait = async {
+        while env.metric("legate_connections", &[("plane", plane)]).await != Some(want) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("legate_connections{{plane={plane}}} never reached {want}"));
+}
+
+/// Reads until legate closes the connection; returns what it sent and how long it took.
+async fn until_closed(sock: &mut TcpStream) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut got))
+        .await
+        .expect("legate closes the connection within its deadline")
+        .ok();
+    (got, start.elapsed())
+}
+
+async fn start(server: &str) -> Env {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&mock.base_url(), server, "", "");
+    harness::start_toml(mock, &toml).await
+}
+
+#[tokio::test]
+async fn silent_preface_only_and_half_head_connections_are_closed_and_probes_still_answer() {
+    let env = start(
+        "header_read_timeout = \"1s\"\nconnection_idle_timeout = \"30s\"\nmax_connections = 3\nadmin_max_connections = 2\n",
+    )
+    .await;
+    let addr = env.legate.data_addr;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut preface = TcpStream::connect(addr).await.unwrap();
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let mut half_head = TcpStream::connect(addr).await.unwrap();
+    half_head
+        .write_all(b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    wait_gauge(&env, "data", 3.0).await;
+
+    // The data plane is full: a fourth caller waits in the backlog, the admin plane answers.
+    let waiting = tokio::spawn({
+        let http = env.http.clone();
+        let url = env.url("/v1/messages");
+        async move {
+            http.post(url)
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    });
+    let health = env
+        .http
+        .get(env.admin_url("/healthz"))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await
+        .expect("/healthz answers while the data plane is full");
+    assert_eq!(health.status(), 200);
+
+    for sock in [&mut silent, &mut preface, &mut half_head] {
+        let (_, took) = until_closed(sock).await;
+        assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    }
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting caller is served once slots free up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_gets_408_and_an_idle_connection_is_closed() {
+    let env = start("body_read_timeout = \"1s\"\nconnection_idle_timeout = \"1s\"\n").await;
+    let mut slow = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    slow.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":")
+        .await
+        .unwrap();
+    let (got, took) = until_closed(&mut slow).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_read_timeout"), "{text}");
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    assert_eq!(env.mock.stats().requests, 0);
+
+    // A keep-alive connection that served a request is closed once idle for too long.
+    let mut idle = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    idle.write_all(req.as_bytes()).await.unwrap();
+    let (got, took) = until_closed(&mut idle).await;
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    wait_gauge(&env, "data", 0.0).await;
+}
+
+#[tokio::test]
+async fn http2_connections_that_never_send_a_request_are_closed() {
+    let env = start("header_read_timeout = \"1s\"\n").await;
+    let mut sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    // Preface and an empty SETTINGS frame: a valid HTTP/2 start, and then nothing.
+    sock.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let (_, took) = until_closed(&mut sock).await;
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+}
+
+/// The real binary under `ulimit -n 128`: 150 silent peers must not make it refuse `/healthz`
+/// or data-plane callers (the cap follows the descriptor limit, deadlines free the slots).
+#[tokio::test]
+async fn under_a_low_descriptor_limit_silent_peers_do_not_starve_either_plane() {
+    use tokio::io::AsyncBufReadExt;
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let toml = harness::config_toml_with(
+        &mock.base_url(),
+        "header_read_timeout = \"500ms\"\n",
+        "",
+        "",
+    );
+    std::fs::write(&path, toml).unwrap();
+    let script = format!(
+        "ulimit -n 128 && exec '{}' serve --config '{}'",
+        env!("CARGO_BIN_EXE_legate"),
+        path.display()
+    );
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", &script])
+        .envs(harness::test_env_vars())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next_line().await.unwrap().expect("a listening line");
+    let urls: Vec<&str> = line
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter(|w| w.starts_with("http://"))
+        .collect();
+    let (data, admin) = (urls[0].to_string(), urls[1].to_string());
+    let data_addr: std::net::SocketAddr = data.trim_start_matches("http://").parse().unwrap();
+
+    let mut peers = Vec::new();
+    for _ in 0..150 {
+        peers.push(TcpStream::connect(data_addr).await.unwrap());
+    }
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for _ in 0..3 {
+        let r = http
+            .get(format!("{admin}/healthz"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .expect("/healthz answers");
+        assert_eq!(r.status(), 200);
+    }
+    let r = http
+        .post(format!("{data}/v1/messages"))
+        .header("content-type", "application/json")
+        .body(BODY)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .expect("a data-plane caller is served");
+    assert_eq!(r.status(), 200);
+    drop(peers);
+    child.kill().await.ok();
+}
