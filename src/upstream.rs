@@ -1,6 +1,6 @@
 //! One upstream provider: its pooled HTTP client (hyper-util over hyper-rustls), its live
 //! credential, its concurrency cap, and how a request to it is built. The per-attempt timeouts
-//! are applied by the caller (`proxy::attempt`), which knows the request's deadline.
+//! are applied by the caller (`proxy::exchange`), which knows the request's deadline.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -27,9 +27,16 @@ pub enum Verdict {
 /// exhaustion (OpenAI `insufficient_quota`, Anthropic `enforced_spend_limit_reached`) must not
 /// be retried.
 pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
-    match status.as_u16() {
+    let quota = status == StatusCode::TOO_MANY_REQUESTS && crate::api::is_quota_exhaustion(body);
+    classify_status(status.as_u16(), quota)
+}
+
+/// Classifies an upstream status, `quota` saying whether its body reports an exhausted quota
+/// or spend limit (SPEC §6: retry 408, 429 unless quota, 500, 502, 503, 504, 529).
+pub fn classify_status(status: u16, quota: bool) -> Verdict {
+    match status {
         0..=399 => Verdict::Success,
-        429 if crate::api::is_quota_exhaustion(body) => Verdict::Final {
+        429 if quota => Verdict::Final {
             provider_fault: false,
         },
         408 | 429 => Verdict::Retryable {
@@ -45,11 +52,6 @@ pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
             provider_fault: false,
         },
     }
-}
-
-/// Whether the status may be retryable, so its (small) error body must be read to decide.
-pub fn needs_body(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504 | 529)
 }
 
 /// The wait an upstream asked for: `retry-after-ms` (milliseconds, fractional allowed) first,

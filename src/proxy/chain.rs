@@ -1,10 +1,12 @@
-//! The chain executor: the whole failure policy in one place. For each step of the model's
-//! chain: ask its breaker, fit the body, and make up to `max_attempts` attempts — waiting the
-//! upstream's retry-after or a jittered backoff between them, within the deadline and the retry
-//! budget. Availability failures (retries spent on retryable errors, an open breaker, a
-//! retry-after longer than `max_retry_after`, a timeout) move on to the next step; a final
-//! answer (success, or a 4xx that another try would only repeat) is returned at once — a
-//! fallback must never route around a refusal.
+//! The chain executor: the whole failure policy acted on in one place. For each step of the
+//! model's chain: ask its breaker, fit the body, and make up to `max_attempts` exchanges with
+//! the step's upstream. `policy::judge` says what each exchange's outcome means; this file
+//! alone acts on it — commit the answer, wait (the upstream's retry-after or a jittered
+//! backoff, within the deadline and the retry budget) and try again, move on to the next step,
+//! or give up — and reports the outcome to the step's breaker. Availability failures (retries
+//! spent on retryable errors, an open breaker, a retry-after longer than `max_retry_after`, a
+//! timeout) move on to the next step; a final answer (success, or a 4xx that another try
+//! would only repeat) is returned at once — a fallback must never route around a refusal.
 
 use std::time::Duration;
 
@@ -13,28 +15,28 @@ use tokio::time::Instant;
 
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
-use crate::policy::breaker::{Admission, Ticket};
+use crate::policy::breaker::{Admission, Outcome, Ticket};
+use crate::policy::judge::{self, Action, Context, GiveUp, Report, Verdict};
 use crate::policy::retry::Backoff;
-use crate::proxy::attempt::{self, Attempt};
+use crate::proxy::answer;
+use crate::proxy::exchange::{self, Answer, Call, Exchanged, Spent};
 use crate::proxy::record::RequestRecord;
-use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::response::ProxyBody;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
 use crate::translate;
 
 /// What failed last, to be reported if no step can answer.
-pub enum Failure {
+enum Failure {
     /// An upstream error response, read whole (small), returned as it is.
     Response(Response<ProxyBody>),
     /// No usable response (connection, timeout, broken stream).
     Error(ProxyError),
 }
 
-/// Running totals of one request's execution.
-pub struct Exec {
-    pub attempts: u32,
-    /// Time spent waiting on upstreams and in backoff: not legate's overhead.
-    pub outside: Duration,
+/// Running state of one request's execution.
+struct Exec {
+    spent: Spent,
     last: Option<Failure>,
     any_admitted: bool,
     earliest_probe: Option<Instant>,
@@ -45,32 +47,22 @@ enum StepEnd {
     Unavailable,
 }
 
-/// What the executor reports besides the response, for the headers of any answer.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ExecStats {
-    /// Time spent waiting on upstreams and in backoff: subtracted to report legate's overhead.
-    pub outside: Duration,
-    pub attempts: u32,
-}
-
-/// Runs the chain for one request.
+/// Runs the chain for one request; `spent` says what it cost, whatever the result.
 pub(super) async fn run(
     proxy: &Proxy,
     snap: &Snapshot,
     inb: Inbound,
     record: &mut Option<RequestRecord>,
-    stats: &mut ExecStats,
+    spent: &mut Spent,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut exec = Exec {
-        attempts: 0,
-        outside: Duration::ZERO,
+        spent: Spent::default(),
         last: None,
         any_admitted: false,
         earliest_probe: None,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
-    stats.outside = exec.outside;
-    stats.attempts = exec.attempts;
+    *spent = exec.spent;
     result
 }
 
@@ -103,12 +95,8 @@ async fn execute(
                 .inc();
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
-        match run_step(proxy, snap, &inb, step, exec, record).await? {
-            StepEnd::Answer(mut resp) => {
-                response::set_header(&mut resp, "x-legate-attempts", &exec.attempts.to_string());
-                return Ok(resp);
-            }
-            StepEnd::Unavailable => {}
+        if let StepEnd::Answer(resp) = run_step(proxy, snap, &inb, step, exec, record).await? {
+            return Ok(resp);
         }
     }
     if !exec.any_admitted {
@@ -118,10 +106,7 @@ async fn execute(
         });
     }
     match exec.last.take() {
-        Some(Failure::Response(mut resp)) => {
-            response::set_header(&mut resp, "x-legate-attempts", &exec.attempts.to_string());
-            Ok(resp)
-        }
+        Some(Failure::Response(resp)) => Ok(resp),
         Some(Failure::Error(e)) => Err(e),
         None => Err(ProxyError::Internal),
     }
@@ -160,6 +145,38 @@ fn translated_body(
     route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream).map_err(|e| e.message())
 }
 
+/// The body for a step: the caller's own, fitted, or translated into the step's API. None (the
+/// reason noted as the last failure) when the step cannot honour the request.
+fn step_body(
+    proxy: &Proxy,
+    inb: &Inbound,
+    step: &ChainStep,
+    upstream: ApiKind,
+    exec: &mut Exec,
+) -> Result<Option<bytes::Bytes>, ProxyError> {
+    let caller = inb.endpoint.api;
+    if upstream == caller {
+        return route::fit(&inb.body, &inb.meta, step, caller).map(Some);
+    }
+    match translated_body(proxy, inb, step, upstream) {
+        Ok(b) => Ok(Some(b)),
+        Err(why) => {
+            // A step that cannot honour the request is not sent to: the next one may.
+            tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+            exec.any_admitted = true;
+            if exec.last.is_none() {
+                exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
+                    message: format!(
+                        "this request cannot be served by {} (another API): {why}",
+                        step.target()
+                    ),
+                }));
+            }
+            Ok(None)
+        }
+    }
+}
+
 async fn run_step(
     proxy: &Proxy,
     snap: &Snapshot,
@@ -173,39 +190,32 @@ async fn run_step(
         .upstreams
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
+    let Some(body) = step_body(proxy, inb, step, up.kind, exec)? else {
+        return Ok(StepEnd::Unavailable);
+    };
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
-    let caller = inb.endpoint.api;
-    let body = if up.kind == caller {
-        route::fit(&inb.body, &inb.meta, step, caller)?
-    } else {
-        match translated_body(proxy, inb, step, up.kind) {
-            Ok(b) => b,
-            Err(why) => {
-                // A step that cannot honour the request is not sent to: the next one may.
-                tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
-                exec.any_admitted = true;
-                if exec.last.is_none() {
-                    exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
-                        message: format!(
-                            "this request cannot be served by {} (another API): {why}",
-                            step.target()
-                        ),
-                    }));
-                }
-                return Ok(StepEnd::Unavailable);
-            }
-        }
+    let call = Call {
+        proxy,
+        snap,
+        up,
+        step,
+        model_label,
+        inb,
+        body,
+    };
+    let count = |label: &str| {
+        proxy
+            .metrics
+            .upstream_attempts
+            .with_label_values(&[&step.provider, model_label, label])
+            .inc();
     };
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
         let ticket = match breaker.as_ref().map(|b| b.admit()) {
             Some(Admission::Refused { until }) => {
-                proxy
-                    .metrics
-                    .upstream_attempts
-                    .with_label_values(&[&step.provider, model_label, "breaker_open"])
-                    .inc();
+                count("breaker_open");
                 exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
                 return Ok(StepEnd::Unavailable);
             }
@@ -220,41 +230,126 @@ async fn run_step(
                 .with_label_values(&[&step.provider, model_label])
                 .inc();
         }
-        let call = attempt::Call {
-            proxy,
-            snap,
-            up,
-            step,
-            model_label,
-            inb,
-            body: body.clone(),
-        };
-        match attempt::run(call, ticket, exec, record).await {
-            Attempt::Answer(resp) => return Ok(StepEnd::Answer(resp)),
-            Attempt::Abort(e) => return Err(e),
-            Attempt::Skip(e) => {
-                tracing::warn!(step = %step.target(), error = e.kind(), "chain step cannot be called; trying the next");
-                exec.last = Some(Failure::Error(e));
-                return Ok(StepEnd::Unavailable);
-            }
-            Attempt::Retry { failure, wait } => {
-                exec.last = Some(failure);
-                if n == retry.max_attempts {
-                    break;
-                }
-                let delay = match wait {
-                    // Waiting that long is worse than a substitute answering now.
-                    Some(w) if w > retry.max_retry_after => break,
-                    Some(w) => w,
-                    None => backoff.next_delay(),
-                };
-                if Instant::now() + delay >= inb.deadline || !proxy.budget.try_withdraw() {
-                    break;
-                }
-                tokio::time::sleep(delay).await;
-                exec.outside += delay;
-            }
+        let exchanged = exchange::run(&call, &mut exec.spent, record).await;
+        let verdict = judge::judge(
+            exchanged.happened(),
+            Context {
+                deadline_passed: Instant::now() >= inb.deadline,
+                last_attempt: n == retry.max_attempts,
+                max_retry_after: retry.max_retry_after,
+            },
+        );
+        if let Some(label) = verdict.label {
+            count(label);
         }
+        let wait = match act(&call, exchanged, verdict, ticket, exec, record)? {
+            Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
+            Next::Unavailable => return Ok(StepEnd::Unavailable),
+            Next::Retry(wait) => wait,
+        };
+        let delay = wait.unwrap_or_else(|| backoff.next_delay());
+        if Instant::now() + delay >= inb.deadline || !proxy.budget.try_withdraw() {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        exec.spent.outside += delay;
     }
     Ok(StepEnd::Unavailable)
+}
+
+/// What the step loop does after one verdict.
+enum Next {
+    Answer(Response<ProxyBody>),
+    Retry(Option<Duration>),
+    Unavailable,
+}
+
+/// Acts on one verdict: reports to the breaker, and commits the answer, keeps the failure for
+/// later, or gives up.
+fn act(
+    call: &Call<'_>,
+    exchanged: Exchanged,
+    verdict: Verdict,
+    ticket: Ticket,
+    exec: &mut Exec,
+    record: &mut Option<RequestRecord>,
+) -> Result<Next, ProxyError> {
+    let ticket = match verdict.breaker {
+        // A committed stream's outcome is known when it ends: its body reports it.
+        Report::AtStreamEnd => Some(ticket.committed()),
+        Report::Success => report(ticket, Outcome::Success),
+        Report::Failure => report(ticket, Outcome::Failure),
+        Report::Neutral => report(ticket, Outcome::Neutral),
+    };
+    match verdict.action {
+        Action::Commit => commit(call, exchanged, ticket, record).map(Next::Answer),
+        Action::GiveUp(GiveUp::Deadline) => Err(ProxyError::DeadlineExceeded),
+        Action::GiveUp(GiveUp::Shed) => Err(ProxyError::Shed {
+            retry_after: Duration::from_secs(1),
+        }),
+        Action::NextStep => {
+            if let Exchanged::Unsendable(e) = &exchanged {
+                tracing::warn!(step = %call.step.target(), error = e.kind(), "chain step cannot be called; trying the next");
+            }
+            exec.last = Some(failure(exchanged));
+            Ok(Next::Unavailable)
+        }
+        Action::Retry { wait } => {
+            exec.last = Some(failure(exchanged));
+            Ok(Next::Retry(wait))
+        }
+    }
+}
+
+fn report(ticket: Ticket, outcome: Outcome) -> Option<Ticket> {
+    ticket.report(outcome);
+    None
+}
+
+/// The caller's response for a committed outcome.
+fn commit(
+    call: &Call<'_>,
+    exchanged: Exchanged,
+    ticket: Option<Ticket>,
+    record: &mut Option<RequestRecord>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    match exchanged {
+        Exchanged::Whole(resp)
+        | Exchanged::Error {
+            answer: Answer::Ready(resp),
+            ..
+        } => Ok(resp),
+        Exchanged::Stream(p)
+        | Exchanged::WholeStreamed(p)
+        | Exchanged::Error {
+            answer: Answer::Pending(p),
+            ..
+        } => Ok(answer::commit(call, p, ticket, record)),
+        // The judge commits answers only.
+        _ => Err(ProxyError::Internal),
+    }
+}
+
+/// What a failed exchange leaves to report if no later attempt or step answers.
+fn failure(exchanged: Exchanged) -> Failure {
+    match exchanged {
+        Exchanged::Unsendable(e)
+        | Exchanged::TimedOut(e)
+        | Exchanged::Unreachable(e)
+        | Exchanged::Broken(e) => Failure::Error(e),
+        Exchanged::Error {
+            answer: Answer::Ready(resp),
+            ..
+        } => Failure::Response(resp),
+        Exchanged::Deadline { .. } => Failure::Error(ProxyError::DeadlineExceeded),
+        // The judge moves on from failures only; an answer here is legate's own error.
+        Exchanged::Shed
+        | Exchanged::Stream(_)
+        | Exchanged::Whole(_)
+        | Exchanged::WholeStreamed(_)
+        | Exchanged::Error {
+            answer: Answer::Pending(_),
+            ..
+        } => Failure::Error(ProxyError::Internal),
+    }
 }

@@ -2,14 +2,16 @@
 //! policies below and returns the response. The order is the design; each step says why it
 //! sits where it does.
 
-pub mod attempt;
+pub mod answer;
 pub mod body;
 pub mod chain;
+pub mod exchange;
 pub mod inbound;
 pub mod models;
 pub mod record;
 pub mod response;
 pub mod upbody;
+pub mod upread;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -186,7 +188,7 @@ impl Proxy {
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
         let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
-        let mut stats = chain::ExecStats::default();
+        let mut stats = exchange::Spent::default();
         let result = self
             .serve(&snap, endpoint, req, &mut record, &mut stats)
             .await;
@@ -206,9 +208,8 @@ impl Proxy {
         // Time inside legate before the response headers, upstream waits excluded.
         let overhead = started.elapsed().saturating_sub(stats.outside);
         if stats.attempts > 0 {
-            if !resp.headers().contains_key("x-legate-attempts") {
-                response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
-            }
+            // Stamped here only, on answers and errors alike.
+            response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
             if resp.status().as_u16() >= 400 {
                 // Whatever ended it, this request already cost upstream attempts: the SDK must
                 // not multiply them.
@@ -247,7 +248,7 @@ impl Proxy {
         endpoint: Option<Endpoint>,
         req: Request<Incoming>,
         record: &mut Option<RequestRecord>,
-        stats: &mut chain::ExecStats,
+        stats: &mut exchange::Spent,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
@@ -276,30 +277,7 @@ impl Proxy {
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
-        let limits = &cfg.server.limits;
-        let read = inbound::read_body(
-            &parts.headers,
-            body,
-            cfg.server.max_body_bytes,
-            limits.body_read_timeout,
-        );
-        let body = match read.await {
-            Ok(b) => b,
-            Err(BodyError::TimedOut) => return Err(ProxyError::BodyTimeout),
-            Err(BodyError::TooLarge) => {
-                return Err(ProxyError::TooLarge {
-                    limit: cfg.server.max_body_bytes,
-                });
-            }
-            Err(BodyError::Broken) => {
-                if let Some(r) = record.as_mut() {
-                    r.client_gone();
-                }
-                return Err(ProxyError::InvalidRequest {
-                    message: "the request body could not be read completely".to_string(),
-                });
-            }
-        };
+        let body = read_body(cfg, &parts.headers, body, record).await?;
         let meta = parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
             r.set_model(snap.labels.model(&meta.model));
@@ -373,6 +351,30 @@ impl Proxy {
             &ask,
             meta.approx_input_tokens,
         ))
+    }
+}
+
+/// Reads the body once, under the size limit and within the read timeout.
+async fn read_body(
+    cfg: &Config,
+    headers: &HeaderMap,
+    body: Incoming,
+    record: &mut Option<RequestRecord>,
+) -> Result<Bytes, ProxyError> {
+    let limit = cfg.server.max_body_bytes;
+    let read = inbound::read_body(headers, body, limit, cfg.server.limits.body_read_timeout);
+    match read.await {
+        Ok(b) => Ok(b),
+        Err(BodyError::TimedOut) => Err(ProxyError::BodyTimeout),
+        Err(BodyError::TooLarge) => Err(ProxyError::TooLarge { limit }),
+        Err(BodyError::Broken) => {
+            if let Some(r) = record.as_mut() {
+                r.client_gone();
+            }
+            Err(ProxyError::InvalidRequest {
+                message: "the request body could not be read completely".to_string(),
+            })
+        }
     }
 }
 

@@ -1,0 +1,380 @@
+//! One upstream exchange, and nothing but its I/O: build the request for the step's provider,
+//! wait for pacing and a concurrency slot, send it within the first-byte timeout and the
+//! deadline, and read the answer as far as a decision needs (a stream up to its commit point,
+//! a whole success body, a small error body). It returns what happened as one enum; what that
+//! means is `policy::judge`'s to say, and `proxy::chain` acts on it.
+
+use std::time::{Duration, Instant as StdInstant, SystemTime};
+
+use bytes::Bytes;
+use http::response::Parts;
+use http::{Method, Response, StatusCode, header};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::api;
+use crate::config::ChainStep;
+use crate::error::ProxyError;
+use crate::policy::admission::Permit;
+use crate::policy::judge::{self, Happened};
+use crate::policy::retry;
+use crate::proxy::answer::{self, Pending};
+use crate::proxy::body::Mode;
+use crate::proxy::record::{InflightGuard, RequestRecord};
+use crate::proxy::response::ProxyBody;
+use crate::proxy::upbody::UpstreamBody;
+use crate::proxy::upread::{self, PreCommit, Whole};
+use crate::proxy::watch::SseWatch;
+use crate::proxy::{Inbound, Proxy, Snapshot};
+use crate::translate::{self, Dir};
+use crate::upstream::Upstream;
+
+/// What one exchange needs.
+pub(crate) struct Call<'a> {
+    pub(crate) proxy: &'a Proxy,
+    pub(crate) snap: &'a Snapshot,
+    pub(crate) up: &'a Upstream,
+    pub(crate) step: &'a ChainStep,
+    pub(crate) model_label: &'a str,
+    pub(crate) inb: &'a Inbound,
+    pub(crate) body: Bytes,
+}
+
+/// Upstream attempts made and time spent outside legate (upstream waits, backoff), for the
+/// response's headers and the overhead metric.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Spent {
+    pub attempts: u32,
+    pub outside: Duration,
+}
+
+/// What happened in one exchange, with what the chain needs to act on it.
+pub(crate) enum Exchanged {
+    Unsendable(ProxyError),
+    Shed,
+    Deadline {
+        in_flight: bool,
+    },
+    TimedOut(ProxyError),
+    Unreachable(ProxyError),
+    Broken(ProxyError),
+    Stream(Pending),
+    Whole(Response<ProxyBody>),
+    /// A success too large to hold: streamed through.
+    WholeStreamed(Pending),
+    Error {
+        status: u16,
+        quota: bool,
+        retry_after: Option<Duration>,
+        in_stream: bool,
+        answer: Answer,
+    },
+}
+
+/// An error answer: read whole (it may be retried), or passed through as it arrives.
+pub(crate) enum Answer {
+    Ready(Response<ProxyBody>),
+    Pending(Pending),
+}
+
+impl Exchanged {
+    /// The payload-free outcome the judge decides on.
+    pub(crate) fn happened(&self) -> Happened {
+        match self {
+            Exchanged::Unsendable(_) => Happened::Unsendable,
+            Exchanged::Shed => Happened::Shed,
+            Exchanged::Deadline { in_flight } => Happened::Deadline {
+                in_flight: *in_flight,
+            },
+            Exchanged::TimedOut(_) => Happened::TimedOut,
+            Exchanged::Unreachable(_) => Happened::Unreachable,
+            Exchanged::Broken(_) => Happened::Broken,
+            Exchanged::Stream(_) => Happened::Stream,
+            Exchanged::Whole(_) | Exchanged::WholeStreamed(_) => Happened::Whole,
+            Exchanged::Error {
+                status,
+                quota,
+                retry_after,
+                in_stream,
+                ..
+            } => Happened::Error {
+                status: *status,
+                quota: *quota,
+                retry_after: *retry_after,
+                in_stream: *in_stream,
+            },
+        }
+    }
+}
+
+/// The upstream's answer as received, before it is read.
+struct Got {
+    parts: Parts,
+    incoming: Incoming,
+    permit: Permit,
+    inflight: InflightGuard,
+    dir: Option<Dir>,
+}
+
+/// Performs one exchange with the step's upstream.
+pub(crate) async fn run(
+    call: &Call<'_>,
+    spent: &mut Spent,
+    record: &mut Option<RequestRecord>,
+) -> Exchanged {
+    let Call { proxy, up, inb, .. } = *call;
+    // A step of another API is reached through translation (SPEC §10).
+    let dir = Dir::between(inb.endpoint.api, up.kind);
+    let req = match request(call, dir.is_some()) {
+        Ok(r) => r,
+        Err(e) => return Exchanged::Unsendable(e),
+    };
+    let waited = Instant::now();
+    let permit = match turn(call).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    spent.outside += waited.elapsed();
+    let metrics = &proxy.metrics;
+    // Decremented on every path, a dropped future (the caller went away) included.
+    let inflight = InflightGuard::new(metrics.inflight.with_label_values(&[&up.name]));
+    // Counted here, once the request is really about to leave.
+    spent.attempts += 1;
+    let sent = Instant::now();
+    let result = upread::send(up, req, inb.deadline).await;
+    metrics
+        .upstream_duration
+        .with_label_values(&[&up.name, call.model_label])
+        .observe(sent.elapsed().as_secs_f64());
+    let out = match result {
+        Ok(resp) => {
+            up.pacer.observe(resp.headers());
+            let (parts, incoming) = resp.into_parts();
+            let got = Got {
+                parts,
+                incoming,
+                permit,
+                inflight,
+                dir,
+            };
+            read(call, got, record).await
+        }
+        Err(ProxyError::DeadlineExceeded) => Exchanged::Deadline { in_flight: true },
+        Err(e @ ProxyError::UpstreamTimeout { .. }) => Exchanged::TimedOut(e),
+        Err(e) => Exchanged::Unreachable(e),
+    };
+    spent.outside += sent.elapsed();
+    out
+}
+
+/// The upstream request: the step's path (the caller's query only when not translated).
+fn request(
+    call: &Call<'_>,
+    translating: bool,
+) -> Result<http::Request<http_body_util::Full<Bytes>>, ProxyError> {
+    let Call { up, inb, .. } = *call;
+    let upstream_path = inb.endpoint.upstream_path(up.kind);
+    let path = match &inb.query {
+        Some(q) => format!("{upstream_path}?{q}"),
+        None => upstream_path.to_string(),
+    };
+    up.build_request(
+        Method::POST,
+        &path,
+        &inb.headers,
+        call.body.clone(),
+        translating,
+    )
+}
+
+/// Pacing, then a concurrency slot in priority order, never past the deadline.
+async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
+    let Call { up, inb, snap, .. } = *call;
+    // When the provider's rate limit runs low, background and batch calls wait their slot so
+    // that what is left lasts until the reset.
+    if let Some(wait) = up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below) {
+        if Instant::now() + wait >= inb.deadline {
+            return Err(Exchanged::Deadline { in_flight: false });
+        }
+        tokio::time::sleep(wait).await;
+    }
+    match tokio::time::timeout_at(inb.deadline, up.gate.acquire(inb.priority)).await {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(_)) => Err(Exchanged::Shed),
+        Err(_) => Err(Exchanged::Deadline { in_flight: false }),
+    }
+}
+
+async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
+    let status = got.parts.status;
+    let is_sse = got
+        .parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    match (status.is_success(), is_sse) {
+        (true, true) => stream(call, got, record).await,
+        (true, false) => whole(call, got, record).await,
+        (false, _) => error(call, got).await,
+    }
+}
+
+/// A stream read up to its commit point, its preamble held back.
+async fn stream(call: &Call<'_>, got: Got, record: &Option<RequestRecord>) -> Exchanged {
+    let Call { proxy, up, inb, .. } = *call;
+    let api = inb.endpoint.api;
+    let mut incoming = match got.dir {
+        Some(dir) => {
+            let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
+            UpstreamBody::translated(got.incoming, tr, up.kind)
+        }
+        None => UpstreamBody::Plain(got.incoming),
+    };
+    let mut watch = Box::new(SseWatch::new(api));
+    let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
+    match pre.await {
+        Ok(held) => {
+            if watch.saw_content {
+                let started = record
+                    .as_ref()
+                    .map_or_else(StdInstant::now, RequestRecord::started);
+                proxy
+                    .metrics
+                    .ttft
+                    .with_label_values(&[&up.name, call.model_label])
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            Exchanged::Stream(Pending {
+                status: got.parts.status,
+                headers: got.parts.headers,
+                incoming,
+                mode: Mode::Sse(watch),
+                held: (!held.is_empty()).then_some(held),
+                permit: got.permit,
+                inflight: got.inflight,
+            })
+        }
+        // Nothing reached the caller: the event becomes the error answer it stands for.
+        Err(PreCommit::ErrorEvent(data)) => {
+            let (status, body) = api.dialect().error_event_response(&data);
+            let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
+            let resp = answer::buffered(call, status, &got.parts.headers, body);
+            Exchanged::Error {
+                status: status.as_u16(),
+                quota,
+                retry_after: None,
+                in_stream: true,
+                answer: Answer::Ready(resp),
+            }
+        }
+        Err(PreCommit::Broken(why)) => {
+            tracing::info!(provider = %up.name, reason = why, "stream failed before its first content");
+            Exchanged::Broken(ProxyError::UpstreamStreamBroken {
+                provider: up.name.clone(),
+            })
+        }
+    }
+}
+
+/// A whole success answer, read before it is committed so that a cut mid-body is retried like
+/// any other failure instead of reaching the caller as a broken response.
+async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
+    let Call { up, inb, .. } = *call;
+    let mut incoming = UpstreamBody::Plain(got.incoming);
+    let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
+    // Translated: the caller's API shape, or an answer that cannot be carried across.
+    let read = match (read, got.dir) {
+        (Whole::Complete(body), Some(dir)) => match translate::response(dir, &body) {
+            Ok(b) => Whole::Complete(Bytes::from(b)),
+            Err(e) => {
+                tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
+                Whole::Broken("the upstream answer could not be translated")
+            }
+        },
+        (Whole::TooLarge(_), Some(_)) => {
+            Whole::Broken("the upstream answer is too large to translate")
+        }
+        (w, _) => w,
+    };
+    match read {
+        Whole::Complete(body) => {
+            if let Some(rec) = record.as_mut() {
+                match inb.endpoint.api.dialect().usage_of_body(&body) {
+                    Some(u) => {
+                        let cost = answer::sink(call, rec).record(u);
+                        rec.settle(u, cost, &up.name);
+                    }
+                    None => rec.keep_reservation(),
+                }
+            }
+            Exchanged::Whole(answer::buffered(
+                call,
+                got.parts.status,
+                &got.parts.headers,
+                body,
+            ))
+        }
+        Whole::TooLarge(prefix) => Exchanged::WholeStreamed(Pending {
+            status: got.parts.status,
+            headers: got.parts.headers,
+            incoming,
+            mode: Mode::Json {
+                buf: Vec::new(),
+                overflow: true,
+            },
+            held: Some(prefix),
+            permit: got.permit,
+            inflight: got.inflight,
+        }),
+        Whole::Broken(why) => {
+            tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
+            Exchanged::Broken(ProxyError::UpstreamStreamBroken {
+                provider: up.name.clone(),
+            })
+        }
+    }
+}
+
+/// An error answer. One that no retry could change is passed through as it arrives; one that
+/// may be retryable has its small body read (and translated) to decide.
+async fn error(call: &Call<'_>, got: Got) -> Exchanged {
+    let Call { up, inb, .. } = *call;
+    let status = got.parts.status;
+    if !judge::worth_reading(status.as_u16()) && got.dir.is_none() {
+        return Exchanged::Error {
+            status: status.as_u16(),
+            quota: false,
+            retry_after: None,
+            in_stream: false,
+            answer: Answer::Pending(Pending {
+                status,
+                headers: got.parts.headers,
+                incoming: UpstreamBody::Plain(got.incoming),
+                mode: Mode::json(),
+                held: None,
+                permit: got.permit,
+                inflight: got.inflight,
+            }),
+        };
+    }
+    let incoming = UpstreamBody::Plain(got.incoming);
+    let body = upread::read_small(incoming, up.idle_timeout, inb.deadline).await;
+    let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
+    let retry_after = retry::retry_after(&got.parts.headers, SystemTime::now());
+    let resp = match got.dir {
+        Some(dir) => {
+            let (st, b) = translate::error(dir, status.as_u16(), &body);
+            let st = StatusCode::from_u16(st).unwrap_or(status);
+            answer::buffered(call, st, &got.parts.headers, Bytes::from(b))
+        }
+        None => answer::buffered(call, status, &got.parts.headers, body),
+    };
+    Exchanged::Error {
+        status: status.as_u16(),
+        quota,
+        retry_after,
+        in_stream: false,
+        answer: Answer::Ready(resp),
+    }
+}
