@@ -36,6 +36,18 @@ pub enum Command {
         /// JSON script of replies and faults (see README).
         #[arg(long)]
         script: Option<PathBuf>,
+        /// Also play Bedrock, Vertex AI, Azure OpenAI and their credential endpoints.
+        #[arg(long)]
+        cloud: bool,
+        /// Lifetime of every credential the cloud endpoints issue (with --cloud).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        credential_ttl: std::time::Duration,
+        /// The key the fake Azure deployments accept in `api-key` (with --cloud).
+        #[arg(long)]
+        azure_api_key: Option<String>,
+        /// A static access key pair, ID:SECRET, the fake Bedrock accepts (with --cloud).
+        #[arg(long)]
+        aws_static_key: Option<String>,
     },
     /// Run the bundled headless agent loop through legate.
     #[command(

@@ -24,6 +24,8 @@ pub enum ProxyError {
     InvalidRequest { message: String },
     /// No such endpoint.
     NotFound { method: String, path: String },
+    /// `GET /v1/models/{id}` for a model legate has not configured.
+    ModelNotFound { model: String },
     /// Body larger than `server.max_body_bytes`.
     TooLarge { limit: usize },
     /// `[[clients]]` is configured and the caller's key matches none (or is missing).
@@ -38,6 +40,9 @@ pub enum ProxyError {
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
+    /// A cloud provider's credential could not be obtained (`what` says which step failed;
+    /// never a secret).
+    CredentialUnavailable { provider: String, what: String },
     /// Connecting to the upstream failed.
     UpstreamUnreachable { provider: String },
     /// The upstream did not send response headers within `first_byte_timeout`.
@@ -46,6 +51,9 @@ pub enum ProxyError {
     DeadlineExceeded,
     /// An upstream stream broke (cut, stalled) before its first content event, on every try.
     UpstreamStreamBroken { provider: String },
+    /// The upstream answered, but with something that cannot be passed on (no choices, tool
+    /// arguments that are not a JSON object), on every try. `reason` holds no upstream content.
+    UpstreamAnswerUnusable { provider: String, reason: String },
     /// Every chain step's breaker is open: nothing was sent upstream.
     AllBreakersOpen { retry_after: std::time::Duration },
     /// A tenant limit refused the request for now.
@@ -69,7 +77,7 @@ impl ProxyError {
             }
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Shed { .. } => overloaded(),
-            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
             ProxyError::ForbiddenTarget | ProxyError::ForbiddenOrigin => StatusCode::FORBIDDEN,
@@ -78,9 +86,10 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamStreamBroken { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::UpstreamUnreachable { .. }
+            | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::UpstreamAnswerUnusable { .. }
+            | ProxyError::CredentialUnavailable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::AllBreakersOpen { .. } => overloaded(),
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -92,6 +101,7 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { .. }
             | ProxyError::NotFound { .. }
+            | ProxyError::ModelNotFound { .. }
             | ProxyError::TooLarge { .. }
             | ProxyError::Unauthorized
             | ProxyError::ForbiddenTarget
@@ -100,10 +110,13 @@ impl ProxyError {
             | ProxyError::RateLimited { .. }
             | ProxyError::NeverFits { .. } => Source::Client,
             ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
-            ProxyError::NoProviderKey { .. } | ProxyError::Internal => Source::Proxy,
+            ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
+            | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::UpstreamAnswerUnusable { .. }
             | ProxyError::DeadlineExceeded
             | ProxyError::AllBreakersOpen { .. } => Source::Upstream,
         }
@@ -114,6 +127,7 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::NotFound { .. } => "not_found",
+            ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::TooLarge { .. } => "too_large",
             ProxyError::Unauthorized => "unauthorized",
             ProxyError::ForbiddenTarget => "forbidden_target",
@@ -121,10 +135,12 @@ impl ProxyError {
             ProxyError::BodyTimeout => "body_timeout",
             ProxyError::BuffersFull { .. } => "buffers_full",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
             ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
+            ProxyError::UpstreamAnswerUnusable { .. } => "upstream_answer_unusable",
             ProxyError::AllBreakersOpen { .. } => "breaker_open",
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::NeverFits { .. } => "never_fits",
@@ -143,7 +159,7 @@ impl ProxyError {
             | ProxyError::BodyTimeout
             | ProxyError::NeverFits { .. } => ErrorClass::InvalidRequest,
             ProxyError::ForbiddenOrigin => ErrorClass::Permission,
-            ProxyError::NotFound { .. } => ErrorClass::NotFound,
+            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => ErrorClass::NotFound,
             ProxyError::TooLarge { .. } => ErrorClass::TooLarge,
             ProxyError::Unauthorized => ErrorClass::Authentication,
             ProxyError::AllBreakersOpen { .. }
@@ -151,9 +167,11 @@ impl ProxyError {
             | ProxyError::BuffersFull { .. } => ErrorClass::Overloaded,
             ProxyError::RateLimited { .. } => ErrorClass::RateLimited,
             ProxyError::NoProviderKey { .. }
+            | ProxyError::CredentialUnavailable { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
+            | ProxyError::UpstreamAnswerUnusable { .. }
             | ProxyError::DeadlineExceeded
             | ProxyError::Internal => ErrorClass::Server,
         }
@@ -164,16 +182,19 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::NotFound { .. } => "unknown_url",
+            ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "invalid_api_key",
             ProxyError::ForbiddenTarget => "forbidden_target",
             ProxyError::ForbiddenOrigin => "forbidden_origin",
             ProxyError::BodyTimeout => "request_timeout",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
             ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
+            ProxyError::UpstreamAnswerUnusable { .. } => "upstream_answer_unusable",
             ProxyError::AllBreakersOpen { .. }
             | ProxyError::Shed { .. }
             | ProxyError::BuffersFull { .. } => "overloaded",
@@ -189,6 +210,9 @@ impl ProxyError {
             ProxyError::InvalidRequest { message } => message.clone(),
             ProxyError::NotFound { method, path } => format!(
                 "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models and POST /v1/chat/completions"
+            ),
+            ProxyError::ModelNotFound { model } => format!(
+                "model `{model}` is not configured in legate; GET /v1/models lists the names it serves"
             ),
             ProxyError::TooLarge { limit } => format!(
                 "the request body is larger than {limit} bytes (server.max_body_bytes); nothing was sent upstream"
@@ -212,6 +236,9 @@ impl ProxyError {
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
             ),
+            ProxyError::CredentialUnavailable { provider, what } => format!(
+                "legate could not obtain a credential for provider `{provider}`: {what}"
+            ),
             ProxyError::UpstreamUnreachable { provider } => format!(
                 "could not connect to provider `{provider}`; legate will keep trying on later requests"
             ),
@@ -223,6 +250,9 @@ impl ProxyError {
             }
             ProxyError::UpstreamStreamBroken { provider } => format!(
                 "provider `{provider}` broke off its stream before any content, on every try"
+            ),
+            ProxyError::UpstreamAnswerUnusable { provider, reason } => format!(
+                "provider `{provider}` answered, but legate cannot pass the answer on: {reason}"
             ),
             ProxyError::RateLimited { limit, retry_after } => format!(
                 "this tenant's {} limit is reached; retry in {}s",

@@ -16,9 +16,22 @@ fn main() -> ExitCode {
         Command::Check { config } => check(config.as_deref()),
         Command::Agent(args) => agent(args),
         Command::Serve { config } => serve(config.as_deref()),
-        Command::Mock { listen, script } => {
+        Command::Mock {
+            listen,
+            script,
+            cloud,
+            credential_ttl,
+            azure_api_key,
+            aws_static_key,
+        } => {
             legate::telemetry::init_tracing(&config::log_filter());
-            block_on(legate::mock::run(listen, script))
+            let cloud = cloud.then(|| legate::mock::CloudOptions {
+                credential_ttl,
+                azure_api_key,
+                aws_static_key: aws_static_key
+                    .and_then(|k| k.split_once(':').map(|(a, b)| (a.to_owned(), b.to_owned()))),
+            });
+            block_on(legate::mock::run(listen, script, cloud))
         }
     }
 }

@@ -14,6 +14,19 @@ pub struct Price {
     pub cache_read: u64,
 }
 
+/// The price of `target` (`provider:model`): its own `[[prices]]` entry, else the most
+/// specific `*` pattern matching it (a dated snapshot priced by its family's entry).
+pub fn price_for(
+    prices: &std::collections::BTreeMap<String, Price>,
+    target: &str,
+) -> Option<Price> {
+    if let Some(p) = prices.get(target) {
+        return Some(*p);
+    }
+    let entries = prices.iter().map(|(k, p)| (k.as_str(), *p));
+    crate::names::best(entries, target).map(|(_, p)| p)
+}
+
 /// Parses an exact decimal "USD per million tokens" string (`"3"`, `"0.30"`, `"3.75"`) into
 /// pico-USD per token. Refuses signs, exponents, and more than six decimal places, since those
 /// cannot be represented exactly.

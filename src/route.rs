@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::api::RequestMeta;
 use crate::config::{ApiKind, ChainStep, Config};
 use crate::error::ProxyError;
+use crate::names;
 use crate::splice;
 
 /// The steps that may serve a request, in order.
@@ -18,17 +19,23 @@ pub struct Resolved {
     pub steps: Vec<ChainStep>,
 }
 
-/// Resolves the model a caller sent on the `api` endpoint to its chain (a `[[models]]` entry)
-/// or to the API's default provider with the model unchanged.
+/// Resolves the model a caller sent on the `api` endpoint to its chain (the most specific
+/// `[[models]]` entry, by name or `*` pattern) or to the API's default provider with the model
+/// unchanged. A step whose model is `*` sends the caller's model name as it is.
 pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, ProxyError> {
-    if let Some(entry) = cfg.models.iter().find(|m| m.name == model) {
+    let entries = cfg.models.iter().map(|m| (m.name.as_str(), m));
+    if let Some((_, entry)) = names::best(entries, model) {
         // Steps may speak either API: one of the other kind is served through translation.
         if entry.chain.is_empty() {
             return Err(ProxyError::Internal);
         }
-        return Ok(Resolved {
-            steps: entry.chain.clone(),
-        });
+        let mut steps = entry.chain.clone();
+        for step in &mut steps {
+            if step.model == SAME_MODEL {
+                model.clone_into(&mut step.model);
+            }
+        }
+        return Ok(Resolved { steps });
     }
     let provider = match api {
         ApiKind::Anthropic => &cfg.routing.anthropic,
@@ -44,21 +51,30 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
     })
 }
 
+/// A chain step's model written as `*`: the caller's own model name.
+pub const SAME_MODEL: &str = "*";
+
 /// Fits the original body to `step`: the model name spliced in when it differs, `max_tokens`
-/// capped, `thinking` removed when the step says so. Returns the original bytes untouched when
-/// nothing needs to change.
+/// capped (at the step's `max_tokens` and, when legate chose the model, at the model's output
+/// limit `model_limit`), `thinking` removed when the step says so. Returns the original bytes
+/// untouched when nothing needs to change.
 pub fn fit(
     body: &Bytes,
     meta: &RequestMeta,
     step: &ChainStep,
     api: ApiKind,
+    model_limit: Option<u64>,
 ) -> Result<Bytes, ProxyError> {
     let mut out: Cow<'_, [u8]> = Cow::Borrowed(body.as_ref());
     if step.model != meta.model {
         let v = splice::json_string(&step.model);
         out = Cow::Owned(splice::replace_top_level(&out, "model", &v).ok_or(ProxyError::Internal)?);
     }
-    if let (Some(cap), Some(asked)) = (step.max_tokens, meta.max_tokens) {
+    let cap = match (step.max_tokens, model_limit) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    if let (Some(cap), Some(asked)) = (cap, meta.max_tokens) {
         if asked > cap {
             for key in api.dialect().max_tokens_keys() {
                 if let Some(changed) = splice::replace_top_level(&out, key, &cap.to_string()) {
@@ -78,38 +94,53 @@ pub fn fit(
     })
 }
 
-/// Bounded metric label values: names that appear in config pass, anything else is `other`.
+/// Bounded metric label values: names that appear in config pass, a name matching a configured
+/// `*` pattern is labelled with the pattern, anything else is `other`.
 #[derive(Debug, Clone, Default)]
 pub struct Labels {
     models: HashSet<String>,
+    patterns: Vec<String>,
     tenants: HashSet<String>,
 }
 
 impl Labels {
     pub fn from_config(cfg: &Config) -> Self {
-        let mut models = HashSet::new();
+        let mut names: Vec<&str> = Vec::new();
         for m in &cfg.models {
-            models.insert(m.name.clone());
-            for s in &m.chain {
-                models.insert(s.model.clone());
-            }
+            names.push(&m.name);
+            names.extend(m.chain.iter().map(|s| s.model.as_str()));
         }
-        for key in cfg.prices.keys() {
-            if let Some((_, model)) = key.split_once(':') {
-                models.insert(model.to_string());
+        names.extend(
+            cfg.prices
+                .keys()
+                .filter_map(|k| k.split_once(':').map(|(_, m)| m)),
+        );
+        let mut models = HashSet::new();
+        let mut patterns = Vec::new();
+        for name in names.into_iter().filter(|n| *n != SAME_MODEL) {
+            if names::is_pattern(name) {
+                if !patterns.iter().any(|p| p == name) {
+                    patterns.push(name.to_string());
+                }
+            } else {
+                models.insert(name.to_string());
             }
         }
         let mut tenants: HashSet<String> = cfg.clients.iter().map(|c| c.tenant.clone()).collect();
         tenants.insert("default".to_string());
-        Labels { models, tenants }
+        Labels {
+            models,
+            patterns,
+            tenants,
+        }
     }
 
-    pub fn model<'a>(&self, name: &'a str) -> &'a str {
+    pub fn model<'a>(&'a self, name: &'a str) -> &'a str {
         if self.models.contains(name) {
-            name
-        } else {
-            "other"
+            return name;
         }
+        let patterns = self.patterns.iter().map(|p| (p.as_str(), ()));
+        names::best(patterns, name).map_or("other", |(pattern, ())| pattern)
     }
 
     pub fn tenant<'a>(&self, name: &'a str) -> &'a str {

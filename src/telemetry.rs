@@ -32,6 +32,8 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     pub retries: IntCounterVec,
     pub fallbacks: IntCounterVec,
+    /// Cloud credentials obtained or refreshed, by provider and result (ok / error).
+    pub credential_refreshes: IntCounterVec,
     pub breaker_state: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub ratelimit_rejections: IntCounterVec,
@@ -44,6 +46,8 @@ pub struct Metrics {
     pub token_estimate_ratio: HistogramVec,
     pub translated: IntCounterVec,
     pub translation_drops: IntCounterVec,
+    /// Requests a client sent as its own retry (`x-stainless-retry-count` above 0).
+    pub client_retries: IntCounterVec,
     /// Open inbound connections per plane (data, admin).
     pub connections: IntGaugeVec,
 }
@@ -129,6 +133,13 @@ impl Metrics {
                 ),
                 &["provider", "model"],
             )?,
+            credential_refreshes: IntCounterVec::new(
+                Opts::new(
+                    "legate_credential_refreshes_total",
+                    "Cloud credentials obtained or refreshed, by provider and result",
+                ),
+                &["provider", "result"],
+            )?,
             fallbacks: IntCounterVec::new(
                 Opts::new(
                     "legate_fallbacks_total",
@@ -198,11 +209,19 @@ impl Metrics {
                 ),
                 &["from", "to", "what"],
             )?,
+            client_retries: IntCounterVec::new(
+                Opts::new(
+                    "legate_client_retries_total",
+                    "Requests whose x-stainless-retry-count is above 0: a client retrying on top of legate",
+                ),
+                &["api", "tenant"],
+            )?,
             connections: IntGaugeVec::new(
                 Opts::new("legate_connections", "Open inbound connections"),
                 &["plane"],
             )?,
         };
+        registry.register(Box::new(m.client_retries.clone()))?;
         registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.translated.clone()))?;
         registry.register(Box::new(m.translation_drops.clone()))?;
@@ -216,6 +235,7 @@ impl Metrics {
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.retries.clone()))?;
         registry.register(Box::new(m.fallbacks.clone()))?;
+        registry.register(Box::new(m.credential_refreshes.clone()))?;
         registry.register(Box::new(m.breaker_state.clone()))?;
         registry.register(Box::new(m.overhead.clone()))?;
         registry.register(Box::new(m.request_duration.clone()))?;
@@ -257,6 +277,12 @@ pub fn render(registry: &Registry) -> String {
 pub fn init_tracing(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The SigV4 signer traces canonical requests, session token included: never shown, at any
+    // level an operator may choose.
+    let filter = match "aws_sigv4=off".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

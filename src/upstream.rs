@@ -13,6 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::cloud::CloudProvider;
 use crate::config::secret::KeyCell;
 use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig, SheddingConfig, TlsRoots};
 use crate::error::ProxyError;
@@ -39,6 +40,7 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
     "content-length",
     "x-api-key",
     "authorization",
+    "api-key",
     "accept-encoding",
 ];
 
@@ -58,13 +60,15 @@ pub struct Upstream {
     pub gate: Arc<Gate>,
     /// Spaces out non-interactive calls when the provider's rate limit runs low.
     pub pacer: Arc<Pacer>,
+    /// The platform side of a cloud provider (Bedrock, Vertex, Azure OpenAI).
+    pub cloud: Option<CloudProvider>,
 }
 
 /// Per-provider state that outlives config snapshots: the admission gate (with whoever holds
 /// or waits for its slots) and the pacer's reading of the provider's rate limit. A reload
 /// resizes them in place instead of starting from zero.
 pub struct Lanes {
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     map: std::sync::Mutex<std::collections::HashMap<String, Lane>>,
 }
 
@@ -132,6 +136,7 @@ impl Upstream {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(https);
+        let cloud = CloudProvider::new(cfg, lanes.metrics.credential_refreshes.clone())?;
         let key = Arc::new(KeyCell::from_source(&cfg.key));
         let key_hint = match &cfg.key {
             KeySource::Env { var, .. } => format!("set the environment variable {var}"),
@@ -151,6 +156,7 @@ impl Upstream {
             idle_timeout: cfg.idle_timeout,
             gate,
             pacer,
+            cloud,
         })
     }
 
@@ -159,8 +165,70 @@ impl Upstream {
         self.key.spawn_watch()
     }
 
+    /// Builds the request to a cloud provider: the model in the URL, the platform's body, and
+    /// its credential (obtained or refreshed here when due).
+    pub async fn build_cloud_request(
+        &self,
+        cloud: &CloudProvider,
+        target: (&str, bool),
+        inbound: &HeaderMap,
+        body: Bytes,
+        translated: bool,
+    ) -> Result<Request<Full<Bytes>>, ProxyError> {
+        let (model, stream) = target;
+        let body = cloud.body(&body, inbound)?;
+        let path = cloud.path(model, stream);
+        let mut req = if cloud.minimal_headers() {
+            let uri: Uri = format!("{}{}", self.base_url, path)
+                .parse()
+                .map_err(|_| ProxyError::Internal)?;
+            let host = uri
+                .authority()
+                .map(|a| a.as_str().to_owned())
+                .unwrap_or_default();
+            let mut req = Request::new(Full::new(body.clone()));
+            *req.method_mut() = Method::POST;
+            *req.uri_mut() = uri;
+            let h = req.headers_mut();
+            h.insert(
+                header::HOST,
+                HeaderValue::from_str(&host).map_err(|_| ProxyError::Internal)?,
+            );
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            h.insert(
+                header::ACCEPT,
+                HeaderValue::from_static(if stream {
+                    crate::cloud::eventstream::CONTENT_TYPE
+                } else {
+                    "application/json"
+                }),
+            );
+            req
+        } else {
+            let mut req = self.build_request(
+                Method::POST,
+                &path,
+                inbound,
+                body.clone(),
+                translated,
+                !cloud.owns_credential(),
+            )?;
+            // The model travels in the URL; the platform's own version goes in the body.
+            req.headers_mut().remove("anthropic-version");
+            req
+        };
+        if cloud.owns_credential() {
+            cloud.authorize(&mut req, &body).await?;
+        }
+        Ok(req)
+    }
+
     /// Builds the upstream request: the provider's URL + the inbound path, the caller's headers
-    /// minus hop-by-hop and credentials, exactly one provider credential, the body as given.
+    /// minus hop-by-hop and credentials, exactly one provider credential (when `with_key`),
+    /// the body as given.
     pub fn build_request(
         &self,
         method: Method,
@@ -168,6 +236,7 @@ impl Upstream {
         inbound: &HeaderMap,
         body: Bytes,
         translated: bool,
+        with_key: bool,
     ) -> Result<Request<Full<Bytes>>, ProxyError> {
         let uri: Uri = format!("{}{}", self.base_url, path_and_query)
             .parse()
@@ -200,7 +269,7 @@ impl Upstream {
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        if self.keyless {
+        if self.keyless || !with_key {
             return Ok(req);
         }
         let key = self
@@ -218,6 +287,10 @@ impl Upstream {
             AuthHeader::Bearer => (
                 header::AUTHORIZATION,
                 HeaderValue::from_str(&format!("Bearer {}", key.expose())),
+            ),
+            AuthHeader::ApiKey => (
+                HeaderName::from_static("api-key"),
+                HeaderValue::from_str(key.expose()),
             ),
         };
         let mut value = value.map_err(|_| ProxyError::NoProviderKey {

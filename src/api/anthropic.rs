@@ -28,6 +28,9 @@ impl Dialect for Anthropic {
             (&Method::POST, "/messages") => Some(Operation::Generate),
             (&Method::POST, "/messages/count_tokens") => Some(Operation::CountTokens),
             (&Method::GET, "/models") => Some(Operation::Models),
+            (&Method::GET, p) if p.len() > "/models/".len() && p.starts_with("/models/") => {
+                Some(Operation::Model)
+            }
             _ => None,
         }
     }
@@ -36,7 +39,7 @@ impl Dialect for Anthropic {
         Some(match op {
             Operation::Generate => "/v1/messages",
             Operation::CountTokens => "/v1/messages/count_tokens",
-            Operation::Models => "/v1/models",
+            Operation::Models | Operation::Model => "/v1/models",
         })
     }
 

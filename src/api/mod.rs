@@ -74,6 +74,9 @@ pub enum Operation {
     CountTokens,
     /// `GET /v1/models`: answered from config.
     Models,
+    /// `GET /v1/models/{id}`: one configured model, answered from config in the caller's
+    /// shape (read from its headers).
+    Model,
 }
 
 /// Everything legate knows of one wire API. Implementations are stateless unit structs; the

@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+pub mod cloud;
 pub mod load;
 pub mod render;
 pub mod secret;

@@ -62,6 +62,15 @@ pub fn render_masked(cfg: &Config) -> String {
             &quote(&format_usd_per_mtok(price.cache_read)),
         );
     }
+    for l in &cfg.limits {
+        out.push_str("\n[[limits]]\n");
+        line(&mut out, "model", &quote(&l.model));
+        line(
+            &mut out,
+            "max_output_tokens",
+            &l.max_output_tokens.to_string(),
+        );
+    }
     out
 }
 
@@ -141,8 +150,13 @@ fn server(out: &mut String, s: &ServerConfig) {
 
 fn provider(out: &mut String, p: &ProviderConfig) {
     let _ = writeln!(out, "\n[providers.{}]", p.name);
-    line(out, "kind", &quote(p.kind.as_str()));
+    line(
+        out,
+        "kind",
+        &quote(p.platform.kind_name().unwrap_or(p.kind.as_str())),
+    );
     line(out, "base_url", &quote(&p.base_url));
+    platform(out, &p.platform);
     match &p.key {
         KeySource::Env { var, value } => {
             let state = if value.is_some() {
@@ -160,6 +174,7 @@ fn provider(out: &mut String, p: &ProviderConfig) {
     let auth = match p.auth_header {
         AuthHeader::XApiKey => "x-api-key",
         AuthHeader::Bearer => "bearer",
+        AuthHeader::ApiKey => "api-key",
     };
     line(out, "auth_header", &quote(auth));
     line(out, "connect_timeout", &duration(p.connect_timeout));
@@ -181,6 +196,37 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         if let Some(path) = file {
             line(out, key, &quote(&path.display().to_string()));
         }
+    }
+}
+
+/// A cloud provider's place names and, as a comment, the credential source it will use.
+fn platform(out: &mut String, p: &crate::config::cloud::Platform) {
+    use crate::config::cloud::Platform;
+    match p {
+        Platform::Direct => return,
+        Platform::Bedrock(b) => {
+            line(out, "region", &quote(&b.region));
+            line(out, "anthropic_version", &quote(&b.anthropic_version));
+        }
+        Platform::Vertex(v) => {
+            line(out, "project", &quote(&v.project));
+            line(out, "region", &quote(&v.region));
+            line(out, "anthropic_version", &quote(&v.anthropic_version));
+        }
+        Platform::AzureOpenAi(a) => {
+            line(out, "api_version", &quote(&a.api_version));
+            if !a.deployments.is_empty() {
+                let items: Vec<String> = a
+                    .deployments
+                    .iter()
+                    .map(|(m, d)| format!("{{ model = {}, deployment = {} }}", quote(m), quote(d)))
+                    .collect();
+                line(out, "deployments", &format!("[{}]", items.join(", ")));
+            }
+        }
+    }
+    if let Some(source) = p.credential_source() {
+        let _ = writeln!(out, "# credentials: {source}");
     }
 }
 

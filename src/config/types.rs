@@ -18,6 +18,8 @@ pub enum AuthHeader {
     XApiKey,
     /// `authorization: Bearer KEY`
     Bearer,
+    /// `api-key: KEY` (Azure OpenAI)
+    ApiKey,
 }
 
 /// Which trust anchors verify the provider's certificate.
@@ -72,6 +74,8 @@ pub struct ProviderConfig {
     /// The table name under `[providers.NAME]`.
     pub name: String,
     pub kind: ApiKind,
+    /// The cloud platform serving the API, or `Direct`.
+    pub platform: super::cloud::Platform,
     /// Scheme + authority (+ optional path prefix), without a trailing slash.
     pub base_url: String,
     pub key: KeySource,
@@ -135,8 +139,10 @@ pub struct Config {
     pub models: Vec<ModelEntry>,
     pub routing: RoutingConfig,
     pub clients: Vec<ClientEntry>,
-    /// Keyed by `provider:model`.
+    /// Keyed by `provider:model` (the model may be a `*` pattern).
     pub prices: BTreeMap<String, Price>,
+    /// `[[limits]]`: output limits beyond (or instead of) the built-in table.
+    pub limits: Vec<crate::limits::OutputLimit>,
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
     /// Always holds `default`; a tenant named by `[[clients]]` without its own table gets the

@@ -11,6 +11,8 @@ use reader::{Cx, Table};
 
 mod admission;
 mod clients;
+mod cloud;
+mod limits;
 mod models;
 mod policy;
 mod prices;
@@ -43,6 +45,8 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
     let clients = clients::parse(items, &path, &mut cx);
     let (items, path) = top.array(&mut cx, "prices");
     let prices = prices::parse(items, &path, &mut cx);
+    let (items, path) = top.array(&mut cx, "limits");
+    let limits = limits::parse(items, &path, &mut cx);
     let retry = match top.table(&mut cx, "retry") {
         Some(t) => policy::parse_retry(t, &mut cx),
         None => Default::default(),
@@ -88,6 +92,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             routing,
             clients,
             prices,
+            limits,
             retry,
             breaker,
             tenants,

@@ -16,7 +16,7 @@ use super::render::Render;
 use super::reply::{Answer, Api, Asked, wait};
 use super::script::Script;
 use super::state::{MatchKey, RecordedRequest, Shared};
-use super::{anthropic, control, responses};
+use super::{anthropic, cloud, control, responses};
 
 /// Models always listed, besides those the script names.
 const LISTED_MODELS: [&str; 2] = ["claude-sonnet-4-5", "claude-haiku-4-5"];
@@ -101,6 +101,11 @@ struct StreamOptions {
 
 /// Entry point for every request on the listener.
 pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<MockBody> {
+    if let Some(cloud) = shared.cloud()
+        && request.uri().path() == "/_mock/cloud"
+    {
+        return cloud.report();
+    }
     if request.uri().path().starts_with("/_mock/") {
         return control::handle(&shared, request).await;
     }
@@ -112,6 +117,30 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> R
         return response;
     };
     let body = collected.to_bytes();
+    if let Some(cloud) = shared.cloud() {
+        if let Some(resp) = cloud.credential_endpoint(&parts, &body) {
+            return resp;
+        }
+        if let Some(call) = cloud::route(&parts) {
+            let recorded = RecordedRequest::new(
+                parts.method.to_string(),
+                parts
+                    .uri
+                    .path_and_query()
+                    .map_or("/", |pq| pq.as_str())
+                    .to_owned(),
+                header_list(&parts.headers),
+                body.clone(),
+            );
+            let (id, guard) = shared.record(recorded);
+            let api = match call.platform {
+                cloud::Platform::Azure => Api::OpenAi,
+                _ => Api::Anthropic,
+            };
+            let answer = Answer { api, id, guard };
+            return cloud::platforms::handle(&shared, cloud, call, &parts, &body, answer).await;
+        }
+    }
     let path = parts.uri.path();
     let route = Route::of(&parts.method, path, &parts.headers);
     let recorded = RecordedRequest::new(

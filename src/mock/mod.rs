@@ -33,6 +33,7 @@
 //!   the script's remaining uses); setting a script re-arms every entry.
 mod anthropic;
 mod body;
+mod cloud;
 mod control;
 mod handler;
 mod openai;
@@ -51,6 +52,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use cloud::CloudOptions;
 pub use script::Script;
 pub use server::MockServer;
 pub use state::{MockStats, RecordedRequest};
@@ -60,7 +62,11 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8790";
 
 /// `legate mock [--listen ADDR] [--script FILE]`: serves until SIGTERM or Ctrl-C. Prints exactly
 /// one line, `legate mock listening on http://ADDR`, once the port is bound.
-pub async fn run(listen: SocketAddr, script_file: Option<PathBuf>) -> Result<(), String> {
+pub async fn run(
+    listen: SocketAddr,
+    script_file: Option<PathBuf>,
+    cloud: Option<CloudOptions>,
+) -> Result<(), String> {
     let script = match &script_file {
         Some(path) => {
             let text = tokio::fs::read_to_string(path)
@@ -72,7 +78,7 @@ pub async fn run(listen: SocketAddr, script_file: Option<PathBuf>) -> Result<(),
     };
     // Signal handlers go in before the line is printed: whoever reads it may signal at once.
     let stop = StopSignal::install()?;
-    let server = MockServer::start(listen, script, None)
+    let server = MockServer::start_with(listen, script, None, cloud)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let mut out = std::io::stdout().lock();

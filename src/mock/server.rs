@@ -41,9 +41,22 @@ impl MockServer {
         script: Script,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> io::Result<MockServer> {
+        Self::start_with(listen, script, tls, None).await
+    }
+
+    /// Like [`MockServer::start`], also playing the cloud platforms when `cloud` is set.
+    pub async fn start_with(
+        listen: SocketAddr,
+        script: Script,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        cloud: Option<super::cloud::CloudOptions>,
+    ) -> io::Result<MockServer> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::new(script));
+        let shared = Arc::new(match cloud {
+            Some(opts) => Shared::with_cloud(script, opts),
+            None => Shared::new(script),
+        });
         let tls_enabled = tls.is_some();
         let acceptor = tls.map(TlsAcceptor::from);
         let accept = tokio::spawn(accept_loop(listener, acceptor, Arc::clone(&shared)));

@@ -112,6 +112,8 @@ pub(crate) struct Shared {
     queue: Mutex<Queue>,
     /// Numbers responses (`req_mock_<n>`); never reset, so ids stay unique.
     next_id: AtomicU64,
+    /// The cloud platforms and credential endpoints, with `--cloud`.
+    cloud: Option<super::cloud::Cloud>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -126,7 +128,19 @@ impl Shared {
             records: Mutex::new(VecDeque::new()),
             queue: Mutex::new(Queue::new(script)),
             next_id: AtomicU64::new(1),
+            cloud: None,
         }
+    }
+
+    pub(super) fn with_cloud(script: Script, opts: super::cloud::CloudOptions) -> Shared {
+        Shared {
+            cloud: Some(super::cloud::Cloud::new(opts)),
+            ..Shared::new(script)
+        }
+    }
+
+    pub(super) fn cloud(&self) -> Option<&super::cloud::Cloud> {
+        self.cloud.as_ref()
     }
 
     pub(super) fn stats(&self) -> MockStats {

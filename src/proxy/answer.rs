@@ -35,7 +35,7 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         provider: call.up.name.clone(),
         model_label: call.model_label.to_string(),
         target: call.step.target(),
-        price: call.snap.cfg.prices.get(&call.step.target()).copied(),
+        price: crate::meter::price_for(&call.snap.cfg.prices, &call.step.target()),
     }
 }
 

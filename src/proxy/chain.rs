@@ -13,12 +13,14 @@ use std::time::Duration;
 use http::Response;
 use tokio::time::Instant;
 
+use crate::api::Operation;
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
 use crate::policy::breaker::{Admission, Outcome, Ticket};
 use crate::policy::judge::{self, Action, Context, GiveUp, Report, Verdict};
 use crate::policy::retry::Backoff;
 use crate::proxy::answer;
+use crate::proxy::estimate;
 use crate::proxy::exchange::{self, Answer, Call, Exchanged, Spent};
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::ProxyBody;
@@ -112,16 +114,15 @@ async fn execute(
     }
 }
 
-/// The caller's body in the step's API, fitted to the step (model and max_tokens).
+/// The caller's body in the step's API, fitted to the step (model and max_tokens, capped at
+/// the model's output limit `limit`).
 fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
+    limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    if inb.endpoint.op == crate::api::Operation::CountTokens {
-        return Err("count_tokens is not translated between APIs".to_string());
-    }
     let dir = translate::Dir::between(inb.endpoint.api, upstream)
         .ok_or_else(|| format!("no translation from {} to {upstream}", inb.endpoint.api))?;
     let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
@@ -142,39 +143,52 @@ fn translated_body(
         .dialect()
         .parse_request(&bytes)
         .map_err(|e| e.to_string())?;
-    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream).map_err(|e| e.message())
+    route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream, limit).map_err(|e| e.message())
 }
 
-/// The body for a step: the caller's own, fitted, or translated into the step's API. None (the
-/// reason noted as the last failure) when the step cannot honour the request.
+/// A step that cannot honour the request is not sent to: the next one may. If none can, the
+/// caller learns why.
+fn unfit(exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
+    tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+    exec.any_admitted = true;
+    if exec.last.is_none() {
+        exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
+            message: format!(
+                "this request cannot be served by {} (another API): {why}",
+                step.target()
+            ),
+        }));
+    }
+    StepEnd::Unavailable
+}
+
+/// The body for a step: the caller's own, fitted, or translated into the step's API; or how
+/// the step ends without a call (count_tokens estimated locally for a step of another API, or
+/// a step that cannot honour the request).
 fn step_body(
     proxy: &Proxy,
+    snap: &Snapshot,
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
     exec: &mut Exec,
-) -> Result<Option<bytes::Bytes>, ProxyError> {
+) -> Result<Result<bytes::Bytes, StepEnd>, ProxyError> {
     let caller = inb.endpoint.api;
+    // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
+    // capped at what that model accepts; a caller naming the model itself is sent as it asked.
+    let limit = (upstream != caller || step.model != inb.meta.model)
+        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
+        .flatten();
     if upstream == caller {
-        return route::fit(&inb.body, &inb.meta, step, caller).map(Some);
+        return route::fit(&inb.body, &inb.meta, step, caller, limit).map(Ok);
     }
-    match translated_body(proxy, inb, step, upstream) {
-        Ok(b) => Ok(Some(b)),
-        Err(why) => {
-            // A step that cannot honour the request is not sent to: the next one may.
-            tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
-            exec.any_admitted = true;
-            if exec.last.is_none() {
-                exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
-                    message: format!(
-                        "this request cannot be served by {} (another API): {why}",
-                        step.target()
-                    ),
-                }));
-            }
-            Ok(None)
-        }
+    if inb.endpoint.op == Operation::CountTokens {
+        return Ok(Err(match estimate::answer(inb, step, upstream) {
+            Ok(resp) => StepEnd::Answer(resp),
+            Err(why) => unfit(exec, step, &why),
+        }));
     }
+    Ok(translated_body(proxy, inb, step, upstream, limit).map_err(|why| unfit(exec, step, &why)))
 }
 
 async fn run_step(
@@ -190,8 +204,9 @@ async fn run_step(
         .upstreams
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
-    let Some(body) = step_body(proxy, inb, step, up.kind, exec)? else {
-        return Ok(StepEnd::Unavailable);
+    let body = match step_body(proxy, snap, inb, step, up.kind, exec)? {
+        Ok(body) => body,
+        Err(end) => return Ok(end),
     };
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);

@@ -12,7 +12,7 @@ use http::{Method, Response, StatusCode, header};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::api;
+use crate::api::{self, Operation};
 use crate::config::ChainStep;
 use crate::error::ProxyError;
 use crate::policy::admission::Permit;
@@ -22,7 +22,7 @@ use crate::proxy::answer::{self, Pending};
 use crate::proxy::body::Mode;
 use crate::proxy::record::{InflightGuard, RequestRecord};
 use crate::proxy::response::ProxyBody;
-use crate::proxy::upbody::UpstreamBody;
+use crate::proxy::upbody::{Raw, UpstreamBody};
 use crate::proxy::upread::{self, PreCommit, Whole};
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
@@ -110,7 +110,7 @@ impl Exchanged {
 /// The upstream's answer as received, before it is read.
 struct Got {
     parts: Parts,
-    incoming: Incoming,
+    incoming: Raw,
     permit: Permit,
     inflight: InflightGuard,
     dir: Option<Dir>,
@@ -125,7 +125,7 @@ pub(crate) async fn run(
     let Call { proxy, up, inb, .. } = *call;
     // A step of another API is reached through translation (SPEC §10).
     let dir = Dir::between(inb.endpoint.api, up.kind);
-    let req = match request(call, dir.is_some()) {
+    let req = match request(call, dir.is_some()).await {
         Ok(r) => r,
         Err(e) => return Exchanged::Unsendable(e),
     };
@@ -149,7 +149,7 @@ pub(crate) async fn run(
     let out = match result {
         Ok(resp) => {
             up.pacer.observe(resp.headers());
-            let (parts, incoming) = resp.into_parts();
+            let (parts, incoming) = received(call, resp);
             let got = Got {
                 parts,
                 incoming,
@@ -167,24 +167,44 @@ pub(crate) async fn run(
     out
 }
 
-/// The upstream request: the step's path (the caller's query only when not translated).
-fn request(
+/// The upstream request: the step's path, or a cloud platform's own request for the model.
+async fn request(
     call: &Call<'_>,
     translating: bool,
 ) -> Result<http::Request<http_body_util::Full<Bytes>>, ProxyError> {
     let Call { up, inb, .. } = *call;
     let upstream_path = inb.endpoint.upstream_path(up.kind);
+    // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
+    // provider of that API only, never a translated request.
     let path = match &inb.query {
-        Some(q) => format!("{upstream_path}?{q}"),
-        None => upstream_path.to_string(),
+        Some(q) if !translating => format!("{upstream_path}?{q}"),
+        _ => upstream_path.to_string(),
     };
-    up.build_request(
-        Method::POST,
-        &path,
+    let Some(cloud) = &up.cloud else {
+        let body = call.body.clone();
+        return up.build_request(Method::POST, &path, &inb.headers, body, translating, true);
+    };
+    if matches!(
+        inb.endpoint.op,
+        Operation::CountTokens | Operation::Models | Operation::Model
+    ) {
+        return Err(ProxyError::InvalidRequest {
+            message: format!(
+                "provider `{}` is a cloud platform that does not serve this endpoint",
+                up.name
+            ),
+        });
+    }
+    // A credential that cannot be obtained fails before anything is sent: it counts against
+    // neither the breaker nor the caller, and the next chain step may answer.
+    up.build_cloud_request(
+        cloud,
+        (&call.step.model, inb.meta.stream),
         &inb.headers,
         call.body.clone(),
         translating,
     )
+    .await
 }
 
 /// Pacing, then a concurrency slot in priority order, never past the deadline.
@@ -203,6 +223,31 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
         Ok(Err(_)) => Err(Exchanged::Shed),
         Err(_) => Err(Exchanged::Deadline { in_flight: false }),
     }
+}
+
+/// The answer's head and body; Bedrock's binary event stream is read as the SSE it carries
+/// from here on.
+fn received(call: &Call<'_>, resp: Response<Incoming>) -> (Parts, Raw) {
+    let (mut parts, incoming) = resp.into_parts();
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .trim_start();
+    let event_stream = parts.status.is_success()
+        && call.up.cloud.as_ref().is_some_and(|c| c.event_stream())
+        && content_type.starts_with(crate::cloud::eventstream::CONTENT_TYPE);
+    if !event_stream {
+        return (parts, Raw::Http(incoming));
+    }
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let sse = crate::cloud::eventstream::EventStreamSse::new(incoming);
+    (parts, Raw::EventStream(Box::new(sse)))
 }
 
 async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
@@ -289,7 +334,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             Ok(b) => Whole::Complete(Bytes::from(b)),
             Err(e) => {
                 tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
-                Whole::Broken("the upstream answer could not be translated")
+                Whole::Unusable(e.0)
             }
         },
         (Whole::TooLarge(_), Some(_)) => {
@@ -327,6 +372,12 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             permit: got.permit,
             inflight: got.inflight,
         }),
+        // The error names what happened: a cut body, or an answer that arrived whole but
+        // cannot be carried to the caller.
+        Whole::Unusable(reason) => Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
+            provider: up.name.clone(),
+            reason,
+        }),
         Whole::Broken(why) => {
             tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
             Exchanged::Broken(ProxyError::UpstreamStreamBroken {
@@ -341,7 +392,9 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
 async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     let Call { up, inb, .. } = *call;
     let status = got.parts.status;
-    if !judge::worth_reading(status.as_u16()) && got.dir.is_none() {
+    // A platform's error answer is read whole to be put in the caller's shape.
+    let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
+    if !judge::worth_reading(status.as_u16()) && got.dir.is_none() && !platform_shape {
         return Exchanged::Error {
             status: status.as_u16(),
             quota: false,
@@ -360,6 +413,12 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     }
     let incoming = UpstreamBody::Plain(got.incoming);
     let body = upread::read_small(incoming, up.idle_timeout, inb.deadline).await;
+    let (status, body) = match up.cloud.as_ref() {
+        Some(c) => c
+            .map_error(status, &got.parts.headers, &body)
+            .unwrap_or((status, body)),
+        None => (status, body),
+    };
     let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
     let retry_after = retry::retry_after(&got.parts.headers, SystemTime::now());
     let resp = match got.dir {

@@ -26,7 +26,7 @@ impl Endpoint {
         let own = self.api.dialect().upstream_path(self.op);
         match self.op {
             Operation::Generate => upstream.dialect().upstream_path(Operation::Generate),
-            Operation::CountTokens | Operation::Models => own,
+            Operation::CountTokens | Operation::Models | Operation::Model => own,
         }
         .unwrap_or("/")
     }
@@ -45,6 +45,31 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         let op = api.dialect().operation(method, p)?;
         Some(Endpoint { api, op })
     })
+}
+
+/// The model id of a `GET /v1/models/{id}` path, percent-decoded (an id may hold a `/`).
+pub fn model_id(path: &str) -> Option<String> {
+    let (_, raw) = path.split_once("/models/")?;
+    let raw = raw.trim_end_matches('/');
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok().filter(|s| !s.is_empty())
 }
 
 /// The API shape an error for an unknown path takes: Anthropic SDKs always send

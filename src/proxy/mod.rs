@@ -5,6 +5,7 @@
 pub mod answer;
 pub mod body;
 pub mod chain;
+pub mod estimate;
 pub mod exchange;
 pub mod inbound;
 pub mod models;
@@ -183,7 +184,11 @@ impl Proxy {
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
         let endpoint = inbound::classify(req.method(), req.uri().path());
-        let api = endpoint.map_or_else(|| inbound::shape_for_unknown(req.headers()), |e| e.api);
+        // One model is answered in the caller's own shape, told apart by its headers.
+        let api = match endpoint {
+            Some(e) if e.op != Operation::Model => e.api,
+            _ => inbound::shape_for_unknown(req.headers()),
+        };
         let api_label = api.as_str();
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
@@ -272,8 +277,25 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        if endpoint.op == Operation::Models {
-            return Ok(models::list(cfg));
+        if let Some(retries) = client_retry_count(req.headers()) {
+            // The caller's own retry on top of legate's: worth seeing (README: turning them off).
+            self.metrics
+                .client_retries
+                .with_label_values(&[endpoint.api.as_str(), snap.labels.tenant(&tenant)])
+                .inc();
+            tracing::debug!(
+                client_retry = retries,
+                "the client retried this request itself"
+            );
+        }
+        match endpoint.op {
+            Operation::Models => return Ok(models::list(cfg)),
+            Operation::Model => {
+                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
+                let api = inbound::shape_for_unknown(req.headers());
+                return models::retrieve(cfg, &id, api);
+            }
+            Operation::Generate | Operation::CountTokens => {}
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
@@ -378,6 +400,15 @@ async fn read_body(
     }
 }
 
+/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
+fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+}
+
 /// `x-legate-priority`, if the caller sent a valid one.
 fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
     headers
@@ -387,14 +418,29 @@ fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
 }
 
 fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    let parsed = match endpoint.op {
-        Operation::Generate => endpoint.api.dialect().parse_request(body),
-        Operation::CountTokens => return parse_count_tokens(body),
-        Operation::Models => return Err(ProxyError::Internal),
-    };
-    parsed.map_err(|e| ProxyError::InvalidRequest {
+    let invalid = |e: crate::api::MetaError| ProxyError::InvalidRequest {
         message: e.to_string(),
-    })
+    };
+    let meta = match endpoint.op {
+        Operation::Generate => endpoint
+            .api
+            .dialect()
+            .parse_request(body)
+            .map_err(invalid)?,
+        Operation::CountTokens => parse_count_tokens(body)?,
+        Operation::Models | Operation::Model => return Err(ProxyError::Internal),
+    };
+    // Names travel into logs, maps and labels: an absurd one is refused before it does.
+    if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
+        return Err(ProxyError::InvalidRequest {
+            message: format!(
+                "the model name is {} bytes long; legate accepts model names of at most {} bytes",
+                meta.model.len(),
+                crate::names::MAX_MODEL_NAME_BYTES
+            ),
+        });
+    }
+    Ok(meta)
 }
 
 /// count_tokens needs only the model to be routed; the provider validates the rest.

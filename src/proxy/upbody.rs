@@ -11,17 +11,53 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::api::ApiKind;
+use crate::cloud::eventstream::EventStreamSse;
 use crate::sse::SseParser;
 use crate::translate::StreamTranslator;
 use crate::usage::{StreamUsage, Usage};
 
 pub enum UpstreamBody {
-    Plain(Incoming),
+    Plain(Raw),
     Translated(Box<Translated>),
 }
 
+/// The provider's bytes: as they came, or a Bedrock event stream already read as SSE.
+pub enum Raw {
+    Http(Incoming),
+    EventStream(Box<EventStreamSse>),
+}
+
+impl Body for Raw {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Raw::Http(b) => Pin::new(b).poll_frame(cx),
+            Raw::EventStream(b) => Pin::new(b.as_mut()).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Raw::Http(b) => b.is_end_stream(),
+            Raw::EventStream(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Raw::Http(b) => b.size_hint(),
+            Raw::EventStream(b) => b.size_hint(),
+        }
+    }
+}
+
 pub struct Translated {
-    inner: Incoming,
+    inner: Raw,
     translator: StreamTranslator,
     ended: bool,
     /// Usage is metered on the upstream's own events: the caller's translated stream may not
@@ -31,7 +67,7 @@ pub struct Translated {
 }
 
 impl UpstreamBody {
-    pub fn translated(inner: Incoming, translator: StreamTranslator, upstream: ApiKind) -> Self {
+    pub fn translated(inner: Raw, translator: StreamTranslator, upstream: ApiKind) -> Self {
         UpstreamBody::Translated(Box::new(Translated {
             inner,
             translator,

@@ -86,6 +86,9 @@ pub(super) enum Whole {
     /// Larger than `WHOLE_BODY_LIMIT`: what was read so far; the rest follows.
     TooLarge(Bytes),
     Broken(&'static str),
+    /// Complete, but not an answer that can reach the caller (translated: no choices, broken
+    /// tool arguments).
+    Unusable(String),
 }
 
 /// Reads a whole response body, each chunk within `idle`, all before the deadline.

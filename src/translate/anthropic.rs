@@ -40,6 +40,9 @@ pub(super) struct Request {
 pub(super) enum Role {
     User,
     Assistant,
+    /// A system entry inside `messages[]` (Claude Code sends them mid-conversation): it keeps
+    /// its position, unlike the top-level `system`.
+    System,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

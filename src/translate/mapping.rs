@@ -110,6 +110,13 @@ pub(super) fn anthropic_usage(usage: &oa::Usage) -> an::Usage {
     }
 }
 
+/// Whether tool-call arguments can be an Anthropic tool input: a JSON object, or nothing at
+/// all (a call without arguments).
+pub(super) fn is_json_object_or_empty(arguments: &str) -> bool {
+    arguments.trim().is_empty()
+        || serde_json::from_str::<serde_json::Value>(arguments).is_ok_and(|v| v.is_object())
+}
+
 /// `data:<media>;base64,<data>`.
 pub(super) fn data_url(media_type: &str, data: &str) -> String {
     format!("data:{media_type};base64,{data}")

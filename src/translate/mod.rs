@@ -11,12 +11,13 @@
 //!
 //! | Anthropic Messages | OpenAI Chat Completions | losses and fitting rules |
 //! |---|---|---|
-//! | `system` (string or text blocks) | first message, role `system` (string, or text parts) | OpenAI `system`/`developer` messages anywhere are gathered into `system` (`system_moved_to_top`); several become text blocks; their `name` is dropped |
+//! | `system` (string or text blocks) | first message, role `system` (string, or text parts) | OpenAI `system`/`developer` messages before the first turn are gathered into `system` (several become text blocks); their `name` is dropped |
+//! | `messages[]` entries with role `system` (Claude Code sends them mid-conversation) | a `system` message at the same position | OpenAI `system`/`developer` messages after the first turn stay where they are too |
 //! | user/assistant `content`: string | `content`: string | — |
 //! | text blocks | text parts; a single text is sent as a plain string | a single text block and a string are the same content; `cache_control`, `citations` dropped |
 //! | `image` block, base64 / url source | `image_url` part, `data:` URL / URL | `detail` other than `auto` dropped; Files-API image: untranslatable |
 //! | `document` block, base64 (PDF) | `file` part with base64 `file_data`, `filename` = title | text documents become a text part (title dropped); by URL / file id: untranslatable |
-//! | assistant `tool_use` blocks | assistant `tool_calls` (`arguments` = input as JSON string) | tool calls follow the text (no interleaving); arguments that are not a JSON object become `{}` (`invalid_tool_arguments`) |
+//! | assistant `tool_use` blocks | assistant `tool_calls` (`arguments` = input as JSON string) | tool calls follow the text (no interleaving); in the history, arguments that are not a JSON object become `{}` (`invalid_tool_arguments`) |
 //! | user `tool_result` blocks | `tool` messages (`tool_call_id`), before the rest of the user turn | `is_error` is carried as a `[tool error]` prefix of the text and restored from it; images in results dropped (`tool_result_images`); tool ids outside `[A-Za-z0-9_-]` get `_` |
 //! | consecutive turns of one role | tool messages + user message | merged back into one Anthropic turn |
 //! | final assistant turn (prefill) | final assistant message | OpenAI answers after it rather than continuing it (`assistant_prefill`) |
@@ -28,9 +29,10 @@
 //! | `temperature`, `top_p` | `temperature`, `top_p` | OpenAI temperature above 1 is clamped to 1 (`temperature_clamped`) |
 //! | `metadata.user_id` | `user` | — |
 //! | `stream` | `stream` (+ `stream_options.include_usage: true` upstream) | — |
-//! | `thinking` config, thinking blocks and signatures, `top_k`, `cache_control`, `service_tier`, `container`, `mcp_servers`, `context_management`, `output_config`, … | — | dropped, each listed by name; unknown fields as `unknown_fields` |
+//! | `output_config.format` (or the beta `output_format`) `{type: json_schema, schema}` | `response_format: {type: json_schema, json_schema: {name: "output", schema}}` | structured output is carried both ways; OpenAI `json_object` (no schema) or another format type: untranslatable, never served as free text; other `output_config` keys dropped (`output_config`) |
+//! | `thinking` config, thinking blocks and signatures, `top_k`, `cache_control`, `service_tier`, `container`, `mcp_servers`, `context_management`, `output_config` keys other than `format`, … | — | dropped, each listed by name; unknown fields as `unknown_fields` |
 //! | — | `n` > 1 | untranslatable |
-//! | — | `logprobs`, `top_logprobs`, `response_format` (not `text`), `audio`, `modalities`, `prediction`, `seed`, penalties, `logit_bias`, `reasoning_effort`, `store`, `metadata`, `service_tier`, `prompt_cache_key`, `safety_identifier`, … | dropped, each listed by name; `input_audio` parts and message `name`s too |
+//! | — | `logprobs`, `top_logprobs`, `audio`, `modalities`, `prediction`, `seed`, penalties, `logit_bias`, `reasoning_effort`, `store`, `metadata`, `service_tier`, `prompt_cache_key`, `safety_identifier`, … | dropped, each listed by name; `input_audio` parts and message `name`s too |
 //!
 //! Responses:
 //!
@@ -40,7 +42,7 @@
 //! | `model` | `model` | echoed from the upstream |
 //! | text blocks | `message.content` (joined) | several text blocks become one; thinking and server-tool blocks dropped |
 //! | — | `message.refusal` | becomes text, and `stop` becomes `refusal` |
-//! | `tool_use` blocks | `message.tool_calls` | arguments that are not a JSON object: untranslatable |
+//! | `tool_use` blocks | `message.tool_calls` | arguments that are not a JSON object: the answer is a failure (retried, then the next step; at the end 502 `upstream_answer_unusable` naming the tool) |
 //! | `stop_reason` end_turn, stop_sequence / max_tokens / tool_use / refusal | `finish_reason` stop / length / tool_calls / content_filter | `stop_sequence` comes back as `end_turn` and the matched `stop_sequence` is lost; `stop` with tool calls comes back as `tool_use` (so an agent loop runs them) |
 //! | `usage` input + cache_read + cache_write | `prompt_tokens` (`cached_tokens` = cache_read, `cache_write_tokens` = cache_write) | — (SPEC §6) |
 //! | `usage.output_tokens` (`thinking_tokens`) | `completion_tokens` (`reasoning_tokens`) | `total_tokens` is recomputed |
@@ -54,7 +56,7 @@
 //! |---|---|---|
 //! | `message_start` (id, model, usage) | role chunk (`role: assistant`, `content: ""`) | from OpenAI: message_start is written at the first chunk, with zero usage unless that chunk reports usage |
 //! | text block start + `text_delta`s | `content` (and `refusal`) deltas | from OpenAI: a text block opens at the first non-empty content |
-//! | `tool_use` block start (id, name) + `input_json_delta`s | `tool_calls` deltas, one `index` per call: the first with id, type, name, then `arguments` fragments | from OpenAI: a block opens at the first fragment carrying an id; calls must arrive one after another, and a fragment for an already closed call ends the stream with an `api_error` event instead of a corrupt input; a call whose id never came gets `call_legate_<index>` |
+//! | `tool_use` block start (id, name) + `input_json_delta`s | `tool_calls` deltas, one `index` per call: the first with id, type, name, then `arguments` fragments | from OpenAI: a block opens at the first fragment carrying an id; calls must arrive one after another, and a fragment for an already closed call ends the stream with an `api_error` event instead of a corrupt input; a call whose id never came gets `call_legate_<index>`. Either way, a call's arguments are checked when its block ends: not a JSON object, and the stream ends with an `api_error` event naming the tool instead of a clean end. From OpenAI, a tool call that comes before any other content is held until its check passes, so a broken first call fails before the commit point and is retried or falls back |
 //! | `message_delta` (stop_reason, cumulative usage) + `message_stop` | finish chunk + usage chunk (only when the OpenAI caller asked for `include_usage`) + `[DONE]` | from OpenAI: written at `[DONE]`, with the full usage of the final usage chunk (translated per SPEC §6) |
 //! | `ping` | SSE comment `: ping` | OpenAI has no ping event; the comment keeps idle watchdogs fed |
 //! | thinking / signature / citations deltas, server-tool blocks | — | dropped |
@@ -83,15 +85,15 @@
 //!
 //! Drop labels returned by [`request`] (a closed set, fit for a metric label): the field names
 //! of the two tables above (`thinking`, `top_k`, `cache_control`, `service_tier`, `container`,
-//! `mcp_servers`, `context_management`, `inference_geo`, `output_config`, `output_format`;
-//! `logprobs`, `top_logprobs`, `response_format`, `audio`, `modalities`, `prediction`, `seed`,
+//! `mcp_servers`, `context_management`, `inference_geo`, `output_config`;
+//! `logprobs`, `top_logprobs`, `audio`, `modalities`, `prediction`, `seed`,
 //! `frequency_penalty`, `presence_penalty`, `logit_bias`, `reasoning_effort`, `store`,
 //! `metadata`, `web_search_options`, `verbosity`, `service_tier`, `prompt_cache_key`,
 //! `prompt_cache_retention`, `safety_identifier`, `functions`, `function_call`) and
 //! `unknown_fields`, `thinking_blocks`, `citations`, `server_tools`, `custom_tools`,
 //! `custom_tool_calls`, `strict`, `tool_result_images`, `document_titles`, `misplaced_media`,
 //! `unsupported_blocks`, `unsupported_parts`, `input_audio`, `image_detail`, `message_names`,
-//! `function_messages`, `system_moved_to_top`, `empty_messages`, `invalid_tool_arguments`,
+//! `function_messages`, `empty_messages`, `invalid_tool_arguments`,
 //! `assistant_prefill`, `temperature_clamped`.
 
 mod anthropic;
@@ -105,6 +107,7 @@ mod response;
 mod stream;
 mod stream_anthropic;
 mod stream_openai;
+mod structured;
 
 #[cfg(test)]
 mod tests;

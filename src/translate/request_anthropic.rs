@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 
 use super::fitting::Fitting;
 use super::mapping::{anthropic_tool_id, parse_data_url, strip_error};
+use super::structured;
 use super::{Untranslatable, anthropic as an, openai as oa};
 
 /// Anthropic requires `max_tokens`; used when the caller set no limit.
@@ -14,7 +15,6 @@ pub(super) const DEFAULT_MAX_TOKENS: u64 = 4096;
 const DROPPED_FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
-    "response_format",
     "audio",
     "modalities",
     "prediction",
@@ -61,14 +61,7 @@ fn convert(
         ));
     }
     let mut fit = Fitting::default();
-    if req
-        .extra
-        .get("response_format")
-        .is_some_and(|f| f.get("type") == Some(&json!("text")))
-    {
-        // The default format: nothing is lost.
-        req.extra.remove("response_format");
-    }
+    let output_config = structured::to_output_config(&mut req.extra)?;
     fit.drop_extra(&req.extra, DROPPED_FIELDS);
     let (tools, tool_choice) = tools(
         req.tools,
@@ -103,7 +96,9 @@ fn convert(
         }),
         temperature,
         top_p: req.top_p,
-        extra: Map::new(),
+        extra: output_config
+            .map(|c| Map::from_iter([("output_config".to_owned(), c)]))
+            .unwrap_or_default(),
     };
     Ok((out, fit))
 }
@@ -201,8 +196,9 @@ fn named_choice(
 
 type Conversation = (Option<an::Content>, Vec<an::Message>);
 
-/// System and developer messages gather into `system` (wherever they stood); the others become
-/// turns, consecutive same-role turns merged (tool results join the user turn after them).
+/// System and developer messages before the first turn become `system`; later ones stay where
+/// they stood, as `system` entries of `messages[]`. The others become turns, consecutive
+/// same-role turns merged (tool results join the user turn after them).
 fn messages(messages: Vec<oa::Message>, fit: &mut Fitting) -> Result<Conversation, Untranslatable> {
     let mut system: Vec<an::Content> = Vec::new();
     let mut out: Vec<an::Message> = Vec::with_capacity(messages.len());
@@ -210,10 +206,12 @@ fn messages(messages: Vec<oa::Message>, fit: &mut Fitting) -> Result<Conversatio
         match message {
             oa::Message::System { content, name } | oa::Message::Developer { content, name } => {
                 fit.drop_if(&name, "message_names");
-                if !out.is_empty() {
-                    fit.drop("system_moved_to_top");
+                let content = text_content(content, fit);
+                if out.is_empty() {
+                    system.push(content);
+                } else if !matches!(&content, an::Content::Blocks(b) if b.is_empty()) {
+                    push_turn(&mut out, an::Role::System, content);
                 }
-                system.push(text_content(content, fit));
             }
             oa::Message::User { content, name } => {
                 fit.drop_if(&name, "message_names");

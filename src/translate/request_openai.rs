@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use super::fitting::Fitting;
 use super::mapping::{data_url, mark_error};
+use super::structured;
 use super::{Untranslatable, anthropic as an, openai as oa};
 
 /// Top-level Anthropic fields with no OpenAI counterpart, each its own drop label.
@@ -18,7 +19,6 @@ const DROPPED_FIELDS: &[&str] = &[
     "context_management",
     "inference_geo",
     "output_config",
-    "output_format",
 ];
 
 pub(super) fn translate(
@@ -37,8 +37,12 @@ pub(super) fn translate(
 }
 
 /// The typed conversion, applying the fitting rules of the mapping table (module docs).
-fn convert(req: an::Request, target_model: &str) -> Result<(oa::Request, Fitting), Untranslatable> {
+fn convert(
+    mut req: an::Request,
+    target_model: &str,
+) -> Result<(oa::Request, Fitting), Untranslatable> {
     let mut fit = Fitting::default();
+    let response_format = structured::to_response_format(&mut req.extra)?;
     fit.drop_extra(&req.extra, DROPPED_FIELDS);
     let (tools, tool_choice, parallel_tool_calls) = tools(req.tools, req.tool_choice, &mut fit)?;
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
@@ -63,6 +67,14 @@ fn convert(req: an::Request, target_model: &str) -> Result<(oa::Request, Fitting
         match message.role {
             an::Role::User => user_messages(message.content, &mut messages, &mut fit)?,
             an::Role::Assistant => assistant_message(message.content, &mut messages, &mut fit),
+            // Kept where it stands: a system note mid-conversation applies from there on.
+            an::Role::System => match text_content(message.content, &mut fit) {
+                oa::Content::Parts(parts) if parts.is_empty() => fit.drop("empty_messages"),
+                content => messages.push(oa::Message::System {
+                    content,
+                    name: None,
+                }),
+            },
         }
     }
     let stream_options = (req.stream == Some(true)).then_some(oa::StreamOptions {
@@ -84,7 +96,9 @@ fn convert(req: an::Request, target_model: &str) -> Result<(oa::Request, Fitting
         top_p: req.top_p,
         user: req.metadata.and_then(|m| m.user_id),
         n: None,
-        extra: Map::new(),
+        extra: response_format
+            .map(|f| Map::from_iter([("response_format".to_owned(), f)]))
+            .unwrap_or_default(),
     };
     Ok((out, fit))
 }

@@ -11,18 +11,16 @@ use super::{Untranslatable, anthropic as an, openai as oa};
 
 /// Upstream Anthropic message → the OpenAI caller's `chat.completion`.
 pub(super) fn to_openai(upstream_body: &[u8], created: u64) -> Result<Vec<u8>, Untranslatable> {
-    let message: an::MessageResponse = serde_json::from_slice(upstream_body).map_err(|e| {
-        Untranslatable(format!(
-            "the upstream body is not an Anthropic message: {e}"
-        ))
-    })?;
+    // The parser's error text may quote the body: the message names the problem only.
+    let message: an::MessageResponse = serde_json::from_slice(upstream_body)
+        .map_err(|_| Untranslatable("the upstream body is not an Anthropic message".to_owned()))?;
     serialise(&openai_completion(message, created))
 }
 
 /// Upstream `chat.completion` → the Anthropic caller's message.
 pub(super) fn to_anthropic(upstream_body: &[u8]) -> Result<Vec<u8>, Untranslatable> {
     let completion: oa::Completion = serde_json::from_slice(upstream_body)
-        .map_err(|e| Untranslatable(format!("the upstream body is not a chat completion: {e}")))?;
+        .map_err(|_| Untranslatable("the upstream body is not a chat completion".to_owned()))?;
     serialise(&anthropic_message(completion)?)
 }
 
@@ -91,7 +89,7 @@ pub(super) fn anthropic_message(
     let position = choices.iter().position(|c| c.index == 0).unwrap_or(0);
     if choices.is_empty() {
         return Err(Untranslatable(
-            "the upstream chat completion has no choices".to_owned(),
+            "the upstream chat completion has no choices (no answer to pass on)".to_owned(),
         ));
     }
     let choice = choices.swap_remove(position);
@@ -156,7 +154,7 @@ fn tool_input(name: &str, arguments: &str) -> Result<Value, Untranslatable> {
     match serde_json::from_str::<Value>(arguments) {
         Ok(value @ Value::Object(_)) => Ok(value),
         _ => Err(Untranslatable(format!(
-            "the upstream call of tool `{name}` has arguments that are not a JSON object"
+            "the upstream model called tool `{name}` with arguments that are not a JSON object"
         ))),
     }
 }

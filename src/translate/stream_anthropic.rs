@@ -9,6 +9,13 @@
 //! with an error event rather than a corrupted tool input. Usage comes in OpenAI's last chunk,
 //! so the full usage goes into the final `message_delta` (message_start carries zeros unless the
 //! first chunk already reports usage).
+//!
+//! Tool-call arguments are checked when their block ends: arguments that are not a JSON object
+//! end the stream with an error event instead of the block's stop, never a clean end with a
+//! broken (or `{}`) input. While nothing has been committed to the caller (no content delta
+//! written yet), a tool call's fragments are held and written as one delta once the check
+//! passes, so that a broken first call is an error before the commit point: the attempt is
+//! retried or falls back instead of failing the caller's stream.
 
 use serde_json::json;
 
@@ -29,7 +36,19 @@ pub(super) struct ToAnthropic {
     calls: Vec<Call>,
     finish_reason: Option<String>,
     usage: Option<oa::Usage>,
+    /// A content delta has been written: the caller's stream is past its commit point.
+    committed: bool,
+    /// The open tool call's name and arguments so far, for the check at its end.
+    tool_name: String,
+    tool_args: String,
+    /// The open call's arguments outgrew `CHECK_LIMIT`: they cannot be vouched for.
+    tool_args_overflow: bool,
 }
+
+/// Held arguments beyond this are written out (the stream commits) rather than held longer.
+const HOLD_LIMIT: usize = 256 << 10;
+/// Arguments beyond this cannot be checked and are refused (a bounded buffer, SPEC §14).
+const CHECK_LIMIT: usize = 16 << 20;
 
 #[derive(Debug, Clone, Copy)]
 enum Open {
@@ -103,6 +122,9 @@ impl ToAnthropic {
                 self.text(&text, out);
             }
             for call in delta.tool_calls.unwrap_or_default() {
+                if self.done {
+                    return;
+                }
                 if !self.tool(call, out) {
                     return self.fail(
                         out,
@@ -110,6 +132,9 @@ impl ToAnthropic {
                         "the upstream provider interleaved tool call arguments, which cannot be streamed as Anthropic content blocks",
                     );
                 }
+            }
+            if self.done {
+                return;
             }
             if choice.finish_reason.is_some() {
                 self.finish_reason = choice.finish_reason;
@@ -141,13 +166,15 @@ impl ToAnthropic {
     }
 
     fn text(&mut self, text: &str, out: &mut Vec<u8>) {
-        if text.is_empty() {
+        if self.done || text.is_empty() {
             return;
         }
         let block = match self.open {
             Some(Open::Text { block }) => block,
             _ => {
-                self.close(out);
+                if !self.close(out) {
+                    return;
+                }
                 let block = self.open_block(
                     out,
                     an::Block::Text {
@@ -160,6 +187,7 @@ impl ToAnthropic {
                 block
             }
         };
+        self.committed = true;
         let delta = an::Delta::Text {
             text: text.to_owned(),
         };
@@ -221,7 +249,11 @@ impl ToAnthropic {
         arguments: String,
         out: &mut Vec<u8>,
     ) {
-        self.close(out);
+        if !self.close(out) {
+            return;
+        }
+        self.tool_name.clone_from(&name);
+        self.tool_args.clear();
         let block = self.open_block(
             out,
             an::Block::ToolUse {
@@ -237,18 +269,30 @@ impl ToAnthropic {
         self.arguments(block, arguments, out);
     }
 
-    fn arguments(&self, block: u64, partial_json: String, out: &mut Vec<u8>) {
+    /// One fragment of the open call's arguments: kept for the check at the block's end, and
+    /// written now once the stream has committed (held before that, up to `HOLD_LIMIT`).
+    fn arguments(&mut self, block: u64, partial_json: String, out: &mut Vec<u8>) {
         if partial_json.is_empty() {
             return;
         }
-        let delta = an::Delta::InputJson { partial_json };
-        write_anthropic(
-            out,
-            &an::StreamEvent::ContentBlockDelta {
-                index: block,
-                delta,
-            },
-        );
+        if self.tool_args_overflow || self.tool_args.len() + partial_json.len() > CHECK_LIMIT {
+            // Beyond the bound nothing can vouch for the input; the copy stays bounded.
+            self.tool_args_overflow = true;
+            self.tool_args.clear();
+            return;
+        }
+        self.tool_args.push_str(&partial_json);
+        if !self.committed && self.tool_args.len() <= HOLD_LIMIT {
+            return;
+        }
+        let partial_json = if self.committed {
+            partial_json
+        } else {
+            // The hold ran over its limit: what was held goes out now, and the rest streams.
+            self.tool_args.clone()
+        };
+        self.committed = true;
+        write_input_delta(block, partial_json, out);
     }
 
     fn open_block(&mut self, out: &mut Vec<u8>, content_block: an::Block) -> u64 {
@@ -264,31 +308,60 @@ impl ToAnthropic {
         index
     }
 
-    fn close(&mut self, out: &mut Vec<u8>) {
-        let Some(open) = self.open.take() else { return };
+    /// Closes the open block. A tool call's arguments are checked first: if they are not a
+    /// JSON object the stream fails here (and `false` is returned).
+    fn close(&mut self, out: &mut Vec<u8>) -> bool {
+        let Some(open) = self.open.take() else {
+            return true;
+        };
         let block = match open {
             Open::Text { block } => block,
             Open::Tool { block, call } => {
                 if let Some(c) = self.calls.iter_mut().find(|c| c.index == call) {
                     c.state = CallState::Closed;
                 }
+                let args = std::mem::take(&mut self.tool_args);
+                let overflow = std::mem::take(&mut self.tool_args_overflow);
+                if overflow || !super::mapping::is_json_object_or_empty(&args) {
+                    let what = if overflow {
+                        "arguments too large to check"
+                    } else {
+                        "arguments that are not a JSON object"
+                    };
+                    let message = format!(
+                        "the upstream model called tool `{}` with {what}",
+                        self.tool_name
+                    );
+                    self.fail(out, "api_error", &message);
+                    return false;
+                }
+                if !self.committed && !args.trim().is_empty() {
+                    // Held until now: written whole, after the check.
+                    self.committed = true;
+                    write_input_delta(block, args, out);
+                }
                 block
             }
         };
         write_anthropic(out, &an::StreamEvent::ContentBlockStop { index: block });
+        true
     }
 
     /// `[DONE]`: closes the open block, opens calls whose id never came (with a stand-in id),
     /// then message_delta (stop reason, full usage) and message_stop.
     fn complete(&mut self, out: &mut Vec<u8>) {
         self.start("", "", None, out);
-        self.close(out);
+        if !self.close(out) {
+            return;
+        }
         for position in 0..self.calls.len() {
             if let CallState::Waiting { name, arguments } = &mut self.calls[position].state {
                 let (name, arguments) = (std::mem::take(name), std::mem::take(arguments));
                 let id = format!("call_legate_{}", self.calls[position].index);
                 self.open_tool(position, &id, name, arguments, out);
-                self.close(out);
+                if self.done || !self.close(out) {
+                    return;
+                }
             }
         }
         let has_calls = !self.calls.is_empty();
@@ -325,4 +398,15 @@ impl ToAnthropic {
         );
         self.done = true;
     }
+}
+
+fn write_input_delta(block: u64, partial_json: String, out: &mut Vec<u8>) {
+    let delta = an::Delta::InputJson { partial_json };
+    write_anthropic(
+        out,
+        &an::StreamEvent::ContentBlockDelta {
+            index: block,
+            delta,
+        },
+    );
 }

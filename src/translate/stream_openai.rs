@@ -6,7 +6,8 @@
 //! `input_json_delta`s the argument fragments). message_delta only records the stop reason and
 //! the running usage; message_stop writes the finish chunk, the usage chunk (if the caller
 //! asked for it) and `[DONE]`. Thinking and server-tool blocks are dropped; a ping becomes an
-//! SSE comment line.
+//! SSE comment line. A tool call's arguments are checked at its block's stop: arguments that
+//! are not a JSON object end the stream with an error chunk rather than a clean finish.
 
 use super::error::openai_detail;
 use super::mapping::{finish_reason, openai_id, openai_usage};
@@ -27,7 +28,13 @@ pub(super) struct ToOpenAi {
     calls: Vec<(u64, u64)>,
     stop_reason: Option<String>,
     usage: an::Usage,
+    /// The tool_use block being streamed: its block index, tool name and arguments so far
+    /// (`None` once they outgrow `CHECK_LIMIT`).
+    tool: Option<(u64, String, Option<String>)>,
 }
+
+/// Arguments beyond this cannot be checked and are refused (a bounded buffer, SPEC §14).
+const CHECK_LIMIT: usize = 16 << 20;
 
 impl ToOpenAi {
     pub(super) fn new(include_usage: bool, created: u64) -> Self {
@@ -42,6 +49,7 @@ impl ToOpenAi {
             calls: Vec::new(),
             stop_reason: None,
             usage: an::Usage::default(),
+            tool: None,
         }
     }
 
@@ -91,7 +99,8 @@ impl ToOpenAi {
             // No chunk for a ping, but a comment line: OpenAI clients skip it, and it keeps
             // idle watchdogs fed while thinking (which is not carried) streams upstream.
             an::StreamEvent::Ping => out.extend_from_slice(b": ping\n\n"),
-            an::StreamEvent::ContentBlockStop { .. } | an::StreamEvent::Other => {}
+            an::StreamEvent::ContentBlockStop { index } => self.block_stop(index, out),
+            an::StreamEvent::Other => {}
         }
     }
 
@@ -123,6 +132,7 @@ impl ToOpenAi {
                     serde_json::Value::Null => String::new(),
                     other => other.to_string(),
                 };
+                self.tool = Some((index, name.clone(), Some(arguments.clone())));
                 let call = oa::ToolCallDelta {
                     index: call,
                     id: Some(id),
@@ -148,6 +158,16 @@ impl ToOpenAi {
                 if partial_json.is_empty() {
                     return;
                 }
+                if let Some((block, _, slot)) = &mut self.tool {
+                    if *block == index {
+                        match slot {
+                            Some(args) if args.len() + partial_json.len() <= CHECK_LIMIT => {
+                                args.push_str(&partial_json);
+                            }
+                            _ => *slot = None,
+                        }
+                    }
+                }
                 let call = oa::ToolCallDelta {
                     index: call,
                     id: None,
@@ -161,6 +181,26 @@ impl ToOpenAi {
             }
             an::Delta::Other => {}
         }
+    }
+
+    /// A tool_use block ended: its arguments must form a JSON object (or be empty).
+    fn block_stop(&mut self, index: u64, out: &mut Vec<u8>) {
+        let Some((block, name, args)) = self.tool.take() else {
+            return;
+        };
+        if block != index {
+            self.tool = Some((block, name, args));
+            return;
+        }
+        let problem = match &args {
+            None => "arguments too large to check",
+            Some(a) if !super::mapping::is_json_object_or_empty(a) => {
+                "arguments that are not a JSON object"
+            }
+            Some(_) => return,
+        };
+        let message = format!("the upstream model called tool `{name}` with {problem}");
+        self.fail(out, "api_error", &message);
     }
 
     fn content(&mut self, text: String, out: &mut Vec<u8>) {

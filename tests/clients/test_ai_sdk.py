@@ -64,9 +64,8 @@ def test_tool_round_trip(mock, legate, route, mode):
     assert CLIENT_KEY not in json.dumps([r["headers"] for r in reqs])
     # The tool's output went back to the provider in its own API's shape.
     assert SECRET in json.dumps(reqs[1]["json"]["messages"][-1])
-    if provider == "openai":
-        # The SDK exposes each step's response headers.
-        assert out["servedBy"] == [served_by] * 2
+    # The SDK exposes each step's response headers.
+    assert out["servedBy"] == [served_by] * 2
 
 
 def test_fallback_with_sdk_retries_off(mock, legate):

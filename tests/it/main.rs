@@ -7,7 +7,10 @@
 mod harness;
 
 mod admission;
+mod agents;
 mod binary;
+mod catalog;
+mod cloud;
 mod connections;
 mod errors;
 mod metering;

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use config::Value;
 
+use super::cloud::{self, Declared};
 use super::reader::{self, Cx, Table};
+use crate::config::cloud::Platform;
 use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig, Secret, TlsRoots};
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,26 +67,16 @@ pub(crate) fn parse(t: Table, cx: &mut Cx) -> Providers {
     out
 }
 
-fn kind(v: &Value, path: &str, cx: &mut Cx) -> Option<ApiKind> {
-    match reader::string(v, path, cx)?.as_str() {
-        "anthropic" => Some(ApiKind::Anthropic),
-        "openai" => Some(ApiKind::OpenAi),
-        other => {
-            cx.err(
-                path,
-                format!("unknown provider kind `{other}` (expected anthropic or openai)"),
-            );
-            None
-        }
-    }
-}
-
 fn auth_header(v: &Value, path: &str, cx: &mut Cx) -> Option<AuthHeader> {
     match reader::string(v, path, cx)?.as_str() {
         "x-api-key" => Some(AuthHeader::XApiKey),
         "bearer" => Some(AuthHeader::Bearer),
+        "api-key" => Some(AuthHeader::ApiKey),
         other => {
-            cx.err(path, format!("`{other}` is not x-api-key or bearer"));
+            cx.err(
+                path,
+                format!("`{other}` is not x-api-key, bearer or api-key"),
+            );
             None
         }
     }
@@ -120,14 +112,15 @@ fn default_auth_header(kind: ApiKind) -> AuthHeader {
 fn provider(name: &str, mut t: Table, cx: &mut Cx) -> (Option<ApiKind>, Option<ProviderConfig>) {
     // The two well-known providers may leave out `kind`: their name says it.
     let implied = match name {
-        "anthropic" => Some(ApiKind::Anthropic),
-        "openai" => Some(ApiKind::OpenAi),
+        "anthropic" => Some(Declared::Direct(ApiKind::Anthropic)),
+        "openai" => Some(Declared::Direct(ApiKind::OpenAi)),
         _ => None,
     };
-    let kind = match implied {
-        Some(k) => t.opt(cx, "kind", kind).or(Some(k)),
-        None => t.req(cx, "kind", kind),
+    let declared = match implied {
+        Some(k) => t.opt(cx, "kind", cloud::kind).or(Some(k)),
+        None => t.req(cx, "kind", cloud::kind),
     };
+    let kind = declared.map(Declared::api);
     let base_url = t.opt(cx, "base_url", base_url);
     let key = key_source(&mut t, cx);
     let auth_header = t.opt(cx, "auth_header", auth_header);
@@ -141,17 +134,26 @@ fn provider(name: &str, mut t: Table, cx: &mut Cx) -> (Option<ApiKind>, Option<P
     let client_cert_file = t.opt(cx, "client_cert_file", existing_file);
     let client_key_file = t.opt(cx, "client_key_file", existing_file);
     client_identity_pair(&mut t, cx);
+    let platform = cloud::platform(declared, &mut t, &key, cx);
     t.finish(cx);
 
-    let Some(kind) = kind else {
-        return (None, None);
+    let (Some(kind), Some(platform)) = (kind, platform) else {
+        return (kind, None);
     };
+    let default_auth = match platform {
+        Platform::AzureOpenAi(_) => AuthHeader::ApiKey,
+        _ => default_auth_header(kind),
+    };
+    let base_url = base_url
+        .or_else(|| cloud::default_base_url(&platform))
+        .unwrap_or_else(|| default_base_url(kind).to_owned());
     let config = ProviderConfig {
         name: name.to_owned(),
         kind,
-        base_url: base_url.unwrap_or_else(|| default_base_url(kind).to_owned()),
+        platform,
+        base_url,
         key,
-        auth_header: auth_header.unwrap_or(default_auth_header(kind)),
+        auth_header: auth_header.unwrap_or(default_auth),
         connect_timeout: connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         first_byte_timeout: first_byte_timeout.unwrap_or(DEFAULT_FIRST_BYTE_TIMEOUT),
         idle_timeout: idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::config::{ApiKind, AuthHeader, Config, ConfigErrors, KeySource, TlsRoots, load_str};
 
+mod cloud;
 mod providers;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -134,12 +134,18 @@ async fn run_reports_an_unreadable_or_invalid_script_file() -> TestResult {
     let dir = tempfile::tempdir()?;
     let listen = "127.0.0.1:0".parse()?;
     let missing = dir.path().join("missing.json");
-    let err = run(listen, Some(missing)).await.err().unwrap_or_default();
+    let err = run(listen, Some(missing), None)
+        .await
+        .err()
+        .unwrap_or_default();
     assert!(err.contains("missing.json"), "{err}");
 
     let invalid = dir.path().join("bad.json");
     std::fs::write(&invalid, r#"{"replies":[{"hang_after":1,"cut_after":2}]}"#)?;
-    let err = run(listen, Some(invalid)).await.err().unwrap_or_default();
+    let err = run(listen, Some(invalid), None)
+        .await
+        .err()
+        .unwrap_or_default();
     assert!(
         err.contains("bad.json") && err.contains("replies[0]"),
         "{err}"

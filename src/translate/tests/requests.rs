@@ -99,6 +99,7 @@ fn openai_request_is_sent_as_anthropic_messages() -> Result<(), Untranslatable> 
     let want = json!({
         "model": "target-model", "max_tokens": 4096, "system": "Rule one.",
         "stop_sequences": ["END"], "metadata": {"user_id": "u-2"},
+        "output_config": {"format": {"type": "json_schema", "schema": {}}},
         "tools": [{"name": "ls", "input_schema": {"type": "object", "properties": {}}}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
         "messages": [
@@ -117,10 +118,7 @@ fn openai_request_is_sent_as_anthropic_messages() -> Result<(), Untranslatable> 
     assert_eq!(out, want);
     let mut dropped = dropped;
     dropped.sort_unstable();
-    assert_eq!(
-        dropped,
-        ["image_detail", "response_format", "seed", "strict"]
-    );
+    assert_eq!(dropped, ["image_detail", "seed", "strict"]);
     Ok(())
 }
 
@@ -185,19 +183,79 @@ fn allowed_tools_narrow_the_tool_list() -> Result<(), Untranslatable> {
 }
 
 #[test]
-fn system_messages_anywhere_are_gathered_into_system() -> Result<(), Untranslatable> {
+fn later_system_messages_keep_their_position() -> Result<(), Untranslatable> {
     let body = json!({"model": "m", "messages": [
         {"role": "system", "content": "A"},
+        {"role": "developer", "content": "A2"},
         {"role": "user", "content": "hi"},
-        {"role": "system", "content": [{"type": "text", "text": "B"}]}
+        {"role": "system", "content": [{"type": "text", "text": "B"}]},
+        {"role": "user", "content": "again"}
     ]});
     let (out, dropped) = translate(Dir::OpenAiToAnthropic, &body)?;
     assert_eq!(
         out["system"],
-        json!([{"type": "text", "text": "A"}, {"type": "text", "text": "B"}])
+        json!([{"type": "text", "text": "A"}, {"type": "text", "text": "A2"}])
     );
-    assert_eq!(out["messages"], json!([{"role": "user", "content": "hi"}]));
-    assert_eq!(dropped, ["system_moved_to_top"]);
+    assert_eq!(
+        out["messages"],
+        json!([
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "B"}]},
+            {"role": "user", "content": "again"}
+        ])
+    );
+    assert!(dropped.is_empty(), "{dropped:?}");
+    Ok(())
+}
+
+#[test]
+fn anthropic_system_entries_in_messages_keep_their_position() -> Result<(), Untranslatable> {
+    // Claude Code sends these mid-conversation for models it does not recognise.
+    let body = json!({"model": "m", "max_tokens": 10, "system": "top", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "reminder"},
+        {"role": "system", "content": [{"type": "text", "text": "two", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": "go"}
+    ]});
+    let (out, _) = translate(Dir::AnthropicToOpenAi, &body)?;
+    assert_eq!(
+        out["messages"],
+        json!([
+            {"role": "system", "content": "top"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "system", "content": "reminder"},
+            {"role": "system", "content": "two"},
+            {"role": "user", "content": "go"}
+        ])
+    );
+    Ok(())
+}
+
+#[test]
+fn structured_output_is_carried_both_ways() -> Result<(), Untranslatable> {
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"], "additionalProperties": false});
+    let body = json!({"model": "m", "max_tokens": 10,
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        "messages": [{"role": "user", "content": "count"}]});
+    let (out, dropped) = translate(Dir::AnthropicToOpenAi, &body)?;
+    assert_eq!(
+        out["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})
+    );
+    assert!(dropped.is_empty(), "{dropped:?}");
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "count"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}});
+    let (out, _) = translate(Dir::OpenAiToAnthropic, &body)?;
+    assert_eq!(
+        out["output_config"],
+        json!({"format": {"type": "json_schema", "schema": schema}})
+    );
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "count"}],
+        "response_format": {"type": "json_object"}});
+    assert!(translate(Dir::OpenAiToAnthropic, &body).is_err());
     Ok(())
 }
 

@@ -303,3 +303,89 @@ fn garbage_after_the_terminal_is_ignored_and_a_cut_has_no_terminal() {
         "block stop, message_delta, message_stop"
     );
 }
+
+/// An OpenAI stream whose only tool call carries `args`, split in two fragments.
+fn openai_tool_stream(text: Option<&str>, args: (&str, &str)) -> String {
+    let mut parts = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+    if let Some(text) = text {
+        parts.push(chunk(json!({"content": text}), None));
+    }
+    parts.extend([
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "write", "arguments": args.0}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": args.1}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        "data: [DONE]\n\n".to_owned(),
+    ]);
+    parts.concat()
+}
+
+#[test]
+fn a_first_tool_call_is_held_until_its_arguments_check_out() {
+    let ok = openai_tool_stream(None, ("{\"path\":", "\"a\"}"));
+    let out = translate(Dir::AnthropicToOpenAi, false, ok.as_bytes(), &[]);
+    let deltas: Vec<Value> = events(&out)
+        .into_iter()
+        .filter(|(n, _)| n.as_deref() == Some("content_block_delta"))
+        .map(|(_, d)| d["delta"]["partial_json"].clone())
+        .collect();
+    // One delta with the whole (checked) input, written at the block's end.
+    assert_eq!(deltas, [json!("{\"path\":\"a\"}")]);
+    let view = anthropic_view(&out).map(|v| (v.stopped, v.tools.len()));
+    assert_eq!(view, Ok((true, 1)));
+}
+
+#[test]
+fn tool_arguments_that_are_not_an_object_end_in_an_error_before_any_content() {
+    for args in [("{\"path\":", ""), ("[1,", "2]"), ("\"text", "\"")] {
+        let bad = openai_tool_stream(None, args);
+        let out = translate(Dir::AnthropicToOpenAi, false, bad.as_bytes(), &[]);
+        let names: Vec<Option<String>> = events(&out).into_iter().map(|(n, _)| n).collect();
+        assert!(
+            !names.contains(&Some("content_block_delta".to_owned())),
+            "nothing committed before the check: {names:?}"
+        );
+        let view = anthropic_view(&out).map(|v| (v.error, v.stopped));
+        assert_eq!(view, Ok((Some("api_error".to_owned()), false)), "{args:?}");
+        let message = events(&out)
+            .last()
+            .map(|(_, d)| d["error"]["message"].as_str().unwrap_or("").to_owned());
+        assert!(
+            message.is_some_and(|m| m.contains("tool `write`") && m.contains("not a JSON object"))
+        );
+    }
+}
+
+#[test]
+fn after_text_a_broken_tool_call_still_ends_in_an_error_event() {
+    let bad = openai_tool_stream(Some("Writing."), ("{\"path\":", ""));
+    let out = translate(Dir::AnthropicToOpenAi, false, bad.as_bytes(), &[]);
+    let view = anthropic_view(&out).map(|v| (v.text, v.error, v.stopped));
+    assert_eq!(
+        view,
+        Ok(("Writing.".to_owned(), Some("api_error".to_owned()), false))
+    );
+}
+
+#[test]
+fn an_anthropic_tool_input_that_is_not_an_object_ends_the_openai_stream_in_an_error() {
+    let input = [
+        anthropic_start(),
+        anthropic_event(&json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "write", "input": {}}})),
+        anthropic_event(&json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"path\": "}})),
+        anthropic_event(&json!({"type": "content_block_stop", "index": 0})),
+        anthropic_end("tool_use"),
+    ]
+    .concat();
+    let out = translate(Dir::OpenAiToAnthropic, false, input.as_bytes(), &[]);
+    let view = openai_view(&out).map(|v| (v.error.is_some(), v.done, v.finish_reason));
+    assert_eq!(view, Ok((true, false, None)));
+}

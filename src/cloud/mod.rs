@@ -1,0 +1,266 @@
+//! Cloud platforms as upstreams (SPEC §13): Amazon Bedrock and Google Vertex AI serving the
+//! Anthropic API, Azure OpenAI serving the OpenAI API. The caller keeps speaking plain
+//! Anthropic or OpenAI; this module is everything that differs on the provider side — the URL
+//! that carries the model, the body fields the platform wants, the credential (obtained from
+//! the pod's identity and refreshed before it expires), Bedrock's binary event stream and the
+//! platforms' error shapes.
+
+pub mod aws;
+pub mod azure;
+pub mod cache;
+pub mod errors;
+pub mod eventstream;
+pub mod fetch;
+pub mod google;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, StatusCode, header};
+use http_body_util::Full;
+use prometheus::IntCounterVec;
+
+use crate::config::cloud::{AzureSource, Platform};
+use crate::config::{ProviderConfig, Secret};
+use crate::error::ProxyError;
+use cache::{Cached, CredentialState};
+
+/// The live credential of a cloud provider.
+enum Cred {
+    Aws(Cached<aws::AwsCreds>),
+    Token(Cached<Secret>),
+    /// Azure with an api-key: the provider's ordinary key cell sends it.
+    Key,
+}
+
+pub struct CloudProvider {
+    name: String,
+    platform: Platform,
+    cred: Cred,
+    client: fetch::FetchClient,
+    refreshes: IntCounterVec,
+}
+
+/// Characters left as they are in a path segment (RFC 3986 unreserved); everything else,
+/// the `:` of Bedrock model ids included, is percent-encoded.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Vertex model versions are written `name@version`, as Google's own clients send them.
+const VERTEX_SEGMENT: &percent_encoding::AsciiSet = &SEGMENT.remove(b'@');
+
+fn segment(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
+}
+
+impl CloudProvider {
+    /// The cloud side of a provider; `None` for a direct (`anthropic` / `openai`) one.
+    pub fn new(cfg: &ProviderConfig, refreshes: IntCounterVec) -> Result<Option<Self>, String> {
+        let source = cfg.platform.credential_source().unwrap_or_default();
+        let cred = match &cfg.platform {
+            Platform::Direct => return Ok(None),
+            Platform::Bedrock(_) => Cred::Aws(Cached::new(source)),
+            Platform::Vertex(_) => Cred::Token(Cached::new(source)),
+            Platform::AzureOpenAi(a) => match a.credentials {
+                AzureSource::ApiKey => Cred::Key,
+                AzureSource::WorkloadIdentity { .. } => Cred::Token(Cached::new(source)),
+            },
+        };
+        Ok(Some(CloudProvider {
+            name: cfg.name.clone(),
+            platform: cfg.platform.clone(),
+            cred,
+            client: fetch::client()?,
+            refreshes,
+        }))
+    }
+
+    /// True when the provider sends its credential itself (the ordinary key is not used).
+    pub fn owns_credential(&self) -> bool {
+        !matches!(self.cred, Cred::Key)
+    }
+
+    /// The path and query of a generation call for `model`.
+    pub fn path(&self, model: &str, stream: bool) -> String {
+        match &self.platform {
+            Platform::Direct => String::new(),
+            Platform::Bedrock(_) => format!(
+                "/model/{}/{}",
+                segment(model),
+                if stream {
+                    "invoke-with-response-stream"
+                } else {
+                    "invoke"
+                }
+            ),
+            Platform::Vertex(v) => format!(
+                "/v1/projects/{}/locations/{}/publishers/anthropic/models/{}:{}",
+                v.project,
+                v.region,
+                percent_encoding::utf8_percent_encode(model, VERTEX_SEGMENT),
+                if stream {
+                    "streamRawPredict"
+                } else {
+                    "rawPredict"
+                }
+            ),
+            Platform::AzureOpenAi(a) => format!(
+                "/openai/deployments/{}/chat/completions?api-version={}",
+                segment(a.deployment(model)),
+                segment(&a.api_version)
+            ),
+        }
+    }
+
+    /// Whether the platform answers a stream in Bedrock's binary event stream.
+    pub fn event_stream(&self) -> bool {
+        matches!(self.platform, Platform::Bedrock(_))
+    }
+
+    /// Whether only a minimal, signed set of headers may go out (SigV4 signs every header sent).
+    pub fn minimal_headers(&self) -> bool {
+        matches!(self.platform, Platform::Bedrock(_))
+    }
+
+    /// The body the platform wants: for the Anthropic platforms, the Messages body without
+    /// `model` (and, on Bedrock, without `stream`), with `anthropic_version`, and on Bedrock the
+    /// caller's `anthropic-beta` headers as `anthropic_beta`.
+    pub fn body(&self, body: &Bytes, inbound: &HeaderMap) -> Result<Bytes, ProxyError> {
+        let (version, bedrock) = match &self.platform {
+            Platform::Direct | Platform::AzureOpenAi(_) => return Ok(body.clone()),
+            Platform::Bedrock(b) => (&b.anthropic_version, true),
+            Platform::Vertex(v) => (&v.anthropic_version, false),
+        };
+        let mut doc: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+            .map_err(|_| ProxyError::InvalidRequest {
+                message: "the request body is not a JSON object".to_owned(),
+            })?;
+        doc.remove("model");
+        if bedrock {
+            doc.remove("stream");
+            let betas: Vec<serde_json::Value> = inbound
+                .get_all("anthropic-beta")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+                .filter(|b| !b.is_empty())
+                .map(serde_json::Value::from)
+                .collect();
+            if !betas.is_empty() && !doc.contains_key("anthropic_beta") {
+                doc.insert("anthropic_beta".to_owned(), serde_json::Value::Array(betas));
+            }
+        }
+        doc.entry("anthropic_version")
+            .or_insert_with(|| serde_json::Value::from(version.as_str()));
+        serde_json::to_vec(&doc)
+            .map(Bytes::from)
+            .map_err(|_| ProxyError::Internal)
+    }
+
+    fn failed(&self, what: String) -> ProxyError {
+        ProxyError::CredentialUnavailable {
+            provider: self.name.clone(),
+            what,
+        }
+    }
+
+    fn counter(&self) -> impl Fn(bool) + '_ {
+        move |ok| {
+            self.refreshes
+                .with_label_values(&[self.name.as_str(), if ok { "ok" } else { "error" }])
+                .inc()
+        }
+    }
+
+    /// Puts the platform credential on `req` (whose body is `body`): SigV4 for Bedrock, a
+    /// bearer token for Vertex and Entra-authenticated Azure. Fetches or refreshes it first
+    /// when needed.
+    pub async fn authorize(
+        &self,
+        req: &mut Request<Full<Bytes>>,
+        body: &[u8],
+    ) -> Result<(), ProxyError> {
+        match (&self.cred, &self.platform) {
+            (Cred::Aws(cell), Platform::Bedrock(b)) => {
+                let creds = cell
+                    .get(|| aws::fetch(&self.client, &b.credentials), self.counter())
+                    .await
+                    .map_err(|e| self.failed(e))?;
+                aws::sign(req, body, &creds, &b.region, "bedrock", SystemTime::now())
+                    .map_err(|e| self.failed(e))
+            }
+            (Cred::Token(cell), Platform::Vertex(v)) => {
+                let token = cell
+                    .get(
+                        || google::fetch(&self.client, &v.credentials),
+                        self.counter(),
+                    )
+                    .await
+                    .map_err(|e| self.failed(e))?;
+                bearer(req, &token).map_err(|e| self.failed(e))
+            }
+            (Cred::Token(cell), Platform::AzureOpenAi(a)) => {
+                let AzureSource::WorkloadIdentity {
+                    token_file,
+                    client_id,
+                    token_url,
+                    ..
+                } = &a.credentials
+                else {
+                    return Err(ProxyError::Internal);
+                };
+                let token = cell
+                    .get(
+                        || azure::fetch(&self.client, token_file, client_id, token_url),
+                        self.counter(),
+                    )
+                    .await
+                    .map_err(|e| self.failed(e))?;
+                bearer(req, &token).map_err(|e| self.failed(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the platform's error answers need [`CloudProvider::map_error`].
+    pub fn maps_errors(&self) -> bool {
+        matches!(self.platform, Platform::Bedrock(_) | Platform::Vertex(_))
+    }
+
+    /// A platform error answer in the Anthropic shape (for Bedrock and Vertex); `None` when
+    /// the answer is already in the shape of the API the provider speaks.
+    pub fn map_error(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Option<(StatusCode, Bytes)> {
+        match &self.platform {
+            Platform::Bedrock(_) => Some(errors::bedrock(status, headers, body)),
+            Platform::Vertex(_) => Some(errors::vertex(status, body)),
+            Platform::Direct | Platform::AzureOpenAi(_) => None,
+        }
+    }
+
+    /// The credential's source and expiry for `/admin/state` (never its value).
+    pub fn state(&self) -> Option<CredentialState> {
+        match &self.cred {
+            Cred::Aws(c) => Some(c.state()),
+            Cred::Token(c) => Some(c.state()),
+            Cred::Key => None,
+        }
+    }
+}
+
+fn bearer(req: &mut Request<Full<Bytes>>, token: &Arc<Secret>) -> Result<(), String> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
+        .map_err(|_| "the access token is not a header value".to_owned())?;
+    v.set_sensitive(true);
+    req.headers_mut().insert(header::AUTHORIZATION, v);
+    Ok(())
+}

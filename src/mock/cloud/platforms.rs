@@ -1,0 +1,274 @@
+//! The fake platforms: Bedrock (SigV4, event-stream frames, its error shape), Vertex AI
+//! (bearer token, `rawPredict`/`streamRawPredict`, Google's error shape for quota) and Azure
+//! OpenAI deployments (`api-key` or an Entra token). Replies come from the mock's script.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
+
+use super::Cloud;
+use crate::cloud::eventstream;
+use crate::mock::anthropic;
+use crate::mock::body::MockBody;
+use crate::mock::render::Render;
+use crate::mock::reply::{Answer, Asked, wait};
+use crate::mock::script::Reply;
+use crate::mock::state::{MatchKey, Shared};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Platform {
+    Bedrock,
+    Vertex,
+    Azure,
+}
+
+/// A platform call: which platform, the model (or deployment) its URL names, streaming or not.
+pub(crate) struct Call {
+    pub platform: Platform,
+    pub model: String,
+    pub stream: bool,
+}
+
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// The platform call `parts` is, if any.
+pub(crate) fn route(parts: &Parts) -> Option<Call> {
+    if parts.method != Method::POST {
+        return None;
+    }
+    let path = parts.uri.path();
+    if let Some(rest) = path.strip_prefix("/model/") {
+        let (model, action) = rest.rsplit_once('/')?;
+        let stream = match action {
+            "invoke" => false,
+            "invoke-with-response-stream" => true,
+            _ => return None,
+        };
+        return Some(Call {
+            platform: Platform::Bedrock,
+            model: decode(model),
+            stream,
+        });
+    }
+    if path.starts_with("/v1/projects/") && path.contains("/publishers/anthropic/models/") {
+        let last = path.rsplit('/').next()?;
+        let (model, action) = last.rsplit_once(':')?;
+        let stream = match action {
+            "rawPredict" => false,
+            "streamRawPredict" => true,
+            _ => return None,
+        };
+        return Some(Call {
+            platform: Platform::Vertex,
+            model: decode(model),
+            stream,
+        });
+    }
+    let rest = path.strip_prefix("/openai/deployments/")?;
+    let (deployment, tail) = rest.split_once('/')?;
+    (tail == "chat/completions").then(|| Call {
+        platform: Platform::Azure,
+        model: decode(deployment),
+        stream: false,
+    })
+}
+
+fn bedrock_error(
+    answer: Answer,
+    status: u16,
+    exception: &str,
+    message: &str,
+) -> Response<MockBody> {
+    let body = serde_json::json!({"message": message}).to_string();
+    let extra = [(
+        HeaderName::from_static("x-amzn-errortype"),
+        HeaderValue::from_str(exception)
+            .unwrap_or(HeaderValue::from_static("InternalServerException")),
+    )];
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    answer.send(
+        status,
+        HeaderValue::from_static("application/json"),
+        MockBody::full(Bytes::from(body)),
+        &extra,
+    )
+}
+
+fn bearer(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// Answers a platform call after checking its credential and body.
+pub(crate) async fn handle(
+    shared: &Shared,
+    cloud: &Cloud,
+    call: Call,
+    parts: &Parts,
+    body: &Bytes,
+    answer: Answer,
+) -> Response<MockBody> {
+    let doc: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    match call.platform {
+        Platform::Bedrock => {
+            if let Err((st, exc, msg)) = super::sigv4::verify(cloud, parts, body) {
+                cloud.count("refused");
+                return bedrock_error(answer, st, exc, &msg);
+            }
+            if !doc.is_object() || doc.get("model").is_some() || doc.get("stream").is_some() {
+                return bedrock_error(
+                    answer,
+                    400,
+                    "ValidationException",
+                    "extraneous key [model] or [stream] is not permitted",
+                );
+            }
+            if !doc["anthropic_version"].is_string() {
+                return bedrock_error(
+                    answer,
+                    400,
+                    "ValidationException",
+                    "required key [anthropic_version] not found",
+                );
+            }
+        }
+        Platform::Vertex => {
+            if let Err(why) =
+                bearer(parts).map_or(Err("missing bearer token"), |t| cloud.check_token(t))
+            {
+                cloud.count("refused");
+                let body = serde_json::json!({"error": {"code": 401, "message": why, "status": "UNAUTHENTICATED"}});
+                return answer.send(
+                    StatusCode::UNAUTHORIZED,
+                    HeaderValue::from_static("application/json"),
+                    MockBody::full(Bytes::from(body.to_string())),
+                    &[],
+                );
+            }
+            if !doc["anthropic_version"].is_string() || doc.get("model").is_some() {
+                return answer.error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "anthropic_version is required and model must not be set",
+                );
+            }
+        }
+        Platform::Azure => {
+            let key_ok = match (&cloud.opts.azure_api_key, parts.headers.get("api-key")) {
+                (Some(k), Some(v)) => v.as_bytes() == k.as_bytes(),
+                _ => false,
+            };
+            let token_ok = bearer(parts).is_some_and(|t| cloud.check_token(t).is_ok());
+            if !key_ok && !token_ok {
+                cloud.count("refused");
+                return answer.error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_request_error",
+                    "Access denied due to invalid subscription key or wrong API endpoint.",
+                );
+            }
+            if !parts
+                .uri
+                .query()
+                .is_some_and(|q| q.contains("api-version="))
+            {
+                return answer.error(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "api-version is required",
+                );
+            }
+        }
+    }
+    let stream = match call.platform {
+        Platform::Azure => doc["stream"].as_bool().unwrap_or(false),
+        _ => call.stream,
+    };
+    let key = MatchKey {
+        model: Some(&call.model),
+        path: parts.uri.path(),
+        stream,
+    };
+    let reply = shared
+        .take_reply(&key, false)
+        .unwrap_or_else(|| std::sync::Arc::clone(&shared.script().default));
+    wait(&reply).await;
+    let asked = Asked {
+        model: &call.model,
+        stream,
+        include_usage: doc["stream_options"]["include_usage"]
+            .as_bool()
+            .unwrap_or(false),
+    };
+    match call.platform {
+        Platform::Bedrock => bedrock_answer(answer, &reply, &asked),
+        Platform::Vertex if reply.status.as_u16() == 429 && reply.body.is_none() => {
+            let body = serde_json::json!({"error": {"code": 429, "message": "Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model", "status": "RESOURCE_EXHAUSTED"}});
+            answer.send(
+                reply.status,
+                HeaderValue::from_static("application/json"),
+                MockBody::full(Bytes::from(body.to_string())),
+                &reply.headers,
+            )
+        }
+        Platform::Vertex | Platform::Azure => answer.generated(&reply, &asked),
+    }
+}
+
+/// The exception a scripted status or stream error stands for on Bedrock.
+fn exception_for(error_type: &str, status: u16) -> (u16, &'static str) {
+    match (error_type, status) {
+        ("overloaded_error", _) | (_, 503 | 529) => (503, "ServiceUnavailableException"),
+        ("rate_limit_error", _) | (_, 429) => (429, "ThrottlingException"),
+        ("invalid_request_error", _) | (_, 400) => (400, "ValidationException"),
+        ("permission_error", _) | (_, 403) => (403, "AccessDeniedException"),
+        ("not_found_error", _) | (_, 404) => (404, "ResourceNotFoundException"),
+        _ => (500, "InternalServerException"),
+    }
+}
+
+fn bedrock_answer(answer: Answer, reply: &Reply, asked: &Asked<'_>) -> Response<MockBody> {
+    if !reply.status.is_success() || reply.body.is_some() {
+        let (st, exc) = exception_for(reply.error_type(), reply.status.as_u16());
+        return bedrock_error(answer, st, exc, reply.error_message());
+    }
+    if !asked.stream {
+        return answer.generated(reply, asked);
+    }
+    let render = Render {
+        id: answer.id,
+        model: reply.model.as_deref().unwrap_or(asked.model),
+        reply,
+    };
+    let frames: Vec<Bytes> = anthropic::events(&render)
+        .iter()
+        .filter_map(|ev| {
+            let text = std::str::from_utf8(ev).ok()?;
+            let data = text.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some(eventstream::chunk_frame(data))
+        })
+        .collect();
+    let (error_type, message) = reply.stream_error();
+    let (_, exc) = exception_for(error_type, 500);
+    let mut exc = exc.to_owned();
+    // Exceptions in the stream are named in lower camel case.
+    if let Some(first) = exc.get(..1) {
+        exc = first.to_ascii_lowercase() + &exc[1..];
+    }
+    let body = MockBody::events(frames)
+        .with_gap(reply.event_gap)
+        .with_fault(reply.fault, eventstream::exception_frame(&exc, message));
+    answer.send(
+        StatusCode::OK,
+        HeaderValue::from_static(eventstream::CONTENT_TYPE),
+        body,
+        &[],
+    )
+}

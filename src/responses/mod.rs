@@ -1,0 +1,178 @@
+//! The OpenAI Responses API served by steps that do not speak it (SPEC §11): pure translation
+//! (bytes in, bytes out, no I/O) and the conversation store that makes
+//! `previous_response_id` work on such steps.
+//!
+//! Chat Completions is the pivot. A Chat-only step (`kind = "openai"`, `responses = false`)
+//! takes [`request::to_chat`]'s body as is; an Anthropic step takes it through the Chat →
+//! Messages translation of `translate` (so every rule of that table applies too). Answers come
+//! back the same way: Anthropic → Chat → Responses.
+//!
+//! # Mapping
+//!
+//! | Responses request | Chat Completions | losses and fitting rules |
+//! |---|---|---|
+//! | `instructions` | first message, role `system` | — (to Anthropic: `system`) |
+//! | `input` string | one `user` message | — |
+//! | message items (`user`, `assistant`, `system`, `developer`) | messages of that role | `input_text`/`output_text` → text parts (assistant/system text joined); `refusal` parts become text; `input_image` by URL → `image_url`; `input_file` → `file`; other parts dropped (`unsupported_parts`); an image by `file_id` is unfit |
+//! | `function_call` items | assistant `tool_calls` (folded into the assistant message before them) | — |
+//! | `function_call_output` items | `tool` messages | output parts that are not text dropped (`tool_output_media`) |
+//! | `reasoning` items | — | dropped (`reasoning_items`): encrypted reasoning only OpenAI can read |
+//! | `item_reference` items | — | unfit |
+//! | built-in tool call items (`web_search_call`, `local_shell_call`, …) | — | dropped (`builtin_tool_items`) |
+//! | `tools` of type `function` | `function` tools (name, description, parameters, strict) | built-in and custom tools dropped (`builtin_tools`) |
+//! | `tool_choice` auto/none/required/{function} | the same | `allowed_tools` keeps its mode (the tool list is not narrowed); forcing a built-in tool is unfit |
+//! | `parallel_tool_calls` | `parallel_tool_calls` | — (Anthropic: `disable_parallel_tool_use`) |
+//! | `max_output_tokens` | `max_completion_tokens` | — (Anthropic: `max_tokens`, 4096 when unset) |
+//! | `temperature`, `top_p`, `user` | the same | Anthropic: temperature clamped to 1 |
+//! | `text.format` json_schema / json_object | `response_format` | an Anthropic step is unfit for structured output (never served as free text); `text.verbosity` dropped (`verbosity`) |
+//! | `reasoning.effort` | `reasoning_effort` | `reasoning.summary` dropped (`reasoning_summary`); Anthropic drops the effort (`reasoning_effort`) |
+//! | `stream` | `stream` + `stream_options.include_usage` | — |
+//! | `previous_response_id` | — | rebuilt from the store: the stored input and output items come before `input` |
+//! | `store`, `include`, `metadata`, `truncation`, `prompt_cache_key`, `service_tier`, `safety_identifier`, `top_logprobs`, `max_tool_calls` | — | dropped, each by its name; anything else `unknown_fields` |
+//! | `background: true`, `conversation`, `prompt` | — | unfit: they live on OpenAI's servers |
+//!
+//! | Chat answer | Responses object | notes |
+//! |---|---|---|
+//! | `message.content` / `refusal` | a `message` item with one `output_text` / `refusal` part | Anthropic thinking is lost on the way |
+//! | `tool_calls` | `function_call` items (`call_id` = the tool call id, `id` = `fc_` + it) | arguments that are not a JSON object: a failure (SPEC §10) |
+//! | `finish_reason` stop / tool_calls, length, content_filter | `status` completed, incomplete (`max_output_tokens`), incomplete (`content_filter`) | — |
+//! | `usage` | `usage` (`cached_tokens`, `reasoning_tokens`) | both count cached tokens inside the input |
+//! | `id`, `created` | `id` `resp_…` chosen by legate, `created_at` | the upstream id is not kept |
+//!
+//! The stream maps chunk by chunk (see `stream`). Errors keep the OpenAI envelope (an
+//! Anthropic error is translated by `translate::error`).
+
+pub mod request;
+pub mod response;
+pub mod store;
+pub mod stream;
+
+#[cfg(test)]
+mod tests;
+
+use serde_json::{Map, Value};
+
+pub use response::ResponseCtx;
+pub use store::{ConversationStore, Stored};
+pub use stream::ResponsesStream;
+
+use crate::translate::{self, Dir, Untranslatable};
+
+/// The labels of what a translation dropped, each once, in the order first met (a closed set
+/// of static names, fit for a metric label).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Labels(Vec<&'static str>);
+
+impl Labels {
+    pub fn add(&mut self, label: &'static str) {
+        if !self.0.contains(&label) {
+            self.0.push(label);
+        }
+    }
+
+    pub fn into_vec(self) -> Vec<&'static str> {
+        self.0
+    }
+}
+
+/// Which kind of step a translated Responses call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// An OpenAI-compatible server without the Responses API.
+    Chat,
+    Anthropic,
+}
+
+/// The upstream body for a translated step, and what the fitting rules dropped.
+pub fn request_for(
+    target: Target,
+    body: &[u8],
+    target_model: &str,
+) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {
+    let (chat, labels) = request::to_chat(body, target_model)?;
+    let chat_bytes = serde_json::to_vec(&chat)
+        .map_err(|e| Untranslatable(format!("cannot serialise the translated request: {e}")))?;
+    match target {
+        Target::Chat => Ok((chat_bytes, labels.into_vec())),
+        Target::Anthropic => {
+            if chat.get("response_format").is_some() {
+                return Err(Untranslatable(
+                    "structured output (`text.format`) cannot be carried to an Anthropic step"
+                        .to_owned(),
+                ));
+            }
+            let (out, more) =
+                translate::request(Dir::OpenAiToAnthropic, &chat_bytes, target_model)?;
+            let mut all = labels;
+            for label in more {
+                all.add(label);
+            }
+            Ok((out, all.into_vec()))
+        }
+    }
+}
+
+/// A whole (2xx) upstream answer as a response object.
+pub fn response_for(
+    target: Target,
+    body: &[u8],
+    ctx: &ResponseCtx,
+) -> Result<Value, Untranslatable> {
+    match target {
+        Target::Chat => response::from_chat(body, ctx),
+        Target::Anthropic => {
+            let chat = translate::response(Dir::OpenAiToAnthropic, body)?;
+            response::from_chat(&chat, ctx)
+        }
+    }
+}
+
+/// An upstream error in the OpenAI envelope: (status, body).
+pub fn error_for(target: Target, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
+    match target {
+        Target::Chat => (status, body.to_vec()),
+        Target::Anthropic => translate::error(Dir::OpenAiToAnthropic, status, body),
+    }
+}
+
+/// The stream translator for a step.
+pub fn stream_for(target: Target, ctx: ResponseCtx) -> ResponsesStream {
+    match target {
+        Target::Chat => ResponsesStream::from_chat(ctx),
+        Target::Anthropic => ResponsesStream::from_anthropic(ctx),
+    }
+}
+
+/// The caller's `previous_response_id`, if any (for the store lookup before translating).
+pub fn previous_response_id(body: &[u8]) -> Option<String> {
+    let req: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    req.get("previous_response_id")?.as_str().map(str::to_owned)
+}
+
+/// The request's input as a list of items (a string is one user message).
+pub fn input_items(body: &[u8]) -> Vec<Value> {
+    let req: Map<String, Value> = serde_json::from_slice(body).unwrap_or_default();
+    match req.get("input") {
+        Some(Value::String(text)) => vec![serde_json::json!({
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        })],
+        Some(Value::Array(items)) => items.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// The body with `previous_response_id` resolved: the earlier turn's input and output items
+/// come before this request's input, and the field is removed. Only for translated steps;
+/// a passthrough step gets the caller's bytes.
+pub fn rebuild(body: &[u8], prior: &Stored) -> Result<Vec<u8>, Untranslatable> {
+    let mut req: Map<String, Value> = serde_json::from_slice(body)
+        .map_err(|e| Untranslatable(format!("the body is not a valid Responses request: {e}")))?;
+    let mut items = prior.input.clone();
+    items.extend(prior.output().iter().cloned());
+    items.extend(input_items(body));
+    req.insert("input".into(), Value::Array(items));
+    req.remove("previous_response_id");
+    serde_json::to_vec(&req)
+        .map_err(|e| Untranslatable(format!("cannot serialise the rebuilt request: {e}")))
+}

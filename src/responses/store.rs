@@ -1,0 +1,320 @@
+//! The conversation store (`[responses]`, SPEC §11): per relayed response, its input items
+//! and the response object, so that `previous_response_id` can be rebuilt for a step that
+//! keeps no state, and `GET /v1/responses/{id}` answers for translated responses.
+//!
+//! `memory`: one process, bounded by `max_bytes` (oldest entries evicted first; an entry
+//! larger than the bound is not kept) and `ttl`. `redis`: shared by replicas, one key per
+//! response (`legate:resp:<id>`) with the TTL as its expiry; construction never connects, a
+//! failed call drops the connection and the next one reconnects, every call has a short
+//! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::time::Instant;
+
+const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What is kept of one response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stored {
+    /// The whole input of the turn (earlier turns included when it was rebuilt).
+    pub input: Vec<Value>,
+    /// The response object as the caller received it.
+    pub response: Value,
+}
+
+impl Stored {
+    /// The response's output items.
+    pub fn output(&self) -> &[Value] {
+        self.response["output"]
+            .as_array()
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The store could not be reached; the text is fit for the log, never holds a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+pub enum ConversationStore {
+    Memory(MemoryStore),
+    Redis(Box<RedisConversations>),
+}
+
+impl ConversationStore {
+    pub async fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+        match self {
+            ConversationStore::Memory(m) => Ok(m.get(id)),
+            ConversationStore::Redis(r) => r.get(id).await,
+        }
+    }
+
+    pub async fn put(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
+        match self {
+            ConversationStore::Memory(m) => {
+                m.put(id, stored);
+                Ok(())
+            }
+            ConversationStore::Redis(r) => r.put(id, stored).await,
+        }
+    }
+
+    /// True when the id was kept.
+    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        match self {
+            ConversationStore::Memory(m) => Ok(m.delete(id)),
+            ConversationStore::Redis(r) => r.delete(id).await,
+        }
+    }
+}
+
+struct Entry {
+    data: Stored,
+    bytes: usize,
+    expires: Instant,
+    generation: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    map: HashMap<String, Entry>,
+    /// Insertion order with each insertion's generation: older generations of a replaced id
+    /// are skipped when met.
+    order: VecDeque<(String, u64)>,
+    bytes: usize,
+    next_generation: u64,
+}
+
+/// The in-process store.
+pub struct MemoryStore {
+    max_bytes: usize,
+    ttl: Duration,
+    inner: Mutex<Inner>,
+}
+
+impl MemoryStore {
+    pub fn new(max_bytes: usize, ttl: Duration) -> Self {
+        MemoryStore {
+            max_bytes,
+            ttl,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Stored> {
+        let inner = self.lock();
+        let entry = inner.map.get(id)?;
+        (entry.expires > Instant::now()).then(|| entry.data.clone())
+    }
+
+    pub fn put(&self, id: &str, stored: &Stored) {
+        // The serialised size is what the bound is about (as it would be in Redis).
+        let bytes = id.len() + serde_json::to_vec(stored).map_or(usize::MAX, |v| v.len());
+        let mut inner = self.lock();
+        if let Some(old) = inner.map.remove(id) {
+            inner.bytes -= old.bytes;
+        }
+        if bytes > self.max_bytes {
+            return;
+        }
+        let now = Instant::now();
+        // Entries share one TTL, so insertion order is expiry order: expired ones are at the
+        // front. Then evict the oldest until the new entry fits.
+        while let Some((old_id, generation)) = inner.order.front().cloned() {
+            let expired_or_stale = match inner.map.get(&old_id) {
+                Some(e) if e.generation == generation => {
+                    e.expires <= now || inner.bytes + bytes > self.max_bytes
+                }
+                _ => true,
+            };
+            if !expired_or_stale {
+                break;
+            }
+            inner.order.pop_front();
+            if inner
+                .map
+                .get(&old_id)
+                .is_some_and(|e| e.generation == generation)
+                && let Some(e) = inner.map.remove(&old_id)
+            {
+                inner.bytes -= e.bytes;
+            }
+        }
+        let generation = inner.next_generation;
+        inner.next_generation += 1;
+        inner.order.push_back((id.to_owned(), generation));
+        inner.bytes += bytes;
+        let entry = Entry {
+            data: stored.clone(),
+            bytes,
+            expires: now + self.ttl,
+            generation,
+        };
+        inner.map.insert(id.to_owned(), entry);
+        if inner.order.len() > 2 * inner.map.len() + 64 {
+            // Deleted and replaced ids behind a live front: drop their stale places.
+            let Inner { map, order, .. } = &mut *inner;
+            order.retain(|(id, g)| map.get(id).is_some_and(|e| e.generation == *g));
+        }
+    }
+
+    pub fn delete(&self, id: &str) -> bool {
+        let mut inner = self.lock();
+        match inner.map.remove(id) {
+            Some(e) => {
+                inner.bytes -= e.bytes;
+                e.expires > Instant::now()
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes held (for tests and the bound).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+}
+
+/// The Redis store, shared by replicas.
+pub struct RedisConversations {
+    client: Client,
+    ttl: Duration,
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+fn key(id: &str) -> String {
+    format!("legate:resp:{id}")
+}
+
+impl RedisConversations {
+    /// Never connects: legate must start while Redis is down.
+    pub fn new(url: &str, ttl: Duration) -> Result<Self, StoreError> {
+        let client = Client::open(url)
+            .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
+        Ok(RedisConversations {
+            client,
+            ttl,
+            conn: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(REDIS_TIMEOUT))
+            .set_response_timeout(Some(REDIS_TIMEOUT));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| StoreError(format!("Redis is unreachable: {}", e.category())))?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+        let mut conn = self.connection().await?;
+        match cmd.query_async(&mut conn).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                *self.conn.lock().await = None;
+                Err(StoreError(format!("a Redis call failed: {}", e.category())))
+            }
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+        let raw: Option<Vec<u8>> = self.run(redis::cmd("GET").arg(key(id)).clone()).await?;
+        Ok(raw.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+    }
+
+    pub async fn put(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(stored).map_err(|e| StoreError(e.to_string()))?;
+        let secs = self.ttl.as_secs().max(1);
+        let cmd = redis::cmd("SET")
+            .arg(key(id))
+            .arg(bytes)
+            .arg("EX")
+            .arg(secs)
+            .clone();
+        self.run::<()>(cmd).await
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let n: u64 = self.run(redis::cmd("DEL").arg(key(id)).clone()).await?;
+        Ok(n > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stored(text: &str) -> Stored {
+        Stored {
+            input: vec![json!({"role": "user", "content": text})],
+            response: json!({"id": "r", "output": [{"type": "message"}]}),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_expire_after_the_ttl() {
+        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
+        store.put("a", &stored("hi"));
+        assert_eq!(store.get("a"), Some(stored("hi")));
+        assert_eq!(store.get("a").map(|s| s.output().len()), Some(1));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(store.get("a"), None);
+        // The next put sweeps it.
+        store.put("b", &stored("x"));
+        assert_eq!(store.lock().map.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn oldest_entries_are_evicted_beyond_max_bytes() {
+        let one = 1 + serde_json::to_vec(&stored("0123456789")).map_or(0, |v| v.len());
+        let store = MemoryStore::new(one * 2, Duration::from_secs(60));
+        store.put("a", &stored("0123456789"));
+        store.put("b", &stored("0123456789"));
+        assert!(store.get("a").is_some());
+        store.put("c", &stored("0123456789"));
+        assert_eq!(store.get("a"), None);
+        assert!(store.get("b").is_some() && store.get("c").is_some());
+        assert!(store.bytes() <= one * 2);
+        // Too large for the whole store: not kept, nothing else evicted.
+        store.put("d", &stored(&"x".repeat(one * 3)));
+        assert_eq!(store.get("d"), None);
+        assert!(store.get("b").is_some());
+    }
+
+    #[tokio::test]
+    async fn replacing_and_deleting_keep_the_byte_count() {
+        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
+        store.put("a", &stored("one"));
+        store.put("a", &stored("two"));
+        assert_eq!(store.get("a"), Some(stored("two")));
+        assert!(store.delete("a"));
+        assert!(!store.delete("a"));
+        assert_eq!(store.bytes(), 0);
+        store.put("b", &stored("x"));
+        assert_eq!(
+            store.lock().order.len(),
+            1,
+            "stale places at the front are swept"
+        );
+    }
+}

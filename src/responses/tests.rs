@@ -1,0 +1,328 @@
+//! Translation tests: requests, whole answers and streams, Responses ↔ Chat and ↔ Anthropic.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+fn chat_of(req: Value) -> (Value, Vec<&'static str>) {
+    let (bytes, labels) = request_for(Target::Chat, req.to_string().as_bytes(), "m")
+        .unwrap_or_else(|e| panic!("untranslatable: {e}"));
+    (serde_json::from_slice(&bytes).unwrap_or_default(), labels)
+}
+
+#[test]
+fn request_maps_instructions_items_tools_and_sampling() {
+    let req = json!({
+        "model": "alias", "instructions": "Be brief.", "stream": true,
+        "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{\"city\":\"Oslo\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "rain"},
+        ],
+        "tools": [{"type": "function", "name": "weather", "description": "d",
+                   "parameters": {"type": "object"}, "strict": true},
+                  {"type": "web_search"}],
+        "tool_choice": {"type": "function", "name": "weather"},
+        "parallel_tool_calls": false, "max_output_tokens": 100, "temperature": 0.5, "top_p": 0.9,
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}, "strict": true}},
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "store": false, "include": ["reasoning.encrypted_content"], "frob": 1,
+    });
+    let (chat, labels) = chat_of(req);
+    assert_eq!(
+        chat["messages"],
+        json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "Checking", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+        ])
+    );
+    assert_eq!(
+        chat["tools"],
+        json!([{"type": "function", "function": {"name": "weather", "description": "d",
+                "parameters": {"type": "object"}, "strict": true}}])
+    );
+    assert_eq!(
+        chat["tool_choice"],
+        json!({"type": "function", "function": {"name": "weather"}})
+    );
+    assert_eq!(chat["parallel_tool_calls"], false);
+    assert_eq!(chat["max_completion_tokens"], 100);
+    assert_eq!(chat["temperature"], 0.5);
+    assert_eq!(chat["top_p"], 0.9);
+    assert_eq!(chat["reasoning_effort"], "low");
+    assert_eq!(chat["model"], "m");
+    assert_eq!(chat["stream_options"], json!({"include_usage": true}));
+    assert_eq!(
+        chat["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": true}})
+    );
+    let mut labels = labels;
+    labels.sort_unstable();
+    assert_eq!(
+        labels,
+        [
+            "builtin_tools",
+            "include",
+            "reasoning_items",
+            "reasoning_summary",
+            "store",
+            "unknown_fields"
+        ]
+    );
+}
+
+#[test]
+fn anthropic_step_gets_messages_and_refuses_structured_output() {
+    let req = json!({"model": "a", "instructions": "sys", "input": "hi", "max_output_tokens": 50,
+                     "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]});
+    let (bytes, _) = request_for(Target::Anthropic, req.to_string().as_bytes(), "claude")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    assert_eq!(out["model"], "claude");
+    assert_eq!(out["max_tokens"], 50);
+    assert_eq!(out["system"], "sys");
+    assert_eq!(out["messages"][0]["role"], "user");
+    assert_eq!(out["tools"][0]["name"], "f");
+    let structured =
+        json!({"model": "a", "input": "hi", "text": {"format": {"type": "json_object"}}});
+    assert!(request_for(Target::Anthropic, structured.to_string().as_bytes(), "c").is_err());
+    assert!(request_for(Target::Chat, structured.to_string().as_bytes(), "c").is_ok());
+}
+
+#[test]
+fn state_held_elsewhere_makes_the_step_unfit() {
+    for req in [
+        json!({"model": "a", "input": "hi", "background": true}),
+        json!({"model": "a", "input": [{"type": "item_reference", "id": "msg_1"}]}),
+        json!({"model": "a", "input": "hi", "tool_choice": {"type": "web_search"}}),
+        json!({"model": "a", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}),
+    ] {
+        assert!(
+            request_for(Target::Chat, req.to_string().as_bytes(), "m").is_err(),
+            "{req}"
+        );
+    }
+    assert!(
+        request_for(
+            Target::Chat,
+            br#"{"model":"a","input":"x","background":false}"#,
+            "m"
+        )
+        .is_ok()
+    );
+}
+
+fn ctx() -> ResponseCtx {
+    ResponseCtx::new(
+        "resp_t1".into(),
+        7,
+        br#"{"model":"x","instructions":"I","previous_response_id":"resp_0"}"#,
+    )
+}
+
+#[test]
+fn chat_answer_becomes_a_response_object() {
+    let chat = json!({"id": "chatcmpl-1", "model": "gpt", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Sure", "tool_calls": [
+            {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+        "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 8}}});
+    let obj = response_for(Target::Chat, chat.to_string().as_bytes(), &ctx()).unwrap_or_default();
+    assert_eq!(obj["id"], "resp_t1");
+    assert_eq!(obj["object"], "response");
+    assert_eq!(obj["status"], "completed");
+    assert_eq!(obj["instructions"], "I");
+    assert_eq!(obj["previous_response_id"], "resp_0");
+    assert_eq!(obj["output"][0]["content"][0]["text"], "Sure");
+    assert_eq!(
+        obj["output"][1],
+        json!({"id": "fc_call_9", "type": "function_call", "status": "completed",
+        "call_id": "call_9", "name": "f", "arguments": "{\"a\":1}"})
+    );
+    assert_eq!(obj["usage"]["input_tokens"], 20);
+    assert_eq!(obj["usage"]["input_tokens_details"]["cached_tokens"], 8);
+    assert_eq!(obj["usage"]["total_tokens"], 25);
+    let bad = json!({"model": "g", "choices": [{"message": {"tool_calls": [
+        {"id": "c", "function": {"name": "f", "arguments": "[1]"}}]}, "finish_reason": "tool_calls"}]});
+    assert!(response_for(Target::Chat, bad.to_string().as_bytes(), &ctx()).is_err());
+}
+
+#[test]
+fn anthropic_answer_becomes_a_response_object() {
+    let msg = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude",
+        "content": [{"type": "text", "text": "Hi"}], "stop_reason": "max_tokens", "stop_sequence": null,
+        "usage": {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": 2}});
+    let obj =
+        response_for(Target::Anthropic, msg.to_string().as_bytes(), &ctx()).unwrap_or_default();
+    assert_eq!(obj["status"], "incomplete");
+    assert_eq!(obj["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(obj["output"][0]["content"][0]["text"], "Hi");
+    assert_eq!(obj["usage"]["input_tokens"], 5);
+    assert_eq!(obj["usage"]["input_tokens_details"]["cached_tokens"], 2);
+}
+
+fn events(bytes: &[u8]) -> Vec<Value> {
+    let mut p = crate::sse::SseParser::new();
+    p.push(bytes);
+    p.finish();
+    std::iter::from_fn(|| p.next_event())
+        .map(|e| {
+            let v: Value = serde_json::from_str(&e.data).unwrap_or_default();
+            assert_eq!(e.event.as_deref(), v["type"].as_str());
+            v
+        })
+        .collect()
+}
+
+fn types(evs: &[Value]) -> Vec<&str> {
+    evs.iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect()
+}
+
+#[test]
+fn chat_stream_becomes_semantic_events_one_byte_at_a_time() {
+    let chunks = [
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{"content":"Hel"}}]}"#,
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{"content":"lo"}}]}"#,
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}"#,
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\""}}]}}]}"#,
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}"#,
+        r#"{"model":"gpt","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        r#"{"model":"gpt","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#,
+        "[DONE]",
+    ];
+    let wire: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    let mut s = ResponsesStream::from_chat(ctx());
+    let mut out = Vec::new();
+    for b in wire.as_bytes() {
+        out.extend(s.push(std::slice::from_ref(b)));
+    }
+    out.extend(s.finish());
+    let evs = events(&out);
+    assert_eq!(
+        types(&evs),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    for (i, e) in evs.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i);
+    }
+    let done = &evs[14]["response"];
+    assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
+    assert_eq!(done["output"][1]["arguments"], "{\"a\":1}");
+    assert_eq!(done["output"][1]["call_id"], "call_1");
+    assert_eq!(done["usage"]["input_tokens"], 9);
+    assert!(s.is_complete());
+    assert_eq!(s.final_response(), Some(done));
+}
+
+#[test]
+fn a_cut_stays_a_cut_and_errors_end_with_response_failed() {
+    let mut s = ResponsesStream::from_chat(ctx());
+    let mut out = s.push(
+        b"data: {\"model\":\"g\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
+    );
+    out.extend(s.finish());
+    assert!(!s.is_complete());
+    assert!(
+        !types(&events(&out))
+            .iter()
+            .any(|t| t.starts_with("response.completed"))
+    );
+
+    let mut s = ResponsesStream::from_chat(ctx());
+    let out = s.push(
+        b"data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\",\"code\":null}}\n\n",
+    );
+    let evs = events(&out);
+    assert_eq!(types(&evs)[2..], ["error", "response.failed"]);
+    assert_eq!(evs[2]["message"], "boom");
+    assert_eq!(evs[2]["code"], "server_error");
+    assert!(s.is_complete());
+}
+
+#[test]
+fn broken_tool_arguments_fail_the_stream() {
+    let wire = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{oops\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut s = ResponsesStream::from_chat(ctx());
+    let evs = events(&s.push(wire.as_bytes()));
+    let t = types(&evs);
+    assert_eq!(t[t.len() - 2..], ["error", "response.failed"]);
+    assert!(!t.contains(&"response.completed"));
+}
+
+#[test]
+fn anthropic_stream_becomes_semantic_events() {
+    let wire = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"shell\",\"input\":{}}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"cmd\\\":\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\\\"ls\\\"}\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":6}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    let mut s = ResponsesStream::from_anthropic(ctx());
+    let mut out = s.push(wire.as_bytes());
+    out.extend(s.finish());
+    let evs = events(&out);
+    let last = evs.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["model"], "claude");
+    assert_eq!(last["response"]["output"][0]["type"], "function_call");
+    assert_eq!(last["response"]["output"][0]["name"], "shell");
+    assert_eq!(
+        last["response"]["output"][0]["arguments"],
+        "{\"cmd\":\"ls\"}"
+    );
+    assert_eq!(last["response"]["usage"]["input_tokens"], 7);
+    assert_eq!(last["response"]["usage"]["output_tokens"], 6);
+    assert!(types(&evs).contains(&"response.function_call_arguments.delta"));
+}
+
+#[test]
+fn previous_response_is_rebuilt_into_the_input() {
+    let prior = Stored {
+        input: vec![json!({"role": "user", "content": "a"})],
+        response: json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}),
+    };
+    let body = br#"{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"c","output":"ok"}]}"#;
+    assert_eq!(previous_response_id(body).as_deref(), Some("resp_1"));
+    let rebuilt: Value =
+        serde_json::from_slice(&rebuild(body, &prior).unwrap_or_default()).unwrap_or_default();
+    assert_eq!(rebuilt.get("previous_response_id"), None);
+    let input = rebuilt["input"].as_array().cloned().unwrap_or_default();
+    assert_eq!(input.len(), 3);
+    assert_eq!(input[1]["type"], "function_call");
+    assert_eq!(input[2]["type"], "function_call_output");
+    let (chat, _) = chat_of(rebuilt);
+    assert_eq!(chat["messages"][1]["tool_calls"][0]["id"], "c");
+    assert_eq!(chat["messages"][2]["role"], "tool");
+}

@@ -1,0 +1,607 @@
+//! Cloud providers against `legate mock --cloud` playing Bedrock, Vertex AI, Azure OpenAI and
+//! the endpoints their credentials come from: the model in the URL, the platform's body, SigV4
+//! verified by the fake, Bedrock's event stream read as SSE, credentials refreshed before they
+//! expire, credential failures, and chains mixing platforms.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use legate::mock::{CloudOptions, MockServer, Script};
+
+use crate::harness::{self, Env};
+
+const BEDROCK_MODEL: &str = "anthropic.claude-sonnet-4-5-20250929-v1:0";
+const VERTEX_MODEL: &str = "claude-sonnet-4-5@20250929";
+
+struct Cloud {
+    env: Env,
+    _dir: tempfile::TempDir,
+}
+
+/// Providers on the cloud mock: `bedrock` (web identity via STS), `vertex` (metadata server),
+/// `azure` (Entra workload identity), plus the harness's direct `anthropic` and `openai`.
+async fn start(script: &str, opts: CloudOptions, extra: &str) -> Cloud {
+    start_env(script, opts, extra, &[]).await
+}
+
+/// Like [`start`] with environment variables replaced (an empty value removes one).
+async fn start_env(script: &str, opts: CloudOptions, extra: &str, over: &[(&str, &str)]) -> Cloud {
+    let mock = MockServer::start_with(
+        ([127, 0, 0, 1], 0).into(),
+        Script::from_json(script).unwrap(),
+        None,
+        Some(opts),
+    )
+    .await
+    .unwrap();
+    let url = mock.base_url();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "CANARY-federated-projected-token\n").unwrap();
+    let providers = format!(
+        r#"
+[providers.bedrock]
+kind = "bedrock"
+region = "us-east-1"
+base_url = "{url}"
+sts_endpoint = "{url}/sts"
+first_byte_timeout = "5s"
+
+[providers.vertex]
+kind = "vertex"
+project = "proj-1"
+region = "us-east5"
+base_url = "{url}"
+metadata_url = "{url}"
+
+[providers.azure]
+kind = "azure-openai"
+base_url = "{url}"
+token_url = "{url}/tenant-1/oauth2/v2.0/token"
+deployments = [{{ model = "gpt-4o", deployment = "gpt4o-prod" }}]
+
+[retry]
+max_attempts = 2
+base_delay = "1ms"
+max_delay = "2ms"
+
+[[models]]
+name = "b"
+chain = ["bedrock:{BEDROCK_MODEL}"]
+
+[[models]]
+name = "v"
+chain = ["vertex:{VERTEX_MODEL}"]
+
+[[models]]
+name = "gpt-4o"
+chain = ["azure:gpt-4o"]
+{extra}
+"#
+    );
+    let toml = harness::config_toml(&url, &providers);
+    let mut vars: HashMap<String, String> = harness::test_env_vars();
+    let tf = token_file.display().to_string();
+    for (k, v) in [
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", tf.as_str()),
+        ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/legate"),
+        ("AZURE_FEDERATED_TOKEN_FILE", tf.as_str()),
+        ("AZURE_CLIENT_ID", "client-1"),
+        ("AZURE_TENANT_ID", "tenant-1"),
+    ] {
+        vars.insert(k.to_owned(), v.to_owned());
+    }
+    for (k, v) in over {
+        if v.is_empty() {
+            vars.remove(*k);
+        } else {
+            vars.insert((*k).to_owned(), v.replace("{MOCK}", &url));
+        }
+    }
+    let cfg = legate::config::load_str(&toml, &vars).expect("valid config");
+    let registry = prometheus::Registry::new();
+    let legate = legate::server::start(cfg, registry.clone()).await.unwrap();
+    let env = Env {
+        mock,
+        legate,
+        registry,
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+    };
+    Cloud { env, _dir: dir }
+}
+
+async fn issued(env: &Env) -> serde_json::Value {
+    env.http
+        .get(format!("{}/_mock/cloud", env.mock.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn tool_reply() -> &'static str {
+    r#"{"replies":[{"times":0,"content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}],"stop_reason":"tool_use"}]}"#
+}
+
+#[tokio::test]
+async fn bedrock_json_and_stream_through_web_identity_with_the_model_in_the_url() {
+    let c = start(tool_reply(), CloudOptions::default(), "").await;
+    let env = &c.env;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "fine-grained-tool-streaming-2025-05-14")
+        .body(r#"{"model":"b","max_tokens":50,"messages":[{"role":"user","content":"weather?"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["content"][1]["type"], "tool_use");
+    assert_eq!(v["content"][1]["input"]["city"], "Paris");
+
+    let resp = env
+        .messages(r#"{"model":"b","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"weather?"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = resp.text().await.unwrap();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    assert!(text.contains(r#""partial_json""#), "{text}");
+
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        reqs[0].path,
+        "/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke"
+    );
+    assert_eq!(
+        reqs[1].path,
+        "/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream"
+    );
+    let body: serde_json::Value = serde_json::from_slice(&reqs[0].body).unwrap();
+    assert_eq!(body["anthropic_version"], "bedrock-2023-05-31");
+    assert_eq!(
+        body["anthropic_beta"][0],
+        "fine-grained-tool-streaming-2025-05-14"
+    );
+    assert!(body.get("model").is_none() && body.get("stream").is_none());
+    assert!(
+        reqs[0]
+            .header("authorization")
+            .unwrap()
+            .starts_with("AWS4-HMAC-SHA256 Credential=ASIACANARY")
+    );
+    // One STS exchange serves both requests.
+    assert_eq!(issued(env).await["sts"], 1);
+    assert_eq!(
+        env.metric(
+            "legate_credential_refreshes_total",
+            &[("provider", "bedrock"), ("result", "ok")]
+        )
+        .await,
+        Some(1.0)
+    );
+    // Usage is metered from the converted stream like any other.
+    assert_eq!(
+        env.metric(
+            "legate_tokens_total",
+            &[("provider", "bedrock"), ("kind", "output")]
+        )
+        .await,
+        Some(10.0)
+    );
+    let state = env.admin_json("/admin/state").await;
+    let cred = &state["providers"]["bedrock"]["credential"];
+    assert!(cred["source"].as_str().unwrap().starts_with("web identity"));
+    assert!(cred["expires_at"].as_u64().is_some());
+    assert!(!state.to_string().contains("CANARY"));
+}
+
+#[tokio::test]
+async fn vertex_and_azure_serve_both_apis_with_their_tokens() {
+    let c = start(tool_reply(), CloudOptions::default(), "").await;
+    let env = &c.env;
+    let v: serde_json::Value = env
+        .messages(r#"{"model":"v","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["content"][1]["name"], "get_weather");
+    let stream = env
+        .messages(r#"{"model":"v","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        stream.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{stream}"
+    );
+    // An OpenAI caller reaches Bedrock through translation, stream included.
+    let chat = env
+        .chat(r#"{"model":"b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        chat.contains(r#""tool_calls""#) && chat.ends_with("data: [DONE]\n\n"),
+        "{chat}"
+    );
+    let azure: serde_json::Value = env
+        .chat(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        azure["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+
+    let reqs = env.mock.requests();
+    let paths: Vec<&str> = reqs.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/projects/proj-1/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:rawPredict",
+            "/v1/projects/proj-1/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict",
+            "/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream",
+            "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21",
+        ]
+    );
+    let vbody: serde_json::Value = serde_json::from_slice(&reqs[0].body).unwrap();
+    assert_eq!(vbody["anthropic_version"], "vertex-2023-10-16");
+    assert!(
+        reqs[0]
+            .header("authorization")
+            .unwrap()
+            .starts_with("Bearer ya29.metadata-CANARY")
+    );
+    assert!(
+        reqs[3]
+            .header("authorization")
+            .unwrap()
+            .starts_with("Bearer entra-CANARY")
+    );
+    assert!(reqs[3].header("api-key").is_none());
+    let counts = issued(env).await;
+    assert_eq!(
+        (counts["metadata"].as_u64(), counts["entra"].as_u64()),
+        (Some(1), Some(1))
+    );
+}
+
+#[tokio::test]
+async fn a_credential_expiring_mid_run_is_refreshed_without_a_failed_request() {
+    let opts = CloudOptions {
+        credential_ttl: Duration::from_secs(2),
+        ..CloudOptions::default()
+    };
+    let c = start(r#"{"replies":[]}"#, opts, "").await;
+    let env = &c.env;
+    // The fake refuses any credential past its expiry: every request must carry a fresh one.
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(10) {
+        for model in ["b", "v"] {
+            let resp = env
+                .messages(format!(r#"{{"model":"{model}","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}]}}"#))
+                .await;
+            assert_eq!(resp.status(), 200, "request {sent} to {model}");
+            sent += 1;
+        }
+        let counts = issued(env).await;
+        if counts["sts"].as_u64() >= Some(3) && counts["metadata"].as_u64() >= Some(3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let counts = issued(env).await;
+    assert!(
+        counts["sts"].as_u64() >= Some(3),
+        "{counts} after {sent} requests"
+    );
+    assert!(counts["metadata"].as_u64() >= Some(3), "{counts}");
+    assert!(
+        counts.get("refused").is_none(),
+        "an expired credential was sent: {counts}"
+    );
+    assert_eq!(
+        env.metric("legate_credential_refreshes_total", &[("result", "error")])
+            .await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_credential_that_cannot_be_obtained_is_a_502_that_trips_no_breaker() {
+    let c = start(
+        r#"{"replies":[]}"#,
+        CloudOptions::default(),
+        r#"
+[providers.broken]
+kind = "bedrock"
+region = "us-east-1"
+base_url = "{MOCK}"
+sts_endpoint = "{MOCK}/no-such-sts"
+
+[[models]]
+name = "broken-only"
+chain = ["broken:anthropic.claude-haiku-4-5-20251001-v1:0"]
+
+[[models]]
+name = "broken-then-vertex"
+chain = ["broken:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:claude-haiku-4-5@20251001"]
+"#,
+    )
+    .await;
+    let env = &c.env;
+    for _ in 0..6 {
+        let resp = env
+            .messages(r#"{"model":"broken-only","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+            .await;
+        assert_eq!(resp.status(), 502);
+        let v: serde_json::Value = resp.json().await.unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("provider `broken`")
+                && msg.contains("STS (AssumeRoleWithWebIdentity) answered 404"),
+            "{msg}"
+        );
+        assert!(!msg.contains("CANARY"));
+    }
+    let sent = env
+        .mock
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with("/model/"))
+        .count();
+    assert_eq!(sent, 0, "nothing was sent to a platform");
+    assert_eq!(
+        env.metric("legate_upstream_attempts_total", &[("provider", "broken")])
+            .await,
+        None
+    );
+    assert_eq!(
+        env.metric(
+            "legate_credential_refreshes_total",
+            &[("provider", "broken"), ("result", "error")]
+        )
+        .await,
+        Some(6.0)
+    );
+    // The next chain step answers, and the breaker of the first never opened.
+    let resp = env
+        .messages(r#"{"model":"broken-then-vertex","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "vertex:claude-haiku-4-5@20251001"
+    );
+    let state = env.admin_json("/admin/state").await;
+    assert!(
+        state["providers"]["broken"]["credential"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("STS")
+    );
+}
+
+#[tokio::test]
+async fn a_chain_falls_back_from_anthropic_to_bedrock_to_vertex_on_529s() {
+    let c = start(
+        r#"{"replies":[
+            {"match":{"model":"claude-sonnet-4-5"},"times":0,"status":529},
+            {"match":{"model":"anthropic.claude-sonnet-4-5-20250929-v1:0"},"times":0,"status":529}
+        ]}"#,
+        CloudOptions::default(),
+        r#"
+[[models]]
+name = "sonnet"
+chain = ["anthropic:claude-sonnet-4-5", "bedrock:anthropic.claude-sonnet-4-5-20250929-v1:0", "vertex:claude-sonnet-4-5@20250929"]
+"#,
+    )
+    .await;
+    let env = &c.env;
+    for stream in [false, true] {
+        let resp = env
+            .messages(format!(r#"{{"model":"sonnet","max_tokens":5,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#))
+            .await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-legate-served-by"],
+            "vertex:claude-sonnet-4-5@20250929"
+        );
+        assert_eq!(resp.headers()["x-legate-attempts"], "5");
+    }
+    let paths: Vec<String> = env.mock.requests().iter().map(|r| r.path.clone()).collect();
+    let count = |p: &str| paths.iter().filter(|x| x.starts_with(p)).count();
+    assert_eq!(
+        (
+            count("/v1/messages"),
+            count("/model/"),
+            count("/v1/projects/")
+        ),
+        (4, 4, 2)
+    );
+    // Bedrock's 503 ServiceUnavailableException counted as the overload it is.
+    assert_eq!(
+        env.metric(
+            "legate_upstream_attempts_total",
+            &[("provider", "bedrock"), ("outcome", "retryable")]
+        )
+        .await,
+        Some(4.0)
+    );
+}
+
+#[tokio::test]
+async fn platform_errors_reach_the_caller_in_its_shape_with_their_retry_meaning() {
+    let c = start(
+        r#"{"replies":[
+            {"match":{"model":"claude-sonnet-4-5@20250929"},"times":0,"status":429},
+            {"match":{"model":"anthropic.claude-sonnet-4-5-20250929-v1:0","stream":false},"times":0,"status":400,"error_message":"messages: field required"},
+            {"match":{"model":"anthropic.claude-sonnet-4-5-20250929-v1:0","stream":true},"times":0,"stream_error_after":4,"error_type":"overloaded_error","error_message":"try later"}
+        ]}"#,
+        CloudOptions::default(),
+        "",
+    )
+    .await;
+    let env = &c.env;
+    // Vertex quota (Google's RESOURCE_EXHAUSTED): retried, then a 429 rate_limit_error.
+    let resp = env
+        .messages(r#"{"model":"v","max_tokens":5,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 429);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Vertex AI RESOURCE_EXHAUSTED")
+    );
+    // Bedrock ValidationException: final at once, an invalid_request_error; for an OpenAI
+    // caller in OpenAI's shape.
+    let resp = env
+        .messages(r#"{"model":"b","max_tokens":5,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let resp = env.chat(r#"{"model":"b","messages":[]}"#).await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    // An exception frame after content reaches the caller as an error event, in order.
+    let text = env
+        .messages(r#"{"model":"b","max_tokens":5,"stream":true,"messages":[]}"#)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("event: content_block_delta"), "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: error\n"), "{text}");
+    assert!(last.contains(r#""type":"overloaded_error""#), "{last}");
+    assert!(
+        last.contains("Bedrock serviceUnavailableException: try later"),
+        "{last}"
+    );
+    let bedrock_calls = env
+        .mock
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with("/model/"))
+        .count();
+    assert_eq!(bedrock_calls, 3);
+}
+
+#[tokio::test]
+async fn container_endpoint_static_keys_and_service_account_keys_all_sign_in() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/google-service-account.json"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pod_token = dir.path().join("eks-pod-identity-token");
+    std::fs::write(&pod_token, "CANARY-eks-pod-identity-token").unwrap();
+    let pod_token = pod_token.display().to_string();
+    let extra = format!(
+        r#"
+[providers.vertex-sa]
+kind = "vertex"
+project = "proj-1"
+region = "global"
+base_url = "{{MOCK}}"
+credentials_file = "{fixture}"
+token_url = "{{MOCK}}/google/token"
+
+[[models]]
+name = "v-sa"
+chain = ["vertex-sa:{VERTEX_MODEL}"]
+"#
+    );
+    let pod = [
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", ""),
+        (
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "{MOCK}/aws/credentials",
+        ),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", pod_token.as_str()),
+    ];
+    let c = start_env(r#"{"replies":[]}"#, CloudOptions::default(), &extra, &pod).await;
+    let env = &c.env;
+    for model in ["b", "v-sa"] {
+        let resp = env
+            .messages(format!(r#"{{"model":"{model}","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}]}}"#))
+            .await;
+        assert_eq!(resp.status(), 200, "{model}");
+    }
+    let counts = issued(env).await;
+    assert_eq!(
+        (
+            counts["container"].as_u64(),
+            counts["google_token"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{counts}"
+    );
+    let state = env.admin_json("/admin/state").await;
+    assert!(
+        state["providers"]["bedrock"]["credential"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("container credentials endpoint")
+    );
+
+    let opts = CloudOptions {
+        aws_static_key: Some(("AKIACANARYSTATIC".into(), "CANARY-static-secret".into())),
+        ..CloudOptions::default()
+    };
+    let keys = [
+        ("AWS_ACCESS_KEY_ID", "AKIACANARYSTATIC"),
+        ("AWS_SECRET_ACCESS_KEY", "CANARY-static-secret"),
+    ];
+    let c = start_env(r#"{"replies":[]}"#, opts, "", &keys).await;
+    let resp = c
+        .env
+        .messages(r#"{"model":"b","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    // A wrong secret is refused by the fake's SigV4 check: the signature is really verified.
+    let wrong = [
+        ("AWS_ACCESS_KEY_ID", "AKIACANARYSTATIC"),
+        ("AWS_SECRET_ACCESS_KEY", "CANARY-not-the-secret"),
+    ];
+    let opts = CloudOptions {
+        aws_static_key: Some(("AKIACANARYSTATIC".into(), "CANARY-static-secret".into())),
+        ..CloudOptions::default()
+    };
+    let c = start_env(r#"{"replies":[]}"#, opts, "", &wrong).await;
+    let resp = c
+        .env
+        .messages(r#"{"model":"b","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 403);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "permission_error");
+    assert!(!v.to_string().contains("CANARY"));
+}
