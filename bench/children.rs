@@ -28,6 +28,8 @@ pub(crate) struct Running {
     pid: u32,
     /// The data-plane base URL, `http://127.0.0.1:PORT`.
     pub base_url: String,
+    /// legate's admin-plane base URL (`None` for the mock).
+    pub admin_url: Option<String>,
 }
 
 impl Running {
@@ -48,8 +50,8 @@ pub(crate) async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
     let mut command = Command::new(bin);
     command.args(["mock", "--listen", "127.0.0.1:0"]);
     start(command, "legate mock", |line| {
-        line.strip_prefix("legate mock listening on ")
-            .map(str::to_owned)
+        let data = line.strip_prefix("legate mock listening on ")?;
+        Some((data.to_owned(), None))
     })
     .await
 }
@@ -68,10 +70,17 @@ pub(crate) async fn start_legate(
     })?;
     let mut command = Command::new(bin);
     command.arg("serve").arg("--config").arg(&config_path);
+    // legate's worker-thread count, for comparing runtimes; the mock keeps its own default.
+    if let Ok(n) = std::env::var("BENCH_LEGATE_THREADS") {
+        command.env("TOKIO_WORKER_THREADS", n);
+    }
     start(command, "legate serve", |line| {
         let rest = line.strip_prefix("legate listening on ")?;
-        let (data, _admin) = rest.split_once(" (admin ")?;
-        Some(data.to_owned())
+        let (data, admin) = rest.split_once(" (admin ")?;
+        Some((
+            data.to_owned(),
+            Some(admin.trim_end_matches(')').to_owned()),
+        ))
     })
     .await
 }
@@ -101,7 +110,7 @@ api_key_env = "OPENAI_API_KEY"
 async fn start(
     mut command: Command,
     what: &'static str,
-    parse: impl Fn(&str) -> Option<String>,
+    parse: impl Fn(&str) -> Option<(String, Option<String>)>,
 ) -> Result<Running, BenchError> {
     command
         .envs(CHILD_ENV)
@@ -127,7 +136,7 @@ async fn start(
         .map_err(|_| missing("no listening line within 20 s"))?
         .map_err(|source| BenchError::Spawn { what, source })?
         .ok_or_else(|| missing("stdout closed before the listening line"))?;
-    let base_url =
+    let (base_url, admin_url) =
         parse(&first).ok_or_else(|| missing(&format!("unexpected first line {first:?}")))?;
     tokio::spawn(async move {
         // Keep reading so the child never blocks on a full pipe; the content is not needed.
@@ -137,6 +146,7 @@ async fn start(
         child,
         pid,
         base_url,
+        admin_url,
     })
 }
 
@@ -181,4 +191,81 @@ fn parse_kib(status: &str, name: &str) -> Option<u64> {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?;
     let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// CPU time (user + system) a process and the given others have used so far, from
+/// `/proc/PID/stat` (in clock ticks of 10 ms); processes that are gone count nothing.
+pub(crate) fn cpu_time(pids: &[u32]) -> Duration {
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|&pid| stat_fields(pid))
+        .map(|f| f.1)
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The processes whose parent is `pid` (nginx's workers).
+pub(crate) fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| stat_fields(child).is_some_and(|f| f.0 == pid))
+        .collect()
+}
+
+/// (parent pid, utime + stime in ticks) from `/proc/PID/stat`. The command name may contain
+/// spaces and parentheses, so the fields are counted from the last `)`.
+fn stat_fields(pid: u32) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(3) ppid(4) ... utime(14) stime(15), numbered from 1 with pid.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// Time from starting `legate serve` to its first `/readyz` 200, once per start; each
+/// instance is stopped before the next starts.
+pub(crate) async fn cold_starts(
+    bin: &Path,
+    dir: &Path,
+    mock_url: &str,
+    times: u32,
+) -> Result<Vec<Duration>, BenchError> {
+    let mut out = Vec::new();
+    for _ in 0..times {
+        let started = std::time::Instant::now();
+        let legate = start_legate(bin, dir, mock_url).await?;
+        let ready = ready(&legate).await;
+        legate.stop().await;
+        out.push(ready?.saturating_duration_since(started));
+    }
+    Ok(out)
+}
+
+/// Polls `/readyz` on the admin plane until it answers 200; when it did.
+async fn ready(legate: &Running) -> Result<std::time::Instant, BenchError> {
+    let admin = legate
+        .admin_url
+        .as_deref()
+        .ok_or(BenchError::Protocol("legate printed no admin address"))?;
+    let addr = crate::wire::address(admin)?;
+    let request = crate::wire::request("GET", "/readyz", &addr.to_string(), &[], "");
+    let until = std::time::Instant::now() + STARTUP_LIMIT;
+    loop {
+        let mut conn = crate::wire::Conn::open(addr).await?;
+        if conn.exchange(&request).await?.status == 200 {
+            return Ok(std::time::Instant::now());
+        }
+        if std::time::Instant::now() > until {
+            return Err(BenchError::Startup {
+                what: "legate serve",
+                detail: "/readyz never answered 200".to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }

@@ -1,21 +1,14 @@
-//! The load generator's HTTP side: one pooled HTTP/1.1 keep-alive client shared by every
-//! phase, the two request bodies, and the two ways a request is timed (to the last body byte,
+//! What the load generator sends: one target per side (its address and its two prepared
+//! requests), the mock's script, and the two ways a request is timed (to the last body byte,
 //! and to the first body byte of a stream).
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client as LegacyClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use crate::error::BenchError;
-
-pub(crate) type Client = LegacyClient<HttpConnector, Full<Bytes>>;
+use crate::wire::{self, Conn};
 
 /// Longest a single request may take before it counts as failed; far above any latency the
 /// benchmark expects, so only a real stall trips it.
@@ -28,106 +21,89 @@ const STREAM_MESSAGE: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":256,"s
 /// model answer, so the proxy has a realistic body to carry.
 pub(crate) const MOCK_SCRIPT: &str = r#"{"default":{"content":[{"type":"text","text":"Hello! legate is a model ambassador: a small proxy that sits beside an agent on localhost and owns the connection to the model providers, with their keys, timeouts, streaming, usage metering and metrics. This reply is padded to a few hundred bytes so that the benchmark carries a body about the size of a short real answer."}]}}"#;
 
-/// Keep-alive pool with room for every connection the heaviest phase opens.
-pub(crate) fn build() -> Client {
-    let mut connector = HttpConnector::new();
-    // Without it Nagle's algorithm would hold small writes and dwarf what is being measured.
-    connector.set_nodelay(true);
-    LegacyClient::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(1024)
-        .pool_idle_timeout(Duration::from_secs(300))
-        .build(connector)
-}
-
-/// One side of the comparison: the mock directly, or legate in front of it.
+/// One side of the comparison: the mock directly, nginx, or legate in front of it.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
     pub label: &'static str,
-    messages: Uri,
+    pub addr: SocketAddr,
+    /// `POST /v1/messages`, plain and streaming, with the headers an Anthropic SDK sends.
+    plain: Bytes,
+    stream: Bytes,
 }
 
 impl Target {
     pub(crate) fn new(label: &'static str, base_url: &str) -> Result<Target, BenchError> {
-        let messages = format!("{base_url}/v1/messages")
-            .parse::<Uri>()
-            .map_err(|e| BenchError::Request(e.into()))?;
-        Ok(Target { label, messages })
+        let addr = wire::address(base_url)?;
+        let host = addr.to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            // legate consumes and never forwards the caller's key; the mock checks none.
+            ("x-api-key", "bench-caller-key"),
+        ];
+        let build = |body| wire::request("POST", "/v1/messages", &host, &headers, body);
+        Ok(Target {
+            label,
+            addr,
+            plain: build(MESSAGE),
+            stream: build(STREAM_MESSAGE),
+        })
     }
 
-    /// `POST /v1/messages`, streaming or not, with the headers an Anthropic SDK sends.
-    pub(crate) fn message(&self, stream: bool) -> Result<Request<Full<Bytes>>, BenchError> {
-        let body = if stream { STREAM_MESSAGE } else { MESSAGE };
-        Request::builder()
-            .method(Method::POST)
-            .uri(self.messages.clone())
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header("anthropic-version", "2023-06-01")
-            // legate consumes and never forwards the caller's key; the mock checks none.
-            .header("x-api-key", "bench-caller-key")
-            .body(Full::new(Bytes::from_static(body.as_bytes())))
-            .map_err(BenchError::Request)
+    pub(crate) fn message(&self, stream: bool) -> &Bytes {
+        if stream { &self.stream } else { &self.plain }
+    }
+
+    pub(crate) async fn connect(&self) -> Result<Conn, BenchError> {
+        Conn::open(self.addr).await
+    }
+
+    /// `n` connections, each warmed with one request so nothing measured pays for a connect.
+    pub(crate) async fn connections(&self, n: usize) -> Result<Vec<Conn>, BenchError> {
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut conn = self.connect().await?;
+            complete(&mut conn, self.message(false)).await?;
+            conns.push(conn);
+        }
+        Ok(conns)
     }
 }
 
 /// Sends a request and reads its body to the end; the caller times it.
-pub(crate) async fn complete(
-    client: &Client,
-    request: Request<Full<Bytes>>,
-) -> Result<(), BenchError> {
-    let work = async {
-        let response = client.request(request).await.map_err(BenchError::Client)?;
-        let body = checked(response)?;
-        body.collect().await.map_err(BenchError::Body)?;
-        Ok(())
-    };
-    tokio::time::timeout(REQUEST_LIMIT, work)
+pub(crate) async fn complete(conn: &mut Conn, request: &[u8]) -> Result<(), BenchError> {
+    let reply = tokio::time::timeout(REQUEST_LIMIT, conn.exchange(request))
         .await
-        .map_err(|_| BenchError::Timeout(REQUEST_LIMIT))?
+        .map_err(|_| BenchError::Timeout(REQUEST_LIMIT))??;
+    checked(reply.status)
 }
 
-/// Sends a streaming request and returns the time from sending to the first body byte, then
-/// reads the rest of the stream so the connection goes back to the pool clean.
-pub(crate) async fn first_byte(
-    client: &Client,
-    request: Request<Full<Bytes>>,
-) -> Result<Duration, BenchError> {
-    let work = async {
-        let start = Instant::now();
-        let response = client.request(request).await.map_err(BenchError::Client)?;
-        let mut body = checked(response)?;
-        let ttfb = loop {
-            let frame = body.frame().await.ok_or(BenchError::EmptyStream)?;
-            let frame = frame.map_err(BenchError::Body)?;
-            if frame.data_ref().is_some_and(|data| !data.is_empty()) {
-                break start.elapsed();
-            }
-        };
-        body.collect().await.map_err(BenchError::Body)?;
-        Ok(ttfb)
-    };
-    tokio::time::timeout(REQUEST_LIMIT, work)
+/// Sends a streaming request and returns the time from sending to the first body byte; the
+/// rest of the stream is read so the connection is clean for the next request.
+pub(crate) async fn first_byte(conn: &mut Conn, request: &[u8]) -> Result<Duration, BenchError> {
+    let start = Instant::now();
+    let reply = tokio::time::timeout(REQUEST_LIMIT, conn.exchange(request))
         .await
-        .map_err(|_| BenchError::Timeout(REQUEST_LIMIT))?
+        .map_err(|_| BenchError::Timeout(REQUEST_LIMIT))??;
+    checked(reply.status)?;
+    let first = reply.first_byte.ok_or(BenchError::EmptyStream)?;
+    Ok(first.saturating_duration_since(start))
 }
 
 /// Replaces the mock's script (control plane `PUT /_mock/script`).
-pub(crate) async fn script_mock(
-    client: &Client,
-    mock_url: &str,
-    script: &str,
-) -> Result<(), BenchError> {
-    let request = Request::builder()
-        .method(Method::PUT)
-        .uri(format!("{mock_url}/_mock/script"))
-        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-        .body(Full::new(Bytes::copy_from_slice(script.as_bytes())))
-        .map_err(BenchError::Request)?;
-    complete(client, request).await
+pub(crate) async fn script_mock(mock_url: &str, script: &str) -> Result<(), BenchError> {
+    let addr = wire::address(mock_url)?;
+    let headers = [("content-type", "application/json")];
+    let request = wire::request("PUT", "/_mock/script", &addr.to_string(), &headers, script);
+    let mut conn = Conn::open(addr).await?;
+    complete(&mut conn, &request).await
 }
 
-fn checked(response: hyper::Response<Incoming>) -> Result<Incoming, BenchError> {
-    match response.status() {
-        StatusCode::OK => Ok(response.into_body()),
-        status => Err(BenchError::Status(status)),
+fn checked(status: u16) -> Result<(), BenchError> {
+    match status {
+        200 => Ok(()),
+        other => Err(BenchError::Status(
+            http::StatusCode::from_u16(other).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR),
+        )),
     }
 }

@@ -18,12 +18,10 @@ pub(crate) enum BenchError {
         what: String,
         source: std::io::Error,
     },
-    /// A request could not be built (bad URI or header).
-    Request(http::Error),
-    /// The client failed before a response arrived (connect, write, protocol).
-    Client(hyper_util::client::legacy::Error),
-    /// The response body broke off.
-    Body(hyper::Error),
+    /// A connection could not be opened, written or read.
+    Wire(std::io::Error),
+    /// The response was not the HTTP/1.1 the client understands.
+    Protocol(&'static str),
     /// The response arrived with a status other than 200.
     Status(http::StatusCode),
     /// A streaming response ended before any body byte.
@@ -45,9 +43,8 @@ impl fmt::Display for BenchError {
             BenchError::Spawn { what, source } => write!(f, "cannot start {what}: {source}"),
             BenchError::Startup { what, detail } => write!(f, "{what} did not start: {detail}"),
             BenchError::Io { what, source } => write!(f, "{what}: {source}"),
-            BenchError::Request(e) => write!(f, "cannot build the request: {e}"),
-            BenchError::Client(e) => write!(f, "request failed: {e}"),
-            BenchError::Body(e) => write!(f, "response body broke off: {e}"),
+            BenchError::Wire(e) => write!(f, "connection failed: {e}"),
+            BenchError::Protocol(what) => write!(f, "unexpected response: {what}"),
             BenchError::Status(s) => write!(f, "unexpected status {s}"),
             BenchError::EmptyStream => write!(f, "stream ended before its first byte"),
             BenchError::Timeout(d) => write!(f, "no complete answer within {d:?}"),
@@ -61,11 +58,10 @@ impl std::error::Error for BenchError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             BenchError::Spawn { source, .. } | BenchError::Io { source, .. } => Some(source),
-            BenchError::Request(e) => Some(e),
-            BenchError::Client(e) => Some(e),
-            BenchError::Body(e) => Some(e),
+            BenchError::Wire(e) => Some(e),
             BenchError::Task(e) => Some(e),
             BenchError::Startup { .. }
+            | BenchError::Protocol(_)
             | BenchError::Status(_)
             | BenchError::EmptyStream
             | BenchError::Timeout(_)

@@ -1,47 +1,27 @@
-//! The two sides of every comparison, direct to the mock and via legate, and the ABBA order in
-//! which they take turns so that drift in the machine's load falls on both alike.
+//! The sides of every comparison (the mock directly, legate in front of it, and nginx in front
+//! of it when nginx is installed) and the order in which they take turns, so that drift in the
+//! machine's load falls on all of them alike.
 
-/// The same thing for each side of the comparison.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Pair<T> {
-    pub direct: T,
-    pub legate: T,
-}
+/// Position of each side in the per-side vectors: the mock first, then legate, then nginx.
+pub(crate) const DIRECT: usize = 0;
+pub(crate) const LEGATE: usize = 1;
+pub(crate) const NGINX: usize = 2;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    Direct,
-    Legate,
-}
+/// Column names, by position.
+pub(crate) const NAMES: [&str; 3] = ["direct mock", "via legate", "via nginx"];
 
-impl<T> Pair<T> {
-    pub(crate) fn get(&self, side: Side) -> &T {
-        match side {
-            Side::Direct => &self.direct,
-            Side::Legate => &self.legate,
-        }
+/// Which side goes first alternates every round: forwards, then backwards (ABBA for two
+/// sides, ABCCBA for three), so no side always follows the same other one.
+pub(crate) fn order(round: u64, sides: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..sides).collect();
+    if round % 2 == 1 {
+        v.reverse();
     }
-
-    pub(crate) fn get_mut(&mut self, side: Side) -> &mut T {
-        match side {
-            Side::Direct => &mut self.direct,
-            Side::Legate => &mut self.legate,
-        }
-    }
+    v
 }
 
-/// ABBA: which side goes first alternates every round (direct, legate, legate, direct, …),
-/// so neither side is always the one that follows the other.
-pub(crate) fn order(round: u64) -> [Side; 2] {
-    if round % 2 == 0 {
-        [Side::Direct, Side::Legate]
-    } else {
-        [Side::Legate, Side::Direct]
-    }
-}
-
-/// The side of the `k`-th request in an interleaved sequence: pairs in ABBA order.
-pub(crate) fn interleaved(k: u64) -> Side {
-    let [first, second] = order(k / 2);
-    if k % 2 == 0 { first } else { second }
+/// The side of the `k`-th request in an interleaved sequence over `sides` sides.
+pub(crate) fn interleaved(k: u64, sides: usize) -> usize {
+    let n = sides.max(1) as u64;
+    order(k / n, sides)[(k % n) as usize]
 }

@@ -1,32 +1,38 @@
-//! The order of the run: preflight, latency at each fixed rate, stream time to first byte,
-//! throughput, then enough extra requests for the memory reading. Every phase mixes the two
-//! sides in ABBA order, request by request where the load shape allows it (open loop, streams)
-//! and slice by slice where it does not (closed loop), so the machine's noise falls on both.
+//! The order of the run: preflight, then several samples of (latency at a fixed rate,
+//! throughput), then stream time to first byte, then enough extra requests for the memory
+//! reading. Every phase mixes the sides, request by request where the load shape allows it
+//! (open loop, streams) and slice by slice where it does not (closed loop), so the machine's
+//! noise falls on all of them; repeating whole samples shows how much a number moves.
 
 use std::time::Duration;
 
 use crate::Plan;
 use crate::children::{self, Memory};
-use crate::client::{self, Client, Target};
+use crate::client::{self, Target};
 use crate::error::BenchError;
 use crate::load::{self, Outcome, Split};
-use crate::pair::{Pair, Side, interleaved, order};
+use crate::pair::{LEGATE, interleaved, order};
 use crate::report;
+use crate::wire::Conn;
 
-/// Open-loop rates, requests per second; the last one carries the latency target.
-pub(crate) const RATES: [u32; 2] = [200, 1_000];
-/// Workers in the closed-loop throughput phase.
+/// Open-loop rate per side, requests per second; it carries the latency target.
+pub(crate) const RATE: u32 = 1_000;
+/// Connections per side in the open loop, like an outside load generator's fixed pool.
+pub(crate) const OPEN_CONNECTIONS: usize = 100;
+/// Connections (and concurrent requests) per side in the closed-loop throughput phase.
 pub(crate) const CONCURRENCY: usize = 32;
-/// Requests [`preflight`] sends through legate.
-const PREFLIGHT_REQUESTS: u64 = 2;
 /// Upper bound on the extra throughput-slice rounds run to reach `Plan::min_requests`.
 const MAX_TOP_UP_ROUNDS: u32 = 600;
 
-/// Requests carried by closed-loop throughput slices on one side.
+/// One side's closed-loop slices: requests, wall time, and the CPU its process used.
 #[derive(Debug, Default)]
 pub(crate) struct Throughput {
     pub outcome: Outcome,
     pub elapsed: Duration,
+    /// CPU of the side's own process over its slices, lead-ins included.
+    pub cpu: Duration,
+    /// Every request of those slices, lead-ins included (what `cpu` was spent on).
+    pub all_requests: u64,
 }
 
 impl Throughput {
@@ -35,12 +41,27 @@ impl Throughput {
     }
 }
 
+/// One side's open loop: the measured outcome and the CPU its process used for all of it.
+#[derive(Debug, Default)]
+pub(crate) struct Latency {
+    pub outcome: Outcome,
+    pub cpu: Duration,
+    pub all_requests: u64,
+}
+
+/// One sample: latency and throughput, per side.
+#[derive(Debug)]
+pub(crate) struct Sample {
+    pub latency: Vec<Latency>,
+    pub throughput: Vec<Throughput>,
+}
+
 /// Everything measured in one run.
 #[derive(Debug)]
 pub(crate) struct Results {
-    pub latency: Vec<(u32, Pair<Outcome>)>,
-    pub ttfb: Pair<Outcome>,
-    pub throughput: Pair<Throughput>,
+    pub sides: usize,
+    pub samples: Vec<Sample>,
+    pub ttfb: Vec<Outcome>,
     /// Successful requests legate served in the whole run, warm-ups included.
     pub served: u64,
     /// Requests that failed during warm-ups (measured failures are in the outcomes).
@@ -48,6 +69,7 @@ pub(crate) struct Results {
     pub first_warm_error: Option<String>,
     pub at_start: Memory,
     pub at_end: Memory,
+    pub cold_starts: Vec<Duration>,
 }
 
 /// Running count of what legate served and what failed outside the measurements.
@@ -59,7 +81,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn warm(&mut self, side: Side, outcome: &Outcome) {
+    fn warm(&mut self, side: usize, outcome: &Outcome) {
         self.warm_errors += outcome.errors;
         if self.first_warm_error.is_none() {
             self.first_warm_error.clone_from(&outcome.first_error);
@@ -68,14 +90,14 @@ impl Tally {
     }
 
     /// Counts a split slice and returns its measured part.
-    fn split(&mut self, side: Side, split: Split) -> Outcome {
+    fn split(&mut self, side: usize, split: Split) -> Outcome {
         self.warm(side, &split.lead_in);
         self.measured(side, &split.measured);
         split.measured
     }
 
-    fn measured(&mut self, side: Side, outcome: &Outcome) {
-        if matches!(side, Side::Legate) {
+    fn measured(&mut self, side: usize, outcome: &Outcome) {
+        if side == LEGATE {
             self.served += outcome.ok;
         }
     }
@@ -83,58 +105,66 @@ impl Tally {
 
 /// One plain and one streaming request to each side, so a broken setup fails with a clear
 /// message before any measurement.
-pub(crate) async fn preflight(client: &Client, targets: &Pair<Target>) -> Result<(), BenchError> {
-    for target in [&targets.direct, &targets.legate] {
+pub(crate) async fn preflight(targets: &[Target]) -> Result<(), BenchError> {
+    for target in targets {
         let failed = |e: BenchError| BenchError::Preflight {
             target: target.label,
             detail: e.to_string(),
         };
-        client::complete(client, target.message(false)?)
+        let mut conn = target.connect().await.map_err(failed)?;
+        client::complete(&mut conn, target.message(false))
             .await
             .map_err(failed)?;
-        client::first_byte(client, target.message(true)?)
+        client::first_byte(&mut conn, target.message(true))
             .await
             .map_err(failed)?;
     }
     Ok(())
 }
 
-/// Runs every phase in order and reads legate's memory at the end.
+/// Runs every phase in order and reads legate's memory at the end; `procs` are the process
+/// ids whose CPU counts for each side.
 pub(crate) async fn all(
     plan: Plan,
-    client: &Client,
-    targets: &Pair<Target>,
-    legate_pid: u32,
+    targets: &[Target],
+    procs: &[Vec<u32>],
     at_start: Memory,
+    cold_starts: Vec<Duration>,
 ) -> Result<Results, BenchError> {
-    let mut tally = Tally {
-        served: PREFLIGHT_REQUESTS,
-        ..Tally::default()
-    };
-    let mut latency = Vec::new();
-    for rate in RATES {
-        let pair = latency_at(plan, client, targets, rate, &mut tally).await?;
-        latency.push((rate, pair));
+    let mut tally = Tally::default();
+    let mut pools = Vec::new();
+    for target in targets {
+        pools.push(target.connections(CONCURRENCY).await?);
     }
-    let ttfb = streams(plan, client, targets, &mut tally).await?;
-    let throughput = throughput(plan, client, targets, &mut tally).await?;
-    top_up(plan, client, &targets.legate, &mut tally).await?;
-    let at_end = children::memory(legate_pid)?;
+    let mut samples = Vec::new();
+    for n in 0..plan.samples {
+        eprintln!("bench: sample {} of {}", n + 1, plan.samples);
+        let latency = latency(plan, targets, procs, &mut tally).await?;
+        let throughput = throughput(plan, targets, procs, &mut pools, &mut tally).await?;
+        samples.push(Sample {
+            latency,
+            throughput,
+        });
+    }
+    let ttfb = streams(plan, targets, &mut tally).await?;
+    top_up(plan, &targets[LEGATE], &mut pools[LEGATE], &mut tally).await?;
+    let at_end = children::memory(procs[LEGATE][0])?;
     eprintln!(
         "bench: legate served {} requests; RSS {} (peak {})",
         tally.served,
-        report::megabytes(at_end.rss),
-        report::megabytes(at_end.peak)
+        report::mebibytes(at_end.rss),
+        report::mebibytes(at_end.peak)
     );
     Ok(Results {
-        latency,
+        sides: targets.len(),
+        samples,
         ttfb,
-        throughput,
         served: tally.served,
         warm_errors: tally.warm_errors,
         first_warm_error: tally.first_warm_error,
         at_start,
         at_end,
+        cold_starts,
     })
 }
 
@@ -143,48 +173,64 @@ fn rounds(total: Duration, slice: Duration) -> u64 {
     (n as u64).max(1)
 }
 
-async fn latency_at(
+async fn latency(
     plan: Plan,
-    client: &Client,
-    targets: &Pair<Target>,
-    rate: u32,
+    targets: &[Target],
+    procs: &[Vec<u32>],
     tally: &mut Tally,
-) -> Result<Pair<Outcome>, BenchError> {
-    eprintln!("bench: open loop at {rate} req/s per side, interleaved");
-    let split = load::open_loop(client, targets, rate, plan.warmup, plan.per_rate).await?;
-    let result = Pair {
-        direct: tally.split(Side::Direct, split.direct),
-        legate: tally.split(Side::Legate, split.legate),
-    };
+) -> Result<Vec<Latency>, BenchError> {
+    eprintln!("bench:   open loop at {RATE} req/s per side over {OPEN_CONNECTIONS} connections");
+    let before: Vec<Duration> = procs.iter().map(|p| children::cpu_time(p)).collect();
+    let splits =
+        load::open_loop(targets, OPEN_CONNECTIONS, RATE, plan.warmup, plan.per_rate).await?;
+    let mut out = Vec::new();
+    for (side, split) in splits.into_iter().enumerate() {
+        let cpu = children::cpu_time(&procs[side]).saturating_sub(before[side]);
+        let all_requests = split.lead_in.ok
+            + split.lead_in.errors
+            + split.measured.ok
+            + split.measured.errors
+            + OPEN_CONNECTIONS as u64;
+        out.push(Latency {
+            outcome: tally.split(side, split),
+            cpu,
+            all_requests,
+        });
+    }
     eprintln!(
-        "bench:   {} + {} requests measured, worst scheduler lag {:?}",
-        result.direct.ok + result.direct.errors,
-        result.legate.ok + result.legate.errors,
-        result.direct.worst_lag.max(result.legate.worst_lag)
+        "bench:     worst scheduler lag {:?}",
+        out.iter()
+            .map(|l| l.outcome.worst_lag)
+            .max()
+            .unwrap_or_default()
     );
-    Ok(result)
+    Ok(out)
 }
 
 async fn streams(
     plan: Plan,
-    client: &Client,
-    targets: &Pair<Target>,
+    targets: &[Target],
     tally: &mut Tally,
-) -> Result<Pair<Outcome>, BenchError> {
+) -> Result<Vec<Outcome>, BenchError> {
     eprintln!(
         "bench: {} sequential streams per side, time to first byte",
         plan.streams
     );
-    let mut result: Pair<Outcome> = Pair::default();
-    let total = 2 * u64::from(plan.stream_warmup + plan.streams);
+    let sides = targets.len();
+    let mut conns = Vec::new();
+    for target in targets {
+        conns.push(target.connect().await?);
+    }
+    let mut result: Vec<Outcome> = (0..sides).map(|_| Outcome::default()).collect();
+    let total = sides as u64 * u64::from(plan.stream_warmup + plan.streams);
     for k in 0..total {
-        let side = interleaved(k);
-        let one = load::stream_ttfb(client, targets.get(side), 1).await?;
-        if k < 2 * u64::from(plan.stream_warmup) {
+        let side = interleaved(k, sides);
+        let one = load::stream_ttfb(&mut conns[side], &targets[side], 1).await?;
+        if k < sides as u64 * u64::from(plan.stream_warmup) {
             tally.warm(side, &one);
         } else {
             tally.measured(side, &one);
-            result.get_mut(side).absorb(one);
+            result[side].absorb(one);
         }
     }
     Ok(result)
@@ -192,34 +238,44 @@ async fn streams(
 
 async fn throughput(
     plan: Plan,
-    client: &Client,
-    targets: &Pair<Target>,
+    targets: &[Target],
+    procs: &[Vec<u32>],
+    pools: &mut [Vec<Conn>],
     tally: &mut Tally,
-) -> Result<Pair<Throughput>, BenchError> {
-    eprintln!("bench: closed loop, {CONCURRENCY} concurrent requests");
-    for side in order(0) {
-        let target = targets.get(side);
-        let (warm, _) =
-            load::closed_loop(client, target, CONCURRENCY, plan.warmup, Duration::ZERO).await?;
-        tally.split(side, warm);
-    }
-    let mut result: Pair<Throughput> = Pair::default();
+) -> Result<Vec<Throughput>, BenchError> {
+    eprintln!("bench:   closed loop, {CONCURRENCY} connections per side");
+    let sides = targets.len();
+    let mut result: Vec<Throughput> = (0..sides).map(|_| Throughput::default()).collect();
+    let me = [std::process::id()];
+    let (own_before, mut requests) = (children::cpu_time(&me), 0);
     for round in 0..rounds(plan.throughput, plan.throughput_slice) {
-        for side in order(round) {
-            let target = targets.get(side);
+        for side in order(round, sides) {
+            let conns = std::mem::take(&mut pools[side]);
+            let cpu_before = children::cpu_time(&procs[side]);
             let (lead_in, length) = (plan.lead_in, plan.throughput_slice);
-            let (slice, elapsed) =
-                load::closed_loop(client, target, CONCURRENCY, lead_in, length).await?;
+            let (slice, elapsed, back) =
+                load::closed_loop(&targets[side], conns, lead_in, length).await?;
+            pools[side] = back;
+            let total = &mut result[side];
+            total.cpu += children::cpu_time(&procs[side]).saturating_sub(cpu_before);
+            total.all_requests += slice.lead_in.ok + slice.measured.ok;
+            requests += slice.lead_in.ok + slice.measured.ok;
             let measured = tally.split(side, slice);
-            let total = result.get_mut(side);
             total.outcome.absorb(measured);
             total.elapsed += elapsed;
         }
     }
+    let rates: Vec<String> = result
+        .iter()
+        .zip(targets)
+        .map(|(t, target)| format!("{} {:.0} req/s", target.label, t.per_second()))
+        .collect();
+    eprintln!("bench:     {}", rates.join(", "));
+    // The load generator shares the cores: what it spends per request is taken from the sides.
+    let own = children::cpu_time(&me).saturating_sub(own_before);
     eprintln!(
-        "bench:   {:.0} req/s direct, {:.0} req/s via legate",
-        result.direct.per_second(),
-        result.legate.per_second()
+        "bench:     load generator CPU per request {:.3} ms",
+        own.as_secs_f64() * 1e3 / requests.max(1) as f64
     );
     Ok(result)
 }
@@ -227,16 +283,17 @@ async fn throughput(
 /// More closed-loop requests through legate until it has served `plan.min_requests`.
 async fn top_up(
     plan: Plan,
-    client: &Client,
     legate: &Target,
+    pool: &mut Vec<Conn>,
     tally: &mut Tally,
 ) -> Result<(), BenchError> {
     let mut round = 0;
     while tally.served < plan.min_requests && round < MAX_TOP_UP_ROUNDS {
+        let conns = std::mem::take(pool);
         let length = plan.throughput_slice;
-        let (extra, _) =
-            load::closed_loop(client, legate, CONCURRENCY, Duration::ZERO, length).await?;
-        tally.split(Side::Legate, extra);
+        let (extra, _, back) = load::closed_loop(legate, conns, Duration::ZERO, length).await?;
+        *pool = back;
+        tally.split(LEGATE, extra);
         round += 1;
     }
     Ok(())

@@ -1,21 +1,25 @@
 //! legate's overhead benchmark (`cargo bench --bench proxy`): the same load against
-//! `legate mock` directly and through `legate serve` in front of it, side by side, judged
-//! against the product targets (added p99 under 1 ms at 1,000 req/s, added stream time to
-//! first byte under 1 ms, RSS under 40 MB after 10,000 requests).
+//! `legate mock` directly, through `legate serve` in front of it, and through nginx in front
+//! of it when nginx is installed, side by side, judged against the product targets (added p99
+//! at most 0.3 ms at 1,000 req/s and no worse than nginx's, throughput at least half the bare
+//! mock's and nginx's, CPU per request at most 1.5 × nginx's, added stream time to first byte
+//! at most 0.3 ms, RSS at most 20 MiB after 10,000 requests, cold start at most 50 ms).
 //!
 //! Progress goes to stderr; the Markdown results table and the machine line go to stdout.
-//! `--quick` (or `BENCH_QUICK=1`) shortens every phase about five times. Run without
-//! `--bench` (as `cargo test --all-targets` does) it is a smoke run of a few seconds that
-//! checks the machinery and judges nothing.
+//! `--quick` (or `BENCH_QUICK=1`) runs one short sample. Run without `--bench` (as
+//! `cargo test --all-targets` does) it is a smoke run of a few seconds that checks the
+//! machinery and judges nothing.
 
 mod children;
 mod client;
 mod error;
 mod load;
+mod nginx;
 mod pair;
 mod phases;
 mod report;
 mod results;
+mod wire;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -33,8 +37,12 @@ pub struct Plan {
     /// Whether the results may be judged against the targets (a release build, full length).
     pub judged: bool,
     pub warmup: Duration,
-    /// Measured time per rate, both sides interleaved.
+    /// Measured open-loop time per sample, every side interleaved.
     pub per_rate: Duration,
+    /// How many times the latency and throughput phases are repeated.
+    pub samples: u32,
+    /// How many times legate is started to time its cold start.
+    pub cold_starts: u32,
     /// Unmeasured load at the start of every throughput slice, so the side that sat idle is
     /// warm again.
     pub lead_in: Duration,
@@ -56,10 +64,12 @@ impl Plan {
                 judged: true,
                 warmup: Duration::from_secs(1),
                 per_rate: Duration::from_secs(5),
+                samples: 3,
+                cold_starts: 5,
                 lead_in: Duration::from_millis(250),
                 stream_warmup: 30,
                 streams: 300,
-                throughput: Duration::from_secs(5),
+                throughput: Duration::from_secs(3),
                 throughput_slice: Duration::from_secs(1),
                 min_requests: 10_000,
             },
@@ -68,6 +78,8 @@ impl Plan {
                 judged: true,
                 warmup: Duration::from_millis(200),
                 per_rate: Duration::from_secs(1),
+                samples: 1,
+                cold_starts: 3,
                 lead_in: Duration::from_millis(100),
                 stream_warmup: 10,
                 streams: 60,
@@ -80,6 +92,8 @@ impl Plan {
                 judged: false,
                 warmup: Duration::from_millis(50),
                 per_rate: Duration::from_millis(200),
+                samples: 1,
+                cold_starts: 1,
                 lead_in: Duration::from_millis(20),
                 stream_warmup: 2,
                 streams: 10,
@@ -95,7 +109,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick_env = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
     let plan = Plan::choose(&args, quick_env);
-    if let Err(e) = report::self_check() {
+    if let Err(e) = report::self_check().and_then(|()| wire::self_check()) {
         eprintln!("bench: internal check failed: {e}");
         return ExitCode::FAILURE;
     }
@@ -122,7 +136,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Starts both children, measures, prints the table; returns the number of failed requests.
+/// Starts the children, measures, prints the table; returns the number of failed requests.
 async fn run(plan: Plan) -> Result<u64, BenchError> {
     let bin = Path::new(env!("CARGO_BIN_EXE_legate"));
     let load_before = report::load_average();
@@ -136,22 +150,10 @@ async fn run(plan: Plan) -> Result<u64, BenchError> {
         source,
     })?;
     let mock = children::start_mock(bin).await?;
-    let legate = match children::start_legate(bin, dir.path(), &mock.base_url).await {
-        Ok(legate) => legate,
-        Err(e) => {
-            mock.stop().await;
-            return Err(e);
-        }
-    };
-    eprintln!(
-        "bench: mock at {}, legate at {}",
-        mock.base_url, legate.base_url
-    );
-    let result = measure(plan, &mock, &legate).await;
-    legate.stop().await;
+    let result = with_mock(plan, bin, dir.path(), &mock).await;
     mock.stop().await;
-    let (rows, failed) = result?;
-    println!("{}", report::table(&rows));
+    let (rows, names, failed) = result?;
+    println!("{}", report::table(&rows, &names));
     println!("{}", report::machine_line(plan.name, &load_before));
     if let Some(note) = report::busy_note(&load_before) {
         println!("\n{note}");
@@ -159,23 +161,72 @@ async fn run(plan: Plan) -> Result<u64, BenchError> {
     Ok(failed)
 }
 
+/// Everything that needs the mock: legate's cold starts, then legate (and nginx) in front of
+/// it for the measurements.
+async fn with_mock(
+    plan: Plan,
+    bin: &Path,
+    dir: &Path,
+    mock: &Running,
+) -> Result<(Vec<report::Row>, Vec<&'static str>, u64), BenchError> {
+    client::script_mock(&mock.base_url, client::MOCK_SCRIPT).await?;
+    let cold = children::cold_starts(bin, dir, &mock.base_url, plan.cold_starts).await?;
+    let legate = children::start_legate(bin, dir, &mock.base_url).await?;
+    let nginx = match nginx::find() {
+        Some(path) => match nginx::start(&path, dir, &mock.base_url) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                legate.stop().await;
+                return Err(e);
+            }
+        },
+        None => {
+            eprintln!("bench: nginx is not installed; measuring without it");
+            None
+        }
+    };
+    eprintln!(
+        "bench: mock at {}, legate at {}{}",
+        mock.base_url,
+        legate.base_url,
+        nginx
+            .as_ref()
+            .map(|n| format!(", nginx at {}", n.base_url))
+            .unwrap_or_default()
+    );
+    let result = measure(plan, mock, &legate, nginx.as_ref(), cold).await;
+    legate.stop().await;
+    if let Some(n) = nginx {
+        n.stop();
+    }
+    result
+}
+
 async fn measure(
     plan: Plan,
     mock: &Running,
     legate: &Running,
-) -> Result<(Vec<report::Row>, u64), BenchError> {
-    let client = client::build();
-    client::script_mock(&client, &mock.base_url, client::MOCK_SCRIPT).await?;
-    let targets = pair::Pair {
-        direct: Target::new("direct", &mock.base_url)?,
-        legate: Target::new("legate", &legate.base_url)?,
-    };
-    phases::preflight(&client, &targets).await?;
+    nginx: Option<&nginx::Nginx>,
+    cold: Vec<Duration>,
+) -> Result<(Vec<report::Row>, Vec<&'static str>, u64), BenchError> {
+    let mut targets = vec![
+        Target::new("mock", &mock.base_url)?,
+        Target::new("legate", &legate.base_url)?,
+    ];
+    let mut procs = vec![vec![mock.pid()], vec![legate.pid()]];
+    if let Some(n) = nginx {
+        targets.push(Target::new("nginx", &n.base_url)?);
+        let mut family = vec![n.pid()];
+        family.extend(children::children_of(n.pid()));
+        procs.push(family);
+    }
+    let names = pair::NAMES[..targets.len()].to_vec();
+    phases::preflight(&targets).await?;
     let at_start = children::memory(legate.pid())?;
-    let results = phases::all(plan, &client, &targets, legate.pid(), at_start).await?;
+    let results = phases::all(plan, &targets, &procs, at_start, cold).await?;
     let failed = results.failed();
     if let Some(first) = results.first_error() {
         eprintln!("bench: first failure: {first}");
     }
-    Ok((results.rows(plan), failed))
+    Ok((results.rows(plan), names, failed))
 }

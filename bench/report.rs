@@ -4,23 +4,22 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// One row of the results table, already formatted.
+/// One row of the results table, already formatted: one cell per side, then one "added"
+/// cell per side other than the mock.
 pub(crate) struct Row {
     pub metric: String,
-    pub direct: String,
-    pub legate: String,
-    pub added: String,
+    pub cells: Vec<String>,
+    pub added: Vec<String>,
     pub target: String,
     pub met: String,
 }
 
 impl Row {
     /// A row with no target.
-    pub(crate) fn plain(metric: String, direct: String, legate: String, added: String) -> Row {
+    pub(crate) fn plain(metric: String, cells: Vec<String>, added: Vec<String>) -> Row {
         Row {
             metric,
-            direct,
-            legate,
+            cells,
             added,
             target: "—".to_owned(),
             met: "—".to_owned(),
@@ -39,19 +38,29 @@ impl Row {
     }
 }
 
-/// Renders the rows as a GitHub-flavoured Markdown table.
-pub(crate) fn table(rows: &[Row]) -> String {
-    let mut out = String::from(
-        "| metric | direct mock | via legate | added | target | met? |\n\
-         |---|---:|---:|---:|---|---|\n",
-    );
+/// Renders the rows as a GitHub-flavoured Markdown table with one column per side (`names`,
+/// the mock first) and one "added" column per proxy.
+pub(crate) fn table(rows: &[Row], names: &[&str]) -> String {
+    let mut out = String::from("| metric |");
+    let mut rule = String::from("|---|");
+    for name in names {
+        let _ = write!(out, " {name} |");
+        rule.push_str("---:|");
+    }
+    for name in names.iter().skip(1) {
+        let _ = write!(out, " added {} |", name.trim_start_matches("via "));
+        rule.push_str("---:|");
+    }
+    out.push_str(" target | met? |\n");
+    rule.push_str("---|---|\n");
+    out.push_str(&rule);
     for r in rows {
         // Writing to a String cannot fail.
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} |",
-            r.metric, r.direct, r.legate, r.added, r.target, r.met
-        );
+        let _ = write!(out, "| {} |", r.metric);
+        for cell in r.cells.iter().chain(&r.added) {
+            let _ = write!(out, " {cell} |");
+        }
+        let _ = writeln!(out, " {} | {} |", r.target, r.met);
     }
     out
 }
@@ -65,30 +74,9 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
     sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
 }
 
-/// Milliseconds with microsecond resolution: `0.214 ms`.
-pub(crate) fn ms(d: Option<Duration>) -> String {
-    match d {
-        Some(d) => format!("{:.3} ms", d.as_secs_f64() * 1e3),
-        None => "n/a".to_owned(),
-    }
-}
-
-/// Signed difference `b − a` in milliseconds: `+0.123 ms`.
-pub(crate) fn added_ms(a: Option<Duration>, b: Option<Duration>) -> String {
-    match signed_diff_ms(a, b) {
-        Some(diff) => format!("{diff:+.3} ms"),
-        None => "n/a".to_owned(),
-    }
-}
-
-/// `b − a` in milliseconds, negative when `b` was faster.
-pub(crate) fn signed_diff_ms(a: Option<Duration>, b: Option<Duration>) -> Option<f64> {
-    Some((b?.as_secs_f64() - a?.as_secs_f64()) * 1e3)
-}
-
-/// Megabytes (10^6 bytes), the unit the memory target is stated in.
-pub(crate) fn megabytes(bytes: u64) -> String {
-    format!("{:.1} MB", bytes as f64 / 1e6)
+/// Mebibytes (2^20 bytes), the unit the memory target is stated in.
+pub(crate) fn mebibytes(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
 }
 
 /// A count with thousands separators: `12,345`.

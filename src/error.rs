@@ -249,7 +249,7 @@ impl ProxyError {
                 "no answer within the request deadline (server.default_deadline or x-legate-deadline-ms)".to_string()
             }
             ProxyError::UpstreamStreamBroken { provider } => format!(
-                "provider `{provider}` broke off its stream before any content, on every try"
+                "provider `{provider}` broke off its answer (a cut, a stall, or a stream without content) before any of it reached you, on every try"
             ),
             ProxyError::UpstreamAnswerUnusable { provider, reason } => format!(
                 "provider `{provider}` answered, but legate cannot pass the answer on: {reason}"

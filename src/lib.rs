@@ -11,6 +11,7 @@ pub mod limits;
 pub mod meter;
 pub mod mock;
 pub mod names;
+pub mod observe;
 pub mod policy;
 pub mod proxy;
 pub mod responses;

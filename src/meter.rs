@@ -1,6 +1,8 @@
 //! Money and prices: exact integer pico-dollars (1 USD = 10^12 pico-USD), so that budgets and
 //! cost counters never drift the way floating-point sums do.
 
+use std::collections::BTreeMap;
+
 /// Pico-dollars in one US dollar.
 pub const PICO_PER_USD: u128 = 1_000_000_000_000;
 
@@ -150,9 +152,11 @@ impl Usage {
 }
 
 /// Running totals per tenant and `provider:model`, served by `/admin/usage`. Exact integers.
+/// Nested by tenant so that recording into an existing entry looks it up by `&str`, without
+/// building an owned key per request.
 #[derive(Default)]
 pub struct Ledger {
-    entries: std::sync::Mutex<std::collections::BTreeMap<(String, String), LedgerEntry>>,
+    entries: std::sync::Mutex<BTreeMap<String, BTreeMap<String, LedgerEntry>>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -168,9 +172,14 @@ impl Ledger {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let e = map
-            .entry((tenant.to_string(), target.to_string()))
-            .or_default();
+        let per_tenant = match map.get_mut(tenant) {
+            Some(t) => t,
+            None => map.entry(tenant.to_string()).or_default(),
+        };
+        let e = match per_tenant.get_mut(target) {
+            Some(e) => e,
+            None => per_tenant.entry(target.to_string()).or_default(),
+        };
         e.requests += 1;
         e.usage.input += usage.input;
         e.usage.output += usage.output;
@@ -185,7 +194,7 @@ impl Ledger {
             Err(poisoned) => poisoned.into_inner(),
         };
         map.iter()
-            .map(|((t, m), e)| (t.clone(), m.clone(), *e))
+            .flat_map(|(t, targets)| targets.iter().map(move |(m, e)| (t.clone(), m.clone(), *e)))
             .collect()
     }
 

@@ -273,18 +273,22 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// Installs the global tracing subscriber (stderr, filter from config::log_filter()).
-pub fn init_tracing(filter: &str) {
+/// The log filter from a tracing-subscriber directive string (`info` when it does not parse),
+/// with the directives no operator may override: the SigV4 signer traces canonical requests,
+/// session token included, so its events are never shown, at any level.
+pub fn log_filter(filter: &str) -> tracing_subscriber::EnvFilter {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // The SigV4 signer traces canonical requests, session token included: never shown, at any
-    // level an operator may choose.
-    let filter = match "aws_sigv4=off".parse() {
+    match "aws_sigv4=off".parse() {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,
-    };
+    }
+}
+
+/// Installs the global tracing subscriber (stderr, filter from config::log_filter()).
+pub fn init_tracing(filter: &str) {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter(filter))
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();

@@ -44,10 +44,20 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
     "accept-encoding",
 ];
 
+/// The upstream paths legate calls (see `Endpoint::upstream_path`).
+const ENDPOINT_PATHS: [&str; 4] = [
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/models",
+    "/v1/chat/completions",
+];
+
 pub struct Upstream {
     pub name: String,
     pub kind: ApiKind,
     base_url: String,
+    /// The URL of each endpoint path without a query, parsed once.
+    uris: Vec<(&'static str, Uri)>,
     client: HttpClient,
     key: Arc<KeyCell>,
     /// No key source configured (a local vLLM / Ollama server): no credential is sent.
@@ -143,10 +153,15 @@ impl Upstream {
             KeySource::File { path } => format!("check the key file {}", path.display()),
             KeySource::None => "configure api_key_env or api_key_file".to_string(),
         };
+        let uris = ENDPOINT_PATHS
+            .iter()
+            .filter_map(|p| Some((*p, format!("{}{p}", cfg.base_url).parse().ok()?)))
+            .collect();
         Ok(Upstream {
             name: cfg.name.clone(),
             kind: cfg.kind,
             base_url: cfg.base_url.clone(),
+            uris,
             client,
             key,
             keyless: matches!(cfg.key, KeySource::None),
@@ -238,9 +253,12 @@ impl Upstream {
         translated: bool,
         with_key: bool,
     ) -> Result<Request<Full<Bytes>>, ProxyError> {
-        let uri: Uri = format!("{}{}", self.base_url, path_and_query)
-            .parse()
-            .map_err(|_| ProxyError::Internal)?;
+        let uri = match self.uris.iter().find(|(p, _)| *p == path_and_query) {
+            Some((_, uri)) => uri.clone(),
+            None => format!("{}{}", self.base_url, path_and_query)
+                .parse()
+                .map_err(|_| ProxyError::Internal)?,
+        };
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
@@ -305,6 +323,11 @@ impl Upstream {
     /// Whether a key is loaded now (for `/admin/state`; never the key itself).
     pub fn has_key(&self) -> bool {
         self.key.current().is_some()
+    }
+
+    /// The key in use now, only so captured payloads can be stripped of it (never shown).
+    pub fn current_key(&self) -> Option<Arc<crate::config::Secret>> {
+        self.key.current()
     }
 
     pub fn client(&self) -> &HttpClient {

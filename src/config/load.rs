@@ -91,6 +91,19 @@ pub fn log_filter() -> String {
     log_filter_from(&process_env())
 }
 
+/// The log filter for `serve`: `$LEGATE_LOG`, else `$RUST_LOG`, else `[log] level`.
+pub fn log_filter_or(configured: &str) -> String {
+    let env = process_env();
+    if ["LEGATE_LOG", "RUST_LOG"]
+        .iter()
+        .any(|v| env.get(*v).is_some_and(|s| !s.trim().is_empty()))
+    {
+        log_filter_from(&env)
+    } else {
+        configured.to_string()
+    }
+}
+
 fn log_filter_from(env: &HashMap<String, String>) -> String {
     ["LEGATE_LOG", "RUST_LOG"]
         .iter()

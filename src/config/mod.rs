@@ -8,12 +8,13 @@ use std::fmt;
 
 pub mod cloud;
 pub mod load;
+pub mod observe;
 pub mod render;
 pub mod secret;
 pub mod types;
 pub mod validate;
 
-pub use load::{DEFAULT_TOML, Origin, load, load_str, load_with_env, log_filter};
+pub use load::{DEFAULT_TOML, Origin, load, load_str, load_with_env, log_filter, log_filter_or};
 pub use render::{config_hash, render_masked, warnings};
 pub use secret::{KeyCell, KeySource, Secret};
 pub use types::*;

@@ -32,6 +32,7 @@ pub fn render_masked(cfg: &Config) -> String {
         out.push_str("]\n");
     }
     policy(&mut out, cfg);
+    crate::config::observe::render(&mut out, &cfg.observe);
     out.push_str("\n[routing]\n");
     line(&mut out, "anthropic", &quote(&cfg.routing.anthropic));
     line(&mut out, "openai", &quote(&cfg.routing.openai));
@@ -83,6 +84,8 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
             KeySource::Env { var, value: None } => out.push(format!(
                 "{at}: {var} is not set; requests to this provider will fail until it is"
             )),
+            // A cloud provider with its own credential source needs no key.
+            KeySource::None if owns_credential(&p.platform) => {}
             KeySource::None if p.base_url.starts_with("https://") => out.push(format!(
                 "{at}: no api_key_env or api_key_file; requests are sent without a provider key"
             )),
@@ -169,6 +172,7 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         KeySource::File { path } => {
             line(out, "api_key_file", &quote(&path.display().to_string()));
         }
+        KeySource::None if owns_credential(&p.platform) => {}
         KeySource::None => out.push_str("# no provider key\n"),
     }
     let auth = match p.auth_header {
@@ -196,6 +200,16 @@ fn provider(out: &mut String, p: &ProviderConfig) {
         if let Some(path) = file {
             line(out, key, &quote(&path.display().to_string()));
         }
+    }
+}
+
+/// Whether a provider's credential comes from its platform (pod identity), not a key.
+fn owns_credential(p: &crate::config::cloud::Platform) -> bool {
+    use crate::config::cloud::{AzureSource, Platform};
+    match p {
+        Platform::Direct => false,
+        Platform::AzureOpenAi(a) => !matches!(a.credentials, AzureSource::ApiKey),
+        Platform::Bedrock(_) | Platform::Vertex(_) => true,
     }
 }
 
@@ -302,16 +316,16 @@ fn chain_step(step: &ChainStep) -> String {
     s
 }
 
-fn line(out: &mut String, key: &str, value: &str) {
+pub(crate) fn line(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "{key} = {value}");
 }
 
-fn duration(d: Duration) -> String {
+pub(crate) fn duration(d: Duration) -> String {
     quote(&humantime::format_duration(d).to_string())
 }
 
 /// A TOML basic string.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');
     for c in s.chars() {

@@ -150,6 +150,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     pub ratelimit: RateLimitConfig,
     pub shedding: SheddingConfig,
+    /// `[log]`, `[telemetry]`, `[journal]` (SPEC §12).
+    pub observe: super::observe::ObserveConfig,
 }
 
 impl Config {

@@ -14,6 +14,7 @@ mod clients;
 mod cloud;
 mod limits;
 mod models;
+mod observe;
 mod policy;
 mod prices;
 mod providers;
@@ -67,6 +68,9 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
         Some(t) => admission::parse_shedding(t, &mut cx),
         None => Default::default(),
     };
+    let (log, telemetry) = (top.table(&mut cx, "log"), top.table(&mut cx, "telemetry"));
+    let journal = top.table(&mut cx, "journal");
+    let observe = observe::parse(log, telemetry, journal, &mut cx);
     top.finish(&mut cx);
 
     if let Some(server) = &server {
@@ -98,6 +102,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             tenants,
             ratelimit,
             shedding,
+            observe,
         }),
         _ => Err(ConfigErrors(errors)),
     }

@@ -3,11 +3,11 @@
 //! limit is below `pace_below`, spaces out background and batch calls so that what is left
 //! lasts until the reset. Interactive calls are never paced.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
-use prometheus::GaugeVec;
+use http::{HeaderMap, HeaderValue};
+use prometheus::{Gauge, GaugeVec};
 use tokio::time::Instant;
 
 use crate::config::Priority;
@@ -23,6 +23,20 @@ pub struct Pacer {
     provider: String,
     state: Mutex<State>,
     gauge: GaugeVec,
+    /// The gauge of each header family, by position in `FAMILIES`.
+    gauges: [OnceLock<Gauge>; FAMILIES.len()],
+}
+
+/// The rate-limit headers of one family found in an answer.
+#[derive(Default, Clone, Copy)]
+struct Found<'a> {
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset: Option<&'a HeaderValue>,
+}
+
+fn number(v: &HeaderValue) -> Option<u64> {
+    v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 #[derive(Default)]
@@ -77,6 +91,7 @@ impl Pacer {
             provider: provider.to_string(),
             state: Mutex::new(State::default()),
             gauge,
+            gauges: Default::default(),
         }
     }
 
@@ -87,31 +102,46 @@ impl Pacer {
         }
     }
 
-    /// Reads an upstream answer's rate-limit headers (if any).
+    /// Reads an upstream answer's rate-limit headers (if any). One pass over the headers picks
+    /// out the rate-limit ones by prefix, so an answer without them costs a few byte compares
+    /// per header and no clock reading.
     pub fn observe(&self, headers: &HeaderMap) {
+        let mut found = [Found::default(); FAMILIES.len()];
+        let mut any = false;
+        for (name, value) in headers {
+            let n = name.as_str();
+            if !(n.starts_with("anthropic-ratelimit-") || n.starts_with("x-ratelimit-")) {
+                continue;
+            }
+            for (slot, (_, limit, remaining, reset)) in found.iter_mut().zip(FAMILIES) {
+                if n == *limit {
+                    slot.limit = number(value);
+                    any = true;
+                } else if n == *remaining {
+                    slot.remaining = number(value);
+                } else if n == *reset {
+                    slot.reset = Some(value);
+                }
+            }
+        }
+        if !any {
+            return;
+        }
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut tightest: Option<Reading> = None;
-        for (kind, limit, remaining, reset) in FAMILIES {
-            let num = |name: &str| {
-                headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-            };
-            let (Some(limit), Some(remaining)) = (num(limit), num(remaining)) else {
+        for (i, slot) in found.iter().enumerate() {
+            let (Some(limit), Some(remaining)) = (slot.limit, slot.remaining) else {
                 continue;
             };
             if limit == 0 {
                 continue;
             }
             let ratio = (remaining as f64 / limit as f64).min(1.0);
-            self.gauge
-                .with_label_values(&[self.provider.as_str(), kind])
-                .set(ratio);
+            self.gauge(i).set(ratio);
             // Capped at a day: a header must not be able to overflow the clock arithmetic.
-            let reset_in = headers
-                .get(*reset)
+            let reset_in = slot
+                .reset
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| parse_reset(v, wall))
                 .unwrap_or(Duration::from_secs(60))
@@ -128,6 +158,15 @@ impl Pacer {
         if let Some(t) = tightest {
             self.lock().tightest = Some(t);
         }
+    }
+
+    /// The remaining-ratio gauge of header family `i`, looked up once and kept: created on
+    /// first use, so a provider that never sends rate-limit headers exports no series.
+    fn gauge(&self, i: usize) -> &Gauge {
+        self.gauges[i].get_or_init(|| {
+            self.gauge
+                .with_label_values(&[self.provider.as_str(), FAMILIES[i].0])
+        })
     }
 
     /// How long a call of priority `p` should wait before it is sent; `None` for no wait.

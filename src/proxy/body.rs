@@ -123,6 +123,7 @@ impl TapBody {
                 let (out, started) = watch.feed(data);
                 if started {
                     if let Some(acct) = &self.acct {
+                        acct.record.first_content();
                         acct.ttft
                             .observe(acct.record.started().elapsed().as_secs_f64());
                     }

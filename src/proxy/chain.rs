@@ -42,6 +42,8 @@ struct Exec {
     last: Option<Failure>,
     any_admitted: bool,
     earliest_probe: Option<Instant>,
+    /// The chain step being tried, from 1 (for the journal and traces).
+    step_no: usize,
 }
 
 enum StepEnd {
@@ -62,6 +64,7 @@ pub(super) async fn run(
         last: None,
         any_admitted: false,
         earliest_probe: None,
+        step_no: 0,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
     *spent = exec.spent;
@@ -97,6 +100,7 @@ async fn execute(
                 .inc();
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
+        exec.step_no = i + 1;
         if let StepEnd::Answer(resp) = run_step(proxy, snap, &inb, step, exec, record).await? {
             return Ok(resp);
         }
@@ -148,8 +152,9 @@ fn translated_body(
 
 /// A step that cannot honour the request is not sent to: the next one may. If none can, the
 /// caller learns why.
-fn unfit(exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
+fn unfit(inb: &Inbound, exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
     tracing::info!(step = %step.target(), reason = %why, "request not translatable for this step");
+    inb.obs.passed_over(exec.step_no, step, "unfit", why);
     exec.any_admitted = true;
     if exec.last.is_none() {
         exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
@@ -165,7 +170,7 @@ fn unfit(exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd {
 /// The body for a step: the caller's own, fitted, or translated into the step's API; or how
 /// the step ends without a call (count_tokens estimated locally for a step of another API, or
 /// a step that cannot honour the request).
-fn step_body(
+async fn step_body(
     proxy: &Proxy,
     snap: &Snapshot,
     inb: &Inbound,
@@ -183,12 +188,13 @@ fn step_body(
         return route::fit(&inb.body, &inb.meta, step, caller, limit).map(Ok);
     }
     if inb.endpoint.op == Operation::CountTokens {
-        return Ok(Err(match estimate::answer(inb, step, upstream) {
+        return Ok(Err(match estimate::answer(inb, step, upstream).await {
             Ok(resp) => StepEnd::Answer(resp),
-            Err(why) => unfit(exec, step, &why),
+            Err(why) => unfit(inb, exec, step, &why),
         }));
     }
-    Ok(translated_body(proxy, inb, step, upstream, limit).map_err(|why| unfit(exec, step, &why)))
+    Ok(translated_body(proxy, inb, step, upstream, limit)
+        .map_err(|why| unfit(inb, exec, step, &why)))
 }
 
 async fn run_step(
@@ -204,13 +210,13 @@ async fn run_step(
         .upstreams
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
-    let body = match step_body(proxy, snap, inb, step, up.kind, exec)? {
+    let body = match step_body(proxy, snap, inb, step, up.kind, exec).await? {
         Ok(body) => body,
         Err(end) => return Ok(end),
     };
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
-    let call = Call {
+    let mut call = Call {
         proxy,
         snap,
         up,
@@ -218,7 +224,15 @@ async fn run_step(
         model_label,
         inb,
         body,
+        traceparent: None,
     };
+    // The provider's host, for the journal and traces.
+    let server = snap
+        .cfg
+        .providers
+        .get(&step.provider)
+        .and_then(|p| p.base_url.parse::<http::Uri>().ok())
+        .and_then(|u| u.host().map(str::to_string));
     let count = |label: &str| {
         proxy
             .metrics
@@ -232,6 +246,12 @@ async fn run_step(
             Some(Admission::Refused { until }) => {
                 count("breaker_open");
                 exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
+                inb.obs.passed_over(
+                    exec.step_no,
+                    step,
+                    "breaker_open",
+                    "the circuit breaker is open",
+                );
                 return Ok(StepEnd::Unavailable);
             }
             Some(Admission::Pass(t)) => t,
@@ -245,6 +265,11 @@ async fn run_step(
                 .with_label_values(&[&step.provider, model_label])
                 .inc();
         }
+        let scope = inb
+            .obs
+            .begin_attempt(exec.step_no, step, up.kind, server.clone());
+        call.traceparent = scope.traceparent();
+        let sent_before = exec.spent.attempts;
         let exchanged = exchange::run(&call, &mut exec.spent, record).await;
         let verdict = judge::judge(
             exchanged.happened(),
@@ -257,13 +282,26 @@ async fn run_step(
         if let Some(label) = verdict.label {
             count(label);
         }
+        let (status, outcome, why) =
+            crate::observe::request::journal_attempt(&exchanged, &verdict.action);
+        scope.end(status, outcome, why, exec.spent.attempts > sent_before);
+        let moved_on = moved_on(&exchanged, n, retry.max_retry_after);
         let wait = match act(&call, exchanged, verdict, ticket, exec, record)? {
             Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
-            Next::Unavailable => return Ok(StepEnd::Unavailable),
+            Next::Unavailable => {
+                inb.obs.moved_on(moved_on);
+                return Ok(StepEnd::Unavailable);
+            }
             Next::Retry(wait) => wait,
         };
         let delay = wait.unwrap_or_else(|| backoff.next_delay());
-        if Instant::now() + delay >= inb.deadline || !proxy.budget.try_withdraw() {
+        if Instant::now() + delay >= inb.deadline {
+            inb.obs
+                .moved_on("the deadline leaves no time for another try");
+            break;
+        }
+        if !proxy.budget.try_withdraw() {
+            inb.obs.moved_on("the retry budget is spent");
             break;
         }
         tokio::time::sleep(delay).await;
@@ -313,6 +351,22 @@ fn act(
             exec.last = Some(failure(exchanged));
             Ok(Next::Retry(wait))
         }
+    }
+}
+
+/// Why the chain leaves a step after this exchange, should the judge move on (journal).
+fn moved_on(exchanged: &Exchanged, n: u32, max_retry_after: Duration) -> String {
+    match exchanged {
+        Exchanged::Unsendable(_) => "this step cannot be called; trying the next".to_owned(),
+        // Waiting that long is worse than a substitute answering now.
+        Exchanged::Error {
+            retry_after: Some(w),
+            ..
+        } if *w > max_retry_after => format!(
+            "retry-after {}s is longer than max_retry_after",
+            w.as_secs_f64().ceil()
+        ),
+        _ => format!("{n} attempts spent on retryable failures"),
     }
 }
 

@@ -11,7 +11,7 @@ use crate::proxy::response::{self, ProxyBody};
 use crate::{tokens, translate};
 
 /// The estimate for `step` (of kind `upstream`), or why this step cannot take the request.
-pub fn answer(
+pub async fn answer(
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
@@ -19,8 +19,14 @@ pub fn answer(
     let dir = translate::Dir::between(inb.endpoint.api, upstream)
         .ok_or_else(|| format!("no translation from {} to {upstream}", inb.endpoint.api))?;
     let (sent, _) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
-    let tokens = tokens::input_tokens(upstream, &step.model, &sent)
-        .ok_or_else(|| "the translated request is not JSON".to_owned())?;
+    // Counting is CPU work (and the first count loads the encoding): off the async workers,
+    // so other requests are never held up by it.
+    let model = step.model.clone();
+    let counted =
+        tokio::task::spawn_blocking(move || tokens::input_tokens(upstream, &model, &sent))
+            .await
+            .map_err(|_| "the token count was interrupted".to_owned())?;
+    let tokens = counted.ok_or_else(|| "the translated request is not JSON".to_owned())?;
     let body = serde_json::json!({ "input_tokens": tokens });
     let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
     resp.headers_mut().insert(

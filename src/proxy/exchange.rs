@@ -38,6 +38,8 @@ pub(crate) struct Call<'a> {
     pub(crate) model_label: &'a str,
     pub(crate) inb: &'a Inbound,
     pub(crate) body: Bytes,
+    /// `traceparent` for this attempt (export on): the attempt's span is the provider's parent.
+    pub(crate) traceparent: Option<http::HeaderValue>,
 }
 
 /// Upstream attempts made and time spent outside legate (upstream waits, backoff), for the
@@ -125,10 +127,14 @@ pub(crate) async fn run(
     let Call { proxy, up, inb, .. } = *call;
     // A step of another API is reached through translation (SPEC §10).
     let dir = Dir::between(inb.endpoint.api, up.kind);
-    let req = match request(call, dir.is_some()).await {
+    let mut req = match request(call, dir.is_some()).await {
         Ok(r) => r,
         Err(e) => return Exchanged::Unsendable(e),
     };
+    if let Some(tp) = &call.traceparent {
+        // The attempt's span is the provider's parent (W3C Trace Context).
+        req.headers_mut().insert("traceparent", tp.clone());
+    }
     let waited = Instant::now();
     let permit = match turn(call).await {
         Ok(p) => p,
@@ -281,6 +287,9 @@ async fn stream(call: &Call<'_>, got: Got, record: &Option<RequestRecord>) -> Ex
     match pre.await {
         Ok(held) => {
             if watch.saw_content {
+                if let Some(r) = record.as_ref() {
+                    r.first_content();
+                }
                 let started = record
                     .as_ref()
                     .map_or_else(StdInstant::now, RequestRecord::started);

@@ -121,6 +121,8 @@ pub struct Proxy {
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
     listen_ip: IpAddr,
+    /// Access log, journal and traces (SPEC §12).
+    pub observer: Arc<crate::observe::Observer>,
 }
 
 /// What the caller asked for, once the body has been read and parsed.
@@ -133,6 +135,8 @@ pub struct Inbound {
     deadline: tokio::time::Instant,
     /// The tenant's priority, lowered (never raised) by `x-legate-priority`.
     priority: Priority,
+    /// Where attempts are reported.
+    pub(crate) obs: crate::observe::RequestObs,
 }
 
 impl Proxy {
@@ -173,7 +177,14 @@ impl Proxy {
             ids: RequestIds::new(),
             abort_streams: CancellationToken::new(),
             listen_ip,
+            observer: Arc::new(crate::observe::Observer::journal_only(0)),
         }
+    }
+
+    /// Reports finished requests to `observer` (access log, journal, export).
+    pub fn with_observer(mut self, observer: Arc<crate::observe::Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     pub async fn handle(
@@ -190,16 +201,31 @@ impl Proxy {
             _ => inbound::shape_for_unknown(req.headers()),
         };
         let api_label = api.as_str();
+        let obs = crate::observe::RequestObs::start(
+            &self.observer,
+            &rid,
+            api_label,
+            req.method(),
+            req.uri().path(),
+            req.headers(),
+        );
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
-        let mut record = Some(RequestRecord::new(self.metrics.clone(), api_label, started));
+        let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
+        rec.observe(obs.clone());
+        let mut record = Some(rec);
         let mut stats = exchange::Spent::default();
-        let result = self
-            .serve(&snap, endpoint, req, &mut record, &mut stats)
-            .await;
+        let span = obs.span().clone();
+        let result = tracing::Instrument::instrument(
+            self.serve(&snap, endpoint, req, &mut record, &mut stats, &obs),
+            span.clone(),
+        )
+        .await;
+        let _in = span.enter();
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
+                obs.update(|f| f.error_type = Some(err.kind()));
                 if err.source() != crate::error::Source::Client {
                     tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
                 } else {
@@ -240,11 +266,21 @@ impl Proxy {
             resp.extensions_mut()
                 .insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
         }
+        let served_by = resp
+            .headers()
+            .get("x-legate-served-by")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        obs.update(|f| {
+            f.overhead = Some(overhead);
+            f.attempts = stats.attempts;
+            f.served_by = served_by;
+        });
         if let Some(rec) = record.take() {
             rec.finish(resp.status().as_u16());
         }
         response::set_header(&mut resp, "x-legate-request-id", &rid);
-        Ok(resp)
+        Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
     async fn serve(
@@ -254,6 +290,7 @@ impl Proxy {
         req: Request<Incoming>,
         record: &mut Option<RequestRecord>,
         stats: &mut exchange::Spent,
+        obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
@@ -300,15 +337,22 @@ impl Proxy {
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
         let body = read_body(cfg, &parts.headers, body, record).await?;
+        crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
             r.set_model(snap.labels.model(&meta.model));
         }
+        obs.update(|f| {
+            f.model = Some(meta.model.clone());
+            f.max_tokens = meta.max_tokens;
+            f.stream = meta.stream;
+        });
         let deadline = deadline(&parts.headers, cfg.server.default_deadline);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(&tenant);
         let priority = requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
+        obs.update(|f| f.priority = Some(priority.as_str()));
         if endpoint.op != Operation::CountTokens {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
@@ -323,6 +367,7 @@ impl Proxy {
             body,
             meta,
             deadline,
+            obs: obs.clone(),
         };
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await

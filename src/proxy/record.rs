@@ -26,6 +26,8 @@ pub struct RequestRecord {
     /// The tenant's token/budget reservation, settled with the reported usage (or refunded in
     /// full if none is reported).
     reservation: Option<Reservation>,
+    /// The request's facts for the access log, journal and traces.
+    obs: Option<crate::observe::RequestObs>,
 }
 
 impl RequestRecord {
@@ -40,6 +42,22 @@ impl RequestRecord {
             gone: false,
             recorded: false,
             reservation: None,
+            obs: None,
+        }
+    }
+
+    /// Reports this request's outcome, usage and cost to `obs` too.
+    pub fn observe(&mut self, obs: crate::observe::RequestObs) {
+        self.obs = Some(obs);
+    }
+
+    /// The first content event reached the caller now.
+    pub fn first_content(&self) {
+        if let Some(o) = &self.obs {
+            let ttft = self.started.elapsed();
+            o.update(|f| {
+                f.ttft.get_or_insert(ttft);
+            });
         }
     }
 
@@ -56,10 +74,18 @@ impl RequestRecord {
 
     /// Settles the reservation with what the provider reported.
     pub fn settle(&mut self, usage: Usage, cost_pico: u128, provider: &str) {
+        let estimated = self.reservation.as_ref().map(|r| r.estimated_input);
+        let input = usage.input + usage.cache_read + usage.cache_write;
+        if let Some(o) = &self.obs {
+            o.update(|f| {
+                f.usage = Some(usage);
+                f.cost_pico = Some(cost_pico);
+                f.estimate_error = estimated.map(|e| e as i64 - input as i64);
+            });
+        }
         let Some(mut r) = self.reservation.take() else {
             return;
         };
-        let input = usage.input + usage.cache_read + usage.cache_write;
         if input > 0 {
             self.metrics
                 .token_estimate_ratio
@@ -75,6 +101,9 @@ impl RequestRecord {
 
     pub fn set_tenant(&mut self, label: &str) {
         self.tenant = label.to_string();
+        if let Some(o) = &self.obs {
+            o.update(|f| f.tenant = label.to_string());
+        }
     }
 
     pub fn started(&self) -> Instant {
@@ -101,21 +130,49 @@ impl RequestRecord {
             return;
         }
         self.recorded = true;
-        let status = self.status.unwrap_or(CLIENT_GONE);
-        let status = status.to_string();
+        let status = status_label(self.status.unwrap_or(CLIENT_GONE));
         self.metrics
             .requests
-            .with_label_values(&[self.api, &self.model, &self.tenant, status.as_str()])
+            .with_label_values(&[self.api, &self.model, &self.tenant, &status])
             .inc();
+        let elapsed = self.started.elapsed();
         self.metrics
             .request_duration
             .with_label_values(&[self.api, &self.model])
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe(elapsed.as_secs_f64());
+        if let Some(o) = self.obs.take() {
+            let status = self.status;
+            o.update(|f| {
+                f.status = status;
+                f.duration = Some(elapsed);
+            });
+        }
     }
 
     pub fn tenant(&self) -> &str {
         &self.tenant
     }
+}
+
+/// The status as a label value, without formatting the common ones.
+fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
+    let known = match status {
+        200 => "200",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        413 => "413",
+        429 => "429",
+        499 => "499",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        529 => "529",
+        other => return other.to_string().into(),
+    };
+    known.into()
 }
 
 impl Drop for RequestRecord {

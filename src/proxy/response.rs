@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::proxy::body::{BoxError, TapBody};
@@ -14,6 +14,8 @@ use crate::proxy::body::{BoxError, TapBody};
 pub enum ProxyBody {
     Full(Option<Bytes>),
     Tap(Box<TapBody>),
+    /// Any of the above, observed for the journal and traces (`observe::capture`).
+    Observed(Box<crate::observe::capture::ObservedBody>),
 }
 
 impl ProxyBody {
@@ -33,6 +35,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             ProxyBody::Tap(t) => Pin::new(t.as_mut()).poll_frame(cx),
+            ProxyBody::Observed(o) => Pin::new(o.as_mut()).poll_frame(cx),
         }
     }
 
@@ -40,6 +43,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(b) => b.is_none(),
             ProxyBody::Tap(t) => t.is_end_stream(),
+            ProxyBody::Observed(o) => o.is_end_stream(),
         }
     }
 
@@ -48,6 +52,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
             ProxyBody::Tap(t) => t.size_hint(),
+            ProxyBody::Observed(o) => o.size_hint(),
         }
     }
 }
@@ -78,7 +83,22 @@ pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: 
     }
 }
 
+/// legate's own response headers, validated once at compile time instead of per request.
+const X_LEGATE_ATTEMPTS: HeaderName = HeaderName::from_static("x-legate-attempts");
+const X_LEGATE_OVERHEAD_MS: HeaderName = HeaderName::from_static("x-legate-overhead-ms");
+const X_LEGATE_REQUEST_ID: HeaderName = HeaderName::from_static("x-legate-request-id");
+const X_LEGATE_SERVED_BY: HeaderName = HeaderName::from_static("x-legate-served-by");
+const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
 pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
+    let name = match name {
+        "x-legate-attempts" => X_LEGATE_ATTEMPTS,
+        "x-legate-overhead-ms" => X_LEGATE_OVERHEAD_MS,
+        "x-legate-request-id" => X_LEGATE_REQUEST_ID,
+        "x-legate-served-by" => X_LEGATE_SERVED_BY,
+        "x-should-retry" => X_SHOULD_RETRY,
+        other => HeaderName::from_static(other),
+    };
     if let Ok(v) = HeaderValue::from_str(value) {
         resp.headers_mut().insert(name, v);
     }

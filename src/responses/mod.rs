@@ -24,7 +24,7 @@
 //! | `parallel_tool_calls` | `parallel_tool_calls` | — (Anthropic: `disable_parallel_tool_use`) |
 //! | `max_output_tokens` | `max_completion_tokens` | — (Anthropic: `max_tokens`, 4096 when unset) |
 //! | `temperature`, `top_p`, `user` | the same | Anthropic: temperature clamped to 1 |
-//! | `text.format` json_schema / json_object | `response_format` | an Anthropic step is unfit for structured output (never served as free text); `text.verbosity` dropped (`verbosity`) |
+//! | `text.format` json_schema / json_object | `response_format` | to Anthropic a JSON schema becomes `output_config.format`; `json_object` makes an Anthropic step unfit (never served as free text); `text.verbosity` dropped (`verbosity`) |
 //! | `reasoning.effort` | `reasoning_effort` | `reasoning.summary` dropped (`reasoning_summary`); Anthropic drops the effort (`reasoning_effort`) |
 //! | `stream` | `stream` + `stream_options.include_usage` | — |
 //! | `previous_response_id` | — | rebuilt from the store: the stored input and output items come before `input` |
@@ -95,12 +95,8 @@ pub fn request_for(
     match target {
         Target::Chat => Ok((chat_bytes, labels.into_vec())),
         Target::Anthropic => {
-            if chat.get("response_format").is_some() {
-                return Err(Untranslatable(
-                    "structured output (`text.format`) cannot be carried to an Anthropic step"
-                        .to_owned(),
-                ));
-            }
+            // Structured output follows the Chat → Messages rule: a JSON schema becomes
+            // `output_config.format`, schema-less JSON makes the step unfit.
             let (out, more) =
                 translate::request(Dir::OpenAiToAnthropic, &chat_bytes, target_model)?;
             let mut all = labels;

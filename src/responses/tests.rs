@@ -93,6 +93,16 @@ fn anthropic_step_gets_messages_and_refuses_structured_output() {
         json!({"model": "a", "input": "hi", "text": {"format": {"type": "json_object"}}});
     assert!(request_for(Target::Anthropic, structured.to_string().as_bytes(), "c").is_err());
     assert!(request_for(Target::Chat, structured.to_string().as_bytes(), "c").is_ok());
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let with_schema = json!({"model": "a", "input": "hi", "text": {"format":
+        {"type": "json_schema", "name": "n", "schema": schema}}});
+    let (bytes, _) = request_for(Target::Anthropic, with_schema.to_string().as_bytes(), "c")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    assert_eq!(
+        out["output_config"],
+        json!({"format": {"type": "json_schema", "schema": schema}})
+    );
 }
 
 #[test]

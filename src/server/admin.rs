@@ -47,9 +47,25 @@ impl Admin {
             (&Method::GET, "/admin/state") => json(StatusCode::OK, &self.state()),
             (&Method::GET, "/admin/usage") => json(StatusCode::OK, &self.proxy.ledger.to_json()),
             (&Method::POST, "/admin/reload") => self.reload(peer),
+            (&Method::GET, "/admin/requests") => {
+                match crate::observe::journal::parse_query(req.uri().query()) {
+                    Ok(q) => json(StatusCode::OK, &self.proxy.observer.journal().list(&q)),
+                    Err(e) => json(StatusCode::BAD_REQUEST, &serde_json::json!({"error": e})),
+                }
+            }
+            (&Method::GET, path) if path.starts_with("/admin/requests/") => {
+                let id = &path["/admin/requests/".len()..];
+                match self.proxy.observer.journal().get(id) {
+                    Some(doc) => json(StatusCode::OK, &doc),
+                    None => json(
+                        StatusCode::NOT_FOUND,
+                        &serde_json::json!({"error": "no such request in the journal (it holds the last [journal] size requests)"}),
+                    ),
+                }
+            }
             _ => json(
                 StatusCode::NOT_FOUND,
-                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage; POST /admin/reload"}),
+                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage, /admin/requests, /admin/requests/{id}; POST /admin/reload"}),
             ),
         };
         Ok(resp)

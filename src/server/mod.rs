@@ -67,13 +67,17 @@ pub async fn start_reloadable(
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_l.local_addr().map_err(|e| e.to_string())?;
 
-    let proxy = Arc::new(Proxy::new(
-        snapshot,
-        lanes,
-        metrics,
-        Arc::new(Ledger::default()),
-        data_addr.ip(),
-    ));
+    let observer = Arc::new(crate::observe::Observer::start(&cfg.observe, &registry)?);
+    let proxy = Arc::new(
+        Proxy::new(
+            snapshot,
+            lanes,
+            metrics,
+            Arc::new(Ledger::default()),
+            data_addr.ip(),
+        )
+        .with_observer(observer),
+    );
     let reloader = Arc::new(Reloader::new(source, proxy.clone(), &cfg, key_watchers));
     let admin = Arc::new(Admin {
         proxy: proxy.clone(),
@@ -152,6 +156,8 @@ impl RunningServer {
         self.stop_admin.cancel();
         let _ = self.admin_task.await;
         self.reloader.stop_watchers();
+        // Spans of the requests that just finished still go out, within a bounded wait.
+        self.proxy.observer.shutdown().await;
     }
 }
 

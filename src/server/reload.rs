@@ -33,6 +33,8 @@ pub struct Reloader {
     /// `max_connections`, `admin_max_connections`: each plane's cap is fixed at start.
     caps: (usize, usize),
     ratelimit: crate::config::RateLimitConfig,
+    /// `[log]`, `[telemetry]`, `[journal]` are applied once, at start.
+    observe: crate::config::observe::ObserveConfig,
     watchers: Mutex<Vec<JoinHandle<()>>>,
     /// Serialises reloads: two at once would race on the snapshot swap.
     busy: Mutex<()>,
@@ -55,6 +57,7 @@ impl Reloader {
                 started_with.server.limits.admin_max_connections,
             ),
             ratelimit: started_with.ratelimit.clone(),
+            observe: started_with.observe.clone(),
             watchers: Mutex::new(watchers),
             busy: Mutex::new(()),
         }
@@ -114,6 +117,17 @@ impl Reloader {
         }
         if cfg.ratelimit.redis_url != self.ratelimit.redis_url {
             restart_required.push("ratelimit.redis_url".to_string());
+        }
+        let (now, then) = (&cfg.observe, &self.observe);
+        if now.log != then.log {
+            restart_required.push("log".to_string());
+        }
+        if now.telemetry != then.telemetry {
+            restart_required.push("telemetry".to_string());
+        }
+        // capture and capture_bytes apply to new requests at once; the ring is sized at start.
+        if now.journal.size != then.journal.size {
+            restart_required.push("journal.size".to_string());
         }
         let breaker = cfg.breaker.clone();
         let ratio = cfg.retry.budget_ratio;

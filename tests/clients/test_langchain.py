@@ -4,7 +4,6 @@ final answer; same-API and translated, invoked and streamed."""
 
 import json
 
-import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import HumanMessage, ToolMessage
@@ -99,24 +98,17 @@ class Word(BaseModel):
     word: str
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs structured output mapped on translated routes, or the step unfit "
-    "(issue 13, proxy side)",
-)
-def test_structured_output_is_never_silently_dropped(mock, legate):
-    """`with_structured_output` sends a JSON schema; served by an Anthropic step, the schema must
-    reach the provider in its own field, or the step is refused: never free text silently."""
+def test_structured_output_through_a_translated_route(mock, legate):
+    """`with_structured_output` sends a JSON schema; served by an Anthropic step, the schema
+    reaches the provider as Anthropic's own structured-output field, never dropped silently."""
     mock.script({"default": {"content": [{"type": "text", "text": '{"word": "pineapple"}'}]}})
     llm = ChatOpenAI(base_url=legate.url + "/v1", api_key=CLIENT_KEY,
                      model="served-by-anthropic", max_retries=0)
-    try:
-        answer = llm.with_structured_output(Word, method="json_schema").invoke("The word?")
-    except openai.APIStatusError:
-        assert mock.requests() == []
-        return
+    answer = llm.with_structured_output(Word, method="json_schema").invoke("The word?")
     assert answer == Word(word="pineapple")
     (req,) = mock.requests()
-    sent = dict(req["json"])
-    sent.pop("messages")
-    assert '"word"' in json.dumps(sent), "the schema did not reach the provider"
+    assert req["path"] == "/v1/messages"
+    fmt = req["json"]["output_config"]["format"]
+    assert fmt["type"] == "json_schema"
+    assert fmt["schema"]["properties"] == {"word": {"title": "Word", "type": "string"}}
+    assert fmt["schema"]["required"] == ["word"]

@@ -22,7 +22,27 @@ def dashboard():
 
 
 def panels():
-    return [p for p in dashboard()["panels"] if p["type"] != "row"]
+    """The metric panels (Prometheus); the trace panel has its own test."""
+    return [
+        p
+        for p in dashboard()["panels"]
+        if p["type"] != "row" and p["datasource"].get("type") == "prometheus"
+    ]
+
+
+def test_a_panel_finds_the_trace_of_a_request_id():
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert variables["traces"]["type"] == "datasource"
+    assert variables["traces"]["query"] == "tempo"
+    assert variables["request_id"]["type"] == "textbox"
+    (panel,) = [p for p in dashboard()["panels"] if p["type"] == "traces"]
+    assert panel["datasource"] == {"type": "tempo", "uid": "${traces}"}
+    assert panel["description"]
+    (target,) = panel["targets"]
+    assert target["datasource"] == panel["datasource"]
+    assert target["queryType"] == "traceql"
+    # The span attribute legate exports on every span of a request.
+    assert target["query"] == '{ span.legate.request_id = "$request_id" }'
 
 
 def exprs():

@@ -8,12 +8,12 @@ use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_legate");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_legate");
 const PROVIDER_CANARY: &str = "sk-ant-CANARY-9d1e0c7b";
 const CLIENT_CANARY: &str = "sk-ant-CANARY-client-51f2";
 
 /// Spawns the binary and returns it with the first stdout line (the listening line).
-async fn spawn(
+pub(crate) async fn spawn(
     args: &[&str],
     envs: &[(&str, &str)],
     stderr_to: Option<&std::path::Path>,
@@ -42,7 +42,7 @@ async fn spawn(
 }
 
 /// "legate listening on http://A (admin http://B)" -> (A, B)
-fn addrs(line: &str) -> (String, String) {
+pub(crate) fn addrs(line: &str) -> (String, String) {
     let mut urls = line
         .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
         .filter(|w| w.starts_with("http://"));
@@ -95,7 +95,7 @@ async fn start_mock(script: Option<&std::path::Path>) -> (Child, String) {
     (child, url)
 }
 
-fn sigterm(child: &Child) {
+pub(crate) fn sigterm(child: &Child) {
     let pid = child.id().unwrap().to_string();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid])

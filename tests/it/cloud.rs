@@ -127,7 +127,9 @@ fn tool_reply() -> &'static str {
 
 #[tokio::test]
 async fn bedrock_json_and_stream_through_web_identity_with_the_model_in_the_url() {
-    let c = start(tool_reply(), CloudOptions::default(), "").await;
+    // Prices apply to the platform's model ids, through a prefix pattern.
+    let prices = "[[prices]]\nmodel = \"bedrock:anthropic.claude-sonnet-4-5*\"\ninput = \"3\"\noutput = \"15\"\n";
+    let c = start(tool_reply(), CloudOptions::default(), prices).await;
     let env = &c.env;
     let resp = env
         .http
@@ -204,6 +206,11 @@ async fn bedrock_json_and_stream_through_web_identity_with_the_model_in_the_url(
         .await,
         Some(10.0)
     );
+    // 2 × (10 input × $3 + 5 output × $15) per million tokens.
+    let cost = env
+        .metric("legate_cost_usd_total", &[("provider", "bedrock")])
+        .await;
+    assert!((cost.unwrap() - 0.00021).abs() < 1e-12, "{cost:?}");
     let state = env.admin_json("/admin/state").await;
     let cred = &state["providers"]["bedrock"]["credential"];
     assert!(cred["source"].as_str().unwrap().starts_with("web identity"));

@@ -6,14 +6,18 @@
 
 mod harness;
 
+mod access_log;
 mod admission;
 mod agents;
 mod binary;
 mod catalog;
 mod cloud;
+mod cloud_secrets;
 mod connections;
 mod errors;
 mod metering;
+mod observe;
+mod otlp;
 mod passthrough;
 mod reload;
 mod resilience;

@@ -449,6 +449,7 @@ async fn chaos_every_call_succeeds_and_retries_stay_within_the_budget() {
     )
     .await;
     const TOTAL: usize = 1000;
+    let started = std::time::Instant::now();
     let results = futures_util::stream::iter(0..TOTAL)
         .map(|i| {
             let http = env.http.clone();
@@ -477,8 +478,11 @@ async fn chaos_every_call_succeeds_and_retries_stay_within_the_budget() {
     let ok = results.iter().filter(|(s, c)| *s == 200 && *c).count();
     assert_eq!(ok, TOTAL, "every call succeeded, whole");
     let retries = env.metric("legate_retries_total", &[]).await.unwrap_or(0.0);
-    // budget_ratio 0.2 of 1000 requests, plus the floor of 10/s over the 10 s window.
-    assert!(retries <= 300.0, "{retries} retries");
+    // budget_ratio 0.2 of 1000 requests, plus the floor of 10/s for as long as the run took
+    // (at least the 10 s window): a slow machine stretches the run and so the floor's share.
+    let secs = started.elapsed().as_secs_f64().ceil().max(10.0);
+    let allowed = 200.0 + 10.0 * secs;
+    assert!(retries <= allowed, "{retries} retries, {allowed} allowed");
     assert!(retries > 0.0, "the chaos exercised retries");
     // Every attempt legate counted reached the mock, except those its breaker refused.
     let attempts = env

@@ -58,8 +58,10 @@ struct Event {
 
 /// Usage of a non-streaming `Message` body (None without a usage object).
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    let msg: Message = serde_json::from_slice(body).ok()?;
-    msg.usage.map(|u| u.to_usage())
+    // Only the top-level `usage` value is decoded; the walk to it skips the content unparsed.
+    let span = crate::splice::top_level_value_span(body, "usage")?;
+    let usage: Option<Reported> = serde_json::from_slice(&body[span]).ok()?;
+    usage.map(|u| u.to_usage())
 }
 
 pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {

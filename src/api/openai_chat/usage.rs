@@ -53,8 +53,10 @@ impl Reported {
 
 /// Usage of a non-streaming `chat.completion` body (None without a usage object).
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    let b: Body = serde_json::from_slice(body).ok()?;
-    b.usage.map(|u| u.to_usage())
+    // Only the top-level `usage` value is decoded; the walk to it skips the content unparsed.
+    let span = crate::splice::top_level_value_span(body, "usage")?;
+    let usage: Option<Reported> = serde_json::from_slice(&body[span]).ok()?;
+    usage.map(|u| u.to_usage())
 }
 
 pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {

@@ -1,0 +1,193 @@
+//! What is known about one request once it is over: the access-log record (SPEC §12) and the
+//! attempts behind it. Gathered while the request runs, rendered once at its end — as a log
+//! line, a journal entry and spans — so the three always agree.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Map, Value, json};
+
+use crate::usage::Usage;
+
+/// W3C trace identity of one request (only when export is on).
+#[derive(Debug, Clone, Copy)]
+pub struct TraceIds {
+    pub trace_id: [u8; 16],
+    /// The request span.
+    pub span_id: [u8; 8],
+    /// The caller's span, from its `traceparent`.
+    pub parent: Option<[u8; 8]>,
+    pub sampled: bool,
+}
+
+/// One chain step tried: an upstream call, or a step passed over without one.
+#[derive(Debug, Clone)]
+pub struct AttemptFacts {
+    /// Chain step, from 1.
+    pub step: usize,
+    /// `provider:model`.
+    pub target: String,
+    pub provider: String,
+    /// `anthropic` or `openai`: the wire API of the step.
+    pub provider_kind: &'static str,
+    pub model: String,
+    /// Host of the provider's base URL.
+    pub server: Option<String>,
+    pub started: Instant,
+    pub started_wall: SystemTime,
+    pub duration: Duration,
+    /// Upstream status, when a response came back.
+    pub status: Option<u16>,
+    /// ok, retryable, fatal, timeout, connect_error, breaker_open, unfit, skipped, aborted.
+    pub outcome: &'static str,
+    /// Why it failed, or why the chain moved on after it.
+    pub why: Option<String>,
+    /// The attempt's span (sent upstream in `traceparent`).
+    pub span_id: Option<[u8; 8]>,
+    /// Whether a request left for the upstream.
+    pub sent: bool,
+}
+
+impl AttemptFacts {
+    pub fn to_json(&self, request_started: Instant) -> Value {
+        json!({
+            "step": self.step,
+            "target": self.target,
+            "sent": self.sent,
+            "status": self.status,
+            "outcome": self.outcome,
+            "why": self.why,
+            "offset_ms": ms(self.started.saturating_duration_since(request_started)),
+            "duration_ms": ms(self.duration),
+        })
+    }
+}
+
+/// Everything the access log line says, plus what the journal and traces add.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub request_id: String,
+    pub tenant: String,
+    pub api: &'static str,
+    pub method: String,
+    pub path: String,
+    /// As the caller sent it.
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub stream: bool,
+    pub served_by: Option<String>,
+    pub attempts: u32,
+    pub status: Option<u16>,
+    pub error_type: Option<&'static str>,
+    pub priority: Option<&'static str>,
+    pub started: Instant,
+    pub started_wall: SystemTime,
+    pub duration: Option<Duration>,
+    pub ttft: Option<Duration>,
+    pub overhead: Option<Duration>,
+    pub usage: Option<Usage>,
+    pub cost_pico: Option<u128>,
+    pub client_retry: Option<u64>,
+    /// Estimated input tokens at admission minus those the provider reported.
+    pub estimate_error: Option<i64>,
+    pub steps: Vec<AttemptFacts>,
+    pub trace: Option<TraceIds>,
+    /// Read from the answer as it passed (for traces).
+    pub response_id: Option<String>,
+    pub response_model: Option<String>,
+    pub finish_reasons: Vec<String>,
+}
+
+impl Facts {
+    pub fn new(request_id: String, api: &'static str, method: String, path: String) -> Self {
+        Facts {
+            request_id,
+            tenant: "default".to_string(),
+            api,
+            method,
+            path,
+            model: None,
+            max_tokens: None,
+            stream: false,
+            served_by: None,
+            attempts: 0,
+            status: None,
+            error_type: None,
+            priority: None,
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            duration: None,
+            ttft: None,
+            overhead: None,
+            usage: None,
+            cost_pico: None,
+            client_retry: None,
+            estimate_error: None,
+            steps: Vec::new(),
+            trace: None,
+            response_id: None,
+            response_model: None,
+            finish_reasons: Vec::new(),
+        }
+    }
+
+    /// The final status (499 when the caller went away before it was known).
+    pub fn status(&self) -> u16 {
+        self.status.unwrap_or(crate::proxy::record::CLIENT_GONE)
+    }
+
+    /// `error_type` as logged: legate's own error kind, else what the status says.
+    pub fn error_type(&self) -> Option<&'static str> {
+        match (self.error_type, self.status()) {
+            (Some(e), _) => Some(e),
+            (None, 499) => Some("client_gone"),
+            (None, s) if s >= 400 => Some("upstream_error"),
+            _ => None,
+        }
+    }
+
+    /// The access-log record: every field of SPEC §12, in a fixed order, `null` when unknown.
+    pub fn record(&self) -> Map<String, Value> {
+        let u = self.usage;
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_string(), v);
+        };
+        put("request_id", json!(self.request_id));
+        put("tenant", json!(self.tenant));
+        put("api", json!(self.api));
+        put("method", json!(self.method));
+        put("path", json!(self.path));
+        put("model", json!(self.model));
+        put("served_by", json!(self.served_by));
+        put("attempts", json!(self.attempts));
+        put("status", json!(self.status()));
+        put("error_type", json!(self.error_type()));
+        put("priority", json!(self.priority));
+        put("duration_ms", json!(self.duration.map(ms)));
+        put("ttft_ms", json!(self.ttft.map(ms)));
+        put("overhead_ms", json!(self.overhead.map(ms)));
+        put("input_tokens", json!(u.map(|u| u.input)));
+        put("output_tokens", json!(u.map(|u| u.output)));
+        put("cache_read_tokens", json!(u.map(|u| u.cache_read)));
+        put("cache_write_tokens", json!(u.map(|u| u.cache_write)));
+        // Exact integer; u128 exceeds what JSON readers take as a number, so a string past u64.
+        put(
+            "cost_pico_usd",
+            match self.cost_pico {
+                Some(c) => u64::try_from(c).map_or_else(|_| json!(c.to_string()), |c| json!(c)),
+                None => Value::Null,
+            },
+        );
+        put("client_retry", json!(self.client_retry));
+        put("estimate_error", json!(self.estimate_error));
+        if let Some(t) = &self.trace {
+            put("trace_id", json!(hex::encode(t.trace_id)));
+        }
+        m
+    }
+}
+
+/// Milliseconds with microsecond precision.
+pub fn ms(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
+}

@@ -1,0 +1,138 @@
+//! A test OTLP/HTTP collector on 127.0.0.1:0: it decodes what legate exports with the official
+//! OpenTelemetry protobuf definitions (opentelemetry-proto + prost) and keeps it for asserts.
+//! `dead()` is a collector that accepts connections and never answers.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use tokio::net::TcpListener;
+
+#[derive(Default)]
+pub(crate) struct Received {
+    pub spans: Vec<Span>,
+    pub metric_names: Vec<String>,
+    pub content_types: Vec<String>,
+}
+
+pub(crate) struct Collector {
+    pub url: String,
+    pub got: Arc<Mutex<Received>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Collector {
+    pub(crate) async fn start() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let got = Arc::new(Mutex::new(Received::default()));
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let (g, c) = (got.clone(), changed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (g, c) = (g.clone(), c.clone());
+                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    let (g, c) = (g.clone(), c.clone());
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let ct = req
+                            .headers()
+                            .get("content-type")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_string();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        {
+                            let mut r = g.lock().unwrap();
+                            r.content_types.push(ct);
+                            if path == "/v1/traces" {
+                                let msg = ExportTraceServiceRequest::decode(body).unwrap();
+                                for rs in msg.resource_spans {
+                                    for ss in rs.scope_spans {
+                                        r.spans.extend(ss.spans);
+                                    }
+                                }
+                            } else if path == "/v1/metrics" {
+                                let msg = ExportMetricsServiceRequest::decode(body).unwrap();
+                                for rm in msg.resource_metrics {
+                                    for sm in rm.scope_metrics {
+                                        r.metric_names
+                                            .extend(sm.metrics.into_iter().map(|m| m.name));
+                                    }
+                                }
+                            }
+                        }
+                        c.notify_waiters();
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::new(),
+                        )))
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Collector { url, got, changed }
+    }
+
+    /// Waits (at most 10 s) until `done` holds for what was received.
+    pub(crate) async fn wait_for(&self, done: impl Fn(&Received) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let notified = self.changed.notified();
+            if done(&self.got.lock().unwrap()) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!("the collector did not receive what was expected within 10 s");
+            }
+        }
+    }
+}
+
+/// A collector that accepts connections (they wait in the backlog) and never answers.
+pub(crate) async fn dead() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    (listener, url)
+}
+
+pub(crate) fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
+    find(&span.attributes, key)
+}
+
+fn find<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v: &AnyValue| v.value.as_ref())
+}
+
+pub(crate) fn str_attr<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    match attr(span, key) {
+        Some(any_value::Value::StringValue(s)) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
+pub(crate) fn int_attr(span: &Span, key: &str) -> Option<i64> {
+    match attr(span, key) {
+        Some(any_value::Value::IntValue(n)) => Some(*n),
+        _ => None,
+    }
+}
