@@ -79,7 +79,7 @@ pub enum Collect {
 /// Reads `body` whole, within `limit` bytes for itself; bytes beyond what `share` already
 /// holds are taken from the global budget as they arrive.
 pub async fn collect(
-    mut body: hyper::body::Incoming,
+    body: &mut hyper::body::Incoming,
     limit: usize,
     share: &mut BufferShare,
     max: usize,
@@ -100,4 +100,32 @@ pub async fn collect(
         buf.extend_from_slice(&data);
     }
     Ok(buf.freeze())
+}
+
+/// At most this much of a refused HTTP/2 body is read and thrown away.
+const DISCARD_MAX_BYTES: usize = 128 << 20;
+
+/// Reads and throws away the rest of a refused HTTP/2 request body, in the background, up to
+/// `DISCARD_MAX_BYTES` and within `within`.
+///
+/// An HTTP/2 stream answered before its body is in ends with RST_STREAM(NO_ERROR), which the
+/// protocol allows but which some clients (curl among them) report as a failed transfer without
+/// showing the answer. A client allowed to finish its upload reads the 413 like any other
+/// answer; the bytes are counted, not kept, so this costs no memory. (HTTP/1 needs none of
+/// this: hyper closes a connection whose request body was left unread.)
+pub fn discard(mut body: hyper::body::Incoming, within: std::time::Duration) {
+    tokio::spawn(async move {
+        let drain = async {
+            let mut seen = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    seen += data.len();
+                    if seen > DISCARD_MAX_BYTES {
+                        return;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, drain).await;
+    });
 }

@@ -258,37 +258,46 @@ pub enum BodyError {
 
 /// Reads the whole body once, within `timeout`, refusing early on a declared Content-Length
 /// over the limit; its bytes count against `share` of the global buffer budget (up to
-/// `max_buffered`), a declared length up front.
+/// `max_buffered`), a declared length up front. Over HTTP/2 (`h2`) the rest of a refused body
+/// is read and thrown away in the background, so the client sees the answer (see
+/// [`crate::proxy::buffers::discard`]).
 pub async fn read_body(
     headers: &HeaderMap,
-    body: hyper::body::Incoming,
+    mut body: hyper::body::Incoming,
+    h2: bool,
     limit: usize,
     timeout: std::time::Duration,
     share: &mut crate::proxy::buffers::BufferShare,
     max_buffered: usize,
 ) -> Result<Bytes, BodyError> {
-    use crate::proxy::buffers::{Collect, collect};
+    use crate::proxy::buffers::{Collect, collect, discard};
+    let refuse = |body, why| {
+        if h2 {
+            discard(body, timeout);
+        }
+        Err(why)
+    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(BodyError::TooLarge);
+        return refuse(body, BodyError::TooLarge);
     }
     // A declared length is taken at once: a crowd of large uploads is refused before their
     // bytes arrive, not once they fill memory.
     let declared = declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
     if !share.take(declared, max_buffered) {
-        return Err(BodyError::Full);
+        return refuse(body, BodyError::Full);
     }
-    let read = tokio::time::timeout(timeout, collect(body, limit, share, max_buffered)).await;
+    let read = tokio::time::timeout(timeout, collect(&mut body, limit, share, max_buffered)).await;
     let Ok(read) = read else {
         return Err(BodyError::TimedOut);
     };
     let body = match read {
         Ok(b) => b,
-        Err(Collect::TooLarge) => return Err(BodyError::TooLarge),
-        Err(Collect::Full) => return Err(BodyError::Full),
+        Err(Collect::TooLarge) => return refuse(body, BodyError::TooLarge),
+        Err(Collect::Full) => return refuse(body, BodyError::Full),
         Err(Collect::Broken) => return Err(BodyError::Broken),
     };
     // The body is held now: its real size replaces the declared one.

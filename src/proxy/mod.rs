@@ -389,6 +389,7 @@ impl Proxy {
         let read = inbound::read_body(
             &parts.headers,
             body,
+            parts.version == http::Version::HTTP_2,
             cfg.server.max_body_bytes,
             limits.body_read_timeout,
             &mut share,

@@ -18,6 +18,7 @@ mod cloud;
 mod cloud_secrets;
 mod connections;
 mod errors;
+mod h2_limits;
 mod metering;
 mod observe;
 mod origin;
