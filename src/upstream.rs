@@ -1,6 +1,8 @@
-//! One upstream provider: its pooled HTTP client (hyper-util over hyper-rustls), its live
-//! credential, its concurrency cap, and how a request to it is built. The per-attempt timeouts
-//! are applied by the caller (`proxy::attempt`), which knows the request's deadline.
+//! One upstream provider: its pooled HTTP client (hyper-util over hyper-rustls, see [`pool`]),
+//! its live credential, its concurrency cap, and how a request to it is built. The per-attempt
+//! timeouts are applied by the caller (`proxy::attempt`), which knows the request's deadline.
+
+mod pool;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +10,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -21,7 +22,7 @@ use crate::policy::admission::Gate;
 use crate::policy::pacer::Pacer;
 use crate::telemetry::Metrics;
 
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub use pool::PooledClient as HttpClient;
 
 /// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
 /// credentials (consumed here; the provider key is injected instead), headers legate recomputes,
@@ -141,14 +142,16 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             // A pooled connection the provider closed before the request was written is
             // retried at once on a fresh one, below the attempt loop: it costs no attempt.
+            // One that fails after the request was written is `pool`'s to retry.
             .retry_canceled_requests(true)
             .pool_idle_timeout(cfg.pool_idle_timeout)
             .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(https);
+            .timer(TokioTimer::new());
+        let client = HttpClient::new(&builder, https);
         let cloud = CloudProvider::new(cfg, lanes.metrics.credential_refreshes.clone())?;
         let key = Arc::new(KeyCell::from_source(&cfg.key));
         let key_hint = match &cfg.key {

@@ -31,6 +31,7 @@ mod resilience;
 mod responses;
 mod robustness;
 mod shared_limits;
+mod stale_connection;
 mod streaming;
 mod tls;
 mod translation;

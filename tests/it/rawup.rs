@@ -29,6 +29,8 @@ pub enum Action {
     ReplyAndHang(Vec<u8>),
     /// Close the connection without a byte.
     Close,
+    /// Reset the connection (RST, not FIN) without a byte.
+    Reset,
 }
 
 pub struct RawUpstream {
@@ -97,6 +99,10 @@ where
                 return;
             }
             Action::Close => return,
+            Action::Reset => {
+                let _ = sock.set_zero_linger();
+                return;
+            }
         }
     }
 }
