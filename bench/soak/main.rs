@@ -96,8 +96,11 @@ async fn run(plan: &Plan) -> Result<bool, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let mock = procs::start_mock(bin).await?;
     let legate = procs::start_legate(bin, dir.path(), &mock.url).await?;
+    // Idle connections are dropped before legate's `connection_idle_timeout` (5 s) closes
+    // them: otherwise a request may be written on one just as legate closes it.
     let http = reqwest::Client::builder()
         .no_proxy()
+        .pool_idle_timeout(Duration::from_secs(2))
         .build()
         .map_err(|e| format!("client: {e}"))?;
     http.put(format!("{}/_mock/script", mock.url))
@@ -122,6 +125,11 @@ async fn run(plan: &Plan) -> Result<bool, String> {
     let stop = CancellationToken::new();
     let traffic = Arc::new(Traffic {
         http,
+        rough: reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| format!("client: {e}"))?,
         addr: legate.url.trim_start_matches("http://").to_string(),
         url: legate.url.clone(),
         stop: stop.clone(),
@@ -210,11 +218,19 @@ fn judge(
     t: &Traffic,
 ) -> bool {
     use std::sync::atomic::Ordering::Relaxed;
-    println!("\n| callers | as expected | otherwise |\n|---|---|---|");
+    println!(
+        "\n| callers | as expected | otherwise | otherwise, by status (0: no answer) |\n|---|---|---|---|"
+    );
     let (mut expected, mut unexpected) = (0, 0);
     for (name, k) in KINDS.iter().zip(t.tallies.iter()) {
         let (e, u) = (k.expected.load(Relaxed), k.unexpected.load(Relaxed));
-        println!("| {name} | {e} | {u} |");
+        let by_status = k.otherwise.lock().map_or(String::new(), |m| {
+            m.iter()
+                .map(|(s, n)| format!("{s}×{n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        println!("| {name} | {e} | {u} | {by_status} |");
         expected += e;
         unexpected += u;
     }

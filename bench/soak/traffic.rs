@@ -6,8 +6,9 @@
 //!
 //! Every outcome is tallied as expected or not; a response carrying the provider key is a leak.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,17 +23,38 @@ pub struct Tally {
     pub expected: AtomicU64,
     pub unexpected: AtomicU64,
     pub leaks: AtomicU64,
+    /// The statuses of the unexpected outcomes (0: no answer at all).
+    pub otherwise: Mutex<BTreeMap<u16, u64>>,
 }
 
 impl Tally {
-    fn count(&self, expected: bool) {
-        let c = if expected {
-            &self.expected
-        } else {
-            &self.unexpected
+    fn count(&self, seen: Seen) {
+        match seen {
+            Ok(()) => self.expected.fetch_add(1, Ordering::Relaxed),
+            Err(status) => {
+                if let Ok(mut m) = self.otherwise.lock() {
+                    *m.entry(status).or_default() += 1;
+                }
+                self.unexpected.fetch_add(1, Ordering::Relaxed)
+            }
         };
-        c.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// An outcome: as expected, or the status that came instead (0: none).
+pub type Seen = Result<(), u16>;
+
+/// `r` judged by `ok`.
+fn judge(r: Option<(u16, String)>, ok: impl FnOnce(u16, &str) -> bool) -> Seen {
+    match r {
+        Some((s, t)) if ok(s, &t) => Ok(()),
+        Some((s, _)) => Err(s),
+        None => Err(0),
+    }
+}
+
+fn seen(ok: bool) -> Seen {
+    if ok { Ok(()) } else { Err(0) }
 }
 
 pub const KINDS: [&str; 10] = [
@@ -68,6 +90,9 @@ pub fn mock_script() -> String {
 
 pub struct Traffic {
     pub http: reqwest::Client,
+    /// A client of its own for the uploads legate refuses unread: legate then closes the
+    /// connection, and a pooled connection shared with the others might be reused as it does.
+    pub rough: reqwest::Client,
     pub url: String,
     pub addr: String,
     pub stop: CancellationToken,
@@ -106,7 +131,7 @@ impl Traffic {
     async fn run(&self, kind: usize, worker: usize) {
         let mut i: u64 = 0;
         while !self.stop.is_cancelled() {
-            let expected = match kind {
+            let outcome = match kind {
                 0 => self.normal(i).await,
                 1 => self.streamed("claude-soak", i).await,
                 2 => self.abandon().await,
@@ -118,7 +143,7 @@ impl Traffic {
                 8 => self.huge(i).await,
                 _ => self.crowd().await,
             };
-            self.tallies[kind].count(expected);
+            self.tallies[kind].count(outcome);
             i += 1;
             // Pace the loops: the soak is about time and variety, not throughput.
             tokio::select! {
@@ -134,8 +159,17 @@ impl Traffic {
         body: String,
         extra: &[(&str, &str)],
     ) -> Option<(u16, String)> {
-        let mut req = self
-            .http
+        self.post_on(&self.http, path, body, extra).await
+    }
+
+    async fn post_on(
+        &self,
+        http: &reqwest::Client,
+        path: &str,
+        body: String,
+        extra: &[(&str, &str)],
+    ) -> Option<(u16, String)> {
+        let mut req = http
             .post(format!("{}{path}", self.url))
             .header("content-type", "application/json")
             .header("anthropic-version", "2023-06-01")
@@ -154,7 +188,7 @@ impl Traffic {
         Some((status, text))
     }
 
-    async fn normal(&self, i: u64) -> bool {
+    async fn normal(&self, i: u64) -> Seen {
         let r = if i % 2 == 0 {
             self.post("/v1/messages", anthropic("claude-soak", false), &[])
                 .await
@@ -163,16 +197,16 @@ impl Traffic {
             self.post("/v1/chat/completions", body.to_string(), &[])
                 .await
         };
-        matches!(r, Some((200, _)))
+        judge(r, |s, _| s == 200)
     }
 
-    async fn streamed(&self, model: &str, _i: u64) -> bool {
+    async fn streamed(&self, model: &str, _i: u64) -> Seen {
         let r = self.post("/v1/messages", anthropic(model, true), &[]).await;
-        matches!(r, Some((200, t)) if t.contains("message_stop"))
+        judge(r, |s, t| s == 200 && t.contains("message_stop"))
     }
 
     /// Reads the first chunk of a stream, then goes away.
-    async fn abandon(&self) -> bool {
+    async fn abandon(&self) -> Seen {
         let resp = self
             .http
             .post(format!("{}/v1/messages", self.url))
@@ -183,20 +217,22 @@ impl Traffic {
             .send()
             .await;
         match resp {
-            Ok(mut r) => r.status() == 200 && matches!(r.chunk().await, Ok(Some(_))),
-            Err(_) => false,
+            Ok(mut r) if r.status() == 200 => seen(matches!(r.chunk().await, Ok(Some(_)))),
+            Ok(r) => Err(r.status().as_u16()),
+            Err(_) => Err(0),
         }
     }
 
-    async fn name(&self, n: u64) -> bool {
+    async fn name(&self, n: u64) -> Seen {
         let model = format!("claude-soak-name-{n:x}");
         let r = self
             .post("/v1/messages", anthropic(&model, false), &[])
             .await;
-        matches!(r, Some((200, _)))
+        judge(r, |s, _| s == 200)
     }
 
-    async fn fault(&self, i: u64) -> bool {
+    /// Each fault as it shows before its breaker opens; once open (all of them fail), 529.
+    async fn fault(&self, i: u64) -> Seen {
         let deadline = [("x-legate-deadline-ms", "1500")];
         match i % 5 {
             0 => {
@@ -205,11 +241,13 @@ impl Traffic {
                     anthropic("claude-soak-overloaded", false),
                     &[],
                 );
-                matches!(r.await, Some((529, _)))
+                judge(r.await, |s, _| s == 529)
             }
             1 => {
                 let r = self.post("/v1/messages", anthropic("claude-soak-cut", true), &[]);
-                matches!(r.await, Some((200, t)) if t.contains("event: error"))
+                judge(r.await, |s, t| {
+                    s == 529 || s == 200 && t.contains("event: error")
+                })
             }
             2 => {
                 let r = self.post(
@@ -217,36 +255,36 @@ impl Traffic {
                     anthropic("claude-soak-hang", false),
                     &deadline,
                 );
-                matches!(r.await, Some((504, _)))
+                judge(r.await, |s, _| s == 529 || s == 504)
             }
             3 => {
                 let r = self.post("/v1/messages", anthropic("claude-soak-echo", false), &[]);
-                matches!(r.await, Some((500, t)) if t.contains("[redacted]"))
+                judge(r.await, |s, t| {
+                    s == 529 || s == 500 && t.contains("[redacted]")
+                })
             }
             _ => {
                 // The oversized event is the first content: retried, then a broken stream.
                 let r = self.post("/v1/messages", anthropic("claude-soak-huge", true), &[]);
-                match r.await {
-                    Some((502, _)) => true,
-                    Some((200, t)) => t.contains("max_event_bytes"),
-                    _ => false,
-                }
+                judge(r.await, |s, t| {
+                    s == 529 || s == 502 || s == 200 && t.contains("max_event_bytes")
+                })
             }
         }
     }
 
     /// Connects and sends nothing: legate must close it within `header_read_timeout`.
-    async fn silent(&self) -> bool {
+    async fn silent(&self) -> Seen {
         let Ok(mut sock) = TcpStream::connect(&self.addr).await else {
-            return false;
+            return Err(0);
         };
-        closed_within(&mut sock, Duration::from_secs(6)).await
+        seen(closed_within(&mut sock, Duration::from_secs(6)).await)
     }
 
     /// Sends a request head one byte at a time, never finishing it.
-    async fn slowloris(&self) -> bool {
+    async fn slowloris(&self) -> Seen {
         let Ok(mut sock) = TcpStream::connect(&self.addr).await else {
-            return false;
+            return Err(0);
         };
         let head = b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ";
         let drip = async {
@@ -258,45 +296,47 @@ impl Traffic {
             }
         };
         // Cut by header_read_timeout (2 s), well before this.
-        tokio::time::timeout(Duration::from_secs(6), drip)
-            .await
-            .is_ok()
+        seen(
+            tokio::time::timeout(Duration::from_secs(6), drip)
+                .await
+                .is_ok(),
+        )
     }
 
     /// Declares a body and sends a tenth of it: 408 after `body_read_timeout`.
-    async fn slow_body(&self) -> bool {
+    async fn slow_body(&self) -> Seen {
         let Ok(mut sock) = TcpStream::connect(&self.addr).await else {
-            return false;
+            return Err(0);
         };
         let head = "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":";
         if sock.write_all(head.as_bytes()).await.is_err() {
-            return false;
+            return Err(0);
         }
         let mut got = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(8), sock.read_to_end(&mut got));
-        read.await.is_ok() && got.starts_with(b"HTTP/1.1 408")
+        seen(read.await.is_ok() && got.starts_with(b"HTTP/1.1 408"))
     }
 
     /// Uploads over `max_body_bytes`: declared (refused at once) or found while reading.
-    async fn huge(&self, i: u64) -> bool {
+    async fn huge(&self, i: u64) -> Seen {
         if i % 2 == 0 {
             let Ok(mut sock) = TcpStream::connect(&self.addr).await else {
-                return false;
+                return Err(0);
             };
             let head = "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 104857600\r\n\r\n";
             if sock.write_all(head.as_bytes()).await.is_err() {
-                return false;
+                return Err(0);
             }
             let mut got = vec![0u8; 64];
             let read = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut got));
-            matches!(read.await, Ok(Ok(n)) if got[..n].starts_with(b"HTTP/1.1 413"))
+            seen(matches!(read.await, Ok(Ok(n)) if got[..n].starts_with(b"HTTP/1.1 413")))
         } else {
             // No length declared: the limit is found while reading.
             let chunk = bytes::Bytes::from(vec![b'x'; 256 << 10]);
             let chunks = (0..=MAX_BODY_BYTES / chunk.len())
                 .map(move |_| Ok::<_, std::io::Error>(chunk.clone()));
             let resp = self
-                .http
+                .rough
                 .post(format!("{}/v1/messages", self.url))
                 .header("content-type", "application/json")
                 .timeout(Duration::from_secs(10))
@@ -306,23 +346,29 @@ impl Traffic {
                 .send()
                 .await;
             // Or shed with 529: the bytes read so far count against max_buffered_bytes.
-            matches!(resp, Ok(r) if r.status() == 413 || r.status() == 529)
+            match resp {
+                Ok(r) if r.status() == 413 || r.status() == 529 => Ok(()),
+                Ok(r) => Err(r.status().as_u16()),
+                Err(_) => Err(0),
+            }
         }
     }
 
-    /// Eight large bodies at once (as much as the global buffer bound) beside the rest: each is served or shed
-    /// with 529, never anything else.
-    async fn crowd(&self) -> bool {
+    /// Eight large bodies at once (as much as the global buffer bound) beside the rest: each
+    /// is served or shed with 529, never anything else.
+    async fn crowd(&self) -> Seen {
         let pad = "p".repeat(MAX_BODY_BYTES / 2);
         let body = format!(
             r#"{{"model":"claude-soak","max_tokens":16,"metadata":{{"user_id":"{pad}"}},"messages":[{{"role":"user","content":"soak"}}]}}"#
         );
         let all = futures_util::future::join_all(
-            (0..8).map(|_| self.post("/v1/messages", body.clone(), &[])),
+            (0..8).map(|_| self.post_on(&self.rough, "/v1/messages", body.clone(), &[])),
         )
         .await;
-        all.iter()
-            .all(|r| matches!(r, Some((200, _)) | Some((529, _))))
+        all.into_iter()
+            .map(|r| judge(r, |s, _| s == 200 || s == 529))
+            .find(Result::is_err)
+            .unwrap_or(Ok(()))
     }
 }
 
