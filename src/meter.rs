@@ -152,11 +152,44 @@ impl Usage {
 }
 
 /// Running totals per tenant and `provider:model`, served by `/admin/usage`. Exact integers.
-/// Nested by tenant so that recording into an existing entry looks it up by `&str`, without
-/// building an owned key per request.
-#[derive(Default)]
+///
+/// Callers choose model names, so the entries are bounded (SPEC §14): beyond
+/// `MAX_LEDGER_ENTRIES` the least recently used one is folded into its tenant's
+/// `provider:other` entry, so the totals stay exact while the document stays small.
 pub struct Ledger {
-    entries: std::sync::Mutex<BTreeMap<String, BTreeMap<String, LedgerEntry>>>,
+    entries: std::sync::Mutex<Entries>,
+}
+
+/// `(tenant, provider:model)` entries in use order, and the folded `provider:other` totals
+/// (bounded by the configured tenants and providers).
+struct Entries {
+    recent: crate::lru::Lru<(String, String), LedgerEntry>,
+    folded: BTreeMap<(String, String), LedgerEntry>,
+}
+
+/// Distinct `(tenant, provider:model)` entries kept apart.
+const MAX_LEDGER_ENTRIES: usize = 1024;
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Ledger {
+            entries: std::sync::Mutex::new(Entries {
+                recent: crate::lru::Lru::new(MAX_LEDGER_ENTRIES),
+                folded: Default::default(),
+            }),
+        }
+    }
+}
+
+impl LedgerEntry {
+    fn add(&mut self, other: &LedgerEntry) {
+        self.requests += other.requests;
+        self.usage.input += other.usage.input;
+        self.usage.output += other.usage.output;
+        self.usage.cache_read += other.usage.cache_read;
+        self.usage.cache_write += other.usage.cache_write;
+        self.cost_pico += other.cost_pico;
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -172,20 +205,21 @@ impl Ledger {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let per_tenant = match map.get_mut(tenant) {
-            Some(t) => t,
-            None => map.entry(tenant.to_string()).or_default(),
+        let this = LedgerEntry {
+            requests: 1,
+            usage,
+            cost_pico,
         };
-        let e = match per_tenant.get_mut(target) {
-            Some(e) => e,
-            None => per_tenant.entry(target.to_string()).or_default(),
-        };
-        e.requests += 1;
-        e.usage.input += usage.input;
-        e.usage.output += usage.output;
-        e.usage.cache_read += usage.cache_read;
-        e.usage.cache_write += usage.cache_write;
-        e.cost_pico += cost_pico;
+        let key = (tenant.to_string(), target.to_string());
+        let (e, evicted) = map.recent.entry(&key, LedgerEntry::default);
+        e.add(&this);
+        if let Some(((tenant, target), old)) = evicted {
+            let provider = target.split_once(':').map_or(target.as_str(), |(p, _)| p);
+            map.folded
+                .entry((tenant, format!("{provider}:other")))
+                .or_default()
+                .add(&old);
+        }
     }
 
     pub fn snapshot(&self) -> Vec<(String, String, LedgerEntry)> {
@@ -193,9 +227,11 @@ impl Ledger {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        map.iter()
-            .flat_map(|(t, targets)| targets.iter().map(move |(m, e)| (t.clone(), m.clone(), *e)))
-            .collect()
+        let mut out: BTreeMap<(String, String), LedgerEntry> = map.folded.clone();
+        for (k, e) in map.recent.iter() {
+            out.entry(k.clone()).or_default().add(e);
+        }
+        out.into_iter().map(|((t, m), e)| (t, m, e)).collect()
     }
 
     /// The `/admin/usage` document: per tenant, per `provider:model`, the four token counts and

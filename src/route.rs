@@ -39,7 +39,8 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
     }
     let provider = match api {
         ApiKind::Anthropic => &cfg.routing.anthropic,
-        ApiKind::OpenAi => &cfg.routing.openai,
+        // Responses callers are routed like the other OpenAI API.
+        ApiKind::OpenAi | ApiKind::Responses => &cfg.routing.openai,
     };
     Ok(Resolved {
         steps: vec![ChainStep {

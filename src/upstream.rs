@@ -55,6 +55,9 @@ const ENDPOINT_PATHS: [&str; 4] = [
 pub struct Upstream {
     pub name: String,
     pub kind: ApiKind,
+    /// An `openai` provider that serves the Responses API (else Responses callers are
+    /// translated to Chat Completions for it).
+    pub responses: bool,
     base_url: String,
     /// The URL of each endpoint path without a query, parsed once.
     uris: Vec<(&'static str, Uri)>,
@@ -160,6 +163,7 @@ impl Upstream {
         Ok(Upstream {
             name: cfg.name.clone(),
             kind: cfg.kind,
+            responses: cfg.responses,
             base_url: cfg.base_url.clone(),
             uris,
             client,
@@ -323,6 +327,25 @@ impl Upstream {
     /// Whether a key is loaded now (for `/admin/state`; never the key itself).
     pub fn has_key(&self) -> bool {
         self.key.current().is_some()
+    }
+
+    /// The API a step on this provider is called in for a caller of `caller`: the Responses
+    /// API when the caller speaks it and this `openai` provider serves it (cloud platforms are
+    /// reached through their chat endpoints), else the provider's own kind.
+    pub fn speaks(&self, caller: ApiKind) -> ApiKind {
+        let responses = caller == ApiKind::Responses
+            && self.kind == ApiKind::OpenAi
+            && self.responses
+            && self.cloud.is_none();
+        if responses { caller } else { self.kind }
+    }
+
+    /// What removes this provider's key from its answers (`None` without a key).
+    pub fn redactor(&self) -> Option<crate::redact::Redactor> {
+        if self.keyless {
+            return None;
+        }
+        crate::redact::Redactor::new(self.key.current())
     }
 
     /// The key in use now, only so captured payloads can be stripped of it (never shown).

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use super::{
-    Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, RequestMeta,
-    StreamEventKind, read_fields, scan_prompt,
+    Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, PROMPT_KEYS,
+    RequestMeta, StreamEventKind, read_fields, scan_prompt,
 };
 use crate::meter::Usage;
 use crate::sse::SseEvent;
@@ -36,11 +36,12 @@ impl Dialect for Anthropic {
     }
 
     fn upstream_path(&self, op: Operation) -> Option<&'static str> {
-        Some(match op {
-            Operation::Generate => "/v1/messages",
-            Operation::CountTokens => "/v1/messages/count_tokens",
-            Operation::Models | Operation::Model => "/v1/models",
-        })
+        match op {
+            Operation::Generate => Some("/v1/messages"),
+            Operation::CountTokens => Some("/v1/messages/count_tokens"),
+            Operation::Models | Operation::Model => Some("/v1/models"),
+            Operation::InputTokens | Operation::StoredResponse => None,
+        }
     }
 
     fn parse_request(&self, body: &[u8]) -> Result<RequestMeta, MetaError> {
@@ -93,7 +94,7 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
     messages.array("messages")?;
     let max_tokens = max_tokens.u64("max_tokens")?;
     let stream = stream.opt_bool("stream")?;
-    let (approx_input_tokens, _) = scan_prompt(body, None);
+    let (approx_input_tokens, _) = scan_prompt(body, PROMPT_KEYS, None);
     Ok(RequestMeta {
         model,
         stream,

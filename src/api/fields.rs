@@ -222,18 +222,22 @@ impl<'de> Visitor<'de> for KeySeed<'_> {
     }
 }
 
+/// The members that carry a Messages or Chat Completions prompt.
+pub(crate) const PROMPT_KEYS: &[&str] = &["messages", "system", "tools"];
+
 /// One walk over the top level of an already validated body: the input-token estimate (bytes
-/// of the `messages`, `system` and `tools` values / 4, rounded up; settled against real usage
-/// later) and, when asked for, the value span of one more key.
-pub(crate) fn scan_prompt(body: &[u8], also: Option<&str>) -> (u64, Option<Range<usize>>) {
+/// of the `prompt` members' values / 4, rounded up; settled against real usage later) and,
+/// when asked for, the value span of one more key.
+pub(crate) fn scan_prompt(
+    body: &[u8],
+    prompt: &[&str],
+    also: Option<&str>,
+) -> (u64, Option<Range<usize>>) {
     let mut bytes = 0usize;
     let mut span = None;
     for m in splice::top_level_members(body) {
         let key = &body[m.key.clone()];
-        if ["messages", "system", "tools"]
-            .iter()
-            .any(|k| splice::key_matches(key, k))
-        {
+        if prompt.iter().any(|k| splice::key_matches(key, k)) {
             bytes += m.value.len();
         } else if also.is_some_and(|k| splice::key_matches(key, k)) {
             span = Some(m.value);
@@ -326,9 +330,12 @@ mod tests {
     fn estimate_counts_prompt_values_only() {
         let body = br#"{"model":"mmmmmmmmmmmmmmmm","system":"ab","messages":[1,2],"tools":[]}"#;
         // "ab" (4 bytes with quotes) + [1,2] (5) + [] (2) = 11 bytes -> 3 tokens.
-        assert_eq!(scan_prompt(body, None), (3, None));
-        assert_eq!(scan_prompt(body, Some("model")), (3, Some(9..27)));
-        assert_eq!(scan_prompt(b"{}", Some("model")), (0, None));
+        assert_eq!(scan_prompt(body, PROMPT_KEYS, None), (3, None));
+        assert_eq!(
+            scan_prompt(body, PROMPT_KEYS, Some("model")),
+            (3, Some(9..27))
+        );
+        assert_eq!(scan_prompt(b"{}", PROMPT_KEYS, Some("model")), (0, None));
     }
 
     #[test]

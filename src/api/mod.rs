@@ -15,6 +15,7 @@ pub mod anthropic;
 pub mod errors;
 mod fields;
 pub mod openai_chat;
+pub mod openai_responses;
 
 use std::fmt;
 
@@ -22,40 +23,41 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 pub use errors::{ErrorClass, ErrorFields, ErrorTable, LocalError};
-pub(crate) use fields::{Field, has_usage_object, read_fields, scan_prompt};
+pub(crate) use fields::{Field, PROMPT_KEYS, has_usage_object, read_fields, scan_prompt};
 
 use crate::meter::Usage;
 use crate::sse::SseEvent;
 
-/// The wire APIs legate speaks, inbound and upstream (a provider's `kind`).
+/// The wire APIs legate speaks, inbound and upstream. A provider's `kind` is Anthropic or
+/// OpenAI; a step speaks the Responses API when its `openai` provider serves it
+/// (`responses = true`, `Upstream::speaks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ApiKind {
     /// Anthropic Messages.
     Anthropic,
     /// OpenAI Chat Completions.
     OpenAi,
+    /// The OpenAI Responses API (OpenAI's error envelope, semantic event streams).
+    Responses,
 }
 
 impl ApiKind {
     /// Every API, in the order inbound paths are matched.
-    pub const ALL: [ApiKind; 2] = [ApiKind::Anthropic, ApiKind::OpenAi];
+    pub const ALL: [ApiKind; 3] = [ApiKind::Anthropic, ApiKind::OpenAi, ApiKind::Responses];
 
     /// The registry: the dialect that knows this API.
     pub fn dialect(self) -> &'static dyn Dialect {
         match self {
             ApiKind::Anthropic => &anthropic::Anthropic,
             ApiKind::OpenAi => &openai_chat::OpenAiChat,
+            ApiKind::Responses => &openai_responses::OpenAiResponses,
         }
     }
 
-    /// The name in config (`providers.*.kind`) and in metric labels.
+    /// The name in metric labels (`api`) and, for a provider kind, in config
+    /// (`providers.*.kind`).
     pub fn as_str(self) -> &'static str {
         self.dialect().name()
-    }
-
-    /// The API a config name stands for.
-    pub fn parse(name: &str) -> Option<ApiKind> {
-        ApiKind::ALL.into_iter().find(|k| k.as_str() == name)
     }
 }
 
@@ -68,7 +70,8 @@ impl fmt::Display for ApiKind {
 /// What an inbound path asks of legate, in whichever API it arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
-    /// A model call: Anthropic `POST /v1/messages`, OpenAI `POST /v1/chat/completions`.
+    /// A model call: Anthropic `POST /v1/messages`, OpenAI `POST /v1/chat/completions`,
+    /// `POST /v1/responses`.
     Generate,
     /// Anthropic `POST /v1/messages/count_tokens`: forwarded, never metered.
     CountTokens,
@@ -77,6 +80,12 @@ pub enum Operation {
     /// `GET /v1/models/{id}`: one configured model, answered from config in the caller's
     /// shape (read from its headers).
     Model,
+    /// `POST /v1/responses/input_tokens`: forwarded to the route's first step when it speaks
+    /// the Responses API, else estimated locally; never metered.
+    InputTokens,
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST …/{id}/cancel`, `GET …/{id}/input_items`:
+    /// answered from the conversation store, or forwarded to the provider that keeps it.
+    StoredResponse,
 }
 
 /// Everything legate knows of one wire API. Implementations are stateless unit structs; the
@@ -195,6 +204,7 @@ fn expected_type(field: &str) -> &'static str {
         "messages" => "an array",
         "stream_options" => "an object",
         "stream" | "stream_options.include_usage" => "true or false",
+        "input" => "a string or an array of items",
         _ => "a non-negative integer",
     }
 }

@@ -2,7 +2,7 @@
 //! a call, the class of each streamed chunk (`data:`-only SSE ending in `data: [DONE]`),
 //! usage, and its errors.
 
-mod errors;
+pub(super) mod errors;
 mod stream;
 mod usage;
 
@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use super::{
-    Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, RequestMeta,
-    StreamEventKind, read_fields, scan_prompt,
+    Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, PROMPT_KEYS,
+    RequestMeta, StreamEventKind, read_fields, scan_prompt,
 };
 use crate::meter::Usage;
 use crate::sse::SseEvent;
@@ -101,7 +101,7 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
         _ => return Err(MetaError::WrongType("stream_options")),
     };
     let (approx_input_tokens, options_span) =
-        scan_prompt(body, want_options.then_some("stream_options"));
+        scan_prompt(body, PROMPT_KEYS, want_options.then_some("stream_options"));
     let include_usage = match options_span {
         Some(span) => match read_fields(&body[span], ["include_usage"]) {
             Ok([flag]) => flag.opt_bool(INCLUDE_USAGE)?,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::config::{
-    AuthHeader, ChainStep, Config, KeySource, ProviderConfig, ServerConfig, TlsRoots,
+    ApiKind, AuthHeader, ChainStep, Config, KeySource, ProviderConfig, ServerConfig, TlsRoots,
 };
 use crate::meter::format_usd_per_mtok;
 
@@ -105,7 +105,7 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
             }
         }
     }
-    if !cfg.server.admin_listen.ip().is_loopback() {
+    if !crate::loopback::is_loopback_ip(cfg.server.admin_listen.ip()) {
         out.push(format!(
             "server.admin_listen: `{}` is reachable from other hosts, and the admin plane has \
              no authentication",
@@ -149,6 +149,8 @@ fn server(out: &mut String, s: &ServerConfig) {
         "admin_max_connections",
         &l.admin_max_connections.to_string(),
     );
+    line(out, "max_event_bytes", &l.max_event_bytes.to_string());
+    line(out, "max_buffered_bytes", &l.max_buffered_bytes.to_string());
 }
 
 fn provider(out: &mut String, p: &ProviderConfig) {
@@ -186,6 +188,9 @@ fn provider(out: &mut String, p: &ProviderConfig) {
     line(out, "idle_timeout", &duration(p.idle_timeout));
     line(out, "pool_idle_timeout", &duration(p.pool_idle_timeout));
     line(out, "max_concurrency", &p.max_concurrency.to_string());
+    if p.kind == ApiKind::OpenAi {
+        line(out, "responses", &p.responses.to_string());
+    }
     let roots = match p.tls_roots {
         TlsRoots::Webpki => "webpki",
         TlsRoots::Native => "native",
@@ -282,6 +287,15 @@ fn policy(out: &mut String, cfg: &Config) {
         "default_output_reservation",
         &rl.default_output_reservation.to_string(),
     );
+    let rs = &cfg.responses;
+    out.push_str("\n[responses]\n");
+    let store = match rs.store {
+        crate::config::StoreKind::Memory => "memory",
+        crate::config::StoreKind::Redis => "redis",
+    };
+    line(out, "store", &quote(store));
+    line(out, "max_bytes", &rs.max_bytes.to_string());
+    line(out, "ttl", &duration(rs.ttl));
     out.push_str("\n[shedding]\n");
     line(out, "queue_limit", &cfg.shedding.queue_limit.to_string());
     line(out, "pace_below", &format!("{:?}", cfg.shedding.pace_below));

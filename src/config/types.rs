@@ -55,6 +55,10 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// Open admin-plane connections, counted apart so probes are never starved.
     pub admin_max_connections: usize,
+    /// An upstream stream event (or unterminated line) larger than this breaks the stream.
+    pub max_event_bytes: usize,
+    /// Request bodies being read and held, all requests together; beyond it 529.
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for ServerLimits {
@@ -65,6 +69,8 @@ impl Default for ServerLimits {
             connection_idle_timeout: Duration::from_secs(120),
             max_connections: 4096,
             admin_max_connections: 64,
+            max_event_bytes: 4 << 20,
+            max_buffered_bytes: 256 << 20,
         }
     }
 }
@@ -89,6 +95,9 @@ pub struct ProviderConfig {
     pub ca_file: Option<PathBuf>,
     pub client_cert_file: Option<PathBuf>,
     pub client_key_file: Option<PathBuf>,
+    /// An `openai` provider that serves `POST /v1/responses` (default). `false` (vLLM,
+    /// Ollama): Responses callers are translated to Chat Completions for it.
+    pub responses: bool,
 }
 
 /// One step of a model's chain: a provider, the model name sent to it, and how the request is
@@ -150,6 +159,7 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     pub ratelimit: RateLimitConfig,
     pub shedding: SheddingConfig,
+    pub responses: ResponsesConfig,
     /// `[log]`, `[telemetry]`, `[journal]` (SPEC §12).
     pub observe: super::observe::ObserveConfig,
 }
@@ -300,6 +310,26 @@ impl Default for SheddingConfig {
         SheddingConfig {
             queue_limit: 512,
             pace_below: 0.2,
+        }
+    }
+}
+
+/// `[responses]`: the conversation store of the Responses API (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponsesConfig {
+    /// memory (one process) or redis (shared by replicas, at `ratelimit.redis_url`).
+    pub store: StoreKind,
+    /// Memory store: the oldest entries are evicted beyond this many bytes.
+    pub max_bytes: usize,
+    pub ttl: Duration,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        ResponsesConfig {
+            store: StoreKind::Memory,
+            max_bytes: 64 << 20,
+            ttl: Duration::from_secs(3600),
         }
     }
 }

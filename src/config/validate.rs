@@ -68,6 +68,16 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
         Some(t) => admission::parse_shedding(t, &mut cx),
         None => Default::default(),
     };
+    let responses = match top.table(&mut cx, "responses") {
+        Some(t) => admission::parse_responses(t, &mut cx),
+        None => Default::default(),
+    };
+    if responses.store == crate::config::StoreKind::Redis && ratelimit.redis_url.is_none() {
+        cx.err(
+            "responses.store",
+            "store = \"redis\" needs ratelimit.redis_url (e.g. \"redis://127.0.0.1:6379/0\")",
+        );
+    }
     let (log, telemetry) = (top.table(&mut cx, "log"), top.table(&mut cx, "telemetry"));
     let journal = top.table(&mut cx, "journal");
     let observe = observe::parse(log, telemetry, journal, &mut cx);
@@ -75,7 +85,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
 
     if let Some(server) = &server {
         // Without client keys anyone who can reach the port spends the provider keys.
-        if !server.listen.ip().is_loopback() && clients.is_empty() {
+        if !crate::loopback::is_loopback_ip(server.listen.ip()) && clients.is_empty() {
             cx.err(
                 "server.listen",
                 format!(
@@ -102,6 +112,7 @@ pub fn validate(root: &Value, env: &HashMap<String, String>) -> Result<Config, C
             tenants,
             ratelimit,
             shedding,
+            responses,
             observe,
         }),
         _ => Err(ConfigErrors(errors)),

@@ -14,7 +14,7 @@ use super::traceparent;
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
 use crate::policy::judge::{Action, GiveUp};
-use crate::proxy::exchange::{Answer, Exchanged};
+use crate::proxy::exchange::Exchanged;
 
 /// One request being observed. Cheap to clone.
 #[derive(Clone)]
@@ -241,17 +241,8 @@ pub(crate) fn journal_attempt(
     action: &Action,
 ) -> (Option<u16>, &'static str, Option<String>) {
     let status = match exchanged {
-        Exchanged::Whole(resp)
-        | Exchanged::Error {
-            answer: Answer::Ready(resp),
-            ..
-        } => Some(resp.status().as_u16()),
-        Exchanged::Stream(p)
-        | Exchanged::WholeStreamed(p)
-        | Exchanged::Error {
-            answer: Answer::Pending(p),
-            ..
-        } => Some(p.status.as_u16()),
+        Exchanged::Whole(resp) | Exchanged::Error { resp, .. } => Some(resp.status().as_u16()),
+        Exchanged::Stream(p) | Exchanged::WholeStreamed(p) => Some(p.status.as_u16()),
         _ => None,
     };
     match action {

@@ -14,10 +14,12 @@ use prometheus::IntGaugeVec;
 use tokio::time::Instant;
 
 use crate::config::BreakerConfig;
+use crate::lru::Lru;
 
-/// Breakers beyond this many upstreams are not created (callers may send any model name to a
-/// default route); such calls simply pass.
-const MAX_BREAKERS: usize = 4096;
+/// Breakers of models that are not configured (callers may send any model name to a default
+/// route) are kept for at most this many upstreams, the least recently used forgotten first.
+/// Configured models' breakers are bounded by the config and never forgotten.
+const MAX_UNCONFIGURED_BREAKERS: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -144,18 +146,6 @@ impl Breaker {
         self.lock().state
     }
 
-    /// Closed with no outcome inside its window: nothing would be lost by forgetting it.
-    fn is_idle(&self) -> bool {
-        let window = self.cfg.load().window;
-        let now = Instant::now();
-        let inner = self.lock();
-        inner.state == State::Closed
-            && inner
-                .outcomes
-                .last()
-                .is_none_or(|t| now.duration_since(t) > window)
-    }
-
     pub fn admit(self: &Arc<Self>) -> Admission {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -274,16 +264,18 @@ impl Window {
     fn clear(&mut self) {
         *self = Window::default();
     }
+}
 
-    fn last(&self) -> Option<Instant> {
-        self.slices.back().map(|s| s.start)
-    }
+/// Breakers of configured models, and a bounded set of the others.
+struct Map {
+    configured: HashMap<String, Arc<Breaker>>,
+    others: Lru<String, Arc<Breaker>>,
 }
 
 /// All breakers of the process, keyed by `provider:model`. They outlive config reloads.
 pub struct Breakers {
     cfg: Arc<ArcSwap<BreakerConfig>>,
-    map: Mutex<HashMap<String, Arc<Breaker>>>,
+    map: Mutex<Map>,
     gauge: IntGaugeVec,
 }
 
@@ -291,7 +283,10 @@ impl Breakers {
     pub fn new(cfg: BreakerConfig, gauge: IntGaugeVec) -> Self {
         Breakers {
             cfg: Arc::new(ArcSwap::from_pointee(cfg)),
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Map {
+                configured: HashMap::new(),
+                others: Lru::new(MAX_UNCONFIGURED_BREAKERS),
+            }),
             gauge,
         }
     }
@@ -309,35 +304,32 @@ impl Breakers {
             Ok(m) => m,
             Err(p) => p.into_inner(),
         };
-        if let Some(b) = map.get(&key) {
+        if model_label != "other" {
+            let b = map.configured.entry(key).or_insert_with(|| {
+                // Only configured models get their own gauge series; others would be unbounded.
+                let g = self.gauge.with_label_values(&[provider, model_label]);
+                g.set(0);
+                Arc::new(Breaker::new(self.cfg.clone(), Some(g)))
+            });
             return Some(b.clone());
         }
-        if map.len() >= MAX_BREAKERS {
-            // Make room by forgetting breakers with nothing to remember (closed, empty window).
-            map.retain(|_, b| !b.is_idle());
-            if map.len() >= MAX_BREAKERS {
-                return None;
-            }
-        }
-        // Only configured models get their own gauge series; others would be unbounded.
-        let gauge = (model_label != "other").then(|| {
-            let g = self.gauge.with_label_values(&[provider, model_label]);
-            g.set(0);
-            g
-        });
-        let b = Arc::new(Breaker::new(self.cfg.clone(), gauge));
-        map.insert(key, b.clone());
-        Some(b)
+        let (b, _) = map
+            .others
+            .entry(&key, || Arc::new(Breaker::new(self.cfg.clone(), None)));
+        Some(b.clone())
     }
 
-    /// For `/admin/state`: every breaker's state.
     pub fn snapshot(&self) -> Vec<(String, State)> {
         let map = match self.map.lock() {
             Ok(m) => m,
             Err(p) => p.into_inner(),
         };
-        let mut out: Vec<(String, State)> =
-            map.iter().map(|(k, b)| (k.clone(), b.state())).collect();
+        let mut out: Vec<(String, State)> = map
+            .configured
+            .iter()
+            .chain(map.others.iter())
+            .map(|(k, b)| (k.clone(), b.state()))
+            .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }

@@ -1,6 +1,7 @@
 //! Turning an upstream answer into the caller's response: its status and headers passed
 //! back (legate's `x-legate-served-by` stamped here, once), and either a body read whole or the
 //! upstream body streamed through a `TapBody` that owns the request's accounting from then on.
+//! Either way the provider's key is removed wherever the upstream echoes it (SPEC §14).
 //! The exchange prepares these; the chain executor decides which one is committed.
 
 use bytes::Bytes;
@@ -55,7 +56,10 @@ pub(crate) fn commit(
         inb,
         ..
     } = call;
+    let redact = up.redactor();
+    // Redaction may change the body's length: it is then sent without one.
     let is_sse = matches!(tap.mode, Mode::Sse(_));
+    let keep_length = !is_sse && redact.is_none();
     let metrics = &proxy.metrics;
     let body = match record.take() {
         Some(rec) => {
@@ -69,16 +73,19 @@ pub(crate) fn commit(
                 ticket,
                 record: rec,
             };
-            ProxyBody::Tap(Box::new(TapBody::new(
-                tap.incoming,
-                inb.endpoint.api,
-                tap.mode,
-                tap.held,
-                up.idle_timeout,
-                proxy.abort_streams.clone().cancelled_owned(),
-                acct,
-                Some(tap.permit),
-            )))
+            ProxyBody::Tap(Box::new(
+                TapBody::new(
+                    tap.incoming,
+                    inb.endpoint.api,
+                    tap.mode,
+                    tap.held,
+                    up.idle_timeout,
+                    proxy.abort_streams.clone().cancelled_owned(),
+                    acct,
+                    Some(tap.permit),
+                )
+                .with_redactor(redact.clone()),
+            ))
         }
         // Cannot happen (the record is taken once); answer without accounting rather than fail.
         None => {
@@ -88,7 +95,10 @@ pub(crate) fn commit(
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    response::copy_upstream_headers(&tap.headers, resp.headers_mut(), is_sse);
+    response::copy_upstream_headers(&tap.headers, resp.headers_mut(), !keep_length);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
     served_by(&mut resp, call);
     resp
 }
@@ -100,9 +110,18 @@ pub(crate) fn buffered(
     upstream_headers: &HeaderMap,
     body: Bytes,
 ) -> Response<ProxyBody> {
+    // An upstream that echoes the key it was sent must not hand it to the caller.
+    let redact = call.up.redactor();
+    let body = match &redact {
+        Some(r) => r.bytes(body),
+        None => body,
+    };
     let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
     response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
     // The body may come from an error event of a stream: it is JSON, not an event stream.
     let is_json = resp
         .headers()

@@ -76,6 +76,8 @@ pub struct TapBody {
     _permit: Option<crate::policy::admission::Permit>,
     /// A non-stream body failed: the next poll returns an error so hyper aborts the connection.
     failed_json: bool,
+    /// Removes the provider key from every forwarded chunk.
+    redact: Option<crate::redact::Redactor>,
 }
 
 impl TapBody {
@@ -102,7 +104,23 @@ impl TapBody {
             acct: Some(acct),
             _permit: permit,
             failed_json: false,
+            redact: None,
         }
+    }
+
+    /// Forwarded chunks are cleaned of the provider key (SPEC §14).
+    pub fn with_redactor(mut self, redact: Option<crate::redact::Redactor>) -> Self {
+        self.redact = redact;
+        self
+    }
+
+    /// A chunk on its way to the caller.
+    fn emit(&self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let data = match &self.redact {
+            Some(r) => r.bytes(data),
+            None => data,
+        };
+        Poll::Ready(Some(Ok(Frame::data(data))))
     }
 
     /// Watches one upstream chunk; returns the bytes that may be forwarded now.
@@ -258,7 +276,7 @@ impl Body for TapBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Some(held) = this.held.take() {
-            return Poll::Ready(Some(Ok(Frame::data(held))));
+            return this.emit(held);
         }
         loop {
             if std::mem::take(&mut this.failed_json) {
@@ -271,7 +289,7 @@ impl Body for TapBody {
                     let last = last.take();
                     this.state = State::Done;
                     if let Some(b) = last {
-                        return Poll::Ready(Some(Ok(Frame::data(b))));
+                        return this.emit(b);
                     }
                     continue;
                 }
@@ -289,13 +307,23 @@ impl Body for TapBody {
                     match frame.into_data() {
                         Ok(data) => {
                             let out = this.observe(data);
+                            if matches!(&this.mode, Mode::Sse(w) if w.oversize) {
+                                // The complete events before it still go out, then the error.
+                                this.state = this.fail_stream(
+                                    "the upstream sent an event larger than server.max_event_bytes",
+                                );
+                                if let Some(out) = out {
+                                    return this.emit(out);
+                                }
+                                continue;
+                            }
                             // With a Content-Length the caller may have every byte before this
                             // body is polled again: account now, not at the next poll.
                             if this.inner.is_end_stream() {
                                 this.state = this.on_end();
                             }
                             if let Some(out) = out {
-                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                                return this.emit(out);
                             }
                         }
                         Err(other) => return Poll::Ready(Some(Ok(other))),
@@ -324,7 +352,9 @@ impl Body for TapBody {
 
     fn size_hint(&self) -> SizeHint {
         match self.mode {
-            Mode::Json { .. } => self.inner.size_hint(),
+            // Redaction may change the length.
+            Mode::Json { .. } if self.redact.is_none() => self.inner.size_hint(),
+            Mode::Json { .. } => SizeHint::default(),
             Mode::Sse(_) => SizeHint::default(),
         }
     }

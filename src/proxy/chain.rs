@@ -8,6 +8,7 @@
 //! timeout) move on to the next step; a final answer (success, or a 4xx that another try
 //! would only repeat) is returned at once — a fallback must never route around a refusal.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
@@ -16,17 +17,18 @@ use tokio::time::Instant;
 use crate::api::Operation;
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
-use crate::policy::breaker::{Admission, Outcome, Ticket};
+use crate::policy::breaker::{Admission, Breaker, Outcome, Ticket};
 use crate::policy::judge::{self, Action, Context, GiveUp, Report, Verdict};
 use crate::policy::retry::Backoff;
 use crate::proxy::answer;
+use crate::proxy::conversation;
 use crate::proxy::estimate;
-use crate::proxy::exchange::{self, Answer, Call, Exchanged, Spent};
+use crate::proxy::exchange::{self, Call, Exchanged, Spent};
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::ProxyBody;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
-use crate::translate;
+use crate::translate::Xlate;
 
 /// What failed last, to be reported if no step can answer.
 enum Failure {
@@ -124,12 +126,10 @@ fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
-    upstream: ApiKind,
+    (xl, upstream): (Xlate, ApiKind),
     limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    let dir = translate::Dir::between(inb.endpoint.api, upstream)
-        .ok_or_else(|| format!("no translation from {} to {upstream}", inb.endpoint.api))?;
-    let (bytes, dropped) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
+    let (bytes, dropped) = conversation::translate_request(xl, inb, &step.model)?;
     let (from, to) = (inb.endpoint.api.as_str(), upstream.as_str());
     proxy
         .metrics
@@ -167,7 +167,8 @@ fn unfit(inb: &Inbound, exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd
     StepEnd::Unavailable
 }
 
-/// The body for a step: the caller's own, fitted, or translated into the step's API; or how
+/// The body for a step speaking `upstream`: the caller's own, fitted, or translated into the
+/// step's API; or how
 /// the step ends without a call (count_tokens estimated locally for a step of another API, or
 /// a step that cannot honour the request).
 async fn step_body(
@@ -178,14 +179,14 @@ async fn step_body(
     upstream: ApiKind,
     exec: &mut Exec,
 ) -> Result<Result<bytes::Bytes, StepEnd>, ProxyError> {
-    let caller = inb.endpoint.api;
+    let xl = Xlate::between(inb.endpoint.api, upstream);
     // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
     // capped at what that model accepts; a caller naming the model itself is sent as it asked.
-    let limit = (upstream != caller || step.model != inb.meta.model)
+    let limit = (xl.translating() || step.model != inb.meta.model)
         .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
         .flatten();
-    if upstream == caller {
-        return route::fit(&inb.body, &inb.meta, step, caller, limit).map(Ok);
+    if !xl.translating() {
+        return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
     }
     if inb.endpoint.op == Operation::CountTokens {
         return Ok(Err(match estimate::answer(inb, step, upstream).await {
@@ -193,7 +194,7 @@ async fn step_body(
             Err(why) => unfit(inb, exec, step, &why),
         }));
     }
-    Ok(translated_body(proxy, inb, step, upstream, limit)
+    Ok(translated_body(proxy, inb, step, (xl, upstream), limit)
         .map_err(|why| unfit(inb, exec, step, &why)))
 }
 
@@ -210,7 +211,8 @@ async fn run_step(
         .upstreams
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
-    let body = match step_body(proxy, snap, inb, step, up.kind, exec).await? {
+    let spoken = up.speaks(inb.endpoint.api);
+    let body = match step_body(proxy, snap, inb, step, spoken, exec).await? {
         Ok(body) => body,
         Err(end) => return Ok(end),
     };
@@ -226,13 +228,7 @@ async fn run_step(
         body,
         traceparent: None,
     };
-    // The provider's host, for the journal and traces.
-    let server = snap
-        .cfg
-        .providers
-        .get(&step.provider)
-        .and_then(|p| p.base_url.parse::<http::Uri>().ok())
-        .and_then(|u| u.host().map(str::to_string));
+    let server = provider_host(snap, step);
     let count = |label: &str| {
         proxy
             .metrics
@@ -242,22 +238,9 @@ async fn run_step(
     };
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
-        let ticket = match breaker.as_ref().map(|b| b.admit()) {
-            Some(Admission::Refused { until }) => {
-                count("breaker_open");
-                exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
-                inb.obs.passed_over(
-                    exec.step_no,
-                    step,
-                    "breaker_open",
-                    "the circuit breaker is open",
-                );
-                return Ok(StepEnd::Unavailable);
-            }
-            Some(Admission::Pass(t)) => t,
-            None => Ticket::unguarded(),
+        let Some(ticket) = ticket(breaker.as_ref(), exec, inb, step, &count) else {
+            return Ok(StepEnd::Unavailable);
         };
-        exec.any_admitted = true;
         if n > 1 {
             proxy
                 .metrics
@@ -295,19 +278,65 @@ async fn run_step(
             Next::Retry(wait) => wait,
         };
         let delay = wait.unwrap_or_else(|| backoff.next_delay());
-        if Instant::now() + delay >= inb.deadline {
-            inb.obs
-                .moved_on("the deadline leaves no time for another try");
+        if !pause(proxy, inb, exec, delay).await {
             break;
         }
-        if !proxy.budget.try_withdraw() {
-            inb.obs.moved_on("the retry budget is spent");
-            break;
-        }
-        tokio::time::sleep(delay).await;
-        exec.spent.outside += delay;
     }
     Ok(StepEnd::Unavailable)
+}
+
+/// The provider's host, for the journal and traces.
+fn provider_host(snap: &Snapshot, step: &ChainStep) -> Option<String> {
+    snap.cfg
+        .providers
+        .get(&step.provider)
+        .and_then(|p| p.base_url.parse::<http::Uri>().ok())
+        .and_then(|u| u.host().map(str::to_string))
+}
+
+/// The step's breaker lets one more exchange through (its ticket), or it is open and the step
+/// is passed over (None), remembering when it admits a probe again.
+fn ticket(
+    breaker: Option<&Arc<Breaker>>,
+    exec: &mut Exec,
+    inb: &Inbound,
+    step: &ChainStep,
+    count: &dyn Fn(&str),
+) -> Option<Ticket> {
+    let ticket = match breaker.map(Breaker::admit) {
+        Some(Admission::Refused { until }) => {
+            count("breaker_open");
+            exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
+            inb.obs.passed_over(
+                exec.step_no,
+                step,
+                "breaker_open",
+                "the circuit breaker is open",
+            );
+            return None;
+        }
+        Some(Admission::Pass(t)) => t,
+        None => Ticket::unguarded(),
+    };
+    exec.any_admitted = true;
+    Some(ticket)
+}
+
+/// Waits `delay` before the next try, if the deadline leaves time for it and the retry budget
+/// pays for it; false (and why, in the journal) if not.
+async fn pause(proxy: &Proxy, inb: &Inbound, exec: &mut Exec, delay: Duration) -> bool {
+    if Instant::now() + delay >= inb.deadline {
+        inb.obs
+            .moved_on("the deadline leaves no time for another try");
+        return false;
+    }
+    if !proxy.budget.try_withdraw() {
+        inb.obs.moved_on("the retry budget is spent");
+        return false;
+    }
+    tokio::time::sleep(delay).await;
+    exec.spent.outside += delay;
+    true
 }
 
 /// What the step loop does after one verdict.
@@ -383,17 +412,10 @@ fn commit(
     record: &mut Option<RequestRecord>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     match exchanged {
-        Exchanged::Whole(resp)
-        | Exchanged::Error {
-            answer: Answer::Ready(resp),
-            ..
-        } => Ok(resp),
-        Exchanged::Stream(p)
-        | Exchanged::WholeStreamed(p)
-        | Exchanged::Error {
-            answer: Answer::Pending(p),
-            ..
-        } => Ok(answer::commit(call, p, ticket, record)),
+        Exchanged::Whole(resp) | Exchanged::Error { resp, .. } => Ok(resp),
+        Exchanged::Stream(p) | Exchanged::WholeStreamed(p) => {
+            Ok(answer::commit(call, p, ticket, record))
+        }
         // The judge commits answers only.
         _ => Err(ProxyError::Internal),
     }
@@ -406,19 +428,12 @@ fn failure(exchanged: Exchanged) -> Failure {
         | Exchanged::TimedOut(e)
         | Exchanged::Unreachable(e)
         | Exchanged::Broken(e) => Failure::Error(e),
-        Exchanged::Error {
-            answer: Answer::Ready(resp),
-            ..
-        } => Failure::Response(resp),
+        Exchanged::Error { resp, .. } => Failure::Response(resp),
         Exchanged::Deadline { .. } => Failure::Error(ProxyError::DeadlineExceeded),
         // The judge moves on from failures only; an answer here is legate's own error.
         Exchanged::Shed
         | Exchanged::Stream(_)
         | Exchanged::Whole(_)
-        | Exchanged::WholeStreamed(_)
-        | Exchanged::Error {
-            answer: Answer::Pending(_),
-            ..
-        } => Failure::Error(ProxyError::Internal),
+        | Exchanged::WholeStreamed(_) => Failure::Error(ProxyError::Internal),
     }
 }

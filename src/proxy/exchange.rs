@@ -12,7 +12,7 @@ use http::{Method, Response, StatusCode, header};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::api::{self, Operation};
+use crate::api::{self, ApiKind, Operation};
 use crate::config::ChainStep;
 use crate::error::ProxyError;
 use crate::policy::admission::Permit;
@@ -20,13 +20,14 @@ use crate::policy::judge::{self, Happened};
 use crate::policy::retry;
 use crate::proxy::answer::{self, Pending};
 use crate::proxy::body::Mode;
+use crate::proxy::conversation;
 use crate::proxy::record::{InflightGuard, RequestRecord};
 use crate::proxy::response::ProxyBody;
 use crate::proxy::upbody::{Raw, UpstreamBody};
 use crate::proxy::upread::{self, PreCommit, Whole};
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
-use crate::translate::{self, Dir};
+use crate::translate::Xlate;
 use crate::upstream::Upstream;
 
 /// What one exchange needs.
@@ -64,19 +65,15 @@ pub(crate) enum Exchanged {
     Whole(Response<ProxyBody>),
     /// A success too large to hold: streamed through.
     WholeStreamed(Pending),
+    /// An error answer, read whole: it may be retried, and a key the upstream echoes in it
+    /// is removed before the caller sees it.
     Error {
         status: u16,
         quota: bool,
         retry_after: Option<Duration>,
         in_stream: bool,
-        answer: Answer,
+        resp: Response<ProxyBody>,
     },
-}
-
-/// An error answer: read whole (it may be retried), or passed through as it arrives.
-pub(crate) enum Answer {
-    Ready(Response<ProxyBody>),
-    Pending(Pending),
 }
 
 impl Exchanged {
@@ -115,7 +112,9 @@ struct Got {
     incoming: Raw,
     permit: Permit,
     inflight: InflightGuard,
-    dir: Option<Dir>,
+    /// The API the step speaks, and how the caller's API is reached from it.
+    spoken: ApiKind,
+    xl: Xlate,
 }
 
 /// Performs one exchange with the step's upstream.
@@ -125,9 +124,10 @@ pub(crate) async fn run(
     record: &mut Option<RequestRecord>,
 ) -> Exchanged {
     let Call { proxy, up, inb, .. } = *call;
-    // A step of another API is reached through translation (SPEC §10).
-    let dir = Dir::between(inb.endpoint.api, up.kind);
-    let mut req = match request(call, dir.is_some()).await {
+    // A step of another API is reached through translation (SPEC §10, §11).
+    let spoken = up.speaks(inb.endpoint.api);
+    let xl = Xlate::between(inb.endpoint.api, spoken);
+    let mut req = match request(call, spoken, xl.translating()).await {
         Ok(r) => r,
         Err(e) => return Exchanged::Unsendable(e),
     };
@@ -161,7 +161,8 @@ pub(crate) async fn run(
                 incoming,
                 permit,
                 inflight,
-                dir,
+                spoken,
+                xl,
             };
             read(call, got, record).await
         }
@@ -176,10 +177,11 @@ pub(crate) async fn run(
 /// The upstream request: the step's path, or a cloud platform's own request for the model.
 async fn request(
     call: &Call<'_>,
+    spoken: ApiKind,
     translating: bool,
 ) -> Result<http::Request<http_body_util::Full<Bytes>>, ProxyError> {
     let Call { up, inb, .. } = *call;
-    let upstream_path = inb.endpoint.upstream_path(up.kind);
+    let upstream_path = inb.endpoint.upstream_path(spoken);
     // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
     // provider of that API only, never a translated request.
     let path = match &inb.query {
@@ -190,10 +192,7 @@ async fn request(
         let body = call.body.clone();
         return up.build_request(Method::POST, &path, &inb.headers, body, translating, true);
     };
-    if matches!(
-        inb.endpoint.op,
-        Operation::CountTokens | Operation::Models | Operation::Model
-    ) {
+    if inb.endpoint.op != Operation::Generate {
         return Err(ProxyError::InvalidRequest {
             message: format!(
                 "provider `{}` is a cloud platform that does not serve this endpoint",
@@ -275,14 +274,12 @@ async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> 
 async fn stream(call: &Call<'_>, got: Got, record: &Option<RequestRecord>) -> Exchanged {
     let Call { proxy, up, inb, .. } = *call;
     let api = inb.endpoint.api;
-    let mut incoming = match got.dir {
-        Some(dir) => {
-            let tr = translate::StreamTranslator::new(dir, inb.meta.include_usage);
-            UpstreamBody::translated(got.incoming, tr, up.kind)
-        }
+    let max_event = call.snap.cfg.server.limits.max_event_bytes;
+    let mut incoming = match conversation::stream_translator(got.xl, inb) {
+        Some(tr) => UpstreamBody::translated(got.incoming, tr, got.spoken, max_event),
         None => UpstreamBody::Plain(got.incoming),
     };
-    let mut watch = Box::new(SseWatch::new(api));
+    let mut watch = Box::new(SseWatch::new(api).with_max_event(max_event));
     let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
     match pre.await {
         Ok(held) => {
@@ -319,7 +316,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &Option<RequestRecord>) -> Ex
                 quota,
                 retry_after: None,
                 in_stream: true,
-                answer: Answer::Ready(resp),
+                resp,
             }
         }
         Err(PreCommit::Broken(why)) => {
@@ -337,19 +334,22 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     let Call { up, inb, .. } = *call;
     let mut incoming = UpstreamBody::Plain(got.incoming);
     let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
-    // Translated: the caller's API shape, or an answer that cannot be carried across.
-    let read = match (read, got.dir) {
-        (Whole::Complete(body), Some(dir)) => match translate::response(dir, &body) {
-            Ok(b) => Whole::Complete(Bytes::from(b)),
-            Err(e) => {
-                tracing::warn!(provider = %up.name, error = %e.0, "upstream answer not translatable");
-                Whole::Unusable(e.0)
+    // Translated: the caller's API shape, or an answer that cannot be carried across. A
+    // Responses passthrough answer is read too: it is kept in the conversation store.
+    let read = match read {
+        Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
+            match conversation::translate_whole(got.xl, inb, &body) {
+                Ok(b) => Whole::Complete(b),
+                Err(e) => {
+                    tracing::warn!(provider = %up.name, error = %e, "upstream answer not translatable");
+                    Whole::Unusable(e)
+                }
             }
-        },
-        (Whole::TooLarge(_), Some(_)) => {
+        }
+        Whole::TooLarge(_) if got.xl.translating() => {
             Whole::Broken("the upstream answer is too large to translate")
         }
-        (w, _) => w,
+        w => w,
     };
     match read {
         Whole::Complete(body) => {
@@ -396,53 +396,57 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     }
 }
 
-/// An error answer. One that no retry could change is passed through as it arrives; one that
-/// may be retryable has its small body read (and translated) to decide.
+/// An error answer, read whole (it is small; bounded). One that no retry could change is
+/// passed on as it is, its content type kept (an HTML error page stays labelled as one); one
+/// that may be retryable is classified and, for a translated step or a platform, put in the
+/// caller's shape.
 async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     let Call { up, inb, .. } = *call;
     let status = got.parts.status;
-    // A platform's error answer is read whole to be put in the caller's shape.
+    let headers = &got.parts.headers;
+    let body = upread::read_small(
+        UpstreamBody::Plain(got.incoming),
+        up.idle_timeout,
+        inb.deadline,
+    );
+    let body = body.await;
+    // The slot and the in-flight count are the upstream call's: it is over.
+    drop((got.permit, got.inflight));
+    // A platform's error answer is read to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
-    if !judge::worth_reading(status.as_u16()) && got.dir.is_none() && !platform_shape {
+    if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {
+        let mut resp = answer::buffered(call, status, headers, body);
+        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+            resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        }
         return Exchanged::Error {
             status: status.as_u16(),
             quota: false,
             retry_after: None,
             in_stream: false,
-            answer: Answer::Pending(Pending {
-                status,
-                headers: got.parts.headers,
-                incoming: UpstreamBody::Plain(got.incoming),
-                mode: Mode::json(),
-                held: None,
-                permit: got.permit,
-                inflight: got.inflight,
-            }),
+            resp,
         };
     }
-    let incoming = UpstreamBody::Plain(got.incoming);
-    let body = upread::read_small(incoming, up.idle_timeout, inb.deadline).await;
     let (status, body) = match up.cloud.as_ref() {
         Some(c) => c
-            .map_error(status, &got.parts.headers, &body)
+            .map_error(status, headers, &body)
             .unwrap_or((status, body)),
         None => (status, body),
     };
     let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
-    let retry_after = retry::retry_after(&got.parts.headers, SystemTime::now());
-    let resp = match got.dir {
-        Some(dir) => {
-            let (st, b) = translate::error(dir, status.as_u16(), &body);
-            let st = StatusCode::from_u16(st).unwrap_or(status);
-            answer::buffered(call, st, &got.parts.headers, Bytes::from(b))
-        }
-        None => answer::buffered(call, status, &got.parts.headers, body),
+    let retry_after = retry::retry_after(headers, SystemTime::now());
+    let resp = if got.xl.translating() {
+        let (st, b) = conversation::translate_error(got.xl, status.as_u16(), &body);
+        let st = StatusCode::from_u16(st).unwrap_or(status);
+        answer::buffered(call, st, headers, Bytes::from(b))
+    } else {
+        answer::buffered(call, status, headers, body)
     };
     Exchanged::Error {
         status: status.as_u16(),
         quota,
         retry_after,
         in_stream: false,
-        answer: Answer::Ready(resp),
+        resp,
     }
 }

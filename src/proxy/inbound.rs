@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Uri, header};
-use http_body_util::{BodyExt, Limited};
+
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -26,7 +26,11 @@ impl Endpoint {
         let own = self.api.dialect().upstream_path(self.op);
         match self.op {
             Operation::Generate => upstream.dialect().upstream_path(Operation::Generate),
-            Operation::CountTokens | Operation::Models | Operation::Model => own,
+            Operation::CountTokens
+            | Operation::Models
+            | Operation::Model
+            | Operation::InputTokens
+            | Operation::StoredResponse => own,
         }
         .unwrap_or("/")
     }
@@ -128,13 +132,25 @@ fn host_is_local(host: &str, listen_ip: std::net::IpAddr) -> bool {
             }
         })
     };
-    if name.eq_ignore_ascii_case("localhost") {
+    if crate::loopback::is_loopback_host(name) {
         return true;
     }
-    match name.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback() || ip == listen_ip,
-        Err(_) => false,
+    name.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip == listen_ip)
+}
+
+/// Refuses browser requests from web pages: the SDKs send no `Origin`, so one that is not a
+/// loopback origin is a page in the developer's browser trying to spend the keys (SPEC §14).
+pub fn check_origin(headers: &HeaderMap) -> Result<(), ProxyError> {
+    for origin in headers.get_all(header::ORIGIN) {
+        let ok = origin
+            .to_str()
+            .is_ok_and(crate::loopback::is_loopback_origin);
+        if !ok {
+            return Err(ProxyError::ForbiddenOrigin);
+        }
     }
+    Ok(())
 }
 
 /// The caller's credentials as sent: `x-api-key` and/or `Authorization: Bearer` (SDK generations
@@ -180,16 +196,22 @@ pub enum BodyError {
     Broken,
     /// The body did not arrive within `server.body_read_timeout`.
     TimedOut,
+    /// Bodies being read already fill `server.max_buffered_bytes`.
+    Full,
 }
 
 /// Reads the whole body once, within `timeout`, refusing early on a declared Content-Length
-/// over the limit.
+/// over the limit; its bytes count against `share` of the global buffer budget (up to
+/// `max_buffered`), a declared length up front.
 pub async fn read_body(
     headers: &HeaderMap,
     body: hyper::body::Incoming,
     limit: usize,
     timeout: std::time::Duration,
+    share: &mut crate::proxy::buffers::BufferShare,
+    max_buffered: usize,
 ) -> Result<Bytes, BodyError> {
+    use crate::proxy::buffers::{Collect, collect};
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -197,15 +219,25 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge);
     }
-    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    // A declared length is taken at once: a crowd of large uploads is refused before their
+    // bytes arrive, not once they fill memory.
+    let declared = declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+    if !share.take(declared, max_buffered) {
+        return Err(BodyError::Full);
+    }
+    let read = tokio::time::timeout(timeout, collect(body, limit, share, max_buffered)).await;
     let Ok(read) = read else {
         return Err(BodyError::TimedOut);
     };
-    match read {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
-        Err(_) => Err(BodyError::Broken),
-    }
+    let body = match read {
+        Ok(b) => b,
+        Err(Collect::TooLarge) => return Err(BodyError::TooLarge),
+        Err(Collect::Full) => return Err(BodyError::Full),
+        Err(Collect::Broken) => return Err(BodyError::Broken),
+    };
+    // The body is held now: its real size replaces the declared one.
+    share.shrink_to(body.len());
+    Ok(body)
 }
 
 #[cfg(test)]

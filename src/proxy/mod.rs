@@ -4,23 +4,26 @@
 
 pub mod answer;
 pub mod body;
+pub mod buffers;
 pub mod chain;
+pub mod conversation;
 pub mod estimate;
 pub mod exchange;
 pub mod inbound;
+mod intake;
 pub mod models;
 pub mod record;
 pub mod response;
+pub mod responses;
+mod snapshot;
 pub mod upbody;
 pub mod upread;
 pub mod watch;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -28,82 +31,20 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{Operation, RequestMeta};
-use crate::config::{Config, Priority, StoreKind};
+use crate::api::{ApiKind, Operation, RequestMeta};
+use crate::config::{Priority, StoreKind};
 use crate::error::ProxyError;
 use crate::meter::Ledger;
 use crate::policy::breaker::Breakers;
+use crate::policy::ratelimit::Limiter;
 use crate::policy::ratelimit::redis::RedisStore;
-use crate::policy::ratelimit::{Ask, Decision, Limiter, Reservation};
 use crate::policy::retry::RetryBudget;
-use crate::route::Labels;
 use crate::telemetry::Metrics;
-use crate::upstream::{Lanes, Upstream};
-use inbound::{BodyError, Endpoint};
+use crate::upstream::Lanes;
+use inbound::Endpoint;
 use record::RequestRecord;
 pub use response::ProxyBody;
-
-/// Everything that comes from one loaded config. Swapped whole, so a request sees one
-/// consistent config from start to end.
-pub struct Snapshot {
-    pub cfg: Arc<Config>,
-    pub upstreams: HashMap<String, Arc<Upstream>>,
-    pub labels: Labels,
-    pub hash: String,
-}
-
-impl Snapshot {
-    pub fn new(cfg: Arc<Config>, lanes: &Lanes) -> Result<Self, String> {
-        let mut upstreams = HashMap::new();
-        for (name, p) in &cfg.providers {
-            let up = Upstream::new(p, &cfg.shedding, lanes)
-                .map_err(|e| format!("providers.{name}: {e}"))?;
-            upstreams.insert(name.clone(), Arc::new(up));
-        }
-        let labels = Labels::from_config(&cfg);
-        let hash = crate::config::render::config_hash(&cfg);
-        Ok(Snapshot {
-            cfg,
-            upstreams,
-            labels,
-            hash,
-        })
-    }
-}
-
-/// Request ids: a random per-process prefix and a counter, unique without a syscall per request.
-pub struct RequestIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    pub fn new() -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        );
-        RequestIds {
-            prefix: h.finish() & 0xffff_ffff_ffff,
-            next: AtomicU64::new(1),
-        }
-    }
-
-    pub fn next_id(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("lgt_{:012x}{:08x}", self.prefix, n)
-    }
-}
-
-impl Default for RequestIds {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+pub use snapshot::{RequestIds, Snapshot};
 
 pub struct Proxy {
     pub snapshot: ArcSwap<Snapshot>,
@@ -120,7 +61,11 @@ pub struct Proxy {
     ids: RequestIds,
     /// Fired when shutdown_grace has run out: open streams end with an error event.
     pub abort_streams: CancellationToken,
+    /// The Responses API's conversation store (chosen at start, like the rate-limit store).
+    pub conversations: Arc<crate::responses::ConversationStore>,
     listen_ip: IpAddr,
+    /// Request bodies held by all requests together (`max_buffered_bytes`).
+    pub buffers: Arc<buffers::BufferBudget>,
     /// Access log, journal and traces (SPEC §12).
     pub observer: Arc<crate::observe::Observer>,
 }
@@ -135,6 +80,10 @@ pub struct Inbound {
     deadline: tokio::time::Instant,
     /// The tenant's priority, lowered (never raised) by `x-legate-priority`.
     priority: Priority,
+    /// The body's share of `max_buffered_bytes`, held as long as the body is.
+    _buffered: buffers::BufferShare,
+    /// A Responses request's conversation (its `previous_response_id` looked up).
+    conversation: Option<Arc<conversation::Conversation>>,
     /// Where attempts are reported.
     pub(crate) obs: crate::observe::RequestObs,
 }
@@ -166,7 +115,9 @@ impl Proxy {
             shared,
             metrics.ratelimit_store_degraded.clone(),
         ));
+        let conversations = Arc::new(responses::conversation_store(&snapshot.cfg));
         Proxy {
+            conversations,
             breakers,
             budget,
             limiter,
@@ -177,6 +128,7 @@ impl Proxy {
             ids: RequestIds::new(),
             abort_streams: CancellationToken::new(),
             listen_ip,
+            buffers: Default::default(),
             observer: Arc::new(crate::observe::Observer::journal_only(0)),
         }
     }
@@ -200,7 +152,13 @@ impl Proxy {
             Some(e) if e.op != Operation::Model => e.api,
             _ => inbound::shape_for_unknown(req.headers()),
         };
-        let api_label = api.as_str();
+        let websocket =
+            responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers());
+        let api_label = if websocket {
+            ApiKind::Responses.as_str()
+        } else {
+            api.as_str()
+        };
         let obs = crate::observe::RequestObs::start(
             &self.observer,
             &rid,
@@ -213,11 +171,14 @@ impl Proxy {
         // goes away first, dropping the future records 499.
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
+        if websocket {
+            return Ok(responses::refuse_websocket(rec, &obs, &rid));
+        }
         let mut record = Some(rec);
         let mut stats = exchange::Spent::default();
         let span = obs.span().clone();
         let result = tracing::Instrument::instrument(
-            self.serve(&snap, endpoint, req, &mut record, &mut stats, &obs),
+            self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
             span.clone(),
         )
         .await;
@@ -236,15 +197,32 @@ impl Proxy {
                 Response::from_parts(parts, ProxyBody::full(body))
             }
         };
+        self.stamp(&mut resp, stats, started, api_label, &obs);
+        if let Some(rec) = record.take() {
+            rec.finish(resp.status().as_u16());
+        }
+        response::set_header(&mut resp, "x-legate-request-id", &rid);
+        Ok(crate::observe::capture::wrap(resp, obs, &snap))
+    }
+
+    /// legate's own response headers, stamped here only, on answers and errors alike, and the
+    /// overhead metric.
+    fn stamp(
+        &self,
+        resp: &mut Response<ProxyBody>,
+        stats: exchange::Spent,
+        started: Instant,
+        api_label: &str,
+        obs: &crate::observe::RequestObs,
+    ) {
         // Time inside legate before the response headers, upstream waits excluded.
         let overhead = started.elapsed().saturating_sub(stats.outside);
         if stats.attempts > 0 {
-            // Stamped here only, on answers and errors alike.
-            response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
+            response::set_header(resp, "x-legate-attempts", &stats.attempts.to_string());
             if resp.status().as_u16() >= 400 {
                 // Whatever ended it, this request already cost upstream attempts: the SDK must
                 // not multiply them.
-                response::set_header(&mut resp, "x-should-retry", "false");
+                response::set_header(resp, "x-should-retry", "false");
             }
         }
         self.metrics
@@ -252,7 +230,7 @@ impl Proxy {
             .with_label_values(&[api_label])
             .observe(overhead.as_secs_f64());
         response::set_header(
-            &mut resp,
+            resp,
             "x-legate-overhead-ms",
             &format!("{:.3}", overhead.as_secs_f64() * 1000.0),
         );
@@ -276,23 +254,25 @@ impl Proxy {
             f.attempts = stats.attempts;
             f.served_by = served_by;
         });
-        if let Some(rec) = record.take() {
-            rec.finish(resp.status().as_u16());
-        }
-        response::set_header(&mut resp, "x-legate-request-id", &rid);
-        Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the request's parts and its per-request sinks, each used once"
+    )]
     async fn serve(
         &self,
         snap: &Snapshot,
         endpoint: Option<Endpoint>,
         req: Request<Incoming>,
+        rid: &str,
         record: &mut Option<RequestRecord>,
         stats: &mut exchange::Spent,
         obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
+        // 0. Origin: a web page in a browser never gets further, whatever else it sends.
+        inbound::check_origin(req.headers())?;
         // 1. Target: refuse anything that would make legate an open proxy, before anything else.
         inbound::check_target(
             req.method(),
@@ -314,31 +294,19 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        if let Some(retries) = client_retry_count(req.headers()) {
-            // The caller's own retry on top of legate's: worth seeing (README: turning them off).
-            self.metrics
-                .client_retries
-                .with_label_values(&[endpoint.api.as_str(), snap.labels.tenant(&tenant)])
-                .inc();
-            tracing::debug!(
-                client_retry = retries,
-                "the client retried this request itself"
-            );
-        }
-        match endpoint.op {
-            Operation::Models => return Ok(models::list(cfg)),
-            Operation::Model => {
-                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
-                let api = inbound::shape_for_unknown(req.headers());
-                return models::retrieve(cfg, &id, api);
-            }
-            Operation::Generate | Operation::CountTokens => {}
+        self.note_client_retry(snap, endpoint, &tenant, req.headers());
+        // What is answered without a body: from config, or the conversation store.
+        if let Some(answered) = self.answer_locally(snap, endpoint, &req).await {
+            return answered;
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
-        let body = read_body(cfg, &parts.headers, body, record).await?;
+        let mut share = buffers::BufferShare::new(self.buffers.clone());
+        let body = self
+            .read_body(cfg, &parts.headers, body, &mut share, record)
+            .await?;
         crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
-        let meta = parse_meta(endpoint, &body)?;
+        let meta = intake::parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
             r.set_model(snap.labels.model(&meta.model));
         }
@@ -347,19 +315,24 @@ impl Proxy {
             f.max_tokens = meta.max_tokens;
             f.stream = meta.stream;
         });
-        let deadline = deadline(&parts.headers, cfg.server.default_deadline);
+        let deadline = intake::deadline(&parts.headers, cfg.server.default_deadline);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(&tenant);
-        let priority = requested_priority(&parts.headers)
+        let priority = intake::requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
         obs.update(|f| f.priority = Some(priority.as_str()));
-        if endpoint.op != Operation::CountTokens {
+        // Counting tokens is never metered.
+        if !matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens) {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
                 r.reserve(reservation);
             }
         }
+        let store = &self.conversations;
+        let conversation =
+            conversation::Conversation::for_call(store, endpoint, &body, rid).await?;
         let inbound = Inbound {
+            conversation,
             priority,
             endpoint,
             headers: parts.headers,
@@ -367,154 +340,64 @@ impl Proxy {
             body,
             meta,
             deadline,
+            _buffered: share,
             obs: obs.clone(),
         };
+        if endpoint.op == Operation::InputTokens {
+            return responses::input_tokens(snap, &inbound).await;
+        }
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await
     }
-}
 
-impl Proxy {
-    /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
-    /// tenant's buckets, and checks its daily budget.
-    async fn admit(
+    /// The caller's own retry on top of legate's: worth seeing (README: turning them off).
+    fn note_client_retry(
         &self,
         snap: &Snapshot,
+        endpoint: Endpoint,
         tenant: &str,
-        t: &crate::config::TenantConfig,
-        meta: &RequestMeta,
-    ) -> Result<Reservation, ProxyError> {
-        let output = meta
-            .max_tokens
-            .unwrap_or(snap.cfg.ratelimit.default_output_reservation);
-        let tokens = meta.approx_input_tokens.saturating_add(output);
-        let ask = Ask {
-            tenant: tenant.to_string(),
-            rpm: t.requests_per_minute,
-            tpm: t.tokens_per_minute,
-            tokens,
-            budget_pico: t.daily_budget_pico,
-        };
-        if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
-            return Err(ProxyError::NeverFits {
-                tokens,
-                tokens_per_minute: t.tokens_per_minute,
-            });
-        }
-        if ask.rpm > 0 || ask.tpm > 0 || ask.budget_pico > 0 {
-            if let Decision::Refuse { limit, retry_after } = self.limiter.admit(&ask).await {
-                self.metrics
-                    .ratelimit_rejections
-                    .with_label_values(&[snap.labels.tenant(tenant), limit.as_str()])
-                    .inc();
-                return Err(ProxyError::RateLimited {
-                    limit: limit.as_str(),
-                    retry_after,
-                });
-            }
-        }
-        Ok(Reservation::new(
-            self.limiter.clone(),
-            &ask,
-            meta.approx_input_tokens,
-        ))
-    }
-}
-
-/// Reads the body once, under the size limit and within the read timeout.
-async fn read_body(
-    cfg: &Config,
-    headers: &HeaderMap,
-    body: Incoming,
-    record: &mut Option<RequestRecord>,
-) -> Result<Bytes, ProxyError> {
-    let limit = cfg.server.max_body_bytes;
-    let read = inbound::read_body(headers, body, limit, cfg.server.limits.body_read_timeout);
-    match read.await {
-        Ok(b) => Ok(b),
-        Err(BodyError::TimedOut) => Err(ProxyError::BodyTimeout),
-        Err(BodyError::TooLarge) => Err(ProxyError::TooLarge { limit }),
-        Err(BodyError::Broken) => {
-            if let Some(r) = record.as_mut() {
-                r.client_gone();
-            }
-            Err(ProxyError::InvalidRequest {
-                message: "the request body could not be read completely".to_string(),
-            })
+        headers: &HeaderMap,
+    ) {
+        if let Some(retries) = intake::client_retry_count(headers) {
+            self.metrics
+                .client_retries
+                .with_label_values(&[endpoint.api.as_str(), snap.labels.tenant(tenant)])
+                .inc();
+            tracing::debug!(
+                client_retry = retries,
+                "the client retried this request itself"
+            );
         }
     }
-}
 
-/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
-fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get("x-stainless-retry-count")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|n| *n > 0)
-}
-
-/// `x-legate-priority`, if the caller sent a valid one.
-fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
-    headers
-        .get("x-legate-priority")
-        .and_then(|v| v.to_str().ok())
-        .and_then(Priority::parse)
-}
-
-fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    let invalid = |e: crate::api::MetaError| ProxyError::InvalidRequest {
-        message: e.to_string(),
-    };
-    let meta = match endpoint.op {
-        Operation::Generate => endpoint
-            .api
-            .dialect()
-            .parse_request(body)
-            .map_err(invalid)?,
-        Operation::CountTokens => parse_count_tokens(body)?,
-        Operation::Models | Operation::Model => return Err(ProxyError::Internal),
-    };
-    // Names travel into logs, maps and labels: an absurd one is refused before it does.
-    if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
-        return Err(ProxyError::InvalidRequest {
-            message: format!(
-                "the model name is {} bytes long; legate accepts model names of at most {} bytes",
-                meta.model.len(),
-                crate::names::MAX_MODEL_NAME_BYTES
+    /// The operations answered without reading a body or calling the chain: the model list and
+    /// one model (from config), a stored response (the conversation store, or its provider).
+    async fn answer_locally(
+        &self,
+        snap: &Snapshot,
+        endpoint: Endpoint,
+        req: &Request<Incoming>,
+    ) -> Option<Result<Response<ProxyBody>, ProxyError>> {
+        let cfg = &snap.cfg;
+        match endpoint.op {
+            Operation::Models => Some(Ok(models::list(cfg))),
+            Operation::Model => {
+                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
+                let api = inbound::shape_for_unknown(req.headers());
+                Some(models::retrieve(cfg, &id, api))
+            }
+            Operation::StoredResponse => Some(
+                responses::stored_response(
+                    snap,
+                    &self.conversations,
+                    req.method(),
+                    req.uri().path(),
+                    req.uri().query(),
+                    req.headers(),
+                )
+                .await,
             ),
-        });
+            Operation::Generate | Operation::CountTokens | Operation::InputTokens => None,
+        }
     }
-    Ok(meta)
-}
-
-/// count_tokens needs only the model to be routed; the provider validates the rest.
-fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    #[derive(serde::Deserialize)]
-    struct CountTokens<'a> {
-        #[serde(borrow)]
-        model: std::borrow::Cow<'a, str>,
-    }
-    let parsed: CountTokens<'_> =
-        serde_json::from_slice(body).map_err(|e| ProxyError::InvalidRequest {
-            message: format!("the request body is not a JSON object with a string `model`: {e}"),
-        })?;
-    Ok(RequestMeta {
-        model: parsed.model.into_owned(),
-        stream: false,
-        max_tokens: None,
-        include_usage: false,
-        approx_input_tokens: (body.len() as u64).div_ceil(4),
-    })
-}
-
-/// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
-fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
-    let asked = headers
-        .get("x-legate-deadline-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_millis);
-    let d = asked.map_or(default, |a| a.min(default));
-    tokio::time::Instant::now() + d
 }

@@ -85,7 +85,7 @@ pub fn retrieve(cfg: &Config, id: &str, api: ApiKind) -> Result<Response<ProxyBo
             "display_name": id,
             "created_at": "1970-01-01T00:00:00Z",
         }),
-        ApiKind::OpenAi => json!({
+        ApiKind::OpenAi | ApiKind::Responses => json!({
             "id": id,
             "object": "model",
             "created": 0,

@@ -1,7 +1,7 @@
 //! The upstream response body as the rest of the proxy reads it: the provider's bytes as they
-//! are, or — when a chain step speaks the other API — translated event by event into the
-//! caller's API, so that commit-point reading, usage metering and forwarding all see the
-//! caller's shape.
+//! are, or — when a chain step speaks another API, or a Responses stream is kept in the
+//! conversation store — passed event by event through an [`EventTranslator`], so that
+//! commit-point reading, usage metering and forwarding all see the caller's shape.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,6 +19,22 @@ use crate::usage::{StreamUsage, Usage};
 pub enum UpstreamBody {
     Plain(Raw),
     Translated(Box<Translated>),
+}
+
+/// Turns upstream stream bytes, in any chunking, into the caller's bytes.
+pub trait EventTranslator: Send {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8>;
+    /// The upstream ended; writes no terminal unless the upstream's terminal was read.
+    fn finish(&mut self) -> Vec<u8>;
+}
+
+impl EventTranslator for StreamTranslator {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        StreamTranslator::push(self, chunk)
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        StreamTranslator::finish(self)
+    }
 }
 
 /// The provider's bytes: as they came, or a Bedrock event stream already read as SSE.
@@ -58,22 +74,32 @@ impl Body for Raw {
 
 pub struct Translated {
     inner: Raw,
-    translator: StreamTranslator,
+    translator: Box<dyn EventTranslator>,
     ended: bool,
     /// Usage is metered on the upstream's own events: the caller's translated stream may not
     /// carry it (an OpenAI caller who did not ask for the usage chunk).
     parser: SseParser,
     usage: StreamUsage,
+    /// Largest upstream event (or unterminated line) accepted; beyond it the stream is cut.
+    max_event: usize,
 }
 
 impl UpstreamBody {
-    pub fn translated(inner: Raw, translator: StreamTranslator, upstream: ApiKind) -> Self {
+    /// The upstream's stream through `translator`; usage is read from the upstream's own
+    /// events, in its API.
+    pub fn translated(
+        inner: Raw,
+        translator: Box<dyn EventTranslator>,
+        upstream: ApiKind,
+        max_event: usize,
+    ) -> Self {
         UpstreamBody::Translated(Box::new(Translated {
             inner,
             translator,
             ended: false,
             parser: SseParser::new(),
             usage: StreamUsage::new(upstream),
+            max_event,
         }))
     }
 
@@ -130,6 +156,14 @@ impl Translated {
                         self.parser.push(&data);
                         while let Some(ev) = self.parser.next_event() {
                             self.usage.observe(&ev);
+                        }
+                        if self.parser.pending_bytes() > self.max_event {
+                            // Ends like a cut (no terminal event): the stream is broken.
+                            tracing::warn!(
+                                "upstream stream event larger than server.max_event_bytes"
+                            );
+                            self.ended = true;
+                            return Poll::Ready(None);
                         }
                         let out = self.translator.push(&data);
                         if !out.is_empty() {

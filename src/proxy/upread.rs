@@ -42,6 +42,11 @@ pub(super) async fn read_to_commit(
         if let Some(d) = &watch.error_data {
             return Err(PreCommit::ErrorEvent(d.clone()));
         }
+        if watch.oversize {
+            return Err(PreCommit::Broken(
+                "an event is larger than server.max_event_bytes",
+            ));
+        }
         if watch.saw_content || watch.saw_terminal || held.len() > PREAMBLE_LIMIT {
             return Ok(held.freeze());
         }

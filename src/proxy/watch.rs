@@ -18,6 +18,10 @@ pub struct SseWatch {
     pub saw_terminal: bool,
     /// The data of the first error event, if any.
     pub error_data: Option<String>,
+    /// Largest event (or unterminated line) accepted; beyond it the stream is broken.
+    max_event: usize,
+    /// An event grew past `max_event`: nothing more may be read from this stream.
+    pub oversize: bool,
 }
 
 impl SseWatch {
@@ -30,7 +34,15 @@ impl SseWatch {
             saw_content: false,
             saw_terminal: false,
             error_data: None,
+            max_event: usize::MAX,
+            oversize: false,
         }
+    }
+
+    /// Bounds the event being assembled (SPEC §14: `max_event_bytes`).
+    pub fn with_max_event(mut self, max_event: usize) -> Self {
+        self.max_event = max_event;
+        self
     }
 
     /// Watches one upstream chunk. Returns the bytes of the events it completed (to forward
@@ -42,6 +54,10 @@ impl SseWatch {
         // Forward exactly the bytes of complete events; a partial one stays back so that an
         // error event legate may have to append never lands inside it.
         let held = self.parser.pending_bytes();
+        if held > self.max_event {
+            // An upstream that never finishes an event must not make legate buffer it.
+            self.oversize = true;
+        }
         let available = self.pending.len() + data.len();
         let ready = available.saturating_sub(held);
         let started = self.saw_content && !had_content;

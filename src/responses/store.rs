@@ -27,6 +27,9 @@ pub struct Stored {
     pub input: Vec<Value>,
     /// The response object as the caller received it.
     pub response: Value,
+    /// Relayed from a provider that keeps it too: its own endpoints answer for it.
+    #[serde(default)]
+    pub passthrough: bool,
 }
 
 impl Stored {
@@ -268,6 +271,7 @@ mod tests {
         Stored {
             input: vec![json!({"role": "user", "content": text})],
             response: json!({"id": "r", "output": [{"type": "message"}]}),
+            passthrough: false,
         }
     }
 

@@ -322,6 +322,7 @@ fn previous_response_is_rebuilt_into_the_input() {
     let prior = Stored {
         input: vec![json!({"role": "user", "content": "a"})],
         response: json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}),
+        passthrough: false,
     };
     let body = br#"{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"c","output":"ok"}]}"#;
     assert_eq!(previous_response_id(body).as_deref(), Some("resp_1"));

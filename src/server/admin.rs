@@ -27,6 +27,13 @@ impl Admin {
         req: Request<Incoming>,
         peer: std::net::SocketAddr,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
+        if crate::proxy::inbound::check_origin(req.headers()).is_err() {
+            // A web page must not reload the config or read the state.
+            return Ok(json(
+                StatusCode::FORBIDDEN,
+                &serde_json::json!({"error": "requests from web pages (a non-loopback Origin) are refused"}),
+            ));
+        }
         let resp = match (req.method(), req.uri().path()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
             (&Method::GET, "/readyz") => {
@@ -74,7 +81,7 @@ impl Admin {
     /// Reload is a write: only callers on this host may ask for it, even when the admin plane
     /// listens on the pod network for probes and scrapes.
     fn reload(&self, peer: std::net::SocketAddr) -> Response<Full<Bytes>> {
-        if !peer.ip().is_loopback() {
+        if !crate::loopback::is_loopback_ip(peer.ip()) {
             return json(
                 StatusCode::FORBIDDEN,
                 &serde_json::json!({"result": "error", "errors": ["POST /admin/reload is accepted from loopback callers only"]}),

@@ -1,5 +1,7 @@
 //! Translation between Anthropic Messages and OpenAI Chat Completions (SPEC §10): a caller of
 //! one API served by a chain step of the other kind. Pure code: bytes in, bytes out, no I/O.
+//! [`Xlate::between`] says which translation a step needs, this one or the Responses API's
+//! (`crate::responses`, which pivots through Chat Completions and this module).
 //!
 //! [`request`] rewrites the caller's body for the upstream (re-serialised, `model` set to the
 //! step's model) and names what the fitting rules dropped; [`response`] and [`error`] bring a
@@ -145,6 +147,44 @@ impl Dir {
             Dir::AnthropicToOpenAi => ApiKind::OpenAi,
             Dir::OpenAiToAnthropic => ApiKind::Anthropic,
         }
+    }
+}
+
+/// Which kind of step a translated Responses call goes to (`crate::responses`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// An OpenAI-compatible server without the Responses API.
+    Chat,
+    Anthropic,
+}
+
+/// How a chain step is reached from the caller's API, given the API the step speaks: the
+/// registry of translations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Xlate {
+    /// The step speaks the caller's API: bytes pass through.
+    None,
+    /// Anthropic Messages ↔ Chat Completions (SPEC §10, this module).
+    Classic(Dir),
+    /// A Responses caller served by a step without the Responses API (SPEC §11,
+    /// `crate::responses`).
+    Responses(Target),
+}
+
+impl Xlate {
+    /// The translation from a caller of `caller` to a step speaking `upstream`.
+    pub fn between(caller: ApiKind, upstream: ApiKind) -> Xlate {
+        match (caller, upstream) {
+            (ApiKind::Responses, ApiKind::OpenAi) => Xlate::Responses(Target::Chat),
+            (ApiKind::Responses, ApiKind::Anthropic) => Xlate::Responses(Target::Anthropic),
+            (caller, upstream) => {
+                Dir::between(caller, upstream).map_or(Xlate::None, Xlate::Classic)
+            }
+        }
+    }
+
+    pub fn translating(self) -> bool {
+        self != Xlate::None
     }
 }
 

@@ -5,11 +5,14 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod harness;
+mod key_echo;
 
 mod access_log;
 mod admission;
 mod agents;
 mod binary;
+mod bounded_state;
+mod buffers;
 mod catalog;
 mod cloud;
 mod cloud_secrets;
@@ -17,10 +20,14 @@ mod connections;
 mod errors;
 mod metering;
 mod observe;
+mod origin;
 mod otlp;
+mod oversize;
 mod passthrough;
+mod rawup;
 mod reload;
 mod resilience;
+mod responses;
 mod robustness;
 mod shared_limits;
 mod streaming;

@@ -108,6 +108,10 @@ chain = ["openai:gpt-backend"]
 [[models]]
 name = "served-by-anthropic"
 chain = ["anthropic:claude-backend"]
+
+[[models]]
+name = "with-fallback"
+chain = ["openai:gpt-down", "anthropic:claude-spare"]
 """
     )
     proc, line = _spawn(

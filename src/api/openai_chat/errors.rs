@@ -25,35 +25,40 @@ const fn row(
 }
 
 /// Rate limits come before quota: both are 429, and a 429 without a body is a rate limit.
+/// Shared with the Responses API, whose error bodies are OpenAI's too.
 #[rustfmt::skip]
+pub(crate) const ROWS: &[ErrorRow] = &[
+    row(C::InvalidRequest, "invalid_request_error", None, 400, &[]),
+    row(C::Authentication, "authentication_error", Some("invalid_api_key"), 401, &[]),
+    row(C::RateLimited, "rate_limit_error", Some("rate_limit_exceeded"), 429, &[]),
+    row(C::Billing, "insufficient_quota", Some("insufficient_quota"), 429, &[402]),
+    row(C::Permission, "permission_error", Some("permission_denied"), 403, &[]),
+    row(C::NotFound, "invalid_request_error", Some("not_found"), 404, &[]),
+    row(C::Conflict, "invalid_request_error", Some("conflict"), 409, &[]),
+    row(C::TooLarge, "invalid_request_error", Some("request_too_large"), 413, &[]),
+    row(C::Server, "server_error", None, 500, &[]),
+    row(C::Timeout, "server_error", Some("timeout"), 504, &[408]),
+    row(C::Overloaded, "server_error", Some("overloaded"), 529, &[503]),
+];
+
+/// OpenAI's own rate-limit types, and the Anthropic names that OpenAI-compatible servers in
+/// front of Anthropic models (and `legate mock`) put in an OpenAI-shaped error.
+pub(crate) const TYPE_ALIASES: &[(&str, C)] = &[
+    ("requests", C::RateLimited),
+    ("tokens", C::RateLimited),
+    ("rate_limit_exceeded", C::RateLimited),
+    ("billing_error", C::Billing),
+    ("request_forbidden", C::Permission),
+    ("not_found_error", C::NotFound),
+    ("conflict_error", C::Conflict),
+    ("api_error", C::Server),
+    ("timeout_error", C::Timeout),
+    ("overloaded_error", C::Overloaded),
+];
+
 pub(crate) static TABLE: ErrorTable = ErrorTable {
-    rows: &[
-        row(C::InvalidRequest, "invalid_request_error", None, 400, &[]),
-        row(C::Authentication, "authentication_error", Some("invalid_api_key"), 401, &[]),
-        row(C::RateLimited, "rate_limit_error", Some("rate_limit_exceeded"), 429, &[]),
-        row(C::Billing, "insufficient_quota", Some("insufficient_quota"), 429, &[402]),
-        row(C::Permission, "permission_error", Some("permission_denied"), 403, &[]),
-        row(C::NotFound, "invalid_request_error", Some("not_found"), 404, &[]),
-        row(C::Conflict, "invalid_request_error", Some("conflict"), 409, &[]),
-        row(C::TooLarge, "invalid_request_error", Some("request_too_large"), 413, &[]),
-        row(C::Server, "server_error", None, 500, &[]),
-        row(C::Timeout, "server_error", Some("timeout"), 504, &[408]),
-        row(C::Overloaded, "server_error", Some("overloaded"), 529, &[503]),
-    ],
-    // OpenAI's own rate-limit types, and the Anthropic names that OpenAI-compatible servers in
-    // front of Anthropic models (and `legate mock`) put in an OpenAI-shaped error.
-    type_aliases: &[
-        ("requests", C::RateLimited),
-        ("tokens", C::RateLimited),
-        ("rate_limit_exceeded", C::RateLimited),
-        ("billing_error", C::Billing),
-        ("request_forbidden", C::Permission),
-        ("not_found_error", C::NotFound),
-        ("conflict_error", C::Conflict),
-        ("api_error", C::Server),
-        ("timeout_error", C::Timeout),
-        ("overloaded_error", C::Overloaded),
-    ],
+    rows: ROWS,
+    type_aliases: TYPE_ALIASES,
     code_aliases: &[
         ("invalid_authentication", C::Authentication),
         ("unsupported_country_region_territory", C::Permission),
@@ -99,7 +104,8 @@ pub(crate) fn read(body: &[u8]) -> Option<ErrorFields> {
         .map(Detail::fields)
 }
 
-fn value(e: LocalError<'_>) -> serde_json::Value {
+/// legate's own error in the OpenAI envelope.
+pub(crate) fn value(e: LocalError<'_>) -> serde_json::Value {
     serde_json::json!({"error": {
         "message": e.message,
         "type": TABLE.row(e.class).error_type,

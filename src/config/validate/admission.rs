@@ -1,4 +1,4 @@
-//! `[tenants.*]`, `[ratelimit]` and `[shedding]`: who may send how much, where the buckets
+//! `[tenants.*]`, `[ratelimit]`, `[shedding]` and `[responses]`: who may send how much, where the buckets
 //! live, and when lower-priority work waits or is shed.
 
 use std::collections::BTreeMap;
@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use config::Value;
 
 use super::reader::{self, Cx, Table};
-use crate::config::{Priority, RateLimitConfig, SheddingConfig, StoreKind, TenantConfig};
+use crate::config::{
+    Priority, RateLimitConfig, ResponsesConfig, SheddingConfig, StoreKind, TenantConfig,
+};
 
 pub(crate) fn parse_tenants(t: Table, cx: &mut Cx) -> BTreeMap<String, TenantConfig> {
     let mut out = BTreeMap::new();
@@ -127,5 +129,36 @@ pub(crate) fn parse_shedding(mut t: Table, cx: &mut Cx) -> SheddingConfig {
     SheddingConfig {
         queue_limit,
         pace_below,
+    }
+}
+
+/// `[responses]`: the conversation store. `redis` uses `ratelimit.redis_url` (checked by the
+/// caller, which sees both sections).
+pub(crate) fn parse_responses(mut t: Table, cx: &mut Cx) -> ResponsesConfig {
+    let d = ResponsesConfig::default();
+    let store_path = t.child("store");
+    let store = t
+        .opt(cx, "store", reader::string)
+        .and_then(|s| match s.trim() {
+            "memory" => Some(StoreKind::Memory),
+            "redis" => Some(StoreKind::Redis),
+            other => {
+                cx.err(
+                    &store_path,
+                    format!("`{other}` is not a store (memory or redis)"),
+                );
+                None
+            }
+        })
+        .unwrap_or(d.store);
+    let max_bytes = t
+        .opt(cx, "max_bytes", reader::positive_usize)
+        .unwrap_or(d.max_bytes);
+    let ttl = t.opt(cx, "ttl", reader::positive_duration).unwrap_or(d.ttl);
+    t.finish(cx);
+    ResponsesConfig {
+        store,
+        max_bytes,
+        ttl,
     }
 }

@@ -96,14 +96,15 @@ fn tls_roots(v: &Value, path: &str, cx: &mut Cx) -> Option<TlsRoots> {
 fn default_base_url(kind: ApiKind) -> &'static str {
     match kind {
         ApiKind::Anthropic => "https://api.anthropic.com",
-        ApiKind::OpenAi => "https://api.openai.com",
+        // The Responses API is never a provider's kind: its `openai` provider says it serves it.
+        ApiKind::OpenAi | ApiKind::Responses => "https://api.openai.com",
     }
 }
 
 fn default_auth_header(kind: ApiKind) -> AuthHeader {
     match kind {
         ApiKind::Anthropic => AuthHeader::XApiKey,
-        ApiKind::OpenAi => AuthHeader::Bearer,
+        ApiKind::OpenAi | ApiKind::Responses => AuthHeader::Bearer,
     }
 }
 
@@ -133,6 +134,7 @@ fn provider(name: &str, mut t: Table, cx: &mut Cx) -> (Option<ApiKind>, Option<P
     let ca_file = t.opt(cx, "ca_file", existing_file);
     let client_cert_file = t.opt(cx, "client_cert_file", existing_file);
     let client_key_file = t.opt(cx, "client_key_file", existing_file);
+    let responses = t.opt(cx, "responses", reader::boolean);
     client_identity_pair(&mut t, cx);
     let platform = cloud::platform(declared, &mut t, &key, cx);
     t.finish(cx);
@@ -163,6 +165,7 @@ fn provider(name: &str, mut t: Table, cx: &mut Cx) -> (Option<ApiKind>, Option<P
         ca_file,
         client_cert_file,
         client_key_file,
+        responses: responses.unwrap_or(true),
     };
     (Some(kind), Some(config))
 }

@@ -66,5 +66,11 @@ fn parse_limits(t: &mut Table, cx: &mut Cx) -> ServerLimits {
         admin_max_connections: t
             .opt(cx, "admin_max_connections", reader::positive_usize)
             .unwrap_or(d.admin_max_connections),
+        max_event_bytes: t
+            .opt(cx, "max_event_bytes", reader::positive_usize)
+            .unwrap_or(d.max_event_bytes),
+        max_buffered_bytes: t
+            .opt(cx, "max_buffered_bytes", reader::positive_usize)
+            .unwrap_or(d.max_buffered_bytes),
     }
 }

@@ -1,0 +1,81 @@
+//! A small least-recently-used map for state keyed by caller-chosen strings (SPEC §14): at
+//! most `cap` entries, the least recently used one evicted to make room. Touching and
+//! inserting are O(log n): the order is a tree of use ticks.
+
+use std::collections::{BTreeMap, HashMap};
+
+pub struct Lru<K, V> {
+    map: HashMap<K, (V, u64)>,
+    order: BTreeMap<u64, K>,
+    tick: u64,
+    cap: usize,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
+    pub fn new(cap: usize) -> Self {
+        Lru {
+            map: HashMap::new(),
+            order: BTreeMap::new(),
+            tick: 0,
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The entry of `key`, marked as just used; created by `make` if absent, evicting the
+    /// least recently used entry first when full (returned to the caller).
+    pub fn entry(&mut self, key: &K, make: impl FnOnce() -> V) -> (&mut V, Option<(K, V)>) {
+        self.tick += 1;
+        let tick = self.tick;
+        let mut evicted = None;
+        if let Some((_, used)) = self.map.get_mut(key) {
+            let old = std::mem::replace(used, tick);
+            if let Some(k) = self.order.remove(&old) {
+                self.order.insert(tick, k);
+            }
+        } else {
+            if self.map.len() >= self.cap {
+                if let Some((_, oldest)) = self.order.pop_first() {
+                    evicted = self.map.remove(&oldest).map(|(v, _)| (oldest, v));
+                }
+            }
+            self.order.insert(tick, key.clone());
+        }
+        let (value, _) = self
+            .map
+            .entry(key.clone())
+            .or_insert_with(|| (make(), tick));
+        (value, evicted)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.map.iter().map(|(k, (v, _))| (k, v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_recently_used_entry_goes_first() {
+        let mut lru: Lru<String, u32> = Lru::new(2);
+        *lru.entry(&"a".into(), || 0).0 += 1;
+        *lru.entry(&"b".into(), || 0).0 += 1;
+        // "a" is used again, so "b" is the oldest.
+        *lru.entry(&"a".into(), || 0).0 += 1;
+        let (_, evicted) = lru.entry(&"c".into(), || 7);
+        assert_eq!(evicted, Some(("b".to_string(), 1)));
+        assert_eq!(lru.len(), 2);
+        let mut keys: Vec<_> = lru.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        keys.sort();
+        assert_eq!(keys, vec![("a".into(), 2), ("c".into(), 7)]);
+    }
+}

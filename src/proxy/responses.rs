@@ -1,0 +1,240 @@
+//! The Responses API's own endpoints around `POST /v1/responses` (SPEC §11): stored
+//! responses (answered from the conversation store, or forwarded to the provider that keeps
+//! them), `input_tokens`, the WebSocket 426, and the choice of the conversation store. The
+//! conversation of a generation call is `proxy::conversation`'s.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use serde_json::{Value, json};
+
+use crate::api::ApiKind;
+use crate::config::{Config, StoreKind};
+use crate::error::ProxyError;
+use crate::observe::RequestObs;
+use crate::proxy::record::RequestRecord;
+use crate::proxy::response::ProxyBody;
+use crate::proxy::{Inbound, Snapshot};
+use crate::responses::{self, ConversationStore};
+use crate::translate::Xlate;
+use crate::upstream::Upstream;
+
+/// The conversation store of `[responses]`: Redis when configured (at `ratelimit.redis_url`),
+/// else memory; a Redis URL that cannot be used falls back to memory, said in the log.
+pub(crate) fn conversation_store(cfg: &Config) -> ConversationStore {
+    use crate::responses::store::{MemoryStore, RedisConversations};
+    let rs = &cfg.responses;
+    if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
+        match RedisConversations::new(url, rs.ttl) {
+            Ok(r) => return ConversationStore::Redis(Box::new(r)),
+            Err(e) => {
+                tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");
+            }
+        }
+    }
+    ConversationStore::Memory(MemoryStore::new(rs.max_bytes, rs.ttl))
+}
+
+/// `GET /v1/responses` asking for a WebSocket: 426 at once, so a client that tries WebSocket
+/// first (Codex) falls back to HTTP without retrying.
+pub fn is_websocket_upgrade(method: &Method, path: &str, headers: &HeaderMap) -> bool {
+    method == Method::GET
+        && path.trim_end_matches('/').ends_with("/responses")
+        && headers
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// Refuses a WebSocket upgrade before the key or the body is read, so that a WebSocket-first
+/// client falls back at once; counted (api="responses", status 426) and logged, so the
+/// fallback can be seen.
+pub(crate) fn refuse_websocket(
+    rec: RequestRecord,
+    obs: &RequestObs,
+    request_id: &str,
+) -> Response<ProxyBody> {
+    obs.update(|f| f.error_type = Some("websocket_not_supported"));
+    rec.finish(426);
+    let mut resp = upgrade_required();
+    crate::proxy::response::set_header(&mut resp, "x-legate-request-id", request_id);
+    resp
+}
+
+fn upgrade_required() -> Response<ProxyBody> {
+    let body = json!({"error": {
+        "message": "legate serves the Responses API over HTTP only; send POST /v1/responses",
+        "type": "invalid_request_error", "param": null, "code": "websocket_not_supported",
+    }});
+    let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
+    *resp.status_mut() = StatusCode::UPGRADE_REQUIRED;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// The provider that answers for stored responses legate did not translate: the default
+/// provider of the OpenAI APIs, when it serves the Responses API.
+fn responses_provider<'a>(snap: &'a Snapshot, cfg: &Config) -> Option<&'a Arc<Upstream>> {
+    snap.upstreams
+        .get(&cfg.routing.openai)
+        .filter(|u| u.kind == ApiKind::OpenAi && u.responses)
+}
+
+fn local_json(status: StatusCode, body: &Value) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// `GET`/`DELETE /v1/responses/{id}`, `POST …/cancel`, `GET …/input_items`: answered from the
+/// store for responses legate translated, else forwarded to the Responses provider.
+pub async fn stored_response(
+    snap: &Snapshot,
+    store: &ConversationStore,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let rest = path
+        .trim_end_matches('/')
+        .rsplit_once("/responses/")
+        .map_or("", |(_, r)| r);
+    let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
+    let kept = store.get(id).await.ok().flatten();
+    if let Some(kept) = kept.filter(|k| !k.passthrough) {
+        return Ok(match (method, action) {
+            (&Method::GET, "") => local_json(StatusCode::OK, &kept.response),
+            (&Method::DELETE, "") => {
+                let _ = store.delete(id).await;
+                local_json(
+                    StatusCode::OK,
+                    &json!({"id": id, "object": "response.deleted", "deleted": true}),
+                )
+            }
+            (_, "input_items") => local_json(
+                StatusCode::OK,
+                &json!({"object": "list", "data": kept.input,
+                        "first_id": null, "last_id": null, "has_more": false}),
+            ),
+            _ => {
+                return Err(ProxyError::InvalidRequest {
+                    message: "only background responses can be cancelled; this one has finished"
+                        .to_owned(),
+                });
+            }
+        });
+    }
+    if method == Method::DELETE {
+        let _ = store.delete(id).await;
+    }
+    let Some(up) = responses_provider(snap, &snap.cfg) else {
+        return Err(ProxyError::NotFound {
+            method: method.to_string(),
+            path: path.to_owned(),
+        });
+    };
+    let upstream_path = format!("/v1/responses/{rest}");
+    forward(
+        up,
+        method.clone(),
+        &upstream_path,
+        query,
+        headers,
+        Bytes::new(),
+    )
+    .await
+}
+
+/// One plain upstream call for the small endpoints: credential injected, answer passed back.
+pub async fn forward(
+    up: &Upstream,
+    method: Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let target = match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let req = up.build_request(method, &target, headers, body, false, true)?;
+    let call = up.client().request(req);
+    let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => {
+            return Err(ProxyError::UpstreamUnreachable {
+                provider: up.name.clone(),
+            });
+        }
+        Err(_) => {
+            return Err(ProxyError::UpstreamTimeout {
+                provider: up.name.clone(),
+            });
+        }
+    };
+    let (parts, incoming) = resp.into_parts();
+    let limited = Limited::new(incoming, 32 << 20).collect();
+    let body = match tokio::time::timeout(up.idle_timeout, limited).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => {
+            return Err(ProxyError::UpstreamStreamBroken {
+                provider: up.name.clone(),
+            });
+        }
+    };
+    let mut out = Response::new(ProxyBody::full(body));
+    *out.status_mut() = parts.status;
+    crate::proxy::response::copy_upstream_headers(&parts.headers, out.headers_mut(), true);
+    crate::proxy::response::set_header(&mut out, "x-legate-served-by", &up.name);
+    Ok(out)
+}
+
+/// `POST /v1/responses/input_tokens`: forwarded when the route's first step serves the
+/// Responses API, else estimated locally as the request would be sent to that step.
+pub async fn input_tokens(
+    snap: &Snapshot,
+    inb: &Inbound,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let resolved = crate::route::resolve(&snap.cfg, ApiKind::Responses, &inb.meta.model)?;
+    let step = resolved.steps.first().ok_or(ProxyError::Internal)?;
+    let up = snap
+        .upstreams
+        .get(&step.provider)
+        .ok_or(ProxyError::Internal)?;
+    let target = match Xlate::between(ApiKind::Responses, up.speaks(ApiKind::Responses)) {
+        Xlate::Responses(target) => target,
+        Xlate::None | Xlate::Classic(_) => {
+            let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::Responses, None)?;
+            return forward(
+                up,
+                Method::POST,
+                "/v1/responses/input_tokens",
+                None,
+                &inb.headers,
+                body,
+            )
+            .await;
+        }
+    };
+    let sent = responses::request_for(target, &inb.body, &step.model)
+        .map(|(b, _)| b.len())
+        .unwrap_or(inb.body.len());
+    let tokens = (sent as u64).div_ceil(4);
+    let mut resp = local_json(
+        StatusCode::OK,
+        &json!({"object": "response.input_tokens", "input_tokens": tokens}),
+    );
+    crate::proxy::response::set_header(&mut resp, "x-legate-estimate", "true");
+    Ok(resp)
+}

@@ -1,0 +1,80 @@
+//! An upstream event (or a line that never ends) larger than `max_event_bytes` is a broken
+//! stream (SPEC §14): before the commit point it is retried, after it the caller gets an error
+//! event at once — legate never buffers it, and never waits for it to end.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::{self, Env};
+use crate::rawup::{self, Action};
+
+const STREAM: &str = r#"{"model":"claude-r","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// 2 MiB of a `data:` line without an end, against a 1 MiB limit.
+fn endless_line() -> Vec<u8> {
+    let mut v = b"data: ".to_vec();
+    v.extend(std::iter::repeat_n(b'x', 2 << 20));
+    v
+}
+
+async fn legate_against(url: &str) -> Env {
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(url, "max_event_bytes = 1048576\n", "", "");
+    harness::start_toml(unused, &toml).await
+}
+
+#[tokio::test]
+async fn an_oversized_event_before_content_is_retried_and_the_caller_sees_one_clean_stream() {
+    let up = rawup::start(|req| async move {
+        if req.conn == 0 {
+            let mut bytes = rawup::sse_head();
+            bytes.extend_from_slice(b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
+            bytes.extend(endless_line());
+            Action::ReplyAndHang(bytes)
+        } else {
+            let mut bytes = rawup::sse_head();
+            bytes.extend_from_slice(rawup::anthropic_stream("fine").as_bytes());
+            Action::ReplyAndClose(bytes)
+        }
+    })
+    .await;
+    let env = legate_against(&up.url).await;
+    let started = Instant::now();
+    let resp = env.messages(STREAM).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("fine") && text.contains("message_stop"),
+        "{text}"
+    );
+    assert!(!text.contains("xxxx") && !text.contains("event: error"));
+    // Not the 5 s idle timeout: the oversized event itself broke the first attempt.
+    assert!(started.elapsed() < Duration::from_secs(4));
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_oversized_event_after_content_ends_the_stream_with_an_error_at_once() {
+    let up = rawup::start(|_req| async move {
+        let full = rawup::anthropic_stream("partial");
+        // Everything up to the content delta, then a line that never ends.
+        let cut = full.find("event: content_block_stop").unwrap();
+        let mut bytes = rawup::sse_head();
+        bytes.extend_from_slice(&full.as_bytes()[..cut]);
+        bytes.extend(endless_line());
+        Action::ReplyAndHang(bytes)
+    })
+    .await;
+    let env = legate_against(&up.url).await;
+    let started = Instant::now();
+    let resp = env.messages(STREAM).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("partial"), "{text}");
+    assert!(
+        text.contains("event: error") && text.contains("max_event_bytes"),
+        "{text}"
+    );
+    assert!(!text.contains("xxxx"));
+    assert!(started.elapsed() < Duration::from_secs(4));
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

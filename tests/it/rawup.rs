@@ -1,0 +1,163 @@
+//! A raw HTTP/1.1 upstream for behaviour the scripted mock cannot show: replies written byte
+//! for byte, connections held open after a partial reply, keep-alive connections closed
+//! without an answer.
+
+#![allow(dead_code, reason = "parts used by some tests only")]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One request as it arrived.
+pub(crate) struct RawRequest {
+    /// Which connection (0-based, in accept order) and which request on it (0-based).
+    pub conn: usize,
+    pub on_conn: usize,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+pub(crate) enum Action {
+    /// Write these bytes and keep serving the connection.
+    Reply(Vec<u8>),
+    /// Write these bytes and close the connection (the end of a body without a length).
+    ReplyAndClose(Vec<u8>),
+    /// Write these bytes and then hold the connection open, sending nothing more.
+    ReplyAndHang(Vec<u8>),
+    /// Close the connection without a byte.
+    Close,
+}
+
+pub(crate) struct RawUpstream {
+    pub url: String,
+    pub requests: Arc<AtomicUsize>,
+    pub connections: Arc<AtomicUsize>,
+}
+
+pub(crate) async fn start<F, Fut>(handler: F) -> RawUpstream
+where
+    F: Fn(RawRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Action> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let requests = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let handler = Arc::new(handler);
+    let (r, c) = (requests.clone(), connections.clone());
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let conn = c.fetch_add(1, Ordering::SeqCst);
+            let (h, r) = (handler.clone(), r.clone());
+            tokio::spawn(serve(sock, conn, h, r));
+        }
+    });
+    RawUpstream {
+        url,
+        requests,
+        connections,
+    }
+}
+
+async fn serve<F, Fut>(mut sock: TcpStream, conn: usize, handler: Arc<F>, count: Arc<AtomicUsize>)
+where
+    F: Fn(RawRequest) -> Fut,
+    Fut: Future<Output = Action>,
+{
+    let mut buf = Vec::new();
+    for on_conn in 0.. {
+        let Some((head, body)) = read_request(&mut sock, &mut buf).await else {
+            return;
+        };
+        count.fetch_add(1, Ordering::SeqCst);
+        let req = RawRequest {
+            conn,
+            on_conn,
+            head,
+            body,
+        };
+        match handler(req).await {
+            Action::Reply(bytes) => {
+                if sock.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            Action::ReplyAndClose(bytes) => {
+                let _ = sock.write_all(&bytes).await;
+                return;
+            }
+            Action::ReplyAndHang(bytes) => {
+                let _ = sock.write_all(&bytes).await;
+                // Held until the peer goes away.
+                let mut sink = [0u8; 1024];
+                while matches!(sock.read(&mut sink).await, Ok(n) if n > 0) {}
+                return;
+            }
+            Action::Close => return,
+        }
+    }
+}
+
+async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+    let mut chunk = [0u8; 8192];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = sock.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < end + len {
+        let n = sock.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[end..end + len].to_vec();
+    buf.drain(..end + len);
+    Some((head, body))
+}
+
+/// An event-stream response head (no length: the body runs until the connection ends).
+pub(crate) fn sse_head() -> Vec<u8> {
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".to_vec()
+}
+
+/// A JSON response with a length, keeping the connection alive.
+pub(crate) fn json_reply(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A whole Anthropic stream saying `text`, with usage.
+pub(crate) fn anthropic_stream(text: &str) -> String {
+    let start = r#"{"type":"message_start","message":{"id":"msg_r","type":"message","role":"assistant","model":"claude-r","content":[],"stop_reason":null,"usage":{"input_tokens":7,"output_tokens":1}}}"#;
+    let delta = serde_json::json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":text}});
+    format!(
+        "event: message_start\ndata: {start}\n\n\
+         event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+         event: content_block_delta\ndata: {delta}\n\n\
+         event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n\
+         event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{{\"output_tokens\":3}}}}\n\n\
+         event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+    )
+}

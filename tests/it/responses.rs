@@ -1,0 +1,276 @@
+//! The Responses API (SPEC §11): passthrough with every guarantee of the other APIs, event by
+//! event; translation to an Anthropic step with the conversation rebuilt from the store; the
+//! small endpoints and the WebSocket 426.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use legate::mock::Script;
+use legate::sse::SseParser;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::harness::{self, Env, OPENAI_KEY};
+
+const MODELS: &str = r#"
+[[models]]
+name = "fast"
+chain = ["openai:gpt-real"]
+
+[[models]]
+name = "agent"
+chain = ["anthropic:claude-x"]
+
+[[models]]
+name = "spare"
+chain = ["openai:gpt-down", "anthropic:claude-spare"]
+"#;
+
+async fn responses(env: &Env, body: &str) -> reqwest::Response {
+    env.http
+        .post(env.url("/v1/responses"))
+        .header("authorization", "Bearer caller-key")
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn events(resp: reqwest::Response) -> Vec<(Instant, String, Value)> {
+    let mut parser = SseParser::new();
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
+        let now = Instant::now();
+        parser.push(&chunk);
+        while let Some(ev) = parser.next_event() {
+            let data = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+            out.push((now, ev.event.unwrap_or_default(), data));
+        }
+    }
+    out
+}
+
+async fn start(script: &str) -> Env {
+    harness::start_with(Script::from_json(script).unwrap(), MODELS).await
+}
+
+#[tokio::test]
+async fn passthrough_json_splices_the_alias_and_sends_one_credential() {
+    let env = start("{}").await;
+    let body = r#"{"model":"fast", "input":[{"role":"user","content":"hi"}],"max_output_tokens":20,"x_future":{"k":[1, 2]}}"#;
+    let resp = responses(&env, body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "openai:gpt-real");
+    let obj: Value = resp.json().await.unwrap();
+    assert_eq!(obj["object"], "response");
+    let seen = env.mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].path, "/v1/responses");
+    assert_eq!(
+        String::from_utf8_lossy(&seen[0].body),
+        body.replace(r#""fast""#, r#""gpt-real""#)
+    );
+    let auth: Vec<&str> = seen[0].header_values("authorization").collect();
+    assert_eq!(auth, [format!("Bearer {OPENAI_KEY}")]);
+    assert_eq!(
+        env.metric(
+            "legate_requests_total",
+            &[("api", "responses"), ("status", "200")]
+        )
+        .await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn passthrough_stream_arrives_event_by_event_and_is_metered() {
+    let env = start(
+        r#"{"default":{"event_gap_ms":150,"content":[{"type":"text","text":"one two three"}],
+            "usage":{"input_tokens":10,"output_tokens":4,"cache_read_input_tokens":30}}}"#,
+    )
+    .await;
+    let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
+    assert_eq!(resp.status(), 200);
+    let evs = events(resp).await;
+    let first = evs
+        .iter()
+        .position(|e| e.1 == "response.output_text.delta")
+        .unwrap();
+    for pair in evs[first..].windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        assert!(
+            gap >= Duration::from_millis(100),
+            "{} then {} {gap:?}",
+            pair[0].1,
+            pair[1].1
+        );
+    }
+    assert_eq!(evs.last().unwrap().1, "response.completed");
+    let doc = env.admin_json("/admin/usage").await;
+    let e = &doc["tenants"]["default"]["openai:gpt-real"];
+    assert_eq!(e["input_tokens"], 10);
+    assert_eq!(e["cache_read_tokens"], 30);
+    assert_eq!(e["output_tokens"], 4);
+}
+
+#[tokio::test]
+async fn a_cut_after_content_ends_with_error_then_response_failed() {
+    let env = start(r#"{"default":{"cut_after":6}}"#).await;
+    let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
+    let evs = events(resp).await;
+    let names: Vec<&str> = evs.iter().map(|e| e.1.as_str()).collect();
+    assert!(names.contains(&"response.output_text.delta"), "{names:?}");
+    assert_eq!(names[names.len() - 2..], ["error", "response.failed"]);
+    assert_eq!(evs.last().unwrap().2["response"]["status"], "failed");
+    assert_eq!(
+        env.mock.requests().len(),
+        1,
+        "nothing is retried after the commit point"
+    );
+}
+
+#[tokio::test]
+async fn a_failure_before_content_is_retried_into_one_clean_stream() {
+    let env =
+        start(r#"{"replies":[{"stream_error_after":2},{"drop_terminal":true,"content":[]}]}"#)
+            .await;
+    let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
+    assert_eq!(resp.status(), 200);
+    let evs = events(resp).await;
+    let names: Vec<&str> = evs.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(names.last(), Some(&"response.completed"), "{names:?}");
+    assert!(!names.contains(&"error"));
+    assert_eq!(env.mock.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn an_unavailable_step_falls_back_to_a_translated_one() {
+    let env = start(
+        r#"{"replies":[{"match":{"model":"gpt-down"},"status":503,"times":0}],
+            "default":{"content":[{"type":"text","text":"from claude"}]}}"#,
+    )
+    .await;
+    let resp = responses(&env, r#"{"model":"spare","input":"hi"}"#).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:claude-spare"
+    );
+    let obj: Value = resp.json().await.unwrap();
+    assert_eq!(obj["output"][0]["content"][0]["text"], "from claude");
+    let paths: Vec<String> = env.mock.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths.last().map(String::as_str), Some("/v1/messages"));
+}
+
+#[tokio::test]
+async fn translated_function_call_round_trip_with_previous_response_id() {
+    let env = start(
+        r#"{"replies":[
+            {"content":[{"type":"tool_use","id":"toolu_1","name":"weather","input":{"city":"Oslo"}}]},
+            {"content":[{"type":"text","text":"It rains in Oslo."}]}]}"#,
+    )
+    .await;
+    let tools = r#"[{"type":"function","name":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]"#;
+    let first = format!(
+        r#"{{"model":"agent","instructions":"Be brief.","input":"Weather in Oslo?","tools":{tools},"stream":true}}"#
+    );
+    let evs = events(responses(&env, &first).await).await;
+    let done = &evs.last().unwrap().2;
+    assert_eq!(done["type"], "response.completed");
+    let resp1 = done["response"].clone();
+    assert_eq!(resp1["output"][0]["type"], "function_call");
+    assert_eq!(resp1["output"][0]["call_id"], "toolu_1");
+    assert_eq!(resp1["output"][0]["arguments"], r#"{"city":"Oslo"}"#);
+    for (i, e) in evs.iter().enumerate() {
+        assert_eq!(e.2["sequence_number"], i);
+    }
+    let id = resp1["id"].as_str().unwrap();
+    let second = format!(
+        r#"{{"model":"agent","previous_response_id":"{id}","tools":{tools},
+            "input":[{{"type":"function_call_output","call_id":"toolu_1","output":"rain"}}]}}"#
+    );
+    let resp = responses(&env, &second).await;
+    assert_eq!(resp.status(), 200);
+    let obj: Value = resp.json().await.unwrap();
+    assert_eq!(obj["output"][0]["content"][0]["text"], "It rains in Oslo.");
+    assert_eq!(obj["previous_response_id"], id);
+    // The Anthropic step got the whole conversation, rebuilt from the store.
+    let sent: Value = serde_json::from_slice(&env.mock.requests()[1].body).unwrap();
+    // As on OpenAI, instructions are not carried over from the earlier turn.
+    assert_eq!(sent.get("system"), None);
+    let msgs = sent["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 3, "{sent}");
+    assert_eq!(msgs[1]["content"][0]["type"], "tool_use");
+    assert_eq!(msgs[2]["content"][0]["type"], "tool_result");
+    assert_eq!(msgs[2]["content"][0]["tool_use_id"], "toolu_1");
+    // The translated response answers from the store.
+    let got: Value = env
+        .http
+        .get(env.url(&format!("/v1/responses/{}", obj["id"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["output"][0]["content"][0]["text"], "It rains in Oslo.");
+}
+
+#[tokio::test]
+async fn an_unknown_previous_response_id_on_a_translated_route_is_a_400() {
+    let env = start("{}").await;
+    let resp = responses(
+        &env,
+        r#"{"model":"agent","previous_response_id":"resp_never","input":"hi"}"#,
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("resp_never")
+    );
+    assert!(env.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_websocket_upgrade_gets_426_at_once() {
+    let env = start("{}").await;
+    let resp = env
+        .http
+        .get(env.url("/v1/responses"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 426);
+    assert!(env.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn input_tokens_is_forwarded_or_estimated() {
+    let env = start("{}").await;
+    let post = |model: &str| {
+        env.http
+            .post(env.url("/v1/responses/input_tokens"))
+            .body(format!(r#"{{"model":"{model}","input":"hello there"}}"#))
+            .send()
+    };
+    let forwarded = post("fast").await.unwrap();
+    assert_eq!(forwarded.status(), 200);
+    assert!(forwarded.headers().get("x-legate-estimate").is_none());
+    let estimated = post("agent").await.unwrap();
+    assert_eq!(estimated.headers()["x-legate-estimate"], "true");
+    let v: Value = estimated.json().await.unwrap();
+    assert!(v["input_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(env.mock.requests().len(), 1);
+    let _ = json!({});
+}
