@@ -129,7 +129,7 @@ fn kind_of(name: &str) -> StreamEventKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
+    use crate::sse::events_of as events;
 
     fn meta(body: &str) -> Result<RequestMeta, MetaError> {
         parse_request(body.as_bytes())
@@ -228,12 +228,6 @@ mod tests {
         "event: message_stop\n",
         "data: {\"type\":\"message_stop\"}\n\n",
     );
-
-    pub(crate) fn events(wire: &str) -> Vec<SseEvent> {
-        let mut p = SseParser::new();
-        p.push(wire.as_bytes());
-        std::iter::from_fn(|| p.next_event()).collect()
-    }
 
     #[test]
     fn recorded_stream_is_classified_by_event_name() {

@@ -156,41 +156,29 @@ mod tests {
 
     #[test]
     fn paths_name_their_operations() {
-        let d = OpenAiResponses;
+        use Operation::{Generate, InputTokens, StoredResponse as Stored};
         let cases = [
-            (Method::POST, "/responses", Some(Operation::Generate)),
-            (
-                Method::POST,
-                "/responses/input_tokens",
-                Some(Operation::InputTokens),
-            ),
-            (
-                Method::GET,
-                "/responses/resp_1",
-                Some(Operation::StoredResponse),
-            ),
-            (
-                Method::DELETE,
-                "/responses/resp_1",
-                Some(Operation::StoredResponse),
-            ),
-            (
-                Method::POST,
-                "/responses/resp_1/cancel",
-                Some(Operation::StoredResponse),
-            ),
-            (
-                Method::GET,
-                "/responses/resp_1/input_items",
-                Some(Operation::StoredResponse),
-            ),
-            (Method::GET, "/responses", None),
-            (Method::POST, "/responses/resp_1", None),
-            (Method::GET, "/responses/a.b", None),
-            (Method::GET, "/responses/resp_1/other", None),
+            ("POST /responses", Some(Generate)),
+            ("POST /responses/input_tokens", Some(InputTokens)),
+            ("GET /responses/resp_1", Some(Stored)),
+            ("DELETE /responses/resp_1", Some(Stored)),
+            ("POST /responses/resp_1/cancel", Some(Stored)),
+            ("GET /responses/resp_1/input_items", Some(Stored)),
+            ("GET /responses", None),
+            ("POST /responses/resp_1", None),
+            ("GET /responses/a.b", None),
+            ("GET /responses/resp_1/other", None),
         ];
-        for (m, p, want) in cases {
-            assert_eq!(d.operation(&m, p), want, "{m} {p}");
+        for (line, want) in cases {
+            let (m, p) = line.split_once(' ').unwrap_or_default();
+            let m = Method::from_bytes(m.as_bytes()).unwrap_or_default();
+            assert_eq!(OpenAiResponses.operation(&m, p), want, "{line}");
         }
+    }
+
+    #[test]
+    fn its_error_table_is_openais() {
+        let chat = super::super::openai_chat::OpenAiChat;
+        assert!(std::ptr::eq(OpenAiResponses.errors(), chat.errors()));
     }
 }

@@ -25,9 +25,9 @@ const fn row(
 }
 
 /// Rate limits come before quota: both are 429, and a 429 without a body is a rate limit.
-/// Shared with the Responses API, whose error bodies are OpenAI's too.
+/// The Responses API's table too: its errors are OpenAI's, with the same statuses.
 #[rustfmt::skip]
-pub(crate) const ROWS: &[ErrorRow] = &[
+const ROWS: &[ErrorRow] = &[
     row(C::InvalidRequest, "invalid_request_error", None, 400, &[]),
     row(C::Authentication, "authentication_error", Some("invalid_api_key"), 401, &[]),
     row(C::RateLimited, "rate_limit_error", Some("rate_limit_exceeded"), 429, &[]),
@@ -43,7 +43,7 @@ pub(crate) const ROWS: &[ErrorRow] = &[
 
 /// OpenAI's own rate-limit types, and the Anthropic names that OpenAI-compatible servers in
 /// front of Anthropic models (and `legate mock`) put in an OpenAI-shaped error.
-pub(crate) const TYPE_ALIASES: &[(&str, C)] = &[
+const TYPE_ALIASES: &[(&str, C)] = &[
     ("requests", C::RateLimited),
     ("tokens", C::RateLimited),
     ("rate_limit_exceeded", C::RateLimited),
@@ -63,6 +63,10 @@ pub(crate) static TABLE: ErrorTable = ErrorTable {
         ("invalid_authentication", C::Authentication),
         ("unsupported_country_region_territory", C::Permission),
         ("model_not_found", C::NotFound),
+        // The codes of failed Responses API responses (its stream events carry no type).
+        ("invalid_prompt", C::InvalidRequest),
+        ("context_length_exceeded", C::InvalidRequest),
+        ("vector_store_timeout", C::Timeout),
     ],
     other_4xx: C::InvalidRequest,
     other: C::Server,

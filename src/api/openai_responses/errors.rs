@@ -1,31 +1,18 @@
 //! Responses API errors. Whole error bodies are OpenAI's envelope with OpenAI's statuses
-//! (wire-protocol F), so the rows are Chat Completions' rows; what is the Responses API's own
-//! is its stream: an `error` event `{type:"error", code, message, param, sequence_number}`, or
-//! a `response.failed` whose `response.error` is `{code, message}`. Those events carry a code
-//! and no error type, so the codes only they use are read here too.
+//! (wire-protocol F), so its table is Chat Completions' table (which reads the codes of failed
+//! responses too); what is the Responses API's own is its stream: an `error` event
+//! `{type:"error", code, message, param, sequence_number}`, or a `response.failed` whose
+//! `response.error` is `{code, message}`. Those events carry a code and no error type.
 
 use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::api::errors::{ErrorClass as C, ErrorFields, ErrorTable, LocalError};
+use crate::api::errors::{ErrorClass as C, ErrorFields, LocalError};
 use crate::api::openai_chat::errors as chat;
 
-pub(crate) static TABLE: ErrorTable = ErrorTable {
-    rows: chat::ROWS,
-    type_aliases: chat::TYPE_ALIASES,
-    code_aliases: &[
-        ("invalid_authentication", C::Authentication),
-        ("unsupported_country_region_territory", C::Permission),
-        ("model_not_found", C::NotFound),
-        // The codes of failed responses.
-        ("invalid_prompt", C::InvalidRequest),
-        ("context_length_exceeded", C::InvalidRequest),
-        ("vector_store_timeout", C::Timeout),
-    ],
-    other_4xx: C::InvalidRequest,
-    other: C::Server,
-};
+/// The Responses API's table is OpenAI's.
+pub(super) use chat::TABLE;
 
 /// An error body (the OpenAI envelope), an `error` event, or a `response.failed` event.
 pub(super) fn read(data: &[u8]) -> Option<ErrorFields> {
@@ -90,86 +77,37 @@ pub(super) fn event_response(data: &str) -> (StatusCode, Bytes) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::errors::ALL_CLASSES;
-
-    /// Every row both ways, the rows issue 10 names included: (type, code) → status, and
-    /// status → type.
-    #[test]
-    fn table_rows_both_ways() {
-        let rows: [(&str, Option<&str>, u16); 11] = [
-            ("invalid_request_error", None, 400),
-            ("authentication_error", Some("invalid_api_key"), 401),
-            ("insufficient_quota", Some("insufficient_quota"), 429),
-            ("permission_error", Some("permission_denied"), 403),
-            ("invalid_request_error", Some("not_found"), 404),
-            ("invalid_request_error", Some("conflict"), 409),
-            ("invalid_request_error", Some("request_too_large"), 413),
-            ("rate_limit_error", Some("rate_limit_exceeded"), 429),
-            ("server_error", None, 500),
-            ("server_error", Some("timeout"), 504),
-            ("server_error", Some("overloaded"), 529),
-        ];
-        for (ty, code, status) in rows {
-            assert_eq!(
-                TABLE.status_of(Some(ty), code).as_u16(),
-                status,
-                "{ty} {code:?}"
-            );
-        }
-        for (status, ty) in [
-            (400, "invalid_request_error"),
-            (402, "insufficient_quota"),
-            (408, "server_error"),
-            (409, "invalid_request_error"),
-            (413, "invalid_request_error"),
-            (429, "rate_limit_error"),
-            (529, "server_error"),
-        ] {
-            assert_eq!(TABLE.type_for_status(status), ty, "{status}");
-        }
-        for class in ALL_CLASSES {
-            assert_eq!(TABLE.row(class).class, class);
-        }
-    }
 
     /// Stream failures carry only a code: each becomes the status it stands for, the code kept.
     #[test]
     fn error_events_become_responses_by_their_code() {
-        let cases = [
+        let event = |code: &str| format!(r#"{{"type":"error","code":"{code}","message":"m"}}"#);
+        let mut cases: Vec<(String, u16, &str)> = [
+            ("rate_limit_exceeded", 429),
+            ("insufficient_quota", 429),
+            ("context_length_exceeded", 400),
+            ("invalid_prompt", 400),
+            ("vector_store_timeout", 504),
+            ("overloaded", 529),
+        ]
+        .into_iter()
+        .map(|(code, status)| (event(code), status, code))
+        .collect();
+        cases.extend([
             (
-                r#"{"type":"error","code":"rate_limit_exceeded","message":"slow"}"#,
-                429,
-                "rate_limit_exceeded",
-            ),
-            (
-                r#"{"type":"error","code":"insufficient_quota","message":"pay"}"#,
-                429,
-                "insufficient_quota",
-            ),
-            (
-                r#"{"type":"error","code":"context_length_exceeded","message":"long"}"#,
-                400,
-                "context_length_exceeded",
-            ),
-            (
-                r#"{"type":"error","code":"vector_store_timeout","message":"t"}"#,
-                504,
-                "vector_store_timeout",
-            ),
-            (
-                r#"{"type":"response.failed","response":{"error":{"code":"server_error","message":"x"}}}"#,
+                r#"{"type":"response.failed","response":{"error":{"code":"server_error","message":"x"}}}"#.to_owned(),
                 500,
                 "server_error",
             ),
             (
-                r#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#.to_owned(),
                 400,
                 "invalid_request_error",
             ),
-            (r#"{"type":"error","message":"?"}"#, 500, "server_error"),
-        ];
+            (r#"{"type":"error","message":"?"}"#.to_owned(), 500, "server_error"),
+        ]);
         for (data, status, code) in cases {
-            let (st, body) = event_response(data);
+            let (st, body) = event_response(&data);
             assert_eq!(st.as_u16(), status, "{data}");
             let v: Value = serde_json::from_slice(&body).unwrap_or_default();
             assert_eq!(v["error"]["code"], code, "{data}");

@@ -109,14 +109,9 @@ pub(super) fn usage_of_event(ev: &SseEvent) -> Option<Usage> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
 
     fn kinds(wire: &str) -> Vec<StreamEventKind> {
-        let mut p = SseParser::new();
-        p.push(wire.as_bytes());
-        std::iter::from_fn(|| p.next_event())
-            .map(|e| classify(&e))
-            .collect()
+        crate::sse::events_of(wire).iter().map(classify).collect()
     }
 
     #[test]
