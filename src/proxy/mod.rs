@@ -1,6 +1,15 @@
 //! The data plane: one function, `Proxy::handle`, takes a request through the fixed order of
 //! policies below and returns the response. The order is the design; each step says why it
 //! sits where it does.
+//!
+//! Why an async function and not a stack of tower / tower-http layers: the request id is
+//! written into legate's error bodies, the Responses ids and the journal, and the request's
+//! span and access record are filled in step by step (`observe::RequestObs`), so
+//! `SetRequestId` and `TraceLayer` would add a second place for what `handle` does in a few
+//! lines; the policies below share the parsed body and the tenant, which layers would pass
+//! through request extensions; compression would buffer event streams, and a timeout layer
+//! covers only the response future (the idle timeout lives in the body). Retries are not a
+//! layer either: see `policy::retry`.
 
 pub mod answer;
 pub mod body;
