@@ -35,18 +35,13 @@ pub(crate) fn check_ratelimit(r: &RateLimitConfig, cx: &mut Cx) {
                 "expected a redis:// or rediss:// URL",
             );
         }
-        Some(url) => {
-            if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
-                cx.err(
-                    "ratelimit.redis_url",
-                    format!(
-                        "not a usable Redis URL ({}); expected \
-                         redis://[:password@]host[:port][/db]",
-                        e.category()
-                    ),
-                );
-            }
+        Some(url) if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() => {
+            cx.err(
+                "ratelimit.redis_url",
+                "not a usable Redis URL; expected redis://[:password@]host[:port][/db]",
+            );
         }
+        Some(_) => {}
         None if r.store == StoreKind::Redis => cx.err(
             "ratelimit.redis_url",
             "store = \"redis\" needs redis_url (e.g. \"redis://127.0.0.1:6379/0\")",
