@@ -112,7 +112,7 @@ impl Admin {
                 serde_json::json!({
                     "kind": p.platform.kind_name().unwrap_or(p.kind.as_str()),
                     "api": p.kind.as_str(),
-                    "base_url": p.base_url,
+                    "base_url": crate::config::adapt::mask_userinfo(&p.base_url),
                     // Source and expiry of a cloud credential, never its value.
                     "credential": up.and_then(|u| u.cloud.as_ref()).and_then(|c| c.state()),
                     "max_concurrency": p.max_concurrency,

@@ -14,6 +14,7 @@ mod binary;
 mod bounded_state;
 mod buffers;
 mod catalog;
+mod check;
 mod cloud;
 mod cloud_secrets;
 mod connections;
