@@ -200,15 +200,31 @@ pub struct LedgerEntry {
 }
 
 impl Ledger {
+    /// One request served, its usage and cost.
     pub fn record(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
-        let mut map = match self.entries.lock() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
         let this = LedgerEntry {
             requests: 1,
             usage,
             cost_pico,
+        };
+        self.add(tenant, target, this);
+    }
+
+    /// Usage of an attempt that served nothing (it failed before its commit point) but that
+    /// the provider reported, and may bill: tokens and cost, no request.
+    pub fn record_unserved(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
+        let this = LedgerEntry {
+            requests: 0,
+            usage,
+            cost_pico,
+        };
+        self.add(tenant, target, this);
+    }
+
+    fn add(&self, tenant: &str, target: &str, this: LedgerEntry) {
+        let mut map = match self.entries.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
         };
         let key = (tenant.to_string(), target.to_string());
         let (e, evicted) = map.recent.entry(&key, LedgerEntry::default);

@@ -4,6 +4,7 @@
 
 pub(super) mod errors;
 mod stream;
+pub(crate) mod unasked;
 mod usage;
 
 use bytes::Bytes;

@@ -189,13 +189,33 @@ async fn step_body(
         return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
     }
     if inb.endpoint.op == Operation::CountTokens {
-        return Ok(Err(match estimate::answer(inb, step, upstream).await {
-            Ok(resp) => StepEnd::Answer(resp),
-            Err(why) => unfit(inb, exec, step, &why),
-        }));
+        return Ok(Err(
+            match estimate::answer(inb, step, upstream, &proxy.estimates).await? {
+                Ok(resp) => StepEnd::Answer(resp),
+                Err(why) => unfit(inb, exec, step, &why),
+            },
+        ));
     }
     Ok(translated_body(proxy, inb, step, (xl, upstream), limit)
         .map_err(|why| unfit(inb, exec, step, &why)))
+}
+
+/// An OpenAI stream whose caller did not ask for usage asks for it upstream, so that it is
+/// metered (SPEC §6); true when the exchange must take it out of the caller's stream again.
+/// A translated step asks for it on its own, and its translator consumes it.
+fn ask_for_usage(inb: &Inbound, spoken: ApiKind, body: bytes::Bytes) -> (bytes::Bytes, bool) {
+    let unasked = inb.endpoint.api == ApiKind::OpenAi
+        && spoken == ApiKind::OpenAi
+        && inb.endpoint.op == Operation::Generate
+        && inb.meta.stream
+        && !inb.meta.include_usage;
+    if !unasked {
+        return (body, false);
+    }
+    match crate::api::openai_chat::unasked::ask_for_usage(&body) {
+        Some(asked) => (bytes::Bytes::from(asked), true),
+        None => (body, false),
+    }
 }
 
 async fn run_step(
@@ -216,6 +236,7 @@ async fn run_step(
         Ok(body) => body,
         Err(end) => return Ok(end),
     };
+    let (body, strip_usage) = ask_for_usage(inb, spoken, body);
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
     let mut call = Call {
@@ -226,6 +247,7 @@ async fn run_step(
         model_label,
         inb,
         body,
+        strip_usage,
         traceparent: None,
     };
     let server = provider_host(snap, step);

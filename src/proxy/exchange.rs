@@ -39,6 +39,9 @@ pub(crate) struct Call<'a> {
     pub(crate) model_label: &'a str,
     pub(crate) inb: &'a Inbound,
     pub(crate) body: Bytes,
+    /// The upstream was asked for a usage chunk the caller did not ask for: it is taken out of
+    /// the caller's stream.
+    pub(crate) strip_usage: bool,
     /// `traceparent` for this attempt (export on): the attempt's span is the provider's parent.
     pub(crate) traceparent: Option<http::HeaderValue>,
 }
@@ -271,7 +274,7 @@ async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> 
 }
 
 /// A stream read up to its commit point, its preamble held back.
-async fn stream(call: &Call<'_>, got: Got, record: &Option<RequestRecord>) -> Exchanged {
+async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
     let Call { proxy, up, inb, .. } = *call;
     let api = inb.endpoint.api;
     let max_event = call.snap.cfg.server.limits.max_event_bytes;
@@ -279,9 +282,23 @@ async fn stream(call: &Call<'_>, got: Got, record: &Option<RequestRecord>) -> Ex
         Some(tr) => UpstreamBody::translated(got.incoming, tr, got.spoken, max_event),
         None => UpstreamBody::Plain(got.incoming),
     };
-    let mut watch = Box::new(SseWatch::new(api).with_max_event(max_event));
+    let mut watch = Box::new(
+        SseWatch::new(api)
+            .with_max_event(max_event)
+            .strip_usage(call.strip_usage),
+    );
     let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
-    match pre.await {
+    let pre = pre.await;
+    if pre.is_err() {
+        // The provider may bill what it reported before failing (the input tokens of an
+        // Anthropic message_start): metered on this attempt's provider and model.
+        let usage = incoming.upstream_usage().or_else(|| watch.usage());
+        if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
+            let cost = answer::sink(call, rec).record_unserved(u);
+            rec.charge_attempt(u, cost);
+        }
+    }
+    match pre {
         Ok(held) => {
             if watch.saw_content {
                 if let Some(r) = record.as_ref() {

@@ -77,6 +77,8 @@ pub struct Proxy {
     pub buffers: Arc<buffers::BufferBudget>,
     /// Access log, journal and traces (SPEC §12).
     pub observer: Arc<crate::observe::Observer>,
+    /// Local token estimates running at once (CPU work on blocking threads).
+    pub estimates: Arc<tokio::sync::Semaphore>,
 }
 
 /// What the caller asked for, once the body has been read and parsed.
@@ -139,6 +141,7 @@ impl Proxy {
             listen_ip,
             buffers: Default::default(),
             observer: Arc::new(crate::observe::Observer::journal_only(0)),
+            estimates: Arc::new(tokio::sync::Semaphore::new(estimate::CONCURRENT)),
         }
     }
 

@@ -34,3 +34,4 @@ mod shared_limits;
 mod streaming;
 mod tls;
 mod translation;
+mod unasked_usage;

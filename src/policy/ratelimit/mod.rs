@@ -240,10 +240,19 @@ impl Reservation {
         }
     }
 
-    /// The provider answered but reported no usage (an OpenAI stream without the usage chunk):
+    /// The provider answered but reported no usage (an OpenAI stream cut before its usage chunk):
     /// the estimate stands, nothing is refunded.
     pub fn keep(&mut self) {
         self.settled = true;
+    }
+
+    /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
+    pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128) {
+        if tokens == 0 && cost_pico == 0 {
+            self.keep();
+        } else {
+            self.settle(self.reserved.saturating_add(tokens), cost_pico);
+        }
     }
 
     /// Settles with the tokens actually used and their cost.
