@@ -3,6 +3,7 @@
 //! drained for as long as they run (a full pipe would stall them), and their memory read from
 //! /proc.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,11 +17,36 @@ use crate::error::BenchError;
 const STARTUP_LIMIT: Duration = Duration::from_secs(20);
 
 /// Dummy provider keys: the mock checks none, but legate refuses a provider without its key.
-const CHILD_ENV: [(&str, &str); 3] = [
+const CHILD_ENV: [(&str, &str); 2] = [
     ("ANTHROPIC_API_KEY", "bench-anthropic-key"),
     ("OPENAI_API_KEY", "bench-openai-key"),
-    ("LEGATE_LOG", "warn"),
 ];
+/// Warnings only: no access log (it is written at `info`).
+const QUIET: &str = "warn";
+/// Warnings, and the access log's one line per request.
+const ACCESS_LOG: &str = "warn,legate::access=info";
+
+/// What a `legate serve` instance records besides metrics (which are always on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Observe {
+    /// No access log, no trace export: the instance the main table measures.
+    Off,
+    /// The access log (JSON, the default format) written to a file, as a deployment that
+    /// keeps its log would.
+    AccessLog,
+    /// Spans and GenAI metrics exported over OTLP/HTTP to a collector at this address.
+    Tracing(SocketAddr),
+}
+
+impl Observe {
+    fn name(self) -> &'static str {
+        match self {
+            Observe::Off => "off",
+            Observe::AccessLog => "access-log",
+            Observe::Tracing(_) => "tracing",
+        }
+    }
+}
 
 /// A running child; killed when dropped, or explicitly with [`Running::stop`].
 pub(crate) struct Running {
@@ -48,7 +74,10 @@ impl Running {
 /// Starts `legate mock --listen 127.0.0.1:0`.
 pub(crate) async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
     let mut command = Command::new(bin);
-    command.args(["mock", "--listen", "127.0.0.1:0"]);
+    command
+        .args(["mock", "--listen", "127.0.0.1:0"])
+        .env("LEGATE_LOG", QUIET)
+        .stderr(Stdio::piped());
     start(command, "legate mock", |line| {
         let data = line.strip_prefix("legate mock listening on ")?;
         Some((data.to_owned(), None))
@@ -63,13 +92,31 @@ pub(crate) async fn start_legate(
     dir: &Path,
     mock_url: &str,
 ) -> Result<Running, BenchError> {
-    let config_path = dir.join("legate-bench.toml");
-    std::fs::write(&config_path, config_text(mock_url)).map_err(|source| BenchError::Io {
-        what: format!("cannot write {}", config_path.display()),
-        source,
-    })?;
+    start_observing(bin, dir, mock_url, Observe::Off).await
+}
+
+/// [`start_legate`] with the access log or trace export on. The access log goes to
+/// `access-log.jsonl` in `dir`.
+pub(crate) async fn start_observing(
+    bin: &Path,
+    dir: &Path,
+    mock_url: &str,
+    observe: Observe,
+) -> Result<Running, BenchError> {
+    let io = |what: String| move |source| BenchError::Io { what, source };
+    let config_path = dir.join(format!("legate-bench-{}.toml", observe.name()));
+    std::fs::write(&config_path, config_text(mock_url, observe))
+        .map_err(io(format!("cannot write {}", config_path.display())))?;
     let mut command = Command::new(bin);
     command.arg("serve").arg("--config").arg(&config_path);
+    if observe == Observe::AccessLog {
+        let path = access_log_path(dir);
+        let file = std::fs::File::create(&path)
+            .map_err(io(format!("cannot create {}", path.display())))?;
+        command.env("LEGATE_LOG", ACCESS_LOG).stderr(file);
+    } else {
+        command.env("LEGATE_LOG", QUIET).stderr(Stdio::piped());
+    }
     // legate's worker-thread count, for comparing runtimes; the mock keeps its own default.
     if let Ok(n) = std::env::var("BENCH_LEGATE_THREADS") {
         command.env("TOKIO_WORKER_THREADS", n);
@@ -85,9 +132,20 @@ pub(crate) async fn start_legate(
     .await
 }
 
+/// Where an [`Observe::AccessLog`] instance writes its log.
+pub(crate) fn access_log_path(dir: &Path) -> std::path::PathBuf {
+    dir.join("access-log.jsonl")
+}
+
 /// The bench config: both APIs to the mock, and a concurrency limit high enough that
-/// admission never queues during the throughput phase.
-fn config_text(mock_url: &str) -> String {
+/// admission never queues during the throughput phase; trace export when asked for.
+fn config_text(mock_url: &str, observe: Observe) -> String {
+    let telemetry = match observe {
+        Observe::Tracing(collector) => {
+            format!("\n[telemetry]\notlp_endpoint = \"http://{collector}\"\n")
+        }
+        Observe::Off | Observe::AccessLog => String::new(),
+    };
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
@@ -103,7 +161,8 @@ max_concurrency = 4096
 kind = "openai"
 base_url = "{mock_url}"
 api_key_env = "OPENAI_API_KEY"
-"#
+max_concurrency = 4096
+{telemetry}"#
     )
 }
 
@@ -112,11 +171,11 @@ async fn start(
     what: &'static str,
     parse: impl Fn(&str) -> Option<(String, Option<String>)>,
 ) -> Result<Running, BenchError> {
+    // The caller chose stderr: a pipe (forwarded below) or a file.
     command
         .envs(CHILD_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .kill_on_drop(true);
     let mut child = command
         .spawn()
