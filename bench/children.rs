@@ -3,6 +3,7 @@
 //! drained for as long as they run (a full pipe would stall them), and their memory read from
 //! /proc.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,14 +17,39 @@ use crate::error::BenchError;
 const STARTUP_LIMIT: Duration = Duration::from_secs(20);
 
 /// Dummy provider keys: the mock checks none, but legate refuses a provider without its key.
-const CHILD_ENV: [(&str, &str); 3] = [
+const CHILD_ENV: [(&str, &str); 2] = [
     ("ANTHROPIC_API_KEY", "bench-anthropic-key"),
     ("OPENAI_API_KEY", "bench-openai-key"),
-    ("LEGATE_LOG", "warn"),
 ];
+/// Warnings only: no access log (it is written at `info`).
+const QUIET: &str = "warn";
+/// Warnings, and the access log's one line per request.
+const ACCESS_LOG: &str = "warn,legate::access=info";
+
+/// What a `legate serve` instance records besides metrics (which are always on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Observe {
+    /// No access log, no trace export: the instance the main table measures.
+    Off,
+    /// The access log (JSON, the default format) written to a file, as a deployment that
+    /// keeps its log would.
+    AccessLog,
+    /// Spans and GenAI metrics exported over OTLP/HTTP to a collector at this address.
+    Tracing(SocketAddr),
+}
+
+impl Observe {
+    fn name(self) -> &'static str {
+        match self {
+            Observe::Off => "off",
+            Observe::AccessLog => "access-log",
+            Observe::Tracing(_) => "tracing",
+        }
+    }
+}
 
 /// A running child; killed when dropped, or explicitly with [`Running::stop`].
-pub struct Running {
+pub(crate) struct Running {
     child: Child,
     pid: u32,
     /// The data-plane base URL, `http://127.0.0.1:PORT`.
@@ -33,12 +59,12 @@ pub struct Running {
 }
 
 impl Running {
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid
     }
 
     /// Kills the child and reaps it.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         // Already exited is fine: nothing is left to stop.
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
@@ -46,9 +72,12 @@ impl Running {
 }
 
 /// Starts `legate mock --listen 127.0.0.1:0`.
-pub async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
+pub(crate) async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
     let mut command = Command::new(bin);
-    command.args(["mock", "--listen", "127.0.0.1:0"]);
+    command
+        .args(["mock", "--listen", "127.0.0.1:0"])
+        .env("LEGATE_LOG", QUIET)
+        .stderr(Stdio::piped());
     start(command, "legate mock", |line| {
         let data = line.strip_prefix("legate mock listening on ")?;
         Some((data.to_owned(), None))
@@ -58,14 +87,36 @@ pub async fn start_mock(bin: &Path) -> Result<Running, BenchError> {
 
 /// Starts `legate serve` with a config whose providers both point at `mock_url`; the config
 /// file is written into `dir`.
-pub async fn start_legate(bin: &Path, dir: &Path, mock_url: &str) -> Result<Running, BenchError> {
-    let config_path = dir.join("legate-bench.toml");
-    std::fs::write(&config_path, config_text(mock_url)).map_err(|source| BenchError::Io {
-        what: format!("cannot write {}", config_path.display()),
-        source,
-    })?;
+pub(crate) async fn start_legate(
+    bin: &Path,
+    dir: &Path,
+    mock_url: &str,
+) -> Result<Running, BenchError> {
+    start_observing(bin, dir, mock_url, Observe::Off).await
+}
+
+/// [`start_legate`] with the access log or trace export on. The access log goes to
+/// `access-log.jsonl` in `dir`.
+pub(crate) async fn start_observing(
+    bin: &Path,
+    dir: &Path,
+    mock_url: &str,
+    observe: Observe,
+) -> Result<Running, BenchError> {
+    let io = |what: String| move |source| BenchError::Io { what, source };
+    let config_path = dir.join(format!("legate-bench-{}.toml", observe.name()));
+    std::fs::write(&config_path, config_text(mock_url, observe))
+        .map_err(io(format!("cannot write {}", config_path.display())))?;
     let mut command = Command::new(bin);
     command.arg("serve").arg("--config").arg(&config_path);
+    if observe == Observe::AccessLog {
+        let path = access_log_path(dir);
+        let file = std::fs::File::create(&path)
+            .map_err(io(format!("cannot create {}", path.display())))?;
+        command.env("LEGATE_LOG", ACCESS_LOG).stderr(file);
+    } else {
+        command.env("LEGATE_LOG", QUIET).stderr(Stdio::piped());
+    }
     // legate's worker-thread count, for comparing runtimes; the mock keeps its own default.
     if let Ok(n) = std::env::var("BENCH_LEGATE_THREADS") {
         command.env("TOKIO_WORKER_THREADS", n);
@@ -81,9 +132,20 @@ pub async fn start_legate(bin: &Path, dir: &Path, mock_url: &str) -> Result<Runn
     .await
 }
 
+/// Where an [`Observe::AccessLog`] instance writes its log.
+pub(crate) fn access_log_path(dir: &Path) -> std::path::PathBuf {
+    dir.join("access-log.jsonl")
+}
+
 /// The bench config: both APIs to the mock, and a concurrency limit high enough that
-/// admission never queues during the throughput phase.
-fn config_text(mock_url: &str) -> String {
+/// admission never queues during the throughput phase; trace export when asked for.
+fn config_text(mock_url: &str, observe: Observe) -> String {
+    let telemetry = match observe {
+        Observe::Tracing(collector) => {
+            format!("\n[telemetry]\notlp_endpoint = \"http://{collector}\"\n")
+        }
+        Observe::Off | Observe::AccessLog => String::new(),
+    };
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
@@ -99,7 +161,8 @@ max_concurrency = 4096
 kind = "openai"
 base_url = "{mock_url}"
 api_key_env = "OPENAI_API_KEY"
-"#
+max_concurrency = 4096
+{telemetry}"#
     )
 }
 
@@ -108,11 +171,11 @@ async fn start(
     what: &'static str,
     parse: impl Fn(&str) -> Option<(String, Option<String>)>,
 ) -> Result<Running, BenchError> {
+    // The caller chose stderr: a pipe (forwarded below) or a file.
     command
         .envs(CHILD_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .kill_on_drop(true);
     let mut child = command
         .spawn()
@@ -156,13 +219,13 @@ async fn forward(stream: impl AsyncRead + Unpin, what: &'static str) {
 
 /// Resident and peak memory of a process, in bytes.
 #[derive(Debug, Clone, Copy)]
-pub struct Memory {
+pub(crate) struct Memory {
     pub rss: u64,
     pub peak: u64,
 }
 
 /// Reads VmRSS and VmHWM from /proc/PID/status.
-pub fn memory(pid: u32) -> Result<Memory, BenchError> {
+pub(crate) fn memory(pid: u32) -> Result<Memory, BenchError> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
         what: format!("cannot read {path}"),
@@ -191,7 +254,7 @@ fn parse_kib(status: &str, name: &str) -> Option<u64> {
 
 /// CPU time (user + system) a process and the given others have used so far, from
 /// `/proc/PID/stat` (in clock ticks of 10 ms); processes that are gone count nothing.
-pub fn cpu_time(pids: &[u32]) -> Duration {
+pub(crate) fn cpu_time(pids: &[u32]) -> Duration {
     let ticks: u64 = pids
         .iter()
         .filter_map(|&pid| stat_fields(pid))
@@ -201,7 +264,7 @@ pub fn cpu_time(pids: &[u32]) -> Duration {
 }
 
 /// The processes whose parent is `pid` (nginx's workers).
-pub fn children_of(pid: u32) -> Vec<u32> {
+pub(crate) fn children_of(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -225,7 +288,7 @@ fn stat_fields(pid: u32) -> Option<(u32, u64)> {
 
 /// Time from starting `legate serve` to its first `/readyz` 200, once per start; each
 /// instance is stopped before the next starts.
-pub async fn cold_starts(
+pub(crate) async fn cold_starts(
     bin: &Path,
     dir: &Path,
     mock_url: &str,

@@ -1,6 +1,6 @@
-//! What the load generator sends: one target per side (its address and its two prepared
-//! requests), the mock's script, and the two ways a request is timed (to the last body byte,
-//! and to the first body byte of a stream).
+//! What the load generator sends: one target per side (its address and its prepared requests,
+//! plain and streaming, for each API measured), the mock's script, and the two ways a request
+//! is timed (to the last body byte, and to the first body byte of a stream).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -12,54 +12,99 @@ use crate::wire::{self, Conn};
 
 /// Longest a single request may take before it counts as failed; far above any latency the
 /// benchmark expects, so only a real stall trips it.
-pub const REQUEST_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
 const MESSAGE: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":256,"messages":[{"role":"user","content":"Say hello in one short sentence."}]}"#;
 const STREAM_MESSAGE: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":256,"stream":true,"messages":[{"role":"user","content":"Say hello in one short sentence."}]}"#;
+const RESPONSE: &str = r#"{"model":"gpt-4.1-mini","max_output_tokens":256,"input":[{"role":"user","content":"Say hello in one short sentence."}]}"#;
+const STREAM_RESPONSE: &str = r#"{"model":"gpt-4.1-mini","max_output_tokens":256,"stream":true,"input":[{"role":"user","content":"Say hello in one short sentence."}]}"#;
 
 /// The reply the mock is scripted with: a few hundred bytes of text, about the size of a short
 /// model answer, so the proxy has a realistic body to carry.
-pub const MOCK_SCRIPT: &str = r#"{"default":{"content":[{"type":"text","text":"Hello! legate is a model ambassador: a small proxy that sits beside an agent on localhost and owns the connection to the model providers, with their keys, timeouts, streaming, usage metering and metrics. This reply is padded to a few hundred bytes so that the benchmark carries a body about the size of a short real answer."}]}}"#;
+pub(crate) const MOCK_SCRIPT: &str = r#"{"default":{"content":[{"type":"text","text":"Hello! legate is a model ambassador: a small proxy that sits beside an agent on localhost and owns the connection to the model providers, with their keys, timeouts, streaming, usage metering and metrics. This reply is padded to a few hundred bytes so that the benchmark carries a body about the size of a short real answer."}]}}"#;
+
+/// The API a request speaks: which endpoint, body and headers the load generator sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    /// Anthropic `POST /v1/messages`, with the headers an Anthropic SDK sends.
+    Messages,
+    /// OpenAI `POST /v1/responses` (passthrough to the `openai` provider), with the headers an
+    /// OpenAI SDK sends.
+    Responses,
+}
+
+impl Api {
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
+        }
+    }
+}
 
 /// One side of the comparison: the mock directly, nginx, or legate in front of it.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub label: &'static str,
     pub addr: SocketAddr,
-    /// `POST /v1/messages`, plain and streaming, with the headers an Anthropic SDK sends.
-    plain: Bytes,
-    stream: Bytes,
+    /// The API that [`Target::message`] speaks; [`Target::speaking`] switches it.
+    api: Api,
+    /// Plain and streaming request of each API.
+    messages: [Bytes; 2],
+    responses: [Bytes; 2],
 }
 
 impl Target {
-    pub fn new(label: &'static str, base_url: &str) -> Result<Target, BenchError> {
+    pub(crate) fn new(label: &'static str, base_url: &str) -> Result<Target, BenchError> {
         let addr = wire::address(base_url)?;
         let host = addr.to_string();
-        let headers = [
+        let anthropic = [
             ("content-type", "application/json"),
             ("anthropic-version", "2023-06-01"),
             // legate consumes and never forwards the caller's key; the mock checks none.
             ("x-api-key", "bench-caller-key"),
         ];
-        let build = |body| wire::request("POST", "/v1/messages", &host, &headers, body);
+        let openai = [
+            ("content-type", "application/json"),
+            ("authorization", "Bearer bench-caller-key"),
+        ];
+        let messages = |body| wire::request("POST", Api::Messages.path(), &host, &anthropic, body);
+        let responses = |body| wire::request("POST", Api::Responses.path(), &host, &openai, body);
         Ok(Target {
             label,
             addr,
-            plain: build(MESSAGE),
-            stream: build(STREAM_MESSAGE),
+            api: Api::Messages,
+            messages: [messages(MESSAGE), messages(STREAM_MESSAGE)],
+            responses: [responses(RESPONSE), responses(STREAM_RESPONSE)],
         })
     }
 
-    pub fn message(&self, stream: bool) -> &Bytes {
-        if stream { &self.stream } else { &self.plain }
+    /// The same side, sending requests of `api`.
+    pub(crate) fn speaking(&self, api: Api) -> Target {
+        Target {
+            api,
+            ..self.clone()
+        }
     }
 
-    pub async fn connect(&self) -> Result<Conn, BenchError> {
+    pub(crate) fn api(&self) -> Api {
+        self.api
+    }
+
+    pub(crate) fn message(&self, stream: bool) -> &Bytes {
+        let pair = match self.api {
+            Api::Messages => &self.messages,
+            Api::Responses => &self.responses,
+        };
+        &pair[usize::from(stream)]
+    }
+
+    pub(crate) async fn connect(&self) -> Result<Conn, BenchError> {
         Conn::open(self.addr).await
     }
 
     /// `n` connections, each warmed with one request so nothing measured pays for a connect.
-    pub async fn connections(&self, n: usize) -> Result<Vec<Conn>, BenchError> {
+    pub(crate) async fn connections(&self, n: usize) -> Result<Vec<Conn>, BenchError> {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
             let mut conn = self.connect().await?;
@@ -71,7 +116,7 @@ impl Target {
 }
 
 /// Sends a request and reads its body to the end; the caller times it.
-pub async fn complete(conn: &mut Conn, request: &[u8]) -> Result<(), BenchError> {
+pub(crate) async fn complete(conn: &mut Conn, request: &[u8]) -> Result<(), BenchError> {
     let reply = tokio::time::timeout(REQUEST_LIMIT, conn.exchange(request))
         .await
         .map_err(|_| BenchError::Timeout(REQUEST_LIMIT))??;
@@ -80,7 +125,7 @@ pub async fn complete(conn: &mut Conn, request: &[u8]) -> Result<(), BenchError>
 
 /// Sends a streaming request and returns the time from sending to the first body byte; the
 /// rest of the stream is read so the connection is clean for the next request.
-pub async fn first_byte(conn: &mut Conn, request: &[u8]) -> Result<Duration, BenchError> {
+pub(crate) async fn first_byte(conn: &mut Conn, request: &[u8]) -> Result<Duration, BenchError> {
     let start = Instant::now();
     let reply = tokio::time::timeout(REQUEST_LIMIT, conn.exchange(request))
         .await
@@ -91,7 +136,7 @@ pub async fn first_byte(conn: &mut Conn, request: &[u8]) -> Result<Duration, Ben
 }
 
 /// Replaces the mock's script (control plane `PUT /_mock/script`).
-pub async fn script_mock(mock_url: &str, script: &str) -> Result<(), BenchError> {
+pub(crate) async fn script_mock(mock_url: &str, script: &str) -> Result<(), BenchError> {
     let addr = wire::address(mock_url)?;
     let headers = [("content-type", "application/json")];
     let request = wire::request("PUT", "/_mock/script", &addr.to_string(), &headers, script);

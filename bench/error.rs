@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// Why a run could not go on, or why one request did not count as a success.
 #[derive(Debug)]
-pub enum BenchError {
+pub(crate) enum BenchError {
     /// A child process could not be started or its output could not be read.
     Spawn {
         what: &'static str,

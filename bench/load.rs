@@ -17,7 +17,7 @@ use crate::wire::Conn;
 
 /// What one slice of load produced.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// One duration per successful request (latency or time to first byte).
     pub samples: Vec<Duration>,
     /// Requests that completed with status 200.
@@ -44,7 +44,7 @@ impl Outcome {
     }
 
     /// Folds another slice's outcome into this one.
-    pub fn absorb(&mut self, other: Outcome) {
+    pub(crate) fn absorb(&mut self, other: Outcome) {
         self.samples.extend(other.samples);
         self.ok += other.ok;
         self.errors += other.errors;
@@ -58,7 +58,7 @@ impl Outcome {
 /// One run of load, split in two: the lead-in (warm-up), run but not measured, and the
 /// measured part.
 #[derive(Debug, Default)]
-pub struct Split {
+pub(crate) struct Split {
     pub lead_in: Outcome,
     pub measured: Outcome,
 }
@@ -77,7 +77,7 @@ type Slot = (u64, Instant);
 ///
 /// The schedule runs on a blocking thread with `std::thread::sleep`, whose precision (tens of
 /// microseconds) is far finer than the tokio timer's millisecond wheel.
-pub async fn open_loop(
+pub(crate) async fn open_loop(
     targets: &[Target],
     conns: usize,
     rate: u32,
@@ -168,7 +168,7 @@ async fn serve_slots(
 }
 
 /// Sequential streaming requests on one connection: time from sending to the first body byte.
-pub async fn stream_ttfb(
+pub(crate) async fn stream_ttfb(
     conn: &mut Conn,
     target: &Target,
     count: u32,
@@ -194,7 +194,7 @@ pub async fn stream_ttfb(
 /// other side was measured is cold, and on small virtual machines its first answers after a
 /// second of idleness take several milliseconds. That is an artefact of taking turns, not a
 /// property of steady load, so it is kept out of every side alike.
-pub async fn closed_loop(
+pub(crate) async fn closed_loop(
     target: &Target,
     conns: Vec<Conn>,
     lead_in: Duration,

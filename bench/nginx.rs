@@ -17,13 +17,13 @@ const STARTUP_LIMIT: Duration = Duration::from_secs(10);
 const STOP_LIMIT: Duration = Duration::from_secs(5);
 
 /// A running nginx master process (its workers are its children).
-pub struct Nginx {
+pub(crate) struct Nginx {
     child: Child,
     pub base_url: String,
 }
 
 /// The nginx binary, if one is installed.
-pub fn find() -> Option<PathBuf> {
+pub(crate) fn find() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
@@ -32,7 +32,7 @@ pub fn find() -> Option<PathBuf> {
 }
 
 /// Starts nginx proxying every request to `mock_url`, with its files under `dir`.
-pub fn start(bin: &Path, dir: &Path, mock_url: &str) -> Result<Nginx, BenchError> {
+pub(crate) fn start(bin: &Path, dir: &Path, mock_url: &str) -> Result<Nginx, BenchError> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |source| BenchError::Io { what, source }
@@ -81,7 +81,7 @@ pub fn start(bin: &Path, dir: &Path, mock_url: &str) -> Result<Nginx, BenchError
 
 impl Nginx {
     /// The master process; its workers are found through `/proc`.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
@@ -95,7 +95,7 @@ impl Nginx {
 
     /// Fast shutdown (SIGTERM to the master, which stops its workers), then a kill if it
     /// lingers.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.terminate();
     }
 

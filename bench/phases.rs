@@ -1,6 +1,6 @@
-//! The order of the run: preflight, then several samples of (latency at a fixed rate,
-//! throughput), then stream time to first byte, then enough extra requests for the memory
-//! reading. Every phase mixes the sides, request by request where the load shape allows it
+//! The order of the run: preflight, then several samples of (latency at a fixed rate on
+//! `/v1/messages` and on `/v1/responses`, throughput), then stream time to first byte on both
+//! APIs, then enough extra requests for the memory reading. Every phase mixes the sides, request by request where the load shape allows it
 //! (open loop, streams) and slice by slice where it does not (closed loop), so the machine's
 //! noise falls on all of them; repeating whole samples shows how much a number moves.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::Plan;
 use crate::children::{self, Memory};
-use crate::client::{self, Target};
+use crate::client::{self, Api, Target};
 use crate::error::BenchError;
 use crate::load::{self, Outcome, Split};
 use crate::pair::{LEGATE, interleaved, order};
@@ -16,17 +16,17 @@ use crate::report;
 use crate::wire::Conn;
 
 /// Open-loop rate per side, requests per second; it carries the latency target.
-pub const RATE: u32 = 1_000;
+pub(crate) const RATE: u32 = 1_000;
 /// Connections per side in the open loop, like an outside load generator's fixed pool.
-pub const OPEN_CONNECTIONS: usize = 100;
+pub(crate) const OPEN_CONNECTIONS: usize = 100;
 /// Connections (and concurrent requests) per side in the closed-loop throughput phase.
-pub const CONCURRENCY: usize = 32;
+pub(crate) const CONCURRENCY: usize = 32;
 /// Upper bound on the extra throughput-slice rounds run to reach `Plan::min_requests`.
 const MAX_TOP_UP_ROUNDS: u32 = 600;
 
 /// One side's closed-loop slices: requests, wall time, and the CPU its process used.
 #[derive(Debug, Default)]
-pub struct Throughput {
+pub(crate) struct Throughput {
     pub outcome: Outcome,
     pub elapsed: Duration,
     /// CPU of the side's own process over its slices, lead-ins included.
@@ -36,32 +36,38 @@ pub struct Throughput {
 }
 
 impl Throughput {
-    pub fn per_second(&self) -> f64 {
+    pub(crate) fn per_second(&self) -> f64 {
         self.outcome.ok as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
     }
 }
 
 /// One side's open loop: the measured outcome and the CPU its process used for all of it.
 #[derive(Debug, Default)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub outcome: Outcome,
     pub cpu: Duration,
     pub all_requests: u64,
 }
 
-/// One sample: latency and throughput, per side.
+/// One sample: latency on each API and throughput, per side.
 #[derive(Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
+    /// `POST /v1/messages`.
     pub latency: Vec<Latency>,
+    /// `POST /v1/responses`.
+    pub responses: Vec<Latency>,
     pub throughput: Vec<Throughput>,
 }
 
 /// Everything measured in one run.
 #[derive(Debug)]
-pub struct Results {
+pub(crate) struct Results {
     pub sides: usize,
     pub samples: Vec<Sample>,
+    /// Stream time to first byte on `/v1/messages`, per side.
     pub ttfb: Vec<Outcome>,
+    /// The same on `/v1/responses`.
+    pub responses_ttfb: Vec<Outcome>,
     /// Successful requests legate served in the whole run, warm-ups included.
     pub served: u64,
     /// Requests that failed during warm-ups (measured failures are in the outcomes).
@@ -74,13 +80,18 @@ pub struct Results {
 
 /// Running count of what legate served and what failed outside the measurements.
 #[derive(Default)]
-struct Tally {
+pub(crate) struct Tally {
     served: u64,
     warm_errors: u64,
     first_warm_error: Option<String>,
 }
 
 impl Tally {
+    /// Requests that failed outside the measurements, and the first one's error.
+    pub(crate) fn warm_failures(self) -> (u64, Option<String>) {
+        (self.warm_errors, self.first_warm_error)
+    }
+
     fn warm(&mut self, side: usize, outcome: &Outcome) {
         self.warm_errors += outcome.errors;
         if self.first_warm_error.is_none() {
@@ -90,7 +101,7 @@ impl Tally {
     }
 
     /// Counts a split slice and returns its measured part.
-    fn split(&mut self, side: usize, split: Split) -> Outcome {
+    pub(crate) fn split(&mut self, side: usize, split: Split) -> Outcome {
         self.warm(side, &split.lead_in);
         self.measured(side, &split.measured);
         split.measured
@@ -103,28 +114,36 @@ impl Tally {
     }
 }
 
-/// One plain and one streaming request to each side, so a broken setup fails with a clear
-/// message before any measurement.
-pub async fn preflight(targets: &[Target]) -> Result<(), BenchError> {
+/// One plain and one streaming request of each API to each side, so a broken setup fails with
+/// a clear message before any measurement.
+pub(crate) async fn preflight(targets: &[Target]) -> Result<(), BenchError> {
     for target in targets {
-        let failed = |e: BenchError| BenchError::Preflight {
-            target: target.label,
-            detail: e.to_string(),
-        };
-        let mut conn = target.connect().await.map_err(failed)?;
-        client::complete(&mut conn, target.message(false))
-            .await
-            .map_err(failed)?;
-        client::first_byte(&mut conn, target.message(true))
-            .await
-            .map_err(failed)?;
+        for api in [Api::Messages, Api::Responses] {
+            let target = target.speaking(api);
+            let failed = |e: BenchError| BenchError::Preflight {
+                target: target.label,
+                detail: format!("{}: {e}", api.path()),
+            };
+            let mut conn = target.connect().await.map_err(failed)?;
+            client::complete(&mut conn, target.message(false))
+                .await
+                .map_err(failed)?;
+            client::first_byte(&mut conn, target.message(true))
+                .await
+                .map_err(failed)?;
+        }
     }
     Ok(())
 }
 
+/// The same sides, sending `/v1/responses`.
+fn responses(targets: &[Target]) -> Vec<Target> {
+    targets.iter().map(|t| t.speaking(Api::Responses)).collect()
+}
+
 /// Runs every phase in order and reads legate's memory at the end; `procs` are the process
 /// ids whose CPU counts for each side.
-pub async fn all(
+pub(crate) async fn all(
     plan: Plan,
     targets: &[Target],
     procs: &[Vec<u32>],
@@ -139,14 +158,17 @@ pub async fn all(
     let mut samples = Vec::new();
     for n in 0..plan.samples {
         eprintln!("bench: sample {} of {}", n + 1, plan.samples);
-        let latency = latency(plan, targets, procs, &mut tally).await?;
+        let messages = latency(plan, targets, procs, &mut tally).await?;
+        let responses = latency(plan, &responses(targets), procs, &mut tally).await?;
         let throughput = throughput(plan, targets, procs, &mut pools, &mut tally).await?;
         samples.push(Sample {
-            latency,
+            latency: messages,
+            responses,
             throughput,
         });
     }
     let ttfb = streams(plan, targets, &mut tally).await?;
+    let responses_ttfb = streams(plan, &responses(targets), &mut tally).await?;
     top_up(plan, &targets[LEGATE], &mut pools[LEGATE], &mut tally).await?;
     let at_end = children::memory(procs[LEGATE][0])?;
     eprintln!(
@@ -159,6 +181,7 @@ pub async fn all(
         sides: targets.len(),
         samples,
         ttfb,
+        responses_ttfb,
         served: tally.served,
         warm_errors: tally.warm_errors,
         first_warm_error: tally.first_warm_error,
@@ -173,13 +196,18 @@ fn rounds(total: Duration, slice: Duration) -> u64 {
     (n as u64).max(1)
 }
 
-async fn latency(
+/// Open loop over `targets` (each side's process ids in `procs`, in the same order), counted in
+/// `tally` by position.
+pub(crate) async fn latency(
     plan: Plan,
     targets: &[Target],
     procs: &[Vec<u32>],
     tally: &mut Tally,
 ) -> Result<Vec<Latency>, BenchError> {
-    eprintln!("bench:   open loop at {RATE} req/s per side over {OPEN_CONNECTIONS} connections");
+    eprintln!(
+        "bench:   open loop at {RATE} req/s per side over {OPEN_CONNECTIONS} connections, {}",
+        targets.first().map_or("", |t| t.api().path())
+    );
     let before: Vec<Duration> = procs.iter().map(|p| children::cpu_time(p)).collect();
     let splits =
         load::open_loop(targets, OPEN_CONNECTIONS, RATE, plan.warmup, plan.per_rate).await?;
@@ -213,8 +241,9 @@ async fn streams(
     tally: &mut Tally,
 ) -> Result<Vec<Outcome>, BenchError> {
     eprintln!(
-        "bench: {} sequential streams per side, time to first byte",
-        plan.streams
+        "bench: {} sequential streams per side, time to first byte, {}",
+        plan.streams,
+        targets.first().map_or("", |t| t.api().path())
     );
     let sides = targets.len();
     let mut conns = Vec::new();

@@ -1,11 +1,13 @@
 //! legate's overhead benchmark (`cargo bench --bench proxy`): the same load against
 //! `legate mock` directly, through `legate serve` in front of it, and through nginx in front
-//! of it when nginx is installed, side by side, judged against the product targets (added p99
-//! at most 0.3 ms at 1,000 req/s and no worse than nginx's, throughput at least half the bare
-//! mock's and nginx's, CPU per request at most 1.5 × nginx's, added stream time to first byte
-//! at most 0.3 ms, RSS at most 20 MiB after 10,000 requests, cold start at most 50 ms).
+//! of it when nginx is installed, side by side, on `/v1/messages` and `/v1/responses`, judged
+//! against the product targets (added p99 at most 0.3 ms at 1,000 req/s and no worse than
+//! nginx's, throughput at least half the bare mock's and nginx's, CPU per request at most
+//! 1.5 × nginx's, added stream time to first byte at most 0.3 ms, RSS at most 20 MiB after
+//! 10,000 requests, cold start at most 50 ms). A second table shows what the access log and
+//! OTLP trace export add (legate with each on vs both off).
 //!
-//! Progress goes to stderr; the Markdown results table and the machine line go to stdout.
+//! Progress goes to stderr; the Markdown results tables and the machine line go to stdout.
 //! `--quick` (or `BENCH_QUICK=1`) runs one short sample. Run without `--bench` (as
 //! `cargo test --all-targets` does) it is a smoke run of a few seconds that checks the
 //! machinery and judges nothing.
@@ -15,10 +17,12 @@ mod client;
 mod error;
 mod load;
 mod nginx;
+mod observe;
 mod pair;
 mod phases;
 mod report;
 mod results;
+mod sink;
 mod wire;
 
 use std::path::Path;
@@ -152,13 +156,23 @@ async fn run(plan: Plan) -> Result<u64, BenchError> {
     let mock = children::start_mock(bin).await?;
     let result = with_mock(plan, bin, dir.path(), &mock).await;
     mock.stop().await;
-    let (rows, names, failed) = result?;
-    println!("{}", report::table(&rows, &names));
+    let tables = result?;
+    println!("{}", report::table(&tables.main, &tables.names));
+    println!("{}", report::table(&tables.observe, &observe::NAMES));
     println!("{}", report::machine_line(plan.name, &load_before));
     if let Some(note) = report::busy_note(&load_before) {
         println!("\n{note}");
     }
-    Ok(failed)
+    Ok(tables.failed)
+}
+
+/// What a run prints: the main table (with its column names), the observability table, and
+/// how many requests failed in either.
+struct Tables {
+    main: Vec<report::Row>,
+    names: Vec<&'static str>,
+    observe: Vec<report::Row>,
+    failed: u64,
 }
 
 /// Everything that needs the mock: legate's cold starts, then legate (and nginx) in front of
@@ -168,7 +182,7 @@ async fn with_mock(
     bin: &Path,
     dir: &Path,
     mock: &Running,
-) -> Result<(Vec<report::Row>, Vec<&'static str>, u64), BenchError> {
+) -> Result<Tables, BenchError> {
     client::script_mock(&mock.base_url, client::MOCK_SCRIPT).await?;
     let cold = children::cold_starts(bin, dir, &mock.base_url, plan.cold_starts).await?;
     let legate = children::start_legate(bin, dir, &mock.base_url).await?;
@@ -195,11 +209,26 @@ async fn with_mock(
             .unwrap_or_default()
     );
     let result = measure(plan, mock, &legate, nginx.as_ref(), cold).await;
-    legate.stop().await;
     if let Some(n) = nginx {
         n.stop();
     }
-    result
+    let result = match result {
+        Ok(main) => observe::run(plan, bin, dir, &mock.base_url, &legate)
+            .await
+            .map(|observed| (main, observed)),
+        Err(e) => Err(e),
+    };
+    legate.stop().await;
+    let ((main, names, failed), observed) = result?;
+    if let Some(first) = observed.first_error() {
+        eprintln!("bench: first failure (access log and tracing): {first}");
+    }
+    Ok(Tables {
+        main,
+        names,
+        observe: observe::rows(&observed),
+        failed: failed + observed.failed(),
+    })
 }
 
 async fn measure(

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One row of the results table, already formatted: one cell per side, then one "added"
 /// cell per side other than the mock.
-pub struct Row {
+pub(crate) struct Row {
     pub metric: String,
     pub cells: Vec<String>,
     pub added: Vec<String>,
@@ -16,7 +16,7 @@ pub struct Row {
 
 impl Row {
     /// A row with no target.
-    pub fn plain(metric: String, cells: Vec<String>, added: Vec<String>) -> Row {
+    pub(crate) fn plain(metric: String, cells: Vec<String>, added: Vec<String>) -> Row {
         Row {
             metric,
             cells,
@@ -27,7 +27,7 @@ impl Row {
     }
 
     /// A row judged against `target`: `met` is `None` when the run cannot judge it.
-    pub fn judged(mut self, target: &str, met: Option<bool>) -> Row {
+    pub(crate) fn judged(mut self, target: &str, met: Option<bool>) -> Row {
         self.target = target.to_owned();
         self.met = match met {
             Some(true) => "yes".to_owned(),
@@ -40,7 +40,7 @@ impl Row {
 
 /// Renders the rows as a GitHub-flavoured Markdown table with one column per side (`names`,
 /// the mock first) and one "added" column per proxy.
-pub fn table(rows: &[Row], names: &[&str]) -> String {
+pub(crate) fn table(rows: &[Row], names: &[&str]) -> String {
     let mut out = String::from("| metric |");
     let mut rule = String::from("|---|");
     for name in names {
@@ -66,7 +66,7 @@ pub fn table(rows: &[Row], names: &[&str]) -> String {
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of already sorted samples.
-pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
     if sorted.is_empty() {
         return None;
     }
@@ -75,12 +75,12 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
 }
 
 /// Mebibytes (2^20 bytes), the unit the memory target is stated in.
-pub fn mebibytes(bytes: u64) -> String {
+pub(crate) fn mebibytes(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
 }
 
 /// A count with thousands separators: `12,345`.
-pub fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
@@ -93,7 +93,7 @@ pub fn thousands(n: u64) -> String {
 }
 
 /// The 1-minute load average from /proc/loadavg, `?` when unreadable.
-pub fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|text| text.split_whitespace().next().map(str::to_owned))
@@ -102,7 +102,7 @@ pub fn load_average() -> String {
 
 /// `Machine: <cpu model>, nproc N; <UTC date and time>; <what kind of run>; load average`.
 /// The load average is there because other work on a 2-core machine moves every number.
-pub fn machine_line(run: &str, load_before: &str) -> String {
+pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -118,7 +118,7 @@ pub fn machine_line(run: &str, load_before: &str) -> String {
 
 /// A warning to print under the table when other work kept the machine busy: on two cores a
 /// load average near one already puts scheduling delays into every tail latency.
-pub fn busy_note(load_before: &str) -> Option<String> {
+pub(crate) fn busy_note(load_before: &str) -> Option<String> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     // Only the reading taken before the run: the run itself raises the load average.
     let load: f64 = load_before.parse().ok()?;
@@ -169,7 +169,7 @@ fn civil_date(days_since_epoch: u64) -> (u64, u64, u64) {
 
 /// Checks of the pure helpers, run by the benchmark itself at start-up (a `harness = false`
 /// target has no test runner): a wrong table is worse than none.
-pub fn self_check() -> Result<(), String> {
+pub(crate) fn self_check() -> Result<(), String> {
     let cases = [
         (0, (1970, 1, 1)),
         (59, (1970, 3, 1)),

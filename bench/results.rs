@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use crate::Plan;
+use crate::client::Api;
 use crate::load::Outcome;
 use crate::pair::{DIRECT, LEGATE, NGINX};
 use crate::phases::{CONCURRENCY, OPEN_CONNECTIONS, RATE, Results};
+use crate::phases::{Latency, Sample};
 use crate::report::{self, Row};
 
 /// Added latency (p99 at the open-loop rate, stream time to first byte) must stay under this.
@@ -25,14 +27,14 @@ const COLD_START_LIMIT_MS: f64 = 50.0;
 
 /// Median, smallest and largest of per-sample values.
 #[derive(Debug, Clone, Copy)]
-struct Spread {
-    median: f64,
+pub(crate) struct Spread {
+    pub(crate) median: f64,
     min: f64,
     max: f64,
     n: usize,
 }
 
-fn spread(values: &[f64]) -> Option<Spread> {
+pub(crate) fn spread(values: &[f64]) -> Option<Spread> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return None;
@@ -53,7 +55,7 @@ fn spread(values: &[f64]) -> Option<Spread> {
 }
 
 /// `0.470 ms`, or `0.470 ms (0.410–0.520)` over several samples; `sign` prints `+`/`−`.
-fn show(s: Option<Spread>, unit: &str, digits: usize, sign: bool) -> String {
+pub(crate) fn show(s: Option<Spread>, unit: &str, digits: usize, sign: bool) -> String {
     let Some(s) = s else {
         return "n/a".to_owned();
     };
@@ -71,14 +73,22 @@ fn show(s: Option<Spread>, unit: &str, digits: usize, sign: bool) -> String {
     }
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn percentile_ms(o: &Outcome, p: f64) -> f64 {
+pub(crate) fn percentile_ms(o: &Outcome, p: f64) -> f64 {
     let mut samples = o.samples.clone();
     samples.sort_unstable();
     report::percentile(&samples, p).map_or(f64::NAN, ms)
+}
+
+/// The open-loop measurement of one API in a sample.
+fn of_api(s: &Sample, api: Api) -> &[Latency] {
+    match api {
+        Api::Messages => &s.latency,
+        Api::Responses => &s.responses,
+    }
 }
 
 fn judge(plan: Plan, ok: Option<bool>) -> Option<bool> {
@@ -90,35 +100,32 @@ impl Results {
         let sampled = self.samples.iter().flat_map(|s| {
             s.latency
                 .iter()
+                .chain(&s.responses)
                 .map(|l| &l.outcome)
                 .chain(s.throughput.iter().map(|t| &t.outcome))
         });
-        sampled.chain(&self.ttfb)
+        sampled.chain(&self.ttfb).chain(&self.responses_ttfb)
     }
 
     /// Failed requests anywhere in the run.
-    pub fn failed(&self) -> u64 {
+    pub(crate) fn failed(&self) -> u64 {
         self.outcomes().map(|o| o.errors).sum::<u64>() + self.warm_errors
     }
 
     /// The first failure of the run, to explain a non-zero [`Results::failed`].
-    pub fn first_error(&self) -> Option<&str> {
+    pub(crate) fn first_error(&self) -> Option<&str> {
         self.outcomes()
             .find_map(|o| o.first_error.as_deref())
             .or(self.first_warm_error.as_deref())
     }
 
     /// Per-sample values of `f(sample, side)`.
-    fn per_sample(
-        &self,
-        side: usize,
-        f: impl Fn(&crate::phases::Sample, usize) -> f64,
-    ) -> Vec<f64> {
+    fn per_sample(&self, side: usize, f: impl Fn(&Sample, usize) -> f64) -> Vec<f64> {
         self.samples.iter().map(|s| f(s, side)).collect()
     }
 
     /// Per-sample `f(side) − f(mock)`.
-    fn added(&self, side: usize, f: impl Fn(&crate::phases::Sample, usize) -> f64) -> Vec<f64> {
+    fn added(&self, side: usize, f: impl Fn(&Sample, usize) -> f64) -> Vec<f64> {
         self.samples
             .iter()
             .map(|s| f(s, side) - f(s, DIRECT))
@@ -126,23 +133,25 @@ impl Results {
     }
 
     /// The results table, in the order the phases ran.
-    pub fn rows(&self, plan: Plan) -> Vec<Row> {
-        let mut rows = self.latency_rows(plan);
-        rows.extend(self.ttfb_rows(plan));
+    pub(crate) fn rows(&self, plan: Plan) -> Vec<Row> {
+        let mut rows = self.latency_rows(plan, Api::Messages);
+        rows.extend(self.ttfb_rows(plan, Api::Messages));
+        rows.extend(self.latency_rows(plan, Api::Responses));
+        rows.extend(self.ttfb_rows(plan, Api::Responses));
         rows.extend(self.throughput_rows(plan));
         rows.extend(self.memory_rows(plan));
         rows
     }
 
-    fn latency_rows(&self, plan: Plan) -> Vec<Row> {
+    fn latency_rows(&self, plan: Plan, api: Api) -> Vec<Row> {
         let at = format!(
-            "@ {} req/s per side, {OPEN_CONNECTIONS} connections",
+            "{} @ {} req/s per side, {OPEN_CONNECTIONS} connections",
+            api.path(),
             report::thousands(u64::from(RATE))
         );
         let mut rows = Vec::new();
         for (name, p) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
-            let f =
-                |s: &crate::phases::Sample, side: usize| percentile_ms(&s.latency[side].outcome, p);
+            let f = |s: &Sample, side: usize| percentile_ms(&of_api(s, api)[side].outcome, p);
             let cells = (0..self.sides)
                 .map(|side| show(spread(&self.per_sample(side, f)), " ms", 3, false))
                 .collect();
@@ -160,7 +169,7 @@ impl Results {
                 let clean = self
                     .samples
                     .iter()
-                    .all(|s| s.latency.iter().all(|l| l.outcome.errors == 0));
+                    .all(|s| of_api(s, api).iter().all(|l| l.outcome.errors == 0));
                 let met = legate
                     .map(|l| clean && l <= ADDED_LIMIT_MS && nginx.is_none_or(|n| l <= n.max(0.0)));
                 row.judged("added ≤ 0.3 ms and ≤ nginx's", judge(plan, met))
@@ -170,7 +179,7 @@ impl Results {
         }
         let count = |side: usize| {
             let (ok, failed) = self.samples.iter().fold((0, 0), |(ok, failed), s| {
-                let o = &s.latency[side].outcome;
+                let o = &of_api(s, api)[side].outcome;
                 (ok + o.ok, failed + o.errors)
             });
             format!("{ok} ok / {failed} failed")
@@ -180,8 +189,8 @@ impl Results {
             (0..self.sides).map(count).collect(),
             vec!["—".to_owned(); self.sides - 1],
         ));
-        let cpu = |s: &crate::phases::Sample, side: usize| {
-            let l = &s.latency[side];
+        let cpu = |s: &Sample, side: usize| {
+            let l = &of_api(s, api)[side];
             ms(l.cpu) / l.all_requests.max(1) as f64
         };
         rows.push(self.cpu_row(plan, format!("proxy CPU per request {at}"), cpu, false));
@@ -194,7 +203,7 @@ impl Results {
         &self,
         plan: Plan,
         metric: String,
-        f: impl Fn(&crate::phases::Sample, usize) -> f64 + Copy,
+        f: impl Fn(&Sample, usize) -> f64 + Copy,
         judged: bool,
     ) -> Row {
         let cells = (0..self.sides)
@@ -226,17 +235,21 @@ impl Results {
         }
     }
 
-    fn ttfb_rows(&self, plan: Plan) -> Vec<Row> {
+    fn ttfb_rows(&self, plan: Plan, api: Api) -> Vec<Row> {
+        let ttfb = match api {
+            Api::Messages => &self.ttfb,
+            Api::Responses => &self.responses_ttfb,
+        };
         [("p50", 50.0), ("p99", 99.0)]
             .into_iter()
             .map(|(name, p)| {
-                let at: Vec<f64> = self.ttfb.iter().map(|o| percentile_ms(o, p)).collect();
+                let at: Vec<f64> = ttfb.iter().map(|o| percentile_ms(o, p)).collect();
                 let one = |x: f64| show(spread(&[x]), " ms", 3, false);
                 let added: Vec<f64> = at.iter().skip(1).map(|x| x - at[DIRECT]).collect();
-                let clean = self.ttfb.iter().all(|o| o.errors == 0);
+                let clean = ttfb.iter().all(|o| o.errors == 0);
                 let met = clean && added[LEGATE - 1] <= ADDED_LIMIT_MS;
                 Row::plain(
-                    format!("stream time to first byte {name}"),
+                    format!("stream time to first byte {name}, {}", api.path()),
                     at.iter().map(|x| one(*x)).collect(),
                     added
                         .iter()
@@ -249,7 +262,7 @@ impl Results {
     }
 
     fn throughput_rows(&self, plan: Plan) -> Vec<Row> {
-        let rate = |s: &crate::phases::Sample, side: usize| s.throughput[side].per_second();
+        let rate = |s: &Sample, side: usize| s.throughput[side].per_second();
         let cells = (0..self.sides)
             .map(|side| show(spread(&self.per_sample(side, rate)), " req/s", 0, false))
             .collect();
@@ -274,7 +287,7 @@ impl Results {
                 .collect(),
         )
         .judged("≥ 0.5 × mock and ≥ nginx", judge(plan, met));
-        let cpu = |s: &crate::phases::Sample, side: usize| {
+        let cpu = |s: &Sample, side: usize| {
             let t = &s.throughput[side];
             ms(t.cpu) / t.all_requests.max(1) as f64
         };

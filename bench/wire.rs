@@ -21,14 +21,14 @@ use crate::error::BenchError;
 const MAX_RESPONSE: usize = 1 << 20;
 
 /// One keep-alive connection.
-pub struct Conn {
+pub(crate) struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
 }
 
 /// What came back: the status and when the first body byte was seen.
 #[derive(Debug, Clone, Copy)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub first_byte: Option<Instant>,
 }
@@ -42,7 +42,7 @@ enum Framing {
 }
 
 impl Conn {
-    pub async fn open(addr: SocketAddr) -> Result<Conn, BenchError> {
+    pub(crate) async fn open(addr: SocketAddr) -> Result<Conn, BenchError> {
         let stream = TcpStream::connect(addr).await.map_err(BenchError::Wire)?;
         // Without it Nagle's algorithm would hold small writes and dwarf what is measured.
         stream.set_nodelay(true).map_err(BenchError::Wire)?;
@@ -53,7 +53,7 @@ impl Conn {
     }
 
     /// Writes `request` and reads the whole response.
-    pub async fn exchange(&mut self, request: &[u8]) -> Result<Reply, BenchError> {
+    pub(crate) async fn exchange(&mut self, request: &[u8]) -> Result<Reply, BenchError> {
         self.stream
             .write_all(request)
             .await
@@ -133,7 +133,7 @@ impl Conn {
 }
 
 /// Encodes a request once: `host` is the `Host` header, `headers` are `name: value` pairs.
-pub fn request(
+pub(crate) fn request(
     method: &str,
     path: &str,
     host: &str,
@@ -205,7 +205,7 @@ fn chunk_size(line: &[u8]) -> Result<usize, BenchError> {
 }
 
 /// Checks of the parser, run by the benchmark at start-up.
-pub fn self_check() -> Result<(), String> {
+pub(crate) fn self_check() -> Result<(), String> {
     let head = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n";
     match parse_head(head) {
         Ok((200, Framing::Length(12))) => {}
@@ -223,7 +223,7 @@ pub fn self_check() -> Result<(), String> {
 }
 
 /// Resolves `http://127.0.0.1:PORT` to its socket address.
-pub fn address(base_url: &str) -> Result<SocketAddr, BenchError> {
+pub(crate) fn address(base_url: &str) -> Result<SocketAddr, BenchError> {
     base_url
         .strip_prefix("http://")
         .and_then(|a| a.parse().ok())

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::api::ApiShape;
+use crate::api::{ApiKind, ErrorClass, LocalError};
 
 /// Where a failure came from: decides whether the SDK may retry it and how it is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,11 +22,6 @@ pub enum Source {
 pub enum ProxyError {
     /// Body not JSON, or lacking a required field (message says which).
     InvalidRequest { message: String },
-    /// The model name is routed to a provider of the other API.
-    WrongApi {
-        model: String,
-        served_by: &'static str,
-    },
     /// No such endpoint.
     NotFound { method: String, path: String },
     /// `GET /v1/models/{id}` for a model legate has not configured.
@@ -77,9 +72,9 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::InvalidRequest { .. }
-            | ProxyError::WrongApi { .. }
-            | ProxyError::NeverFits { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::InvalidRequest { .. } | ProxyError::NeverFits { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Shed { .. } => overloaded(),
             ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
@@ -105,7 +100,6 @@ impl ProxyError {
     pub fn source(&self) -> Source {
         match self {
             ProxyError::InvalidRequest { .. }
-            | ProxyError::WrongApi { .. }
             | ProxyError::NotFound { .. }
             | ProxyError::ModelNotFound { .. }
             | ProxyError::TooLarge { .. }
@@ -132,7 +126,6 @@ impl ProxyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::InvalidRequest { .. } => "invalid_request",
-            ProxyError::WrongApi { .. } => "wrong_api",
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::TooLarge { .. } => "too_large",
@@ -156,22 +149,23 @@ impl ProxyError {
         }
     }
 
-    /// Anthropic `error.type`.
-    fn anthropic_type(&self) -> &'static str {
+    /// What the error means, in the vocabulary every dialect has a type for. Deadlines and
+    /// upstream timeouts are server errors (SPEC §5: 504 `api_error`), not the API's
+    /// `timeout_error`, which names a timeout inside the provider.
+    pub fn class(&self) -> ErrorClass {
         match self {
             ProxyError::InvalidRequest { .. }
-            | ProxyError::WrongApi { .. }
             | ProxyError::ForbiddenTarget
-            | ProxyError::BodyTimeout => "invalid_request_error",
-            ProxyError::ForbiddenOrigin => "permission_error",
-            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => "not_found_error",
-            ProxyError::TooLarge { .. } => "request_too_large",
-            ProxyError::Unauthorized => "authentication_error",
+            | ProxyError::BodyTimeout
+            | ProxyError::NeverFits { .. } => ErrorClass::InvalidRequest,
+            ProxyError::ForbiddenOrigin => ErrorClass::Permission,
+            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => ErrorClass::NotFound,
+            ProxyError::TooLarge { .. } => ErrorClass::TooLarge,
+            ProxyError::Unauthorized => ErrorClass::Authentication,
             ProxyError::AllBreakersOpen { .. }
             | ProxyError::Shed { .. }
-            | ProxyError::BuffersFull { .. } => "overloaded_error",
-            ProxyError::RateLimited { .. } => "rate_limit_error",
-            ProxyError::NeverFits { .. } => "invalid_request_error",
+            | ProxyError::BuffersFull { .. } => ErrorClass::Overloaded,
+            ProxyError::RateLimited { .. } => ErrorClass::RateLimited,
             ProxyError::NoProviderKey { .. }
             | ProxyError::CredentialUnavailable { .. }
             | ProxyError::UpstreamUnreachable { .. }
@@ -179,39 +173,34 @@ impl ProxyError {
             | ProxyError::UpstreamStreamBroken { .. }
             | ProxyError::UpstreamAnswerUnusable { .. }
             | ProxyError::DeadlineExceeded
-            | ProxyError::Internal => "api_error",
+            | ProxyError::Internal => ErrorClass::Server,
         }
     }
 
-    /// OpenAI `error.type` and `error.code`.
-    fn openai_type_code(&self) -> (&'static str, &'static str) {
+    /// The machine-readable code of the error (OpenAI's `error.code`).
+    pub fn code(&self) -> &'static str {
         match self {
-            ProxyError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
-            ProxyError::WrongApi { .. } => ("invalid_request_error", "model_not_found"),
-            ProxyError::NotFound { .. } => ("invalid_request_error", "unknown_url"),
-            ProxyError::ModelNotFound { .. } => ("invalid_request_error", "model_not_found"),
-            ProxyError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
-            ProxyError::Unauthorized => ("authentication_error", "invalid_api_key"),
-            ProxyError::ForbiddenTarget => ("invalid_request_error", "forbidden_target"),
-            ProxyError::ForbiddenOrigin => ("permission_error", "forbidden_origin"),
-            ProxyError::BodyTimeout => ("invalid_request_error", "request_timeout"),
-            ProxyError::BuffersFull { .. } => ("server_error", "overloaded"),
-            ProxyError::NoProviderKey { .. } => ("server_error", "no_provider_key"),
-            ProxyError::CredentialUnavailable { .. } => ("server_error", "credential_unavailable"),
-            ProxyError::UpstreamUnreachable { .. } => ("server_error", "upstream_unreachable"),
-            ProxyError::UpstreamTimeout { .. } => ("server_error", "upstream_timeout"),
-            ProxyError::DeadlineExceeded => ("server_error", "deadline_exceeded"),
-            ProxyError::UpstreamStreamBroken { .. } => ("server_error", "upstream_stream_broken"),
-            ProxyError::UpstreamAnswerUnusable { .. } => {
-                ("server_error", "upstream_answer_unusable")
-            }
-            ProxyError::AllBreakersOpen { .. } => ("server_error", "overloaded"),
-            ProxyError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
-            ProxyError::NeverFits { .. } => {
-                ("invalid_request_error", "request_too_large_for_limit")
-            }
-            ProxyError::Shed { .. } => ("server_error", "overloaded"),
-            ProxyError::Internal => ("server_error", "internal_error"),
+            ProxyError::InvalidRequest { .. } => "invalid_request",
+            ProxyError::NotFound { .. } => "unknown_url",
+            ProxyError::ModelNotFound { .. } => "model_not_found",
+            ProxyError::TooLarge { .. } => "request_too_large",
+            ProxyError::Unauthorized => "invalid_api_key",
+            ProxyError::ForbiddenTarget => "forbidden_target",
+            ProxyError::ForbiddenOrigin => "forbidden_origin",
+            ProxyError::BodyTimeout => "request_timeout",
+            ProxyError::NoProviderKey { .. } => "no_provider_key",
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
+            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::DeadlineExceeded => "deadline_exceeded",
+            ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
+            ProxyError::UpstreamAnswerUnusable { .. } => "upstream_answer_unusable",
+            ProxyError::AllBreakersOpen { .. }
+            | ProxyError::Shed { .. }
+            | ProxyError::BuffersFull { .. } => "overloaded",
+            ProxyError::RateLimited { .. } => "rate_limit_exceeded",
+            ProxyError::NeverFits { .. } => "request_too_large_for_limit",
+            ProxyError::Internal => "internal_error",
         }
     }
 
@@ -219,9 +208,6 @@ impl ProxyError {
     pub fn message(&self) -> String {
         match self {
             ProxyError::InvalidRequest { message } => message.clone(),
-            ProxyError::WrongApi { model, served_by } => format!(
-                "model `{model}` is served by a provider of the {served_by} API; send it to that API's endpoint"
-            ),
             ProxyError::NotFound { method, path } => format!(
                 "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models and POST /v1/chat/completions"
             ),
@@ -293,22 +279,15 @@ impl ProxyError {
     }
 
     /// Renders the error in the caller's API shape with the headers the SDKs act on.
-    pub fn render(&self, api: ApiShape, request_id: &str) -> Response<Bytes> {
+    pub fn render(&self, api: ApiKind, request_id: &str) -> Response<Bytes> {
         let message = self.message();
-        let body = match api {
-            ApiShape::Anthropic => serde_json::json!({
-                "type": "error",
-                "error": {"type": self.anthropic_type(), "message": message},
-                "request_id": request_id,
-            }),
-            ApiShape::OpenAi | ApiShape::Responses => {
-                let (kind, code) = self.openai_type_code();
-                serde_json::json!({
-                    "error": {"message": message, "type": kind, "param": null, "code": code}
-                })
-            }
+        let local = LocalError {
+            class: self.class(),
+            code: self.code(),
+            message: &message,
         };
-        let mut resp = Response::new(Bytes::from(body.to_string()));
+        let body = api.dialect().error_body(local, request_id);
+        let mut resp = Response::new(body);
         *resp.status_mut() = self.status();
         let headers = resp.headers_mut();
         headers.insert(
@@ -359,7 +338,7 @@ mod tests {
 
     #[test]
     fn anthropic_shape_has_type_error_and_request_id() {
-        let resp = ProxyError::TooLarge { limit: 10 }.render(ApiShape::Anthropic, "lgt_1");
+        let resp = ProxyError::TooLarge { limit: 10 }.render(ApiKind::Anthropic, "lgt_1");
         assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let v = json(&resp);
         assert_eq!(v["type"], "error");
@@ -370,7 +349,7 @@ mod tests {
 
     #[test]
     fn openai_shape_has_code_and_null_param() {
-        let resp = ProxyError::Unauthorized.render(ApiShape::OpenAi, "lgt_2");
+        let resp = ProxyError::Unauthorized.render(ApiKind::OpenAi, "lgt_2");
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
         let v = json(&resp);
         assert_eq!(v["error"]["type"], "authentication_error");
@@ -383,7 +362,7 @@ mod tests {
         let resp = ProxyError::UpstreamUnreachable {
             provider: "anthropic".into(),
         }
-        .render(ApiShape::Anthropic, "x");
+        .render(ApiKind::Anthropic, "x");
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(
             resp.headers().get("x-should-retry").map(|v| v.as_bytes()),

@@ -113,15 +113,8 @@ fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// `legate agent`: the loop's own exit codes (SPEC §9) become the process's.
 fn agent(args: legate::agent::AgentArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("legate: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
     };
     let code = rt.block_on(legate::agent::run(args));
     // A terminal prompt left unanswered after Ctrl-C holds a blocking thread; do not wait for it.
@@ -130,21 +123,28 @@ fn agent(args: legate::agent::AgentArgs) -> ExitCode {
 }
 
 fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("legate: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
     };
     match rt.block_on(fut) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("legate: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The one place the tokio runtime is built; None (reported) if the OS refuses it.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("legate: cannot start the runtime: {e}");
+            None
         }
     }
 }

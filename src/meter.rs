@@ -116,32 +116,38 @@ pub fn format_usd_per_mtok(pico_per_token: u64) -> String {
     format!("{whole}.{}", frac.trim_end_matches('0'))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Token usage of one answer, normalised across APIs (SPEC §6): the four kinds never
+/// overlap. `input` is uncached input only, `cache_read` and `cache_write` are the cached
+/// parts, `output` is everything generated (reasoning included). Each dialect reads its
+/// API's usage into this shape.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
 
-    #[test]
-    fn prices_parse_exactly() {
-        assert_eq!(parse_usd_per_mtok("3"), Ok(3_000_000));
-        assert_eq!(parse_usd_per_mtok("3.75"), Ok(3_750_000));
-        assert_eq!(parse_usd_per_mtok("0.30"), Ok(300_000));
-        assert_eq!(parse_usd_per_mtok(".5"), Ok(500_000));
-        assert_eq!(parse_usd_per_mtok("0.000001"), Ok(1));
-        assert!(parse_usd_per_mtok("0.0000001").is_err());
-        assert!(parse_usd_per_mtok("-1").is_err());
-        assert!(parse_usd_per_mtok("1e3").is_err());
-        assert!(parse_usd_per_mtok("").is_err());
-        assert!(parse_usd_per_mtok(".").is_err());
+impl Usage {
+    /// Cost in pico-USD, all four kinds priced.
+    pub fn cost_pico(&self, price: &Price) -> u128 {
+        [
+            (self.input, price.input),
+            (self.output, price.output),
+            (self.cache_read, price.cache_read),
+            (self.cache_write, price.cache_write),
+        ]
+        .iter()
+        .map(|&(tokens, per_token)| u128::from(tokens) * u128::from(per_token))
+        .fold(0u128, u128::saturating_add)
     }
 
-    #[test]
-    fn usd_amounts_round_trip() {
-        assert_eq!(parse_usd("25"), Ok(25 * PICO_PER_USD));
-        assert_eq!(parse_usd("0.000000000001"), Ok(1));
-        assert_eq!(format_usd(1), "0.000000000001");
-        assert_eq!(format_usd(25 * PICO_PER_USD), "25");
-        assert_eq!(format_usd(parse_usd("1.5").unwrap_or(0)), "1.5");
-        assert_eq!(format_usd_per_mtok(3_750_000), "3.75");
+    /// All tokens of the four kinds (what a tokens-per-minute bucket is charged for).
+    pub fn total(&self) -> u64 {
+        self.input
+            .saturating_add(self.output)
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write)
     }
 }
 
@@ -189,20 +195,36 @@ impl LedgerEntry {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LedgerEntry {
     pub requests: u64,
-    pub usage: crate::usage::Usage,
+    pub usage: Usage,
     pub cost_pico: u128,
 }
 
 impl Ledger {
-    pub fn record(&self, tenant: &str, target: &str, usage: crate::usage::Usage, cost_pico: u128) {
-        let mut map = match self.entries.lock() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+    /// One request served, its usage and cost.
+    pub fn record(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
         let this = LedgerEntry {
             requests: 1,
             usage,
             cost_pico,
+        };
+        self.add(tenant, target, this);
+    }
+
+    /// Usage of an attempt that served nothing (it failed before its commit point) but that
+    /// the provider reported, and may bill: tokens and cost, no request.
+    pub fn record_unserved(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
+        let this = LedgerEntry {
+            requests: 0,
+            usage,
+            cost_pico,
+        };
+        self.add(tenant, target, this);
+    }
+
+    fn add(&self, tenant: &str, target: &str, this: LedgerEntry) {
+        let mut map = match self.entries.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
         };
         let key = (tenant.to_string(), target.to_string());
         let (e, evicted) = map.recent.entry(&key, LedgerEntry::default);
@@ -253,5 +275,68 @@ impl Ledger {
             }
         }
         serde_json::json!({ "tenants": tenants })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_parse_exactly() {
+        assert_eq!(parse_usd_per_mtok("3"), Ok(3_000_000));
+        assert_eq!(parse_usd_per_mtok("3.75"), Ok(3_750_000));
+        assert_eq!(parse_usd_per_mtok("0.30"), Ok(300_000));
+        assert_eq!(parse_usd_per_mtok(".5"), Ok(500_000));
+        assert_eq!(parse_usd_per_mtok("0.000001"), Ok(1));
+        assert!(parse_usd_per_mtok("0.0000001").is_err());
+        assert!(parse_usd_per_mtok("-1").is_err());
+        assert!(parse_usd_per_mtok("1e3").is_err());
+        assert!(parse_usd_per_mtok("").is_err());
+        assert!(parse_usd_per_mtok(".").is_err());
+    }
+
+    #[test]
+    fn usd_amounts_round_trip() {
+        assert_eq!(parse_usd("25"), Ok(25 * PICO_PER_USD));
+        assert_eq!(parse_usd("0.000000000001"), Ok(1));
+        assert_eq!(format_usd(1), "0.000000000001");
+        assert_eq!(format_usd(25 * PICO_PER_USD), "25");
+        assert_eq!(format_usd(parse_usd("1.5").unwrap_or(0)), "1.5");
+        assert_eq!(format_usd_per_mtok(3_750_000), "3.75");
+    }
+
+    #[test]
+    fn cost_prices_all_four_kinds() {
+        let price = Price {
+            input: 3_000_000,
+            output: 15_000_000,
+            cache_write: 3_750_000,
+            cache_read: 300_000,
+        };
+        let u = Usage {
+            input: 10,
+            output: 2,
+            cache_read: 100,
+            cache_write: 4,
+        };
+        assert_eq!(
+            u.cost_pico(&price),
+            30_000_000 + 30_000_000 + 30_000_000 + 15_000_000
+        );
+        let max = Usage {
+            input: u64::MAX,
+            output: u64::MAX,
+            cache_read: u64::MAX,
+            cache_write: u64::MAX,
+        };
+        let max_price = Price {
+            input: u64::MAX,
+            output: u64::MAX,
+            cache_write: u64::MAX,
+            cache_read: u64::MAX,
+        };
+        assert_eq!(max.cost_pico(&max_price), u128::MAX);
+        assert_eq!(u.total(), 116);
     }
 }

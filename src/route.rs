@@ -17,8 +17,6 @@ use crate::splice;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub steps: Vec<ChainStep>,
-    /// True when the caller named a `[[models]]` entry rather than a provider's model.
-    pub via_entry: bool,
 }
 
 /// Resolves the model a caller sent on the `api` endpoint to its chain (the most specific
@@ -37,14 +35,12 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
                 model.clone_into(&mut step.model);
             }
         }
-        return Ok(Resolved {
-            steps,
-            via_entry: true,
-        });
+        return Ok(Resolved { steps });
     }
     let provider = match api {
         ApiKind::Anthropic => &cfg.routing.anthropic,
-        ApiKind::OpenAi => &cfg.routing.openai,
+        // Responses callers are routed like the other OpenAI API.
+        ApiKind::OpenAi | ApiKind::Responses => &cfg.routing.openai,
     };
     Ok(Resolved {
         steps: vec![ChainStep {
@@ -53,7 +49,6 @@ pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, Prox
             max_tokens: None,
             drop_thinking: false,
         }],
-        via_entry: false,
     })
 }
 
@@ -82,13 +77,7 @@ pub fn fit(
     };
     if let (Some(cap), Some(asked)) = (cap, meta.max_tokens) {
         if asked > cap {
-            let keys: &[&str] = match api {
-                ApiKind::Anthropic => &["max_tokens"],
-                // Chat Completions, or the Responses API's `max_output_tokens`: only a key
-                // present in the body is replaced.
-                ApiKind::OpenAi => &["max_completion_tokens", "max_tokens", "max_output_tokens"],
-            };
-            for key in keys {
+            for key in api.dialect().max_tokens_keys() {
                 if let Some(changed) = splice::replace_top_level(&out, key, &cap.to_string()) {
                     out = Cow::Owned(changed);
                 }

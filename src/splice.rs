@@ -56,7 +56,7 @@ pub(crate) fn top_level_members(body: &[u8]) -> Members<'_> {
 impl Members<'_> {
     /// True when the body turned out not to be a well-formed object (only meaningful once the
     /// iterator has returned `None`).
-    pub fn is_malformed(&self) -> bool {
+    pub(crate) fn is_malformed(&self) -> bool {
         self.state != WalkState::Done
     }
 
@@ -309,6 +309,34 @@ pub fn replace_top_level(body: &[u8], key: &str, new_json_value: &str) -> Option
     Some(out)
 }
 
+/// Returns a new body with the member `key: json_value` added after the last member (or into
+/// an empty object); every other byte identical. None if the key is already there or the body
+/// is not an object.
+pub fn insert_top_level(body: &[u8], key: &str, json_value: &str) -> Option<Vec<u8>> {
+    let mut members = top_level_members(body);
+    let mut last_end = None;
+    for m in members.by_ref() {
+        if key_matches(&body[m.key.clone()], key) {
+            return None;
+        }
+        last_end = Some(m.value.end);
+    }
+    if members.is_malformed() {
+        return None;
+    }
+    let member = format!("{}:{json_value}", json_string(key));
+    let (at, text) = match last_end {
+        Some(end) => (end, format!(",{member}")),
+        // Only whitespace precedes the opening brace of a well-formed object.
+        None => (body.iter().position(|&b| b == b'{')? + 1, member),
+    };
+    let mut out = Vec::with_capacity(body.len() + text.len());
+    out.extend_from_slice(&body[..at]);
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&body[at..]);
+    Some(out)
+}
+
 /// Removes a top-level member (and exactly one adjoining comma), leaving everything else
 /// identical and the result valid JSON. None if the key is absent or the body is not an object.
 pub fn remove_top_level(body: &[u8], key: &str) -> Option<Vec<u8>> {
@@ -425,6 +453,21 @@ mod tests {
             Some("{  }")
         );
         assert_eq!(remove_top_level(br#"{"a":1}"#, "b"), None);
+    }
+
+    #[test]
+    fn inserts_after_the_last_member() {
+        assert_eq!(
+            s(insert_top_level(br#"{"a":1, "b" : [2] }"#, "c", "true")).as_deref(),
+            Some(r#"{"a":1, "b" : [2],"c":true }"#)
+        );
+        assert_eq!(
+            s(insert_top_level(b" { } ", "c", "{}")).as_deref(),
+            Some(r#" {"c":{} } "#)
+        );
+        assert_eq!(insert_top_level(br#"{"c":1}"#, "c", "2"), None);
+        assert_eq!(insert_top_level(br#"{"c":1"#, "d", "2"), None);
+        assert_eq!(insert_top_level(b"[]", "d", "2"), None);
     }
 
     #[test]

@@ -184,6 +184,14 @@ fn into_string(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
+/// Every complete event of `wire`, for tests that classify or read recorded streams.
+#[cfg(test)]
+pub(crate) fn events_of(wire: &str) -> Vec<SseEvent> {
+    let mut p = SseParser::new();
+    p.push(wire.as_bytes());
+    std::iter::from_fn(|| p.next_event()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ pub fn input_tokens(kind: ApiKind, model: &str, body: &[u8]) -> Option<u64> {
     let request: Value = serde_json::from_slice(body).ok()?;
     Some(match kind {
         ApiKind::OpenAi => chat_tokens(&request, encoding(model)),
-        ApiKind::Anthropic => by_bytes(&request),
+        ApiKind::Anthropic | ApiKind::Responses => by_bytes(&request),
     })
 }
 

@@ -1,6 +1,6 @@
 //! One upstream provider: its pooled HTTP client (hyper-util over hyper-rustls, see [`pool`]),
 //! its live credential, its concurrency cap, and how a request to it is built. The per-attempt
-//! timeouts are applied by the caller (`proxy::attempt`), which knows the request's deadline.
+//! timeouts are applied by the caller (`proxy::exchange`), which knows the request's deadline.
 
 mod pool;
 
@@ -330,6 +330,17 @@ impl Upstream {
     /// Whether a key is loaded now (for `/admin/state`; never the key itself).
     pub fn has_key(&self) -> bool {
         self.key.current().is_some()
+    }
+
+    /// The API a step on this provider is called in for a caller of `caller`: the Responses
+    /// API when the caller speaks it and this `openai` provider serves it (cloud platforms are
+    /// reached through their chat endpoints), else the provider's own kind.
+    pub fn speaks(&self, caller: ApiKind) -> ApiKind {
+        let responses = caller == ApiKind::Responses
+            && self.kind == ApiKind::OpenAi
+            && self.responses
+            && self.cloud.is_none();
+        if responses { caller } else { self.kind }
     }
 
     /// What removes this provider's key from its answers (`None` without a key).

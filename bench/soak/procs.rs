@@ -11,14 +11,14 @@ use tokio::process::{Child, Command};
 
 /// The provider key legate is given; the echoing upstream sends it back, and it must never
 /// reach a caller.
-pub const PROVIDER_KEY: &str = "sk-soak-provider-key-5d1e";
+pub(crate) const PROVIDER_KEY: &str = "sk-soak-provider-key-5d1e";
 
 /// The limits under test, small enough that a short run reaches them.
-pub const MAX_CONNECTIONS: u64 = 256;
-pub const ADMIN_MAX_CONNECTIONS: u64 = 16;
-pub const MAX_BODY_BYTES: usize = 2 << 20;
-pub const MAX_BUFFERED_BYTES: usize = 8 << 20;
-pub const MAX_EVENT_BYTES: usize = 128 << 10;
+pub(crate) const MAX_CONNECTIONS: u64 = 256;
+pub(crate) const ADMIN_MAX_CONNECTIONS: u64 = 16;
+pub(crate) const MAX_BODY_BYTES: usize = 2 << 20;
+pub(crate) const MAX_BUFFERED_BYTES: usize = 8 << 20;
+pub(crate) const MAX_EVENT_BYTES: usize = 128 << 10;
 
 /// `legate serve`'s config: both providers at the mock, short deadlines so hostile peers are
 /// cut within a sample interval, and a short pool idle time so upstream connections settle.
@@ -66,21 +66,21 @@ openai = "openai"
 }
 
 /// A running child, killed when dropped.
-pub struct Running {
+pub(crate) struct Running {
     child: Child,
-    pub pid: u32,
-    pub url: String,
-    pub admin_url: Option<String>,
+    pub(crate) pid: u32,
+    pub(crate) url: String,
+    pub(crate) admin_url: Option<String>,
 }
 
 impl Running {
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
 }
 
-pub async fn start_mock(bin: &Path) -> Result<Running, String> {
+pub(crate) async fn start_mock(bin: &Path) -> Result<Running, String> {
     let mut cmd = Command::new(bin);
     cmd.args(["mock", "--listen", "127.0.0.1:0"]);
     start(cmd, |line| {
@@ -92,7 +92,11 @@ pub async fn start_mock(bin: &Path) -> Result<Running, String> {
     .await
 }
 
-pub async fn start_legate(bin: &Path, dir: &Path, mock_url: &str) -> Result<Running, String> {
+pub(crate) async fn start_legate(
+    bin: &Path,
+    dir: &Path,
+    mock_url: &str,
+) -> Result<Running, String> {
     let path = dir.join("legate-soak.toml");
     std::fs::write(&path, config_text(mock_url)).map_err(|e| format!("config: {e}"))?;
     let mut cmd = Command::new(bin);
@@ -138,13 +142,13 @@ async fn start(mut cmd: Command, announce: Announce) -> Result<Running, String> 
 }
 
 /// Resident memory of `pid`, in KiB.
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Open descriptors of `pid`.
-pub fn open_fds(pid: u32) -> Option<u64> {
+pub(crate) fn open_fds(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
 }

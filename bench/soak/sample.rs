@@ -14,28 +14,28 @@ use crate::procs;
 
 /// One row of the table.
 #[derive(Debug, Clone, Default)]
-pub struct Sample {
-    pub at: Duration,
-    pub rss_kib: u64,
-    pub fds: u64,
-    pub data_conns: u64,
-    pub admin_conns: u64,
-    pub breakers: u64,
-    pub ledger: u64,
+pub(crate) struct Sample {
+    pub(crate) at: Duration,
+    pub(crate) rss_kib: u64,
+    pub(crate) fds: u64,
+    pub(crate) data_conns: u64,
+    pub(crate) admin_conns: u64,
+    pub(crate) breakers: u64,
+    pub(crate) ledger: u64,
     /// Slowest `/healthz` answer since the previous sample, in ms.
-    pub health_max_ms: u64,
+    pub(crate) health_max_ms: u64,
     /// `/healthz` probes that failed or took over 2 s, in all.
-    pub health_failures: u64,
+    pub(crate) health_failures: u64,
     /// Caller outcomes so far, every kind together.
-    pub outcomes: u64,
+    pub(crate) outcomes: u64,
 }
 
 impl Sample {
-    pub fn header() -> &'static str {
+    pub(crate) fn header() -> &'static str {
         "| t (s) | RSS (MiB) | fds | data conns | admin conns | breakers | ledger entries | /healthz max (ms) | /healthz failures | outcomes |\n|---|---|---|---|---|---|---|---|---|---|"
     }
 
-    pub fn row(&self) -> String {
+    pub(crate) fn row(&self) -> String {
         format!(
             "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
             self.at.as_secs(),
@@ -54,13 +54,13 @@ impl Sample {
 
 /// The `/healthz` prober's findings, read and reset by each sample.
 #[derive(Default)]
-pub struct Health {
+pub(crate) struct Health {
     max_ms: AtomicU64,
     failures: AtomicU64,
 }
 
 /// Probes `/healthz` every 500 ms, each time on a new connection, until `stop`.
-pub async fn probe_health(admin: String, health: Arc<Health>, stop: CancellationToken) {
+pub(crate) async fn probe_health(admin: String, health: Arc<Health>, stop: CancellationToken) {
     let Ok(http) = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(0)
@@ -92,7 +92,7 @@ pub async fn probe_health(admin: String, health: Arc<Health>, stop: Cancellation
 }
 
 /// Reads one sample of legate (`pid`, admin plane at `admin`).
-pub async fn take(
+pub(crate) async fn take(
     http: &reqwest::Client,
     pid: u32,
     admin: &str,

@@ -19,12 +19,12 @@ use crate::procs::{MAX_BODY_BYTES, PROVIDER_KEY};
 
 /// What each kind of caller saw.
 #[derive(Default)]
-pub struct Tally {
-    pub expected: AtomicU64,
-    pub unexpected: AtomicU64,
-    pub leaks: AtomicU64,
+pub(crate) struct Tally {
+    pub(crate) expected: AtomicU64,
+    pub(crate) unexpected: AtomicU64,
+    pub(crate) leaks: AtomicU64,
     /// The statuses of the unexpected outcomes (0: no answer at all).
-    pub otherwise: Mutex<BTreeMap<u16, u64>>,
+    pub(crate) otherwise: Mutex<BTreeMap<u16, u64>>,
 }
 
 impl Tally {
@@ -42,7 +42,7 @@ impl Tally {
 }
 
 /// An outcome: as expected, or the status that came instead (0: none).
-pub type Seen = Result<(), u16>;
+pub(crate) type Seen = Result<(), u16>;
 
 /// `r` judged by `ok`.
 fn judge(r: Option<(u16, String)>, ok: impl FnOnce(u16, &str) -> bool) -> Seen {
@@ -57,7 +57,7 @@ fn seen(ok: bool) -> Seen {
     if ok { Ok(()) } else { Err(0) }
 }
 
-pub const KINDS: [&str; 10] = [
+pub(crate) const KINDS: [&str; 10] = [
     "normal",
     "stream",
     "abandon",
@@ -70,10 +70,10 @@ pub const KINDS: [&str; 10] = [
     "crowd",
 ];
 
-pub type Tallies = Arc<[Tally; KINDS.len()]>;
+pub(crate) type Tallies = Arc<[Tally; KINDS.len()]>;
 
 /// The mock's script: the upstream faults, chosen by model name.
-pub fn mock_script() -> String {
+pub(crate) fn mock_script() -> String {
     let big = "x".repeat(3 * crate::procs::MAX_EVENT_BYTES * 2);
     serde_json::json!({"replies": [
         {"match": {"model": "claude-soak-overloaded"}, "times": 0, "status": 529},
@@ -88,15 +88,15 @@ pub fn mock_script() -> String {
     .to_string()
 }
 
-pub struct Traffic {
-    pub http: reqwest::Client,
+pub(crate) struct Traffic {
+    pub(crate) http: reqwest::Client,
     /// A client of its own for the uploads legate refuses unread: legate then closes the
     /// connection, and a pooled connection shared with the others might be reused as it does.
-    pub rough: reqwest::Client,
-    pub url: String,
-    pub addr: String,
-    pub stop: CancellationToken,
-    pub tallies: Tallies,
+    pub(crate) rough: reqwest::Client,
+    pub(crate) url: String,
+    pub(crate) addr: String,
+    pub(crate) stop: CancellationToken,
+    pub(crate) tallies: Tallies,
 }
 
 fn anthropic(model: &str, stream: bool) -> String {
@@ -107,7 +107,7 @@ fn anthropic(model: &str, stream: bool) -> String {
 
 impl Traffic {
     /// Starts every loop; they end when `stop` fires.
-    pub fn spawn_all(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+    pub(crate) fn spawn_all(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();
         let mut go = |kind: usize, n: usize| {
             for i in 0..n {

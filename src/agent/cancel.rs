@@ -6,20 +6,20 @@ use tokio::sync::watch;
 
 /// Raises the flag; held by the signal task (and by tests).
 #[derive(Debug, Clone)]
-pub struct CancelHandle(watch::Sender<bool>);
+pub(super) struct CancelHandle(watch::Sender<bool>);
 
 /// Observes the flag.
 #[derive(Debug, Clone)]
-pub struct Cancel(watch::Receiver<bool>);
+pub(super) struct Cancel(watch::Receiver<bool>);
 
 /// A new, lowered flag.
-pub fn new() -> (CancelHandle, Cancel) {
+pub(super) fn new() -> (CancelHandle, Cancel) {
     let (tx, rx) = watch::channel(false);
     (CancelHandle(tx), Cancel(rx))
 }
 
 impl CancelHandle {
-    pub fn cancel(&self) {
+    pub(super) fn cancel(&self) {
         self.0.send_replace(true);
     }
 }
@@ -27,19 +27,19 @@ impl CancelHandle {
 impl Cancel {
     /// A flag that never rises.
     #[cfg(test)]
-    pub fn never() -> Cancel {
+    pub(super) fn never() -> Cancel {
         let (tx, rx) = watch::channel(false);
         // Dropping the sender is fine: `cancelled` then waits forever.
         drop(tx);
         Cancel(rx)
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(super) fn is_cancelled(&self) -> bool {
         *self.0.borrow()
     }
 
     /// Completes once the flag is raised; never completes if it cannot be raised any more.
-    pub async fn cancelled(&self) {
+    pub(super) async fn cancelled(&self) {
         let mut rx = self.0.clone();
         if rx.wait_for(|raised| *raised).await.is_err() {
             std::future::pending::<()>().await;
@@ -51,7 +51,7 @@ impl Cancel {
 /// terminate-at-once, so the loop decides when to stop and the transcript stays whole. A
 /// second Ctrl-C exits at once with `exit_code`, for a tool stuck where the flag is not
 /// watched; the transcript is fsynced record by record, so that is no worse than a crash.
-pub fn on_ctrl_c(handle: CancelHandle, exit_code: i32) {
+pub(super) fn on_ctrl_c(handle: CancelHandle, exit_code: i32) {
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_err() {
             return;

@@ -32,7 +32,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// Why a turn's request failed.
 #[derive(Debug)]
-pub enum ClientError {
+pub(super) enum ClientError {
     BadUrl {
         url: String,
         detail: String,
@@ -86,7 +86,7 @@ impl From<StreamError> for ClientError {
 }
 
 /// Talks to one legate instance.
-pub struct Client {
+pub(super) struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
     uri: Uri,
     key: HeaderValue,
@@ -94,7 +94,7 @@ pub struct Client {
 
 impl Client {
     /// `base_url` is legate's data plane (`http://host:port`, optionally with a path prefix).
-    pub fn new(base_url: &str, key: &str) -> Result<Client, ClientError> {
+    pub(super) fn new(base_url: &str, key: &str) -> Result<Client, ClientError> {
         let bad = |detail: &str| ClientError::BadUrl {
             url: base_url.to_owned(),
             detail: detail.to_owned(),
@@ -118,7 +118,7 @@ impl Client {
     }
 
     /// Sends one request body and streams the reply, calling `on_text` with each text delta.
-    pub async fn send(
+    pub(super) async fn send(
         &self,
         body: &Value,
         on_text: &mut (dyn FnMut(&str) + Send),

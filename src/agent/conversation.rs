@@ -5,14 +5,14 @@ use serde_json::{Value, json};
 
 /// A tool call from an assistant message.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolUse {
+pub(super) struct ToolUse {
     pub id: String,
     pub name: String,
     pub input: Value,
 }
 
 /// The tool_use blocks of a message's content, in order.
-pub fn tool_uses(content: &[Value]) -> Vec<ToolUse> {
+pub(super) fn tool_uses(content: &[Value]) -> Vec<ToolUse> {
     content
         .iter()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
@@ -33,7 +33,7 @@ fn str_field(block: &Value, name: &str) -> String {
 }
 
 /// A tool_result content block.
-pub fn tool_result(tool_use_id: &str, content: &str, is_error: bool) -> Value {
+pub(super) fn tool_result(tool_use_id: &str, content: &str, is_error: bool) -> Value {
     json!({
         "type": "tool_result",
         "tool_use_id": tool_use_id,
@@ -43,24 +43,24 @@ pub fn tool_result(tool_use_id: &str, content: &str, is_error: bool) -> Value {
 }
 
 /// A text content block.
-pub fn text(text: &str) -> Value {
+pub(super) fn text(text: &str) -> Value {
     json!({"type": "text", "text": text})
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Conversation {
+pub(super) struct Conversation {
     messages: Vec<Value>,
 }
 
 impl Conversation {
-    pub fn messages(&self) -> &[Value] {
+    pub(super) fn messages(&self) -> &[Value] {
         &self.messages
     }
 
     /// Adds user content. Consecutive user content joins one message, so tool results and a
     /// follow-up instruction reach the model as one turn with the results first, as the API
     /// requires.
-    pub fn push_user(&mut self, blocks: Vec<Value>) {
+    pub(super) fn push_user(&mut self, blocks: Vec<Value>) {
         if blocks.is_empty() {
             return;
         }
@@ -75,7 +75,7 @@ impl Conversation {
     }
 
     /// Adds an assistant message; an empty one is not sent (the API refuses it).
-    pub fn push_assistant(&mut self, content: Vec<Value>) {
+    pub(super) fn push_assistant(&mut self, content: Vec<Value>) {
         if !content.is_empty() {
             self.messages
                 .push(json!({"role": "assistant", "content": content}));
@@ -83,7 +83,7 @@ impl Conversation {
     }
 
     /// True when the last message is the user's, i.e. the model has something to answer.
-    pub fn awaits_reply(&self) -> bool {
+    pub(super) fn awaits_reply(&self) -> bool {
         self.messages.last().is_some_and(|m| m["role"] == "user")
     }
 }

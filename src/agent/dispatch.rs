@@ -16,7 +16,7 @@ use super::transcript::{Record, Writer};
 
 /// How the calls of a turn are to be answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(super) enum Mode {
     /// A reply that just arrived: every call goes through the chain.
     Live,
     /// Calls left without a result by a crash: read-only ones run again, the others are
@@ -28,7 +28,7 @@ pub enum Mode {
 
 /// Why answering stopped before every call had its result.
 #[derive(Debug)]
-pub enum Halt {
+pub(super) enum Halt {
     /// Ctrl-C while a human was being asked.
     Cancelled,
     /// The transcript could not be written: running a tool unrecorded would break its promise.
@@ -41,7 +41,7 @@ impl From<Cancelled> for Halt {
     }
 }
 
-pub struct Dispatcher<'a> {
+pub(super) struct Dispatcher<'a> {
     pub hooks: &'a HookChain,
     pub tools: &'a ToolContext,
     pub transcript: &'a mut Writer,
@@ -51,7 +51,7 @@ impl Dispatcher<'_> {
     /// Answers every call of a turn and returns the tool_result blocks, in call order.
     /// `answered` holds results already recorded; `input_errors` the calls whose streamed
     /// input did not parse.
-    pub async fn answer(
+    pub(super) async fn answer(
         &mut self,
         uses: &[ToolUse],
         answered: &HashMap<String, RecordedResult>,

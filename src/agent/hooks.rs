@@ -15,7 +15,7 @@ use super::workspace::Workspace;
 /// The hooks, in chain order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Hook {
+pub(super) enum Hook {
     Allowlist,
     PathGuard,
     SecretScan,
@@ -36,7 +36,7 @@ impl fmt::Display for Hook {
 /// A verdict on one call and the hook that gave it. An allowed call is decided by the last
 /// hook, approval, since every hook before it let it pass.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Decision {
+pub(super) struct Decision {
     pub allow: bool,
     pub hook: Hook,
     pub reason: String,
@@ -72,7 +72,7 @@ pub enum Approve {
 }
 
 /// Asks a human. Blocking; called off the async workers.
-pub trait Prompter: Send + Sync {
+pub(super) trait Prompter: Send + Sync {
     /// Ok(true) only on an explicit yes.
     fn confirm(&self, question: &str) -> std::io::Result<bool>;
 }
@@ -80,7 +80,7 @@ pub trait Prompter: Send + Sync {
 /// Prompts on the controlling terminal, not stdin/stdout: those may be pipes in a headless
 /// run, and the model's text goes to stdout.
 #[derive(Debug, Default)]
-pub struct TtyPrompter;
+pub(super) struct TtyPrompter;
 
 impl Prompter for TtyPrompter {
     fn confirm(&self, question: &str) -> std::io::Result<bool> {
@@ -99,16 +99,20 @@ impl Prompter for TtyPrompter {
 
 /// The chain was interrupted by Ctrl-C while waiting for a human.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cancelled;
+pub(super) struct Cancelled;
 
-pub struct HookChain {
+pub(super) struct HookChain {
     workspace: Workspace,
     approve: Approve,
     prompter: Arc<dyn Prompter>,
 }
 
 impl HookChain {
-    pub fn new(workspace: Workspace, approve: Approve, prompter: Arc<dyn Prompter>) -> HookChain {
+    pub(super) fn new(
+        workspace: Workspace,
+        approve: Approve,
+        prompter: Arc<dyn Prompter>,
+    ) -> HookChain {
         HookChain {
             workspace,
             approve,
@@ -117,7 +121,7 @@ impl HookChain {
     }
 
     /// Runs the chain on a parsed call (or the reason it did not parse).
-    pub async fn decide(
+    pub(super) async fn decide(
         &self,
         call: &Result<Call, CallError>,
         cancel: &Cancel,

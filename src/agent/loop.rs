@@ -21,14 +21,14 @@ use super::transcript::{Record, Writer};
 use super::wire::StopReason;
 
 /// Exit code of a run ended by Ctrl-C.
-pub const EXIT_CANCELLED: i32 = 130;
+pub(super) const EXIT_CANCELLED: i32 = 130;
 
 /// `max_tokens` of every request.
-pub const MAX_TOKENS: u32 = 8192;
+pub(super) const MAX_TOKENS: u32 = 8192;
 
 /// The guards checked at the top of every turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(super) struct Limits {
     pub max_turns: u32,
     /// Input plus output tokens over all turns; 0 means no limit.
     pub budget_tokens: u64,
@@ -36,7 +36,7 @@ pub struct Limits {
 
 /// How a run ended.
 #[derive(Debug)]
-pub enum Outcome {
+pub(super) enum Outcome {
     Finished,
     MaxTurns(u32),
     Budget {
@@ -56,7 +56,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The exit code of SPEC §9 (1 for what it does not list).
-    pub fn exit_code(&self) -> i32 {
+    pub(super) fn exit_code(&self) -> i32 {
         match self {
             Outcome::Finished => 0,
             Outcome::MaxTurns(_) => 2,
@@ -100,7 +100,7 @@ impl From<Halt> for Outcome {
     }
 }
 
-pub struct Agent {
+pub(super) struct Agent {
     pub client: Client,
     pub model: String,
     pub system: String,
@@ -120,7 +120,7 @@ impl Agent {
     }
 
     /// Answers the calls a resumed transcript left open and adds the results.
-    pub async fn close_open_turn(&mut self, open: &OpenTurn) -> Result<(), Outcome> {
+    pub(super) async fn close_open_turn(&mut self, open: &OpenTurn) -> Result<(), Outcome> {
         let mode = if open.truncated {
             Mode::Truncated
         } else {
@@ -139,7 +139,7 @@ impl Agent {
     }
 
     /// Turns until the model finishes or a guard stops the run.
-    pub async fn run(&mut self) -> Outcome {
+    pub(super) async fn run(&mut self) -> Outcome {
         loop {
             if let Some(stop) = self.guard() {
                 return stop;
@@ -281,7 +281,7 @@ impl TextOut {
 }
 
 /// What the model is told about where it works and what it may do.
-pub fn system_prompt(root: &std::path::Path, approve: Approve) -> String {
+pub(super) fn system_prompt(root: &std::path::Path, approve: Approve) -> String {
     let approval = match approve {
         Approve::Auto => "Every tool call that passes the automatic checks runs.",
         Approve::Ask => {
@@ -304,7 +304,7 @@ pub fn system_prompt(root: &std::path::Path, approve: Approve) -> String {
 }
 
 /// The first user message of a run.
-pub fn task_message(task: &str) -> Vec<Value> {
+pub(super) fn task_message(task: &str) -> Vec<Value> {
     vec![conversation::text(task)]
 }
 

@@ -16,7 +16,7 @@ use crate::sse::SseEvent;
 
 /// Why a stream could not be turned into a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StreamError {
+pub(super) enum StreamError {
     /// An `event: error` from legate or the provider.
     Api { error_type: String, message: String },
     /// An event whose data is not what the API documents.
@@ -44,7 +44,7 @@ impl std::error::Error for StreamError {}
 
 /// One finished reply.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Reply {
+pub(super) struct Reply {
     /// The content blocks as they go back into the conversation. Empty text blocks are
     /// dropped (the API refuses them in a request).
     pub content: Vec<Value>,
@@ -64,7 +64,7 @@ struct Building {
 
 /// Accumulates the events of one reply.
 #[derive(Default)]
-pub struct ReplyBuilder {
+pub(super) struct ReplyBuilder {
     blocks: BTreeMap<u64, Building>,
     stop_reason: Option<String>,
     usage: Usage,
@@ -73,17 +73,17 @@ pub struct ReplyBuilder {
 }
 
 impl ReplyBuilder {
-    pub fn new() -> ReplyBuilder {
+    pub(super) fn new() -> ReplyBuilder {
         ReplyBuilder::default()
     }
 
     /// True once `message_stop` arrived.
-    pub fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         self.done
     }
 
     /// Applies one event; returns the text to print now, if it was a text delta.
-    pub fn push(&mut self, event: &SseEvent) -> Result<Option<String>, StreamError> {
+    pub(super) fn push(&mut self, event: &SseEvent) -> Result<Option<String>, StreamError> {
         let data: Value = match serde_json::from_str(&event.data) {
             Ok(v) => v,
             // A data-less named event (or a comment-only block) carries nothing to apply.
@@ -216,7 +216,7 @@ impl ReplyBuilder {
     }
 
     /// The reply, once the stream is over.
-    pub fn finish(mut self) -> Result<Reply, StreamError> {
+    pub(super) fn finish(mut self) -> Result<Reply, StreamError> {
         if !self.done {
             return Err(StreamError::Incomplete);
         }

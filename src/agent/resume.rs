@@ -13,14 +13,14 @@ use super::transcript::Record;
 
 /// A recorded tool result.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordedResult {
+pub(super) struct RecordedResult {
     pub content: String,
     pub is_error: bool,
 }
 
 /// The last assistant turn, whose tool calls are not all answered yet.
 #[derive(Debug, Clone, PartialEq)]
-pub struct OpenTurn {
+pub(super) struct OpenTurn {
     pub tool_uses: Vec<ToolUse>,
     pub results: HashMap<String, RecordedResult>,
     /// The reply did not stop for tool use (it was cut off): its calls must not run.
@@ -37,7 +37,7 @@ impl OpenTurn {
 
 /// What a transcript says.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Rebuilt {
+pub(super) struct Rebuilt {
     /// Model and workspace of the latest run recorded.
     pub model: Option<String>,
     pub workspace: Option<String>,
@@ -46,7 +46,7 @@ pub struct Rebuilt {
     pub open_turn: Option<OpenTurn>,
 }
 
-pub fn rebuild(records: &[Record]) -> Rebuilt {
+pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
     let mut out = Rebuilt::default();
     let mut open: Option<OpenTurn> = None;
     for record in records {
@@ -123,11 +123,11 @@ fn close(turn: Option<OpenTurn>, conversation: &mut Conversation) {
 }
 
 /// The result given to a call that may have been cut short by a crash.
-pub const INTERRUPTED: &str =
+pub(super) const INTERRUPTED: &str =
     "interrupted: the agent stopped while this call ran; it may or may not have taken effect";
 
 /// The result given to a call in a reply that was cut off.
-pub const NOT_RUN_TRUNCATED: &str =
+pub(super) const NOT_RUN_TRUNCATED: &str =
     "not run: the reply was cut off at max_tokens, so this call may be incomplete";
 
 #[cfg(test)]

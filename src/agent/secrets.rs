@@ -29,7 +29,7 @@ static SET: LazyLock<Option<RegexSet>> =
 
 /// What the scan found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scan {
+pub(super) enum Scan {
     Clean,
     /// The kind of secret found.
     Found(&'static str),
@@ -37,7 +37,7 @@ pub enum Scan {
     Unavailable,
 }
 
-pub fn scan(text: &str) -> Scan {
+pub(super) fn scan(text: &str) -> Scan {
     let Some(set) = SET.as_ref() else {
         return Scan::Unavailable;
     };

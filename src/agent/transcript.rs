@@ -19,7 +19,7 @@ use super::wire::Usage;
 /// One line of the transcript.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Record {
+pub(super) enum Record {
     /// The start of a run.
     Task {
         task: String,
@@ -62,7 +62,7 @@ pub enum Record {
 
 /// A transcript that cannot be read back.
 #[derive(Debug)]
-pub enum TranscriptError {
+pub(super) enum TranscriptError {
     Io {
         path: PathBuf,
         source: io::Error,
@@ -93,14 +93,14 @@ impl std::error::Error for TranscriptError {}
 
 /// A transcript read back: its records and how many bytes of the file they span.
 #[derive(Debug)]
-pub struct Loaded {
+pub(super) struct Loaded {
     pub records: Vec<Record>,
     /// Bytes up to the end of the last whole record; a torn line after it is cut off.
     pub valid_len: u64,
 }
 
 /// Reads a transcript for `--resume`.
-pub fn load(path: &Path) -> Result<Loaded, TranscriptError> {
+pub(super) fn load(path: &Path) -> Result<Loaded, TranscriptError> {
     let bytes = std::fs::read(path).map_err(|source| TranscriptError::Io {
         path: path.to_owned(),
         source,
@@ -146,7 +146,7 @@ fn parse(bytes: &[u8]) -> Result<Loaded, (usize, String)> {
 
 /// Appends records, fsyncing each; a no-op without a file.
 #[derive(Debug)]
-pub struct Writer {
+pub(super) struct Writer {
     file: Option<File>,
     /// A newline is owed before the next record (the file ended in a whole record that lacked
     /// its newline).
@@ -155,7 +155,7 @@ pub struct Writer {
 
 impl Writer {
     /// No transcript.
-    pub fn none() -> Writer {
+    pub(super) fn none() -> Writer {
         Writer {
             file: None,
             owes_newline: false,
@@ -164,7 +164,7 @@ impl Writer {
 
     /// A new transcript. An existing non-empty file is refused: it belongs to another run,
     /// and `--resume` is the way to continue it.
-    pub fn create(path: &Path) -> io::Result<Writer> {
+    pub(super) fn create(path: &Path) -> io::Result<Writer> {
         if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -186,7 +186,7 @@ impl Writer {
     }
 
     /// Continues a loaded transcript, cutting off a torn last line first.
-    pub fn resume(path: &Path, loaded: &Loaded) -> io::Result<Writer> {
+    pub(super) fn resume(path: &Path, loaded: &Loaded) -> io::Result<Writer> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         file.set_len(loaded.valid_len)?;
         file.sync_data()?;
@@ -204,7 +204,7 @@ impl Writer {
 
     /// Writes one record and its newline, then fsyncs, so the record survives a crash that
     /// happens right after this returns.
-    pub fn write(&mut self, record: &Record) -> io::Result<()> {
+    pub(super) fn write(&mut self, record: &Record) -> io::Result<()> {
         let Some(file) = self.file.as_mut() else {
             return Ok(());
         };
@@ -231,7 +231,7 @@ fn ends_with_newline(path: &Path, len: u64) -> io::Result<bool> {
 }
 
 /// Seconds since the Unix epoch, for the run records.
-pub fn now() -> u64 {
+pub(super) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -4,7 +4,7 @@ use serde_json::Value;
 
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
+pub(super) enum StopReason {
     EndTurn,
     ToolUse,
     MaxTokens,
@@ -16,7 +16,7 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    pub fn parse(s: &str) -> StopReason {
+    pub(super) fn parse(s: &str) -> StopReason {
         match s {
             "end_turn" => StopReason::EndTurn,
             "tool_use" => StopReason::ToolUse,
@@ -29,7 +29,7 @@ impl StopReason {
         }
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(super) fn as_str(&self) -> &str {
         match self {
             StopReason::EndTurn => "end_turn",
             StopReason::ToolUse => "tool_use",
@@ -45,7 +45,7 @@ impl StopReason {
 
 /// Token counts of one reply, in the API's naming.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Usage {
+pub(super) struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
     #[serde(default)]
@@ -56,7 +56,7 @@ pub struct Usage {
 
 impl Usage {
     /// Everything the turn cost: all input (cache writes and reads included) plus output.
-    pub fn total(&self) -> u64 {
+    pub(super) fn total(&self) -> u64 {
         self.input_tokens
             .saturating_add(self.cache_creation_input_tokens)
             .saturating_add(self.cache_read_input_tokens)

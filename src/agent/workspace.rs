@@ -13,7 +13,7 @@ use std::path::{Component, Path, PathBuf};
 
 /// Why a path was refused.
 #[derive(Debug)]
-pub enum PathError {
+pub(super) enum PathError {
     /// The path was empty.
     Empty,
     /// The resolved path lies outside the workspace.
@@ -48,13 +48,13 @@ impl std::error::Error for PathError {}
 
 /// The directory the agent may touch, canonicalised once at start.
 #[derive(Debug, Clone)]
-pub struct Workspace {
+pub(super) struct Workspace {
     root: PathBuf,
 }
 
 impl Workspace {
     /// Opens a workspace; the directory must exist.
-    pub fn open(dir: &Path) -> io::Result<Workspace> {
+    pub(super) fn open(dir: &Path) -> io::Result<Workspace> {
         let root = std::fs::canonicalize(dir)?;
         if !root.is_dir() {
             return Err(io::Error::new(
@@ -66,12 +66,12 @@ impl Workspace {
     }
 
     /// The canonical root.
-    pub fn root(&self) -> &Path {
+    pub(super) fn root(&self) -> &Path {
         &self.root
     }
 
     /// Resolves `path` (relative to the root, or absolute) to a real path inside the root.
-    pub fn resolve(&self, path: &str) -> Result<PathBuf, PathError> {
+    pub(super) fn resolve(&self, path: &str) -> Result<PathBuf, PathError> {
         if path.is_empty() {
             return Err(PathError::Empty);
         }
@@ -92,7 +92,7 @@ impl Workspace {
     }
 
     /// `path` relative to the root, for messages and search results.
-    pub fn display<'a>(&self, path: &'a Path) -> std::borrow::Cow<'a, str> {
+    pub(super) fn display<'a>(&self, path: &'a Path) -> std::borrow::Cow<'a, str> {
         match path.strip_prefix(&self.root) {
             Ok(rel) if rel.as_os_str().is_empty() => ".".into(),
             Ok(rel) => rel.to_string_lossy(),

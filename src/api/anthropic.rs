@@ -1,19 +1,100 @@
-//! The Anthropic Messages API as legate reads it: the request fields of SPEC §5 and the kind
-//! of each streamed event (the SDKs dispatch on the SSE `event:` name, so legate does too).
+//! The Anthropic Messages API: its paths, the request fields of SPEC §5, the class of each
+//! streamed event (the SDKs dispatch on the SSE `event:` name, so legate does too), usage, and
+//! its errors.
 
-use super::{Field, MetaError, RequestMeta, StreamEventKind, read_fields, scan_prompt};
+mod errors;
+mod usage;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use super::{
+    Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, PROMPT_KEYS,
+    RequestMeta, StreamEventKind, read_fields, scan_prompt,
+};
+use crate::meter::Usage;
 use crate::sse::SseEvent;
+
+/// The Anthropic Messages dialect.
+pub struct Anthropic;
+
+impl Dialect for Anthropic {
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn operation(&self, method: &Method, path: &str) -> Option<Operation> {
+        match (method, path) {
+            (&Method::POST, "/messages") => Some(Operation::Generate),
+            (&Method::POST, "/messages/count_tokens") => Some(Operation::CountTokens),
+            (&Method::GET, "/models") => Some(Operation::Models),
+            (&Method::GET, p) if p.len() > "/models/".len() && p.starts_with("/models/") => {
+                Some(Operation::Model)
+            }
+            _ => None,
+        }
+    }
+
+    fn upstream_path(&self, op: Operation) -> Option<&'static str> {
+        match op {
+            Operation::Generate => Some("/v1/messages"),
+            Operation::CountTokens => Some("/v1/messages/count_tokens"),
+            Operation::Models | Operation::Model => Some("/v1/models"),
+            Operation::InputTokens | Operation::StoredResponse => None,
+        }
+    }
+
+    fn parse_request(&self, body: &[u8]) -> Result<RequestMeta, MetaError> {
+        parse_request(body)
+    }
+
+    fn max_tokens_keys(&self) -> &'static [&'static str] {
+        &["max_tokens"]
+    }
+
+    fn classify(&self, ev: &SseEvent) -> StreamEventKind {
+        classify(ev)
+    }
+
+    fn usage_of_body(&self, body: &[u8]) -> Option<Usage> {
+        usage::of_body(body)
+    }
+
+    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) {
+        usage::observe(ev, seen);
+    }
+
+    fn errors(&self) -> &'static ErrorTable {
+        &errors::TABLE
+    }
+
+    fn read_error(&self, body: &[u8]) -> Option<ErrorFields> {
+        errors::read(body)
+    }
+
+    fn error_body(&self, e: LocalError<'_>, request_id: &str) -> Bytes {
+        errors::body(e, request_id)
+    }
+
+    fn stream_error_event(&self, e: LocalError<'_>) -> Bytes {
+        errors::stream_event(e)
+    }
+
+    fn error_event_response(&self, data: &str) -> (StatusCode, Bytes) {
+        errors::event_response(data)
+    }
+}
 
 /// Reads `model` (string), `messages` (array), `max_tokens` (non-negative integer) and the
 /// optional `stream` flag; every other field is skipped, unknown ones included.
-pub fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
+fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
     let [model, messages, max_tokens, stream] =
         read_fields(body, ["model", "messages", "max_tokens", "stream"])?;
     let model = model.string("model")?.into_owned();
     messages.array("messages")?;
     let max_tokens = max_tokens.u64("max_tokens")?;
     let stream = stream.opt_bool("stream")?;
-    let (approx_input_tokens, _) = scan_prompt(body, None);
+    let (approx_input_tokens, _) = scan_prompt(body, PROMPT_KEYS, None);
     Ok(RequestMeta {
         model,
         stream,
@@ -25,7 +106,7 @@ pub fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
 
 /// Classifies one event by its `event:` name, falling back to the data's `type` for an event
 /// without a name. Unknown names are `Other` (the API adds event types over time).
-pub fn classify(ev: &SseEvent) -> StreamEventKind {
+fn classify(ev: &SseEvent) -> StreamEventKind {
     match ev.event.as_deref() {
         Some(name) => kind_of(name),
         None => match read_fields(ev.data.as_bytes(), ["type"]) {
@@ -48,7 +129,7 @@ fn kind_of(name: &str) -> StreamEventKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
+    use crate::sse::events_of as events;
 
     fn meta(body: &str) -> Result<RequestMeta, MetaError> {
         parse_request(body.as_bytes())
@@ -147,12 +228,6 @@ mod tests {
         "event: message_stop\n",
         "data: {\"type\":\"message_stop\"}\n\n",
     );
-
-    pub(crate) fn events(wire: &str) -> Vec<SseEvent> {
-        let mut p = SseParser::new();
-        p.push(wire.as_bytes());
-        std::iter::from_fn(|| p.next_event()).collect()
-    }
 
     #[test]
     fn recorded_stream_is_classified_by_event_name() {

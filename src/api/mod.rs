@@ -1,28 +1,150 @@
-//! What legate must read from each provider API, and nothing else: a few request fields
-//! (model, stream, max_tokens, the size of the prompt) and the kind of each streamed event.
+//! Everything legate knows of each wire API lives in that API's module, a [`Dialect`]: its
+//! inbound paths, the request fields legate reads (model, stream, max_tokens, the size of the
+//! prompt), the class of each streamed event, usage, its one error type↔status table, and how
+//! legate's own errors and in-stream error events are written in it. The rest of the proxy asks
+//! the dialect of an [`ApiKind`] and never matches on the API itself.
+//!
+//! Adding an API: a module implementing [`Dialect`], a variant of [`ApiKind`], and its line in
+//! [`ApiKind::dialect`] and [`ApiKind::ALL`] (the registry). Translation to and from the other
+//! APIs lives in `translate`.
+//!
 //! Bodies are read in one serde pass that borrows from the bytes and skips everything it does
 //! not need; they are never re-serialised.
 
 pub mod anthropic;
-pub mod openai;
-pub mod responses;
+pub mod errors;
+mod fields;
+pub mod openai_chat;
+pub mod openai_responses;
 
-use std::borrow::Cow;
 use std::fmt;
-use std::ops::Range;
 
-use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use bytes::Bytes;
+use http::{Method, StatusCode};
 
-use crate::splice;
+pub use errors::{ErrorClass, ErrorFields, ErrorTable, LocalError};
+pub(crate) use fields::{Field, PROMPT_KEYS, has_usage_object, read_fields, scan_prompt};
 
-/// Which provider API a request or stream speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ApiShape {
+use crate::meter::Usage;
+use crate::sse::SseEvent;
+
+/// The wire APIs legate speaks, inbound and upstream. A provider's `kind` is Anthropic or
+/// OpenAI; a step speaks the Responses API when its `openai` provider serves it
+/// (`responses = true`, `Upstream::speaks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ApiKind {
+    /// Anthropic Messages.
     Anthropic,
+    /// OpenAI Chat Completions.
     OpenAi,
     /// The OpenAI Responses API (OpenAI's error envelope, semantic event streams).
     Responses,
+}
+
+impl ApiKind {
+    /// Every API, in the order inbound paths are matched.
+    pub const ALL: [ApiKind; 3] = [ApiKind::Anthropic, ApiKind::OpenAi, ApiKind::Responses];
+
+    /// The registry: the dialect that knows this API.
+    pub fn dialect(self) -> &'static dyn Dialect {
+        match self {
+            ApiKind::Anthropic => &anthropic::Anthropic,
+            ApiKind::OpenAi => &openai_chat::OpenAiChat,
+            ApiKind::Responses => &openai_responses::OpenAiResponses,
+        }
+    }
+
+    /// The name in metric labels (`api`) and, for a provider kind, in config
+    /// (`providers.*.kind`).
+    pub fn as_str(self) -> &'static str {
+        self.dialect().name()
+    }
+}
+
+impl fmt::Display for ApiKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an inbound path asks of legate, in whichever API it arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// A model call: Anthropic `POST /v1/messages`, OpenAI `POST /v1/chat/completions`,
+    /// `POST /v1/responses`.
+    Generate,
+    /// Anthropic `POST /v1/messages/count_tokens`: forwarded, never metered.
+    CountTokens,
+    /// `GET /v1/models`: answered from config.
+    Models,
+    /// `GET /v1/models/{id}`: one configured model, answered from config in the caller's
+    /// shape (read from its headers).
+    Model,
+    /// `POST /v1/responses/input_tokens`: forwarded to the route's first step when it speaks
+    /// the Responses API, else estimated locally; never metered.
+    InputTokens,
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST …/{id}/cancel`, `GET …/{id}/input_items`:
+    /// answered from the conversation store, or forwarded to the provider that keeps it.
+    StoredResponse,
+}
+
+/// Everything legate knows of one wire API. Implementations are stateless unit structs; the
+/// state of a stream being watched (its usage so far) is passed in.
+pub trait Dialect: Sync {
+    /// The API's name in config and metric labels.
+    fn name(&self) -> &'static str;
+
+    /// The operation a normalised inbound path (no `/v1` prefix, no trailing slash) names.
+    fn operation(&self, method: &Method, path: &str) -> Option<Operation>;
+
+    /// The upstream path of an operation on a provider of this API (None: it has none).
+    fn upstream_path(&self, op: Operation) -> Option<&'static str>;
+
+    /// Reads the fields legate needs from a request body of this API.
+    fn parse_request(&self, body: &[u8]) -> Result<RequestMeta, MetaError>;
+
+    /// The top-level keys that carry the output-token cap, all rewritten when a step caps it.
+    fn max_tokens_keys(&self) -> &'static [&'static str];
+
+    /// The class of one streamed event.
+    fn classify(&self, ev: &SseEvent) -> StreamEventKind;
+
+    /// Usage of a whole (non-streaming) answer; None without a usage object.
+    fn usage_of_body(&self, body: &[u8]) -> Option<Usage>;
+
+    /// Folds one streamed event into the usage seen so far (only events that carry usage are
+    /// parsed).
+    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>);
+
+    /// The API's one error type↔status table.
+    fn errors(&self) -> &'static ErrorTable;
+
+    /// The type, code and message of an error body or error event data of this API.
+    fn read_error(&self, body: &[u8]) -> Option<ErrorFields>;
+
+    /// legate's own error as a whole response body of this API.
+    fn error_body(&self, e: LocalError<'_>, request_id: &str) -> Bytes;
+
+    /// legate's own error as an in-stream error event of this API (what the SDKs raise).
+    fn stream_error_event(&self, e: LocalError<'_>) -> Bytes;
+
+    /// An error event that arrived before any content, as the whole error response the caller
+    /// gets instead (it has seen nothing yet): the status its type stands for, and its body.
+    fn error_event_response(&self, data: &str) -> (StatusCode, Bytes);
+}
+
+/// Whether an error body says the account's quota or spend limit is exhausted (OpenAI
+/// `insufficient_quota`, Anthropic `enforced_spend_limit_reached`): waiting does not fix it.
+/// Read by every dialect, since a step may speak any API.
+pub fn is_quota_exhaustion(body: &[u8]) -> bool {
+    ApiKind::ALL.iter().any(|k| {
+        let d = k.dialect();
+        d.read_error(body).is_some_and(|f| {
+            d.errors()
+                .class_of(f.error_type.as_deref(), f.code.as_deref())
+                == Some(ErrorClass::Billing)
+        })
+    })
 }
 
 /// What legate reads from a request body, parsed once.
@@ -102,313 +224,4 @@ pub enum StreamEventKind {
     Terminal,
     /// Anthropic `event: error`; OpenAI a data object with a truthy `error` key.
     Error,
-}
-
-/// A member value as legate needs to see it: its JSON type, and the value when it is a scalar
-/// legate uses. Deserialising it never fails on a type, so type errors stay typed (`MetaError`).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub(crate) enum Field<'a> {
-    #[default]
-    Absent,
-    Null,
-    Bool(bool),
-    /// A non-negative integer that fits u64.
-    UInt(u64),
-    /// Any other number (negative, fractional, too large).
-    OtherNumber,
-    Str(Cow<'a, str>),
-    Array,
-    Object,
-}
-
-impl<'a> Field<'a> {
-    /// A required string.
-    pub fn string(self, name: &'static str) -> Result<Cow<'a, str>, MetaError> {
-        match self {
-            Field::Str(s) => Ok(s),
-            Field::Absent => Err(MetaError::Missing(name)),
-            _ => Err(MetaError::WrongType(name)),
-        }
-    }
-
-    /// A required array (contents not read).
-    pub fn array(self, name: &'static str) -> Result<(), MetaError> {
-        match self {
-            Field::Array => Ok(()),
-            Field::Absent => Err(MetaError::Missing(name)),
-            _ => Err(MetaError::WrongType(name)),
-        }
-    }
-
-    /// A required non-negative integer.
-    pub fn u64(self, name: &'static str) -> Result<u64, MetaError> {
-        match self {
-            Field::UInt(n) => Ok(n),
-            Field::Absent => Err(MetaError::Missing(name)),
-            _ => Err(MetaError::WrongType(name)),
-        }
-    }
-
-    /// An optional non-negative integer; `null` counts as absent.
-    pub fn opt_u64(self, name: &'static str) -> Result<Option<u64>, MetaError> {
-        match self {
-            Field::UInt(n) => Ok(Some(n)),
-            Field::Absent | Field::Null => Ok(None),
-            _ => Err(MetaError::WrongType(name)),
-        }
-    }
-
-    /// An optional boolean, false when absent or `null`.
-    pub fn opt_bool(self, name: &'static str) -> Result<bool, MetaError> {
-        match self {
-            Field::Bool(b) => Ok(b),
-            Field::Absent | Field::Null => Ok(false),
-            _ => Err(MetaError::WrongType(name)),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Field<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FieldVisitor)
-    }
-}
-
-struct FieldVisitor;
-
-impl<'de> Visitor<'de> for FieldVisitor {
-    type Value = Field<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Field::Null)
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(Field::Bool(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Field::UInt(v))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(u64::try_from(v).map_or(Field::OtherNumber, Field::UInt))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Field::OtherNumber)
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Field::Str(Cow::Borrowed(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        // Only strings with escapes get here: the unescaped text lives in a scratch buffer.
-        Ok(Field::Str(Cow::Owned(v.to_owned())))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Field::Array)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Field::Object)
-    }
-}
-
-/// Reads the top-level members named in `keys` from a JSON object in one validating pass;
-/// every other member is skipped without allocation. The result is in the order of `keys`.
-pub(crate) fn read_fields<'a, const N: usize>(
-    body: &'a [u8],
-    keys: [&'static str; N],
-) -> Result<[Field<'a>; N], MetaError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let outcome = de
-        .deserialize_any(TopVisitor { keys })
-        .and_then(|outcome| de.end().map(|()| outcome))
-        .map_err(|e| MetaError::NotJson(e.to_string()))?;
-    match outcome {
-        Top::Fields(fields) => Ok(fields),
-        Top::Duplicate(key) => Err(MetaError::Duplicate(key)),
-        Top::NotObject => Err(MetaError::NotObject),
-    }
-}
-
-enum Top<'a, const N: usize> {
-    Fields([Field<'a>; N]),
-    Duplicate(&'static str),
-    NotObject,
-}
-
-struct TopVisitor<const N: usize> {
-    keys: [&'static str; N],
-}
-
-impl<'de, const N: usize> Visitor<'de> for TopVisitor<N> {
-    type Value = Top<'de, N>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Top::NotObject)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields: [Field<'de>; N] = std::array::from_fn(|_| Field::Absent);
-        let mut duplicate = None;
-        while let Some(slot) = map.next_key_seed(KeySeed { keys: &self.keys })? {
-            let Some(i) = slot else {
-                map.next_value::<IgnoredAny>()?;
-                continue;
-            };
-            let value = map.next_value::<Field<'de>>()?;
-            if fields[i] == Field::Absent {
-                fields[i] = value;
-            } else {
-                // Keep reading: the rest of the body must still be valid JSON.
-                duplicate.get_or_insert(self.keys[i]);
-            }
-        }
-        Ok(duplicate.map_or(Top::Fields(fields), Top::Duplicate))
-    }
-}
-
-/// Deserialises an object key into the index of the wanted key it equals, without allocating.
-struct KeySeed<'k> {
-    keys: &'k [&'static str],
-}
-
-impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.keys.iter().position(|k| *k == v))
-    }
-}
-
-/// One walk over the top level of an already validated body: the input-token estimate (bytes
-/// of the `messages`, `system` and `tools` values / 4, rounded up; settled against real usage
-/// later) and, when asked for, the value span of one more key.
-pub(crate) fn scan_prompt(body: &[u8], also: Option<&str>) -> (u64, Option<Range<usize>>) {
-    let mut bytes = 0usize;
-    let mut span = None;
-    for m in splice::top_level_members(body) {
-        let key = &body[m.key.clone()];
-        if ["messages", "system", "tools"]
-            .iter()
-            .any(|k| splice::key_matches(key, k))
-        {
-            bytes += m.value.len();
-        } else if also.is_some_and(|k| splice::key_matches(key, k)) {
-            span = Some(m.value);
-        }
-    }
-    ((bytes as u64).div_ceil(4), span)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_wanted_fields_and_ignores_the_rest() {
-        let body = br#"{"x":{"model":1},"model":"m\u0031","n":-3,"b":true,"a":[1]}"#;
-        let fields = read_fields(body, ["model", "n", "b", "a", "zz"]);
-        assert_eq!(
-            fields,
-            Ok([
-                Field::Str(Cow::Owned("m1".into())),
-                Field::OtherNumber,
-                Field::Bool(true),
-                Field::Array,
-                Field::Absent,
-            ])
-        );
-    }
-
-    #[test]
-    fn refuses_duplicates_of_read_fields_only() {
-        let body = br#"{"model":"a","x":1,"x":2,"model":"b"}"#;
-        assert_eq!(
-            read_fields(body, ["model"]),
-            Err(MetaError::Duplicate("model"))
-        );
-        assert!(read_fields(body, ["x"]).is_err());
-        assert!(read_fields(br#"{"x":1,"x":2}"#, ["model"]).is_ok());
-    }
-
-    #[test]
-    fn non_objects_and_broken_json_are_told_apart() {
-        assert_eq!(read_fields(b"[1,2]", ["model"]), Err(MetaError::NotObject));
-        assert_eq!(
-            read_fields(b" \"s\" ", ["model"]),
-            Err(MetaError::NotObject)
-        );
-        for bad in [&b"{\"model\":"[..], b"{} {}", b"", b"{\"a\":tru}"] {
-            assert!(matches!(
-                read_fields(bad, ["model"]),
-                Err(MetaError::NotJson(_))
-            ));
-        }
-    }
-
-    #[test]
-    fn messages_name_the_field_without_echoing_the_body() {
-        let secret = "sk-ant-secret-value";
-        let body = format!("{{\"model\": \"{secret}");
-        let Err(e) = read_fields(body.as_bytes(), ["model"]) else {
-            panic!("truncated JSON must be refused");
-        };
-        let text = e.to_string();
-        assert!(
-            text.starts_with("the request body is not valid JSON: "),
-            "{text}"
-        );
-        assert!(!text.contains(secret), "{text}");
-        assert_eq!(
-            MetaError::Missing("max_tokens").to_string(),
-            "the request body lacks the required field `max_tokens`"
-        );
-        assert_eq!(
-            MetaError::WrongType("messages").to_string(),
-            "the field `messages` must be an array"
-        );
-    }
-
-    #[test]
-    fn estimate_counts_prompt_values_only() {
-        let body = br#"{"model":"mmmmmmmmmmmmmmmm","system":"ab","messages":[1,2],"tools":[]}"#;
-        // "ab" (4 bytes with quotes) + [1,2] (5) + [] (2) = 11 bytes -> 3 tokens.
-        assert_eq!(scan_prompt(body, None), (3, None));
-        assert_eq!(scan_prompt(body, Some("model")), (3, Some(9..27)));
-        assert_eq!(scan_prompt(b"{}", Some("model")), (0, None));
-    }
 }

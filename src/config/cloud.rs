@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::adapt::mask_userinfo;
 use super::secret::Secret;
 
 /// The `anthropic_version` Bedrock accepts in the body.
@@ -141,10 +142,13 @@ impl AwsSource {
                 sts_endpoint,
                 ..
             } => format!(
-                "web identity: token file {} exchanged for role {role_arn} at {sts_endpoint}",
-                token_file.display()
+                "web identity: token file {} exchanged for role {role_arn} at {}",
+                token_file.display(),
+                mask_userinfo(sts_endpoint)
             ),
-            AwsSource::Container { url, .. } => format!("container credentials endpoint {url}"),
+            AwsSource::Container { url, .. } => {
+                format!("container credentials endpoint {}", mask_userinfo(url))
+            }
             AwsSource::Missing => "none found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, \
                  AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN, or \
                  AWS_CONTAINER_CREDENTIALS_FULL_URI"
@@ -161,10 +165,10 @@ impl GoogleSource {
                 path.display(),
                 token_url
                     .as_ref()
-                    .map(|u| format!(" (token endpoint {u})"))
+                    .map(|u| format!(" (token endpoint {})", mask_userinfo(u)))
                     .unwrap_or_default()
             ),
-            GoogleSource::Metadata { url } => format!("metadata server {url}"),
+            GoogleSource::Metadata { url } => format!("metadata server {}", mask_userinfo(url)),
         }
     }
 }
@@ -179,8 +183,9 @@ impl AzureSource {
                 token_url,
                 ..
             } => format!(
-                "Entra workload identity: token file {} for client {client_id} at {token_url}",
-                token_file.display()
+                "Entra workload identity: token file {} for client {client_id} at {}",
+                token_file.display(),
+                mask_userinfo(token_url)
             ),
         }
     }

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use config::{Environment, File, FileFormat, ValueKind};
 
-use crate::config::{Config, ConfigError, ConfigErrors, validate};
+use crate::config::file::FileConfig;
+use crate::config::{Config, ConfigError, ConfigErrors, de, validate};
 
 /// The embedded default: identical to `config/legate.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../config/legate.toml");
@@ -138,18 +139,18 @@ fn choose_origin(
     Origin::Embedded
 }
 
-/// Merges the TOML text and the environment overrides with the `config` crate, then validates
-/// the merged tree by hand. `label` names the text in syntax errors.
+/// Merges the TOML text and the environment overrides with the `config` crate, reads the
+/// merged tree into the file mirror, then validates it. `label` names the text in syntax errors.
 fn merge_and_validate(
     toml: &str,
     env: &HashMap<String, String>,
     label: &str,
 ) -> Result<Config, ConfigErrors> {
-    let syntax_error = |e: config::ConfigError| ConfigError::new(label, e.to_string());
+    check_syntax(toml, label)?;
     let file_only = config::Config::builder()
         .add_source(File::from_str(toml, FileFormat::Toml))
         .build()
-        .map_err(syntax_error)?;
+        .map_err(|_| ConfigError::new(label, "not a valid TOML document"))?;
     let mut builder = config::Config::builder();
     let has_providers =
         matches!(&file_only.cache.kind, ValueKind::Table(m) if m.contains_key("providers"));
@@ -162,12 +163,42 @@ fn merge_and_validate(
         .source(Some(
             env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         ));
+    // The crate's message may quote an override's value, which may be a key: not shown.
     let merged = builder
         .add_source(File::from_str(toml, FileFormat::Toml))
         .add_source(overrides)
         .build()
-        .map_err(|e| ConfigError::new("environment", e.to_string()))?;
-    validate::validate(&merged.cache, env)
+        .map_err(|_| {
+            ConfigError::new(
+                "environment",
+                "the LEGATE__… overrides do not fit the file (a value where a table is, or \
+                 the other way round)",
+            )
+        })?;
+    let (file, errors, failed) = de::read_all::<FileConfig>(&merged.cache);
+    match file {
+        Some(file) => validate::validate(file, (errors, failed), env),
+        None => Err(ConfigErrors(errors)),
+    }
+}
+
+/// A TOML syntax error, located by line and column. The parser's own rendering quotes the
+/// offending line, which may be a key pasted in the wrong place: only its message is kept.
+fn check_syntax(text: &str, label: &str) -> Result<(), ConfigError> {
+    let Err(e) = toml::from_str::<toml::Table>(text) else {
+        return Ok(());
+    };
+    let at = e.span().map(|span| {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        format!("line {line}, column {column}: ")
+    });
+    let message = e.message().lines().next().unwrap_or("invalid TOML").trim();
+    Err(ConfigError::new(
+        label,
+        format!("{}{message}", at.unwrap_or_default()),
+    ))
 }
 
 #[cfg(test)]

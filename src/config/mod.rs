@@ -1,4 +1,5 @@
-//! Configuration: where it comes from (`load`), what it must look like (`validate`), the
+//! Configuration: where it comes from (`load`), the file as serde reads it (`file`, through
+//! `de` and the value syntaxes of `adapt`), what it must satisfy beyond that (`validate`), the
 //! provider credentials it names (`secret`), and how it is shown to an operator (`render`).
 //!
 //! This is the only part of legate that reads the process environment; everything else
@@ -6,7 +7,10 @@
 
 use std::fmt;
 
+pub mod adapt;
 pub mod cloud;
+mod de;
+pub mod file;
 pub mod load;
 pub mod observe;
 pub mod render;

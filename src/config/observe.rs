@@ -1,10 +1,14 @@
 //! `[log]`, `[telemetry]` and `[journal]`: how legate reports what it does (SPEC §12). Types
-//! only; `validate/observe.rs` builds them, reading the standard `OTEL_*` variables there.
+//! only; `[log]` and `[journal]` are read as they are, `validate/observe.rs` builds the
+//! telemetry settings from `[telemetry]` and the standard `OTEL_*` variables.
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 /// `[log]`: stderr log lines, the access log included.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing-subscriber filter (`info`, `legate=debug,info`); `$LEGATE_LOG` / `$RUST_LOG`
@@ -12,7 +16,8 @@ pub struct LogConfig {
     pub level: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Json,
     Text,
@@ -75,16 +80,19 @@ impl Default for TelemetryConfig {
 }
 
 /// `[journal]`: the last requests, on the admin plane.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct JournalConfig {
     /// Requests kept (a ring: the oldest goes first). 0 turns the journal off.
     pub size: usize,
     pub capture: Capture,
     /// With capture on: bytes kept of each request and response body.
+    #[serde(deserialize_with = "super::adapt::positive")]
     pub capture_bytes: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Capture {
     Off,
     /// Body prefixes, with configured keys and bearer tokens removed.
@@ -107,51 +115,4 @@ pub struct ObserveConfig {
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
     pub journal: JournalConfig,
-}
-
-/// Appends the three sections to `legate check` output; collector headers are masked (they
-/// usually carry a credential).
-pub fn render(out: &mut String, o: &ObserveConfig) {
-    use super::render::{duration, line, quote};
-    out.push_str("\n[log]\n");
-    line(out, "format", &quote(o.log.format.as_str()));
-    line(out, "level", &quote(&o.log.level));
-    let t = &o.telemetry;
-    out.push_str("\n[telemetry]\n");
-    let base = t
-        .traces_endpoint
-        .as_deref()
-        .and_then(|u| u.strip_suffix("/v1/traces"));
-    let same_base = base.is_some()
-        && t.metrics_endpoint
-            .as_deref()
-            .and_then(|u| u.strip_suffix("/v1/metrics"))
-            == base;
-    match (base, same_base) {
-        (Some(b), true) => line(out, "otlp_endpoint", &quote(b)),
-        _ => {
-            let shown = |u: &Option<String>| u.clone().unwrap_or_else(|| "off".to_string());
-            out.push_str(&format!(
-                "# export: traces {}, metrics {}\n",
-                shown(&t.traces_endpoint),
-                shown(&t.metrics_endpoint)
-            ));
-        }
-    }
-    line(out, "service_name", &quote(&t.service_name));
-    line(out, "export_timeout", &duration(t.export_timeout));
-    line(out, "metrics_interval", &duration(t.metrics_interval));
-    line(out, "queue_size", &t.queue_size.to_string());
-    for (name, _) in &t.headers {
-        out.push_str(&format!("# header {name}: [redacted]\n"));
-    }
-    let j = &o.journal;
-    out.push_str("\n[journal]\n");
-    line(out, "size", &j.size.to_string());
-    let capture = match j.capture {
-        Capture::Off => "off",
-        Capture::Redacted => "redacted",
-    };
-    line(out, "capture", &quote(capture));
-    line(out, "capture_bytes", &j.capture_bytes.to_string());
 }

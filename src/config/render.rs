@@ -1,109 +1,262 @@
-//! What `legate check` shows: the effective configuration as TOML with every default filled in
-//! and every secret masked, the warnings that do not make it invalid, and a stable hash of it.
+//! What `legate check` shows: the effective configuration, serialised from the same structs the
+//! file is read into ([`super::file`]) with every default filled in and every secret masked;
+//! the warnings that do not make it invalid; and a stable hash of it.
 //!
-//! The rendering is itself a loadable configuration (key values appear only as comments), so
-//! an operator can save it and start from exactly what runs. Client key digests are the one
-//! exception: only their first 8 hex digits are shown.
+//! The rendering is itself a loadable configuration, apart from masked values: collector
+//! header values read `[redacted]`, client key digests show their first 8 hex digits, URL
+//! userinfo shows as `***`. Where each provider's credential comes from, which no key says, is
+//! a comment under the provider's table.
 
-use std::fmt::Write as _;
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::num::{NonZeroU64, NonZeroUsize};
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{
-    ApiKind, AuthHeader, ChainStep, Config, KeySource, ProviderConfig, ServerConfig, TlsRoots,
+use super::adapt::{PerMtok, mask_userinfo};
+use super::cloud::{AzureSource, Platform};
+use super::file::{
+    ClientFile, DeploymentFile, FileConfig, LimitFile, ModelFile, PriceFile, ProviderFile,
+    ProviderKind, RoutingFile, ServerFile, StepFile, StepTable, TelemetryFile,
 };
-use crate::meter::format_usd_per_mtok;
+use super::secret::Secret;
+use crate::config::{ApiKind, ChainStep, Config, KeySource, ProviderConfig};
 
 /// The effective config as TOML, secrets masked (variable names and file paths are shown).
 pub fn render_masked(cfg: &Config) -> String {
-    let mut out = String::from("# legate: effective configuration (secrets masked)\n");
-    server(&mut out, &cfg.server);
-    for p in cfg.providers.values() {
-        provider(&mut out, p);
-    }
-    for m in &cfg.models {
-        out.push_str("\n[[models]]\n");
-        line(&mut out, "name", &quote(&m.name));
-        out.push_str("chain = [\n");
-        for step in &m.chain {
-            let _ = writeln!(out, "  {},", chain_step(step));
+    let body = toml::to_string(&effective(cfg))
+        .unwrap_or_else(|e| format!("# the configuration cannot be shown: {e}\n"));
+    let mut out = String::from("# legate: effective configuration (secrets masked)\n\n");
+    for line in body.lines() {
+        out.push_str(line);
+        out.push('\n');
+        for note in notes(cfg, line) {
+            out.push_str("# ");
+            out.push_str(&note);
+            out.push('\n');
         }
-        out.push_str("]\n");
-    }
-    policy(&mut out, cfg);
-    crate::config::observe::render(&mut out, &cfg.observe);
-    out.push_str("\n[routing]\n");
-    line(&mut out, "anthropic", &quote(&cfg.routing.anthropic));
-    line(&mut out, "openai", &quote(&cfg.routing.openai));
-    for c in &cfg.clients {
-        out.push_str("\n[[clients]]\n");
-        line(&mut out, "tenant", &quote(&c.tenant));
-        let digest = hex::encode(c.key_sha256);
-        let shown = digest.get(..8).unwrap_or(&digest);
-        line(&mut out, "key_sha256", &quote(&format!("{shown}…")));
-    }
-    for (model, price) in &cfg.prices {
-        out.push_str("\n[[prices]]\n");
-        line(&mut out, "model", &quote(model));
-        line(&mut out, "input", &quote(&format_usd_per_mtok(price.input)));
-        line(
-            &mut out,
-            "output",
-            &quote(&format_usd_per_mtok(price.output)),
-        );
-        line(
-            &mut out,
-            "cache_write",
-            &quote(&format_usd_per_mtok(price.cache_write)),
-        );
-        line(
-            &mut out,
-            "cache_read",
-            &quote(&format_usd_per_mtok(price.cache_read)),
-        );
-    }
-    for l in &cfg.limits {
-        out.push_str("\n[[limits]]\n");
-        line(&mut out, "model", &quote(&l.model));
-        line(
-            &mut out,
-            "max_output_tokens",
-            &l.max_output_tokens.to_string(),
-        );
     }
     out
+}
+
+/// Stable hash (sha256 hex) of [`render_masked`], for `/admin/state`.
+pub fn config_hash(cfg: &Config) -> String {
+    hex::encode(Sha256::digest(render_masked(cfg).as_bytes()))
+}
+
+/// Comments shown under a table header: what the keys cannot say.
+fn notes(cfg: &Config, line: &str) -> Vec<String> {
+    if line == "[telemetry]" {
+        let t = &cfg.observe.telemetry;
+        if t.enabled() && common_base(cfg).is_none() {
+            let shown = |u: &Option<String>| u.as_deref().map_or("off".into(), mask_userinfo);
+            return vec![format!(
+                "export: traces {}, metrics {}",
+                shown(&t.traces_endpoint),
+                shown(&t.metrics_endpoint)
+            )];
+        }
+        return Vec::new();
+    }
+    let Some(name) = line
+        .strip_prefix("[providers.")
+        .and_then(|l| l.strip_suffix(']'))
+    else {
+        return Vec::new();
+    };
+    let Some(p) = cfg.providers.get(name.trim_matches('"')) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    match &p.key {
+        KeySource::Env { var, value } => out.push(format!(
+            "key: from {var}, {}",
+            if value.is_some() {
+                "set (value masked)"
+            } else {
+                "not set"
+            }
+        )),
+        KeySource::File { .. } => out.push("key: from api_key_file, re-read on change".into()),
+        KeySource::None if owns_credential(&p.platform) => {}
+        KeySource::None => out.push("no provider key".into()),
+    }
+    if let Some(source) = p.platform.credential_source() {
+        out.push(format!("credentials: {source}"));
+    }
+    out
+}
+
+/// The base URL both OTLP endpoints were built from, if they were.
+fn common_base(cfg: &Config) -> Option<String> {
+    let t = &cfg.observe.telemetry;
+    let traces = t.traces_endpoint.as_deref()?.strip_suffix("/v1/traces")?;
+    let metrics = t.metrics_endpoint.as_deref()?.strip_suffix("/v1/metrics")?;
+    (traces == metrics).then(|| traces.to_owned())
+}
+
+/// The runtime config put back into the shape of the file.
+pub fn effective(cfg: &Config) -> FileConfig {
+    let s = &cfg.server;
+    let l = &s.limits;
+    let nz = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+    let server = ServerFile {
+        listen: s.listen,
+        admin_listen: s.admin_listen,
+        max_body_bytes: nz(s.max_body_bytes),
+        default_deadline: s.default_deadline,
+        shutdown_grace: s.shutdown_grace,
+        header_read_timeout: l.header_read_timeout,
+        body_read_timeout: l.body_read_timeout,
+        connection_idle_timeout: l.connection_idle_timeout,
+        max_connections: nz(l.max_connections),
+        admin_max_connections: nz(l.admin_max_connections),
+        max_event_bytes: nz(l.max_event_bytes),
+        max_buffered_bytes: nz(l.max_buffered_bytes),
+    };
+    let t = &cfg.observe.telemetry;
+    let headers: BTreeMap<String, Secret> = t
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), Secret::new(v.clone())))
+        .collect();
+    FileConfig {
+        server,
+        providers: cfg
+            .providers
+            .iter()
+            .map(|(name, p)| (name.clone(), provider(p)))
+            .collect(),
+        models: cfg
+            .models
+            .iter()
+            .map(|m| ModelFile {
+                name: Some(m.name.clone()),
+                chain: Some(m.chain.iter().map(step).collect()),
+            })
+            .collect(),
+        routing: RoutingFile {
+            anthropic: Some(cfg.routing.anthropic.clone()),
+            openai: Some(cfg.routing.openai.clone()),
+        },
+        clients: cfg
+            .clients
+            .iter()
+            .map(|c| ClientFile {
+                tenant: Some(c.tenant.clone()),
+                key_sha256: Some(hex::encode(c.key_sha256)),
+            })
+            .collect(),
+        tenants: cfg.tenants.clone(),
+        ratelimit: cfg.ratelimit.clone(),
+        shedding: cfg.shedding.clone(),
+        responses: cfg.responses.clone(),
+        retry: cfg.retry.clone(),
+        breaker: cfg.breaker.clone(),
+        log: cfg.observe.log.clone(),
+        telemetry: TelemetryFile {
+            otlp_endpoint: common_base(cfg),
+            service_name: Some(t.service_name.clone()),
+            export_timeout: Some(t.export_timeout),
+            metrics_interval: Some(t.metrics_interval),
+            queue_size: NonZeroUsize::new(t.queue_size),
+            headers: (!headers.is_empty()).then_some(headers),
+        },
+        journal: cfg.observe.journal.clone(),
+        prices: cfg
+            .prices
+            .iter()
+            .map(|(model, p)| PriceFile {
+                model: Some(model.clone()),
+                input: Some(PerMtok(p.input)),
+                output: Some(PerMtok(p.output)),
+                cache_write: PerMtok(p.cache_write),
+                cache_read: PerMtok(p.cache_read),
+            })
+            .collect(),
+        limits: cfg
+            .limits
+            .iter()
+            .map(|l| LimitFile {
+                model: Some(l.model.clone()),
+                max_output_tokens: NonZeroU64::new(l.max_output_tokens),
+            })
+            .collect(),
+    }
+}
+
+fn step(s: &ChainStep) -> StepFile {
+    if s.max_tokens.is_none() && !s.drop_thinking {
+        return StepFile::Target(s.target());
+    }
+    StepFile::Fitted(StepTable {
+        target: Some(s.target()),
+        max_tokens: s.max_tokens.and_then(NonZeroU64::new),
+        drop_thinking: s.drop_thinking,
+    })
+}
+
+fn provider(p: &ProviderConfig) -> ProviderFile {
+    let kind = match (&p.platform, p.kind) {
+        (Platform::Bedrock(_), _) => ProviderKind::Bedrock,
+        (Platform::Vertex(_), _) => ProviderKind::Vertex,
+        (Platform::AzureOpenAi(_), _) => ProviderKind::AzureOpenai,
+        (Platform::Direct, ApiKind::Anthropic) => ProviderKind::Anthropic,
+        // The Responses API is never a provider's kind: its `openai` provider says it serves it.
+        (Platform::Direct, ApiKind::OpenAi | ApiKind::Responses) => ProviderKind::Openai,
+    };
+    let mut f = ProviderFile {
+        kind: Some(kind),
+        base_url: Some(p.base_url.clone()),
+        auth_header: Some(p.auth_header),
+        connect_timeout: p.connect_timeout,
+        first_byte_timeout: p.first_byte_timeout,
+        idle_timeout: p.idle_timeout,
+        pool_idle_timeout: p.pool_idle_timeout,
+        max_concurrency: NonZeroUsize::new(p.max_concurrency).unwrap_or(NonZeroUsize::MIN),
+        tls_roots: p.tls_roots,
+        ca_file: p.ca_file.clone(),
+        client_cert_file: p.client_cert_file.clone(),
+        client_key_file: p.client_key_file.clone(),
+        responses: (p.kind == ApiKind::OpenAi).then_some(p.responses),
+        ..ProviderFile::default()
+    };
+    match &p.key {
+        KeySource::Env { var, .. } => f.api_key_env = Some(var.clone()),
+        KeySource::File { path } => f.api_key_file = Some(path.clone()),
+        KeySource::None => {}
+    }
+    match &p.platform {
+        Platform::Direct => {}
+        Platform::Bedrock(b) => {
+            f.region = Some(b.region.clone());
+            f.anthropic_version = Some(b.anthropic_version.clone());
+        }
+        Platform::Vertex(v) => {
+            f.project = Some(v.project.clone());
+            f.region = Some(v.region.clone());
+            f.anthropic_version = Some(v.anthropic_version.clone());
+        }
+        Platform::AzureOpenAi(a) => {
+            f.api_version = Some(a.api_version.clone());
+            f.deployments = (!a.deployments.is_empty()).then(|| {
+                a.deployments
+                    .iter()
+                    .map(|(m, d)| DeploymentFile {
+                        model: Some(m.clone()),
+                        deployment: Some(d.clone()),
+                    })
+                    .collect()
+            });
+        }
+    }
+    f
 }
 
 /// Problems that do not make the config invalid but that an operator should know about.
 pub fn warnings(cfg: &Config) -> Vec<String> {
     let mut out = Vec::new();
     for p in cfg.providers.values() {
-        let at = format!("providers.{}", p.name);
-        match &p.key {
-            KeySource::Env { var, value: None } => out.push(format!(
-                "{at}: {var} is not set; requests to this provider will fail until it is"
-            )),
-            // A cloud provider with its own credential source needs no key.
-            KeySource::None if owns_credential(&p.platform) => {}
-            KeySource::None if p.base_url.starts_with("https://") => out.push(format!(
-                "{at}: no api_key_env or api_key_file; requests are sent without a provider key"
-            )),
-            _ => {}
-        }
-        if p.base_url.starts_with("http://") {
-            let tls_files = [
-                ("ca_file", &p.ca_file),
-                ("client_cert_file", &p.client_cert_file),
-            ];
-            for (key, file) in tls_files {
-                if file.is_some() {
-                    out.push(format!(
-                        "{at}.{key}: unused, base_url is plain http (no TLS)"
-                    ));
-                }
-            }
-        }
+        provider_warnings(p, &mut out);
     }
     if !crate::loopback::is_loopback_ip(cfg.server.admin_listen.ip()) {
         out.push(format!(
@@ -123,94 +276,48 @@ pub fn warnings(cfg: &Config) -> Vec<String> {
     out
 }
 
-/// Stable hash (sha256 hex) of [`render_masked`], for `/admin/state`.
-pub fn config_hash(cfg: &Config) -> String {
-    hex::encode(Sha256::digest(render_masked(cfg).as_bytes()))
-}
-
-fn server(out: &mut String, s: &ServerConfig) {
-    out.push_str("\n[server]\n");
-    line(out, "listen", &quote(&s.listen.to_string()));
-    line(out, "admin_listen", &quote(&s.admin_listen.to_string()));
-    line(out, "max_body_bytes", &s.max_body_bytes.to_string());
-    line(out, "default_deadline", &duration(s.default_deadline));
-    line(out, "shutdown_grace", &duration(s.shutdown_grace));
-    let l = &s.limits;
-    line(out, "header_read_timeout", &duration(l.header_read_timeout));
-    line(out, "body_read_timeout", &duration(l.body_read_timeout));
-    line(
-        out,
-        "connection_idle_timeout",
-        &duration(l.connection_idle_timeout),
-    );
-    line(out, "max_connections", &l.max_connections.to_string());
-    line(
-        out,
-        "admin_max_connections",
-        &l.admin_max_connections.to_string(),
-    );
-    line(out, "max_event_bytes", &l.max_event_bytes.to_string());
-    line(out, "max_buffered_bytes", &l.max_buffered_bytes.to_string());
-}
-
-fn provider(out: &mut String, p: &ProviderConfig) {
-    let _ = writeln!(out, "\n[providers.{}]", p.name);
-    line(
-        out,
-        "kind",
-        &quote(p.platform.kind_name().unwrap_or(p.kind.as_str())),
-    );
-    line(out, "base_url", &quote(&p.base_url));
-    platform(out, &p.platform);
+fn provider_warnings(p: &ProviderConfig, out: &mut Vec<String>) {
+    let at = format!("providers.{}", p.name);
     match &p.key {
-        KeySource::Env { var, value } => {
-            let state = if value.is_some() {
-                "[redacted]"
-            } else {
-                "not set"
-            };
-            let _ = writeln!(out, "api_key_env = {}  # value: {state}", quote(var));
-        }
-        KeySource::File { path } => {
-            line(out, "api_key_file", &quote(&path.display().to_string()));
-        }
+        KeySource::Env { var, value: None } => out.push(format!(
+            "{at}: {var} is not set; requests to this provider will fail until it is"
+        )),
+        // A cloud provider with its own credential source needs no key.
         KeySource::None if owns_credential(&p.platform) => {}
-        KeySource::None => out.push_str("# no provider key\n"),
+        KeySource::None if p.base_url.starts_with("https://") => out.push(format!(
+            "{at}: no api_key_env or api_key_file; requests are sent without a provider key"
+        )),
+        KeySource::File { path } if readable_by_others(path) => out.push(format!(
+            "{at}.api_key_file: `{}` is readable by other users; restrict it (chmod 600)",
+            path.display()
+        )),
+        _ => {}
     }
-    let auth = match p.auth_header {
-        AuthHeader::XApiKey => "x-api-key",
-        AuthHeader::Bearer => "bearer",
-        AuthHeader::ApiKey => "api-key",
-    };
-    line(out, "auth_header", &quote(auth));
-    line(out, "connect_timeout", &duration(p.connect_timeout));
-    line(out, "first_byte_timeout", &duration(p.first_byte_timeout));
-    line(out, "idle_timeout", &duration(p.idle_timeout));
-    line(out, "pool_idle_timeout", &duration(p.pool_idle_timeout));
-    line(out, "max_concurrency", &p.max_concurrency.to_string());
-    if p.kind == ApiKind::OpenAi {
-        line(out, "responses", &p.responses.to_string());
+    let sends_key = !matches!(p.key, KeySource::None);
+    if sends_key && key_in_the_clear(&p.base_url) {
+        out.push(format!(
+            "{at}.base_url: the provider key is sent over plain http:// to `{}`, which is not \
+             this host; use https://",
+            mask_userinfo(&p.base_url)
+        ));
     }
-    let roots = match p.tls_roots {
-        TlsRoots::Webpki => "webpki",
-        TlsRoots::Native => "native",
-    };
-    line(out, "tls_roots", &quote(roots));
-    let files = [
-        ("ca_file", &p.ca_file),
-        ("client_cert_file", &p.client_cert_file),
-        ("client_key_file", &p.client_key_file),
-    ];
-    for (key, file) in files {
-        if let Some(path) = file {
-            line(out, key, &quote(&path.display().to_string()));
+    if p.base_url.starts_with("http://") {
+        let tls_files = [
+            ("ca_file", &p.ca_file),
+            ("client_cert_file", &p.client_cert_file),
+        ];
+        for (key, file) in tls_files {
+            if file.is_some() {
+                out.push(format!(
+                    "{at}.{key}: unused, base_url is plain http (no TLS)"
+                ));
+            }
         }
     }
 }
 
 /// Whether a provider's credential comes from its platform (pod identity), not a key.
-fn owns_credential(p: &crate::config::cloud::Platform) -> bool {
-    use crate::config::cloud::{AzureSource, Platform};
+fn owns_credential(p: &Platform) -> bool {
     match p {
         Platform::Direct => false,
         Platform::AzureOpenAi(a) => !matches!(a.credentials, AzureSource::ApiKey),
@@ -218,150 +325,37 @@ fn owns_credential(p: &crate::config::cloud::Platform) -> bool {
     }
 }
 
-/// A cloud provider's place names and, as a comment, the credential source it will use.
-fn platform(out: &mut String, p: &crate::config::cloud::Platform) {
-    use crate::config::cloud::Platform;
-    match p {
-        Platform::Direct => return,
-        Platform::Bedrock(b) => {
-            line(out, "region", &quote(&b.region));
-            line(out, "anthropic_version", &quote(&b.anthropic_version));
-        }
-        Platform::Vertex(v) => {
-            line(out, "project", &quote(&v.project));
-            line(out, "region", &quote(&v.region));
-            line(out, "anthropic_version", &quote(&v.anthropic_version));
-        }
-        Platform::AzureOpenAi(a) => {
-            line(out, "api_version", &quote(&a.api_version));
-            if !a.deployments.is_empty() {
-                let items: Vec<String> = a
-                    .deployments
-                    .iter()
-                    .map(|(m, d)| format!("{{ model = {}, deployment = {} }}", quote(m), quote(d)))
-                    .collect();
-                line(out, "deployments", &format!("[{}]", items.join(", ")));
-            }
-        }
-    }
-    if let Some(source) = p.credential_source() {
-        let _ = writeln!(out, "# credentials: {source}");
-    }
-}
-
-fn policy(out: &mut String, cfg: &Config) {
-    let r = &cfg.retry;
-    out.push_str("\n[retry]\n");
-    line(out, "max_attempts", &r.max_attempts.to_string());
-    line(out, "base_delay", &duration(r.base_delay));
-    line(out, "max_delay", &duration(r.max_delay));
-    line(out, "max_retry_after", &duration(r.max_retry_after));
-    line(out, "budget_ratio", &format!("{:?}", r.budget_ratio));
-    for (name, t) in &cfg.tenants {
-        let _ = writeln!(out, "\n[tenants.{name}]");
-        line(out, "priority", &quote(t.priority.as_str()));
-        line(
-            out,
-            "requests_per_minute",
-            &t.requests_per_minute.to_string(),
-        );
-        line(out, "tokens_per_minute", &t.tokens_per_minute.to_string());
-        line(
-            out,
-            "daily_budget_usd",
-            &quote(&crate::meter::format_usd(t.daily_budget_pico)),
-        );
-    }
-    let rl = &cfg.ratelimit;
-    out.push_str("\n[ratelimit]\n");
-    let store = match rl.store {
-        crate::config::StoreKind::Memory => "memory",
-        crate::config::StoreKind::Redis => "redis",
+/// Whether a provider key goes in the clear to another host: plain `http://` to a host that is
+/// not a loopback address.
+fn key_in_the_clear(base_url: &str) -> bool {
+    let Some(rest) = base_url.strip_prefix("http://") else {
+        return false;
     };
-    line(out, "store", &quote(store));
-    if let Some(url) = &rl.redis_url {
-        line(out, "redis_url", &quote(&mask_url(url)));
-    }
-    line(
-        out,
-        "default_output_reservation",
-        &rl.default_output_reservation.to_string(),
-    );
-    let rs = &cfg.responses;
-    out.push_str("\n[responses]\n");
-    let store = match rs.store {
-        crate::config::StoreKind::Memory => "memory",
-        crate::config::StoreKind::Redis => "redis",
+    let Ok(uri) = format!("http://{rest}").parse::<http::Uri>() else {
+        return false;
     };
-    line(out, "store", &quote(store));
-    line(out, "max_bytes", &rs.max_bytes.to_string());
-    line(out, "ttl", &duration(rs.ttl));
-    out.push_str("\n[shedding]\n");
-    line(out, "queue_limit", &cfg.shedding.queue_limit.to_string());
-    line(out, "pace_below", &format!("{:?}", cfg.shedding.pace_below));
-    let b = &cfg.breaker;
-    out.push_str("\n[breaker]\n");
-    line(out, "window", &duration(b.window));
-    line(out, "min_calls", &b.min_calls.to_string());
-    line(out, "failure_ratio", &format!("{:?}", b.failure_ratio));
-    line(out, "open_for", &duration(b.open_for));
-    line(out, "max_open_for", &duration(b.max_open_for));
+    !crate::loopback::is_loopback_host(uri.host().unwrap_or(""))
 }
 
-/// A Redis URL may carry a password (`redis://:PASSWORD@host`): it is masked.
-fn mask_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}[redacted]{}", &url[..scheme_end + 3], &url[at..])
-        }
-        _ => url.to_string(),
+/// Key files other users can read (POSIX only).
+fn readable_by_others(file: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(file).is_ok_and(|m| m.permissions().mode() & 0o004 != 0)
     }
-}
-
-fn chain_step(step: &ChainStep) -> String {
-    if step.max_tokens.is_none() && !step.drop_thinking {
-        return quote(&step.target());
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        false
     }
-    let mut s = format!("{{ target = {}", quote(&step.target()));
-    if let Some(n) = step.max_tokens {
-        let _ = write!(s, ", max_tokens = {n}");
-    }
-    let _ = write!(s, ", drop_thinking = {} }}", step.drop_thinking);
-    s
-}
-
-pub(crate) fn line(out: &mut String, key: &str, value: &str) {
-    let _ = writeln!(out, "{key} = {value}");
-}
-
-pub(crate) fn duration(d: Duration) -> String {
-    quote(&humantime::format_duration(d).to_string())
-}
-
-/// A TOML basic string.
-pub(crate) fn quote(s: &str) -> String {
-    let mut q = String::with_capacity(s.len() + 2);
-    q.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => q.push_str("\\\""),
-            '\\' => q.push_str("\\\\"),
-            '\n' => q.push_str("\\n"),
-            '\t' => q.push_str("\\t"),
-            '\r' => q.push_str("\\r"),
-            c if c.is_control() => {
-                let _ = write!(q, "\\u{:04X}", u32::from(c));
-            }
-            c => q.push(c),
-        }
-    }
-    q.push('"');
-    q
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+
+    use std::time::Duration;
 
     use proptest::prelude::*;
 
@@ -394,7 +388,10 @@ mod tests {
             assert!(!text.contains("DO-NOT-PRINT"), "{text}");
         }
         // The names of the variable and file are shown; the value is masked.
-        assert!(shown[0].contains("api_key_env = \"ANTHROPIC_API_KEY\"  # value: [redacted]"));
+        assert!(shown[0].contains(
+            "[providers.anthropic]\n# key: from ANTHROPIC_API_KEY, set (value masked)\n"
+        ));
+        assert!(shown[0].contains("api_key_env = \"ANTHROPIC_API_KEY\"\n"));
         assert!(shown[0].contains(&key_file.display().to_string()));
         Ok(())
     }
@@ -485,22 +482,27 @@ mod tests {
         Ok(())
     }
 
-    proptest! {
-        #[test]
-        fn quoted_strings_parse_back_unchanged(s in any::<String>()) {
-            let toml = format!("k = {}", quote(&s));
-            let parsed = config::Config::builder()
-                .add_source(config::File::from_str(&toml, config::FileFormat::Toml))
-                .build()
-                .and_then(|c| c.get_string("k"));
-            prop_assert_eq!(parsed.ok(), Some(s));
+    #[test]
+    fn only_plain_http_to_another_host_is_in_the_clear() {
+        assert!(key_in_the_clear("http://gw.example:8080"));
+        assert!(key_in_the_clear("http://10.0.0.7/v1"));
+        for safe in [
+            "https://gw.example",
+            "http://127.0.0.1:8000",
+            "http://[::1]:11434",
+            "http://localhost:11434",
+            "http://[::ffff:127.0.0.1]:80",
+        ] {
+            assert!(!key_in_the_clear(safe), "{safe}");
         }
+    }
 
+    proptest! {
         #[test]
         fn rendered_durations_parse_back_unchanged(ms in 1u64..10_000_000_000) {
             let d = Duration::from_millis(ms);
-            let text = duration(d);
-            prop_assert_eq!(humantime::parse_duration(text.trim_matches('"')).ok(), Some(d));
+            let text = humantime::format_duration(d).to_string();
+            prop_assert_eq!(humantime::parse_duration(&text).ok(), Some(d));
         }
     }
 }

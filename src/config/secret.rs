@@ -42,6 +42,20 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Serialising shows the mask, never the value: `legate check` prints the effective config by
+/// serialising it.
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("[redacted]")
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
 /// Where a provider's key comes from.
 #[derive(Debug, Clone)]
 pub enum KeySource {
@@ -86,7 +100,7 @@ impl KeyCell {
                 let initial = match read_key_file(path) {
                     Ok(key) => Some(Arc::new(key)),
                     Err(err) => {
-                        warn_unreadable(path, &err);
+                        warn_unreadable(path, &err, false);
                         None
                     }
                 };
@@ -157,19 +171,27 @@ async fn poll_once(cell: &KeyCell, path: &Path, failing: &mut bool) {
         }
         Err(err) => {
             if !*failing {
-                warn_unreadable(path, &err);
+                warn_unreadable(path, &err, cell.current().is_some());
             }
             *failing = true;
         }
     }
 }
 
-fn warn_unreadable(path: &Path, err: &io::Error) {
-    tracing::warn!(
-        path = %path.display(),
-        error = %err,
-        "cannot read provider key file; keeping the last good key"
-    );
+fn warn_unreadable(path: &Path, err: &io::Error, has_key: bool) {
+    if has_key {
+        tracing::warn!(
+            path = %path.display(),
+            error = %err,
+            "cannot read provider key file; keeping the last good key"
+        );
+    } else {
+        tracing::warn!(
+            path = %path.display(),
+            error = %err,
+            "cannot read provider key file; requests to this provider go without a key until it can be read"
+        );
+    }
 }
 
 fn read_key_file(path: &Path) -> io::Result<Secret> {
@@ -180,8 +202,9 @@ async fn read_key_file_async(path: &Path) -> io::Result<Secret> {
     parse_key(tokio::fs::read_to_string(path).await?)
 }
 
-/// Trims one trailing newline (files written by `echo` or editors end with one); an empty key
-/// is treated as unreadable so a half-written file never replaces a good key.
+/// Trims one trailing newline (files written by `echo` or editors end with one). An empty key,
+/// or one holding control characters (a second newline, a NUL), is treated as unreadable: it
+/// could not be sent in a header, and a half-written file must never replace a good key.
 fn parse_key(mut text: String) -> io::Result<Secret> {
     if text.ends_with('\n') {
         text.pop();
@@ -189,13 +212,30 @@ fn parse_key(mut text: String) -> io::Result<Secret> {
             text.pop();
         }
     }
-    if text.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "the file is empty",
-        ));
-    }
+    key_problem(&text).map_or(Ok(()), |m| {
+        Err(io::Error::new(io::ErrorKind::InvalidData, m))
+    })?;
     Ok(Secret::new(text))
+}
+
+/// Why a key file's content (after its trailing newline) cannot be a key; never quotes it.
+pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
+    if key.is_empty() {
+        Some("the file is empty")
+    } else if key.chars().any(char::is_control) {
+        Some("the key holds control characters (a line break, tab or NUL)")
+    } else {
+        None
+    }
+}
+
+/// Reads a key file the way the running proxy does, to refuse a bad one before starting.
+pub(crate) fn check_key_file(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => "the file is not UTF-8 text".to_owned(),
+        _ => format!("cannot read: {e}"),
+    })?;
+    parse_key(text).map(|_| ()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -236,12 +276,12 @@ mod tests {
     }
 
     #[test]
-    fn file_key_trims_exactly_one_trailing_newline() -> io::Result<()> {
+    fn file_key_trims_one_trailing_newline_and_refuses_a_second() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("key");
         std::fs::write(&path, "sk-1\n\n")?;
         let cell = KeyCell::from_source(&KeySource::File { path: path.clone() });
-        assert_eq!(exposed(&cell), Some("sk-1\n".into()));
+        assert_eq!(exposed(&cell), None, "a key with a line break is not a key");
         std::fs::write(&path, "sk-2\r\n")?;
         let cell = KeyCell::from_source(&KeySource::File { path });
         assert_eq!(exposed(&cell), Some("sk-2".into()));

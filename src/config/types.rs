@@ -6,27 +6,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use super::adapt;
 use super::secret::KeySource;
 use crate::meter::Price;
 
-/// Which wire API a provider speaks (and which inbound API a request came in on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ApiKind {
-    Anthropic,
-    OpenAi,
-}
-
-impl ApiKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApiKind::Anthropic => "anthropic",
-            ApiKind::OpenAi => "openai",
-        }
-    }
-}
+pub use crate::api::ApiKind;
 
 /// How the provider credential is sent upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum AuthHeader {
     /// `x-api-key: KEY`
     XApiKey,
@@ -37,9 +27,11 @@ pub enum AuthHeader {
 }
 
 /// Which trust anchors verify the provider's certificate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TlsRoots {
     /// Mozilla's roots compiled in (webpki-roots): same answer on every machine.
+    #[default]
     Webpki,
     /// The operating system's store (rustls-native-certs).
     Native,
@@ -190,15 +182,21 @@ impl Config {
 }
 
 /// `[retry]`: how one chain step is retried (SPEC §6).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
     /// Per chain step, first try included.
+    #[serde(deserialize_with = "adapt::positive")]
     pub max_attempts: u32,
+    #[serde(with = "adapt::positive_duration")]
     pub base_delay: Duration,
+    #[serde(with = "adapt::positive_duration")]
     pub max_delay: Duration,
     /// A retry-after longer than this moves on to the next chain step instead of waiting.
+    #[serde(with = "adapt::duration")]
     pub max_retry_after: Duration,
     /// Retries may add at most this share of extra upstream load (floor: 10 retries/s).
+    #[serde(deserialize_with = "adapt::ratio")]
     pub budget_ratio: f64,
 }
 
@@ -215,12 +213,18 @@ impl Default for RetryConfig {
 }
 
 /// `[breaker]`: the circuit breaker per upstream (provider + model).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BreakerConfig {
+    #[serde(with = "adapt::positive_duration")]
     pub window: Duration,
+    #[serde(deserialize_with = "adapt::positive")]
     pub min_calls: u32,
+    #[serde(deserialize_with = "adapt::ratio")]
     pub failure_ratio: f64,
+    #[serde(with = "adapt::positive_duration")]
     pub open_for: Duration,
+    #[serde(with = "adapt::positive_duration")]
     pub max_open_for: Duration,
 }
 
@@ -266,13 +270,31 @@ impl Priority {
     }
 }
 
+impl Serialize for Priority {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Read as the `x-legate-priority` header is: case and surrounding blanks do not matter.
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Priority::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom("expected one of: interactive, background, batch")
+        })
+    }
+}
+
 /// `[tenants.NAME]`: limits of one tenant. 0 means unlimited.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TenantConfig {
     pub priority: Priority,
     pub requests_per_minute: u64,
     pub tokens_per_minute: u64,
     /// Exact integer pico-USD per UTC day.
+    #[serde(rename = "daily_budget_usd", with = "adapt::usd")]
     pub daily_budget_pico: u128,
 }
 
@@ -287,18 +309,23 @@ impl Default for TenantConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     Memory,
     Redis,
 }
 
 /// `[ratelimit]`: where the tenants' buckets live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub store: StoreKind,
+    /// May carry a password: shown with its userinfo masked.
+    #[serde(serialize_with = "adapt::masked_url")]
     pub redis_url: Option<String>,
     /// Output tokens reserved for a request that names no max_tokens.
+    #[serde(deserialize_with = "adapt::positive")]
     pub default_output_reservation: u64,
 }
 
@@ -313,9 +340,12 @@ impl Default for RateLimitConfig {
 }
 
 /// `[shedding]`: the admission queue and the pacer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SheddingConfig {
+    #[serde(deserialize_with = "adapt::positive")]
     pub queue_limit: usize,
+    #[serde(deserialize_with = "adapt::ratio")]
     pub pace_below: f64,
 }
 
@@ -329,12 +359,15 @@ impl Default for SheddingConfig {
 }
 
 /// `[responses]`: the conversation store of the Responses API (SPEC §11).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ResponsesConfig {
     /// memory (one process) or redis (shared by replicas, at `ratelimit.redis_url`).
     pub store: StoreKind,
     /// Memory store: the oldest entries are evicted beyond this many bytes.
+    #[serde(deserialize_with = "adapt::positive")]
     pub max_bytes: usize,
+    #[serde(with = "adapt::positive_duration")]
     pub ttl: Duration,
 }
 

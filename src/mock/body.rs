@@ -47,19 +47,19 @@ pub(crate) struct MockBody {
 
 impl MockBody {
     /// A whole document with a known length.
-    pub fn full(data: Bytes) -> MockBody {
+    pub(super) fn full(data: Bytes) -> MockBody {
         let len = data.len() as u64;
         MockBody::new(VecDeque::from([data]), Some(len))
     }
 
     /// A sequence of events with unknown total length.
-    pub fn events(events: Vec<Bytes>) -> MockBody {
+    pub(super) fn events(events: Vec<Bytes>) -> MockBody {
         MockBody::new(VecDeque::from(events), None)
     }
 
     /// A whole document sent in two halves, with `fault` firing between them (`after` = 1):
     /// how a cut or hang looks on a non-streaming response.
-    pub fn halved(data: Bytes, kind: FaultKind) -> MockBody {
+    pub(super) fn halved(data: Bytes, kind: FaultKind) -> MockBody {
         let len = data.len() as u64;
         let mut first = data;
         let second = first.split_off(first.len() / 2);
@@ -84,13 +84,13 @@ impl MockBody {
     }
 
     /// Pause between chunks (not before the first).
-    pub fn with_gap(mut self, gap: Duration) -> MockBody {
+    pub(super) fn with_gap(mut self, gap: Duration) -> MockBody {
         self.gap = gap;
         self
     }
 
     /// The fault to inject; `error_chunk` is what a `StreamError` fault sends.
-    pub fn with_fault(mut self, fault: Option<Fault>, error_chunk: Bytes) -> MockBody {
+    pub(super) fn with_fault(mut self, fault: Option<Fault>, error_chunk: Bytes) -> MockBody {
         self.fault = fault;
         self.error_chunk = error_chunk;
         self
@@ -98,7 +98,7 @@ impl MockBody {
 
     /// Ties the request's counting to this body. An empty body counts as sent at once, since
     /// hyper may never poll it.
-    pub fn with_guard(mut self, mut guard: RequestGuard) -> MockBody {
+    pub(super) fn with_guard(mut self, mut guard: RequestGuard) -> MockBody {
         self.finished = self.chunks.iter().all(Bytes::is_empty) && self.fault.is_none();
         if self.finished {
             self.chunks.clear();

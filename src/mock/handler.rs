@@ -260,15 +260,14 @@ async fn with_body(
 /// The id and the action of a stored-response path: `GET`/`DELETE /v1/responses/{id}`,
 /// `POST …/{id}/cancel`, `GET …/{id}/input_items`.
 fn stored_response_path<'a>(method: &Method, path: &'a str) -> Option<(&'a str, &'a str)> {
-    let rest = path.strip_prefix("/v1/responses/")?;
+    let path = path.strip_prefix("/v1")?;
+    let op = crate::api::ApiKind::Responses
+        .dialect()
+        .operation(method, path);
+    let rest = path.strip_prefix("/responses/")?;
     let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
-    let fits = matches!(
-        (method, action),
-        (&Method::GET | &Method::DELETE, "")
-            | (&Method::POST, "cancel")
-            | (&Method::GET, "input_items")
-    );
-    (fits && !id.is_empty() && id != "input_tokens").then_some((id, action))
+    let stored = op == Some(crate::api::Operation::StoredResponse);
+    (stored && id != "input_tokens").then_some((id, action))
 }
 
 /// The mock keeps no conversations: a stored response is the default reply under the asked

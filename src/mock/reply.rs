@@ -55,7 +55,7 @@ impl Answer {
     }
 
     /// Sends `body` with the id header of the API, then the reply's own headers on top.
-    pub fn send(
+    pub(super) fn send(
         self,
         status: StatusCode,
         content_type: HeaderValue,
@@ -86,7 +86,12 @@ impl Answer {
     }
 
     /// An error in the API's shape.
-    pub fn error(self, status: StatusCode, error_type: &str, message: &str) -> Response<MockBody> {
+    pub(super) fn error(
+        self,
+        status: StatusCode,
+        error_type: &str,
+        message: &str,
+    ) -> Response<MockBody> {
         let body = self.error_body(error_type, message);
         self.send(status, json_type(), MockBody::full(body), &[])
     }
@@ -99,7 +104,7 @@ impl Answer {
     }
 
     /// A successful JSON document (count_tokens, models), unless the reply says otherwise.
-    pub fn document(self, reply: Option<&Reply>, natural: Bytes) -> Response<MockBody> {
+    pub(super) fn document(self, reply: Option<&Reply>, natural: Bytes) -> Response<MockBody> {
         match reply {
             None => self.send(StatusCode::OK, json_type(), MockBody::full(natural), &[]),
             Some(reply) if reply.body.is_some() || !reply.status.is_success() => {
@@ -113,7 +118,7 @@ impl Answer {
     }
 
     /// A generated Message / chat.completion / response, or its stream.
-    pub fn generated(self, reply: &Reply, asked: &Asked<'_>) -> Response<MockBody> {
+    pub(super) fn generated(self, reply: &Reply, asked: &Asked<'_>) -> Response<MockBody> {
         if reply.body.is_some() || !reply.status.is_success() {
             return self.scripted_document(reply);
         }

@@ -188,7 +188,7 @@ impl Default for Reply {
 
 impl Reply {
     /// The stop reason to report: the scripted one, else `tool_use` when a tool is called.
-    pub fn stop_reason(&self) -> &str {
+    pub(crate) fn stop_reason(&self) -> &str {
         match &self.stop_reason {
             Some(reason) => reason,
             None if self
@@ -203,7 +203,7 @@ impl Reply {
     }
 
     /// The error type to report for a non-2xx status or a mid-stream error.
-    pub fn error_type(&self) -> &str {
+    pub(crate) fn error_type(&self) -> &str {
         match &self.error_type {
             Some(t) => t,
             None => default_error_type(self.status.as_u16()),
@@ -211,7 +211,7 @@ impl Reply {
     }
 
     /// The error message to report, defaulting to one that fits the error type.
-    pub fn error_message(&self) -> &str {
+    pub(crate) fn error_message(&self) -> &str {
         match &self.error_message {
             Some(m) => m,
             None => default_error_message(self.error_type()),
@@ -219,7 +219,7 @@ impl Reply {
     }
 
     /// Type and message of a mid-stream error event: overloaded unless scripted otherwise.
-    pub fn stream_error(&self) -> (&str, &str) {
+    pub(crate) fn stream_error(&self) -> (&str, &str) {
         let error_type = self.error_type.as_deref().unwrap_or("overloaded_error");
         let message = match &self.error_message {
             Some(m) => m,
@@ -229,21 +229,13 @@ impl Reply {
     }
 }
 
-/// The error type a provider reports for a status.
+/// The error type a provider reports for a status: the script speaks Anthropic's error names
+/// for both APIs, so Anthropic's table decides.
 pub(crate) fn default_error_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        402 => "billing_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        408 | 504 => "timeout_error",
-        409 => "conflict_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        500..=599 => "api_error",
-        _ => "invalid_request_error",
-    }
+    crate::api::ApiKind::Anthropic
+        .dialect()
+        .errors()
+        .type_for_status(status)
 }
 
 pub(crate) fn default_error_message(error_type: &str) -> &'static str {

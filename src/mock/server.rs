@@ -19,6 +19,9 @@ use super::handler;
 use super::script::Script;
 use super::state::{MockStats, RecordedRequest, Shared};
 
+/// How long a test may wait on the mock's counters before the wait fails.
+pub(super) const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
@@ -99,24 +102,41 @@ impl MockServer {
     }
 
     /// Resolves once `stats().cancelled >= n`.
+    ///
+    /// # Panics
+    /// After [`WAIT_LIMIT`] without getting there (for tests: a regression fails, never hangs).
     pub async fn wait_cancelled(&self, n: u64) {
-        self.wait_for(|s| s.cancelled >= n).await;
+        self.wait_for("cancelled", n, |s| s.cancelled >= n).await;
     }
 
     /// Resolves once `stats().requests >= n`.
+    ///
+    /// # Panics
+    /// After [`WAIT_LIMIT`] without getting there.
     pub async fn wait_requests(&self, n: u64) {
-        self.wait_for(|s| s.requests >= n).await;
+        self.wait_for("requests", n, |s| s.requests >= n).await;
     }
 
     /// Resolves once `stats().completed >= n`.
+    ///
+    /// # Panics
+    /// After [`WAIT_LIMIT`] without getting there.
     pub async fn wait_completed(&self, n: u64) {
-        self.wait_for(|s| s.completed >= n).await;
+        self.wait_for("completed", n, |s| s.completed >= n).await;
     }
 
-    async fn wait_for(&self, done: impl FnMut(&MockStats) -> bool) {
+    async fn wait_for(&self, what: &str, n: u64, done: impl FnMut(&MockStats) -> bool) {
         let mut stats = self.shared.subscribe();
         // The sender lives in `self.shared`, so the channel cannot close while we wait.
-        let _ = stats.wait_for(done).await;
+        if tokio::time::timeout(WAIT_LIMIT, stats.wait_for(done))
+            .await
+            .is_err()
+        {
+            panic!(
+                "the mock's `{what}` count did not reach {n} within {WAIT_LIMIT:?}: {:?}",
+                self.stats()
+            );
+        }
     }
 
     /// Stops accepting, closes every connection, and waits for the listener to be released.

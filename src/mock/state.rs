@@ -122,7 +122,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    pub fn new(script: Script) -> Shared {
+    pub(super) fn new(script: Script) -> Shared {
         Shared {
             stats: watch::Sender::new(MockStats::default()),
             records: Mutex::new(VecDeque::new()),
@@ -132,39 +132,39 @@ impl Shared {
         }
     }
 
-    pub fn with_cloud(script: Script, opts: super::cloud::CloudOptions) -> Shared {
+    pub(super) fn with_cloud(script: Script, opts: super::cloud::CloudOptions) -> Shared {
         Shared {
             cloud: Some(super::cloud::Cloud::new(opts)),
             ..Shared::new(script)
         }
     }
 
-    pub fn cloud(&self) -> Option<&super::cloud::Cloud> {
+    pub(super) fn cloud(&self) -> Option<&super::cloud::Cloud> {
         self.cloud.as_ref()
     }
 
-    pub fn stats(&self) -> MockStats {
+    pub(super) fn stats(&self) -> MockStats {
         *self.stats.borrow()
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<MockStats> {
+    pub(super) fn subscribe(&self) -> watch::Receiver<MockStats> {
         self.stats.subscribe()
     }
 
-    pub fn requests(&self) -> Vec<RecordedRequest> {
+    pub(super) fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.records).iter().cloned().collect()
     }
 
-    pub fn script(&self) -> Arc<Script> {
+    pub(super) fn script(&self) -> Arc<Script> {
         Arc::clone(&lock(&self.queue).script)
     }
 
-    pub fn set_script(&self, script: Script) {
+    pub(super) fn set_script(&self, script: Script) {
         *lock(&self.queue) = Queue::new(script);
     }
 
     /// Clears recorded requests and the counters; `inflight` is live state and stays.
-    pub fn reset(&self) {
+    pub(super) fn reset(&self) {
         let mut records = lock(&self.records);
         records.clear();
         self.stats.send_modify(|s| {
@@ -177,7 +177,7 @@ impl Shared {
 
     /// Records an API request and starts counting it; the guard settles it as completed or
     /// cancelled. Returns the response number as well.
-    pub fn record(self: &Arc<Self>, request: RecordedRequest) -> (u64, RequestGuard) {
+    pub(super) fn record(self: &Arc<Self>, request: RecordedRequest) -> (u64, RequestGuard) {
         {
             let mut records = lock(&self.records);
             if records.len() >= RECORD_LIMIT {
@@ -199,7 +199,11 @@ impl Shared {
 
     /// Takes the first queued reply that fits and has uses left. `explicit_path_only` limits
     /// the choice to entries whose `match.path` names the request's path.
-    pub fn take_reply(&self, key: &MatchKey<'_>, explicit_path_only: bool) -> Option<Arc<Reply>> {
+    pub(super) fn take_reply(
+        &self,
+        key: &MatchKey<'_>,
+        explicit_path_only: bool,
+    ) -> Option<Arc<Reply>> {
         let mut queue = lock(&self.queue);
         let Queue { script, left } = &mut *queue;
         for (reply, left) in script.replies.iter().zip(left.iter_mut()) {
@@ -247,7 +251,7 @@ pub(crate) struct RequestGuard {
 }
 
 impl RequestGuard {
-    pub fn complete(&mut self) {
+    pub(super) fn complete(&mut self) {
         if !self.done {
             self.done = true;
             self.shared.settle(true);

@@ -1,23 +1,54 @@
 //! The request journal: the last `[journal] size` finished requests in a ring, for
-//! `GET /admin/requests` and `GET /admin/requests/{id}`. Bounded by count; each entry holds its
-//! access-log record, its attempts and (with capture on) redacted body prefixes of bounded size.
+//! `GET /admin/requests` and `GET /admin/requests/{id}`. Bounded by count; each entry holds the
+//! request's facts (its access-log record and attempts) and, with capture on, redacted body
+//! prefixes of bounded size.
+//!
+//! Entries keep the facts as gathered and are rendered as JSON only when read: every request
+//! is pushed, few are ever looked at, and a JSON document per request cost more instructions
+//! and allocations than the rest of the bookkeeping together (and more memory per entry).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-/// One finished request, rendered once.
-pub struct Entry {
-    pub id: String,
-    pub status: u16,
-    pub tenant: String,
-    /// The access-log record plus `attempts_detail` (and captured bodies).
-    pub doc: Value,
+use super::facts::Facts;
+
+/// Redacted prefixes of the request and response bodies, when capture is on.
+pub type Captured = (Option<String>, Option<String>);
+
+/// One finished request.
+struct Entry {
+    facts: Facts,
+    capture: Captured,
+}
+
+impl Entry {
+    /// The access-log record plus `attempts_detail` (and `capture` when there is one).
+    fn doc(&self) -> Value {
+        let mut doc = self.facts.record();
+        let started = self.facts.started;
+        let attempts = self
+            .facts
+            .steps
+            .iter()
+            .map(|a| a.to_json(started))
+            .collect();
+        doc.insert("attempts_detail".to_string(), Value::Array(attempts));
+        let (req, resp) = &self.capture;
+        if req.is_some() || resp.is_some() {
+            doc.insert(
+                "capture".to_string(),
+                json!({"request": req, "response": resp}),
+            );
+        }
+        Value::Object(doc)
+    }
 }
 
 pub struct Journal {
     size: usize,
+    /// Shared entries, so a reader renders them after releasing the lock.
     ring: Mutex<VecDeque<Arc<Entry>>>,
 }
 
@@ -53,63 +84,57 @@ impl Journal {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<Entry>>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Entry>>> {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn push(&self, record: Map<String, Value>, attempts: Value, capture: Option<Value>) {
+    /// Keeps a finished request, forgetting the oldest beyond the size.
+    pub fn push(&self, facts: Facts, capture: Captured) {
         if self.size == 0 {
             return;
         }
-        let id = record["request_id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let status = record["status"].as_u64().unwrap_or(0) as u16;
-        let tenant = record["tenant"].as_str().unwrap_or_default().to_string();
-        let mut doc = record;
-        doc.insert("attempts_detail".to_string(), attempts);
-        if let Some(c) = capture {
-            doc.insert("capture".to_string(), c);
-        }
-        let entry = Arc::new(Entry {
-            id,
-            status,
-            tenant,
-            doc: Value::Object(doc),
-        });
-        let mut ring = self.lock();
-        while ring.len() >= self.size {
-            ring.pop_front();
-        }
-        ring.push_back(entry);
+        let entry = Arc::new(Entry { facts, capture });
+        let old = {
+            let mut ring = self.lock();
+            let old = (ring.len() >= self.size).then(|| ring.pop_front());
+            ring.push_back(entry);
+            old
+        };
+        // The evicted entry is freed after the lock is released.
+        drop(old);
     }
 
     /// Newest first, filtered.
     pub fn list(&self, q: &Query) -> Value {
         let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(self.size);
-        let ring = self.lock();
-        let items: Vec<Value> = ring
-            .iter()
-            .rev()
-            .filter(|e| q.tenant.as_deref().is_none_or(|t| e.tenant == t))
-            .filter(|e| {
-                q.status
-                    .as_deref()
-                    .is_none_or(|s| status_matches(e.status, s))
-            })
-            .take(limit)
-            .map(|e| e.doc.clone())
-            .collect();
-        json!({"size": self.size, "held": ring.len(), "requests": items})
+        let (held, picked): (usize, Vec<Arc<Entry>>) = {
+            let ring = self.lock();
+            let picked = ring
+                .iter()
+                .rev()
+                .filter(|e| q.tenant.as_deref().is_none_or(|t| e.facts.tenant == t))
+                .filter(|e| {
+                    q.status
+                        .as_deref()
+                        .is_none_or(|s| status_matches(e.facts.status(), s))
+                })
+                .take(limit)
+                .cloned()
+                .collect();
+            (ring.len(), picked)
+        };
+        let items: Vec<Value> = picked.iter().map(|e| e.doc()).collect();
+        json!({"size": self.size, "held": held, "requests": items})
     }
 
     pub fn get(&self, id: &str) -> Option<Value> {
-        self.lock()
+        let found = self
+            .lock()
             .iter()
             .rev()
-            .find(|e| e.id == id)
-            .map(|e| e.doc.clone())
+            .find(|e| e.facts.request_id == id)
+            .cloned();
+        found.map(|e| e.doc())
     }
 }
 
@@ -161,16 +186,18 @@ pub fn parse_query(q: Option<&str>) -> Result<Query, String> {
 mod tests {
     use super::*;
 
-    fn rec(id: &str, status: u16, tenant: &str) -> Map<String, Value> {
-        let v = json!({"request_id": id, "status": status, "tenant": tenant});
-        v.as_object().cloned().unwrap()
+    fn rec(id: &str, status: u16, tenant: &str) -> Facts {
+        let mut f = Facts::new(id.into(), "anthropic", "POST".into(), "/v1/messages".into());
+        f.status = Some(status);
+        f.tenant = tenant.into();
+        f
     }
 
     #[test]
     fn the_ring_keeps_the_newest_within_its_size() {
         let j = Journal::new(3);
         for i in 0..10 {
-            j.push(rec(&format!("r{i}"), 200, "a"), json!([]), None);
+            j.push(rec(&format!("r{i}"), 200, "a"), (None, None));
         }
         assert_eq!(j.len(), 3);
         assert!(j.get("r6").is_none());
@@ -188,9 +215,9 @@ mod tests {
     #[test]
     fn filters_by_status_class_and_tenant() {
         let j = Journal::new(10);
-        j.push(rec("a", 200, "t1"), json!([]), None);
-        j.push(rec("b", 429, "t1"), json!([]), None);
-        j.push(rec("c", 503, "t2"), json!([]), None);
+        j.push(rec("a", 200, "t1"), (None, None));
+        j.push(rec("b", 429, "t1"), (None, None));
+        j.push(rec("c", 503, "t2"), (None, None));
         let q = |s: &str| parse_query(Some(s)).unwrap();
         let n = |v: Value| v["requests"].as_array().unwrap().len();
         assert_eq!(n(j.list(&q("status=4xx"))), 1);
@@ -204,7 +231,7 @@ mod tests {
     #[test]
     fn a_journal_of_size_zero_keeps_nothing() {
         let j = Journal::new(0);
-        j.push(rec("a", 200, "t"), json!([]), None);
+        j.push(rec("a", 200, "t"), (None, None));
         assert!(j.is_empty());
     }
 }

@@ -16,7 +16,6 @@ pub mod traceparent;
 use std::sync::Arc;
 
 use prometheus::{IntCounterVec, Opts, Registry};
-use serde_json::Value;
 
 use crate::config::observe::ObserveConfig;
 use facts::Facts;
@@ -76,31 +75,21 @@ impl Observer {
     }
 
     /// One finished request: the access-log line, the journal entry, the spans and metrics.
-    pub(crate) fn report(&self, facts: Facts, capture: (Option<String>, Option<String>)) {
+    /// The record is rendered only for a log line that is written (the macro evaluates its
+    /// fields only when the access log is enabled); the journal keeps the facts themselves.
+    pub(crate) fn report(&self, facts: Facts, capture: journal::Captured) {
         if facts.request_id.is_empty() {
             return;
         }
-        let record = facts.record();
         tracing::info!(
             target: "legate::access",
-            record = %serde_json::Value::Object(record.clone()),
+            record = %serde_json::Value::Object(facts.record()),
             "request"
         );
-        if self.journal.capacity() > 0 {
-            let attempts: Vec<Value> = facts
-                .steps
-                .iter()
-                .map(|a| a.to_json(facts.started))
-                .collect();
-            let capture = match capture {
-                (None, None) => None,
-                (req, resp) => Some(serde_json::json!({"request": req, "response": resp})),
-            };
-            self.journal.push(record, Value::Array(attempts), capture);
-        }
         if let Some(o) = &self.otel {
             o.record(&facts);
         }
+        self.journal.push(facts, capture);
     }
 
     /// Exports what is still queued, within a bounded wait.

@@ -13,8 +13,8 @@ use super::facts::{AttemptFacts, Facts, TraceIds};
 use super::traceparent;
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
-use crate::proxy::attempt::Attempt;
-use crate::proxy::chain::Failure;
+use crate::policy::judge::{Action, GiveUp};
+use crate::proxy::exchange::Exchanged;
 
 /// One request being observed. Cheap to clone.
 #[derive(Clone)]
@@ -216,11 +216,16 @@ impl AttemptScope {
     }
 
     /// Records the attempt's result; `sent` says whether a request left for the upstream.
-    pub fn end(mut self, result: &Attempt, sent: bool) {
+    pub fn end(
+        mut self,
+        status: Option<u16>,
+        outcome: &'static str,
+        why: Option<String>,
+        sent: bool,
+    ) {
         let a = &mut self.facts;
         a.duration = a.started.elapsed();
         a.sent = sent;
-        let (status, outcome, why) = classify(result);
         a.status = status;
         a.outcome = outcome;
         a.why = why;
@@ -229,30 +234,48 @@ impl AttemptScope {
     }
 }
 
-/// What an attempt's result says, in the journal's words. Never message text from upstream:
-/// only statuses and legate's own error kinds.
-fn classify(result: &Attempt) -> (Option<u16>, &'static str, Option<String>) {
-    match result {
-        Attempt::Answer(resp) => {
-            let s = resp.status().as_u16();
-            if s < 400 {
-                (Some(s), "ok", None)
-            } else {
+/// What an exchange and the chain's action on it say, in the journal's words. Never message
+/// text from upstream: only statuses and legate's own error kinds.
+pub(crate) fn journal_attempt(
+    exchanged: &Exchanged,
+    action: &Action,
+) -> (Option<u16>, &'static str, Option<String>) {
+    let status = match exchanged {
+        Exchanged::Whole(resp) | Exchanged::Error { resp, .. } => Some(resp.status().as_u16()),
+        Exchanged::Stream(p) | Exchanged::WholeStreamed(p) => Some(p.status.as_u16()),
+        _ => None,
+    };
+    match action {
+        Action::Commit => match status {
+            Some(s) if s >= 400 => {
                 let why = format!(
                     "status {s}: a final answer, returned as it is (no retry, no fallback)"
                 );
                 (Some(s), "fatal", Some(why))
             }
-        }
-        Attempt::Retry { failure, .. } => match failure {
-            Failure::Response(resp) => {
-                let s = resp.status().as_u16();
-                (Some(s), "retryable", Some(format!("status {s}")))
-            }
-            Failure::Error(e) => (None, error_outcome(e), Some(e.kind().to_string())),
+            s => (s, "ok", None),
         },
-        Attempt::Skip(e) => (None, "skipped", Some(e.kind().to_string())),
-        Attempt::Abort(e) => (None, "aborted", Some(e.kind().to_string())),
+        Action::GiveUp(GiveUp::Deadline) => (
+            None,
+            "aborted",
+            Some(ProxyError::DeadlineExceeded.kind().to_string()),
+        ),
+        Action::GiveUp(GiveUp::Shed) => (None, "aborted", Some("shed".to_string())),
+        Action::NextStep | Action::Retry { .. } => match exchanged {
+            Exchanged::Unsendable(e) => (None, "skipped", Some(e.kind().to_string())),
+            Exchanged::TimedOut(e) | Exchanged::Unreachable(e) | Exchanged::Broken(e) => {
+                (None, error_outcome(e), Some(e.kind().to_string()))
+            }
+            Exchanged::Deadline { .. } => (
+                None,
+                "timeout",
+                Some(ProxyError::DeadlineExceeded.kind().to_string()),
+            ),
+            _ => match status {
+                Some(s) => (Some(s), "retryable", Some(format!("status {s}"))),
+                None => (None, "retryable", None),
+            },
+        },
     }
 }
 

@@ -3,6 +3,11 @@
 //! `queue_limit` waiting requests, batch work is shed first, then background; interactive work
 //! is never shed here (it displaces lower-priority waiters instead), so the queue stays bounded
 //! by `queue_limit` plus the interactive callers themselves.
+//!
+//! Why not tower's `ConcurrencyLimit` / `LoadShed`: they know one queue in arrival order and
+//! shed whatever finds the service not ready, while this gate orders waiters by priority,
+//! sheds the lowest priority first (an interactive call displaces a waiting batch call), and
+//! its permit lives as long as the answer's body, not the service call.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,6 +2,10 @@
 //! (`anthropic-ratelimit-*`, `x-ratelimit-*`) and, while the remaining share of the tightest
 //! limit is below `pace_below`, spaces out background and batch calls so that what is left
 //! lasts until the reset. Interactive calls are never paced.
+//!
+//! Why not governor: its quota is fixed when the limiter is built, while the pace here is read
+//! from every answer (what remains, until when) and applies only to some priorities; what is
+//! left is one division and the next free slot.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime};

@@ -1,6 +1,18 @@
 //! Retry arithmetic: which upstream answers are worth another try, how long to wait (the
-//! upstream's `retry-after-ms` / `retry-after`, else capped exponential backoff with jitter),
-//! and the retry budget that keeps retries from multiplying load during an outage.
+//! upstream's `retry-after-ms` / `retry-after`, else capped exponential backoff with jitter,
+//! from backon), and the retry budget that keeps retries from multiplying load during an
+//! outage. Where to retry is not here: `policy::judge` decides and `proxy::chain` acts, since a
+//! retry also chooses between attempts, chain steps and the breaker — which is why the upstream
+//! client is not wrapped in tower's `Retry` service.
+//!
+//! Why the budget is not tower's `TpsBudget` (the same finagle design, 10 s window, a floor
+//! per second and a ratio): measured on paused time, tower 0.5.3 forgets its window about
+//! twice as fast as it says — when a slot's second has run out by even a little, `expire`
+//! clears the next slot and moves two slots on — so a 10 s window with a floor of 10/s granted
+//! 500 floor retries in 30 s where this budget grants 300 (`the_floor_refills_once_per_window`).
+//! It also counts in whole tokens
+//! (a ratio becomes one retry per ⌊1/ratio⌋ requests) and cannot change its ratio on reload
+//! without forgetting the window.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -27,9 +39,16 @@ pub enum Verdict {
 /// exhaustion (OpenAI `insufficient_quota`, Anthropic `enforced_spend_limit_reached`) must not
 /// be retried.
 pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
-    match status.as_u16() {
+    let quota = status == StatusCode::TOO_MANY_REQUESTS && crate::api::is_quota_exhaustion(body);
+    classify_status(status.as_u16(), quota)
+}
+
+/// Classifies an upstream status, `quota` saying whether its body reports an exhausted quota
+/// or spend limit (SPEC §6: retry 408, 429 unless quota, 500, 502, 503, 504, 529).
+pub fn classify_status(status: u16, quota: bool) -> Verdict {
+    match status {
         0..=399 => Verdict::Success,
-        429 if is_quota_exhaustion(body) => Verdict::Final {
+        429 if quota => Verdict::Final {
             provider_fault: false,
         },
         408 | 429 => Verdict::Retryable {
@@ -45,36 +64,6 @@ pub fn classify(status: StatusCode, body: &[u8]) -> Verdict {
             provider_fault: false,
         },
     }
-}
-
-/// Whether the status may be retryable, so its (small) error body must be read to decide.
-pub fn needs_body(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504 | 529)
-}
-
-fn is_quota_exhaustion(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        error: Option<ErrorObj>,
-    }
-    #[derive(serde::Deserialize)]
-    struct ErrorObj {
-        #[serde(rename = "type")]
-        kind: Option<String>,
-        code: Option<serde_json::Value>,
-        details: Option<Details>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Details {
-        error_code: Option<String>,
-    }
-    let Ok(env) = serde_json::from_slice::<Envelope>(body) else {
-        return false;
-    };
-    let Some(e) = env.error else { return false };
-    e.code.as_ref().and_then(|c| c.as_str()) == Some("insufficient_quota")
-        || e.kind.as_deref() == Some("insufficient_quota")
-        || e.details.and_then(|d| d.error_code).as_deref() == Some("enforced_spend_limit_reached")
 }
 
 /// The wait an upstream asked for: `retry-after-ms` (milliseconds, fractional allowed) first,
@@ -332,5 +321,18 @@ mod tests {
         tokio::time::advance(Duration::from_secs(11)).await;
         let granted = (0..400).filter(|_| budget.try_withdraw()).count();
         assert_eq!(granted, 100);
+    }
+
+    /// The floor is 10 retries a second over the 10 s window: with no traffic, asking every
+    /// 1.001 s for 30 s gets the floor of one window three times (tower's TpsBudget: 500).
+    #[tokio::test(start_paused = true)]
+    async fn the_floor_refills_once_per_window() {
+        let budget = RetryBudget::new(0.2);
+        let mut granted = 0;
+        for _ in 0..30 {
+            granted += (0..1000).filter(|_| budget.try_withdraw()).count();
+            tokio::time::advance(Duration::from_millis(1001)).await;
+        }
+        assert_eq!(granted, 300);
     }
 }

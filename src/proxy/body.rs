@@ -17,14 +17,14 @@ use prometheus::Histogram;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::api::ApiShape;
+use crate::api::{ApiKind, ErrorClass, LocalError};
+use crate::meter::Usage;
 use crate::policy::breaker::{Outcome, Ticket};
 use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
 use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
-use crate::usage::{self, Usage};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::server::listener::BoxError;
 
 /// Non-streaming bodies larger than this are forwarded but not parsed for usage.
 const JSON_USAGE_CAP: usize = 8 << 20;
@@ -63,7 +63,7 @@ pub struct Accounting {
 
 pub struct TapBody {
     inner: UpstreamBody,
-    api: ApiShape,
+    api: ApiKind,
     mode: Mode,
     state: State,
     /// Bytes read before the response was committed (a stream's preamble and first content).
@@ -84,7 +84,7 @@ impl TapBody {
     #[expect(clippy::too_many_arguments, reason = "one constructor wiring one body")]
     pub fn new(
         inner: UpstreamBody,
-        api: ApiShape,
+        api: ApiKind,
         mode: Mode,
         held: Option<Bytes>,
         idle: Duration,
@@ -159,11 +159,7 @@ impl TapBody {
                 if *overflow || !ok {
                     return None;
                 }
-                match self.api {
-                    ApiShape::Anthropic => usage::anthropic_from_json(buf),
-                    ApiShape::OpenAi => usage::openai_from_json(buf),
-                    ApiShape::Responses => crate::api::responses::usage_from_json(buf),
-                }
+                self.api.dialect().usage_of_body(buf)
             }
         }
     }
@@ -262,39 +258,12 @@ impl Drop for TapBody {
 
 /// An error event in the stream format of `api` (Anthropic `event: error`; OpenAI an error
 /// chunk), which the SDKs raise as an exception.
-pub fn stream_error_event(api: ApiShape, message: &str) -> Bytes {
-    match api {
-        ApiShape::Anthropic => {
-            let data = serde_json::json!({
-                "type": "error",
-                "error": {"type": "api_error", "message": message},
-            });
-            Bytes::from(format!("event: error\ndata: {data}\n\n"))
-        }
-        ApiShape::OpenAi => {
-            let data = serde_json::json!({
-                "error": {"message": message, "type": "server_error", "param": null, "code": "upstream_stream_error"},
-            });
-            Bytes::from(format!("data: {data}\n\n"))
-        }
-        ApiShape::Responses => {
-            // An `error` event, then the terminal `response.failed` the SDKs' stream helpers
-            // end on (the upstream's sequence is not tracked here: both are numbered past it).
-            let code = "upstream_stream_error";
-            let error = serde_json::json!({
-                "type": "error", "code": code, "message": message, "param": null,
-                "sequence_number": 1_000_000_000u64,
-            });
-            let failed = serde_json::json!({
-                "type": "response.failed", "sequence_number": 1_000_000_001u64,
-                "response": {"object": "response", "status": "failed", "output": [],
-                             "error": {"code": code, "message": message}},
-            });
-            Bytes::from(format!(
-                "event: error\ndata: {error}\n\nevent: response.failed\ndata: {failed}\n\n"
-            ))
-        }
-    }
+pub fn stream_error_event(api: ApiKind, message: &str) -> Bytes {
+    api.dialect().stream_error_event(LocalError {
+        class: ErrorClass::Server,
+        code: "upstream_stream_error",
+        message,
+    })
 }
 
 impl Body for TapBody {

@@ -1,50 +1,51 @@
-//! The chain executor: the whole failure policy in one place. For each step of the model's
-//! chain: ask its breaker, fit the body, and make up to `max_attempts` attempts — waiting the
-//! upstream's retry-after or a jittered backoff between them, within the deadline and the retry
-//! budget. Availability failures (retries spent on retryable errors, an open breaker, a
-//! retry-after longer than `max_retry_after`, a timeout) move on to the next step; a final
-//! answer (success, or a 4xx that another try would only repeat) is returned at once — a
-//! fallback must never route around a refusal.
+//! The chain executor: the whole failure policy acted on in one place. For each step of the
+//! model's chain: ask its breaker, fit the body, and make up to `max_attempts` exchanges with
+//! the step's upstream. `policy::judge` says what each exchange's outcome means; this file
+//! alone acts on it — commit the answer, wait (the upstream's retry-after or a jittered
+//! backoff, within the deadline and the retry budget) and try again, move on to the next step,
+//! or give up — and reports the outcome to the step's breaker. Availability failures (retries
+//! spent on retryable errors, an open breaker, a retry-after longer than `max_retry_after`, a
+//! timeout) move on to the next step; a final answer (success, or a 4xx that another try
+//! would only repeat) is returned at once — a fallback must never route around a refusal.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
 use tokio::time::Instant;
 
+use crate::api::Operation;
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
-use crate::policy::breaker::{Admission, Ticket};
+use crate::policy::breaker::{Admission, Breaker, Outcome, Ticket};
+use crate::policy::judge::{self, Action, Context, GiveUp, Report, Verdict};
 use crate::policy::retry::Backoff;
-use crate::proxy::attempt::{self, Attempt};
+use crate::proxy::answer;
+use crate::proxy::conversation;
 use crate::proxy::estimate;
-use crate::proxy::inbound::Endpoint;
+use crate::proxy::exchange::{self, Call, Exchanged, Spent};
 use crate::proxy::record::RequestRecord;
-use crate::proxy::response::{self, ProxyBody};
-use crate::proxy::responses::Xlate;
+use crate::proxy::response::ProxyBody;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
-use crate::translate;
+use crate::translate::Xlate;
 
 /// What failed last, to be reported if no step can answer.
-pub enum Failure {
+enum Failure {
     /// An upstream error response, read whole (small), returned as it is.
     Response(Response<ProxyBody>),
     /// No usable response (connection, timeout, broken stream).
     Error(ProxyError),
 }
 
-/// Running totals of one request's execution.
-pub struct Exec {
-    pub attempts: u32,
-    /// Time spent waiting on upstreams and in backoff: not legate's overhead.
-    pub outside: Duration,
+/// Running state of one request's execution.
+struct Exec {
+    spent: Spent,
     last: Option<Failure>,
     any_admitted: bool,
     earliest_probe: Option<Instant>,
     /// The chain step being tried, from 1 (for the journal and traces).
     step_no: usize,
-    /// `traceparent` for the attempt about to be sent (export on).
-    pub traceparent: Option<http::HeaderValue>,
 }
 
 enum StepEnd {
@@ -52,34 +53,23 @@ enum StepEnd {
     Unavailable,
 }
 
-/// What the executor reports besides the response, for the headers of any answer.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ExecStats {
-    /// Time spent waiting on upstreams and in backoff: subtracted to report legate's overhead.
-    pub outside: Duration,
-    pub attempts: u32,
-}
-
-/// Runs the chain for one request.
+/// Runs the chain for one request; `spent` says what it cost, whatever the result.
 pub(super) async fn run(
     proxy: &Proxy,
     snap: &Snapshot,
     inb: Inbound,
     record: &mut Option<RequestRecord>,
-    stats: &mut ExecStats,
+    spent: &mut Spent,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut exec = Exec {
-        attempts: 0,
-        outside: Duration::ZERO,
+        spent: Spent::default(),
         last: None,
         any_admitted: false,
         earliest_probe: None,
         step_no: 0,
-        traceparent: None,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
-    stats.outside = exec.outside;
-    stats.attempts = exec.attempts;
+    *spent = exec.spent;
     result
 }
 
@@ -90,7 +80,7 @@ async fn execute(
     record: &mut Option<RequestRecord>,
     exec: &mut Exec,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let resolved = route::resolve(&snap.cfg, inb.endpoint.kind(), &inb.meta.model)?;
+    let resolved = route::resolve(&snap.cfg, inb.endpoint.api, &inb.meta.model)?;
     let fallback_off = inb
         .headers
         .get("x-legate-fallback")
@@ -113,12 +103,8 @@ async fn execute(
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
         exec.step_no = i + 1;
-        match run_step(proxy, snap, &inb, step, exec, record).await? {
-            StepEnd::Answer(mut resp) => {
-                response::set_header(&mut resp, "x-legate-attempts", &exec.attempts.to_string());
-                return Ok(resp);
-            }
-            StepEnd::Unavailable => {}
+        if let StepEnd::Answer(resp) = run_step(proxy, snap, &inb, step, exec, record).await? {
+            return Ok(resp);
         }
     }
     if !exec.any_admitted {
@@ -128,10 +114,7 @@ async fn execute(
         });
     }
     match exec.last.take() {
-        Some(Failure::Response(mut resp)) => {
-            response::set_header(&mut resp, "x-legate-attempts", &exec.attempts.to_string());
-            Ok(resp)
-        }
+        Some(Failure::Response(resp)) => Ok(resp),
         Some(Failure::Error(e)) => Err(e),
         None => Err(ProxyError::Internal),
     }
@@ -143,20 +126,11 @@ fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
-    up: &crate::upstream::Upstream,
+    (xl, upstream): (Xlate, ApiKind),
     limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    let upstream = up.kind;
-    let (bytes, dropped) = match (Xlate::for_step(inb.endpoint.api(), up), &inb.conversation) {
-        (Xlate::Responses(target), Some(conv)) => {
-            conv.request_for(target, &inb.body, &step.model)?
-        }
-        _ => {
-            let dir = direction(inb.endpoint.kind());
-            translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?
-        }
-    };
-    let (from, to) = (inb.endpoint.label(), upstream.as_str());
+    let (bytes, dropped) = conversation::translate_request(xl, inb, &step.model)?;
+    let (from, to) = (inb.endpoint.api.as_str(), upstream.as_str());
     proxy
         .metrics
         .translated
@@ -169,11 +143,10 @@ fn translated_body(
             .with_label_values(&[from, to, what])
             .inc();
     }
-    let meta = match upstream {
-        ApiKind::Anthropic => crate::api::anthropic::parse_request(&bytes),
-        ApiKind::OpenAi => crate::api::openai::parse_request(&bytes),
-    }
-    .map_err(|e| e.to_string())?;
+    let meta = upstream
+        .dialect()
+        .parse_request(&bytes)
+        .map_err(|e| e.to_string())?;
     route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream, limit).map_err(|e| e.message())
 }
 
@@ -194,11 +167,54 @@ fn unfit(inb: &Inbound, exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd
     StepEnd::Unavailable
 }
 
-/// The translation direction for a caller of `api` (the upstream speaks the other one).
-pub fn direction(caller: ApiKind) -> translate::Dir {
-    match caller {
-        ApiKind::Anthropic => translate::Dir::AnthropicToOpenAi,
-        ApiKind::OpenAi => translate::Dir::OpenAiToAnthropic,
+/// The body for a step speaking `upstream`: the caller's own, fitted, or translated into the
+/// step's API; or how
+/// the step ends without a call (count_tokens estimated locally for a step of another API, or
+/// a step that cannot honour the request).
+async fn step_body(
+    proxy: &Proxy,
+    snap: &Snapshot,
+    inb: &Inbound,
+    step: &ChainStep,
+    upstream: ApiKind,
+    exec: &mut Exec,
+) -> Result<Result<bytes::Bytes, StepEnd>, ProxyError> {
+    let xl = Xlate::between(inb.endpoint.api, upstream);
+    // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
+    // capped at what that model accepts; a caller naming the model itself is sent as it asked.
+    let limit = (xl.translating() || step.model != inb.meta.model)
+        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
+        .flatten();
+    if !xl.translating() {
+        return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
+    }
+    if inb.endpoint.op == Operation::CountTokens {
+        return Ok(Err(
+            match estimate::answer(inb, step, upstream, &proxy.estimates).await? {
+                Ok(resp) => StepEnd::Answer(resp),
+                Err(why) => unfit(inb, exec, step, &why),
+            },
+        ));
+    }
+    Ok(translated_body(proxy, inb, step, (xl, upstream), limit)
+        .map_err(|why| unfit(inb, exec, step, &why)))
+}
+
+/// An OpenAI stream whose caller did not ask for usage asks for it upstream, so that it is
+/// metered (SPEC §6); true when the exchange must take it out of the caller's stream again.
+/// A translated step asks for it on its own, and its translator consumes it.
+fn ask_for_usage(inb: &Inbound, spoken: ApiKind, body: bytes::Bytes) -> (bytes::Bytes, bool) {
+    let unasked = inb.endpoint.api == ApiKind::OpenAi
+        && spoken == ApiKind::OpenAi
+        && inb.endpoint.op == Operation::Generate
+        && inb.meta.stream
+        && !inb.meta.include_usage;
+    if !unasked {
+        return (body, false);
+    }
+    match crate::api::openai_chat::unasked::ask_for_usage(&body) {
+        Some(asked) => (bytes::Bytes::from(asked), true),
+        None => (body, false),
     }
 }
 
@@ -215,50 +231,38 @@ async fn run_step(
         .upstreams
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
+    let spoken = up.speaks(inb.endpoint.api);
+    let body = match step_body(proxy, snap, inb, step, spoken, exec).await? {
+        Ok(body) => body,
+        Err(end) => return Ok(end),
+    };
+    let (body, strip_usage) = ask_for_usage(inb, spoken, body);
     let model_label = snap.labels.model(&step.model);
     let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
-    let caller = inb.endpoint.kind();
-    let translating = Xlate::for_step(inb.endpoint.api(), up).translating();
-    // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
-    // capped at what that model accepts; a caller naming the model itself is sent as it asked.
-    let limit = (translating || step.model != inb.meta.model)
-        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
-        .flatten();
-    let body = if !translating {
-        route::fit(&inb.body, &inb.meta, step, caller, limit)?
-    } else if inb.endpoint == Endpoint::CountTokens {
-        match estimate::answer(inb, step, up.kind).await {
-            Ok(resp) => return Ok(StepEnd::Answer(resp)),
-            Err(why) => return Ok(unfit(inb, exec, step, &why)),
-        }
-    } else {
-        match translated_body(proxy, inb, step, up, limit) {
-            Ok(b) => b,
-            Err(why) => return Ok(unfit(inb, exec, step, &why)),
-        }
+    let mut call = Call {
+        proxy,
+        snap,
+        up,
+        step,
+        model_label,
+        inb,
+        body,
+        strip_usage,
+        traceparent: None,
+    };
+    let server = provider_host(snap, step);
+    let count = |label: &str| {
+        proxy
+            .metrics
+            .upstream_attempts
+            .with_label_values(&[&step.provider, model_label, label])
+            .inc();
     };
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
-        let ticket = match breaker.as_ref().map(|b| b.admit()) {
-            Some(Admission::Refused { until }) => {
-                proxy
-                    .metrics
-                    .upstream_attempts
-                    .with_label_values(&[&step.provider, model_label, "breaker_open"])
-                    .inc();
-                exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
-                inb.obs.passed_over(
-                    exec.step_no,
-                    step,
-                    "breaker_open",
-                    "the circuit breaker is open",
-                );
-                return Ok(StepEnd::Unavailable);
-            }
-            Some(Admission::Pass(t)) => t,
-            None => Ticket::unguarded(),
+        let Some(ticket) = ticket(breaker.as_ref(), exec, inb, step, &count) else {
+            return Ok(StepEnd::Unavailable);
         };
-        exec.any_admitted = true;
         if n > 1 {
             proxy
                 .metrics
@@ -266,68 +270,192 @@ async fn run_step(
                 .with_label_values(&[&step.provider, model_label])
                 .inc();
         }
-        let call = attempt::Call {
-            proxy,
-            snap,
-            up,
-            step,
-            model_label,
-            inb,
-            body: body.clone(),
-        };
-        let server = snap
-            .cfg
-            .providers
-            .get(&step.provider)
-            .and_then(|p| p.base_url.parse::<http::Uri>().ok())
-            .and_then(|u| u.host().map(str::to_string));
-        let scope = inb.obs.begin_attempt(exec.step_no, step, up.kind, server);
-        exec.traceparent = scope.traceparent();
-        let sent_before = exec.attempts;
-        let result = attempt::run(call, ticket, exec, record).await;
-        scope.end(&result, exec.attempts > sent_before);
-        match result {
-            Attempt::Answer(resp) => return Ok(StepEnd::Answer(resp)),
-            Attempt::Abort(e) => return Err(e),
-            Attempt::Skip(e) => {
-                tracing::warn!(step = %step.target(), error = e.kind(), "chain step cannot be called; trying the next");
-                inb.obs
-                    .moved_on("this step cannot be called; trying the next");
-                exec.last = Some(Failure::Error(e));
+        let scope = inb
+            .obs
+            .begin_attempt(exec.step_no, step, up.kind, server.clone());
+        call.traceparent = scope.traceparent();
+        let sent_before = exec.spent.attempts;
+        let exchanged = exchange::run(&call, &mut exec.spent, record).await;
+        let verdict = judge::judge(
+            exchanged.happened(),
+            Context {
+                deadline_passed: Instant::now() >= inb.deadline,
+                last_attempt: n == retry.max_attempts,
+                max_retry_after: retry.max_retry_after,
+            },
+        );
+        if let Some(label) = verdict.label {
+            count(label);
+        }
+        let (status, outcome, why) =
+            crate::observe::request::journal_attempt(&exchanged, &verdict.action);
+        scope.end(status, outcome, why, exec.spent.attempts > sent_before);
+        let moved_on = moved_on(&exchanged, n, retry.max_retry_after);
+        let wait = match act(&call, exchanged, verdict, ticket, exec, record)? {
+            Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
+            Next::Unavailable => {
+                inb.obs.moved_on(moved_on);
                 return Ok(StepEnd::Unavailable);
             }
-            Attempt::Retry { failure, wait } => {
-                exec.last = Some(failure);
-                if n == retry.max_attempts {
-                    inb.obs
-                        .moved_on(format!("{n} attempts spent on retryable failures"));
-                    break;
-                }
-                let delay = match wait {
-                    // Waiting that long is worse than a substitute answering now.
-                    Some(w) if w > retry.max_retry_after => {
-                        inb.obs.moved_on(format!(
-                            "retry-after {}s is longer than max_retry_after",
-                            w.as_secs_f64().ceil()
-                        ));
-                        break;
-                    }
-                    Some(w) => w,
-                    None => backoff.next_delay(),
-                };
-                if Instant::now() + delay >= inb.deadline {
-                    inb.obs
-                        .moved_on("the deadline leaves no time for another try");
-                    break;
-                }
-                if !proxy.budget.try_withdraw() {
-                    inb.obs.moved_on("the retry budget is spent");
-                    break;
-                }
-                tokio::time::sleep(delay).await;
-                exec.outside += delay;
-            }
+            Next::Retry(wait) => wait,
+        };
+        let delay = wait.unwrap_or_else(|| backoff.next_delay());
+        if !pause(proxy, inb, exec, delay).await {
+            break;
         }
     }
     Ok(StepEnd::Unavailable)
+}
+
+/// The provider's host, for the journal and traces.
+fn provider_host(snap: &Snapshot, step: &ChainStep) -> Option<String> {
+    snap.cfg
+        .providers
+        .get(&step.provider)
+        .and_then(|p| p.base_url.parse::<http::Uri>().ok())
+        .and_then(|u| u.host().map(str::to_string))
+}
+
+/// The step's breaker lets one more exchange through (its ticket), or it is open and the step
+/// is passed over (None), remembering when it admits a probe again.
+fn ticket(
+    breaker: Option<&Arc<Breaker>>,
+    exec: &mut Exec,
+    inb: &Inbound,
+    step: &ChainStep,
+    count: &dyn Fn(&str),
+) -> Option<Ticket> {
+    let ticket = match breaker.map(Breaker::admit) {
+        Some(Admission::Refused { until }) => {
+            count("breaker_open");
+            exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
+            inb.obs.passed_over(
+                exec.step_no,
+                step,
+                "breaker_open",
+                "the circuit breaker is open",
+            );
+            return None;
+        }
+        Some(Admission::Pass(t)) => t,
+        None => Ticket::unguarded(),
+    };
+    exec.any_admitted = true;
+    Some(ticket)
+}
+
+/// Waits `delay` before the next try, if the deadline leaves time for it and the retry budget
+/// pays for it; false (and why, in the journal) if not.
+async fn pause(proxy: &Proxy, inb: &Inbound, exec: &mut Exec, delay: Duration) -> bool {
+    if Instant::now() + delay >= inb.deadline {
+        inb.obs
+            .moved_on("the deadline leaves no time for another try");
+        return false;
+    }
+    if !proxy.budget.try_withdraw() {
+        inb.obs.moved_on("the retry budget is spent");
+        return false;
+    }
+    tokio::time::sleep(delay).await;
+    exec.spent.outside += delay;
+    true
+}
+
+/// What the step loop does after one verdict.
+enum Next {
+    Answer(Response<ProxyBody>),
+    Retry(Option<Duration>),
+    Unavailable,
+}
+
+/// Acts on one verdict: reports to the breaker, and commits the answer, keeps the failure for
+/// later, or gives up.
+fn act(
+    call: &Call<'_>,
+    exchanged: Exchanged,
+    verdict: Verdict,
+    ticket: Ticket,
+    exec: &mut Exec,
+    record: &mut Option<RequestRecord>,
+) -> Result<Next, ProxyError> {
+    let ticket = match verdict.breaker {
+        // A committed stream's outcome is known when it ends: its body reports it.
+        Report::AtStreamEnd => Some(ticket.committed()),
+        Report::Success => report(ticket, Outcome::Success),
+        Report::Failure => report(ticket, Outcome::Failure),
+        Report::Neutral => report(ticket, Outcome::Neutral),
+    };
+    match verdict.action {
+        Action::Commit => commit(call, exchanged, ticket, record).map(Next::Answer),
+        Action::GiveUp(GiveUp::Deadline) => Err(ProxyError::DeadlineExceeded),
+        Action::GiveUp(GiveUp::Shed) => Err(ProxyError::Shed {
+            retry_after: Duration::from_secs(1),
+        }),
+        Action::NextStep => {
+            if let Exchanged::Unsendable(e) = &exchanged {
+                tracing::warn!(step = %call.step.target(), error = e.kind(), "chain step cannot be called; trying the next");
+            }
+            exec.last = Some(failure(exchanged));
+            Ok(Next::Unavailable)
+        }
+        Action::Retry { wait } => {
+            exec.last = Some(failure(exchanged));
+            Ok(Next::Retry(wait))
+        }
+    }
+}
+
+/// Why the chain leaves a step after this exchange, should the judge move on (journal).
+fn moved_on(exchanged: &Exchanged, n: u32, max_retry_after: Duration) -> String {
+    match exchanged {
+        Exchanged::Unsendable(_) => "this step cannot be called; trying the next".to_owned(),
+        // Waiting that long is worse than a substitute answering now.
+        Exchanged::Error {
+            retry_after: Some(w),
+            ..
+        } if *w > max_retry_after => format!(
+            "retry-after {}s is longer than max_retry_after",
+            w.as_secs_f64().ceil()
+        ),
+        _ => format!("{n} attempts spent on retryable failures"),
+    }
+}
+
+fn report(ticket: Ticket, outcome: Outcome) -> Option<Ticket> {
+    ticket.report(outcome);
+    None
+}
+
+/// The caller's response for a committed outcome.
+fn commit(
+    call: &Call<'_>,
+    exchanged: Exchanged,
+    ticket: Option<Ticket>,
+    record: &mut Option<RequestRecord>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    match exchanged {
+        Exchanged::Whole(resp) | Exchanged::Error { resp, .. } => Ok(resp),
+        Exchanged::Stream(p) | Exchanged::WholeStreamed(p) => {
+            Ok(answer::commit(call, p, ticket, record))
+        }
+        // The judge commits answers only.
+        _ => Err(ProxyError::Internal),
+    }
+}
+
+/// What a failed exchange leaves to report if no later attempt or step answers.
+fn failure(exchanged: Exchanged) -> Failure {
+    match exchanged {
+        Exchanged::Unsendable(e)
+        | Exchanged::TimedOut(e)
+        | Exchanged::Unreachable(e)
+        | Exchanged::Broken(e) => Failure::Error(e),
+        Exchanged::Error { resp, .. } => Failure::Response(resp),
+        Exchanged::Deadline { .. } => Failure::Error(ProxyError::DeadlineExceeded),
+        // The judge moves on from failures only; an answer here is legate's own error.
+        Exchanged::Shed
+        | Exchanged::Stream(_)
+        | Exchanged::Whole(_)
+        | Exchanged::WholeStreamed(_) => Failure::Error(ProxyError::Internal),
+    }
 }

@@ -1,32 +1,77 @@
 //! `count_tokens` on a route whose step speaks the other API: answered locally, without an
 //! upstream call, with an estimate of the request as that step would receive it (SPEC §3), in
 //! the caller's shape and marked `x-legate-estimate: true`. Never a 400 for being translated.
+//!
+//! Counting is CPU work on blocking threads: at most [`CONCURRENT`] run at once (SPEC §14).
+//! A request waits for its turn up to [`WAIT`] (and its deadline), then is shed with 529
+//! overloaded, like any other request legate has no room for.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, header};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::config::{ApiKind, ChainStep};
+use crate::error::ProxyError;
 use crate::proxy::Inbound;
-use crate::proxy::chain::direction;
 use crate::proxy::response::{self, ProxyBody};
 use crate::{tokens, translate};
 
-/// The estimate for `step` (of kind `upstream`), or why this step cannot take the request.
+/// Estimates counted at once: a few blocking threads, never tokio's whole pool.
+pub const CONCURRENT: usize = 4;
+/// How long a request waits for a free count before it is shed.
+pub const WAIT: Duration = Duration::from_secs(2);
+
+/// The estimate for `step` (of kind `upstream`), or why this step cannot take the request;
+/// shed (`Err`) when no count is free within `WAIT`.
 pub async fn answer(
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
-) -> Result<Response<ProxyBody>, String> {
-    let dir = direction(inb.endpoint.kind());
-    let (sent, _) = translate::request(dir, &inb.body, &step.model).map_err(|e| e.0)?;
-    // Counting is CPU work (and the first count loads the encoding): off the async workers,
-    // so other requests are never held up by it.
+    gate: &Arc<Semaphore>,
+) -> Result<Result<Response<ProxyBody>, String>, ProxyError> {
+    let dir = match translate::Dir::between(inb.endpoint.api, upstream) {
+        Some(d) => d,
+        None => {
+            return Ok(Err(format!(
+                "no translation from {} to {upstream}",
+                inb.endpoint.api
+            )));
+        }
+    };
+    let sent = match translate::request(dir, &inb.body, &step.model) {
+        Ok((sent, _)) => sent,
+        Err(e) => return Ok(Err(e.0)),
+    };
+    let permit = turn(gate, (Instant::now() + WAIT).min(inb.deadline)).await?;
+    // Off the async workers, so other requests are never held up by it; the permit goes with
+    // the count, which runs to its end even if the caller leaves.
     let model = step.model.clone();
-    let counted =
-        tokio::task::spawn_blocking(move || tokens::input_tokens(upstream, &model, &sent))
-            .await
-            .map_err(|_| "the token count was interrupted".to_owned())?;
-    let tokens = counted.ok_or_else(|| "the translated request is not JSON".to_owned())?;
+    let counted = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        tokens::input_tokens(upstream, &model, &sent)
+    })
+    .await;
+    Ok(counted
+        .map_err(|_| "the token count was interrupted".to_owned())
+        .and_then(|c| c.ok_or_else(|| "the translated request is not JSON".to_owned()))
+        .map(|tokens| estimate_response(step, tokens)))
+}
+
+/// A turn to count, waited for until `until`; shed after that.
+async fn turn(gate: &Arc<Semaphore>, until: Instant) -> Result<OwnedSemaphorePermit, ProxyError> {
+    match tokio::time::timeout_at(until, gate.clone().acquire_owned()).await {
+        Ok(Ok(p)) => Ok(p),
+        _ => Err(ProxyError::Shed {
+            retry_after: Duration::from_secs(1),
+        }),
+    }
+}
+
+fn estimate_response(step: &ChainStep, tokens: u64) -> Response<ProxyBody> {
     let body = serde_json::json!({ "input_tokens": tokens });
     let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
     resp.headers_mut().insert(
@@ -35,5 +80,32 @@ pub async fn answer(
     );
     response::set_header(&mut resp, "x-legate-estimate", "true");
     response::set_header(&mut resp, "x-legate-served-by", &step.target());
-    Ok(resp)
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_count_waits_its_turn_then_is_shed() {
+        let gate = Arc::new(Semaphore::new(2));
+        let start = Instant::now();
+        let a = turn(&gate, start + WAIT).await;
+        let b = turn(&gate, start + WAIT).await;
+        assert!(a.is_ok() && b.is_ok());
+        // Both counts busy: the third waits the whole time, then is shed (529 overloaded).
+        let c = turn(&gate, start + WAIT).await;
+        assert!(matches!(c, Err(ProxyError::Shed { .. })));
+        assert_eq!(start.elapsed(), WAIT);
+        assert_eq!(c.err().map(|e| e.status().as_u16()), Some(529));
+        // One finishes while another waits: the waiter gets its turn.
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { turn(&gate, Instant::now() + WAIT).await.is_ok() }
+        });
+        tokio::time::sleep(WAIT / 2).await;
+        drop(a);
+        assert!(waiter.await.unwrap_or(false));
+    }
 }

@@ -8,103 +8,47 @@ use http::{HeaderMap, Method, Uri, header};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::api::ApiShape;
+use crate::api::{ApiKind, Operation};
 use crate::config::ClientEntry;
 use crate::error::ProxyError;
 
-/// The endpoints of the data plane (SPEC §3).
+/// An endpoint of the data plane (SPEC §3): the API it speaks and what it asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Messages,
-    CountTokens,
-    Models,
-    /// `GET /v1/models/{id}`: answered in the caller's API shape (read from its headers).
-    Model,
-    ChatCompletions,
-    /// `POST /v1/responses`.
-    Responses,
-    /// `POST /v1/responses/input_tokens`.
-    ResponsesInputTokens,
-    /// `GET`/`DELETE /v1/responses/{id}`, `POST …/{id}/cancel`, `GET …/{id}/input_items`.
-    StoredResponse,
+pub struct Endpoint {
+    pub api: ApiKind,
+    pub op: Operation,
 }
 
 impl Endpoint {
-    pub fn api(self) -> ApiShape {
-        match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => {
-                ApiShape::Anthropic
-            }
-            Endpoint::ChatCompletions => ApiShape::OpenAi,
-            Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
-                ApiShape::Responses
-            }
+    /// The upstream path of this operation on a provider of `upstream`'s API: the caller's own
+    /// path for count_tokens and models, the API's generation path for a model call.
+    pub fn upstream_path(self, upstream: ApiKind) -> &'static str {
+        let own = self.api.dialect().upstream_path(self.op);
+        match self.op {
+            Operation::Generate => upstream.dialect().upstream_path(Operation::Generate),
+            Operation::CountTokens
+            | Operation::Models
+            | Operation::Model
+            | Operation::InputTokens
+            | Operation::StoredResponse => own,
         }
-    }
-
-    /// The canonical upstream path.
-    pub fn upstream_path(self) -> &'static str {
-        match self {
-            Endpoint::Messages => "/v1/messages",
-            Endpoint::CountTokens => "/v1/messages/count_tokens",
-            Endpoint::Models | Endpoint::Model => "/v1/models",
-            Endpoint::ChatCompletions => "/v1/chat/completions",
-            Endpoint::Responses => "/v1/responses",
-            Endpoint::ResponsesInputTokens => "/v1/responses/input_tokens",
-            // Built from the request's own path (it names the response id).
-            Endpoint::StoredResponse => "/v1/responses",
-        }
-    }
-
-    /// Metric label of the inbound API.
-    pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Messages | Endpoint::CountTokens | Endpoint::Models | Endpoint::Model => {
-                "anthropic"
-            }
-            Endpoint::ChatCompletions => "openai",
-            Endpoint::Responses | Endpoint::ResponsesInputTokens | Endpoint::StoredResponse => {
-                "responses"
-            }
-        }
+        .unwrap_or("/")
     }
 }
 
 /// Normalises the path (a doubled `/v1/v1/` collapses; `/chat/completions` without `/v1` is
-/// accepted, since SDK base URLs differ on whether they include it) and finds the endpoint.
+/// accepted, since SDK base URLs differ on whether they include it) and asks each dialect
+/// whether it is one of its paths.
 pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
     let mut p = path.trim_end_matches('/');
     while let Some(rest) = p.strip_prefix("/v1/v1/") {
         p = &p[p.len() - rest.len() - 4..];
     }
     let p = p.strip_prefix("/v1").unwrap_or(p);
-    match (method, p) {
-        (&Method::POST, "/messages") => Some(Endpoint::Messages),
-        (&Method::POST, "/messages/count_tokens") => Some(Endpoint::CountTokens),
-        (&Method::GET, "/models") => Some(Endpoint::Models),
-        (&Method::GET, p) if p.len() > "/models/".len() && p.starts_with("/models/") => {
-            Some(Endpoint::Model)
-        }
-        (&Method::POST, "/chat/completions") => Some(Endpoint::ChatCompletions),
-        (&Method::POST, "/responses") => Some(Endpoint::Responses),
-        (&Method::POST, "/responses/input_tokens") => Some(Endpoint::ResponsesInputTokens),
-        (m, p) => {
-            let rest = p.strip_prefix("/responses/")?;
-            let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
-            let known = matches!(
-                (m, action),
-                (&Method::GET | &Method::DELETE, "")
-                    | (&Method::POST, "cancel")
-                    | (&Method::GET, "input_items")
-            );
-            // Ids are path segments of safe characters: nothing that could reshape the path.
-            let safe = !id.is_empty()
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            (known && safe).then_some(Endpoint::StoredResponse)
-        }
-    }
+    ApiKind::ALL.into_iter().find_map(|api| {
+        let op = api.dialect().operation(method, p)?;
+        Some(Endpoint { api, op })
+    })
 }
 
 /// The model id of a `GET /v1/models/{id}` path, percent-decoded (an id may hold a `/`).
@@ -134,11 +78,11 @@ pub fn model_id(path: &str) -> Option<String> {
 
 /// The API shape an error for an unknown path takes: Anthropic SDKs always send
 /// `anthropic-version`, OpenAI SDKs never do.
-pub fn shape_for_unknown(headers: &HeaderMap) -> ApiShape {
+pub fn shape_for_unknown(headers: &HeaderMap) -> ApiKind {
     if headers.contains_key("anthropic-version") {
-        ApiShape::Anthropic
+        ApiKind::Anthropic
     } else {
-        ApiShape::OpenAi
+        ApiKind::OpenAi
     }
 }
 
@@ -310,36 +254,27 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    const fn ep(api: ApiKind, op: Operation) -> Endpoint {
+        Endpoint { api, op }
+    }
+    const MESSAGES: Endpoint = ep(ApiKind::Anthropic, Operation::Generate);
+    const COUNT_TOKENS: Endpoint = ep(ApiKind::Anthropic, Operation::CountTokens);
+    const MODELS: Endpoint = ep(ApiKind::Anthropic, Operation::Models);
+    const CHAT: Endpoint = ep(ApiKind::OpenAi, Operation::Generate);
+
     #[test]
     fn paths_with_and_without_v1_and_doubled_v1_are_accepted() {
         let post = Method::POST;
-        assert_eq!(classify(&post, "/v1/messages"), Some(Endpoint::Messages));
-        assert_eq!(classify(&post, "/v1/v1/messages"), Some(Endpoint::Messages));
-        assert_eq!(
-            classify(&post, "/chat/completions"),
-            Some(Endpoint::ChatCompletions)
-        );
-        assert_eq!(
-            classify(&post, "/v1/chat/completions/"),
-            Some(Endpoint::ChatCompletions)
-        );
-        assert_eq!(
-            classify(&post, "/v1/v1/chat/completions"),
-            Some(Endpoint::ChatCompletions)
-        );
+        assert_eq!(classify(&post, "/v1/messages"), Some(MESSAGES));
+        assert_eq!(classify(&post, "/v1/v1/messages"), Some(MESSAGES));
+        assert_eq!(classify(&post, "/chat/completions"), Some(CHAT));
+        assert_eq!(classify(&post, "/v1/chat/completions/"), Some(CHAT));
+        assert_eq!(classify(&post, "/v1/v1/chat/completions"), Some(CHAT));
         assert_eq!(
             classify(&post, "/v1/messages/count_tokens"),
-            Some(Endpoint::CountTokens)
+            Some(COUNT_TOKENS)
         );
-        assert_eq!(classify(&Method::GET, "/v1/models"), Some(Endpoint::Models));
-        assert_eq!(
-            classify(&Method::GET, "/v1/models/claude-x"),
-            Some(Endpoint::Model)
-        );
-        assert_eq!(
-            classify(&Method::GET, "/v1/models/"),
-            Some(Endpoint::Models)
-        );
+        assert_eq!(classify(&Method::GET, "/v1/models"), Some(MODELS));
         assert_eq!(classify(&Method::GET, "/v1/messages"), None);
         assert_eq!(classify(&post, "/v1/embeddings"), None);
         assert_eq!(classify(&post, "/v2/messages"), None);

@@ -1,26 +1,38 @@
 //! The data plane: one function, `Proxy::handle`, takes a request through the fixed order of
 //! policies below and returns the response. The order is the design; each step says why it
 //! sits where it does.
+//!
+//! Why an async function and not a stack of tower / tower-http layers: the request id is
+//! written into legate's error bodies, the Responses ids and the journal, and the request's
+//! span and access record are filled in step by step (`observe::RequestObs`), so
+//! `SetRequestId` and `TraceLayer` would add a second place for what `handle` does in a few
+//! lines; the policies below share the parsed body and the tenant, which layers would pass
+//! through request extensions; compression would buffer event streams, and a timeout layer
+//! covers only the response future (the idle timeout lives in the body). Retries are not a
+//! layer either: see `policy::retry`.
 
-pub mod attempt;
+pub mod answer;
 pub mod body;
 pub mod buffers;
 pub mod chain;
+pub mod conversation;
 pub mod estimate;
+pub mod exchange;
 pub mod inbound;
+mod intake;
 pub mod models;
 pub mod record;
 pub mod response;
 pub mod responses;
+mod snapshot;
 pub mod upbody;
+pub mod upread;
 pub mod watch;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -28,82 +40,20 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, ApiShape, RequestMeta};
-use crate::config::{ApiKind, Config, Priority, StoreKind};
+use crate::api::{ApiKind, Operation, RequestMeta};
+use crate::config::{Priority, StoreKind};
 use crate::error::ProxyError;
 use crate::meter::Ledger;
 use crate::policy::breaker::Breakers;
+use crate::policy::ratelimit::Limiter;
 use crate::policy::ratelimit::redis::RedisStore;
-use crate::policy::ratelimit::{Ask, Decision, Limiter, Reservation};
 use crate::policy::retry::RetryBudget;
-use crate::route::Labels;
 use crate::telemetry::Metrics;
-use crate::upstream::{Lanes, Upstream};
-use inbound::{BodyError, Endpoint};
+use crate::upstream::Lanes;
+use inbound::Endpoint;
 use record::RequestRecord;
 pub use response::ProxyBody;
-
-/// Everything that comes from one loaded config. Swapped whole, so a request sees one
-/// consistent config from start to end.
-pub struct Snapshot {
-    pub cfg: Arc<Config>,
-    pub upstreams: HashMap<String, Arc<Upstream>>,
-    pub labels: Labels,
-    pub hash: String,
-}
-
-impl Snapshot {
-    pub fn new(cfg: Arc<Config>, lanes: &Lanes) -> Result<Self, String> {
-        let mut upstreams = HashMap::new();
-        for (name, p) in &cfg.providers {
-            let up = Upstream::new(p, &cfg.shedding, lanes)
-                .map_err(|e| format!("providers.{name}: {e}"))?;
-            upstreams.insert(name.clone(), Arc::new(up));
-        }
-        let labels = Labels::from_config(&cfg);
-        let hash = crate::config::render::config_hash(&cfg);
-        Ok(Snapshot {
-            cfg,
-            upstreams,
-            labels,
-            hash,
-        })
-    }
-}
-
-/// Request ids: a random per-process prefix and a counter, unique without a syscall per request.
-pub struct RequestIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    pub fn new() -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        );
-        RequestIds {
-            prefix: h.finish() & 0xffff_ffff_ffff,
-            next: AtomicU64::new(1),
-        }
-    }
-
-    pub fn next_id(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("lgt_{:012x}{:08x}", self.prefix, n)
-    }
-}
-
-impl Default for RequestIds {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+pub use snapshot::{RequestIds, Snapshot};
 
 pub struct Proxy {
     pub snapshot: ArcSwap<Snapshot>,
@@ -127,6 +77,8 @@ pub struct Proxy {
     pub buffers: Arc<buffers::BufferBudget>,
     /// Access log, journal and traces (SPEC §12).
     pub observer: Arc<crate::observe::Observer>,
+    /// Local token estimates running at once (CPU work on blocking threads).
+    pub estimates: Arc<tokio::sync::Semaphore>,
 }
 
 /// What the caller asked for, once the body has been read and parsed.
@@ -142,7 +94,7 @@ pub struct Inbound {
     /// The body's share of `max_buffered_bytes`, held as long as the body is.
     _buffered: buffers::BufferShare,
     /// A Responses request's conversation (its `previous_response_id` looked up).
-    conversation: Option<Arc<responses::Conversation>>,
+    conversation: Option<Arc<conversation::Conversation>>,
     /// Where attempts are reported.
     pub(crate) obs: crate::observe::RequestObs,
 }
@@ -174,7 +126,7 @@ impl Proxy {
             shared,
             metrics.ratelimit_store_degraded.clone(),
         ));
-        let conversations = Arc::new(conversation_store(&snapshot.cfg));
+        let conversations = Arc::new(responses::conversation_store(&snapshot.cfg));
         Proxy {
             conversations,
             breakers,
@@ -189,6 +141,7 @@ impl Proxy {
             listen_ip,
             buffers: Default::default(),
             observer: Arc::new(crate::observe::Observer::journal_only(0)),
+            estimates: Arc::new(tokio::sync::Semaphore::new(estimate::CONCURRENT)),
         }
     }
 
@@ -208,16 +161,15 @@ impl Proxy {
         let endpoint = inbound::classify(req.method(), req.uri().path());
         // One model is answered in the caller's own shape, told apart by its headers.
         let api = match endpoint {
-            None | Some(Endpoint::Model) => inbound::shape_for_unknown(req.headers()),
-            Some(e) => e.api(),
+            Some(e) if e.op != Operation::Model => e.api,
+            _ => inbound::shape_for_unknown(req.headers()),
         };
         let websocket =
             responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers());
-        let api_label = match api {
-            _ if websocket => "responses",
-            ApiShape::Anthropic => "anthropic",
-            ApiShape::OpenAi => "openai",
-            ApiShape::Responses => "responses",
+        let api_label = if websocket {
+            ApiKind::Responses.as_str()
+        } else {
+            api.as_str()
         };
         let obs = crate::observe::RequestObs::start(
             &self.observer,
@@ -229,21 +181,13 @@ impl Proxy {
         );
         // The record lives in this future until an upstream body takes it over: if the caller
         // goes away first, dropping the future records 499.
-        if websocket {
-            // Before the key or the body is read: a WebSocket-first client falls back at once.
-            // Counted (api="responses", status 426) and logged, so the fallback can be seen.
-            let mut rec = RequestRecord::new(self.metrics.clone(), "responses", started);
-            obs.update(|f| f.error_type = Some("websocket_not_supported"));
-            rec.observe(obs.clone());
-            rec.finish(426);
-            let mut resp = responses::upgrade_required();
-            response::set_header(&mut resp, "x-legate-request-id", &rid);
-            return Ok(resp);
-        }
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
+        if websocket {
+            return Ok(responses::refuse_websocket(rec, &obs, &rid));
+        }
         let mut record = Some(rec);
-        let mut stats = chain::ExecStats::default();
+        let mut stats = exchange::Spent::default();
         let span = obs.span().clone();
         let result = tracing::Instrument::instrument(
             self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
@@ -265,16 +209,32 @@ impl Proxy {
                 Response::from_parts(parts, ProxyBody::full(body))
             }
         };
+        self.stamp(&mut resp, stats, started, api_label, &obs);
+        if let Some(rec) = record.take() {
+            rec.finish(resp.status().as_u16());
+        }
+        response::set_header(&mut resp, "x-legate-request-id", &rid);
+        Ok(crate::observe::capture::wrap(resp, obs, &snap))
+    }
+
+    /// legate's own response headers, stamped here only, on answers and errors alike, and the
+    /// overhead metric.
+    fn stamp(
+        &self,
+        resp: &mut Response<ProxyBody>,
+        stats: exchange::Spent,
+        started: Instant,
+        api_label: &str,
+        obs: &crate::observe::RequestObs,
+    ) {
         // Time inside legate before the response headers, upstream waits excluded.
         let overhead = started.elapsed().saturating_sub(stats.outside);
         if stats.attempts > 0 {
-            if !resp.headers().contains_key("x-legate-attempts") {
-                response::set_header(&mut resp, "x-legate-attempts", &stats.attempts.to_string());
-            }
+            response::set_header(resp, "x-legate-attempts", &stats.attempts.to_string());
             if resp.status().as_u16() >= 400 {
                 // Whatever ended it, this request already cost upstream attempts: the SDK must
                 // not multiply them.
-                response::set_header(&mut resp, "x-should-retry", "false");
+                response::set_header(resp, "x-should-retry", "false");
             }
         }
         self.metrics
@@ -282,7 +242,7 @@ impl Proxy {
             .with_label_values(&[api_label])
             .observe(overhead.as_secs_f64());
         response::set_header(
-            &mut resp,
+            resp,
             "x-legate-overhead-ms",
             &format!("{:.3}", overhead.as_secs_f64() * 1000.0),
         );
@@ -306,11 +266,6 @@ impl Proxy {
             f.attempts = stats.attempts;
             f.served_by = served_by;
         });
-        if let Some(rec) = record.take() {
-            rec.finish(resp.status().as_u16());
-        }
-        response::set_header(&mut resp, "x-legate-request-id", &rid);
-        Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
     #[expect(
@@ -324,7 +279,7 @@ impl Proxy {
         req: Request<Incoming>,
         rid: &str,
         record: &mut Option<RequestRecord>,
-        stats: &mut chain::ExecStats,
+        stats: &mut exchange::Spent,
         obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let cfg = &snap.cfg;
@@ -351,75 +306,20 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        if let Some(retries) = client_retry_count(req.headers()) {
-            // The caller's own retry on top of legate's: worth seeing (README: turning them off).
-            self.metrics
-                .client_retries
-                .with_label_values(&[endpoint.label(), snap.labels.tenant(&tenant)])
-                .inc();
-            tracing::debug!(
-                client_retry = retries,
-                "the client retried this request itself"
-            );
-        }
-        match endpoint {
-            Endpoint::Models => return Ok(models::list(cfg)),
-            Endpoint::Model => {
-                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
-                let api = inbound::shape_for_unknown(req.headers());
-                return models::retrieve(cfg, &id, api);
-            }
-            _ => {}
-        }
-        if endpoint == Endpoint::StoredResponse {
-            return responses::stored_response(
-                snap,
-                &self.conversations,
-                req.method(),
-                req.uri().path(),
-                req.uri().query(),
-                req.headers(),
-            )
-            .await;
+        self.note_client_retry(snap, endpoint, &tenant, req.headers());
+        // What is answered without a body: from config, or the conversation store.
+        if let Some(answered) = self.answer_locally(snap, endpoint, &req).await {
+            return answered;
         }
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
-        let limits = &cfg.server.limits;
         let mut share = buffers::BufferShare::new(self.buffers.clone());
-        let read = inbound::read_body(
-            &parts.headers,
-            body,
-            parts.version == http::Version::HTTP_2,
-            cfg.server.max_body_bytes,
-            limits.body_read_timeout,
-            &mut share,
-            limits.max_buffered_bytes,
-        );
-        let body = match read.await {
-            Ok(b) => b,
-            Err(BodyError::TimedOut) => return Err(ProxyError::BodyTimeout),
-            Err(BodyError::Full) => {
-                tracing::warn!("request refused: server.max_buffered_bytes is reached");
-                return Err(ProxyError::BuffersFull {
-                    retry_after: Duration::from_secs(1),
-                });
-            }
-            Err(BodyError::TooLarge) => {
-                return Err(ProxyError::TooLarge {
-                    limit: cfg.server.max_body_bytes,
-                });
-            }
-            Err(BodyError::Broken) => {
-                if let Some(r) = record.as_mut() {
-                    r.client_gone();
-                }
-                return Err(ProxyError::InvalidRequest {
-                    message: "the request body could not be read completely".to_string(),
-                });
-            }
-        };
+        let h2 = parts.version == http::Version::HTTP_2;
+        let body = self
+            .read_body(cfg, &parts.headers, h2, body, &mut share, record)
+            .await?;
         crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
-        let meta = parse_meta(endpoint, &body)?;
+        let meta = intake::parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
             r.set_model(snap.labels.model(&meta.model));
         }
@@ -428,28 +328,22 @@ impl Proxy {
             f.max_tokens = meta.max_tokens;
             f.stream = meta.stream;
         });
-        let deadline = deadline(&parts.headers, cfg.server.default_deadline);
+        let deadline = intake::deadline(&parts.headers, cfg.server.default_deadline);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(&tenant);
-        let priority = requested_priority(&parts.headers)
+        let priority = intake::requested_priority(&parts.headers)
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
         obs.update(|f| f.priority = Some(priority.as_str()));
-        if !matches!(
-            endpoint,
-            Endpoint::CountTokens | Endpoint::ResponsesInputTokens
-        ) {
+        // Counting tokens is never metered.
+        if !matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens) {
             let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
             if let Some(r) = record.as_mut() {
                 r.reserve(reservation);
             }
         }
-        let conversation = if endpoint == Endpoint::Responses {
-            let conv =
-                responses::Conversation::load(self.conversations.clone(), &body, rid).await?;
-            Some(Arc::new(conv))
-        } else {
-            None
-        };
+        let store = &self.conversations;
+        let conversation =
+            conversation::Conversation::for_call(store, endpoint, &body, rid).await?;
         let inbound = Inbound {
             conversation,
             priority,
@@ -462,157 +356,61 @@ impl Proxy {
             _buffered: share,
             obs: obs.clone(),
         };
-        if endpoint == Endpoint::ResponsesInputTokens {
+        if endpoint.op == Operation::InputTokens {
             return responses::input_tokens(snap, &inbound).await;
         }
         // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
         chain::run(self, snap, inbound, record, stats).await
     }
-}
 
-impl Proxy {
-    /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
-    /// tenant's buckets, and checks its daily budget.
-    async fn admit(
+    /// The caller's own retry on top of legate's: worth seeing (README: turning them off).
+    fn note_client_retry(
         &self,
         snap: &Snapshot,
+        endpoint: Endpoint,
         tenant: &str,
-        t: &crate::config::TenantConfig,
-        meta: &RequestMeta,
-    ) -> Result<Reservation, ProxyError> {
-        let output = meta
-            .max_tokens
-            .unwrap_or(snap.cfg.ratelimit.default_output_reservation);
-        let tokens = meta.approx_input_tokens.saturating_add(output);
-        let ask = Ask {
-            tenant: tenant.to_string(),
-            rpm: t.requests_per_minute,
-            tpm: t.tokens_per_minute,
-            tokens,
-            budget_pico: t.daily_budget_pico,
-        };
-        if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
-            return Err(ProxyError::NeverFits {
-                tokens,
-                tokens_per_minute: t.tokens_per_minute,
-            });
+        headers: &HeaderMap,
+    ) {
+        if let Some(retries) = intake::client_retry_count(headers) {
+            self.metrics
+                .client_retries
+                .with_label_values(&[endpoint.api.as_str(), snap.labels.tenant(tenant)])
+                .inc();
+            tracing::debug!(
+                client_retry = retries,
+                "the client retried this request itself"
+            );
         }
-        if ask.rpm > 0 || ask.tpm > 0 || ask.budget_pico > 0 {
-            if let Decision::Refuse { limit, retry_after } = self.limiter.admit(&ask).await {
-                self.metrics
-                    .ratelimit_rejections
-                    .with_label_values(&[snap.labels.tenant(tenant), limit.as_str()])
-                    .inc();
-                return Err(ProxyError::RateLimited {
-                    limit: limit.as_str(),
-                    retry_after,
-                });
-            }
-        }
-        Ok(Reservation::new(
-            self.limiter.clone(),
-            &ask,
-            meta.approx_input_tokens,
-        ))
     }
-}
 
-/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
-fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get("x-stainless-retry-count")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|n| *n > 0)
-}
-
-/// `x-legate-priority`, if the caller sent a valid one.
-fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
-    headers
-        .get("x-legate-priority")
-        .and_then(|v| v.to_str().ok())
-        .and_then(Priority::parse)
-}
-
-fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    let invalid = |e: api::MetaError| ProxyError::InvalidRequest {
-        message: e.to_string(),
-    };
-    let meta = match endpoint {
-        Endpoint::Messages => api::anthropic::parse_request(body).map_err(invalid)?,
-        Endpoint::ChatCompletions => api::openai::parse_request(body).map_err(invalid)?,
-        Endpoint::Responses => api::responses::parse_request(body).map_err(invalid)?,
-        Endpoint::CountTokens | Endpoint::ResponsesInputTokens => parse_count_tokens(body)?,
-        Endpoint::Models | Endpoint::Model | Endpoint::StoredResponse => {
-            return Err(ProxyError::Internal);
-        }
-    };
-    // Names travel into logs, maps and labels: an absurd one is refused before it does.
-    if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
-        return Err(ProxyError::InvalidRequest {
-            message: format!(
-                "the model name is {} bytes long; legate accepts model names of at most {} bytes",
-                meta.model.len(),
-                crate::names::MAX_MODEL_NAME_BYTES
+    /// The operations answered without reading a body or calling the chain: the model list and
+    /// one model (from config), a stored response (the conversation store, or its provider).
+    async fn answer_locally(
+        &self,
+        snap: &Snapshot,
+        endpoint: Endpoint,
+        req: &Request<Incoming>,
+    ) -> Option<Result<Response<ProxyBody>, ProxyError>> {
+        let cfg = &snap.cfg;
+        match endpoint.op {
+            Operation::Models => Some(Ok(models::list(cfg))),
+            Operation::Model => {
+                let id = inbound::model_id(req.uri().path()).unwrap_or_default();
+                let api = inbound::shape_for_unknown(req.headers());
+                Some(models::retrieve(cfg, &id, api))
+            }
+            Operation::StoredResponse => Some(
+                responses::stored_response(
+                    snap,
+                    &self.conversations,
+                    req.method(),
+                    req.uri().path(),
+                    req.uri().query(),
+                    req.headers(),
+                )
+                .await,
             ),
-        });
-    }
-    Ok(meta)
-}
-
-/// count_tokens needs only the model to be routed; the provider validates the rest.
-fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
-    #[derive(serde::Deserialize)]
-    struct CountTokens<'a> {
-        #[serde(borrow)]
-        model: std::borrow::Cow<'a, str>,
-    }
-    let parsed: CountTokens<'_> =
-        serde_json::from_slice(body).map_err(|e| ProxyError::InvalidRequest {
-            message: format!("the request body is not a JSON object with a string `model`: {e}"),
-        })?;
-    Ok(RequestMeta {
-        model: parsed.model.into_owned(),
-        stream: false,
-        max_tokens: None,
-        include_usage: false,
-        approx_input_tokens: (body.len() as u64).div_ceil(4),
-    })
-}
-
-/// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
-fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
-    let asked = headers
-        .get("x-legate-deadline-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_millis);
-    let d = asked.map_or(default, |a| a.min(default));
-    tokio::time::Instant::now() + d
-}
-
-impl Endpoint {
-    pub fn kind(self) -> ApiKind {
-        match self.api() {
-            ApiShape::Anthropic => ApiKind::Anthropic,
-            // Responses callers are routed like the other OpenAI API ([routing] openai).
-            ApiShape::OpenAi | ApiShape::Responses => ApiKind::OpenAi,
+            Operation::Generate | Operation::CountTokens | Operation::InputTokens => None,
         }
     }
-}
-
-/// The conversation store of `[responses]`: Redis when configured (at `ratelimit.redis_url`),
-/// else memory; a Redis URL that cannot be used falls back to memory, said in the log.
-fn conversation_store(cfg: &Config) -> crate::responses::ConversationStore {
-    use crate::responses::store::{MemoryStore, RedisConversations};
-    let rs = &cfg.responses;
-    if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
-        match RedisConversations::new(url, rs.ttl) {
-            Ok(r) => return crate::responses::ConversationStore::Redis(Box::new(r)),
-            Err(e) => {
-                tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");
-            }
-        }
-    }
-    crate::responses::ConversationStore::Memory(MemoryStore::new(rs.max_bytes, rs.ttl))
 }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, header};
 use serde_json::{Value, json};
 
-use crate::api::ApiShape;
+use crate::api::ApiKind;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::names;
@@ -67,7 +67,7 @@ pub fn list(cfg: &Config) -> Response<ProxyBody> {
 }
 
 /// One model: a configured name, or a name a `[[models]]` pattern routes.
-pub fn retrieve(cfg: &Config, id: &str, api: ApiShape) -> Result<Response<ProxyBody>, ProxyError> {
+pub fn retrieve(cfg: &Config, id: &str, api: ApiKind) -> Result<Response<ProxyBody>, ProxyError> {
     let known = names(cfg).contains(&id)
         || cfg
             .models
@@ -79,13 +79,13 @@ pub fn retrieve(cfg: &Config, id: &str, api: ApiShape) -> Result<Response<ProxyB
         });
     }
     let body = match api {
-        ApiShape::Anthropic => json!({
+        ApiKind::Anthropic => json!({
             "type": "model",
             "id": id,
             "display_name": id,
             "created_at": "1970-01-01T00:00:00Z",
         }),
-        ApiShape::OpenAi | ApiShape::Responses => json!({
+        ApiKind::OpenAi | ApiKind::Responses => json!({
             "id": id,
             "object": "model",
             "created": 0,

@@ -28,6 +28,9 @@ pub struct RequestRecord {
     reservation: Option<Reservation>,
     /// The request's facts for the access log, journal and traces.
     obs: Option<crate::observe::RequestObs>,
+    /// Tokens and cost reported by attempts that failed before their commit point: the tenant
+    /// is charged for them too, whatever the request's outcome.
+    earlier: (u64, u128),
 }
 
 impl RequestRecord {
@@ -43,6 +46,7 @@ impl RequestRecord {
             recorded: false,
             reservation: None,
             obs: None,
+            earlier: (0, 0),
         }
     }
 
@@ -65,10 +69,18 @@ impl RequestRecord {
         self.reservation = Some(r);
     }
 
-    /// An answer was served but its usage is unknown: the reservation stands as charged.
+    /// An attempt failed before its commit point after the provider reported `usage` (cost
+    /// `cost_pico`): charged to the tenant when the reservation is settled.
+    pub fn charge_attempt(&mut self, usage: Usage, cost_pico: u128) {
+        self.earlier.0 = self.earlier.0.saturating_add(usage.total());
+        self.earlier.1 = self.earlier.1.saturating_add(cost_pico);
+    }
+
+    /// An answer was served but its usage is unknown: the reservation stands as charged (plus
+    /// what earlier attempts reported).
     pub fn keep_reservation(&mut self) {
         if let Some(r) = self.reservation.as_mut() {
-            r.keep();
+            r.keep_plus(self.earlier.0, self.earlier.1);
         }
     }
 
@@ -92,7 +104,10 @@ impl RequestRecord {
                 .with_label_values(&[provider])
                 .observe(r.estimated_input as f64 / input as f64);
         }
-        r.settle(input + usage.output, cost_pico);
+        r.settle(
+            input + usage.output + self.earlier.0,
+            cost_pico + self.earlier.1,
+        );
     }
 
     pub fn set_model(&mut self, label: &str) {
@@ -117,11 +132,6 @@ impl RequestRecord {
             self.status = Some(status);
         }
         self.write();
-    }
-
-    /// Notes the status without recording yet (a streamed body records when it ends).
-    pub fn set_status(&mut self, status: u16) {
-        self.status = Some(status);
     }
 
     /// Marks the answer as cut short by the caller.
@@ -182,6 +192,13 @@ fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
+        // Not settled: no attempt served (or reported usage); what the failed ones reported
+        // is charged all the same, the rest of the reservation refunded.
+        if let Some(mut r) = self.reservation.take() {
+            if self.earlier != (0, 0) {
+                r.settle(self.earlier.0, self.earlier.1);
+            }
+        }
         self.write();
     }
 }
@@ -217,8 +234,24 @@ pub struct UsageSink {
 }
 
 impl UsageSink {
-    /// Records usage in metrics and the ledger; returns its cost in pico-USD.
+    /// Records a served request's usage in metrics and the ledger; returns its cost in pico-USD.
     pub fn record(&self, usage: Usage) -> u128 {
+        let cost = self.metrics(usage);
+        self.ledger.record(&self.tenant, &self.target, usage, cost);
+        cost
+    }
+
+    /// Records the usage of an attempt that failed before its commit point (no request is
+    /// counted for it); returns its cost in pico-USD.
+    pub fn record_unserved(&self, usage: Usage) -> u128 {
+        let cost = self.metrics(usage);
+        self.ledger
+            .record_unserved(&self.tenant, &self.target, usage, cost);
+        cost
+    }
+
+    /// The token and cost metrics for `usage`; returns its cost in pico-USD.
+    fn metrics(&self, usage: Usage) -> u128 {
         let labels = |kind: &'static str| {
             [
                 self.tenant.as_str(),
@@ -241,7 +274,6 @@ impl UsageSink {
                 .with_label_values(&[&self.tenant, &self.provider, &self.model_label])
                 .inc_by(cost as f64 / crate::meter::PICO_PER_USD as f64);
         }
-        self.ledger.record(&self.tenant, &self.target, usage, cost);
         cost
     }
 }

@@ -1,316 +1,40 @@
-//! The Responses API on the request path (SPEC §11): which steps are passed through and which
-//! translated, the conversation of a request (its `previous_response_id` looked up once), the
-//! stream translators that also keep each finished response in the store, and the small
-//! endpoints around `POST /v1/responses` (stored responses, `input_tokens`, the WebSocket 426).
+//! The Responses API's own endpoints around `POST /v1/responses` (SPEC §11): stored
+//! responses (answered from the conversation store, or forwarded to the provider that keeps
+//! them), `input_tokens`, the WebSocket 426, and the choice of the conversation store. The
+//! conversation of a generation call is `proxy::conversation`'s.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 
-use crate::api::ApiShape;
-use crate::config::{ApiKind, Config};
+use crate::api::ApiKind;
+use crate::config::{Config, StoreKind};
 use crate::error::ProxyError;
-use crate::proxy::inbound::Endpoint;
+use crate::observe::RequestObs;
+use crate::proxy::record::RequestRecord;
 use crate::proxy::response::ProxyBody;
-use crate::proxy::upbody::EventTranslator;
 use crate::proxy::{Inbound, Snapshot};
-use crate::responses::{self, ConversationStore, ResponseCtx, ResponsesStream, Stored, Target};
-use crate::sse::SseParser;
-use crate::translate::{self, Dir};
+use crate::responses::{self, ConversationStore};
+use crate::translate::Xlate;
 use crate::upstream::Upstream;
 
-/// How one step is reached from the caller's API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Xlate {
-    /// The step speaks the caller's API: bytes pass through.
-    None,
-    /// Anthropic Messages ↔ Chat Completions (SPEC §10).
-    Classic(Dir),
-    /// A Responses caller served by a step without the Responses API.
-    Responses(Target),
-}
-
-impl Xlate {
-    pub fn for_step(caller: ApiShape, up: &Upstream) -> Xlate {
-        match (caller, up.kind) {
-            // Cloud platforms are reached through their chat endpoints.
-            (ApiShape::Responses, ApiKind::OpenAi) if up.responses && up.cloud.is_none() => {
-                Xlate::None
-            }
-            (ApiShape::Responses, ApiKind::OpenAi) => Xlate::Responses(Target::Chat),
-            (ApiShape::Responses, ApiKind::Anthropic) => Xlate::Responses(Target::Anthropic),
-            (ApiShape::Anthropic, ApiKind::OpenAi) => Xlate::Classic(Dir::AnthropicToOpenAi),
-            (ApiShape::OpenAi, ApiKind::Anthropic) => Xlate::Classic(Dir::OpenAiToAnthropic),
-            _ => Xlate::None,
-        }
-    }
-
-    pub fn translating(self) -> bool {
-        self != Xlate::None
-    }
-
-    /// The upstream path of a generation call.
-    pub fn path(self, endpoint: Endpoint, up: ApiKind) -> &'static str {
-        match (self, up) {
-            (Xlate::None, _) => endpoint.upstream_path(),
-            (_, ApiKind::Anthropic) => Endpoint::Messages.upstream_path(),
-            (_, ApiKind::OpenAi) => Endpoint::ChatCompletions.upstream_path(),
-        }
-    }
-}
-
-/// A Responses request's conversation: the id a translated answer gets, what came before
-/// (from the store), and whether this turn is kept.
-pub struct Conversation {
-    pub id: String,
-    pub created_at: u64,
-    /// The caller's `previous_response_id`, and what the store holds for it.
-    pub prior_id: Option<String>,
-    pub prior: Option<Stored>,
-    /// The whole input of this turn: the earlier turns' items, then this request's.
-    pub input: Vec<Value>,
-    /// `store: false` turns are kept only as long as their own stream.
-    pub keep: bool,
-    pub store: Arc<ConversationStore>,
-}
-
-impl Conversation {
-    /// Looks `previous_response_id` up once. A store that cannot be reached is an error (a
-    /// silent miss would answer without the conversation).
-    pub async fn load(
-        store: Arc<ConversationStore>,
-        body: &[u8],
-        request_id: &str,
-    ) -> Result<Self, ProxyError> {
-        let prior_id = responses::previous_response_id(body);
-        let prior = match &prior_id {
-            Some(id) => store.get(id).await.map_err(|e| {
-                tracing::warn!(error = %e.0, "the conversation store failed");
-                ProxyError::InvalidRequest {
-                    message: "the conversation store is unavailable; retry, or resend the \
-                              whole conversation without previous_response_id"
-                        .to_owned(),
-                }
-            })?,
-            None => None,
-        };
-        let mut input = prior.as_ref().map_or_else(Vec::new, |p| {
-            let mut items = p.input.clone();
-            items.extend(p.output().iter().cloned());
-            items
-        });
-        input.extend(responses::input_items(body));
-        let keep = serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v.get("store").and_then(Value::as_bool))
-            .unwrap_or(true);
-        Ok(Conversation {
-            id: format!("resp_{}", request_id.trim_start_matches("lgt_")),
-            created_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            prior_id,
-            prior,
-            input,
-            keep,
-            store,
-        })
-    }
-
-    fn ctx(&self, body: &[u8]) -> ResponseCtx {
-        ResponseCtx::new(self.id.clone(), self.created_at, body)
-    }
-
-    /// Keeps a finished response (in the background: the caller does not wait for the store).
-    pub fn save(&self, response: Value, passthrough: bool) {
-        if !self.keep {
-            return;
-        }
-        let Some(id) = response["id"].as_str().map(str::to_owned) else {
-            return;
-        };
-        let stored = Stored {
-            input: self.input.clone(),
-            response,
-            passthrough,
-        };
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.put(&id, &stored).await {
-                tracing::warn!(error = %e.0, "a response could not be kept in the conversation store");
-            }
-        });
-    }
-
-    /// The body for a translated step: rebuilt from the store when it names an earlier
-    /// response, then translated. An id legate never saw cannot be served here.
-    pub fn request_for(
-        &self,
-        target: Target,
-        body: &[u8],
-        model: &str,
-    ) -> Result<(Vec<u8>, Vec<&'static str>), String> {
-        let rebuilt;
-        let body = match (&self.prior_id, &self.prior) {
-            (Some(id), None) => {
-                return Err(format!(
-                    "previous_response_id `{id}` is unknown (legate never relayed it, or it \
-                     expired); resend the whole conversation as input"
-                ));
-            }
-            (Some(_), Some(prior)) => {
-                rebuilt = responses::rebuild(body, prior).map_err(|e| e.0)?;
-                rebuilt.as_slice()
-            }
-            _ => body,
-        };
-        responses::request_for(target, body, model).map_err(|e| e.0)
-    }
-}
-
-/// The stream translator of a translated step: keeps the finished response in the store.
-struct Keeping {
-    inner: ResponsesStream,
-    conv: Arc<Conversation>,
-    saved: bool,
-}
-
-impl Keeping {
-    fn after(&mut self, out: Vec<u8>) -> Vec<u8> {
-        if !self.saved
-            && let Some(done) = self.inner.final_response()
-        {
-            self.saved = true;
-            self.conv.save(done.clone(), false);
-        }
-        out
-    }
-}
-
-impl EventTranslator for Keeping {
-    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let out = self.inner.push(chunk);
-        self.after(out)
-    }
-    fn finish(&mut self) -> Vec<u8> {
-        let out = self.inner.finish();
-        self.after(out)
-    }
-}
-
-/// A passthrough Responses stream: bytes unchanged, the terminal response kept in the store.
-struct Capturing {
-    parser: SseParser,
-    conv: Arc<Conversation>,
-}
-
-impl Capturing {
-    fn scan(&mut self) {
-        while let Some(ev) = self.parser.next_event() {
-            let terminal = matches!(
-                ev.event.as_deref(),
-                Some("response.completed" | "response.incomplete")
-            );
-            if terminal && let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
-                self.conv.save(v["response"].clone(), true);
+/// The conversation store of `[responses]`: Redis when configured (at `ratelimit.redis_url`),
+/// else memory; a Redis URL that cannot be used falls back to memory, said in the log.
+pub(crate) fn conversation_store(cfg: &Config) -> ConversationStore {
+    use crate::responses::store::{MemoryStore, RedisConversations};
+    let rs = &cfg.responses;
+    if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
+        match RedisConversations::new(url, rs.ttl) {
+            Ok(r) => return ConversationStore::Redis(Box::new(r)),
+            Err(e) => {
+                tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");
             }
         }
     }
-}
-
-impl EventTranslator for Capturing {
-    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.parser.push(chunk);
-        self.scan();
-        chunk.to_vec()
-    }
-    fn finish(&mut self) -> Vec<u8> {
-        self.parser.finish();
-        self.scan();
-        Vec::new()
-    }
-}
-
-/// The stream translator for a step, if its stream is not passed through untouched.
-pub fn stream_translator(
-    xl: Xlate,
-    inb: &Inbound,
-    include_usage: bool,
-) -> Option<Box<dyn EventTranslator>> {
-    match (xl, &inb.conversation) {
-        (Xlate::Classic(dir), _) => Some(Box::new(translate::StreamTranslator::new(
-            dir,
-            include_usage,
-        ))),
-        (Xlate::Responses(target), Some(conv)) => Some(Box::new(Keeping {
-            inner: responses::stream_for(target, conv.ctx(&inb.body)),
-            conv: conv.clone(),
-            saved: false,
-        })),
-        (Xlate::None, Some(conv)) if conv.keep => Some(Box::new(Capturing {
-            parser: SseParser::new(),
-            conv: conv.clone(),
-        })),
-        _ => None,
-    }
-}
-
-/// A whole translated answer in the caller's API (and kept, for a Responses caller).
-pub fn translate_whole(xl: Xlate, inb: &Inbound, body: &[u8]) -> Result<Bytes, String> {
-    match (xl, &inb.conversation) {
-        (Xlate::Classic(dir), _) => translate::response(dir, body)
-            .map(Bytes::from)
-            .map_err(|e| e.0),
-        (Xlate::Responses(target), Some(conv)) => {
-            let obj =
-                responses::response_for(target, body, &conv.ctx(&inb.body)).map_err(|e| e.0)?;
-            conv.save(obj.clone(), false);
-            Ok(Bytes::from(obj.to_string()))
-        }
-        (Xlate::None, Some(conv)) => {
-            if let Ok(obj) = serde_json::from_slice::<Value>(body) {
-                conv.save(obj, true);
-            }
-            Ok(Bytes::copy_from_slice(body))
-        }
-        _ => Ok(Bytes::copy_from_slice(body)),
-    }
-}
-
-/// An upstream error of a translated step, in the caller's envelope.
-pub fn translate_error(xl: Xlate, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
-    match xl {
-        Xlate::Classic(dir) => translate::error(dir, status, body),
-        Xlate::Responses(target) => responses::error_for(target, status, body),
-        Xlate::None => (status, body.to_vec()),
-    }
-}
-
-/// An `error` / `response.failed` event before the commit point, as the status it stands
-/// for and an OpenAI error body.
-pub fn error_event_response(data: &str) -> (StatusCode, Bytes) {
-    let (code, message) = crate::api::responses::error_of(data);
-    let status = match code.as_str() {
-        "rate_limit_exceeded" => 429,
-        "invalid_request_error" | "invalid_prompt" | "context_length_exceeded" => 400,
-        "insufficient_quota" => 429,
-        "vector_store_timeout" | "timeout" => 504,
-        _ => 500,
-    };
-    let kind = if status == 400 {
-        "invalid_request_error"
-    } else {
-        "server_error"
-    };
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-    (
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        Bytes::from(body.to_string()),
-    )
+    ConversationStore::Memory(MemoryStore::new(rs.max_bytes, rs.ttl))
 }
 
 /// `GET /v1/responses` asking for a WebSocket: 426 at once, so a client that tries WebSocket
@@ -324,7 +48,22 @@ pub fn is_websocket_upgrade(method: &Method, path: &str, headers: &HeaderMap) ->
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-pub fn upgrade_required() -> Response<ProxyBody> {
+/// Refuses a WebSocket upgrade before the key or the body is read, so that a WebSocket-first
+/// client falls back at once; counted (api="responses", status 426) and logged, so the
+/// fallback can be seen.
+pub(crate) fn refuse_websocket(
+    rec: RequestRecord,
+    obs: &RequestObs,
+    request_id: &str,
+) -> Response<ProxyBody> {
+    obs.update(|f| f.error_type = Some("websocket_not_supported"));
+    rec.finish(426);
+    let mut resp = upgrade_required();
+    crate::proxy::response::set_header(&mut resp, "x-legate-request-id", request_id);
+    resp
+}
+
+fn upgrade_required() -> Response<ProxyBody> {
     let body = json!({"error": {
         "message": "legate serves the Responses API over HTTP only; send POST /v1/responses",
         "type": "invalid_request_error", "param": null, "code": "websocket_not_supported",
@@ -467,27 +206,26 @@ pub async fn input_tokens(
     snap: &Snapshot,
     inb: &Inbound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let resolved = crate::route::resolve(&snap.cfg, ApiKind::OpenAi, &inb.meta.model)?;
+    let resolved = crate::route::resolve(&snap.cfg, ApiKind::Responses, &inb.meta.model)?;
     let step = resolved.steps.first().ok_or(ProxyError::Internal)?;
     let up = snap
         .upstreams
         .get(&step.provider)
         .ok_or(ProxyError::Internal)?;
-    if Xlate::for_step(ApiShape::Responses, up) == Xlate::None {
-        let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::OpenAi, None)?;
-        return forward(
-            up,
-            Method::POST,
-            "/v1/responses/input_tokens",
-            None,
-            &inb.headers,
-            body,
-        )
-        .await;
-    }
-    let target = match up.kind {
-        ApiKind::Anthropic => Target::Anthropic,
-        ApiKind::OpenAi => Target::Chat,
+    let target = match Xlate::between(ApiKind::Responses, up.speaks(ApiKind::Responses)) {
+        Xlate::Responses(target) => target,
+        Xlate::None | Xlate::Classic(_) => {
+            let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::Responses, None)?;
+            return forward(
+                up,
+                Method::POST,
+                "/v1/responses/input_tokens",
+                None,
+                &inb.headers,
+                body,
+            )
+            .await;
+        }
     };
     let sent = responses::request_for(target, &inb.body, &step.model)
         .map(|(b, _)| b.len())

@@ -1,7 +1,7 @@
 //! The upstream response body as the rest of the proxy reads it: the provider's bytes as they
-//! are, or — when a chain step speaks the other API — translated event by event into the
-//! caller's API, so that commit-point reading, usage metering and forwarding all see the
-//! caller's shape.
+//! are, or — when a chain step speaks another API, or a Responses stream is kept in the
+//! conversation store — passed event by event through an [`EventTranslator`], so that
+//! commit-point reading, usage metering and forwarding all see the caller's shape.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::api::ApiShape;
+use crate::api::ApiKind;
 use crate::cloud::eventstream::EventStreamSse;
 use crate::sse::SseParser;
 use crate::translate::StreamTranslator;
@@ -85,10 +85,12 @@ pub struct Translated {
 }
 
 impl UpstreamBody {
+    /// The upstream's stream through `translator`; usage is read from the upstream's own
+    /// events, in its API.
     pub fn translated(
         inner: Raw,
         translator: Box<dyn EventTranslator>,
-        upstream: ApiShape,
+        upstream: ApiKind,
         max_event: usize,
     ) -> Self {
         UpstreamBody::Translated(Box::new(Translated {

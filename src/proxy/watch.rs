@@ -1,15 +1,20 @@
 //! Watching an event stream as it passes: complete events only, their kinds (preamble,
 //! content, terminal, error), and usage. Shared by the pre-commit reader (`chain`) and the
 //! body that forwards a committed stream (`body`), so both see the stream the same way.
+//!
+//! For an OpenAI stream whose usage chunk legate asked for on the caller's behalf, the watch
+//! also takes out of the forwarded bytes what that request added (`api::openai_chat::unasked`):
+//! usage is read from the events first, then they are edited.
 
 use bytes::{Bytes, BytesMut};
 
-use crate::api::{self, ApiShape, StreamEventKind};
+use crate::api::openai_chat::unasked::{self, ChunkEdit};
+use crate::api::{ApiKind, StreamEventKind};
 use crate::sse::SseParser;
 use crate::usage::StreamUsage;
 
 pub struct SseWatch {
-    api: ApiShape,
+    api: ApiKind,
     parser: SseParser,
     usage: StreamUsage,
     /// Bytes of an event that is not complete yet.
@@ -22,10 +27,26 @@ pub struct SseWatch {
     max_event: usize,
     /// An event grew past `max_event`: nothing more may be read from this stream.
     pub oversize: bool,
+    /// Take the usage legate asked for out of the forwarded chunks.
+    strip_usage: bool,
+    /// Stream offset where the next event's bytes begin (the end of the last one).
+    last_end: u64,
+    /// Stream offset of the first byte not yet handed out (`pending` starts there).
+    handed: u64,
+    /// Edits for complete events not yet handed out, in stream order.
+    edits: Vec<Edit>,
+}
+
+/// One event's edit: its span in the stream, its data as parsed, and what becomes of it.
+struct Edit {
+    start: u64,
+    end: u64,
+    data: String,
+    edit: ChunkEdit,
 }
 
 impl SseWatch {
-    pub fn new(api: ApiShape) -> Self {
+    pub fn new(api: ApiKind) -> Self {
         SseWatch {
             api,
             parser: SseParser::new(),
@@ -36,7 +57,18 @@ impl SseWatch {
             error_data: None,
             max_event: usize::MAX,
             oversize: false,
+            strip_usage: false,
+            last_end: 0,
+            handed: 0,
+            edits: Vec::new(),
         }
+    }
+
+    /// The caller did not ask for the usage chunk legate asked for: it and the `usage: null`
+    /// members are removed from what is forwarded (usage is still read from them).
+    pub fn strip_usage(mut self, strip: bool) -> Self {
+        self.strip_usage = strip;
+        self
     }
 
     /// Bounds the event being assembled (SPEC §14: `max_event_bytes`).
@@ -72,7 +104,7 @@ impl SseWatch {
             self.pending.extend_from_slice(&data);
             self.pending.split_to(ready).freeze()
         };
-        (Some(out), started)
+        (self.hand_out(out), started)
     }
 
     /// The upstream body ended: releases an event whose last line end was the final byte. A
@@ -84,16 +116,43 @@ impl SseWatch {
             .pending
             .len()
             .saturating_sub(self.parser.pending_bytes());
-        (ready > 0).then(|| self.pending.split_to(ready).freeze())
+        if ready == 0 {
+            return None;
+        }
+        let out = self.pending.split_to(ready).freeze();
+        self.hand_out(out)
+    }
+
+    /// The next `out.len()` bytes of the stream on their way out, with the edits of the events
+    /// they hold applied (None if nothing is left of them).
+    fn hand_out(&mut self, out: Bytes) -> Option<Bytes> {
+        let base = self.handed;
+        self.handed += out.len() as u64;
+        if self.edits.is_empty() {
+            return Some(out);
+        }
+        let mut edited = Vec::with_capacity(out.len());
+        let mut copied = 0;
+        for e in self.edits.drain(..) {
+            let span = usize::try_from(e.start.saturating_sub(base)).unwrap_or(usize::MAX)
+                ..usize::try_from(e.end.saturating_sub(base)).unwrap_or(usize::MAX);
+            let Some(raw) = out.get(span.clone()) else {
+                continue;
+            };
+            let Some((cut, with)) = cut_for(raw, &e) else {
+                continue;
+            };
+            edited.extend_from_slice(&out[copied..span.start + cut.start]);
+            edited.extend_from_slice(with.as_bytes());
+            copied = span.start + cut.end;
+        }
+        edited.extend_from_slice(&out[copied..]);
+        (!edited.is_empty()).then(|| Bytes::from(edited))
     }
 
     fn drain_events(&mut self) {
         while let Some(ev) = self.parser.next_event() {
-            let kind = match self.api {
-                ApiShape::Anthropic => api::anthropic::classify(&ev),
-                ApiShape::OpenAi => api::openai::classify(&ev),
-                ApiShape::Responses => api::responses::classify(&ev),
-            };
+            let kind = self.api.dialect().classify(&ev);
             match kind {
                 StreamEventKind::Content => self.saw_content = true,
                 StreamEventKind::Terminal => self.saw_terminal = true,
@@ -103,10 +162,100 @@ impl SseWatch {
                 _ => {}
             }
             self.usage.observe(&ev);
+            let start = std::mem::replace(&mut self.last_end, ev.end_offset);
+            if self.strip_usage && ev.event.is_none() {
+                if let Some(edit) = unasked::edit_chunk(&ev.data) {
+                    self.edits.push(Edit {
+                        start,
+                        end: ev.end_offset,
+                        data: ev.data,
+                        edit,
+                    });
+                }
+            }
         }
     }
 
-    pub fn usage(&self) -> Option<crate::usage::Usage> {
+    pub fn usage(&self) -> Option<crate::meter::Usage> {
         self.usage.usage()
+    }
+}
+
+/// Where in an event's bytes `raw` its edit applies, and what replaces that range. The data
+/// of an OpenAI chunk is one `data:` line, the last before the blank line (comment lines may
+/// come first and stay); an event written otherwise is dropped whole, or left as it is.
+fn cut_for<'a>(raw: &[u8], e: &'a Edit) -> Option<(std::ops::Range<usize>, &'a str)> {
+    let text_end = raw.len()
+        - raw
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+    let data = e.data.as_bytes();
+    let data_start = text_end.checked_sub(data.len())?;
+    let line = &raw[..text_end];
+    let in_place = line.ends_with(data);
+    let line_start = [&b"data: "[..], b"data:"]
+        .iter()
+        .filter(|p| in_place && line[..data_start].ends_with(p))
+        .map(|p| data_start - p.len())
+        .find(|&at| at == 0 || matches!(line[at - 1], b'\n' | b'\r'));
+    match (&e.edit, line_start) {
+        (ChunkEdit::Drop, Some(at)) => Some((at..raw.len(), "")),
+        (ChunkEdit::Drop, None) => Some((0..raw.len(), "")),
+        (ChunkEdit::Rewrite(new), Some(_)) => Some((data_start..text_end, new.as_str())),
+        (ChunkEdit::Rewrite(_), None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `wire` in pieces of `step` bytes; returns what is forwarded.
+    fn forwarded(wire: &[u8], step: usize) -> (Vec<u8>, Option<crate::meter::Usage>) {
+        let mut w = SseWatch::new(ApiKind::OpenAi).strip_usage(true);
+        let mut out = Vec::new();
+        for piece in wire.chunks(step) {
+            if let (Some(b), _) = w.feed(Bytes::copy_from_slice(piece)) {
+                out.extend_from_slice(&b);
+            }
+        }
+        if let Some(b) = w.finish() {
+            out.extend_from_slice(&b);
+        }
+        (out, w.usage())
+    }
+
+    #[test]
+    fn the_unasked_usage_is_read_then_taken_out_in_any_chunking() {
+        let wire = concat!(
+            ": keep-alive\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\\"usage\\\":null\"}}],\"usage\":null}\r\n\r\n",
+            "data:{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n",
+            ": ping\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let want = concat!(
+            ": keep-alive\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\\"usage\\\":null\"}}]}\r\n\r\n",
+            "data:{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            ": ping\n\n",
+            "data: [DONE]\n\n",
+        );
+        for step in [1, 2, 7, 64, wire.len()] {
+            let (out, usage) = forwarded(wire.as_bytes(), step);
+            assert_eq!(String::from_utf8_lossy(&out), want, "step {step}");
+            assert_eq!(usage.map(|u| (u.input, u.output)), Some((9, 2)));
+        }
+    }
+
+    #[test]
+    fn a_stream_without_usage_members_passes_byte_for_byte() {
+        let wire = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(forwarded(wire, 5).0, wire);
     }
 }

@@ -52,6 +52,7 @@ mod tests;
 
 use serde_json::{Map, Value};
 
+pub use crate::translate::Target;
 pub use response::ResponseCtx;
 pub use store::{ConversationStore, Stored};
 pub use stream::ResponsesStream;
@@ -73,14 +74,6 @@ impl Labels {
     pub fn into_vec(self) -> Vec<&'static str> {
         self.0
     }
-}
-
-/// Which kind of step a translated Responses call goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    /// An OpenAI-compatible server without the Responses API.
-    Chat,
-    Anthropic,
 }
 
 /// The upstream body for a translated step, and what the fitting rules dropped.

@@ -3,13 +3,16 @@
 //! keeps no state, and `GET /v1/responses/{id}` answers for translated responses.
 //!
 //! `memory`: one process, bounded by `max_bytes` (oldest entries evicted first; an entry
-//! larger than the bound is not kept) and `ttl`. `redis`: shared by replicas, one key per
+//! larger than the bound is not kept) and `ttl`. Entries are held serialised, so the bytes
+//! counted are the bytes held (a tree of JSON values takes several times its text), and
+//! keeping a response costs one serialisation and no copy of the tree; a lookup, which only
+//! a request naming an earlier response makes, parses the entry back. `redis`: shared by replicas, one key per
 //! response (`legate:resp:<id>`) with the TTL as its expiry; construction never connects, a
 //! failed call drops the connection and the next one reconnects, every call has a short
 //! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -78,7 +81,8 @@ impl ConversationStore {
 }
 
 struct Entry {
-    data: Stored,
+    /// The `Stored` as JSON; shared so a lookup parses it outside the lock.
+    data: Arc<[u8]>,
     bytes: usize,
     expires: Instant,
     generation: u64,
@@ -115,14 +119,25 @@ impl MemoryStore {
     }
 
     pub fn get(&self, id: &str) -> Option<Stored> {
-        let inner = self.lock();
-        let entry = inner.map.get(id)?;
-        (entry.expires > Instant::now()).then(|| entry.data.clone())
+        let data = {
+            let inner = self.lock();
+            let entry = inner.map.get(id)?;
+            if entry.expires <= Instant::now() {
+                return None;
+            }
+            Arc::clone(&entry.data)
+        };
+        // Written by `put` from a `Stored`, so it parses back.
+        serde_json::from_slice(&data).ok()
     }
 
     pub fn put(&self, id: &str, stored: &Stored) {
         // The serialised size is what the bound is about (as it would be in Redis).
-        let bytes = id.len() + serde_json::to_vec(stored).map_or(usize::MAX, |v| v.len());
+        let Ok(data) = serde_json::to_vec(stored) else {
+            return;
+        };
+        let data: Arc<[u8]> = data.into();
+        let bytes = id.len() + data.len();
         let mut inner = self.lock();
         if let Some(old) = inner.map.remove(id) {
             inner.bytes -= old.bytes;
@@ -158,7 +173,7 @@ impl MemoryStore {
         inner.order.push_back((id.to_owned(), generation));
         inner.bytes += bytes;
         let entry = Entry {
-            data: stored.clone(),
+            data,
             bytes,
             expires: now + self.ttl,
             generation,

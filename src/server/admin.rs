@@ -1,5 +1,9 @@
 //! The admin plane: health, readiness, metrics and state. It never calls a model: upstream
 //! health comes from live traffic. Nothing here renders a secret.
+//!
+//! The data plane may run on a single runtime worker, so what takes more than a moment here —
+//! rendering `/metrics`, the usage ledger or the journal, re-reading the config — runs on the
+//! blocking pool: a scrape or a reload never holds up the requests in flight.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -44,7 +48,10 @@ impl Admin {
                 }
             }
             (&Method::GET, "/metrics") => {
-                let mut r = text(StatusCode::OK, &crate::telemetry::render(&self.registry));
+                let registry = self.registry.clone();
+                let mut r =
+                    off_worker(move || text(StatusCode::OK, &crate::telemetry::render(&registry)))
+                        .await;
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -52,23 +59,37 @@ impl Admin {
                 r
             }
             (&Method::GET, "/admin/state") => json(StatusCode::OK, &self.state()),
-            (&Method::GET, "/admin/usage") => json(StatusCode::OK, &self.proxy.ledger.to_json()),
-            (&Method::POST, "/admin/reload") => self.reload(peer),
+            (&Method::GET, "/admin/usage") => {
+                let me = Arc::clone(&self);
+                off_worker(move || json(StatusCode::OK, &me.proxy.ledger.to_json())).await
+            }
+            (&Method::POST, "/admin/reload") => {
+                let me = Arc::clone(&self);
+                off_worker(move || me.reload(peer)).await
+            }
             (&Method::GET, "/admin/requests") => {
                 match crate::observe::journal::parse_query(req.uri().query()) {
-                    Ok(q) => json(StatusCode::OK, &self.proxy.observer.journal().list(&q)),
+                    Ok(q) => {
+                        let me = Arc::clone(&self);
+                        off_worker(move || {
+                            json(StatusCode::OK, &me.proxy.observer.journal().list(&q))
+                        })
+                        .await
+                    }
                     Err(e) => json(StatusCode::BAD_REQUEST, &serde_json::json!({"error": e})),
                 }
             }
             (&Method::GET, path) if path.starts_with("/admin/requests/") => {
-                let id = &path["/admin/requests/".len()..];
-                match self.proxy.observer.journal().get(id) {
+                let id = path["/admin/requests/".len()..].to_owned();
+                let me = Arc::clone(&self);
+                off_worker(move || match me.proxy.observer.journal().get(&id) {
                     Some(doc) => json(StatusCode::OK, &doc),
                     None => json(
                         StatusCode::NOT_FOUND,
                         &serde_json::json!({"error": "no such request in the journal (it holds the last [journal] size requests)"}),
                     ),
-                }
+                })
+                .await
             }
             _ => json(
                 StatusCode::NOT_FOUND,
@@ -112,7 +133,7 @@ impl Admin {
                 serde_json::json!({
                     "kind": p.platform.kind_name().unwrap_or(p.kind.as_str()),
                     "api": p.kind.as_str(),
-                    "base_url": p.base_url,
+                    "base_url": crate::config::adapt::mask_userinfo(&p.base_url),
                     // Source and expiry of a cloud credential, never its value.
                     "credential": up.and_then(|u| u.cloud.as_ref()).and_then(|c| c.state()),
                     "max_concurrency": p.max_concurrency,
@@ -186,4 +207,17 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Full<Bytes>> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// Runs `answer` on the blocking pool and waits for it without holding the runtime worker.
+async fn off_worker(
+    answer: impl FnOnce() -> Response<Full<Bytes>> + Send + 'static,
+) -> Response<Full<Bytes>> {
+    match tokio::task::spawn_blocking(answer).await {
+        Ok(r) => r,
+        Err(_) => json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &serde_json::json!({"error": "the admin request failed inside legate"}),
+        ),
+    }
 }

@@ -184,7 +184,7 @@ pub async fn run(cfg: Config, registry: Registry, source: ConfigSource) -> Resul
     Ok(())
 }
 
-async fn wait_for_signal(reloader: &Reloader) {
+async fn wait_for_signal(reloader: &Arc<Reloader>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -201,7 +201,9 @@ async fn wait_for_signal(reloader: &Reloader) {
             _ = int.recv() => return,
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading the config");
-                let _ = reloader.reload();
+                // Reading and validating the config is blocking work: off the runtime worker.
+                let reloader = Arc::clone(reloader);
+                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
             }
         }
     }

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 /// `POST /v1/messages` request body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Request {
+pub(super) struct Request {
     pub model: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
@@ -37,7 +37,7 @@ pub struct Request {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(super) enum Role {
     User,
     Assistant,
     /// A system entry inside `messages[]` (Claude Code sends them mid-conversation): it keeps
@@ -46,7 +46,7 @@ pub enum Role {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Message {
+pub(super) struct Message {
     pub role: Role,
     pub content: Content,
 }
@@ -54,7 +54,7 @@ pub struct Message {
 /// Message, system and tool-result content: a plain string or a list of blocks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Content {
+pub(super) enum Content {
     Text(String),
     Blocks(Vec<Block>),
 }
@@ -62,7 +62,7 @@ pub enum Content {
 /// A content block, in requests and responses alike.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Block {
+pub(super) enum Block {
     Text {
         text: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,7 +111,7 @@ pub enum Block {
 /// Source of an image or document block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Source {
+pub(super) enum Source {
     Base64 {
         media_type: String,
         data: String,
@@ -131,7 +131,7 @@ pub enum Source {
 
 /// A tool definition: custom (`type` absent or `"custom"`) or a server tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Tool {
+pub(super) struct Tool {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     pub name: String,
@@ -145,14 +145,14 @@ pub struct Tool {
 
 impl Tool {
     /// Server tools run on Anthropic's side (web search, code execution, …).
-    pub fn is_server_tool(&self) -> bool {
+    pub(super) fn is_server_tool(&self) -> bool {
         !matches!(self.kind.as_deref(), None | Some("custom"))
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ToolChoice {
+pub(super) enum ToolChoice {
     Auto {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disable_parallel_tool_use: Option<bool>,
@@ -170,14 +170,14 @@ pub enum ToolChoice {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Metadata {
+pub(super) struct Metadata {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
 }
 
 /// A whole response (`type: "message"`), also the `message` of a `message_start` event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MessageResponse {
+pub(super) struct MessageResponse {
     #[serde(default)]
     pub id: String,
     #[serde(rename = "type", default = "message_type")]
@@ -207,7 +207,7 @@ fn assistant_role() -> Role {
 /// Token usage. `input_tokens` excludes cache reads and writes. In a `message_delta` every
 /// field is optional and a present one overwrites the running value.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
+pub(super) struct Usage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -222,7 +222,7 @@ pub struct Usage {
 
 impl Usage {
     /// Overwrites every field that `later` carries (stream usage holds running totals).
-    pub fn overwrite_with(&mut self, later: &Usage) {
+    pub(super) fn overwrite_with(&mut self, later: &Usage) {
         let fields = [
             (&mut self.input_tokens, later.input_tokens),
             (
@@ -248,7 +248,7 @@ impl Usage {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputTokensDetails {
+pub(super) struct OutputTokensDetails {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_tokens: Option<u64>,
 }
@@ -256,7 +256,7 @@ pub struct OutputTokensDetails {
 /// One streamed event's `data`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum StreamEvent {
+pub(super) enum StreamEvent {
     MessageStart {
         message: MessageResponse,
     },
@@ -287,7 +287,7 @@ pub enum StreamEvent {
 
 impl StreamEvent {
     /// The SSE `event:` name the SDKs dispatch on (equal to the data's `type`).
-    pub fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         match self {
             StreamEvent::MessageStart { .. } => "message_start",
             StreamEvent::ContentBlockStart { .. } => "content_block_start",
@@ -304,7 +304,7 @@ impl StreamEvent {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Delta {
+pub(super) enum Delta {
     #[serde(rename = "text_delta")]
     Text { text: String },
     #[serde(rename = "input_json_delta")]
@@ -315,7 +315,7 @@ pub enum Delta {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MessageDeltaBody {
+pub(super) struct MessageDeltaBody {
     #[serde(default)]
     pub stop_reason: Option<String>,
     #[serde(default)]
@@ -324,14 +324,14 @@ pub struct MessageDeltaBody {
 
 /// Error body: `{"type":"error","error":{...}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorBody {
+pub(super) struct ErrorBody {
     #[serde(rename = "type")]
     pub kind: String,
     pub error: ErrorDetail,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorDetail {
+pub(super) struct ErrorDetail {
     #[serde(rename = "type", default)]
     pub kind: String,
     #[serde(default)]

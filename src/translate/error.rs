@@ -3,9 +3,10 @@
 //! by message text, with the status as the fallback.
 
 use super::{anthropic as an, openai as oa};
+use crate::api::{ApiKind, ErrorClass, ErrorTable};
 
 /// Upstream OpenAI-shaped error → Anthropic error body.
-pub fn to_anthropic(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
+pub(super) fn to_anthropic(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
     let detail = parse_openai(upstream_body);
     let (kind, message) = match detail {
         Some(detail) => (anthropic_type(&detail, Some(status)), detail.message),
@@ -18,7 +19,7 @@ pub fn to_anthropic(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
 }
 
 /// Upstream Anthropic-shaped error → OpenAI error body.
-pub fn to_openai(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
+pub(super) fn to_openai(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
     let (kind, message) = match serde_json::from_slice::<an::ErrorBody>(upstream_body) {
         Ok(body) => (body.error.kind, body.error.message),
         Err(_) => (status_type(status).to_owned(), String::new()),
@@ -39,7 +40,7 @@ fn fallback_message(message: String, status: u16) -> String {
 }
 
 /// `{"error":{…}}`, or the error object at the top level as some compatible servers send it.
-pub fn parse_openai(body: &[u8]) -> Option<oa::ErrorDetail> {
+pub(super) fn parse_openai(body: &[u8]) -> Option<oa::ErrorDetail> {
     if let Ok(body) = serde_json::from_slice::<oa::ErrorBody>(body) {
         return Some(body.error);
     }
@@ -48,31 +49,20 @@ pub fn parse_openai(body: &[u8]) -> Option<oa::ErrorDetail> {
         .filter(|d| !d.message.is_empty())
 }
 
-/// The Anthropic error type for an OpenAI error: a known code first, then a known type, then
-/// the HTTP status (or, in a stream, a numeric `code` holding one).
-pub fn anthropic_type(detail: &oa::ErrorDetail, status: Option<u16>) -> &'static str {
+fn anthropic_table() -> &'static ErrorTable {
+    ApiKind::Anthropic.dialect().errors()
+}
+
+fn openai_table() -> &'static ErrorTable {
+    ApiKind::OpenAi.dialect().errors()
+}
+
+/// The Anthropic error type for an OpenAI error: what its code or type means (the OpenAI
+/// table), else the HTTP status (or, in a stream, a numeric `code` holding one) by Anthropic's
+/// table.
+pub(super) fn anthropic_type(detail: &oa::ErrorDetail, status: Option<u16>) -> &'static str {
     let code = detail.code.as_ref().and_then(|c| c.as_str());
-    let by_code = match code {
-        Some("invalid_api_key" | "invalid_authentication") => Some("authentication_error"),
-        Some("permission_denied" | "unsupported_country_region_territory") => {
-            Some("permission_error")
-        }
-        Some("insufficient_quota") => Some("billing_error"),
-        Some("model_not_found" | "not_found") => Some("not_found_error"),
-        Some("conflict") => Some("conflict_error"),
-        Some("request_too_large") => Some("request_too_large"),
-        Some("rate_limit_exceeded") => Some("rate_limit_error"),
-        Some("overloaded") => Some("overloaded_error"),
-        Some("timeout") => Some("timeout_error"),
-        _ => None,
-    };
-    let by_type = || match detail.kind.as_deref() {
-        Some("invalid_request_error") => Some("invalid_request_error"),
-        Some("requests" | "tokens" | "rate_limit_exceeded") => Some("rate_limit_error"),
-        Some("insufficient_quota") => Some("billing_error"),
-        Some("server_error") => Some("api_error"),
-        _ => None,
-    };
+    let class = openai_table().class_of(detail.kind.as_deref(), code);
     let numeric_code = || {
         detail
             .code
@@ -80,58 +70,41 @@ pub fn anthropic_type(detail: &oa::ErrorDetail, status: Option<u16>) -> &'static
             .and_then(serde_json::Value::as_u64)
             .and_then(|c| u16::try_from(c).ok())
     };
-    by_code.or_else(by_type).unwrap_or_else(|| {
+    let class = class.unwrap_or_else(|| {
         status
             .or_else(numeric_code)
-            .map_or("api_error", status_type)
-    })
+            .map_or(ErrorClass::Server, |s| {
+                anthropic_table().class_for_status(s)
+            })
+    });
+    anthropic_table().row(class).error_type
 }
 
 /// Anthropic's error type for an HTTP status (its documented table).
-pub fn status_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        402 => "billing_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        409 => "conflict_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        504 => "timeout_error",
-        400..=499 => "invalid_request_error",
-        _ => "api_error",
+pub(super) fn status_type(status: u16) -> &'static str {
+    anthropic_table().type_for_status(status)
+}
+
+/// The OpenAI `(type, code)` for an Anthropic error type, through what it means. Codes make
+/// every known type recoverable on the way back; an unknown type passes as the OpenAI type.
+pub(super) fn openai_type(anthropic_type: &str) -> (String, Option<&'static str>) {
+    match anthropic_table().class_of(Some(anthropic_type), None) {
+        Some(class) => {
+            let row = openai_table().row(class);
+            (row.error_type.to_owned(), row.code)
+        }
+        None => (anthropic_type.to_owned(), None),
     }
 }
 
-/// The OpenAI `(type, code)` for an Anthropic error type. Codes make every known type
-/// recoverable on the way back; an unknown type passes as the OpenAI type.
-pub fn openai_type(anthropic_type: &str) -> (String, Option<&'static str>) {
-    let (kind, code) = match anthropic_type {
-        "invalid_request_error" => ("invalid_request_error", None),
-        "authentication_error" => ("invalid_request_error", Some("invalid_api_key")),
-        "permission_error" => ("invalid_request_error", Some("permission_denied")),
-        "billing_error" => ("insufficient_quota", Some("insufficient_quota")),
-        "not_found_error" => ("invalid_request_error", Some("not_found")),
-        "conflict_error" => ("invalid_request_error", Some("conflict")),
-        "request_too_large" => ("invalid_request_error", Some("request_too_large")),
-        "rate_limit_error" => ("requests", Some("rate_limit_exceeded")),
-        "api_error" => ("server_error", None),
-        "overloaded_error" => ("server_error", Some("overloaded")),
-        "timeout_error" => ("server_error", Some("timeout")),
-        other => (other, None),
-    };
-    (kind.to_owned(), code)
-}
-
-pub fn anthropic_detail(kind: &str, message: &str) -> an::ErrorDetail {
+pub(super) fn anthropic_detail(kind: &str, message: &str) -> an::ErrorDetail {
     an::ErrorDetail {
         kind: kind.to_owned(),
         message: message.to_owned(),
     }
 }
 
-pub fn openai_detail(anthropic_kind: &str, message: &str) -> oa::ErrorDetail {
+pub(super) fn openai_detail(anthropic_kind: &str, message: &str) -> oa::ErrorDetail {
     let (kind, code) = openai_type(anthropic_kind);
     oa::ErrorDetail {
         message: message.to_owned(),

@@ -5,19 +5,19 @@ use serde_json::{Map, Value};
 
 /// The labels of what was dropped, each once, in the order first met.
 #[derive(Debug, Default)]
-pub struct Fitting {
+pub(super) struct Fitting {
     dropped: Vec<&'static str>,
 }
 
 impl Fitting {
-    pub fn drop(&mut self, what: &'static str) {
+    pub(super) fn drop(&mut self, what: &'static str) {
         if !self.dropped.contains(&what) {
             self.dropped.push(what);
         }
     }
 
     /// Notes a field that the other API may or may not hold: dropped only when present.
-    pub fn drop_if<T>(&mut self, field: &Option<T>, what: &'static str) {
+    pub(super) fn drop_if<T>(&mut self, field: &Option<T>, what: &'static str) {
         if field.is_some() {
             self.drop(what);
         }
@@ -25,7 +25,7 @@ impl Fitting {
 
     /// Notes every top-level field the translation does not carry (a `null` carries nothing).
     /// Known ones are named by their own label; anything else counts as `unknown_fields`.
-    pub fn drop_extra(&mut self, extra: &Map<String, Value>, known: &[&'static str]) {
+    pub(super) fn drop_extra(&mut self, extra: &Map<String, Value>, known: &[&'static str]) {
         for (key, _) in extra.iter().filter(|(_, v)| !v.is_null()) {
             match known.iter().find(|k| **k == key.as_str()) {
                 Some(label) => self.drop(label),
@@ -34,7 +34,7 @@ impl Fitting {
         }
     }
 
-    pub fn into_labels(self) -> Vec<&'static str> {
+    pub(super) fn into_labels(self) -> Vec<&'static str> {
         self.dropped
     }
 }

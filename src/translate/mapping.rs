@@ -7,7 +7,7 @@ const MSG_PREFIX: &str = "msg_";
 const CHATCMPL_PREFIX: &str = "chatcmpl-";
 
 /// `msg_X` → `chatcmpl-X`, so that the way back restores the upstream id exactly.
-pub fn openai_id(anthropic_id: &str) -> String {
+pub(super) fn openai_id(anthropic_id: &str) -> String {
     let rest = anthropic_id
         .strip_prefix(MSG_PREFIX)
         .unwrap_or(anthropic_id);
@@ -15,14 +15,14 @@ pub fn openai_id(anthropic_id: &str) -> String {
 }
 
 /// `chatcmpl-X` → `msg_X`.
-pub fn anthropic_id(openai_id: &str) -> String {
+pub(super) fn anthropic_id(openai_id: &str) -> String {
     let rest = openai_id.strip_prefix(CHATCMPL_PREFIX).unwrap_or(openai_id);
     format!("{MSG_PREFIX}{rest}")
 }
 
 /// Anthropic accepts tool-use ids matching `^[a-zA-Z0-9_-]+$`; OpenAI-compatible servers are
 /// looser. Other characters become `_` (deterministic, so a call and its result still match).
-pub fn anthropic_tool_id(id: &str) -> String {
+pub(super) fn anthropic_tool_id(id: &str) -> String {
     id.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -35,7 +35,7 @@ pub fn anthropic_tool_id(id: &str) -> String {
 }
 
 /// Anthropic `stop_reason` → OpenAI `finish_reason`.
-pub fn finish_reason(stop_reason: Option<&str>) -> &'static str {
+pub(super) fn finish_reason(stop_reason: Option<&str>) -> &'static str {
     match stop_reason {
         Some("max_tokens" | "model_context_window_exceeded") => "length",
         Some("tool_use") => "tool_calls",
@@ -48,7 +48,7 @@ pub fn finish_reason(stop_reason: Option<&str>) -> &'static str {
 /// OpenAI `finish_reason` → Anthropic `stop_reason`. `has_tool_calls` repairs servers that
 /// report `stop` for a turn that called tools: an Anthropic agent loop runs tools only on
 /// `tool_use`.
-pub fn stop_reason(finish_reason: Option<&str>, has_tool_calls: bool) -> &'static str {
+pub(super) fn stop_reason(finish_reason: Option<&str>, has_tool_calls: bool) -> &'static str {
     match finish_reason {
         Some("length") => "max_tokens",
         Some("tool_calls" | "function_call") => "tool_use",
@@ -60,7 +60,7 @@ pub fn stop_reason(finish_reason: Option<&str>, has_tool_calls: bool) -> &'stati
 
 /// Anthropic usage → OpenAI usage: `prompt = input + cache_read + cache_write`,
 /// `cached_tokens = cache_read`, `cache_write_tokens = cache_write`.
-pub fn openai_usage(usage: &an::Usage) -> oa::Usage {
+pub(super) fn openai_usage(usage: &an::Usage) -> oa::Usage {
     let input = usage.input_tokens.unwrap_or(0);
     let read = usage.cache_read_input_tokens.unwrap_or(0);
     let write = usage.cache_creation_input_tokens.unwrap_or(0);
@@ -86,7 +86,7 @@ pub fn openai_usage(usage: &an::Usage) -> oa::Usage {
 
 /// OpenAI usage → Anthropic usage: the uncached input is what the prompt holds beyond cache
 /// reads and writes.
-pub fn anthropic_usage(usage: &oa::Usage) -> an::Usage {
+pub(super) fn anthropic_usage(usage: &oa::Usage) -> an::Usage {
     let details = usage.prompt_tokens_details.as_ref();
     let read = details.and_then(|d| d.cached_tokens).unwrap_or(0);
     let write = details.and_then(|d| d.cache_write_tokens).unwrap_or(0);
@@ -112,18 +112,18 @@ pub fn anthropic_usage(usage: &oa::Usage) -> an::Usage {
 
 /// Whether tool-call arguments can be an Anthropic tool input: a JSON object, or nothing at
 /// all (a call without arguments).
-pub fn is_json_object_or_empty(arguments: &str) -> bool {
+pub(super) fn is_json_object_or_empty(arguments: &str) -> bool {
     arguments.trim().is_empty()
         || serde_json::from_str::<serde_json::Value>(arguments).is_ok_and(|v| v.is_object())
 }
 
 /// `data:<media>;base64,<data>`.
-pub fn data_url(media_type: &str, data: &str) -> String {
+pub(super) fn data_url(media_type: &str, data: &str) -> String {
     format!("data:{media_type};base64,{data}")
 }
 
 /// Splits a base64 data URL into (media type, data); anything else is `None`.
-pub fn parse_data_url(url: &str) -> Option<(&str, &str)> {
+pub(super) fn parse_data_url(url: &str) -> Option<(&str, &str)> {
     let rest = url.strip_prefix("data:")?;
     let (meta, data) = rest.split_once(',')?;
     let media_type = meta.strip_suffix(";base64")?;
@@ -132,10 +132,10 @@ pub fn parse_data_url(url: &str) -> Option<(&str, &str)> {
 
 /// OpenAI tool messages have no error flag: an Anthropic `is_error` result is carried as this
 /// prefix of its text, and recognised on the way back.
-pub const TOOL_ERROR_MARKER: &str = "[tool error]";
+pub(super) const TOOL_ERROR_MARKER: &str = "[tool error]";
 
 /// Prefixes a tool result's first text with the marker.
-pub fn mark_error(text: &str) -> String {
+pub(super) fn mark_error(text: &str) -> String {
     if text.is_empty() {
         TOOL_ERROR_MARKER.to_owned()
     } else {
@@ -144,7 +144,7 @@ pub fn mark_error(text: &str) -> String {
 }
 
 /// The text without the marker, if it carries one.
-pub fn strip_error(text: &str) -> Option<&str> {
+pub(super) fn strip_error(text: &str) -> Option<&str> {
     let rest = text.strip_prefix(TOOL_ERROR_MARKER)?;
     if rest.is_empty() {
         Some(rest)

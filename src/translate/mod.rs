@@ -1,5 +1,7 @@
 //! Translation between Anthropic Messages and OpenAI Chat Completions (SPEC §10): a caller of
 //! one API served by a chain step of the other kind. Pure code: bytes in, bytes out, no I/O.
+//! [`Xlate::between`] says which translation a step needs, this one or the Responses API's
+//! (`crate::responses`, which pivots through Chat Completions and this module).
 //!
 //! [`request`] rewrites the caller's body for the upstream (re-serialised, `model` set to the
 //! step's model) and names what the fitting rules dropped; [`response`] and [`error`] bring a
@@ -66,18 +68,18 @@
 //! `message_stop`): an upstream cut stays a cut, for the proxy to end with its own error event.
 //!
 //! Errors keep the HTTP status and the upstream message. The type maps by code, then type, then
-//! status:
+//! status, through what it means (`api::ErrorClass`, each side's row in its dialect's table):
 //!
 //! | Anthropic `error.type` | OpenAI `error.type` / `code` |
 //! |---|---|
 //! | invalid_request_error | invalid_request_error / null |
-//! | authentication_error | invalid_request_error / invalid_api_key |
-//! | permission_error | invalid_request_error / permission_denied (also from unsupported_country_region_territory) |
+//! | authentication_error | authentication_error / invalid_api_key |
+//! | permission_error | permission_error / permission_denied (also from unsupported_country_region_territory and type request_forbidden) |
 //! | billing_error | insufficient_quota / insufficient_quota |
 //! | not_found_error | invalid_request_error / not_found (also from model_not_found) |
 //! | conflict_error | invalid_request_error / conflict |
 //! | request_too_large | invalid_request_error / request_too_large |
-//! | rate_limit_error | requests / rate_limit_exceeded (also from type tokens) |
+//! | rate_limit_error | rate_limit_error / rate_limit_exceeded (also from types requests and tokens) |
 //! | api_error | server_error / null |
 //! | overloaded_error | server_error / overloaded |
 //! | timeout_error | server_error / timeout |
@@ -115,6 +117,8 @@ mod tests;
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::api::ApiKind;
+
 pub use stream::StreamTranslator;
 
 /// Which way a call is translated: the caller's API → the upstream's API.
@@ -124,6 +128,64 @@ pub enum Dir {
     AnthropicToOpenAi,
     /// An OpenAI Chat Completions caller served by an Anthropic step.
     OpenAiToAnthropic,
+}
+
+impl Dir {
+    /// The direction from a caller of one API to an upstream of another; None when legate
+    /// has no translation between them (or they are the same API).
+    pub fn between(caller: ApiKind, upstream: ApiKind) -> Option<Dir> {
+        match (caller, upstream) {
+            (ApiKind::Anthropic, ApiKind::OpenAi) => Some(Dir::AnthropicToOpenAi),
+            (ApiKind::OpenAi, ApiKind::Anthropic) => Some(Dir::OpenAiToAnthropic),
+            _ => None,
+        }
+    }
+
+    /// The API of the upstream this direction calls.
+    pub fn upstream(self) -> ApiKind {
+        match self {
+            Dir::AnthropicToOpenAi => ApiKind::OpenAi,
+            Dir::OpenAiToAnthropic => ApiKind::Anthropic,
+        }
+    }
+}
+
+/// Which kind of step a translated Responses call goes to (`crate::responses`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// An OpenAI-compatible server without the Responses API.
+    Chat,
+    Anthropic,
+}
+
+/// How a chain step is reached from the caller's API, given the API the step speaks: the
+/// registry of translations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Xlate {
+    /// The step speaks the caller's API: bytes pass through.
+    None,
+    /// Anthropic Messages ↔ Chat Completions (SPEC §10, this module).
+    Classic(Dir),
+    /// A Responses caller served by a step without the Responses API (SPEC §11,
+    /// `crate::responses`).
+    Responses(Target),
+}
+
+impl Xlate {
+    /// The translation from a caller of `caller` to a step speaking `upstream`.
+    pub fn between(caller: ApiKind, upstream: ApiKind) -> Xlate {
+        match (caller, upstream) {
+            (ApiKind::Responses, ApiKind::OpenAi) => Xlate::Responses(Target::Chat),
+            (ApiKind::Responses, ApiKind::Anthropic) => Xlate::Responses(Target::Anthropic),
+            (caller, upstream) => {
+                Dir::between(caller, upstream).map_or(Xlate::None, Xlate::Classic)
+            }
+        }
+    }
+
+    pub fn translating(self) -> bool {
+        self != Xlate::None
+    }
 }
 
 /// Why a request cannot be sent to a step of the other kind (a forced server tool, …), or why

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 /// `POST /v1/chat/completions` request body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Request {
+pub(super) struct Request {
     pub model: String,
     pub messages: Vec<Message>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,7 +41,7 @@ pub struct Request {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StreamOptions {
+pub(super) struct StreamOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_usage: Option<bool>,
 }
@@ -49,7 +49,7 @@ pub struct StreamOptions {
 /// One message, tagged by `role`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
-pub enum Message {
+pub(super) enum Message {
     System {
         content: Content,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,14 +87,14 @@ pub enum Message {
 /// Message content: a string or a list of parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Content {
+pub(super) enum Content {
     Text(String),
     Parts(Vec<Part>),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Part {
+pub(super) enum Part {
     Text {
         text: String,
     },
@@ -113,14 +113,14 @@ pub enum Part {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ImageUrl {
+pub(super) struct ImageUrl {
     pub url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileRef {
+pub(super) struct FileRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_data: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,7 +132,7 @@ pub struct FileRef {
 /// An assistant's call of a function tool (`type` is `"function"`; `custom` calls have no
 /// `function`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolCall {
+pub(super) struct ToolCall {
     pub id: String,
     #[serde(rename = "type", default = "function_kind")]
     pub kind: String,
@@ -140,12 +140,12 @@ pub struct ToolCall {
     pub function: Option<FunctionCall>,
 }
 
-pub fn function_kind() -> String {
+pub(super) fn function_kind() -> String {
     "function".to_owned()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FunctionCall {
+pub(super) struct FunctionCall {
     pub name: String,
     #[serde(default)]
     pub arguments: String,
@@ -153,7 +153,7 @@ pub struct FunctionCall {
 
 /// A tool definition; only `function` tools have `function`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Tool {
+pub(super) struct Tool {
     #[serde(rename = "type", default = "function_kind")]
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -161,7 +161,7 @@ pub struct Tool {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FunctionDef {
+pub(super) struct FunctionDef {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -174,13 +174,13 @@ pub struct FunctionDef {
 /// `"auto" | "required" | "none"` or an object naming a tool (or a set of allowed tools).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum ToolChoice {
+pub(super) enum ToolChoice {
     Mode(String),
     Named(NamedChoice),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NamedChoice {
+pub(super) struct NamedChoice {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,13 +190,13 @@ pub struct NamedChoice {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Name {
+pub(super) struct Name {
     pub name: String,
 }
 
 /// `{"type":"allowed_tools","allowed_tools":{"mode":…,"tools":[{"type":"function",…}]}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AllowedTools {
+pub(super) struct AllowedTools {
     pub mode: String,
     #[serde(default)]
     pub tools: Vec<NamedChoice>,
@@ -204,14 +204,14 @@ pub struct AllowedTools {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Stop {
+pub(super) enum Stop {
     One(String),
     Many(Vec<String>),
 }
 
 /// A whole non-streaming response (`object: "chat.completion"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Completion {
+pub(super) struct Completion {
     #[serde(default)]
     pub id: String,
     #[serde(default = "completion_object")]
@@ -231,7 +231,7 @@ fn completion_object() -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Choice {
+pub(super) struct Choice {
     #[serde(default)]
     pub index: u64,
     pub message: ResponseMessage,
@@ -243,7 +243,7 @@ pub struct Choice {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ResponseMessage {
+pub(super) struct ResponseMessage {
     #[serde(default = "assistant")]
     pub role: String,
     #[serde(default)]
@@ -260,7 +260,7 @@ fn assistant() -> String {
 
 /// Token usage: `prompt_tokens` includes cached tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
+pub(super) struct Usage {
     #[serde(default)]
     pub prompt_tokens: u64,
     #[serde(default)]
@@ -274,7 +274,7 @@ pub struct Usage {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PromptTokensDetails {
+pub(super) struct PromptTokensDetails {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -282,14 +282,14 @@ pub struct PromptTokensDetails {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CompletionTokensDetails {
+pub(super) struct CompletionTokensDetails {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<u64>,
 }
 
 /// One streamed `chat.completion.chunk`, or an error object sent in its place.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Chunk {
+pub(super) struct Chunk {
     #[serde(default)]
     pub id: String,
     #[serde(default = "chunk_object")]
@@ -311,7 +311,7 @@ fn chunk_object() -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChunkChoice {
+pub(super) struct ChunkChoice {
     #[serde(default)]
     pub index: u64,
     #[serde(default)]
@@ -323,7 +323,7 @@ pub struct ChunkChoice {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChunkDelta {
+pub(super) struct ChunkDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -335,7 +335,7 @@ pub struct ChunkDelta {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolCallDelta {
+pub(super) struct ToolCallDelta {
     #[serde(default)]
     pub index: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -347,7 +347,7 @@ pub struct ToolCallDelta {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FunctionDelta {
+pub(super) struct FunctionDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -356,12 +356,12 @@ pub struct FunctionDelta {
 
 /// Error body: `{"error":{...}}` (some compatible servers send the object at the top level).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorBody {
+pub(super) struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorDetail {
+pub(super) struct ErrorDetail {
     #[serde(default)]
     pub message: String,
     #[serde(rename = "type", default)]

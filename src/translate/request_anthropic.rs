@@ -9,7 +9,7 @@ use super::structured;
 use super::{Untranslatable, anthropic as an, openai as oa};
 
 /// Anthropic requires `max_tokens`; used when the caller set no limit.
-pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+pub(super) const DEFAULT_MAX_TOKENS: u64 = 4096;
 
 /// Top-level OpenAI fields with no Anthropic counterpart, each its own drop label.
 const DROPPED_FIELDS: &[&str] = &[
@@ -35,7 +35,7 @@ const DROPPED_FIELDS: &[&str] = &[
     "function_call",
 ];
 
-pub fn translate(
+pub(super) fn translate(
     body: &[u8],
     target_model: &str,
 ) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {

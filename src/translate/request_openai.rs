@@ -21,7 +21,7 @@ const DROPPED_FIELDS: &[&str] = &[
     "output_config",
 ];
 
-pub fn translate(
+pub(super) fn translate(
     body: &[u8],
     target_model: &str,
 ) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {

@@ -10,7 +10,7 @@ use super::mapping::{
 use super::{Untranslatable, anthropic as an, openai as oa};
 
 /// Upstream Anthropic message → the OpenAI caller's `chat.completion`.
-pub fn to_openai(upstream_body: &[u8], created: u64) -> Result<Vec<u8>, Untranslatable> {
+pub(super) fn to_openai(upstream_body: &[u8], created: u64) -> Result<Vec<u8>, Untranslatable> {
     // The parser's error text may quote the body: the message names the problem only.
     let message: an::MessageResponse = serde_json::from_slice(upstream_body)
         .map_err(|_| Untranslatable("the upstream body is not an Anthropic message".to_owned()))?;
@@ -18,7 +18,7 @@ pub fn to_openai(upstream_body: &[u8], created: u64) -> Result<Vec<u8>, Untransl
 }
 
 /// Upstream `chat.completion` → the Anthropic caller's message.
-pub fn to_anthropic(upstream_body: &[u8]) -> Result<Vec<u8>, Untranslatable> {
+pub(super) fn to_anthropic(upstream_body: &[u8]) -> Result<Vec<u8>, Untranslatable> {
     let completion: oa::Completion = serde_json::from_slice(upstream_body)
         .map_err(|_| Untranslatable("the upstream body is not a chat completion".to_owned()))?;
     serialise(&anthropic_message(completion)?)
@@ -31,7 +31,7 @@ fn serialise<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, Untranslatable> 
 
 /// Text blocks join into `content` (thinking and server-tool blocks are dropped), tool_use
 /// blocks become `tool_calls`.
-pub fn openai_completion(message: an::MessageResponse, created: u64) -> oa::Completion {
+pub(super) fn openai_completion(message: an::MessageResponse, created: u64) -> oa::Completion {
     let mut text: Option<String> = None;
     let mut calls = Vec::new();
     for block in message.content {
@@ -82,7 +82,7 @@ pub fn openai_completion(message: an::MessageResponse, created: u64) -> oa::Comp
 
 /// The first choice becomes the message: its text (and refusal) as a text block, then one
 /// tool_use block per call.
-pub fn anthropic_message(
+pub(super) fn anthropic_message(
     completion: oa::Completion,
 ) -> Result<an::MessageResponse, Untranslatable> {
     let mut choices = completion.choices;

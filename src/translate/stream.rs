@@ -87,7 +87,7 @@ impl StreamTranslator {
 }
 
 /// Writes `event: <name>` + `data: <json>`: the Anthropic SDKs dispatch on the event name.
-pub fn write_anthropic(out: &mut Vec<u8>, event: &an::StreamEvent) {
+pub(super) fn write_anthropic(out: &mut Vec<u8>, event: &an::StreamEvent) {
     if let Ok(json) = serde_json::to_string(event) {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(event.name().as_bytes());
@@ -98,22 +98,22 @@ pub fn write_anthropic(out: &mut Vec<u8>, event: &an::StreamEvent) {
 }
 
 /// Writes one `data:`-only event, as OpenAI streams are framed.
-pub fn write_openai<T: Serialize>(out: &mut Vec<u8>, value: &T) {
+pub(super) fn write_openai<T: Serialize>(out: &mut Vec<u8>, value: &T) {
     if let Ok(json) = serde_json::to_string(value) {
         write_data(out, &json);
     }
 }
 
-pub fn write_data(out: &mut Vec<u8>, data: &str) {
+pub(super) fn write_data(out: &mut Vec<u8>, data: &str) {
     out.extend_from_slice(b"data: ");
     out.extend_from_slice(data.as_bytes());
     out.extend_from_slice(b"\n\n");
 }
 
 /// The OpenAI stream terminator.
-pub const DONE: &str = "[DONE]";
+pub(super) const DONE: &str = "[DONE]";
 
 /// Whether an upstream event is OpenAI's terminator (the Python SDK matches the prefix).
-pub fn is_done(event: &SseEvent) -> bool {
+pub(super) fn is_done(event: &SseEvent) -> bool {
     event.data.starts_with(DONE)
 }

@@ -26,7 +26,7 @@ use super::{anthropic as an, openai as oa};
 use crate::sse::SseEvent;
 
 #[derive(Debug, Default)]
-pub struct ToAnthropic {
+pub(super) struct ToAnthropic {
     started: bool,
     /// The upstream ended (terminal or error): later events are ignored.
     done: bool,
@@ -75,11 +75,11 @@ enum CallState {
 }
 
 impl ToAnthropic {
-    pub fn is_complete(&self) -> bool {
+    pub(super) fn is_complete(&self) -> bool {
         self.complete
     }
 
-    pub fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
+    pub(super) fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
         let is_error = event.event.as_deref() == Some("error");
         if self.done || (event.data.trim().is_empty() && !is_error) {
             return;

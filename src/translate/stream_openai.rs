@@ -16,7 +16,7 @@ use super::{anthropic as an, openai as oa};
 use crate::sse::SseEvent;
 
 #[derive(Debug)]
-pub struct ToOpenAi {
+pub(super) struct ToOpenAi {
     include_usage: bool,
     created: u64,
     id: String,
@@ -37,7 +37,7 @@ pub struct ToOpenAi {
 const CHECK_LIMIT: usize = 16 << 20;
 
 impl ToOpenAi {
-    pub fn new(include_usage: bool, created: u64) -> Self {
+    pub(super) fn new(include_usage: bool, created: u64) -> Self {
         Self {
             include_usage,
             created,
@@ -53,11 +53,11 @@ impl ToOpenAi {
         }
     }
 
-    pub fn is_complete(&self) -> bool {
+    pub(super) fn is_complete(&self) -> bool {
         self.complete
     }
 
-    pub fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
+    pub(super) fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
         if self.done || event.data.trim().is_empty() {
             return;
         }

@@ -17,7 +17,9 @@ const SCHEMA_NAME: &str = "output";
 /// Takes Anthropic's `output_format` / `output_config.format` out of `extra` and returns the
 /// OpenAI `response_format` that carries it. Other `output_config` keys stay behind for the
 /// drop rules.
-pub fn to_response_format(extra: &mut Map<String, Value>) -> Result<Option<Value>, Untranslatable> {
+pub(super) fn to_response_format(
+    extra: &mut Map<String, Value>,
+) -> Result<Option<Value>, Untranslatable> {
     let mut format = extra.remove("output_format").filter(|v| !v.is_null());
     if let Some(Value::Object(config)) = extra.get_mut("output_config") {
         if let Some(f) = config.remove("format").filter(|v| !v.is_null()) {
@@ -49,7 +51,9 @@ pub fn to_response_format(extra: &mut Map<String, Value>) -> Result<Option<Value
 
 /// Takes OpenAI's `response_format` out of `extra` and returns the Anthropic `output_config`
 /// that carries it (`None` for plain text, the default).
-pub fn to_output_config(extra: &mut Map<String, Value>) -> Result<Option<Value>, Untranslatable> {
+pub(super) fn to_output_config(
+    extra: &mut Map<String, Value>,
+) -> Result<Option<Value>, Untranslatable> {
     let Some(format) = extra.remove("response_format").filter(|v| !v.is_null()) else {
         return Ok(None);
     };

@@ -151,7 +151,7 @@ impl ConnCount {
 
 /// The upstream connector, with every connection counted.
 #[derive(Clone)]
-pub struct Counting(Inner);
+pub(super) struct Counting(Inner);
 
 impl tower_service::Service<Uri> for Counting {
     type Response = CountedIo;
@@ -176,9 +176,9 @@ impl tower_service::Service<Uri> for Counting {
 
 /// The plaintext side of a connection (after TLS), its transfers counted. hyper's I/O traits
 /// are bridged to tokio's and back, whose read buffer tells how much each read filled.
-pub struct CountedIo(TokioIo<Counted>);
+pub(super) struct CountedIo(TokioIo<Counted>);
 
-pub struct Counted {
+pub(super) struct Counted {
     inner: TokioIo<Stream>,
     count: Arc<ConnCount>,
 }

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use legate::mock::{MockServer, Script};
 use legate::server::RunningServer;
 
-pub const ANTHROPIC_KEY: &str = "sk-ant-CANARY-provider-4f9a1c";
-pub const OPENAI_KEY: &str = "sk-CANARY-openai-77b2e0";
+pub(crate) const ANTHROPIC_KEY: &str = "sk-ant-CANARY-provider-4f9a1c";
+pub(crate) const OPENAI_KEY: &str = "sk-CANARY-openai-77b2e0";
 
-pub struct Env {
+pub(crate) struct Env {
     pub mock: MockServer,
     pub legate: RunningServer,
     pub registry: prometheus::Registry,
@@ -17,12 +17,17 @@ pub struct Env {
 
 /// A config with both providers pointing at the mock. `extra` is appended (models, clients,
 /// prices...). `{MOCK}` in `extra` is replaced by the mock's base URL.
-pub fn config_toml(mock_url: &str, extra: &str) -> String {
+pub(crate) fn config_toml(mock_url: &str, extra: &str) -> String {
     config_toml_with(mock_url, "", "", extra)
 }
 
 /// Like `config_toml`, with extra `[server]` keys and extra keys for both providers.
-pub fn config_toml_with(mock_url: &str, server: &str, provider: &str, extra: &str) -> String {
+pub(crate) fn config_toml_with(
+    mock_url: &str,
+    server: &str,
+    provider: &str,
+    extra: &str,
+) -> String {
     format!(
         r#"
 [server]
@@ -57,27 +62,27 @@ openai = "openai"
     )
 }
 
-pub fn test_env_vars() -> HashMap<String, String> {
+pub(crate) fn test_env_vars() -> HashMap<String, String> {
     HashMap::from([
         ("ANTHROPIC_API_KEY".to_string(), ANTHROPIC_KEY.to_string()),
         ("OPENAI_API_KEY".to_string(), OPENAI_KEY.to_string()),
     ])
 }
 
-pub async fn start_with(script: Script, extra: &str) -> Env {
+pub(crate) async fn start_with(script: Script, extra: &str) -> Env {
     let mock = MockServer::start(([127, 0, 0, 1], 0).into(), script, None)
         .await
         .expect("mock starts");
     start_against(mock, extra).await
 }
 
-pub async fn start_against(mock: MockServer, extra: &str) -> Env {
+pub(crate) async fn start_against(mock: MockServer, extra: &str) -> Env {
     let toml = config_toml(&mock.base_url(), extra);
     start_toml(mock, &toml).await
 }
 
 /// Starts legate on a full config text against an already running mock.
-pub async fn start_toml(mock: MockServer, toml: &str) -> Env {
+pub(crate) async fn start_toml(mock: MockServer, toml: &str) -> Env {
     let cfg = legate::config::load_str(toml, &test_env_vars()).expect("test config is valid");
     let registry = prometheus::Registry::new();
     let legate = legate::server::start(cfg, registry.clone())
@@ -94,32 +99,32 @@ pub async fn start_toml(mock: MockServer, toml: &str) -> Env {
     }
 }
 
-pub async fn start_mock(script: Script) -> MockServer {
+pub(crate) async fn start_mock(script: Script) -> MockServer {
     MockServer::start(([127, 0, 0, 1], 0).into(), script, None)
         .await
         .expect("mock starts")
 }
 
-pub async fn start(extra: &str) -> Env {
+pub(crate) async fn start(extra: &str) -> Env {
     start_with(Script::default(), extra).await
 }
 
 impl Env {
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.legate.data_addr, path)
     }
 
-    pub fn admin_url(&self, path: &str) -> String {
+    pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.legate.admin_addr, path)
     }
 
-    pub fn script(&self, json: &str) {
+    pub(crate) fn script(&self, json: &str) {
         self.mock
             .set_script(Script::from_json(json).expect("test script is valid"));
     }
 
     /// POST /v1/messages with Anthropic-SDK-like headers.
-    pub async fn messages(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    pub(crate) async fn messages(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.http
             .post(self.url("/v1/messages"))
             .header("x-api-key", "dummy-client-key")
@@ -131,7 +136,7 @@ impl Env {
             .expect("request reaches legate")
     }
 
-    pub async fn chat(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    pub(crate) async fn chat(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.http
             .post(self.url("/v1/chat/completions"))
             .header("authorization", "Bearer dummy-client-key")
@@ -142,18 +147,18 @@ impl Env {
             .expect("request reaches legate")
     }
 
-    pub async fn metrics_text(&self) -> String {
+    pub(crate) async fn metrics_text(&self) -> String {
         legate::telemetry::render(&self.registry)
     }
 
     /// Value of one sample of `name` whose labels include all of `labels`.
-    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let text = self.metrics_text().await;
         metric_value(&text, name, labels)
     }
 }
 
-pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let lines = text.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse");
     let mut total = None;
@@ -177,13 +182,13 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
     total
 }
 
-pub fn sha256_hex(b: &[u8]) -> String {
+pub(crate) fn sha256_hex(b: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(b))
 }
 
 /// All values of a header (lowercase name) in a recorded upstream request.
-pub fn header_values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+pub(crate) fn header_values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
     headers
         .iter()
         .filter(|(n, _)| n == name)
@@ -192,7 +197,7 @@ pub fn header_values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a
 }
 
 /// Starts legate on a config file that reload re-reads (the test env vars apply).
-pub async fn start_file(mock: MockServer, path: &std::path::Path) -> Env {
+pub(crate) async fn start_file(mock: MockServer, path: &std::path::Path) -> Env {
     let env = test_env_vars();
     let p = path.to_path_buf();
     let source: legate::server::ConfigSource = std::sync::Arc::new(move || {
@@ -216,7 +221,7 @@ pub async fn start_file(mock: MockServer, path: &std::path::Path) -> Env {
 
 impl Env {
     /// GET an admin-plane JSON document (`/admin/state`, `/admin/usage`).
-    pub async fn admin_json(&self, path: &str) -> serde_json::Value {
+    pub(crate) async fn admin_json(&self, path: &str) -> serde_json::Value {
         self.http
             .get(self.admin_url(path))
             .send()

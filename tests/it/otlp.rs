@@ -17,20 +17,20 @@ use prost::Message;
 use tokio::net::TcpListener;
 
 #[derive(Default)]
-pub struct Received {
+pub(crate) struct Received {
     pub spans: Vec<Span>,
     pub metric_names: Vec<String>,
     pub content_types: Vec<String>,
 }
 
-pub struct Collector {
+pub(crate) struct Collector {
     pub url: String,
     pub got: Arc<Mutex<Received>>,
     changed: Arc<tokio::sync::Notify>,
 }
 
 impl Collector {
-    pub async fn start() -> Collector {
+    pub(crate) async fn start() -> Collector {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let got = Arc::new(Mutex::new(Received::default()));
@@ -90,7 +90,7 @@ impl Collector {
     }
 
     /// Waits (at most 10 s) until `done` holds for what was received.
-    pub async fn wait_for(&self, done: impl Fn(&Received) -> bool) {
+    pub(crate) async fn wait_for(&self, done: impl Fn(&Received) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let notified = self.changed.notified();
@@ -105,13 +105,13 @@ impl Collector {
 }
 
 /// A collector that accepts connections (they wait in the backlog) and never answers.
-pub async fn dead() -> (TcpListener, String) {
+pub(crate) async fn dead() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     (listener, url)
 }
 
-pub fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
+pub(crate) fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
     find(&span.attributes, key)
 }
 
@@ -123,14 +123,14 @@ fn find<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
         .and_then(|v: &AnyValue| v.value.as_ref())
 }
 
-pub fn str_attr<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+pub(crate) fn str_attr<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
     match attr(span, key) {
         Some(any_value::Value::StringValue(s)) => Some(s.as_str()),
         _ => None,
     }
 }
 
-pub fn int_attr(span: &Span, key: &str) -> Option<i64> {
+pub(crate) fn int_attr(span: &Span, key: &str) -> Option<i64> {
     match attr(span, key) {
         Some(any_value::Value::IntValue(n)) => Some(*n),
         _ => None,

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// One request as it arrived.
-pub struct RawRequest {
+pub(crate) struct RawRequest {
     /// Which connection (0-based, in accept order) and which request on it (0-based).
     pub conn: usize,
     pub on_conn: usize,
@@ -20,7 +20,7 @@ pub struct RawRequest {
     pub body: Vec<u8>,
 }
 
-pub enum Action {
+pub(crate) enum Action {
     /// Write these bytes and keep serving the connection.
     Reply(Vec<u8>),
     /// Write these bytes and close the connection (the end of a body without a length).
@@ -33,13 +33,13 @@ pub enum Action {
     Reset,
 }
 
-pub struct RawUpstream {
+pub(crate) struct RawUpstream {
     pub url: String,
     pub requests: Arc<AtomicUsize>,
     pub connections: Arc<AtomicUsize>,
 }
 
-pub async fn start<F, Fut>(handler: F) -> RawUpstream
+pub(crate) async fn start<F, Fut>(handler: F) -> RawUpstream
 where
     F: Fn(RawRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Action> + Send + 'static,
@@ -141,12 +141,12 @@ async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String
 }
 
 /// An event-stream response head (no length: the body runs until the connection ends).
-pub fn sse_head() -> Vec<u8> {
+pub(crate) fn sse_head() -> Vec<u8> {
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".to_vec()
 }
 
 /// A JSON response with a length, keeping the connection alive.
-pub fn json_reply(body: &str) -> Vec<u8> {
+pub(crate) fn json_reply(body: &str) -> Vec<u8> {
     format!(
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -155,7 +155,7 @@ pub fn json_reply(body: &str) -> Vec<u8> {
 }
 
 /// A whole Anthropic stream saying `text`, with usage.
-pub fn anthropic_stream(text: &str) -> String {
+pub(crate) fn anthropic_stream(text: &str) -> String {
     let start = r#"{"type":"message_start","message":{"id":"msg_r","type":"message","role":"assistant","model":"claude-r","content":[],"stop_reason":null,"usage":{"input_tokens":7,"output_tokens":1}}}"#;
     let delta = serde_json::json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":text}});
     format!(

@@ -124,14 +124,14 @@ async fn an_invalid_request_error_event_before_content_is_final_and_never_falls_
 async fn a_served_stream_without_usage_keeps_its_token_reservation() {
     let env = harness::start_with(
         legate::mock::Script::from_json(
-            r#"{"default":{"usage":{"input_tokens":50,"output_tokens":900}}}"#,
+            r#"{"default":{"usage":{"input_tokens":50,"output_tokens":900},"cut_after":3}}"#,
         )
         .unwrap(),
         "[tenants.default]\ntokens_per_minute = 1000\n",
     )
     .await;
-    // An OpenAI stream without stream_options.include_usage reports no usage at all: the
-    // reservation (estimate + max_tokens) must stand, not be refunded.
+    // An OpenAI stream cut after its content, before the usage chunk, reports no usage at
+    // all: the reservation (estimate + max_tokens) must stand, not be refunded.
     let body = r#"{"model":"gpt-r","max_tokens":500,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let first = env.chat(body).await;
     assert_eq!(first.status(), 200);

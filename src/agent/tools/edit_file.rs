@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::{ToolError, ToolKind, ToolSpec, io_err, looks_binary};
 use crate::agent::workspace::Workspace;
 
-pub const SPEC: ToolSpec = ToolSpec {
+pub(crate) const SPEC: ToolSpec = ToolSpec {
     name: "edit_file",
     kind: ToolKind::Write,
     description: "Replace an exact string in a text file. `old_string` must occur exactly once \
@@ -34,7 +34,7 @@ fn schema() -> Value {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Input {
+pub(crate) struct Input {
     pub path: String,
     pub old_string: String,
     pub new_string: String,
@@ -51,7 +51,7 @@ impl Input {
     }
 }
 
-pub async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
+pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let path = ws.resolve(&input.path)?;
     let meta = tokio::fs::metadata(&path)
         .await

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::{ToolError, ToolKind, ToolSpec, io_err};
 use crate::agent::workspace::Workspace;
 
-pub const SPEC: ToolSpec = ToolSpec {
+pub(crate) const SPEC: ToolSpec = ToolSpec {
     name: "list_dir",
     kind: ToolKind::ReadOnly,
     description: "List a directory of the workspace (default: its root). Directories end with \
@@ -29,18 +29,18 @@ fn schema() -> Value {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Input {
+pub(crate) struct Input {
     #[serde(default)]
     pub path: Option<String>,
 }
 
 impl Input {
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.path.as_deref().unwrap_or(".")
     }
 }
 
-pub async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
+pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let shown = input.path();
     let dir = ws.resolve(shown)?;
     let meta = tokio::fs::metadata(&dir).await.map_err(io_err(shown))?;

@@ -4,13 +4,13 @@
 //! Every failure a tool meets is a [`ToolError`] that becomes an `is_error` tool_result the
 //! model can read; nothing a tool does ends the loop.
 
-pub mod edit_file;
-pub mod list_dir;
+pub(super) mod edit_file;
+pub(super) mod list_dir;
 mod output;
-pub mod read_file;
-pub mod run_command;
-pub mod search;
-pub mod write_file;
+pub(super) mod read_file;
+pub(super) mod run_command;
+pub(super) mod search;
+pub(super) mod write_file;
 
 use std::fmt;
 use std::io;
@@ -24,7 +24,7 @@ use super::workspace::{PathError, Workspace};
 /// What a tool can do, which decides how the approval hook treats it and whether an
 /// interrupted call may be rerun on resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolKind {
+pub(super) enum ToolKind {
     /// Reads only; safe to run again.
     ReadOnly,
     /// Changes files.
@@ -34,7 +34,7 @@ pub enum ToolKind {
 }
 
 /// One registered tool.
-pub struct ToolSpec {
+pub(super) struct ToolSpec {
     pub name: &'static str,
     pub kind: ToolKind,
     pub description: &'static str,
@@ -43,7 +43,7 @@ pub struct ToolSpec {
 }
 
 /// Every tool, in the order the model sees them.
-pub const REGISTRY: [&ToolSpec; 6] = [
+pub(super) const REGISTRY: [&ToolSpec; 6] = [
     &read_file::SPEC,
     &write_file::SPEC,
     &edit_file::SPEC,
@@ -53,12 +53,12 @@ pub const REGISTRY: [&ToolSpec; 6] = [
 ];
 
 /// The registered tool of that name.
-pub fn spec(name: &str) -> Option<&'static ToolSpec> {
+pub(super) fn spec(name: &str) -> Option<&'static ToolSpec> {
     REGISTRY.iter().copied().find(|s| s.name == name)
 }
 
 /// The `tools` array of a Messages request.
-pub fn schemas() -> Vec<Value> {
+pub(super) fn schemas() -> Vec<Value> {
     REGISTRY
         .iter()
         .map(|s| {
@@ -73,7 +73,7 @@ pub fn schemas() -> Vec<Value> {
 
 /// A model's tool call, parsed and typed.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Call {
+pub(super) enum Call {
     ReadFile(read_file::Input),
     WriteFile(write_file::Input),
     EditFile(edit_file::Input),
@@ -84,7 +84,7 @@ pub enum Call {
 
 /// Why a call could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallError {
+pub(super) enum CallError {
     UnknownTool { name: String },
     InvalidInput { tool: String, message: String },
 }
@@ -112,7 +112,7 @@ fn typed<T: DeserializeOwned>(tool: &str, input: &Value) -> Result<T, CallError>
 
 impl Call {
     /// Parses a call by tool name; unknown names and inputs that do not fit the schema fail.
-    pub fn parse(name: &str, input: &Value) -> Result<Call, CallError> {
+    pub(super) fn parse(name: &str, input: &Value) -> Result<Call, CallError> {
         let call = match name {
             "read_file" => Call::ReadFile(typed(name, input)?),
             "write_file" => Call::WriteFile(typed(name, input)?),
@@ -154,16 +154,16 @@ impl Call {
         }
     }
 
-    pub fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         self.spec().name
     }
 
-    pub fn kind(&self) -> ToolKind {
+    pub(super) fn kind(&self) -> ToolKind {
         self.spec().kind
     }
 
     /// Every path the call names, for the path guard.
-    pub fn paths(&self) -> Vec<&str> {
+    pub(super) fn paths(&self) -> Vec<&str> {
         match self {
             Call::ReadFile(i) => vec![&i.path],
             Call::WriteFile(i) => vec![&i.path],
@@ -175,7 +175,7 @@ impl Call {
     }
 
     /// Text the call would put on disk or hand to a shell, for the secret scan.
-    pub fn written_text(&self) -> Vec<&str> {
+    pub(super) fn written_text(&self) -> Vec<&str> {
         match self {
             Call::WriteFile(i) => vec![&i.content],
             Call::EditFile(i) => vec![&i.new_string],
@@ -185,7 +185,7 @@ impl Call {
     }
 
     /// A one-line description for a terminal prompt or a log line.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match self {
             Call::ReadFile(i) => format!("read_file {}", i.path),
             Call::WriteFile(i) => format!("write_file {} ({} bytes)", i.path, i.content.len()),
@@ -198,7 +198,7 @@ impl Call {
 
     /// Runs the call. The path guard has passed, but each tool resolves its paths again
     /// through the same function, so it acts on exactly what was checked.
-    pub async fn run(&self, ctx: &ToolContext) -> ToolOutput {
+    pub(super) async fn run(&self, ctx: &ToolContext) -> ToolOutput {
         let result = match self {
             Call::ReadFile(i) => read_file::run(i, &ctx.workspace).await,
             Call::WriteFile(i) => write_file::run(i, &ctx.workspace).await,
@@ -216,27 +216,27 @@ impl Call {
 
 /// What the tools share.
 #[derive(Debug, Clone)]
-pub struct ToolContext {
+pub(super) struct ToolContext {
     pub workspace: Workspace,
     pub cancel: Cancel,
 }
 
 /// A tool's result as the model will read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolOutput {
+pub(super) struct ToolOutput {
     pub content: String,
     pub is_error: bool,
 }
 
 impl ToolOutput {
-    pub fn ok(content: String) -> ToolOutput {
+    pub(super) fn ok(content: String) -> ToolOutput {
         ToolOutput {
             content,
             is_error: false,
         }
     }
 
-    pub fn error(content: String) -> ToolOutput {
+    pub(super) fn error(content: String) -> ToolOutput {
         ToolOutput {
             content,
             is_error: true,
@@ -246,7 +246,7 @@ impl ToolOutput {
 
 /// Everything that can go wrong inside a tool.
 #[derive(Debug)]
-pub enum ToolError {
+pub(super) enum ToolError {
     Path(PathError),
     Io { path: String, source: io::Error },
     IsDirectory { path: String },

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone)]
-pub struct HeadTail {
+pub(super) struct HeadTail {
     cap: usize,
     head: Vec<u8>,
     tail: VecDeque<u8>,
@@ -14,7 +14,7 @@ pub struct HeadTail {
 
 impl HeadTail {
     /// Keeps up to `cap` bytes of head and `cap` bytes of tail.
-    pub fn new(cap: usize) -> HeadTail {
+    pub(super) fn new(cap: usize) -> HeadTail {
         HeadTail {
             cap,
             head: Vec::new(),
@@ -23,7 +23,7 @@ impl HeadTail {
         }
     }
 
-    pub fn push(&mut self, mut bytes: &[u8]) {
+    pub(super) fn push(&mut self, mut bytes: &[u8]) {
         self.total += bytes.len() as u64;
         let room = self.cap - self.head.len();
         if room > 0 {
@@ -41,12 +41,12 @@ impl HeadTail {
         self.tail.extend(bytes);
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.total == 0
     }
 
     /// Head and tail as text (lossy UTF-8), with a marker where bytes were dropped.
-    pub fn render(&self) -> String {
+    pub(super) fn render(&self) -> String {
         let omitted = self.total - (self.head.len() + self.tail.len()) as u64;
         let tail: Vec<u8> = self.tail.iter().copied().collect();
         if omitted == 0 {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::{ToolError, ToolKind, ToolSpec, io_err, looks_binary};
 use crate::agent::workspace::Workspace;
 
-pub const SPEC: ToolSpec = ToolSpec {
+pub(crate) const SPEC: ToolSpec = ToolSpec {
     name: "read_file",
     kind: ToolKind::ReadOnly,
     description: "Read a text file in the workspace. Optionally a range of lines: `offset` is \
@@ -38,7 +38,7 @@ fn schema() -> Value {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Input {
+pub(crate) struct Input {
     pub path: String,
     #[serde(default)]
     pub offset: Option<usize>,
@@ -46,7 +46,7 @@ pub struct Input {
     pub limit: Option<usize>,
 }
 
-pub async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
+pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let path = ws.resolve(&input.path)?;
     let shown = input.path.clone();
     // Blocking reads run off the async workers: a FIFO or a slow disk must not stall them.

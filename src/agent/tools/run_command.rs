@@ -19,7 +19,7 @@ use super::{ToolError, ToolKind, ToolSpec};
 use crate::agent::cancel::Cancel;
 use crate::agent::workspace::Workspace;
 
-pub const SPEC: ToolSpec = ToolSpec {
+pub(crate) const SPEC: ToolSpec = ToolSpec {
     name: "run_command",
     kind: ToolKind::Run,
     description: "Run a shell command (`sh -c`) in the workspace root, stdin closed. Returns the \
@@ -51,7 +51,7 @@ fn schema() -> Value {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Input {
+pub(crate) struct Input {
     pub command: String,
     #[serde(default)]
     pub timeout_secs: Option<u64>,
@@ -84,7 +84,11 @@ enum Ended {
 
 type Capture = Arc<Mutex<HeadTail>>;
 
-pub async fn run(input: &Input, ws: &Workspace, cancel: &Cancel) -> Result<String, ToolError> {
+pub(crate) async fn run(
+    input: &Input,
+    ws: &Workspace,
+    cancel: &Cancel,
+) -> Result<String, ToolError> {
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c")
         .arg(&input.command)

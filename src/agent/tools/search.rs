@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::{ToolError, ToolKind, ToolSpec, io_err, looks_binary};
 use crate::agent::workspace::Workspace;
 
-pub const SPEC: ToolSpec = ToolSpec {
+pub(crate) const SPEC: ToolSpec = ToolSpec {
     name: "search",
     kind: ToolKind::ReadOnly,
     description: "Search text files under a workspace path (default: the whole workspace) for a \
@@ -45,7 +45,7 @@ fn schema() -> Value {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Input {
+pub(crate) struct Input {
     pub pattern: String,
     #[serde(default)]
     pub path: Option<String>,
@@ -54,7 +54,7 @@ pub struct Input {
 }
 
 impl Input {
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.path.as_deref().unwrap_or(".")
     }
 
@@ -68,7 +68,7 @@ impl Input {
     }
 }
 
-pub async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
+pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let start = ws.resolve(input.path())?;
     let regex = RegexBuilder::new(&input.pattern)
         .size_limit(REGEX_SIZE_LIMIT)

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use super::{ToolError, ToolKind, ToolSpec, io_err};
 use crate::agent::workspace::Workspace;
 
-pub const SPEC: ToolSpec = ToolSpec {
+pub(crate) const SPEC: ToolSpec = ToolSpec {
     name: "write_file",
     kind: ToolKind::Write,
     description: "Create or overwrite a file in the workspace with the given content. Missing \
@@ -28,12 +28,12 @@ fn schema() -> Value {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Input {
+pub(crate) struct Input {
     pub path: String,
     pub content: String,
 }
 
-pub async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
+pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let path = ws.resolve(&input.path)?;
     if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
         return Err(ToolError::IsDirectory {

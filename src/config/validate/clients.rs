@@ -2,52 +2,72 @@
 
 use std::collections::BTreeMap;
 
-use config::Value;
-
-use super::reader::{self, Cx, Table};
+use super::Cx;
 use crate::config::ClientEntry;
+use crate::config::file::ClientFile;
 
-pub(crate) fn parse(items: &[Value], path: &str, cx: &mut Cx) -> Vec<ClientEntry> {
+/// SHA-256 of the empty string: with it, an empty `x-api-key:` header would authenticate.
+const EMPTY_KEY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+pub(crate) fn build(items: &[ClientFile], cx: &mut Cx) -> Vec<ClientEntry> {
     let mut out = Vec::new();
     let mut first_seen: BTreeMap<[u8; 32], usize> = BTreeMap::new();
-    for (i, item) in items.iter().enumerate() {
-        let item_path = format!("{path}[{i}]");
-        let Some(mut t) = Table::of(item, &item_path, cx) else {
-            continue;
-        };
-        let tenant = t.req(cx, "tenant", reader::ident);
-        let key = t.req(cx, "key_sha256", sha256_hex);
+    for (i, c) in items.iter().enumerate() {
+        let at = format!("clients[{i}]");
+        let tenant = cx.required(c.tenant.as_ref(), &format!("{at}.tenant"));
+        let tenant = tenant.filter(|t| {
+            let ok = super::is_ident(t);
+            if !ok {
+                cx.err(
+                    &format!("{at}.tenant"),
+                    "not a lowercase identifier ([a-z0-9_-]+)",
+                );
+            }
+            ok
+        });
+        let key_at = format!("{at}.key_sha256");
+        let key = cx
+            .required(c.key_sha256.as_deref(), &key_at)
+            .and_then(|s| sha256_hex(s, &key_at, cx));
         if let Some(key) = key {
             // Two tenants behind one key would make the caller's tenant ambiguous.
             if let Some(j) = first_seen.get(&key) {
                 cx.err(
-                    &t.child("key_sha256"),
-                    format!("the same key is already given to {path}[{j}]"),
+                    &key_at,
+                    format!("the same key is already given to clients[{j}]"),
                 );
             } else {
                 first_seen.insert(key, i);
             }
         }
-        t.finish(cx);
         if let (Some(tenant), Some(key_sha256)) = (tenant, key) {
-            out.push(ClientEntry { tenant, key_sha256 });
+            out.push(ClientEntry {
+                tenant: tenant.clone(),
+                key_sha256,
+            });
         }
     }
     out
 }
 
-fn sha256_hex(v: &Value, path: &str, cx: &mut Cx) -> Option<[u8; 32]> {
-    let s = reader::string(v, path, cx)?;
+/// 64 hex digits. The message never quotes the value: a raw key pasted here instead of its
+/// digest is the likely mistake.
+fn sha256_hex(s: &str, path: &str, cx: &mut Cx) -> Option<[u8; 32]> {
     let mut digest = [0u8; 32];
-    match hex::decode_to_slice(s.trim(), &mut digest) {
-        Ok(()) => Some(digest),
-        Err(_) => {
-            cx.err(
-                path,
-                "expected 64 hex digits (the SHA-256 of the client key, e.g. from \
-                 `printf %s KEY | sha256sum`)",
-            );
-            None
-        }
+    if hex::decode_to_slice(s.trim(), &mut digest).is_err() {
+        cx.err(
+            path,
+            "expected 64 hex digits (the SHA-256 of the client key, e.g. from \
+             `printf %s KEY | sha256sum`)",
+        );
+        return None;
     }
+    if s.trim().eq_ignore_ascii_case(EMPTY_KEY_SHA256) {
+        cx.err(
+            path,
+            "this is the SHA-256 of the empty string: an empty key would authenticate",
+        );
+        return None;
+    }
+    Some(digest)
 }

@@ -4,68 +4,72 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use config::{Value, ValueKind};
-
-use super::reader::{self, Cx, Table};
+use super::Cx;
 use crate::config::cloud::{
     AZURE_API_VERSION, AwsSource, AzureConfig, AzureSource, BEDROCK_ANTHROPIC_VERSION,
     BedrockConfig, GoogleSource, Platform, VERTEX_ANTHROPIC_VERSION, VertexConfig,
 };
-use crate::config::{ApiKind, KeySource, Secret};
+use crate::config::file::{DeploymentFile, ProviderFile, ProviderKind};
+use crate::config::{KeySource, Secret};
 
-/// A provider `kind` as written: a wire API, or a platform serving one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Declared {
-    Direct(ApiKind),
-    Bedrock,
-    Vertex,
-    Azure,
-}
-
-impl Declared {
-    /// The wire API the caller's request is in when it reaches this provider.
-    pub fn api(self) -> ApiKind {
-        match self {
-            Declared::Direct(k) => k,
-            Declared::Bedrock | Declared::Vertex => ApiKind::Anthropic,
-            Declared::Azure => ApiKind::OpenAi,
-        }
-    }
-}
-
-pub(super) fn kind(v: &Value, path: &str, cx: &mut Cx) -> Option<Declared> {
-    match reader::string(v, path, cx)?.as_str() {
-        "anthropic" => Some(Declared::Direct(ApiKind::Anthropic)),
-        "openai" => Some(Declared::Direct(ApiKind::OpenAi)),
-        "bedrock" => Some(Declared::Bedrock),
-        "vertex" => Some(Declared::Vertex),
-        "azure-openai" => Some(Declared::Azure),
-        other => {
-            cx.err(
-                path,
-                format!(
-                    "unknown provider kind `{other}` (expected anthropic, openai, bedrock, \
-                     vertex or azure-openai)"
-                ),
-            );
-            None
-        }
-    }
-}
-
-/// Reads the platform keys of a provider of kind `declared` (none for a direct provider, so
-/// that they are reported as unknown there). `key` is the provider's api-key source.
+/// Builds the platform of a provider of kind `kind`. `key` is its api-key source.
 pub(super) fn platform(
-    declared: Option<Declared>,
-    t: &mut Table,
+    kind: ProviderKind,
+    p: &ProviderFile,
     key: &KeySource,
+    at: &str,
     cx: &mut Cx,
 ) -> Option<Platform> {
-    match declared? {
-        Declared::Direct(_) => Some(Platform::Direct),
-        Declared::Bedrock => bedrock(t, cx).map(Platform::Bedrock),
-        Declared::Vertex => vertex(t, cx).map(Platform::Vertex),
-        Declared::Azure => azure(t, key, cx).map(Platform::AzureOpenAi),
+    foreign_keys(kind, p, at, cx);
+    match kind {
+        ProviderKind::Anthropic | ProviderKind::Openai => Some(Platform::Direct),
+        ProviderKind::Bedrock => bedrock(p, at, cx).map(Platform::Bedrock),
+        ProviderKind::Vertex => vertex(p, at, cx).map(Platform::Vertex),
+        ProviderKind::AzureOpenai => Some(Platform::AzureOpenAi(azure(p, key, at, cx))),
+    }
+}
+
+/// A platform key on a provider of another kind is as unknown there as a typo.
+fn foreign_keys(kind: ProviderKind, p: &ProviderFile, at: &str, cx: &mut Cx) {
+    use ProviderKind::{AzureOpenai as Az, Bedrock as Br, Vertex as Vx};
+    let keys: [(&str, bool, &[ProviderKind]); 10] = [
+        ("region", p.region.is_some(), &[Br, Vx]),
+        ("project", p.project.is_some(), &[Vx]),
+        (
+            "anthropic_version",
+            p.anthropic_version.is_some(),
+            &[Br, Vx],
+        ),
+        ("api_version", p.api_version.is_some(), &[Az]),
+        ("deployments", p.deployments.is_some(), &[Az]),
+        ("credentials_file", p.credentials_file.is_some(), &[Vx]),
+        ("sts_endpoint", p.sts_endpoint.is_some(), &[Br]),
+        ("credentials_url", p.credentials_url.is_some(), &[Br]),
+        ("metadata_url", p.metadata_url.is_some(), &[Vx]),
+        ("token_url", p.token_url.is_some(), &[Vx, Az]),
+    ];
+    for (key, set, kinds) in keys {
+        if set && !kinds.contains(&kind) {
+            let names: Vec<&str> = kinds.iter().map(|k| kind_name(*k)).collect();
+            cx.err(
+                &format!("{at}.{key}"),
+                format!(
+                    "unknown key for a provider of kind {} (it belongs to kind {})",
+                    kind_name(kind),
+                    names.join(" or ")
+                ),
+            );
+        }
+    }
+}
+
+pub(crate) fn kind_name(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Anthropic => "anthropic",
+        ProviderKind::Openai => "openai",
+        ProviderKind::Bedrock => "bedrock",
+        ProviderKind::Vertex => "vertex",
+        ProviderKind::AzureOpenai => "azure-openai",
     }
 }
 
@@ -89,44 +93,54 @@ fn env(cx: &Cx, var: &str) -> Option<String> {
 }
 
 /// A region or project: what goes into a host name or a URL path segment.
-fn place(v: &Value, path: &str, cx: &mut Cx) -> Option<String> {
-    let s = reader::non_empty_string(v, path, cx)?;
-    if s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+fn place(s: &Option<String>, path: &str, cx: &mut Cx) -> Option<String> {
+    let s = s.as_ref()?;
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
-        Some(s)
+        Some(s.clone())
     } else {
-        cx.err(
-            path,
-            format!("`{s}` is not a valid name (letters, digits, - and _)"),
-        );
+        cx.err(path, "not a valid name (letters, digits, - and _)");
         None
     }
 }
 
-fn url(v: &Value, path: &str, cx: &mut Cx) -> Option<String> {
-    let s = reader::non_empty_string(v, path, cx)?;
-    super::providers::normalize_base_url(&s)
+fn url(s: &Option<String>, path: &str, cx: &mut Cx) -> Option<String> {
+    let s = s.as_ref()?;
+    super::providers::normalize_base_url(s)
         .map_err(|m| cx.err(path, m))
         .ok()
 }
 
-fn bedrock(t: &mut Table, cx: &mut Cx) -> Option<BedrockConfig> {
-    let region = t.opt(cx, "region", place);
-    let anthropic_version = t.opt(cx, "anthropic_version", reader::non_empty_string);
-    let sts_endpoint = t.opt(cx, "sts_endpoint", url);
-    let credentials_url = t.opt(cx, "credentials_url", url);
-    let region =
-        match region.or_else(|| env(cx, "AWS_REGION").or_else(|| env(cx, "AWS_DEFAULT_REGION"))) {
+fn non_empty(s: &Option<String>, path: &str, cx: &mut Cx) -> Option<String> {
+    match s {
+        Some(s) if s.trim().is_empty() => {
+            cx.err(path, "must not be empty");
+            None
+        }
+        other => other.clone(),
+    }
+}
+
+fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
+    let region = place(&p.region, &format!("{at}.region"), cx);
+    let anthropic_version = non_empty(&p.anthropic_version, &format!("{at}.anthropic_version"), cx);
+    let sts_endpoint = url(&p.sts_endpoint, &format!("{at}.sts_endpoint"), cx);
+    let credentials_url = url(&p.credentials_url, &format!("{at}.credentials_url"), cx);
+    let region = match p.region.is_some() {
+        true => region?,
+        false => match env(cx, "AWS_REGION").or_else(|| env(cx, "AWS_DEFAULT_REGION")) {
             Some(r) => r,
             None => {
                 cx.err(
-                    &t.child("region"),
+                    &format!("{at}.region"),
                     "missing: set region (or AWS_REGION in the environment)",
                 );
                 return None;
             }
-        };
+        },
+    };
     let credentials = aws_chain(cx, &region, sts_endpoint, credentials_url);
     Some(BedrockConfig {
         region,
@@ -184,24 +198,27 @@ fn aws_chain(
     }
 }
 
-fn vertex(t: &mut Table, cx: &mut Cx) -> Option<VertexConfig> {
-    let project = t.req(cx, "project", place);
-    let region = t.req(cx, "region", place);
-    let anthropic_version = t.opt(cx, "anthropic_version", reader::non_empty_string);
-    let metadata_url = t.opt(cx, "metadata_url", url);
-    let token_url = t.opt(cx, "token_url", url);
-    let file = t.opt(cx, "credentials_file", reader::non_empty_string);
-    let credentials = match file.or_else(|| env(cx, "GOOGLE_APPLICATION_CREDENTIALS")) {
-        Some(path) => GoogleSource::File {
-            path: PathBuf::from(path),
-            token_url,
-        },
-        None => GoogleSource::Metadata {
-            url: metadata_url
-                .or_else(|| env(cx, "GCE_METADATA_HOST").map(|h| format!("http://{h}")))
-                .unwrap_or_else(|| "http://metadata.google.internal".to_owned()),
-        },
-    };
+fn vertex(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<VertexConfig> {
+    let project = cx.required(p.project.as_ref(), &format!("{at}.project"));
+    let region = cx.required(p.region.as_ref(), &format!("{at}.region"));
+    let project = project.and_then(|_| place(&p.project, &format!("{at}.project"), cx));
+    let region = region.and_then(|_| place(&p.region, &format!("{at}.region"), cx));
+    let anthropic_version = non_empty(&p.anthropic_version, &format!("{at}.anthropic_version"), cx);
+    let metadata_url = url(&p.metadata_url, &format!("{at}.metadata_url"), cx);
+    let token_url = url(&p.token_url, &format!("{at}.token_url"), cx);
+    let file = p
+        .credentials_file
+        .clone()
+        .filter(|f| !f.as_os_str().is_empty());
+    let credentials =
+        match file.or_else(|| env(cx, "GOOGLE_APPLICATION_CREDENTIALS").map(PathBuf::from)) {
+            Some(path) => GoogleSource::File { path, token_url },
+            None => GoogleSource::Metadata {
+                url: metadata_url
+                    .or_else(|| env(cx, "GCE_METADATA_HOST").map(|h| format!("http://{h}")))
+                    .unwrap_or_else(|| "http://metadata.google.internal".to_owned()),
+            },
+        };
     Some(VertexConfig {
         project: project?,
         region: region?,
@@ -210,16 +227,13 @@ fn vertex(t: &mut Table, cx: &mut Cx) -> Option<VertexConfig> {
     })
 }
 
-fn azure(t: &mut Table, key: &KeySource, cx: &mut Cx) -> Option<AzureConfig> {
-    let api_version = t.opt(cx, "api_version", reader::non_empty_string);
-    let token_url = t.opt(cx, "token_url", url);
-    let deployments = match t.get("deployments") {
-        Some((v, path)) => deployments(v, &path, cx),
-        None => BTreeMap::new(),
-    };
-    if t.get("base_url").is_none() {
+fn azure(p: &ProviderFile, key: &KeySource, at: &str, cx: &mut Cx) -> AzureConfig {
+    let api_version = non_empty(&p.api_version, &format!("{at}.api_version"), cx);
+    let token_url = url(&p.token_url, &format!("{at}.token_url"), cx);
+    let deployments = deployments(p.deployments.as_deref().unwrap_or(&[]), at, cx);
+    if p.base_url.is_none() {
         cx.err(
-            &t.child("base_url"),
+            &format!("{at}.base_url"),
             "missing: an azure-openai provider needs its resource endpoint \
              (https://NAME.openai.azure.com)",
         );
@@ -248,29 +262,22 @@ fn azure(t: &mut Table, key: &KeySource, cx: &mut Cx) -> Option<AzureConfig> {
         }
         _ => AzureSource::ApiKey,
     };
-    Some(AzureConfig {
+    AzureConfig {
         api_version: api_version.unwrap_or_else(|| AZURE_API_VERSION.to_owned()),
         deployments,
         credentials,
-    })
+    }
 }
 
-/// `deployments = [{ model = "gpt-4o", deployment = "gpt4o-prod" }, …]`: an array of tables,
-/// because model names contain dots that table keys would split.
-fn deployments(v: &Value, path: &str, cx: &mut Cx) -> BTreeMap<String, String> {
+/// Model name the caller sends → deployment name.
+fn deployments(items: &[DeploymentFile], at: &str, cx: &mut Cx) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    let ValueKind::Array(items) = &v.kind else {
-        cx.err(path, "expected an array of { model, deployment } tables");
-        return out;
-    };
-    for (i, item) in items.iter().enumerate() {
-        let p = format!("{path}[{i}]");
-        let Some(mut t) = Table::of(item, &p, cx) else {
-            continue;
-        };
-        let model = t.req(cx, "model", reader::non_empty_string);
-        let deployment = t.req(cx, "deployment", place);
-        t.finish(cx);
+    for (i, d) in items.iter().enumerate() {
+        let p = format!("{at}.deployments[{i}]");
+        let model = cx.required(d.model.clone(), &format!("{p}.model"));
+        let deployment = cx.required(d.deployment.as_ref(), &format!("{p}.deployment"));
+        let deployment =
+            deployment.and_then(|_| place(&d.deployment, &format!("{p}.deployment"), cx));
         if let (Some(m), Some(d)) = (model, deployment) {
             if out.insert(m.clone(), d).is_some() {
                 cx.err(&p, format!("model `{m}` is listed twice"));

@@ -1,42 +1,42 @@
 //! `[[limits]]`: the largest `max_tokens` a model accepts, extending the built-in table.
 
-use config::Value;
+use std::collections::BTreeMap;
 
-use super::reader::{self, Cx, Table};
+use super::Cx;
+use crate::config::file::LimitFile;
 use crate::limits::OutputLimit;
 use crate::names::MAX_MODEL_NAME_BYTES;
 
-pub(crate) fn parse(items: &[Value], path: &str, cx: &mut Cx) -> Vec<OutputLimit> {
+pub(crate) fn build(items: &[LimitFile], cx: &mut Cx) -> Vec<OutputLimit> {
     let mut out: Vec<OutputLimit> = Vec::new();
-    let mut first_seen: std::collections::BTreeMap<String, usize> = Default::default();
-    for (i, item) in items.iter().enumerate() {
-        let item_path = format!("{path}[{i}]");
-        let Some(mut t) = Table::of(item, &item_path, cx) else {
+    let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, l) in items.iter().enumerate() {
+        let at = format!("limits[{i}].model");
+        let model = cx.required(l.model.as_deref(), &at);
+        let max = cx.required(
+            l.max_output_tokens,
+            &format!("limits[{i}].max_output_tokens"),
+        );
+        let Some(model) = model else {
             continue;
         };
-        let model = t.req(cx, "model", reader::non_empty_string);
-        let max = t.req(cx, "max_output_tokens", reader::positive_uint);
-        if let Some(model) = &model {
-            if model.len() > MAX_MODEL_NAME_BYTES {
-                cx.err(
-                    &t.child("model"),
-                    format!("model names are at most {MAX_MODEL_NAME_BYTES} bytes"),
-                );
-            } else if let Some(j) = first_seen.get(model) {
-                cx.err(
-                    &t.child("model"),
-                    format!("`{model}` already has a limit at {path}[{j}]"),
-                );
-            } else {
-                first_seen.insert(model.clone(), i);
+        if model.trim().is_empty() {
+            cx.err(&at, "must not be empty");
+        } else if model.len() > MAX_MODEL_NAME_BYTES {
+            cx.err(
+                &at,
+                format!("model names are at most {MAX_MODEL_NAME_BYTES} bytes"),
+            );
+        } else if let Some(j) = first_seen.get(model) {
+            cx.err(&at, format!("`{model}` already has a limit at limits[{j}]"));
+        } else {
+            first_seen.insert(model, i);
+            if let Some(max) = max {
+                out.push(OutputLimit {
+                    model: model.to_owned(),
+                    max_output_tokens: max.get(),
+                });
             }
-        }
-        t.finish(cx);
-        if let (Some(model), Some(max_output_tokens)) = (model, max) {
-            out.push(OutputLimit {
-                model,
-                max_output_tokens,
-            });
         }
     }
     out

@@ -6,94 +6,44 @@
 
 use std::time::Duration;
 
-use super::reader::{self, Cx, Table};
-use crate::config::observe::{
-    Capture, JournalConfig, LogConfig, LogFormat, ObserveConfig, TelemetryConfig,
-};
+use super::Cx;
+use crate::config::file::TelemetryFile;
+use crate::config::observe::{JournalConfig, LogConfig, ObserveConfig, TelemetryConfig};
 
 /// Largest capture prefix: the journal holds `size` of them, twice.
 const MAX_CAPTURE_BYTES: usize = 1 << 20;
 
-pub(crate) fn parse(
-    log: Option<Table>,
-    telemetry: Option<Table>,
-    journal: Option<Table>,
+pub(crate) fn build(
+    log: LogConfig,
+    telemetry: &TelemetryFile,
+    journal: JournalConfig,
     cx: &mut Cx,
 ) -> ObserveConfig {
-    ObserveConfig {
-        log: log.map(|t| parse_log(t, cx)).unwrap_or_default(),
-        telemetry: parse_telemetry(telemetry.unwrap_or_else(|| Table::absent("telemetry")), cx),
-        journal: journal.map(|t| parse_journal(t, cx)).unwrap_or_default(),
-    }
-}
-
-fn parse_log(mut t: Table, cx: &mut Cx) -> LogConfig {
-    let d = LogConfig::default();
-    let format = match t.opt(cx, "format", reader::string).as_deref() {
-        None => d.format,
-        Some("json") => LogFormat::Json,
-        Some("text") => LogFormat::Text,
-        Some(other) => {
-            cx.err(
-                &t.child("format"),
-                format!("`{other}` is not a log format (json or text)"),
-            );
-            d.format
-        }
-    };
-    let level = match t.opt(cx, "level", reader::non_empty_string) {
-        Some(l) if tracing_subscriber::EnvFilter::try_new(&l).is_err() => {
-            cx.err(
-                &t.child("level"),
-                format!("`{l}` is not a log filter (e.g. info, warn, legate=debug)"),
-            );
-            d.level
-        }
-        Some(l) => l,
-        None => d.level,
-    };
-    t.finish(cx);
-    LogConfig { format, level }
-}
-
-fn parse_journal(mut t: Table, cx: &mut Cx) -> JournalConfig {
-    let d = JournalConfig::default();
-    let size = t
-        .opt(cx, "size", reader::uint)
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-        .unwrap_or(d.size);
-    if size > 1_000_000 {
-        cx.err(&t.child("size"), "at most 1000000 requests are kept");
-    }
-    let capture = match t.opt(cx, "capture", reader::string).as_deref() {
-        None | Some("off") => Capture::Off,
-        Some("redacted") => Capture::Redacted,
-        Some(other) => {
-            cx.err(
-                &t.child("capture"),
-                format!("`{other}` is not a capture mode (off or redacted)"),
-            );
-            Capture::Off
-        }
-    };
-    let capture_bytes = t
-        .opt(cx, "capture_bytes", reader::positive_usize)
-        .unwrap_or(d.capture_bytes);
-    if capture_bytes > MAX_CAPTURE_BYTES {
+    if log.level.trim().is_empty() {
+        cx.err("log.level", "must not be empty");
+    } else if tracing_subscriber::EnvFilter::try_new(&log.level).is_err() {
         cx.err(
-            &t.child("capture_bytes"),
+            "log.level",
+            "not a log filter (e.g. info, warn, legate=debug)",
+        );
+    }
+    if journal.size > 1_000_000 {
+        cx.err("journal.size", "at most 1000000 requests are kept");
+    }
+    if journal.capture_bytes > MAX_CAPTURE_BYTES {
+        cx.err(
+            "journal.capture_bytes",
             format!("at most {MAX_CAPTURE_BYTES} bytes per body are kept"),
         );
     }
-    t.finish(cx);
-    JournalConfig {
-        size,
-        capture,
-        capture_bytes,
+    ObserveConfig {
+        log,
+        telemetry: build_telemetry(telemetry, cx),
+        journal,
     }
 }
 
-fn parse_telemetry(mut t: Table, cx: &mut Cx) -> TelemetryConfig {
+fn build_telemetry(t: &TelemetryFile, cx: &mut Cx) -> TelemetryConfig {
     let d = TelemetryConfig::default();
     let env = |name: &str| cx.env.get(name).filter(|v| !v.trim().is_empty()).cloned();
     let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
@@ -106,12 +56,10 @@ fn parse_telemetry(mut t: Table, cx: &mut Cx) -> TelemetryConfig {
     let env_service = env("OTEL_SERVICE_NAME");
     let env_interval = env("OTEL_METRIC_EXPORT_INTERVAL");
 
-    let base = t.opt(cx, "otlp_endpoint", reader::non_empty_string);
-    let (traces_endpoint, metrics_endpoint) = match base {
+    let (traces_endpoint, metrics_endpoint) = match &t.otlp_endpoint {
         Some(b) => {
-            let path = t.child("otlp_endpoint");
-            check_url(&b, &path, cx);
-            (Some(join(&b, "v1/traces")), Some(join(&b, "v1/metrics")))
+            check_url(b, "telemetry.otlp_endpoint", cx);
+            (Some(join(b, "v1/traces")), Some(join(b, "v1/metrics")))
         }
         None => {
             let from_base = |signal: &str| env_base.as_ref().map(|b| join(b, signal));
@@ -136,30 +84,45 @@ fn parse_telemetry(mut t: Table, cx: &mut Cx) -> TelemetryConfig {
             );
         }
     }
-    let in_file = t.keys().contains(&"headers");
-    let headers = match t.table(cx, "headers") {
-        Some(h) if in_file => read_headers(h, cx),
-        _ => env_headers
+    let headers = match &t.headers {
+        Some(h) => {
+            let mut out = Vec::new();
+            for (name, value) in h {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+                    || http::HeaderValue::from_str(value.expose()).is_err()
+                {
+                    cx.err(
+                        &format!("telemetry.headers.{name}"),
+                        "not a valid HTTP header",
+                    );
+                    continue;
+                }
+                out.push((name.clone(), value.expose().to_owned()));
+            }
+            out
+        }
+        None => env_headers
             .as_deref()
             .map(parse_header_list)
             .unwrap_or_default(),
     };
-    let service_name = t
-        .opt(cx, "service_name", reader::non_empty_string)
-        .or(env_service)
-        .unwrap_or_else(|| d.service_name.clone());
+    let service_name = match &t.service_name {
+        Some(s) if s.trim().is_empty() => {
+            cx.err("telemetry.service_name", "must not be empty");
+            d.service_name.clone()
+        }
+        Some(s) => s.clone(),
+        None => env_service.unwrap_or_else(|| d.service_name.clone()),
+    };
     let export_timeout = t
-        .opt(cx, "export_timeout", reader::positive_duration)
+        .export_timeout
         .or_else(|| env_millis(env_timeout.as_deref(), "OTEL_EXPORTER_OTLP_TIMEOUT", cx))
         .unwrap_or(d.export_timeout);
     let metrics_interval = t
-        .opt(cx, "metrics_interval", reader::positive_duration)
+        .metrics_interval
         .or_else(|| env_millis(env_interval.as_deref(), "OTEL_METRIC_EXPORT_INTERVAL", cx))
         .unwrap_or(d.metrics_interval);
-    let queue_size = t
-        .opt(cx, "queue_size", reader::positive_usize)
-        .unwrap_or(d.queue_size);
-    t.finish(cx);
+    let queue_size = t.queue_size.map_or(d.queue_size, |n| n.get());
     if disabled {
         return TelemetryConfig {
             traces_endpoint: None,
@@ -194,23 +157,6 @@ fn check_url(url: &str, path: &str, cx: &mut Cx) {
     }
 }
 
-fn read_headers(mut h: Table, cx: &mut Cx) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for key in h.keys() {
-        if let Some(v) = h.opt(cx, key, reader::string) {
-            if http::HeaderName::from_bytes(key.as_bytes()).is_err()
-                || http::HeaderValue::from_str(&v).is_err()
-            {
-                cx.err(&h.child(key), "not a valid HTTP header");
-                continue;
-            }
-            out.push((key.to_string(), v));
-        }
-    }
-    h.finish(cx);
-    out
-}
-
 /// `k1=v1,k2=v2` (values may be percent-encoded per the OTel spec; `%20` and friends decoded).
 fn parse_header_list(s: &str) -> Vec<(String, String)> {
     s.split(',')
@@ -224,35 +170,21 @@ fn parse_header_list(s: &str) -> Vec<(String, String)> {
 }
 
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn env_millis(v: Option<&str>, var: &str, cx: &mut Cx) -> Option<Duration> {
     let v = v?;
     match v.trim().parse::<u64>() {
-        Ok(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+        Ok(ms) if ms > 0 && Duration::from_millis(ms) <= crate::config::adapt::MAX_DURATION => {
+            Some(Duration::from_millis(ms))
+        }
         _ => {
             cx.err(
                 var,
-                format!("`{v}` is not a positive number of milliseconds"),
+                "not a positive number of milliseconds (at most one year)",
             );
             None
         }
@@ -352,6 +284,7 @@ mod tests {
         };
         for path in [
             "log.format",
+            "log.level",
             "journal.capture",
             "journal.size",
             "telemetry.otlp_endpoint",

@@ -1,88 +1,36 @@
-//! `[retry]` and `[breaker]`: the failure policy's knobs, with the cross-field checks that keep
-//! them coherent (`max_delay >= base_delay`, `open_for <= max_open_for`).
+//! `[retry]` and `[breaker]`: the contradictions between their keys (`max_delay >=
+//! base_delay`, `open_for <= max_open_for`) and the one value no type excludes.
 
-use super::reader::{self, Cx, Table};
+use super::Cx;
 use crate::config::{BreakerConfig, RetryConfig};
 
-pub(crate) fn parse_retry(mut t: Table, cx: &mut Cx) -> RetryConfig {
-    let d = RetryConfig::default();
-    let max_attempts = t
-        .opt(cx, "max_attempts", reader::positive_uint)
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-        .unwrap_or(d.max_attempts);
-    let base_delay = t
-        .opt(cx, "base_delay", reader::positive_duration)
-        .unwrap_or(d.base_delay);
-    let max_delay = t
-        .opt(cx, "max_delay", reader::positive_duration)
-        .unwrap_or(d.max_delay);
-    if max_delay < base_delay {
+pub(crate) fn check(r: &RetryConfig, b: &BreakerConfig, cx: &mut Cx) {
+    let show = |d| humantime::format_duration(d).to_string();
+    if r.max_delay < r.base_delay {
         cx.err(
-            &t.child("max_delay"),
+            "retry.max_delay",
             format!(
                 "`{}` is shorter than base_delay `{}`",
-                humantime::format_duration(max_delay),
-                humantime::format_duration(base_delay)
+                show(r.max_delay),
+                show(r.base_delay)
             ),
         );
     }
-    let max_retry_after = t
-        .opt(cx, "max_retry_after", reader::duration)
-        .unwrap_or(d.max_retry_after);
-    let budget_ratio = t
-        .opt(cx, "budget_ratio", reader::ratio)
-        .unwrap_or(d.budget_ratio);
-    t.finish(cx);
-    RetryConfig {
-        max_attempts,
-        base_delay,
-        max_delay,
-        max_retry_after,
-        budget_ratio,
-    }
-}
-
-pub(crate) fn parse_breaker(mut t: Table, cx: &mut Cx) -> BreakerConfig {
-    let d = BreakerConfig::default();
-    let window = t
-        .opt(cx, "window", reader::positive_duration)
-        .unwrap_or(d.window);
-    let min_calls = t
-        .opt(cx, "min_calls", reader::positive_uint)
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-        .unwrap_or(d.min_calls);
-    let failure_ratio = t
-        .opt(cx, "failure_ratio", reader::ratio)
-        .unwrap_or(d.failure_ratio);
-    if failure_ratio == 0.0 {
+    if b.failure_ratio == 0.0 {
         cx.err(
-            &t.child("failure_ratio"),
+            "breaker.failure_ratio",
             "0 would open the breaker on the first call; use a share above 0",
         );
     }
-    let open_for = t
-        .opt(cx, "open_for", reader::positive_duration)
-        .unwrap_or(d.open_for);
-    let max_open_for = t
-        .opt(cx, "max_open_for", reader::positive_duration)
-        .unwrap_or(d.max_open_for);
-    if open_for > max_open_for {
+    if b.open_for > b.max_open_for {
         cx.err(
-            &t.child("open_for"),
+            "breaker.open_for",
             format!(
                 "`{}` is longer than max_open_for `{}`",
-                humantime::format_duration(open_for),
-                humantime::format_duration(max_open_for)
+                show(b.open_for),
+                show(b.max_open_for)
             ),
         );
-    }
-    t.finish(cx);
-    BreakerConfig {
-        window,
-        min_calls,
-        failure_ratio,
-        open_for,
-        max_open_for,
     }
 }
 

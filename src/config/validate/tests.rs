@@ -448,3 +448,88 @@ fn environment_overrides_apply_and_are_validated() -> TestResult {
     assert_eq!(cfg.routing.openai, "42");
     Ok(())
 }
+
+#[test]
+fn a_bad_array_element_keeps_the_indices_of_the_others() {
+    let errs = errors_of(
+        "models = [1, { name = \"m\", chain = [\"nobody:x\", 3, \"anthropic:a\", { target = \"gone:y\" }] }]",
+    );
+    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        [
+            "models[0]",
+            "models[1].chain[0]",
+            "models[1].chain[1]",
+            "models[1].chain[3].target"
+        ],
+        "{errs}"
+    );
+    assert_eq!(
+        message_at(&errs, "models[0]"),
+        "expected a table, found the integer 1"
+    );
+}
+
+#[test]
+fn messages_do_not_quote_string_values() {
+    let secret = "sk-proj-CANARY-0042";
+    let errs = errors_of(&format!(
+        "[server]\nlisten = \"{secret}\"\ndefault_deadline = \"{secret}\"\n[providers.anthropic]\n\
+         api_key_env = \"{secret}\"\ntls_roots = \"{secret}\"\n[ratelimit]\nredis_url = \"{secret}\"\n\
+         [[prices]]\nmodel = \"anthropic:m\"\ninput = \"{secret}\"\noutput = \"1\"\n"
+    ));
+    for path in [
+        "server.listen",
+        "server.default_deadline",
+        "providers.anthropic.api_key_env",
+        "providers.anthropic.tls_roots",
+        "ratelimit.redis_url",
+        "prices[0].input",
+    ] {
+        assert!(errs.has_path(path), "{path}: {errs}");
+    }
+    assert!(!errs.to_string().contains("CANARY"), "{errs}");
+    assert_eq!(
+        message_at(&errs, "providers.anthropic.tls_roots"),
+        "expected one of: webpki, native"
+    );
+}
+
+#[test]
+fn api_key_env_names_a_variable() -> TestResult {
+    for good in ["ANTHROPIC_API_KEY", "_K", "key2"] {
+        load_str(
+            &format!("[providers.anthropic]\napi_key_env = \"{good}\"\n[providers.openai]\n"),
+            &no_env(),
+        )?;
+    }
+    for bad in ["sk-ant-api03-x", "2KEY", "A B", "A=B"] {
+        refused_at(
+            &format!("[providers.anthropic]\napi_key_env = \"{bad}\""),
+            "providers.anthropic.api_key_env",
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn durations_beyond_a_year_are_refused_everywhere() {
+    for (section, key) in [
+        ("server", "shutdown_grace"),
+        ("retry", "max_retry_after"),
+        ("breaker", "max_open_for"),
+        ("responses", "ttl"),
+        ("providers.anthropic", "idle_timeout"),
+    ] {
+        let errs = errors_of(&format!("[{section}]\n{key} = \"500000000000y\""));
+        assert_eq!(
+            message_at(&errs, &format!("{section}.{key}")),
+            "longer than one year, the longest duration legate accepts",
+            "{errs}"
+        );
+    }
+    let errs = errors_of("[server]\ndefault_deadline = \"8760h\"\nshutdown_grace = \"1y\"");
+    assert!(errs.0.is_empty(), "{errs}");
+}

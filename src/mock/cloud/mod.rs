@@ -87,7 +87,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Cloud {
-    pub fn new(opts: CloudOptions) -> Cloud {
+    pub(super) fn new(opts: CloudOptions) -> Cloud {
         let cloud = Cloud {
             opts,
             serial: AtomicU64::new(1),
@@ -108,7 +108,7 @@ impl Cloud {
         cloud
     }
 
-    pub fn count(&self, what: &'static str) {
+    pub(super) fn count(&self, what: &'static str) {
         *lock(&self.counts).entry(what).or_default() += 1;
     }
 
@@ -121,7 +121,7 @@ impl Cloud {
     }
 
     /// Issues an AWS key pair with a session token.
-    pub fn issue_aws(&self) -> (String, String, String, SystemTime) {
+    pub(super) fn issue_aws(&self) -> (String, String, String, SystemTime) {
         let n = self.next();
         let id = format!("ASIACANARY{n:06}");
         let secret = format!("CANARY-aws-secret-{n:06}");
@@ -143,7 +143,7 @@ impl Cloud {
     }
 
     /// Issues a bearer token (`prefix` says whose).
-    pub fn issue_token(&self, prefix: &str) -> (String, SystemTime) {
+    pub(super) fn issue_token(&self, prefix: &str) -> (String, SystemTime) {
         let token = format!("{prefix}CANARY-{:06}", self.next());
         let expires = self.expiry();
         let mut tokens = lock(&self.tokens);
@@ -156,7 +156,7 @@ impl Cloud {
     }
 
     /// Whether `token` was issued here and has not expired (`Err` says why not).
-    pub fn check_token(&self, token: &str) -> Result<(), &'static str> {
+    pub(super) fn check_token(&self, token: &str) -> Result<(), &'static str> {
         match lock(&self.tokens).get(token) {
             None => Err("unknown access token"),
             Some(exp) if *exp <= SystemTime::now() => Err("expired access token"),
@@ -165,7 +165,7 @@ impl Cloud {
     }
 
     /// The secret and session token of an access key id, if valid now.
-    pub fn aws_key(&self, id: &str) -> Result<(String, Option<String>), &'static str> {
+    pub(super) fn aws_key(&self, id: &str) -> Result<(String, Option<String>), &'static str> {
         match lock(&self.aws).get(id) {
             None => Err("UnrecognizedClientException"),
             Some(k) if k.expires.is_some_and(|e| e <= SystemTime::now()) => {
@@ -176,7 +176,7 @@ impl Cloud {
     }
 
     /// `GET /_mock/cloud`.
-    pub fn report(&self) -> Response<MockBody> {
+    pub(super) fn report(&self) -> Response<MockBody> {
         let counts = lock(&self.counts).clone();
         let body = serde_json::to_vec(&counts).unwrap_or_default();
         let mut resp = Response::new(MockBody::full(Bytes::from(body)));
@@ -188,7 +188,11 @@ impl Cloud {
     }
 
     /// Answers a credential endpoint, if `parts` names one.
-    pub fn credential_endpoint(&self, parts: &Parts, body: &Bytes) -> Option<Response<MockBody>> {
+    pub(super) fn credential_endpoint(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Option<Response<MockBody>> {
         creds::answer(self, parts, body)
     }
 }

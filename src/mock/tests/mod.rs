@@ -69,7 +69,7 @@ pub(super) struct Event {
 }
 
 impl Event {
-    pub fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_str(&self.data).unwrap_or(Value::Null)
     }
 }

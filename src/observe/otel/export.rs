@@ -33,7 +33,7 @@ const MAX_RESPONSE: usize = 64 << 10;
 
 /// `opentelemetry_http::HttpClient` over hyper-util, with rustls for https collectors.
 #[derive(Clone)]
-pub struct OtlpHttp {
+pub(super) struct OtlpHttp {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
@@ -46,7 +46,7 @@ impl std::fmt::Debug for OtlpHttp {
 }
 
 impl OtlpHttp {
-    pub fn new(timeout: Duration) -> Result<Self, String> {
+    pub(super) fn new(timeout: Duration) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -103,7 +103,7 @@ impl HttpClient for OtlpHttp {
 
 /// The span processor: `on_end` never waits; the queue is bounded.
 #[derive(Debug)]
-pub struct QueueProcessor {
+pub(super) struct QueueProcessor {
     tx: Mutex<Option<mpsc::Sender<SpanData>>>,
     dropped: IntCounter,
 }
@@ -111,7 +111,7 @@ pub struct QueueProcessor {
 impl QueueProcessor {
     /// Starts the export task; returns the processor and the task (which ends once the
     /// processor is shut down and the queue drained).
-    pub fn start<E: SpanExporter + 'static>(
+    pub(super) fn start<E: SpanExporter + 'static>(
         exporter: E,
         queue: usize,
         timeout: Duration,
@@ -176,7 +176,7 @@ impl SpanProcessor for QueueProcessor {
 }
 
 /// Wraps the OTLP metrics exporter to count metric streams that could not be delivered.
-pub struct CountingMetrics<E> {
+pub(super) struct CountingMetrics<E> {
     pub inner: E,
     pub dropped: IntCounter,
 }

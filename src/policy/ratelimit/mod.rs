@@ -3,6 +3,13 @@
 //! live in a `Store`: in memory, or in Redis shared by every replica. When Redis cannot be
 //! reached legate keeps serving on its local buckets, says so once in the log, in a metric and
 //! in `/admin/state`, and goes back to the shared buckets when Redis answers again.
+//!
+//! Why not governor: its GCRA answers "may this cell pass now" for a fixed quota, in process.
+//! These buckets need what it does not have: a reservation taken at admission and settled
+//! later against the usage the provider reports (a refund, or a debt that drives the level
+//! below zero and refills like anything else), a daily budget in pico-dollars next to them,
+//! and arithmetic in integers that a Redis Lua script repeats line by line (`bucket`,
+//! `redis`), so that every replica and the local fallback agree to the token.
 
 pub mod bucket;
 pub mod memory;
@@ -233,10 +240,19 @@ impl Reservation {
         }
     }
 
-    /// The provider answered but reported no usage (an OpenAI stream without the usage chunk):
+    /// The provider answered but reported no usage (an OpenAI stream cut before its usage chunk):
     /// the estimate stands, nothing is refunded.
     pub fn keep(&mut self) {
         self.settled = true;
+    }
+
+    /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
+    pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128) {
+        if tokens == 0 && cost_pico == 0 {
+            self.keep();
+        } else {
+            self.settle(self.reserved.saturating_add(tokens), cost_pico);
+        }
     }
 
     /// Settles with the tokens actually used and their cost.

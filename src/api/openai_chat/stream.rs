@@ -1,60 +1,12 @@
-//! The OpenAI Chat Completions API as legate reads it: the request fields that route, meter
-//! and admit a call, and the kind of each streamed chunk (`data:`-only SSE ending in
-//! `data: [DONE]`).
+//! Classifying OpenAI chunks by what their choices carry, read without collecting them.
 
 use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::{Field, MetaError, RequestMeta, StreamEventKind, read_fields, scan_prompt};
+use crate::api::StreamEventKind;
 use crate::sse::SseEvent;
-
-const INCLUDE_USAGE: &str = "stream_options.include_usage";
-
-/// Reads `model` (string) and `messages` (array), which are required, and the optional
-/// `max_completion_tokens` (which wins) / `max_tokens`, `stream` and
-/// `stream_options.include_usage`.
-pub fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
-    let [model, messages, max_completion, max_tokens, stream, options] = read_fields(
-        body,
-        [
-            "model",
-            "messages",
-            "max_completion_tokens",
-            "max_tokens",
-            "stream",
-            "stream_options",
-        ],
-    )?;
-    let model = model.string("model")?.into_owned();
-    messages.array("messages")?;
-    let max_completion = max_completion.opt_u64("max_completion_tokens")?;
-    let max_tokens = max_tokens.opt_u64("max_tokens")?;
-    let stream = stream.opt_bool("stream")?;
-    let want_options = match options {
-        Field::Object => true,
-        Field::Absent | Field::Null => false,
-        _ => return Err(MetaError::WrongType("stream_options")),
-    };
-    let (approx_input_tokens, options_span) =
-        scan_prompt(body, want_options.then_some("stream_options"));
-    let include_usage = match options_span {
-        Some(span) => match read_fields(&body[span], ["include_usage"]) {
-            Ok([flag]) => flag.opt_bool(INCLUDE_USAGE)?,
-            Err(MetaError::Duplicate(_)) => return Err(MetaError::Duplicate(INCLUDE_USAGE)),
-            Err(_) => return Err(MetaError::WrongType("stream_options")),
-        },
-        None => false,
-    };
-    Ok(RequestMeta {
-        model,
-        stream,
-        max_tokens: max_completion.or(max_tokens),
-        include_usage,
-        approx_input_tokens,
-    })
-}
 
 /// Classifies one chunk. `[DONE]` is terminal; a data object with a truthy `error` (or an
 /// `event: error`, which the Node SDK honours) is an error; a choice delta with non-empty
@@ -62,7 +14,7 @@ pub fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
 /// OpenAI-compatible servers (`reasoning_content`, `reasoning`) are model output the caller
 /// sees too, so they commit the stream like content. Finish and usage chunks are `Other`;
 /// anything else before them (role-only chunks, empty deltas) is preamble.
-pub fn classify(ev: &SseEvent) -> StreamEventKind {
+pub(crate) fn classify(ev: &SseEvent) -> StreamEventKind {
     if ev.event.as_deref() == Some("error") {
         return StreamEventKind::Error;
     }
@@ -226,86 +178,9 @@ impl<'de> Visitor<'de> for TruthyVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
-
-    fn meta(body: &str) -> Result<RequestMeta, MetaError> {
-        parse_request(body.as_bytes())
-    }
-
-    #[test]
-    fn reads_the_fields_legate_needs() {
-        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Hi"}],
-            "stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true},
-            "max_tokens":10,"max_completion_tokens":20,"tools":[]}"#;
-        assert_eq!(
-            meta(body),
-            Ok(RequestMeta {
-                model: "gpt-4o".into(),
-                stream: true,
-                max_tokens: Some(20),
-                include_usage: true,
-                // messages = 32 bytes, tools = 2 bytes.
-                approx_input_tokens: 9,
-            })
-        );
-    }
-
-    #[test]
-    fn max_tokens_is_optional_and_the_fallback() {
-        let only_old = meta(r#"{"model":"m","messages":[],"max_tokens":7}"#);
-        assert_eq!(only_old.map(|m| m.max_tokens), Ok(Some(7)));
-        let neither = meta(r#"{"model":"m","messages":[],"max_completion_tokens":null}"#);
-        assert_eq!(
-            neither.map(|m| (m.max_tokens, m.stream, m.include_usage)),
-            Ok((None, false, false))
-        );
-    }
-
-    #[test]
-    fn required_fields_and_types_are_enforced() {
-        let cases = [
-            (r#"{"messages":[]}"#, MetaError::Missing("model")),
-            (r#"{"model":"m"}"#, MetaError::Missing("messages")),
-            (
-                r#"{"model":null,"messages":[]}"#,
-                MetaError::WrongType("model"),
-            ),
-            (
-                r#"{"model":"m","messages":[],"max_tokens":"9"}"#,
-                MetaError::WrongType("max_tokens"),
-            ),
-            (
-                r#"{"model":"m","messages":[],"max_completion_tokens":5,"max_tokens":-1}"#,
-                MetaError::WrongType("max_tokens"),
-            ),
-            (
-                r#"{"model":"m","messages":[],"stream_options":true}"#,
-                MetaError::WrongType("stream_options"),
-            ),
-            (
-                r#"{"model":"m","messages":[],"stream_options":{"include_usage":1}}"#,
-                MetaError::WrongType(INCLUDE_USAGE),
-            ),
-            (
-                r#"{"model":"m","messages":[],"stream_options":{"include_usage":true,"include_usage":false}}"#,
-                MetaError::Duplicate(INCLUDE_USAGE),
-            ),
-            (
-                r#"{"model":"m","messages":[],"stream":true,"stream":false}"#,
-                MetaError::Duplicate("stream"),
-            ),
-        ];
-        for (body, want) in cases {
-            assert_eq!(meta(body), Err(want), "{body}");
-        }
-    }
 
     fn kinds(wire: &str) -> Vec<StreamEventKind> {
-        let mut p = SseParser::new();
-        p.push(wire.as_bytes());
-        std::iter::from_fn(|| p.next_event())
-            .map(|e| classify(&e))
-            .collect()
+        crate::sse::events_of(wire).iter().map(classify).collect()
     }
 
     const HEAD: &str =

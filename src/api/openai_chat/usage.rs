@@ -1,0 +1,122 @@
+//! OpenAI usage: the `usage` object of a `chat.completion`, or of the usage chunk of a stream
+//! (the last chunk with a non-null `usage` wins, which also fits servers that send running
+//! totals on every chunk). `prompt_tokens` includes the cached tokens, so the uncached input
+//! is the difference (SPEC §6).
+
+use serde::Deserialize;
+
+use crate::api::has_usage_object;
+use crate::meter::Usage;
+use crate::sse::SseEvent;
+
+#[derive(Deserialize)]
+struct Body {
+    #[serde(default)]
+    usage: Option<Reported>,
+}
+
+#[derive(Deserialize)]
+struct Reported {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    cache_write_tokens: Option<u64>,
+}
+
+impl Reported {
+    fn to_usage(&self) -> Usage {
+        let details = self.prompt_tokens_details.as_ref();
+        let cache_read = details.and_then(|d| d.cached_tokens).unwrap_or(0);
+        let cache_write = details.and_then(|d| d.cache_write_tokens).unwrap_or(0);
+        Usage {
+            input: self
+                .prompt_tokens
+                .unwrap_or(0)
+                .saturating_sub(cache_read)
+                .saturating_sub(cache_write),
+            output: self.completion_tokens.unwrap_or(0),
+            cache_read,
+            cache_write,
+        }
+    }
+}
+
+/// Usage of a non-streaming `chat.completion` body (None without a usage object).
+pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
+    // Only the top-level `usage` value is decoded; the walk to it skips the content unparsed.
+    let span = crate::splice::top_level_value_span(body, "usage")?;
+    let usage: Option<Reported> = serde_json::from_slice(&body[span]).ok()?;
+    usage.map(|u| u.to_usage())
+}
+
+pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
+    if !has_usage_object(&ev.data) {
+        return;
+    }
+    if let Ok(Body { usage: Some(u) }) = serde_json::from_str(&ev.data) {
+        *seen = Some(u.to_usage());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::SseParser;
+
+    fn watch(wire: &str) -> Option<Usage> {
+        let mut p = SseParser::new();
+        p.push(wire.as_bytes());
+        let mut seen = None;
+        while let Some(ev) = p.next_event() {
+            observe(&ev, &mut seen);
+        }
+        seen
+    }
+
+    #[test]
+    fn prompt_tokens_include_cached() {
+        let body =
+            br#"{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1000,
+            "completion_tokens":50,"total_tokens":1050,
+            "prompt_tokens_details":{"cached_tokens":600,"cache_write_tokens":100,"audio_tokens":0},
+            "completion_tokens_details":{"reasoning_tokens":20}}}"#;
+        let want = Usage {
+            input: 300,
+            output: 50,
+            cache_read: 600,
+            cache_write: 100,
+        };
+        assert_eq!(of_body(body), Some(want));
+        let odd = br#"{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":9}}}"#;
+        assert_eq!(of_body(odd).map(|u| u.input), Some(0));
+        assert_eq!(of_body(br#"{"usage":null}"#), None);
+    }
+
+    #[test]
+    fn stream_takes_the_usage_chunk() {
+        let wire = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"say \\\"usage\\\": {\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\": {\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let want = Usage {
+            input: 5,
+            output: 2,
+            cache_read: 4,
+            cache_write: 0,
+        };
+        assert_eq!(watch(wire), Some(want));
+        assert_eq!(watch("data: {\"usage\":null}\n\n"), None);
+    }
+}

@@ -1,0 +1,172 @@
+//! Responses stream events and usage. Every event names its type (`event:`, and `type` in the
+//! data); the terminal events carry the whole response object, usage included.
+
+use serde::Deserialize;
+
+use crate::api::{StreamEventKind, has_usage_object};
+use crate::meter::Usage;
+use crate::sse::SseEvent;
+
+/// The event's type: the `event:` name, else the data's `type`.
+fn event_type(ev: &SseEvent) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+    }
+    match &ev.event {
+        Some(name) => Some(name.clone()),
+        None => serde_json::from_str::<Typed>(&ev.data).ok()?.kind,
+    }
+}
+
+/// Commit point: the first text, refusal or function-argument delta, or the announcement of a
+/// function call item. Terminal: completed / incomplete. `error` and `response.failed` are
+/// errors (a failure before the commit point is retried; after it, the caller sees it).
+pub(super) fn classify(ev: &SseEvent) -> StreamEventKind {
+    let Some(kind) = event_type(ev) else {
+        return StreamEventKind::Other;
+    };
+    match kind.as_str() {
+        "response.output_text.delta"
+        | "response.refusal.delta"
+        | "response.function_call_arguments.delta" => StreamEventKind::Content,
+        "response.output_item.added" if ev.data.contains("\"function_call\"") => {
+            StreamEventKind::Content
+        }
+        "response.completed" | "response.incomplete" => StreamEventKind::Terminal,
+        "error" | "response.failed" => StreamEventKind::Error,
+        "response.created"
+        | "response.in_progress"
+        | "response.queued"
+        | "response.output_item.added"
+        | "response.content_part.added" => StreamEventKind::Preamble,
+        _ => StreamEventKind::Other,
+    }
+}
+
+#[derive(Deserialize)]
+struct Reported {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    input_tokens_details: Option<InputDetails>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+impl Reported {
+    /// `input_tokens` includes the cached tokens; output includes reasoning.
+    fn to_usage(&self) -> Usage {
+        let cached = self
+            .input_tokens_details
+            .as_ref()
+            .map_or(0, |d| d.cached_tokens);
+        Usage {
+            input: self.input_tokens.saturating_sub(cached),
+            output: self.output_tokens,
+            cache_read: cached,
+            cache_write: 0,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Object {
+    usage: Option<Reported>,
+}
+
+/// Usage of a response object (a JSON answer).
+pub(super) fn usage_of_body(body: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<Object>(body)
+        .ok()?
+        .usage
+        .map(|u| u.to_usage())
+}
+
+/// Usage of a stream: the terminal event's `response.usage` (completed, incomplete, failed).
+pub(super) fn usage_of_event(ev: &SseEvent) -> Option<Usage> {
+    #[derive(Deserialize)]
+    struct Event {
+        response: Option<Object>,
+    }
+    if !has_usage_object(&ev.data) {
+        return None;
+    }
+    serde_json::from_str::<Event>(&ev.data)
+        .ok()?
+        .response?
+        .usage
+        .map(|u| u.to_usage())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(wire: &str) -> Vec<StreamEventKind> {
+        crate::sse::events_of(wire).iter().map(classify).collect()
+    }
+
+    #[test]
+    fn classifies_semantic_events() {
+        use StreamEventKind::*;
+        let ev =
+            |t: &str, extra: &str| format!("event: {t}\ndata: {{\"type\":\"{t}\"{extra}}}\n\n");
+        let wire = [
+            ev("response.created", ""),
+            ev(
+                "response.output_item.added",
+                r#","item":{"type":"message"}"#,
+            ),
+            ev(
+                "response.output_item.added",
+                r#","item":{"type":"function_call"}"#,
+            ),
+            ev("response.output_text.delta", ""),
+            ev("response.output_text.done", ""),
+            ev("response.completed", ""),
+            ev("error", ""),
+            ev("response.failed", ""),
+        ]
+        .concat();
+        assert_eq!(
+            kinds(&wire),
+            [
+                Preamble, Preamble, Content, Content, Other, Terminal, Error, Error
+            ]
+        );
+        // Without an `event:` line the data's type decides.
+        assert_eq!(
+            kinds("data: {\"type\":\"response.completed\"}\n\n"),
+            [Terminal]
+        );
+    }
+
+    #[test]
+    fn usage_counts_cached_inside_input() {
+        let body = br#"{"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":30},"output_tokens":7}}"#;
+        let want = Usage {
+            input: 10,
+            output: 7,
+            cache_read: 30,
+            cache_write: 0,
+        };
+        assert_eq!(usage_of_body(body), Some(want));
+        let ev = SseEvent {
+            event: Some("response.completed".into()),
+            data: format!(
+                "{{\"type\":\"response.completed\",\"response\":{}}}",
+                String::from_utf8_lossy(body)
+            ),
+            end_offset: 0,
+        };
+        assert_eq!(usage_of_event(&ev), Some(want));
+    }
+}

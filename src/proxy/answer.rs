@@ -1,0 +1,144 @@
+//! Turning an upstream answer into the caller's response: its status and headers passed
+//! back (legate's `x-legate-served-by` stamped here, once), and either a body read whole or the
+//! upstream body streamed through a `TapBody` that owns the request's accounting from then on.
+//! Either way the provider's key is removed wherever the upstream echoes it (SPEC §14).
+//! The exchange prepares these; the chain executor decides which one is committed.
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode, header};
+
+use crate::policy::admission::Permit;
+use crate::policy::breaker::Ticket;
+use crate::proxy::body::{Accounting, Mode, TapBody};
+use crate::proxy::exchange::Call;
+use crate::proxy::record::{InflightGuard, RequestRecord, UsageSink};
+use crate::proxy::response::{self, ProxyBody};
+use crate::proxy::upbody::UpstreamBody;
+
+/// An upstream answer whose body is still to come: committed, it streams through a
+/// `TapBody`; dropped, it cancels the upstream request.
+pub(crate) struct Pending {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) incoming: UpstreamBody,
+    pub(crate) mode: Mode,
+    /// Bytes already read (a stream's preamble and first content, a large body's start).
+    pub(crate) held: Option<Bytes>,
+    pub(crate) permit: Permit,
+    pub(crate) inflight: InflightGuard,
+}
+
+pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
+    UsageSink {
+        metrics: call.proxy.metrics.clone(),
+        ledger: call.proxy.ledger.clone(),
+        tenant: rec.tenant().to_string(),
+        provider: call.up.name.clone(),
+        model_label: call.model_label.to_string(),
+        target: call.step.target(),
+        price: crate::meter::price_for(&call.snap.cfg.prices, &call.step.target()),
+    }
+}
+
+/// Commits a pending answer: its body streamed through a `TapBody` that takes over the
+/// request's record and, for a stream, the breaker ticket (decided when the stream ends).
+pub(crate) fn commit(
+    call: &Call<'_>,
+    tap: Pending,
+    ticket: Option<Ticket>,
+    record: &mut Option<RequestRecord>,
+) -> Response<ProxyBody> {
+    let status = tap.status;
+    let Call {
+        proxy,
+        up,
+        model_label,
+        inb,
+        ..
+    } = call;
+    let redact = up.redactor();
+    // Redaction may change the body's length: it is then sent without one.
+    let is_sse = matches!(tap.mode, Mode::Sse(_));
+    let keep_length = !is_sse && redact.is_none();
+    let metrics = &proxy.metrics;
+    let body = match record.take() {
+        Some(rec) => {
+            let acct = Accounting {
+                sink: sink(call, &rec),
+                ttft: metrics
+                    .ttft
+                    .with_label_values(&[up.name.as_str(), model_label]),
+                inflight: tap.inflight,
+                status: status.as_u16(),
+                ticket,
+                record: rec,
+            };
+            ProxyBody::Tap(Box::new(
+                TapBody::new(
+                    tap.incoming,
+                    inb.endpoint.api,
+                    tap.mode,
+                    tap.held,
+                    up.idle_timeout,
+                    proxy.abort_streams.clone().cancelled_owned(),
+                    acct,
+                    Some(tap.permit),
+                )
+                .with_redactor(redact.clone()),
+            ))
+        }
+        // Cannot happen (the record is taken once); answer without accounting rather than fail.
+        None => {
+            drop(tap.inflight);
+            ProxyBody::full(Bytes::new())
+        }
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    response::copy_upstream_headers(&tap.headers, resp.headers_mut(), !keep_length);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
+    served_by(&mut resp, call);
+    resp
+}
+
+/// An upstream answer read whole: returned as it is, with legate's headers.
+pub(crate) fn buffered(
+    call: &Call<'_>,
+    status: StatusCode,
+    upstream_headers: &HeaderMap,
+    body: Bytes,
+) -> Response<ProxyBody> {
+    // An upstream that echoes the key it was sent must not hand it to the caller.
+    let redact = call.up.redactor();
+    let body = match &redact {
+        Some(r) => r.bytes(body),
+        None => body,
+    };
+    let mut resp = Response::new(ProxyBody::full(body));
+    *resp.status_mut() = status;
+    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
+    if let Some(r) = redact {
+        r.headers(resp.headers_mut());
+    }
+    // The body may come from an error event of a stream: it is JSON, not an event stream.
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !is_json {
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+    }
+    served_by(&mut resp, call);
+    resp
+}
+
+/// Who answered: the only legate header an upstream answer carries from here; the attempt
+/// count and `x-should-retry` are stamped once, by `Proxy::handle`.
+fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
+    response::set_header(resp, "x-legate-served-by", &call.step.target());
+}

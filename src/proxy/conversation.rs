@@ -1,0 +1,278 @@
+//! A Responses request's conversation on the request path (SPEC §11): its
+//! `previous_response_id` looked up once, the body a translated step gets, and the translators
+//! that carry an answer back in the caller's API and keep each finished response in the store.
+//! Every step calls `stream_translator` / `translate_whole` / `translate_error` with the
+//! step's [`Xlate`]; the classic Messages ↔ Chat translation goes through them too.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::api::{ApiKind, Operation};
+use crate::error::ProxyError;
+use crate::proxy::Inbound;
+use crate::proxy::inbound::Endpoint;
+use crate::proxy::upbody::EventTranslator;
+use crate::responses::{self, ConversationStore, ResponseCtx, ResponsesStream, Stored, Target};
+use crate::sse::SseParser;
+use crate::translate::{self, Xlate};
+
+/// A Responses request's conversation: the id a translated answer gets, what came before
+/// (from the store), and whether this turn is kept.
+pub struct Conversation {
+    pub id: String,
+    pub created_at: u64,
+    /// The caller's `previous_response_id`, and what the store holds for it.
+    pub prior_id: Option<String>,
+    pub prior: Option<Stored>,
+    /// The whole input of this turn: the earlier turns' items, then this request's.
+    pub input: Vec<Value>,
+    /// `store: false` turns are kept only as long as their own stream.
+    pub keep: bool,
+    pub store: Arc<ConversationStore>,
+}
+
+impl Conversation {
+    /// Looks `previous_response_id` up once. A store that cannot be reached is an error (a
+    /// silent miss would answer without the conversation).
+    pub async fn load(
+        store: Arc<ConversationStore>,
+        body: &[u8],
+        request_id: &str,
+    ) -> Result<Self, ProxyError> {
+        let prior_id = responses::previous_response_id(body);
+        let prior = match &prior_id {
+            Some(id) => store.get(id).await.map_err(|e| {
+                tracing::warn!(error = %e.0, "the conversation store failed");
+                ProxyError::InvalidRequest {
+                    message: "the conversation store is unavailable; retry, or resend the \
+                              whole conversation without previous_response_id"
+                        .to_owned(),
+                }
+            })?,
+            None => None,
+        };
+        let mut input = prior.as_ref().map_or_else(Vec::new, |p| {
+            let mut items = p.input.clone();
+            items.extend(p.output().iter().cloned());
+            items
+        });
+        input.extend(responses::input_items(body));
+        let keep = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.get("store").and_then(Value::as_bool))
+            .unwrap_or(true);
+        Ok(Conversation {
+            id: format!("resp_{}", request_id.trim_start_matches("lgt_")),
+            created_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            prior_id,
+            prior,
+            input,
+            keep,
+            store,
+        })
+    }
+
+    /// The conversation of a Responses generation call (None for any other call).
+    pub(crate) async fn for_call(
+        store: &Arc<ConversationStore>,
+        endpoint: Endpoint,
+        body: &[u8],
+        request_id: &str,
+    ) -> Result<Option<Arc<Self>>, ProxyError> {
+        if endpoint.api != ApiKind::Responses || endpoint.op != Operation::Generate {
+            return Ok(None);
+        }
+        let conv = Conversation::load(store.clone(), body, request_id).await?;
+        Ok(Some(Arc::new(conv)))
+    }
+
+    fn ctx(&self, body: &[u8]) -> ResponseCtx {
+        ResponseCtx::new(self.id.clone(), self.created_at, body)
+    }
+
+    /// Keeps a finished response (in the background: the caller does not wait for the store).
+    pub fn save(&self, response: Value, passthrough: bool) {
+        if !self.keep {
+            return;
+        }
+        let Some(id) = response["id"].as_str().map(str::to_owned) else {
+            return;
+        };
+        let stored = Stored {
+            input: self.input.clone(),
+            response,
+            passthrough,
+        };
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.put(&id, &stored).await {
+                tracing::warn!(error = %e.0, "a response could not be kept in the conversation store");
+            }
+        });
+    }
+
+    /// The body for a translated step: rebuilt from the store when it names an earlier
+    /// response, then translated. An id legate never saw cannot be served here.
+    pub fn request_for(
+        &self,
+        target: Target,
+        body: &[u8],
+        model: &str,
+    ) -> Result<(Vec<u8>, Vec<&'static str>), String> {
+        let rebuilt;
+        let body = match (&self.prior_id, &self.prior) {
+            (Some(id), None) => {
+                return Err(format!(
+                    "previous_response_id `{id}` is unknown (legate never relayed it, or it \
+                     expired); resend the whole conversation as input"
+                ));
+            }
+            (Some(_), Some(prior)) => {
+                rebuilt = responses::rebuild(body, prior).map_err(|e| e.0)?;
+                rebuilt.as_slice()
+            }
+            _ => body,
+        };
+        responses::request_for(target, body, model).map_err(|e| e.0)
+    }
+}
+
+/// The caller's body in the step's API (`xl` translating), and what the fitting rules dropped.
+pub(crate) fn translate_request(
+    xl: Xlate,
+    inb: &Inbound,
+    model: &str,
+) -> Result<(Vec<u8>, Vec<&'static str>), String> {
+    match (xl, &inb.conversation) {
+        (Xlate::Classic(dir), _) => translate::request(dir, &inb.body, model).map_err(|e| e.0),
+        (Xlate::Responses(target), Some(conv)) => conv.request_for(target, &inb.body, model),
+        (Xlate::Responses(target), None) => {
+            responses::request_for(target, &inb.body, model).map_err(|e| e.0)
+        }
+        (Xlate::None, _) => Ok((inb.body.to_vec(), Vec::new())),
+    }
+}
+
+/// The stream translator of a translated step: keeps the finished response in the store.
+struct Keeping {
+    inner: ResponsesStream,
+    conv: Arc<Conversation>,
+    saved: bool,
+}
+
+impl Keeping {
+    fn after(&mut self, out: Vec<u8>) -> Vec<u8> {
+        if !self.saved
+            && let Some(done) = self.inner.final_response()
+        {
+            self.saved = true;
+            self.conv.save(done.clone(), false);
+        }
+        out
+    }
+}
+
+impl EventTranslator for Keeping {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let out = self.inner.push(chunk);
+        self.after(out)
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        let out = self.inner.finish();
+        self.after(out)
+    }
+}
+
+/// A passthrough Responses stream: bytes unchanged, the terminal response kept in the store.
+struct Capturing {
+    parser: SseParser,
+    conv: Arc<Conversation>,
+}
+
+impl Capturing {
+    fn scan(&mut self) {
+        while let Some(ev) = self.parser.next_event() {
+            let terminal = matches!(
+                ev.event.as_deref(),
+                Some("response.completed" | "response.incomplete")
+            );
+            if terminal && let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
+                self.conv.save(v["response"].clone(), true);
+            }
+        }
+    }
+}
+
+impl EventTranslator for Capturing {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.parser.push(chunk);
+        self.scan();
+        chunk.to_vec()
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        self.parser.finish();
+        self.scan();
+        Vec::new()
+    }
+}
+
+/// The stream translator for a step, if its stream is not passed through untouched.
+pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn EventTranslator>> {
+    match (xl, &inb.conversation) {
+        (Xlate::Classic(dir), _) => Some(Box::new(translate::StreamTranslator::new(
+            dir,
+            inb.meta.include_usage,
+        ))),
+        (Xlate::Responses(target), Some(conv)) => Some(Box::new(Keeping {
+            inner: responses::stream_for(target, conv.ctx(&inb.body)),
+            conv: conv.clone(),
+            saved: false,
+        })),
+        (Xlate::None, Some(conv)) if conv.keep => Some(Box::new(Capturing {
+            parser: SseParser::new(),
+            conv: conv.clone(),
+        })),
+        _ => None,
+    }
+}
+
+/// Whether a whole answer is read by `translate_whole`: translated, or kept in the store.
+pub(crate) fn rewrites_whole(xl: Xlate, inb: &Inbound) -> bool {
+    xl.translating() || inb.conversation.is_some()
+}
+
+/// A whole answer in the caller's API (and kept, for a Responses caller).
+pub(crate) fn translate_whole(xl: Xlate, inb: &Inbound, body: &[u8]) -> Result<Bytes, String> {
+    match (xl, &inb.conversation) {
+        (Xlate::Classic(dir), _) => translate::response(dir, body)
+            .map(Bytes::from)
+            .map_err(|e| e.0),
+        (Xlate::Responses(target), Some(conv)) => {
+            let obj =
+                responses::response_for(target, body, &conv.ctx(&inb.body)).map_err(|e| e.0)?;
+            conv.save(obj.clone(), false);
+            Ok(Bytes::from(obj.to_string()))
+        }
+        (Xlate::None, Some(conv)) => {
+            if let Ok(obj) = serde_json::from_slice::<Value>(body) {
+                conv.save(obj, true);
+            }
+            Ok(Bytes::copy_from_slice(body))
+        }
+        _ => Ok(Bytes::copy_from_slice(body)),
+    }
+}
+
+/// An upstream error of a translated step, in the caller's envelope.
+pub(crate) fn translate_error(xl: Xlate, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
+    match xl {
+        Xlate::Classic(dir) => translate::error(dir, status, body),
+        Xlate::Responses(target) => responses::error_for(target, status, body),
+        Xlate::None => (status, body.to_vec()),
+    }
+}

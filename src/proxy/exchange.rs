@@ -1,0 +1,469 @@
+//! One upstream exchange, and nothing but its I/O: build the request for the step's provider,
+//! wait for pacing and a concurrency slot, send it within the first-byte timeout and the
+//! deadline, and read the answer as far as a decision needs (a stream up to its commit point,
+//! a whole success body, a small error body). It returns what happened as one enum; what that
+//! means is `policy::judge`'s to say, and `proxy::chain` acts on it.
+
+use std::time::{Duration, Instant as StdInstant, SystemTime};
+
+use bytes::Bytes;
+use http::response::Parts;
+use http::{Method, Response, StatusCode, header};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::api::{self, ApiKind, Operation};
+use crate::config::ChainStep;
+use crate::error::ProxyError;
+use crate::policy::admission::Permit;
+use crate::policy::judge::{self, Happened};
+use crate::policy::retry;
+use crate::proxy::answer::{self, Pending};
+use crate::proxy::body::Mode;
+use crate::proxy::conversation;
+use crate::proxy::record::{InflightGuard, RequestRecord};
+use crate::proxy::response::ProxyBody;
+use crate::proxy::upbody::{Raw, UpstreamBody};
+use crate::proxy::upread::{self, PreCommit, Whole};
+use crate::proxy::watch::SseWatch;
+use crate::proxy::{Inbound, Proxy, Snapshot};
+use crate::translate::Xlate;
+use crate::upstream::Upstream;
+
+/// What one exchange needs.
+pub(crate) struct Call<'a> {
+    pub(crate) proxy: &'a Proxy,
+    pub(crate) snap: &'a Snapshot,
+    pub(crate) up: &'a Upstream,
+    pub(crate) step: &'a ChainStep,
+    pub(crate) model_label: &'a str,
+    pub(crate) inb: &'a Inbound,
+    pub(crate) body: Bytes,
+    /// The upstream was asked for a usage chunk the caller did not ask for: it is taken out of
+    /// the caller's stream.
+    pub(crate) strip_usage: bool,
+    /// `traceparent` for this attempt (export on): the attempt's span is the provider's parent.
+    pub(crate) traceparent: Option<http::HeaderValue>,
+}
+
+/// Upstream attempts made and time spent outside legate (upstream waits, backoff), for the
+/// response's headers and the overhead metric.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Spent {
+    pub attempts: u32,
+    pub outside: Duration,
+}
+
+/// What happened in one exchange, with what the chain needs to act on it.
+pub(crate) enum Exchanged {
+    Unsendable(ProxyError),
+    Shed,
+    Deadline {
+        in_flight: bool,
+    },
+    TimedOut(ProxyError),
+    Unreachable(ProxyError),
+    Broken(ProxyError),
+    Stream(Pending),
+    Whole(Response<ProxyBody>),
+    /// A success too large to hold: streamed through.
+    WholeStreamed(Pending),
+    /// An error answer, read whole: it may be retried, and a key the upstream echoes in it
+    /// is removed before the caller sees it.
+    Error {
+        status: u16,
+        quota: bool,
+        retry_after: Option<Duration>,
+        in_stream: bool,
+        resp: Response<ProxyBody>,
+    },
+}
+
+impl Exchanged {
+    /// The payload-free outcome the judge decides on.
+    pub(crate) fn happened(&self) -> Happened {
+        match self {
+            Exchanged::Unsendable(_) => Happened::Unsendable,
+            Exchanged::Shed => Happened::Shed,
+            Exchanged::Deadline { in_flight } => Happened::Deadline {
+                in_flight: *in_flight,
+            },
+            Exchanged::TimedOut(_) => Happened::TimedOut,
+            Exchanged::Unreachable(_) => Happened::Unreachable,
+            Exchanged::Broken(_) => Happened::Broken,
+            Exchanged::Stream(_) => Happened::Stream,
+            Exchanged::Whole(_) | Exchanged::WholeStreamed(_) => Happened::Whole,
+            Exchanged::Error {
+                status,
+                quota,
+                retry_after,
+                in_stream,
+                ..
+            } => Happened::Error {
+                status: *status,
+                quota: *quota,
+                retry_after: *retry_after,
+                in_stream: *in_stream,
+            },
+        }
+    }
+}
+
+/// The upstream's answer as received, before it is read.
+struct Got {
+    parts: Parts,
+    incoming: Raw,
+    permit: Permit,
+    inflight: InflightGuard,
+    /// The API the step speaks, and how the caller's API is reached from it.
+    spoken: ApiKind,
+    xl: Xlate,
+}
+
+/// Performs one exchange with the step's upstream.
+pub(crate) async fn run(
+    call: &Call<'_>,
+    spent: &mut Spent,
+    record: &mut Option<RequestRecord>,
+) -> Exchanged {
+    let Call { proxy, up, inb, .. } = *call;
+    // A step of another API is reached through translation (SPEC §10, §11).
+    let spoken = up.speaks(inb.endpoint.api);
+    let xl = Xlate::between(inb.endpoint.api, spoken);
+    let mut req = match request(call, spoken, xl.translating()).await {
+        Ok(r) => r,
+        Err(e) => return Exchanged::Unsendable(e),
+    };
+    if let Some(tp) = &call.traceparent {
+        // The attempt's span is the provider's parent (W3C Trace Context).
+        req.headers_mut().insert("traceparent", tp.clone());
+    }
+    let waited = Instant::now();
+    let permit = match turn(call).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    spent.outside += waited.elapsed();
+    let metrics = &proxy.metrics;
+    // Decremented on every path, a dropped future (the caller went away) included.
+    let inflight = InflightGuard::new(metrics.inflight.with_label_values(&[&up.name]));
+    // Counted here, once the request is really about to leave.
+    spent.attempts += 1;
+    let sent = Instant::now();
+    let result = upread::send(up, req, inb.deadline).await;
+    metrics
+        .upstream_duration
+        .with_label_values(&[&up.name, call.model_label])
+        .observe(sent.elapsed().as_secs_f64());
+    let out = match result {
+        Ok(resp) => {
+            up.pacer.observe(resp.headers());
+            let (parts, incoming) = received(call, resp);
+            let got = Got {
+                parts,
+                incoming,
+                permit,
+                inflight,
+                spoken,
+                xl,
+            };
+            read(call, got, record).await
+        }
+        Err(ProxyError::DeadlineExceeded) => Exchanged::Deadline { in_flight: true },
+        Err(e @ ProxyError::UpstreamTimeout { .. }) => Exchanged::TimedOut(e),
+        Err(e) => Exchanged::Unreachable(e),
+    };
+    spent.outside += sent.elapsed();
+    out
+}
+
+/// The upstream request: the step's path, or a cloud platform's own request for the model.
+async fn request(
+    call: &Call<'_>,
+    spoken: ApiKind,
+    translating: bool,
+) -> Result<http::Request<http_body_util::Full<Bytes>>, ProxyError> {
+    let Call { up, inb, .. } = *call;
+    let upstream_path = inb.endpoint.upstream_path(spoken);
+    // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
+    // provider of that API only, never a translated request.
+    let path = match &inb.query {
+        Some(q) if !translating => format!("{upstream_path}?{q}"),
+        _ => upstream_path.to_string(),
+    };
+    let Some(cloud) = &up.cloud else {
+        let body = call.body.clone();
+        return up.build_request(Method::POST, &path, &inb.headers, body, translating, true);
+    };
+    if inb.endpoint.op != Operation::Generate {
+        return Err(ProxyError::InvalidRequest {
+            message: format!(
+                "provider `{}` is a cloud platform that does not serve this endpoint",
+                up.name
+            ),
+        });
+    }
+    // A credential that cannot be obtained fails before anything is sent: it counts against
+    // neither the breaker nor the caller, and the next chain step may answer.
+    up.build_cloud_request(
+        cloud,
+        (&call.step.model, inb.meta.stream),
+        &inb.headers,
+        call.body.clone(),
+        translating,
+    )
+    .await
+}
+
+/// Pacing, then a concurrency slot in priority order, never past the deadline.
+async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
+    let Call { up, inb, snap, .. } = *call;
+    // When the provider's rate limit runs low, background and batch calls wait their slot so
+    // that what is left lasts until the reset.
+    if let Some(wait) = up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below) {
+        if Instant::now() + wait >= inb.deadline {
+            return Err(Exchanged::Deadline { in_flight: false });
+        }
+        tokio::time::sleep(wait).await;
+    }
+    match tokio::time::timeout_at(inb.deadline, up.gate.acquire(inb.priority)).await {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(_)) => Err(Exchanged::Shed),
+        Err(_) => Err(Exchanged::Deadline { in_flight: false }),
+    }
+}
+
+/// The answer's head and body; Bedrock's binary event stream is read as the SSE it carries
+/// from here on.
+fn received(call: &Call<'_>, resp: Response<Incoming>) -> (Parts, Raw) {
+    let (mut parts, incoming) = resp.into_parts();
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .trim_start();
+    let event_stream = parts.status.is_success()
+        && call.up.cloud.as_ref().is_some_and(|c| c.event_stream())
+        && content_type.starts_with(crate::cloud::eventstream::CONTENT_TYPE);
+    if !event_stream {
+        return (parts, Raw::Http(incoming));
+    }
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let sse = crate::cloud::eventstream::EventStreamSse::new(incoming);
+    (parts, Raw::EventStream(Box::new(sse)))
+}
+
+async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
+    let status = got.parts.status;
+    let is_sse = got
+        .parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    match (status.is_success(), is_sse) {
+        (true, true) => stream(call, got, record).await,
+        (true, false) => whole(call, got, record).await,
+        (false, _) => error(call, got).await,
+    }
+}
+
+/// A stream read up to its commit point, its preamble held back.
+async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
+    let Call { proxy, up, inb, .. } = *call;
+    let api = inb.endpoint.api;
+    let max_event = call.snap.cfg.server.limits.max_event_bytes;
+    let mut incoming = match conversation::stream_translator(got.xl, inb) {
+        Some(tr) => UpstreamBody::translated(got.incoming, tr, got.spoken, max_event),
+        None => UpstreamBody::Plain(got.incoming),
+    };
+    let mut watch = Box::new(
+        SseWatch::new(api)
+            .with_max_event(max_event)
+            .strip_usage(call.strip_usage),
+    );
+    let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
+    let pre = pre.await;
+    if pre.is_err() {
+        // The provider may bill what it reported before failing (the input tokens of an
+        // Anthropic message_start): metered on this attempt's provider and model.
+        let usage = incoming.upstream_usage().or_else(|| watch.usage());
+        if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
+            let cost = answer::sink(call, rec).record_unserved(u);
+            rec.charge_attempt(u, cost);
+        }
+    }
+    match pre {
+        Ok(held) => {
+            if watch.saw_content {
+                if let Some(r) = record.as_ref() {
+                    r.first_content();
+                }
+                let started = record
+                    .as_ref()
+                    .map_or_else(StdInstant::now, RequestRecord::started);
+                proxy
+                    .metrics
+                    .ttft
+                    .with_label_values(&[&up.name, call.model_label])
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            Exchanged::Stream(Pending {
+                status: got.parts.status,
+                headers: got.parts.headers,
+                incoming,
+                mode: Mode::Sse(watch),
+                held: (!held.is_empty()).then_some(held),
+                permit: got.permit,
+                inflight: got.inflight,
+            })
+        }
+        // Nothing reached the caller: the event becomes the error answer it stands for.
+        Err(PreCommit::ErrorEvent(data)) => {
+            let (status, body) = api.dialect().error_event_response(&data);
+            let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
+            let resp = answer::buffered(call, status, &got.parts.headers, body);
+            Exchanged::Error {
+                status: status.as_u16(),
+                quota,
+                retry_after: None,
+                in_stream: true,
+                resp,
+            }
+        }
+        Err(PreCommit::Broken(why)) => {
+            tracing::info!(provider = %up.name, reason = why, "stream failed before its first content");
+            Exchanged::Broken(ProxyError::UpstreamStreamBroken {
+                provider: up.name.clone(),
+            })
+        }
+    }
+}
+
+/// A whole success answer, read before it is committed so that a cut mid-body is retried like
+/// any other failure instead of reaching the caller as a broken response.
+async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
+    let Call { up, inb, .. } = *call;
+    let mut incoming = UpstreamBody::Plain(got.incoming);
+    let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
+    // Translated: the caller's API shape, or an answer that cannot be carried across. A
+    // Responses passthrough answer is read too: it is kept in the conversation store.
+    let read = match read {
+        Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
+            match conversation::translate_whole(got.xl, inb, &body) {
+                Ok(b) => Whole::Complete(b),
+                Err(e) => {
+                    tracing::warn!(provider = %up.name, error = %e, "upstream answer not translatable");
+                    Whole::Unusable(e)
+                }
+            }
+        }
+        Whole::TooLarge(_) if got.xl.translating() => {
+            Whole::Broken("the upstream answer is too large to translate")
+        }
+        w => w,
+    };
+    match read {
+        Whole::Complete(body) => {
+            if let Some(rec) = record.as_mut() {
+                match inb.endpoint.api.dialect().usage_of_body(&body) {
+                    Some(u) => {
+                        let cost = answer::sink(call, rec).record(u);
+                        rec.settle(u, cost, &up.name);
+                    }
+                    None => rec.keep_reservation(),
+                }
+            }
+            Exchanged::Whole(answer::buffered(
+                call,
+                got.parts.status,
+                &got.parts.headers,
+                body,
+            ))
+        }
+        Whole::TooLarge(prefix) => Exchanged::WholeStreamed(Pending {
+            status: got.parts.status,
+            headers: got.parts.headers,
+            incoming,
+            mode: Mode::Json {
+                buf: Vec::new(),
+                overflow: true,
+            },
+            held: Some(prefix),
+            permit: got.permit,
+            inflight: got.inflight,
+        }),
+        // The error names what happened: a cut body, or an answer that arrived whole but
+        // cannot be carried to the caller.
+        Whole::Unusable(reason) => Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
+            provider: up.name.clone(),
+            reason,
+        }),
+        Whole::Broken(why) => {
+            tracing::info!(provider = %up.name, reason = why, "response failed before it was complete");
+            Exchanged::Broken(ProxyError::UpstreamStreamBroken {
+                provider: up.name.clone(),
+            })
+        }
+    }
+}
+
+/// An error answer, read whole (it is small; bounded). One that no retry could change is
+/// passed on as it is, its content type kept (an HTML error page stays labelled as one); one
+/// that may be retryable is classified and, for a translated step or a platform, put in the
+/// caller's shape.
+async fn error(call: &Call<'_>, got: Got) -> Exchanged {
+    let Call { up, inb, .. } = *call;
+    let status = got.parts.status;
+    let headers = &got.parts.headers;
+    let body = upread::read_small(
+        UpstreamBody::Plain(got.incoming),
+        up.idle_timeout,
+        inb.deadline,
+    );
+    let body = body.await;
+    // The slot and the in-flight count are the upstream call's: it is over.
+    drop((got.permit, got.inflight));
+    // A platform's error answer is read to be put in the caller's shape.
+    let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
+    if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {
+        let mut resp = answer::buffered(call, status, headers, body);
+        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+            resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        }
+        return Exchanged::Error {
+            status: status.as_u16(),
+            quota: false,
+            retry_after: None,
+            in_stream: false,
+            resp,
+        };
+    }
+    let (status, body) = match up.cloud.as_ref() {
+        Some(c) => c
+            .map_error(status, headers, &body)
+            .unwrap_or((status, body)),
+        None => (status, body),
+    };
+    let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
+    let retry_after = retry::retry_after(headers, SystemTime::now());
+    let resp = if got.xl.translating() {
+        let (st, b) = conversation::translate_error(got.xl, status.as_u16(), &body);
+        let st = StatusCode::from_u16(st).unwrap_or(status);
+        answer::buffered(call, st, headers, Bytes::from(b))
+    } else {
+        answer::buffered(call, status, headers, body)
+    };
+    Exchanged::Error {
+        status: status.as_u16(),
+        quota,
+        retry_after,
+        in_stream: false,
+        resp,
+    }
+}

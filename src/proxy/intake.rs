@@ -1,0 +1,186 @@
+//! What a request asks, once its caller is known: its body read once under the size, time and
+//! buffer limits and parsed into `RequestMeta`, its deadline and priority, and the tenant's
+//! admission (rate limits and daily budget) before anything is sent upstream.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use hyper::body::Incoming;
+
+use super::inbound::{self, BodyError, Endpoint};
+use super::record::RequestRecord;
+use super::{Proxy, Snapshot, buffers};
+use crate::api::{Operation, RequestMeta};
+use crate::config::{Config, Priority};
+use crate::error::ProxyError;
+use crate::policy::ratelimit::{Ask, Decision, Reservation};
+
+impl Proxy {
+    /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
+    /// tenant's buckets, and checks its daily budget.
+    pub(super) async fn admit(
+        &self,
+        snap: &Snapshot,
+        tenant: &str,
+        t: &crate::config::TenantConfig,
+        meta: &RequestMeta,
+    ) -> Result<Reservation, ProxyError> {
+        let output = meta
+            .max_tokens
+            .unwrap_or(snap.cfg.ratelimit.default_output_reservation);
+        let tokens = meta.approx_input_tokens.saturating_add(output);
+        let ask = Ask {
+            tenant: tenant.to_string(),
+            rpm: t.requests_per_minute,
+            tpm: t.tokens_per_minute,
+            tokens,
+            budget_pico: t.daily_budget_pico,
+        };
+        if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
+            return Err(ProxyError::NeverFits {
+                tokens,
+                tokens_per_minute: t.tokens_per_minute,
+            });
+        }
+        if ask.rpm > 0 || ask.tpm > 0 || ask.budget_pico > 0 {
+            if let Decision::Refuse { limit, retry_after } = self.limiter.admit(&ask).await {
+                self.metrics
+                    .ratelimit_rejections
+                    .with_label_values(&[snap.labels.tenant(tenant), limit.as_str()])
+                    .inc();
+                return Err(ProxyError::RateLimited {
+                    limit: limit.as_str(),
+                    retry_after,
+                });
+            }
+        }
+        Ok(Reservation::new(
+            self.limiter.clone(),
+            &ask,
+            meta.approx_input_tokens,
+        ))
+    }
+}
+
+impl Proxy {
+    /// Reads the body once, under the size limit and within the read timeout, its bytes held
+    /// against `share` of the global buffer budget. Over HTTP/2 (`h2`) the rest of a refused
+    /// body is read and thrown away, so the client sees the answer.
+    pub(super) async fn read_body(
+        &self,
+        cfg: &Config,
+        headers: &HeaderMap,
+        h2: bool,
+        body: Incoming,
+        share: &mut buffers::BufferShare,
+        record: &mut Option<RequestRecord>,
+    ) -> Result<Bytes, ProxyError> {
+        let limit = cfg.server.max_body_bytes;
+        let limits = &cfg.server.limits;
+        let read = inbound::read_body(
+            headers,
+            body,
+            h2,
+            limit,
+            limits.body_read_timeout,
+            share,
+            limits.max_buffered_bytes,
+        );
+        match read.await {
+            Ok(b) => Ok(b),
+            Err(BodyError::TimedOut) => Err(ProxyError::BodyTimeout),
+            Err(BodyError::Full) => {
+                tracing::warn!("request refused: server.max_buffered_bytes is reached");
+                Err(ProxyError::BuffersFull {
+                    retry_after: Duration::from_secs(1),
+                })
+            }
+            Err(BodyError::TooLarge) => Err(ProxyError::TooLarge { limit }),
+            Err(BodyError::Broken) => {
+                if let Some(r) = record.as_mut() {
+                    r.client_gone();
+                }
+                Err(ProxyError::InvalidRequest {
+                    message: "the request body could not be read completely".to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
+pub(super) fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+}
+
+/// `x-legate-priority`, if the caller sent a valid one.
+pub(super) fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
+    headers
+        .get("x-legate-priority")
+        .and_then(|v| v.to_str().ok())
+        .and_then(Priority::parse)
+}
+
+pub(super) fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta, ProxyError> {
+    let invalid = |e: crate::api::MetaError| ProxyError::InvalidRequest {
+        message: e.to_string(),
+    };
+    let meta = match endpoint.op {
+        Operation::Generate => endpoint
+            .api
+            .dialect()
+            .parse_request(body)
+            .map_err(invalid)?,
+        Operation::CountTokens | Operation::InputTokens => parse_count_tokens(body)?,
+        Operation::Models | Operation::Model | Operation::StoredResponse => {
+            return Err(ProxyError::Internal);
+        }
+    };
+    // Names travel into logs, maps and labels: an absurd one is refused before it does.
+    if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
+        return Err(ProxyError::InvalidRequest {
+            message: format!(
+                "the model name is {} bytes long; legate accepts model names of at most {} bytes",
+                meta.model.len(),
+                crate::names::MAX_MODEL_NAME_BYTES
+            ),
+        });
+    }
+    Ok(meta)
+}
+
+/// count_tokens needs only the model to be routed; the provider validates the rest.
+fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
+    #[derive(serde::Deserialize)]
+    struct CountTokens<'a> {
+        #[serde(borrow)]
+        model: std::borrow::Cow<'a, str>,
+    }
+    let parsed: CountTokens<'_> =
+        serde_json::from_slice(body).map_err(|e| ProxyError::InvalidRequest {
+            message: format!("the request body is not a JSON object with a string `model`: {e}"),
+        })?;
+    Ok(RequestMeta {
+        model: parsed.model.into_owned(),
+        stream: false,
+        max_tokens: None,
+        include_usage: false,
+        approx_input_tokens: (body.len() as u64).div_ceil(4),
+    })
+}
+
+/// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
+pub(super) fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
+    let asked = headers
+        .get("x-legate-deadline-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let d = asked.map_or(default, |a| a.min(default));
+    tokio::time::Instant::now() + d
+}

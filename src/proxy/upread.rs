@@ -1,0 +1,155 @@
+//! Reading an upstream response within its time limits, without deciding anything: a stream
+//! up to its commit point (its preamble held back), a whole success body, a small error body,
+//! and the call itself up to its response headers. Each chunk must come within the provider's
+//! `idle_timeout`, and all of it before the request's deadline.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::Response;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::error::ProxyError;
+use crate::proxy::upbody::UpstreamBody;
+use crate::proxy::watch::SseWatch;
+use crate::upstream::Upstream;
+
+/// Error bodies read to classify a retryable status are small; larger ones are cut here.
+const ERROR_BODY_LIMIT: usize = 1 << 20;
+/// A preamble larger than this is forwarded without waiting for content (a misbehaving
+/// upstream must not make legate buffer without bound).
+const PREAMBLE_LIMIT: usize = 256 << 10;
+
+/// Why a stream failed before its commit point.
+pub(super) enum PreCommit {
+    /// An error event (its data) arrived before any content.
+    ErrorEvent(String),
+    Broken(&'static str),
+}
+
+/// Reads a stream up to its commit point (the first content event, or its end), holding the
+/// bytes back; each chunk must come within `idle` and all of it before the deadline.
+pub(super) async fn read_to_commit(
+    incoming: &mut UpstreamBody,
+    watch: &mut SseWatch,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<Bytes, PreCommit> {
+    let mut held = BytesMut::new();
+    loop {
+        if let Some(d) = &watch.error_data {
+            return Err(PreCommit::ErrorEvent(d.clone()));
+        }
+        if watch.oversize {
+            return Err(PreCommit::Broken(
+                "an event is larger than server.max_event_bytes",
+            ));
+        }
+        if watch.saw_content || watch.saw_terminal || held.len() > PREAMBLE_LIMIT {
+            return Ok(held.freeze());
+        }
+        let limit = (Instant::now() + idle).min(deadline);
+        match tokio::time::timeout_at(limit, incoming.frame()).await {
+            Err(_) => {
+                return Err(PreCommit::Broken(
+                    "no content within idle_timeout or the deadline",
+                ));
+            }
+            Ok(Some(Err(_))) => return Err(PreCommit::Broken("the connection broke")),
+            Ok(None) => {
+                if let Some(rest) = watch.finish() {
+                    held.extend_from_slice(&rest);
+                }
+                if let Some(d) = &watch.error_data {
+                    return Err(PreCommit::ErrorEvent(d.clone()));
+                }
+                if watch.saw_terminal {
+                    return Ok(held.freeze());
+                }
+                return Err(PreCommit::Broken(
+                    "the stream ended before its first content",
+                ));
+            }
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    if let (Some(out), _) = watch.feed(data) {
+                        held.extend_from_slice(&out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A whole success body larger than this is streamed through instead of held.
+const WHOLE_BODY_LIMIT: usize = 16 << 20;
+
+pub(super) enum Whole {
+    Complete(Bytes),
+    /// Larger than `WHOLE_BODY_LIMIT`: what was read so far; the rest follows.
+    TooLarge(Bytes),
+    Broken(&'static str),
+    /// Complete, but not an answer that can reach the caller (translated: no choices, broken
+    /// tool arguments).
+    Unusable(String),
+}
+
+/// Reads a whole response body, each chunk within `idle`, all before the deadline.
+pub(super) async fn read_whole(
+    incoming: &mut UpstreamBody,
+    idle: Duration,
+    deadline: Instant,
+) -> Whole {
+    let mut buf = BytesMut::new();
+    loop {
+        let limit = (Instant::now() + idle).min(deadline);
+        match tokio::time::timeout_at(limit, incoming.frame()).await {
+            Err(_) => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
+            Ok(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
+            Ok(None) => return Whole::Complete(buf.freeze()),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > WHOLE_BODY_LIMIT {
+                        return Whole::TooLarge(buf.freeze());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads a small error body (bounded in size and time); a body that cannot be read is empty.
+pub(super) async fn read_small(incoming: UpstreamBody, idle: Duration, deadline: Instant) -> Bytes {
+    let limit = (Instant::now() + idle).min(deadline);
+    match tokio::time::timeout_at(limit, Limited::new(incoming, ERROR_BODY_LIMIT).collect()).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => Bytes::new(),
+    }
+}
+
+/// One upstream call up to its response headers, bounded by the first-byte timeout and the
+/// request's deadline, whichever comes first.
+pub(super) async fn send(
+    up: &Upstream,
+    req: http::Request<Full<Bytes>>,
+    deadline: Instant,
+) -> Result<Response<Incoming>, ProxyError> {
+    let first_byte = Instant::now() + up.first_byte_timeout;
+    let limit = first_byte.min(deadline);
+    match tokio::time::timeout_at(limit, up.client().request(req)).await {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => {
+            tracing::debug!(provider = %up.name, connect = e.is_connect(), error = %e, "upstream request failed");
+            Err(ProxyError::UpstreamUnreachable {
+                provider: up.name.clone(),
+            })
+        }
+        Err(_) if deadline <= first_byte => Err(ProxyError::DeadlineExceeded),
+        Err(_) => Err(ProxyError::UpstreamTimeout {
+            provider: up.name.clone(),
+        }),
+    }
+}
