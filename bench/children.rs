@@ -162,6 +162,12 @@ kind = "openai"
 base_url = "{mock_url}"
 api_key_env = "OPENAI_API_KEY"
 max_concurrency = 4096
+
+# Every relayed Responses answer is stored for `previous_response_id`; the default bound
+# (64 MiB) would make the RSS rows measure that cache rather than legate. 4 MiB keeps the
+# store in the measurement without letting it dominate it.
+[responses]
+max_bytes = 4194304
 {telemetry}"#
     )
 }
