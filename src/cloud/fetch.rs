@@ -22,6 +22,13 @@ pub type FetchClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// A client for credential endpoints: public TLS roots, or plain HTTP for link-local and
 /// loopback endpoints (the metadata server, the container endpoint, test fakes).
 pub fn client() -> Result<FetchClient, String> {
+    own_client(Duration::from_secs(5))
+}
+
+/// The HTTP/1 client for legate's own calls (credential endpoints, the telemetry collector):
+/// public TLS roots, https or plain http, connecting within `connect_timeout`. Upstream calls
+/// use their own client (`upstream`), whose roots and protocols are configured.
+pub fn own_client(connect_timeout: Duration) -> Result<FetchClient, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
@@ -33,7 +40,7 @@ pub fn client() -> Result<FetchClient, String> {
     .with_no_client_auth();
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.set_connect_timeout(Some(connect_timeout));
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::body::MockBody;
 use super::render::Render;
 use super::reply::{Answer, Api, Asked, wait};
-use super::script::Script;
+use super::script::{Reply, Script};
 use super::state::{MatchKey, RecordedRequest, Shared};
 use super::{anthropic, cloud, control, responses};
 
@@ -193,15 +193,7 @@ async fn models(
     answer: Answer,
     path: &str,
 ) -> Response<MockBody> {
-    let key = MatchKey {
-        model: None,
-        path,
-        stream: false,
-    };
-    let reply = shared.take_reply(&key, true);
-    if let Some(reply) = &reply {
-        wait(reply).await;
-    }
+    let reply = document_reply(shared, &path_key(path)).await;
     let mut names: Vec<String> = LISTED_MODELS.iter().map(|m| (*m).to_owned()).collect();
     for name in script.model_names() {
         if !names.contains(&name) {
@@ -209,6 +201,25 @@ async fn models(
         }
     }
     answer.document(reply.as_deref(), anthropic::models(&names))
+}
+
+/// The key of a route told apart by its path alone (no model, no stream).
+fn path_key(path: &str) -> MatchKey<'_> {
+    MatchKey {
+        model: None,
+        path,
+        stream: false,
+    }
+}
+
+/// A queued reply for a route that answers a document (models, token counts, stored
+/// responses): only one queued for its path is taken, and its delay waited out.
+async fn document_reply(shared: &Shared, key: &MatchKey<'_>) -> Option<Arc<Reply>> {
+    let reply = shared.take_reply(key, true);
+    if let Some(reply) = &reply {
+        wait(reply).await;
+    }
+    reply
 }
 
 /// The routes that read a JSON request body: count_tokens and the two generation endpoints.
@@ -230,10 +241,7 @@ async fn with_body(
         stream: meta.stream.unwrap_or(false),
     };
     if matches!(route, Route::CountTokens | Route::InputTokens) {
-        let reply = shared.take_reply(&key, true);
-        if let Some(reply) = &reply {
-            wait(reply).await;
-        }
+        let reply = document_reply(shared, &key).await;
         let tokens = body.len() as u64 / 4;
         let natural = if route == Route::InputTokens {
             responses::input_tokens(tokens)
@@ -282,15 +290,7 @@ async fn stored_response(
     let Some((id, action)) = stored_response_path(method, path) else {
         return answer.error(StatusCode::NOT_FOUND, "not_found_error", "Not found");
     };
-    let key = MatchKey {
-        model: None,
-        path,
-        stream: false,
-    };
-    let reply = shared.take_reply(&key, true);
-    if let Some(reply) = &reply {
-        wait(reply).await;
-    }
+    let reply = document_reply(shared, &path_key(path)).await;
     let render = Render {
         id: answer.id,
         model: script.default.model.as_deref().unwrap_or(FALLBACK_MODEL),
@@ -360,54 +360,63 @@ mod tests {
     fn routes_and_error_shapes() {
         let none = headers(&[]);
         let anthropic = headers(&[("anthropic-version", "2023-06-01")]);
-        assert_eq!(
-            Route::of(&Method::POST, "/v1/messages", &none),
-            Route::Messages
-        );
-        assert_eq!(
-            Route::of(&Method::POST, "/v1/messages/count_tokens", &none),
-            Route::CountTokens
-        );
-        assert_eq!(Route::of(&Method::GET, "/v1/models", &none), Route::Models);
-        assert_eq!(
-            Route::of(&Method::POST, "/v1/chat/completions", &none),
-            Route::Chat
-        );
-        assert_eq!(
-            Route::of(&Method::GET, "/v1/messages", &none),
-            Route::Unknown(Api::Anthropic)
-        );
-        assert_eq!(
-            Route::of(&Method::POST, "/v1/responses", &anthropic),
-            Route::Responses
-        );
-        assert_eq!(
-            Route::of(&Method::GET, "/v1/responses/resp_1", &none),
-            Route::StoredResponse
-        );
-        assert_eq!(
-            Route::of(&Method::POST, "/v1/responses/resp_1/cancel", &none),
-            Route::StoredResponse
-        );
-        assert_eq!(
-            Route::of(&Method::GET, "/v1/responses/resp_1/input_items", &none),
-            Route::StoredResponse
-        );
-        assert_eq!(
-            Route::of(&Method::POST, "/v1/responses/input_tokens", &none),
-            Route::InputTokens
-        );
-        assert_eq!(
-            Route::of(&Method::PUT, "/v1/responses/resp_1", &none),
-            Route::Unknown(Api::OpenAi)
-        );
-        assert_eq!(
-            Route::of(&Method::POST, "/v2/x", &anthropic),
-            Route::Unknown(Api::Anthropic)
-        );
-        assert_eq!(
-            Route::of(&Method::POST, "/v2/x", &none),
-            Route::Unknown(Api::OpenAi)
-        );
+        let cases = [
+            (Method::POST, "/v1/messages", &none, Route::Messages),
+            (
+                Method::POST,
+                "/v1/messages/count_tokens",
+                &none,
+                Route::CountTokens,
+            ),
+            (Method::GET, "/v1/models", &none, Route::Models),
+            (Method::POST, "/v1/chat/completions", &none, Route::Chat),
+            (
+                Method::GET,
+                "/v1/messages",
+                &none,
+                Route::Unknown(Api::Anthropic),
+            ),
+            (Method::POST, "/v1/responses", &anthropic, Route::Responses),
+            (
+                Method::GET,
+                "/v1/responses/resp_1",
+                &none,
+                Route::StoredResponse,
+            ),
+            (
+                Method::POST,
+                "/v1/responses/resp_1/cancel",
+                &none,
+                Route::StoredResponse,
+            ),
+            (
+                Method::GET,
+                "/v1/responses/resp_1/input_items",
+                &none,
+                Route::StoredResponse,
+            ),
+            (
+                Method::POST,
+                "/v1/responses/input_tokens",
+                &none,
+                Route::InputTokens,
+            ),
+            (
+                Method::PUT,
+                "/v1/responses/resp_1",
+                &none,
+                Route::Unknown(Api::OpenAi),
+            ),
+            (
+                Method::POST,
+                "/v2/x",
+                &anthropic,
+                Route::Unknown(Api::Anthropic),
+            ),
+            (Method::POST, "/v2/x", &none, Route::Unknown(Api::OpenAi)),
+        ];
+        for (method, path, headers, want) in cases {
+            assert_eq!(Route::of(&method, path, headers), want, "{method} {path}");
+        }
     }
 }

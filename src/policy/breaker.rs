@@ -349,6 +349,11 @@ mod tests {
         }
     }
 
+    /// A breaker on `cfg()`, with no state gauge.
+    fn breaker() -> Arc<Breaker> {
+        Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None))
+    }
+
     fn pass(b: &Arc<Breaker>) -> Ticket {
         match b.admit() {
             Admission::Pass(t) => t,
@@ -368,7 +373,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn nothing_trips_below_min_calls() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         for _ in 0..3 {
             pass(&b).report(Outcome::Failure);
         }
@@ -379,7 +384,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn neutral_outcomes_never_trip_it() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         for _ in 0..100 {
             pass(&b).report(Outcome::Neutral);
             drop(pass(&b));
@@ -389,7 +394,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn old_outcomes_leave_the_window() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         for _ in 0..3 {
             pass(&b).report(Outcome::Failure);
         }
@@ -400,7 +405,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn admits_exactly_one_probe_after_open_for() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         trip(&b);
         assert!(refused(&b));
         tokio::time::advance(Duration::from_secs(10)).await;
@@ -415,7 +420,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_probe_reopens_with_the_timer_doubled_up_to_the_cap() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         trip(&b);
         tokio::time::advance(Duration::from_secs(10)).await;
         pass(&b).report(Outcome::Failure);
@@ -432,7 +437,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_streaming_probe_closes_the_breaker_at_its_first_content() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         trip(&b);
         tokio::time::advance(Duration::from_secs(10)).await;
         let stream = pass(&b).committed();
@@ -445,7 +450,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_probe_lets_the_next_caller_probe() {
-        let b = Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None));
+        let b = breaker();
         trip(&b);
         tokio::time::advance(Duration::from_secs(10)).await;
         drop(pass(&b));

@@ -257,6 +257,18 @@ mod tests {
         Pacer::new("anthropic", g)
     }
 
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    http::HeaderName::from_static(k),
+                    HeaderValue::from_static(v),
+                )
+            })
+            .collect()
+    }
+
     #[test]
     fn go_durations_and_rfc3339_resets_parse() {
         assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
@@ -276,16 +288,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn below_the_threshold_batch_is_spaced_and_interactive_is_not() {
         let p = pacer();
-        let mut h = HeaderMap::new();
-        h.insert(
-            "x-ratelimit-limit-requests",
-            HeaderValue::from_static("100"),
-        );
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("4"),
-        );
-        h.insert("x-ratelimit-reset-requests", HeaderValue::from_static("2s"));
+        let h = headers(&[
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "4"),
+            ("x-ratelimit-reset-requests", "2s"),
+        ]);
         p.observe(&h);
         assert_eq!(p.delay(Priority::Interactive, 0.2), None);
         // 4 calls left over 2 s: one every 500 ms.
@@ -308,23 +315,12 @@ mod tests {
     #[test]
     fn the_tightest_limit_wins() {
         let p = pacer();
-        let mut h = HeaderMap::new();
-        h.insert(
-            "anthropic-ratelimit-requests-limit",
-            HeaderValue::from_static("100"),
-        );
-        h.insert(
-            "anthropic-ratelimit-requests-remaining",
-            HeaderValue::from_static("90"),
-        );
-        h.insert(
-            "anthropic-ratelimit-tokens-limit",
-            HeaderValue::from_static("1000"),
-        );
-        h.insert(
-            "anthropic-ratelimit-tokens-remaining",
-            HeaderValue::from_static("50"),
-        );
+        let h = headers(&[
+            ("anthropic-ratelimit-requests-limit", "100"),
+            ("anthropic-ratelimit-requests-remaining", "90"),
+            ("anthropic-ratelimit-tokens-limit", "1000"),
+            ("anthropic-ratelimit-tokens-remaining", "50"),
+        ]);
         p.observe(&h);
         let snap = p.snapshot();
         assert_eq!(snap["remaining_ratio"], 0.05);

@@ -218,6 +218,7 @@ fn ask_for_usage(inb: &Inbound, spoken: ApiKind, body: bytes::Bytes) -> (bytes::
     }
 }
 
+/// One chain step: its body prepared (or the step passed over), then its attempts.
 async fn run_step(
     proxy: &Proxy,
     snap: &Snapshot,
@@ -226,7 +227,6 @@ async fn run_step(
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
 ) -> Result<StepEnd, ProxyError> {
-    let retry = &snap.cfg.retry;
     let up = snap
         .upstreams
         .get(&step.provider)
@@ -250,7 +250,20 @@ async fn run_step(
         strip_usage,
         traceparent: None,
     };
-    let server = provider_host(snap, step);
+    attempts(&mut call, breaker.as_ref(), exec, record).await
+}
+
+/// Up to `max_attempts` exchanges with the step's upstream, each let through by its breaker,
+/// until one is committed or the judge, the deadline or the retry budget ends the step.
+async fn attempts(
+    call: &mut Call<'_>,
+    breaker: Option<&Arc<Breaker>>,
+    exec: &mut Exec,
+    record: &mut Option<RequestRecord>,
+) -> Result<StepEnd, ProxyError> {
+    let (proxy, inb, step, model_label) = (call.proxy, call.inb, call.step, call.model_label);
+    let retry = &call.snap.cfg.retry;
+    let server = provider_host(call.snap, step);
     let count = |label: &str| {
         proxy
             .metrics
@@ -260,7 +273,7 @@ async fn run_step(
     };
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
-        let Some(ticket) = ticket(breaker.as_ref(), exec, inb, step, &count) else {
+        let Some(ticket) = ticket(breaker, exec, inb, step, &count) else {
             return Ok(StepEnd::Unavailable);
         };
         if n > 1 {
@@ -270,28 +283,9 @@ async fn run_step(
                 .with_label_values(&[&step.provider, model_label])
                 .inc();
         }
-        let scope = inb
-            .obs
-            .begin_attempt(exec.step_no, step, up.kind, server.clone());
-        call.traceparent = scope.traceparent();
-        let sent_before = exec.spent.attempts;
-        let exchanged = exchange::run(&call, &mut exec.spent, record).await;
-        let verdict = judge::judge(
-            exchanged.happened(),
-            Context {
-                deadline_passed: Instant::now() >= inb.deadline,
-                last_attempt: n == retry.max_attempts,
-                max_retry_after: retry.max_retry_after,
-            },
-        );
-        if let Some(label) = verdict.label {
-            count(label);
-        }
-        let (status, outcome, why) =
-            crate::observe::request::journal_attempt(&exchanged, &verdict.action);
-        scope.end(status, outcome, why, exec.spent.attempts > sent_before);
+        let (exchanged, verdict) = attempt(call, n, server.clone(), exec, record, &count).await;
         let moved_on = moved_on(&exchanged, n, retry.max_retry_after);
-        let wait = match act(&call, exchanged, verdict, ticket, exec, record)? {
+        let wait = match act(call, exchanged, verdict, ticket, exec, record)? {
             Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Next::Unavailable => {
                 inb.obs.moved_on(moved_on);
@@ -305,6 +299,40 @@ async fn run_step(
         }
     }
     Ok(StepEnd::Unavailable)
+}
+
+/// Attempt `n`: one exchange, judged, counted and written to the journal; acting on the
+/// verdict is the caller's.
+async fn attempt(
+    call: &mut Call<'_>,
+    n: u32,
+    server: Option<String>,
+    exec: &mut Exec,
+    record: &mut Option<RequestRecord>,
+    count: &(dyn Fn(&str) + Sync),
+) -> (Exchanged, Verdict) {
+    let (inb, retry) = (call.inb, &call.snap.cfg.retry);
+    let scope = inb
+        .obs
+        .begin_attempt(exec.step_no, call.step, call.up.kind, server);
+    call.traceparent = scope.traceparent();
+    let sent_before = exec.spent.attempts;
+    let exchanged = exchange::run(call, &mut exec.spent, record).await;
+    let verdict = judge::judge(
+        exchanged.happened(),
+        Context {
+            deadline_passed: Instant::now() >= inb.deadline,
+            last_attempt: n == retry.max_attempts,
+            max_retry_after: retry.max_retry_after,
+        },
+    );
+    if let Some(label) = verdict.label {
+        count(label);
+    }
+    let (status, outcome, why) =
+        crate::observe::request::journal_attempt(&exchanged, &verdict.action);
+    scope.end(status, outcome, why, exec.spent.attempts > sent_before);
+    (exchanged, verdict)
 }
 
 /// The provider's host, for the journal and traces.

@@ -5,15 +5,17 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, Request};
 use hyper::body::Incoming;
 
+use super::conversation::Conversation;
 use super::inbound::{self, BodyError, Endpoint};
 use super::record::RequestRecord;
-use super::{Proxy, Snapshot, buffers};
+use super::{Inbound, Proxy, Snapshot, buffers};
 use crate::api::{Operation, RequestMeta};
 use crate::config::{Config, Priority};
 use crate::error::ProxyError;
+use crate::observe::RequestObs;
 use crate::policy::ratelimit::{Ask, Decision, Reservation};
 
 impl Proxy {
@@ -106,6 +108,71 @@ impl Proxy {
                 })
             }
         }
+    }
+}
+
+impl Proxy {
+    /// Steps 4 and 5: the body read and parsed, the tenant admitted, and the request's
+    /// conversation looked up; what the chain needs, gathered in one `Inbound`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the request's parts and its per-request sinks, each used once"
+    )]
+    pub(super) async fn take_in(
+        &self,
+        snap: &Snapshot,
+        endpoint: Endpoint,
+        tenant: &str,
+        req: Request<Incoming>,
+        rid: &str,
+        record: &mut Option<RequestRecord>,
+        obs: &RequestObs,
+    ) -> Result<Inbound, ProxyError> {
+        let cfg = &snap.cfg;
+        // 4. Body: read once under the limit, parsed once into RequestMeta.
+        let (parts, body) = req.into_parts();
+        let mut share = buffers::BufferShare::new(self.buffers.clone());
+        let h2 = parts.version == http::Version::HTTP_2;
+        let body = self
+            .read_body(cfg, &parts.headers, h2, body, &mut share, record)
+            .await?;
+        crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
+        let meta = parse_meta(endpoint, &body)?;
+        if let Some(r) = record.as_mut() {
+            r.set_model(snap.labels.model(&meta.model));
+        }
+        obs.update(|f| {
+            f.model = Some(meta.model.clone());
+            f.max_tokens = meta.max_tokens;
+            f.stream = meta.stream;
+        });
+        let deadline = deadline(&parts.headers, cfg.server.default_deadline);
+        // 5. Admission: the tenant's limits, before anything is sent upstream.
+        let tenant_cfg = cfg.tenant(tenant);
+        let priority = requested_priority(&parts.headers)
+            .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
+        obs.update(|f| f.priority = Some(priority.as_str()));
+        // Counting tokens is never metered.
+        if !matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens) {
+            let reservation = self.admit(snap, tenant, &tenant_cfg, &meta).await?;
+            if let Some(r) = record.as_mut() {
+                r.reserve(reservation);
+            }
+        }
+        let store = &self.conversations;
+        let conversation = Conversation::for_call(store, endpoint, &body, rid).await?;
+        Ok(Inbound {
+            conversation,
+            priority,
+            endpoint,
+            headers: parts.headers,
+            query: parts.uri.query().map(str::to_string),
+            body,
+            meta,
+            deadline,
+            _buffered: share,
+            obs: obs.clone(),
+        })
     }
 }
 

@@ -268,6 +268,8 @@ impl Proxy {
         });
     }
 
+    /// The request's way through legate's policies, in their fixed order (the numbered steps
+    /// here and in `screen` and `take_in`).
     #[expect(
         clippy::too_many_arguments,
         reason = "the request's parts and its per-request sinks, each used once"
@@ -282,6 +284,30 @@ impl Proxy {
         stats: &mut exchange::Spent,
         obs: &crate::observe::RequestObs,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (endpoint, tenant) = self.screen(snap, endpoint, &req, record)?;
+        // What is answered without a body: from config, or the conversation store.
+        if let Some(answered) = self.answer_locally(snap, endpoint, &req).await {
+            return answered;
+        }
+        let inbound = self
+            .take_in(snap, endpoint, &tenant, req, rid, record, obs)
+            .await?;
+        if endpoint.op == Operation::InputTokens {
+            return responses::input_tokens(snap, &inbound).await;
+        }
+        // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
+        chain::run(self, snap, inbound, record, stats).await
+    }
+
+    /// Steps 0 to 3, everything decided from the request line and headers alone, so that a
+    /// refusal costs no body read: the endpoint and the caller's tenant, or why not.
+    fn screen(
+        &self,
+        snap: &Snapshot,
+        endpoint: Option<Endpoint>,
+        req: &Request<Incoming>,
+        record: &mut Option<RequestRecord>,
+    ) -> Result<(Endpoint, String), ProxyError> {
         let cfg = &snap.cfg;
         // 0. Origin: a web page in a browser never gets further, whatever else it sends.
         inbound::check_origin(req.headers())?;
@@ -307,60 +333,7 @@ impl Proxy {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
         self.note_client_retry(snap, endpoint, &tenant, req.headers());
-        // What is answered without a body: from config, or the conversation store.
-        if let Some(answered) = self.answer_locally(snap, endpoint, &req).await {
-            return answered;
-        }
-        // 4. Body: read once under the limit, parsed once into RequestMeta.
-        let (parts, body) = req.into_parts();
-        let mut share = buffers::BufferShare::new(self.buffers.clone());
-        let h2 = parts.version == http::Version::HTTP_2;
-        let body = self
-            .read_body(cfg, &parts.headers, h2, body, &mut share, record)
-            .await?;
-        crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
-        let meta = intake::parse_meta(endpoint, &body)?;
-        if let Some(r) = record.as_mut() {
-            r.set_model(snap.labels.model(&meta.model));
-        }
-        obs.update(|f| {
-            f.model = Some(meta.model.clone());
-            f.max_tokens = meta.max_tokens;
-            f.stream = meta.stream;
-        });
-        let deadline = intake::deadline(&parts.headers, cfg.server.default_deadline);
-        // 5. Admission: the tenant's limits, before anything is sent upstream.
-        let tenant_cfg = cfg.tenant(&tenant);
-        let priority = intake::requested_priority(&parts.headers)
-            .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
-        obs.update(|f| f.priority = Some(priority.as_str()));
-        // Counting tokens is never metered.
-        if !matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens) {
-            let reservation = self.admit(snap, &tenant, &tenant_cfg, &meta).await?;
-            if let Some(r) = record.as_mut() {
-                r.reserve(reservation);
-            }
-        }
-        let store = &self.conversations;
-        let conversation =
-            conversation::Conversation::for_call(store, endpoint, &body, rid).await?;
-        let inbound = Inbound {
-            conversation,
-            priority,
-            endpoint,
-            headers: parts.headers,
-            query: parts.uri.query().map(str::to_string),
-            body,
-            meta,
-            deadline,
-            _buffered: share,
-            obs: obs.clone(),
-        };
-        if endpoint.op == Operation::InputTokens {
-            return responses::input_tokens(snap, &inbound).await;
-        }
-        // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
-        chain::run(self, snap, inbound, record, stats).await
+        Ok((endpoint, tenant))
     }
 
     /// The caller's own retry on top of legate's: worth seeing (README: turning them off).

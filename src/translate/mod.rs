@@ -210,9 +210,28 @@ pub fn request(
     target_model: &str,
 ) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {
     match dir {
-        Dir::AnthropicToOpenAi => request_openai::translate(body, target_model),
-        Dir::OpenAiToAnthropic => request_anthropic::translate(body, target_model),
+        Dir::AnthropicToOpenAi => typed(body, "Anthropic Messages", |req| {
+            request_openai::convert(req, target_model)
+        }),
+        Dir::OpenAiToAnthropic => typed(body, "Chat Completions", |req| {
+            request_anthropic::convert(req, target_model)
+        }),
     }
+}
+
+/// The frame of a request translation, the same both ways: the caller's body parsed as its
+/// API's typed request, converted, and the result serialised.
+fn typed<In: serde::de::DeserializeOwned, Out: serde::Serialize>(
+    body: &[u8],
+    api: &str,
+    convert: impl FnOnce(In) -> Result<(Out, fitting::Fitting), Untranslatable>,
+) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {
+    let req: In = serde_json::from_slice(body)
+        .map_err(|e| Untranslatable(format!("the body is not a valid {api} request: {e}")))?;
+    let (out, fit) = convert(req)?;
+    let bytes = serde_json::to_vec(&out)
+        .map_err(|e| Untranslatable(format!("cannot serialise the translated request: {e}")))?;
+    Ok((bytes, fit.into_labels()))
 }
 
 /// Translates a whole non-streaming upstream response (2xx) back into the caller's API.

@@ -21,23 +21,8 @@ const DROPPED_FIELDS: &[&str] = &[
     "output_config",
 ];
 
-pub(super) fn translate(
-    body: &[u8],
-    target_model: &str,
-) -> Result<(Vec<u8>, Vec<&'static str>), Untranslatable> {
-    let req: an::Request = serde_json::from_slice(body).map_err(|e| {
-        Untranslatable(format!(
-            "the body is not a valid Anthropic Messages request: {e}"
-        ))
-    })?;
-    let (out, fit) = convert(req, target_model)?;
-    let bytes = serde_json::to_vec(&out)
-        .map_err(|e| Untranslatable(format!("cannot serialise the translated request: {e}")))?;
-    Ok((bytes, fit.into_labels()))
-}
-
 /// The typed conversion, applying the fitting rules of the mapping table (module docs).
-fn convert(
+pub(super) fn convert(
     mut req: an::Request,
     target_model: &str,
 ) -> Result<(oa::Request, Fitting), Untranslatable> {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use crate::binary::{BIN, addrs, spawn};
 use crate::harness::start_mock;
+use crate::harness::{addrs, spawn};
 
 const FIELDS: &[&str] = &[
     "request_id",
@@ -122,7 +122,6 @@ chain = ["anthropic:claude-backend"]
         Some(&log),
     )
     .await;
-    let _ = BIN;
     let (data, _admin) = addrs(&line);
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let post = |path: &str, body: &str| {

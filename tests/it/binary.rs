@@ -2,53 +2,19 @@
 //! as separate processes, secrets never leaking (logs at debug level, metrics, admin, error
 //! bodies), and SIGTERM draining an open stream.
 
-use std::process::Stdio;
-
 use futures_util::StreamExt;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_legate");
+use crate::harness::{BIN, addrs, sigterm, spawn, spawn_mock};
+
 const PROVIDER_CANARY: &str = "sk-ant-CANARY-9d1e0c7b";
 const CLIENT_CANARY: &str = "sk-ant-CANARY-client-51f2";
 
-/// Spawns the binary and returns it with the first stdout line (the listening line).
-pub(crate) async fn spawn(
-    args: &[&str],
-    envs: &[(&str, &str)],
-    stderr_to: Option<&std::path::Path>,
-) -> (Child, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env_remove("LEGATE_CONFIG")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
-    for (k, v) in envs {
-        cmd.env(k, v);
+async fn start_mock(script: Option<&std::path::Path>) -> (Child, String) {
+    match script {
+        Some(p) => spawn_mock(&["--script", &p.display().to_string()]).await,
+        None => spawn_mock(&[]).await,
     }
-    match stderr_to {
-        Some(p) => cmd.stderr(std::fs::File::create(p).unwrap()),
-        None => cmd.stderr(Stdio::null()),
-    };
-    let mut child = cmd.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let line = lines.next_line().await.unwrap().expect("a listening line");
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, line)
-}
-
-/// "legate listening on http://A (admin http://B)" -> (A, B)
-pub(crate) fn addrs(line: &str) -> (String, String) {
-    let mut urls = line
-        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
-        .filter(|w| w.starts_with("http://"));
-    let data = urls.next().unwrap().to_string();
-    let admin = urls.next().unwrap().to_string();
-    (data, admin)
 }
 
 fn write_config(dir: &std::path::Path, mock_url: &str, extra: &str) -> std::path::PathBuf {
@@ -77,31 +43,6 @@ api_key_env = "OPENAI_API_KEY"
     )
     .unwrap();
     path
-}
-
-async fn start_mock(script: Option<&std::path::Path>) -> (Child, String) {
-    let mut args = vec!["mock", "--listen", "127.0.0.1:0"];
-    let s;
-    if let Some(p) = script {
-        s = p.display().to_string();
-        args.extend(["--script", s.as_str()]);
-    }
-    let (child, line) = spawn(&args, &[], None).await;
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_string();
-    (child, url)
-}
-
-pub(crate) fn sigterm(child: &Child) {
-    let pid = child.id().unwrap().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[tokio::test]

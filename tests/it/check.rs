@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::binary::{BIN, addrs, sigterm, spawn};
+use crate::harness::{BIN, addrs, sigterm, spawn};
 
 const CANARY: &str = "sk-ant-api03-CANARY-77e1b0";
 

@@ -3,17 +3,12 @@
 //! federated and projected tokens), none may appear in legate's trace-level log, its answers,
 //! its metrics, its admin plane or `legate check`.
 
-use crate::binary::{BIN, addrs, sigterm, spawn};
+use crate::harness::{BIN, addrs, sigterm, spawn, spawn_mock};
 
 #[tokio::test]
 async fn cloud_secrets_never_appear_in_logs_metrics_admin_or_error_bodies() {
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, line) = spawn(&["mock", "--cloud", "--listen", "127.0.0.1:0"], &[], None).await;
-    let mock = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_string();
+    let (_mock, mock) = spawn_mock(&["--cloud"]).await;
     let token = dir.path().join("projected-token");
     std::fs::write(&token, "CANARY-projected-service-account-token").unwrap();
     let external = dir.path().join("external-account.json");

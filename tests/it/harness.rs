@@ -1,9 +1,13 @@
-//! Starting a mock provider and legate for one test, and reading what they saw.
+//! Starting a mock provider and legate for one test (in process, or the real binary as its own
+//! process), and reading what they saw.
 
 use std::collections::HashMap;
+use std::process::Stdio;
 
 use legate::mock::{MockServer, Script};
 use legate::server::RunningServer;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
 
 pub(crate) const ANTHROPIC_KEY: &str = "sk-ant-CANARY-provider-4f9a1c";
 pub(crate) const OPENAI_KEY: &str = "sk-CANARY-openai-77b2e0";
@@ -231,4 +235,69 @@ impl Env {
             .await
             .expect("admin documents are JSON")
     }
+}
+
+// The real binary as a separate process (binary, check, access_log, cloud_secrets).
+
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_legate");
+
+/// Spawns the binary and returns it with the first stdout line (the listening line).
+pub(crate) async fn spawn(
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stderr_to: Option<&std::path::Path>,
+) -> (Child, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("LEGATE_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    match stderr_to {
+        Some(p) => cmd.stderr(std::fs::File::create(p).unwrap()),
+        None => cmd.stderr(Stdio::null()),
+    };
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = lines.next_line().await.unwrap().expect("a listening line");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, line)
+}
+
+/// "legate listening on http://A (admin http://B)" -> (A, B)
+pub(crate) fn addrs(line: &str) -> (String, String) {
+    let mut urls = line
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter(|w| w.starts_with("http://"));
+    let data = urls.next().unwrap().to_string();
+    let admin = urls.next().unwrap().to_string();
+    (data, admin)
+}
+
+/// `legate mock --listen 127.0.0.1:0` and `args` as its own process, with its base URL.
+pub(crate) async fn spawn_mock(args: &[&str]) -> (Child, String) {
+    let mut all = vec!["mock", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let (child, line) = spawn(&all, &[], None).await;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    (child, url)
+}
+
+pub(crate) fn sigterm(child: &Child) {
+    let pid = child.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
 }

@@ -116,77 +116,10 @@ pub(crate) async fn handle(
     answer: Answer,
 ) -> Response<MockBody> {
     let doc: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    match call.platform {
-        Platform::Bedrock => {
-            if let Err((st, exc, msg)) = super::sigv4::verify(cloud, parts, body) {
-                cloud.count("refused");
-                return bedrock_error(answer, st, exc, &msg);
-            }
-            if !doc.is_object() || doc.get("model").is_some() || doc.get("stream").is_some() {
-                return bedrock_error(
-                    answer,
-                    400,
-                    "ValidationException",
-                    "extraneous key [model] or [stream] is not permitted",
-                );
-            }
-            if !doc["anthropic_version"].is_string() {
-                return bedrock_error(
-                    answer,
-                    400,
-                    "ValidationException",
-                    "required key [anthropic_version] not found",
-                );
-            }
-        }
-        Platform::Vertex => {
-            if let Err(why) =
-                bearer(parts).map_or(Err("missing bearer token"), |t| cloud.check_token(t))
-            {
-                cloud.count("refused");
-                let body = serde_json::json!({"error": {"code": 401, "message": why, "status": "UNAUTHENTICATED"}});
-                return answer.send(
-                    StatusCode::UNAUTHORIZED,
-                    HeaderValue::from_static("application/json"),
-                    MockBody::full(Bytes::from(body.to_string())),
-                    &[],
-                );
-            }
-            if !doc["anthropic_version"].is_string() || doc.get("model").is_some() {
-                return answer.error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    "anthropic_version is required and model must not be set",
-                );
-            }
-        }
-        Platform::Azure => {
-            let key_ok = match (&cloud.opts.azure_api_key, parts.headers.get("api-key")) {
-                (Some(k), Some(v)) => v.as_bytes() == k.as_bytes(),
-                _ => false,
-            };
-            let token_ok = bearer(parts).is_some_and(|t| cloud.check_token(t).is_ok());
-            if !key_ok && !token_ok {
-                cloud.count("refused");
-                return answer.error(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_request_error",
-                    "Access denied due to invalid subscription key or wrong API endpoint.",
-                );
-            }
-            if !parts
-                .uri
-                .query()
-                .is_some_and(|q| q.contains("api-version="))
-            {
-                return answer.error(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    "api-version is required",
-                );
-            }
-        }
-    }
+    let answer = match checked(cloud, call.platform, parts, body, &doc, answer) {
+        Ok(answer) => answer,
+        Err(refused) => return *refused,
+    };
     let stream = match call.platform {
         Platform::Azure => doc["stream"].as_bool().unwrap_or(false),
         _ => call.stream,
@@ -220,6 +153,114 @@ pub(crate) async fn handle(
         }
         Platform::Vertex | Platform::Azure => answer.generated(&reply, &asked),
     }
+}
+
+/// The answer back when a call passes the platform's checks, or the platform's refusal
+/// (boxed: a response is large beside the answer).
+type Checked = Result<Answer, Box<Response<MockBody>>>;
+
+/// The platform's own checks before any reply is taken: its credential, then its body or
+/// query.
+fn checked(
+    cloud: &Cloud,
+    platform: Platform,
+    parts: &Parts,
+    body: &Bytes,
+    doc: &serde_json::Value,
+    answer: Answer,
+) -> Checked {
+    match platform {
+        Platform::Bedrock => bedrock_checked(cloud, parts, body, doc, answer),
+        Platform::Vertex => vertex_checked(cloud, parts, doc, answer),
+        Platform::Azure => azure_checked(cloud, parts, answer),
+    }
+}
+
+/// SigV4, then a body without `model` and `stream` but with `anthropic_version`.
+fn bedrock_checked(
+    cloud: &Cloud,
+    parts: &Parts,
+    body: &Bytes,
+    doc: &serde_json::Value,
+    answer: Answer,
+) -> Checked {
+    if let Err((st, exc, msg)) = super::sigv4::verify(cloud, parts, body) {
+        cloud.count("refused");
+        return Err(Box::new(bedrock_error(answer, st, exc, &msg)));
+    }
+    if !doc.is_object() || doc.get("model").is_some() || doc.get("stream").is_some() {
+        return Err(Box::new(bedrock_error(
+            answer,
+            400,
+            "ValidationException",
+            "extraneous key [model] or [stream] is not permitted",
+        )));
+    }
+    if !doc["anthropic_version"].is_string() {
+        return Err(Box::new(bedrock_error(
+            answer,
+            400,
+            "ValidationException",
+            "required key [anthropic_version] not found",
+        )));
+    }
+    Ok(answer)
+}
+
+/// A bearer token the mock issued, then `anthropic_version` and no `model`.
+fn vertex_checked(
+    cloud: &Cloud,
+    parts: &Parts,
+    doc: &serde_json::Value,
+    answer: Answer,
+) -> Checked {
+    if let Err(why) = bearer(parts).map_or(Err("missing bearer token"), |t| cloud.check_token(t)) {
+        cloud.count("refused");
+        let body = serde_json::json!({"error": {"code": 401, "message": why, "status": "UNAUTHENTICATED"}});
+        return Err(Box::new(answer.send(
+            StatusCode::UNAUTHORIZED,
+            HeaderValue::from_static("application/json"),
+            MockBody::full(Bytes::from(body.to_string())),
+            &[],
+        )));
+    }
+    if !doc["anthropic_version"].is_string() || doc.get("model").is_some() {
+        return Err(Box::new(answer.error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "anthropic_version is required and model must not be set",
+        )));
+    }
+    Ok(answer)
+}
+
+/// The api-key or an Entra token, then `api-version` in the query.
+fn azure_checked(cloud: &Cloud, parts: &Parts, answer: Answer) -> Checked {
+    let key_ok = match (&cloud.opts.azure_api_key, parts.headers.get("api-key")) {
+        (Some(k), Some(v)) => v.as_bytes() == k.as_bytes(),
+        _ => false,
+    };
+    let token_ok = bearer(parts).is_some_and(|t| cloud.check_token(t).is_ok());
+    if !key_ok && !token_ok {
+        cloud.count("refused");
+        return Err(Box::new(answer.error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "Access denied due to invalid subscription key or wrong API endpoint.",
+        )));
+    }
+    if !parts
+        .uri
+        .query()
+        .is_some_and(|q| q.contains("api-version="))
+    {
+        return Err(Box::new(answer.error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "api-version is required",
+        )));
+    }
+    Ok(answer)
 }
 
 /// The exception a scripted status or stream error stands for on Bedrock.

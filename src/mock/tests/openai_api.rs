@@ -3,6 +3,21 @@
 use serde_json::{Value, json};
 
 use super::{TestResult, client, json_of, openai_request, parse_sse, post, start};
+use crate::mock::MockServer;
+
+/// A Chat Completions call to the mock (`stream`, and `include_usage` when streaming).
+async fn chat(
+    server: &MockServer,
+    stream: bool,
+    include_usage: bool,
+) -> Result<reqwest::Response, reqwest::Error> {
+    post(
+        server,
+        "/v1/chat/completions",
+        &openai_request(stream, include_usage),
+    )
+    .await
+}
 
 fn tool_reply() -> Value {
     json!({"replies": [{
@@ -16,12 +31,7 @@ fn tool_reply() -> Value {
 #[tokio::test]
 async fn completion_has_the_openai_shape_and_derived_usage() -> TestResult {
     let server = start(tool_reply()).await?;
-    let response = post(
-        &server,
-        "/v1/chat/completions",
-        &openai_request(false, false),
-    )
-    .await?;
+    let response = chat(&server, false, false).await?;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "application/json");
     assert!(
@@ -58,15 +68,7 @@ async fn finish_reason_maps_from_the_stop_reason() -> TestResult {
         start(json!({"replies": [{"stop_reason": "max_tokens"}, {"stop_reason": "end_turn"}]}))
             .await?;
     for expected in ["length", "stop"] {
-        let body = json_of(
-            post(
-                &server,
-                "/v1/chat/completions",
-                &openai_request(false, false),
-            )
-            .await?,
-        )
-        .await?;
+        let body = json_of(chat(&server, false, false).await?).await?;
         assert_eq!(body["choices"][0]["finish_reason"], expected);
     }
     Ok(())
@@ -75,7 +77,7 @@ async fn finish_reason_maps_from_the_stop_reason() -> TestResult {
 #[tokio::test]
 async fn stream_with_usage_ends_with_a_usage_chunk_then_done() -> TestResult {
     let server = start(tool_reply()).await?;
-    let response = post(&server, "/v1/chat/completions", &openai_request(true, true)).await?;
+    let response = chat(&server, true, true).await?;
     assert!(
         response.headers()["content-type"]
             .to_str()?
@@ -152,12 +154,7 @@ async fn stream_with_usage_ends_with_a_usage_chunk_then_done() -> TestResult {
 #[tokio::test]
 async fn stream_without_usage_option_has_no_usage() -> TestResult {
     let server = start(json!({})).await?;
-    let response = post(
-        &server,
-        "/v1/chat/completions",
-        &openai_request(true, false),
-    )
-    .await?;
+    let response = chat(&server, true, false).await?;
     let events = parse_sse(&response.text().await?);
     assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -181,12 +178,7 @@ async fn error_status_gets_the_openai_error_body() -> TestResult {
         {"status": 429, "error_type": "insufficient_quota", "error_message": "You exceeded your quota."},
     ]}))
     .await?;
-    let response = post(
-        &server,
-        "/v1/chat/completions",
-        &openai_request(false, false),
-    )
-    .await?;
+    let response = chat(&server, false, false).await?;
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["x-ratelimit-remaining-requests"], "0");
     assert!(response.headers().get("x-request-id").is_some());
@@ -200,15 +192,7 @@ async fn error_status_gets_the_openai_error_body() -> TestResult {
     );
     assert!(body.get("type").is_none(), "not the Anthropic envelope");
 
-    let body = json_of(
-        post(
-            &server,
-            "/v1/chat/completions",
-            &openai_request(false, false),
-        )
-        .await?,
-    )
-    .await?;
+    let body = json_of(chat(&server, false, false).await?).await?;
     assert_eq!(
         body,
         json!({"error": {"message": "You exceeded your quota.", "type": "insufficient_quota",

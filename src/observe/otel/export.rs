@@ -7,15 +7,11 @@
 //! behind `opentelemetry_http::HttpClient`: no second HTTP stack. Requests run on the server's
 //! Tokio runtime even when the SDK's metrics thread asks for them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use opentelemetry::Context;
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -34,7 +30,7 @@ const MAX_RESPONSE: usize = 64 << 10;
 /// `opentelemetry_http::HttpClient` over hyper-util, with rustls for https collectors.
 #[derive(Clone)]
 pub(super) struct OtlpHttp {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: crate::cloud::fetch::FetchClient,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
 }
@@ -47,23 +43,7 @@ impl std::fmt::Debug for OtlpHttp {
 
 impl OtlpHttp {
     pub(super) fn new(timeout: Duration) -> Result<Self, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup failed: {e}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(https);
+        let client = crate::cloud::fetch::own_client(timeout)?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "telemetry export needs the Tokio runtime".to_string())?;
         Ok(OtlpHttp {
