@@ -122,6 +122,15 @@ impl ProxyError {
         }
     }
 
+    /// True when legate answers before reading the request body to its end (too large, too
+    /// slow, no buffer room): over HTTP/1 the connection cannot carry another request after it.
+    pub fn leaves_body_unread(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::TooLarge { .. } | ProxyError::BodyTimeout | ProxyError::BuffersFull { .. }
+        )
+    }
+
     /// Short label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -164,6 +164,10 @@ impl Proxy {
             Some(e) if e.op != Operation::Model => e.api,
             _ => inbound::shape_for_unknown(req.headers()),
         };
+        let http1 = matches!(
+            req.version(),
+            http::Version::HTTP_10 | http::Version::HTTP_11
+        );
         let websocket =
             responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers());
         let api_label = if websocket {
@@ -204,7 +208,15 @@ impl Proxy {
                 } else {
                     tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
                 }
-                let r = err.render(api, &rid);
+                let mut r = err.render(api, &rid);
+                if http1 && err.leaves_body_unread() {
+                    // hyper closes a connection whose request body was left unread; saying so
+                    // keeps a client's pool from sending its next request into the closing socket.
+                    r.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
                 let (parts, body) = r.into_parts();
                 Response::from_parts(parts, ProxyBody::full(body))
             }

@@ -61,6 +61,8 @@ async fn oversize_bodies_are_413_declared_or_streamed() {
 
     let declared = env.messages(big.clone()).await;
     assert_eq!(declared.status(), 413);
+    // The body was left unread, so the HTTP/1 connection ends with this answer and says so.
+    assert_eq!(declared.headers()["connection"], "close");
     let v = json(declared).await;
     assert_eq!(v["error"]["type"], "request_too_large");
 
@@ -77,6 +79,7 @@ async fn oversize_bodies_are_413_declared_or_streamed() {
         .await
         .unwrap();
     assert_eq!(streamed.status(), 413);
+    assert_eq!(streamed.headers()["connection"], "close");
     let v = json(streamed).await;
     assert_eq!(v["error"]["code"], "request_too_large");
     assert_eq!(env.mock.stats().requests, 0);
