@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::config::load::env_of;
 use crate::config::{ApiKind, AuthHeader, Config, ConfigErrors, KeySource, TlsRoots, load_str};
 
 mod cloud;
@@ -12,13 +13,6 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn no_env() -> HashMap<String, String> {
     HashMap::new()
-}
-
-fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
 }
 
 fn errors_of(toml: &str) -> ConfigErrors {
@@ -408,7 +402,7 @@ fn every_problem_is_reported_at_once() {
 fn environment_overrides_apply_and_are_validated() -> TestResult {
     let cfg: Config = load_str(
         "[server]\nmax_body_bytes = 5000\n",
-        &env(&[
+        &env_of(&[
             ("LEGATE__SERVER__MAX_BODY_BYTES", "1000"),
             (
                 "LEGATE__PROVIDERS__ANTHROPIC__BASE_URL",
@@ -427,7 +421,7 @@ fn environment_overrides_apply_and_are_validated() -> TestResult {
 
     let bad = load_str(
         "",
-        &env(&[
+        &env_of(&[
             ("LEGATE__SERVER__MAX_BODY_BYTES", "lots"),
             ("LEGATE__SERVER__COLOUR", "red"),
         ]),
@@ -443,7 +437,7 @@ fn environment_overrides_apply_and_are_validated() -> TestResult {
     // A provider named like a number, chosen through the environment, stays a name.
     let cfg = load_str(
         "[providers.anthropic]\n[providers.42]\nkind = \"openai\"\n[providers.openai]\n",
-        &env(&[("LEGATE__ROUTING__OPENAI", "42")]),
+        &env_of(&[("LEGATE__ROUTING__OPENAI", "42")]),
     )?;
     assert_eq!(cfg.routing.openai, "42");
     Ok(())

@@ -1,6 +1,7 @@
 //! `[providers.*]` rules: kinds, names, key sources and TLS files.
 
-use super::{TestResult, env, no_env, refused_at};
+use super::{TestResult, no_env, refused_at};
+use crate::config::load::env_of;
 use crate::config::{KeySource, load_str};
 
 #[test]
@@ -67,7 +68,7 @@ fn key_sources_are_checked() -> TestResult {
     // Keys are read from the injected environment; unset and empty both mean "no key".
     let with_key = load_str(
         "",
-        &env(&[("ANTHROPIC_API_KEY", "sk-ant"), ("OPENAI_API_KEY", "")]),
+        &env_of(&[("ANTHROPIC_API_KEY", "sk-ant"), ("OPENAI_API_KEY", "")]),
     )?;
     let KeySource::Env { value: Some(v), .. } = &with_key.providers["anthropic"].key else {
         return Err("key not read from the environment".into());
