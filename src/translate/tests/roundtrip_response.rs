@@ -83,17 +83,7 @@ fn openai_completion() -> impl Strategy<Value = oa::Completion> {
                 object: "chat.completion".to_owned(),
                 created: 0,
                 model,
-                choices: vec![oa::Choice {
-                    index: 0,
-                    message: oa::ResponseMessage {
-                        role: "assistant".to_owned(),
-                        content,
-                        refusal: None,
-                        tool_calls: (!calls.is_empty()).then_some(calls),
-                    },
-                    logprobs: None,
-                    finish_reason: Some(finish.to_owned()),
-                }],
+                choices: vec![oa::Choice::assistant(content, calls, finish)],
                 usage: Some(oa::Usage {
                     prompt_tokens: prompt,
                     completion_tokens: completion,
