@@ -32,6 +32,13 @@ fn refused_at(toml: &str, path: &str) {
     );
 }
 
+/// The key paths of the problems, sorted.
+fn sorted_paths(errs: &ConfigErrors) -> Vec<&str> {
+    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
+    paths.sort_unstable();
+    paths
+}
+
 fn message_at(errs: &ConfigErrors, path: &str) -> String {
     errs.0
         .iter()
@@ -378,10 +385,8 @@ fn every_problem_is_reported_at_once() {
     let errs = errors_of(
         "[retry]\nmax_attempts = 0\n[server]\nlisten = \"0.0.0.0:1\"\nmax_body_bytes = 0\n[providers.anthropic]\nconnect_timeout = \"soon\"\n[providers.openai]\nkind = \"gpt\"\n[[models]]\nname = \"m\"\nchain = [\"nobody:x\"]\n[[prices]]\nmodel = \"anthropic:m\"\ninput = \"x\"\noutput = \"1\"\n",
     );
-    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
-    paths.sort_unstable();
     assert_eq!(
-        paths,
+        sorted_paths(&errs),
         [
             "models[0].chain[0]",
             "prices[0].input",
@@ -448,10 +453,8 @@ fn a_bad_array_element_keeps_the_indices_of_the_others() {
     let errs = errors_of(
         "models = [1, { name = \"m\", chain = [\"nobody:x\", 3, \"anthropic:a\", { target = \"gone:y\" }] }]",
     );
-    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
-    paths.sort_unstable();
     assert_eq!(
-        paths,
+        sorted_paths(&errs),
         [
             "models[0]",
             "models[1].chain[0]",
