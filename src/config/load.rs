@@ -210,6 +210,18 @@ pub(crate) fn env_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
+/// A file `name` of `contents` in a new temporary directory, which removes it when dropped.
+#[cfg(test)]
+pub(crate) fn temp_file(
+    name: &str,
+    contents: &str,
+) -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents)?;
+    Ok((dir, path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,9 +270,7 @@ mod tests {
     #[test]
     fn explicit_path_is_read_and_a_missing_one_is_reported()
     -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("legate.toml");
-        std::fs::write(&path, "[server]\nmax_body_bytes = 1234\n")?;
+        let (dir, path) = temp_file("legate.toml", "[server]\nmax_body_bytes = 1234\n")?;
         let (cfg, origin) = load_with_env(Some(&path), &env_of(&[]))?;
         assert_eq!(cfg.server.max_body_bytes, 1234);
         assert_eq!(origin, Origin::Path(path.clone()));
@@ -282,9 +292,7 @@ mod tests {
 
     #[test]
     fn syntax_errors_name_the_file() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("bad.toml");
-        std::fs::write(&path, "[server\nlisten = 1\n")?;
+        let (_dir, path) = temp_file("bad.toml", "[server\nlisten = 1\n")?;
         let Err(errs) = load_with_env(Some(&path), &env_of(&[])) else {
             return Err("bad TOML loaded".into());
         };

@@ -359,7 +359,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::config::load::env_of;
+    use crate::config::load::{env_of, temp_file};
     use crate::config::load_str;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -368,9 +368,7 @@ mod tests {
 
     #[test]
     fn secrets_never_appear_in_the_rendering_or_debug_output() -> TestResult {
-        let dir = tempfile::tempdir()?;
-        let key_file = dir.path().join("openai-key");
-        std::fs::write(&key_file, "sk-file-DO-NOT-PRINT")?;
+        let (_dir, key_file) = temp_file("openai-key", "sk-file-DO-NOT-PRINT")?;
         let toml = format!(
             "[providers.anthropic]\napi_key_env = \"ANTHROPIC_API_KEY\"\n[providers.openai]\napi_key_file = {:?}\n",
             key_file.display().to_string()
