@@ -186,30 +186,21 @@ impl ProxyError {
         }
     }
 
-    /// The machine-readable code of the error (OpenAI's `error.code`).
+    /// The machine-readable code of the error (OpenAI's `error.code`): the kind, except where
+    /// OpenAI has a code of its own for the same condition.
     pub fn code(&self) -> &'static str {
         match self {
-            ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::NotFound { .. } => "unknown_url",
-            ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::TooLarge { .. } => "request_too_large",
             ProxyError::Unauthorized => "invalid_api_key",
-            ProxyError::ForbiddenTarget => "forbidden_target",
-            ProxyError::ForbiddenOrigin => "forbidden_origin",
             ProxyError::BodyTimeout => "request_timeout",
-            ProxyError::NoProviderKey { .. } => "no_provider_key",
-            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
-            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
-            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
-            ProxyError::DeadlineExceeded => "deadline_exceeded",
-            ProxyError::UpstreamStreamBroken { .. } => "upstream_stream_broken",
-            ProxyError::UpstreamAnswerUnusable { .. } => "upstream_answer_unusable",
             ProxyError::AllBreakersOpen { .. }
             | ProxyError::Shed { .. }
             | ProxyError::BuffersFull { .. } => "overloaded",
             ProxyError::RateLimited { .. } => "rate_limit_exceeded",
             ProxyError::NeverFits { .. } => "request_too_large_for_limit",
             ProxyError::Internal => "internal_error",
+            _ => self.kind(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod observe;
 pub mod policy;
 pub mod proxy;
 pub mod redact;
+pub mod redis_conn;
 pub mod responses;
 pub mod route;
 pub mod server;

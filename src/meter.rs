@@ -202,26 +202,21 @@ pub struct LedgerEntry {
 impl Ledger {
     /// One request served, its usage and cost.
     pub fn record(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
-        let this = LedgerEntry {
-            requests: 1,
-            usage,
-            cost_pico,
-        };
-        self.add(tenant, target, this);
+        self.add(tenant, target, 1, usage, cost_pico);
     }
 
     /// Usage of an attempt that served nothing (it failed before its commit point) but that
     /// the provider reported, and may bill: tokens and cost, no request.
     pub fn record_unserved(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
+        self.add(tenant, target, 0, usage, cost_pico);
+    }
+
+    fn add(&self, tenant: &str, target: &str, requests: u64, usage: Usage, cost_pico: u128) {
         let this = LedgerEntry {
-            requests: 0,
+            requests,
             usage,
             cost_pico,
         };
-        self.add(tenant, target, this);
-    }
-
-    fn add(&self, tenant: &str, target: &str, this: LedgerEntry) {
         let mut map = match self.entries.lock() {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),

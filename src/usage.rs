@@ -1,5 +1,6 @@
 //! Watching a stream for usage: the usage seen so far, folded event by event by the dialect
-//! of the stream's API (running totals are overwritten, never added).
+//! of the stream's API (running totals are overwritten, never added); and the top-level
+//! `usage` object of a whole answer, which the dialects decode in their own shape.
 
 use crate::api::ApiKind;
 pub use crate::meter::Usage;
@@ -25,4 +26,21 @@ impl StreamUsage {
     pub fn usage(&self) -> Option<Usage> {
         self.usage
     }
+}
+
+/// The top-level `usage` object of a JSON body, decoded as `R`; None when it is absent, null
+/// or unreadable. Only that value is decoded: the walk to it skips the content unparsed.
+pub(crate) fn usage_object<R: serde::de::DeserializeOwned>(body: &[u8]) -> Option<R> {
+    let span = crate::splice::top_level_value_span(body, "usage")?;
+    serde_json::from_slice::<Option<R>>(&body[span]).ok()?
+}
+
+/// The usage the dialect of `api` reads from the recorded stream `wire`.
+#[cfg(test)]
+pub(crate) fn of_stream(api: ApiKind, wire: &str) -> Option<Usage> {
+    let mut watch = StreamUsage::new(api);
+    for ev in crate::sse::events_of(wire) {
+        watch.observe(&ev);
+    }
+    watch.usage()
 }

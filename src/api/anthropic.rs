@@ -241,29 +241,34 @@ mod tests {
         );
     }
 
+    /// One event each: named events are classified by their name, unnamed ones by the type in
+    /// their data.
     #[test]
-    fn error_event_and_unknown_names() {
-        let wire = concat!(
-            "event: error\n",
-            "data: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n",
-            "event: some_future_event\n",
-            "data: {\"type\":\"content_block_delta\"}\n\n",
-        );
-        let kinds: Vec<_> = events(wire).iter().map(classify).collect();
-        assert_eq!(kinds, [StreamEventKind::Error, StreamEventKind::Other]);
-    }
-
-    #[test]
-    fn unnamed_events_fall_back_to_the_data_type() {
-        let wire = concat!(
-            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n",
-            "data: {\"type\":\"message_stop\"}\n\n",
-            "data: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n",
-            "data: not json\n\n",
-        );
+    fn error_unknown_and_unnamed_events() {
         use StreamEventKind::*;
-        let kinds: Vec<_> = events(wire).iter().map(classify).collect();
-        assert_eq!(kinds, [Content, Terminal, Error, Other]);
+        for (event, want) in [
+            (
+                "event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n",
+                Error,
+            ),
+            (
+                "event: some_future_event\ndata: {\"type\":\"content_block_delta\"}\n\n",
+                Other,
+            ),
+            (
+                "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n",
+                Content,
+            ),
+            ("data: {\"type\":\"message_stop\"}\n\n", Terminal),
+            (
+                "data: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n",
+                Error,
+            ),
+            ("data: not json\n\n", Other),
+        ] {
+            let kinds: Vec<_> = events(event).iter().map(classify).collect();
+            assert_eq!(kinds, [want], "{event}");
+        }
     }
 
     #[test]

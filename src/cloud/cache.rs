@@ -69,19 +69,23 @@ impl<T> Cached<T> {
 
     /// The held credential if it needs no refresh at `now`.
     fn fresh(&self, now: SystemTime) -> Option<Arc<T>> {
-        let held = self.held.lock().ok()?;
-        let h = held.as_ref()?;
-        match h.refresh_at {
-            Some(at) if now >= at => None,
-            _ => Some(h.value.clone()),
-        }
+        self.held_before(now, |h| h.refresh_at)
     }
 
     /// The held credential if it still works at `now`, refresh due or not.
     fn usable(&self, now: SystemTime) -> Option<Arc<T>> {
+        self.held_before(now, |h| h.expires)
+    }
+
+    /// The held credential if `now` is before the moment `until` picks of it (`None`: never).
+    fn held_before(
+        &self,
+        now: SystemTime,
+        until: fn(&Held<T>) -> Option<SystemTime>,
+    ) -> Option<Arc<T>> {
         let held = self.held.lock().ok()?;
         let h = held.as_ref()?;
-        match h.expires {
+        match until(h) {
             Some(at) if now >= at => None,
             _ => Some(h.value.clone()),
         }

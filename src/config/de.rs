@@ -252,6 +252,26 @@ impl<'a> ValueDe<'a> {
         }
     }
 
+    /// A table or an array wanted (`is`: the value is one); anything else is refused with what
+    /// it is.
+    fn container<'de, V: Visitor<'de>>(
+        self,
+        is: bool,
+        what: &str,
+        v: V,
+    ) -> Result<V::Value, Error> {
+        let path = self.path.clone();
+        let r = if is {
+            self.any(v)
+        } else {
+            Err(de::Error::custom(format!(
+                "expected {what}, found {}",
+                kind(&self.unexpected())
+            )))
+        };
+        r.map_err(|e| e.at(&path))
+    }
+
     /// A number wanted: an environment string is parsed first.
     fn number<'de, V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
         match &self.value.kind {
@@ -349,27 +369,13 @@ impl<'de> de::Deserializer<'de> for ValueDe<'_> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
-        let path = self.path.clone();
-        let r = match &self.value.kind {
-            ValueKind::Table(_) => self.any(v),
-            _ => Err(de::Error::custom(format!(
-                "expected a table, found {}",
-                kind(&self.unexpected())
-            ))),
-        };
-        r.map_err(|e| e.at(&path))
+        let is = matches!(self.value.kind, ValueKind::Table(_));
+        self.container(is, "a table", v)
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
-        let path = self.path.clone();
-        let r = match &self.value.kind {
-            ValueKind::Array(_) => self.any(v),
-            _ => Err(de::Error::custom(format!(
-                "expected an array, found {}",
-                kind(&self.unexpected())
-            ))),
-        };
-        r.map_err(|e| e.at(&path))
+        let is = matches!(self.value.kind, ValueKind::Array(_));
+        self.container(is, "an array", v)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(

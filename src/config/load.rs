@@ -201,21 +201,35 @@ fn check_syntax(text: &str, label: &str) -> Result<(), ConfigError> {
     ))
 }
 
+/// An environment of `pairs` alone, for tests that must not see the process's.
+#[cfg(test)]
+pub(crate) fn env_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A file `name` of `contents` in a new temporary directory, which removes it when dropped.
+#[cfg(test)]
+pub(crate) fn temp_file(
+    name: &str,
+    contents: &str,
+) -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents)?;
+    Ok((dir, path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     #[test]
     fn origin_follows_the_documented_order() {
-        let none = env(&[]);
-        let with_var = env(&[("LEGATE_CONFIG", "/etc/legate.toml")]);
+        let none = env_of(&[]);
+        let with_var = env_of(&[("LEGATE_CONFIG", "/etc/legate.toml")]);
         let explicit = Path::new("/x.toml");
         assert_eq!(
             choose_origin(Some(explicit), &with_var, true),
@@ -231,24 +245,24 @@ mod tests {
         );
         assert_eq!(choose_origin(None, &none, false), Origin::Embedded);
         assert_eq!(
-            choose_origin(None, &env(&[("LEGATE_CONFIG", "")]), false),
+            choose_origin(None, &env_of(&[("LEGATE_CONFIG", "")]), false),
             Origin::Embedded
         );
     }
 
     #[test]
     fn log_filter_prefers_legate_log() {
-        assert_eq!(log_filter_from(&env(&[])), "info");
-        assert_eq!(log_filter_from(&env(&[("RUST_LOG", "debug")])), "debug");
+        assert_eq!(log_filter_from(&env_of(&[])), "info");
+        assert_eq!(log_filter_from(&env_of(&[("RUST_LOG", "debug")])), "debug");
         assert_eq!(
-            log_filter_from(&env(&[
+            log_filter_from(&env_of(&[
                 ("RUST_LOG", "debug"),
                 ("LEGATE_LOG", "legate=trace")
             ])),
             "legate=trace"
         );
         assert_eq!(
-            log_filter_from(&env(&[("LEGATE_LOG", ""), ("RUST_LOG", "warn")])),
+            log_filter_from(&env_of(&[("LEGATE_LOG", ""), ("RUST_LOG", "warn")])),
             "warn"
         );
     }
@@ -256,22 +270,20 @@ mod tests {
     #[test]
     fn explicit_path_is_read_and_a_missing_one_is_reported()
     -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("legate.toml");
-        std::fs::write(&path, "[server]\nmax_body_bytes = 1234\n")?;
-        let (cfg, origin) = load_with_env(Some(&path), &env(&[]))?;
+        let (dir, path) = temp_file("legate.toml", "[server]\nmax_body_bytes = 1234\n")?;
+        let (cfg, origin) = load_with_env(Some(&path), &env_of(&[]))?;
         assert_eq!(cfg.server.max_body_bytes, 1234);
         assert_eq!(origin, Origin::Path(path.clone()));
 
         let (cfg, origin) = load_with_env(
             None,
-            &env(&[("LEGATE_CONFIG", &path.display().to_string())]),
+            &env_of(&[("LEGATE_CONFIG", &path.display().to_string())]),
         )?;
         assert_eq!(cfg.server.max_body_bytes, 1234);
         assert_eq!(origin, Origin::Env(path));
 
         let missing = dir.path().join("absent.toml");
-        let Err(errs) = load_with_env(Some(&missing), &env(&[])) else {
+        let Err(errs) = load_with_env(Some(&missing), &env_of(&[])) else {
             return Err("a missing file loaded".into());
         };
         assert!(errs.has_path(&missing.display().to_string()));
@@ -280,10 +292,8 @@ mod tests {
 
     #[test]
     fn syntax_errors_name_the_file() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("bad.toml");
-        std::fs::write(&path, "[server\nlisten = 1\n")?;
-        let Err(errs) = load_with_env(Some(&path), &env(&[])) else {
+        let (_dir, path) = temp_file("bad.toml", "[server\nlisten = 1\n")?;
+        let Err(errs) = load_with_env(Some(&path), &env_of(&[])) else {
             return Err("bad TOML loaded".into());
         };
         assert!(errs.has_path(&path.display().to_string()), "{errs}");
@@ -371,9 +381,9 @@ mod tests {
         let shipped =
             std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(LOCAL_CONFIG))?;
         assert_eq!(shipped, DEFAULT_TOML);
-        let cfg = load_str(DEFAULT_TOML, &env(&[]))?;
+        let cfg = load_str(DEFAULT_TOML, &env_of(&[]))?;
         // It spells out the built-in defaults: apart from prices it is the empty config.
-        let mut bare = load_str("", &env(&[]))?;
+        let mut bare = load_str("", &env_of(&[]))?;
         bare.prices = cfg.prices.clone();
         assert_eq!(
             crate::config::render_masked(&bare),

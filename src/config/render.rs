@@ -353,36 +353,27 @@ fn readable_by_others(file: &std::path::Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use std::time::Duration;
 
     use proptest::prelude::*;
 
     use super::*;
+    use crate::config::load::{env_of, temp_file};
     use crate::config::load_str;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
     const SECRET: &str = "sk-ant-api03-DO-NOT-PRINT";
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     #[test]
     fn secrets_never_appear_in_the_rendering_or_debug_output() -> TestResult {
-        let dir = tempfile::tempdir()?;
-        let key_file = dir.path().join("openai-key");
-        std::fs::write(&key_file, "sk-file-DO-NOT-PRINT")?;
+        let (_dir, key_file) = temp_file("openai-key", "sk-file-DO-NOT-PRINT")?;
         let toml = format!(
             "[providers.anthropic]\napi_key_env = \"ANTHROPIC_API_KEY\"\n[providers.openai]\napi_key_file = {:?}\n",
             key_file.display().to_string()
         );
-        let cfg = load_str(&toml, &env(&[("ANTHROPIC_API_KEY", SECRET)]))?;
+        let cfg = load_str(&toml, &env_of(&[("ANTHROPIC_API_KEY", SECRET)]))?;
         let shown = [render_masked(&cfg), format!("{cfg:?}"), format!("{cfg:#?}")];
         for text in &shown {
             assert!(!text.contains("DO-NOT-PRINT"), "{text}");
@@ -401,7 +392,7 @@ mod tests {
         let digest = "0123456789abcdef".repeat(4);
         let cfg = load_str(
             &format!("[[clients]]\ntenant = \"a\"\nkey_sha256 = \"{digest}\"\n"),
-            &env(&[]),
+            &env_of(&[]),
         )?;
         let text = render_masked(&cfg);
         assert!(text.contains("key_sha256 = \"01234567…\""), "{text}");
@@ -412,7 +403,7 @@ mod tests {
     #[test]
     fn rendering_fills_defaults_and_loads_back_to_the_same_config() -> TestResult {
         let toml = "[server]\ndefault_deadline = \"90s\"\n[providers.anthropic]\n[providers.local]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:8000\"\n[[models]]\nname = \"big\"\nchain = [\"anthropic:a\", { target = \"anthropic:b\", max_tokens = 100 }]\n[[prices]]\nmodel = \"anthropic:a\"\ninput = \"0.30\"\noutput = \"1.5\"\n";
-        let cfg = load_str(toml, &env(&[]))?;
+        let cfg = load_str(toml, &env_of(&[]))?;
         let text = render_masked(&cfg);
         for expected in [
             "default_deadline = \"1m 30s\"",
@@ -426,7 +417,7 @@ mod tests {
         ] {
             assert!(text.contains(expected), "missing {expected}:\n{text}");
         }
-        let again = load_str(&text, &env(&[]))?;
+        let again = load_str(&text, &env_of(&[]))?;
         assert_eq!(render_masked(&again), text);
         assert_eq!(config_hash(&again), config_hash(&cfg));
         Ok(())
@@ -434,8 +425,8 @@ mod tests {
 
     #[test]
     fn the_hash_is_sha256_of_the_rendering_and_tracks_changes() -> TestResult {
-        let a = load_str("", &env(&[]))?;
-        let b = load_str("[server]\nmax_body_bytes = 10\n", &env(&[]))?;
+        let a = load_str("", &env_of(&[]))?;
+        let b = load_str("[server]\nmax_body_bytes = 10\n", &env_of(&[]))?;
         let hash = config_hash(&a);
         assert_eq!(hash.len(), 64);
         assert_eq!(
@@ -450,7 +441,7 @@ mod tests {
     fn warnings_name_unset_keys_and_risky_settings() -> TestResult {
         let cfg = load_str(
             "[server]\nadmin_listen = \"0.0.0.0:9787\"\n[providers.anthropic]\napi_key_env = \"ANTHROPIC_API_KEY\"\n[providers.openai]\nbase_url = \"https://gw.example\"\napi_key_env = \"OPENAI_API_KEY\"\n[[prices]]\nmodel = \"gemini:pro\"\ninput = \"1\"\noutput = \"1\"\n",
-            &env(&[("OPENAI_API_KEY", "sk-x")]),
+            &env_of(&[("OPENAI_API_KEY", "sk-x")]),
         )?;
         let w = warnings(&cfg);
         assert!(w.contains(&"providers.anthropic: ANTHROPIC_API_KEY is not set; requests to this provider will fail until it is".to_owned()), "{w:?}");
@@ -465,7 +456,7 @@ mod tests {
         assert_eq!(w.len(), 3, "{w:?}");
         let keyless = load_str(
             "[providers.anthropic]\n[providers.local]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:8000\"\n",
-            &env(&[]),
+            &env_of(&[]),
         )?;
         // Only the https provider is warned about: a local server usually needs no key.
         assert_eq!(
@@ -476,7 +467,7 @@ mod tests {
         );
         let quiet = load_str(
             "",
-            &env(&[("ANTHROPIC_API_KEY", "a"), ("OPENAI_API_KEY", "b")]),
+            &env_of(&[("ANTHROPIC_API_KEY", "a"), ("OPENAI_API_KEY", "b")]),
         )?;
         assert!(warnings(&quiet).is_empty());
         Ok(())

@@ -241,6 +241,7 @@ pub(crate) fn check_key_file(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::load::temp_file;
 
     fn exposed(cell: &KeyCell) -> Option<String> {
         cell.current().map(|s| s.expose().to_owned())
@@ -277,9 +278,7 @@ mod tests {
 
     #[test]
     fn file_key_trims_one_trailing_newline_and_refuses_a_second() -> io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("key");
-        std::fs::write(&path, "sk-1\n\n")?;
+        let (_dir, path) = temp_file("key", "sk-1\n\n")?;
         let cell = KeyCell::from_source(&KeySource::File { path: path.clone() });
         assert_eq!(exposed(&cell), None, "a key with a line break is not a key");
         std::fs::write(&path, "sk-2\r\n")?;
@@ -324,9 +323,7 @@ mod tests {
 
     #[tokio::test]
     async fn picks_up_a_rotated_key_file() -> io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("key");
-        std::fs::write(&path, "old-key\n")?;
+        let (dir, path) = temp_file("key", "old-key\n")?;
         let cell = Arc::new(KeyCell::from_source(&KeySource::File {
             path: path.clone(),
         }));
@@ -381,9 +378,7 @@ mod tests {
 
     #[tokio::test]
     async fn unreadable_file_keeps_the_last_good_key() -> io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("key");
-        std::fs::write(&path, "good")?;
+        let (_dir, path) = temp_file("key", "good")?;
         let cell = KeyCell::from_source(&KeySource::File { path: path.clone() });
         let mut failing = false;
         std::fs::remove_file(&path)?;
@@ -402,9 +397,7 @@ mod tests {
 
     #[tokio::test]
     async fn watcher_ends_when_the_cell_is_dropped() -> io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("key");
-        std::fs::write(&path, "k")?;
+        let (_dir, path) = temp_file("key", "k")?;
         let cell = Arc::new(KeyCell::from_source(&KeySource::File { path }));
         let handle = cell.spawn_watch();
         drop(cell);

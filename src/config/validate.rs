@@ -3,7 +3,7 @@
 //! each reported at its key path, all of them at once. Each section has its own file; this one
 //! puts them together and holds the checks that span sections.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::config::file::FileConfig;
 use crate::config::{Config, ConfigError, ConfigErrors};
@@ -62,6 +62,22 @@ impl<'e> Cx<'e> {
 
     pub(crate) fn into_errors(self) -> Vec<ConfigError> {
         self.errors
+    }
+}
+
+/// For a list whose entries must not repeat a key: records that `key` is at index `i` and
+/// returns None, or, when it was seen before, the index of its first entry.
+pub(crate) fn repeat_of<K: Ord>(
+    first_seen: &mut BTreeMap<K, usize>,
+    key: K,
+    i: usize,
+) -> Option<usize> {
+    match first_seen.entry(key) {
+        std::collections::btree_map::Entry::Occupied(e) => Some(*e.get()),
+        std::collections::btree_map::Entry::Vacant(e) => {
+            e.insert(i);
+            None
+        }
     }
 }
 

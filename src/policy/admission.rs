@@ -210,6 +210,12 @@ impl Gate {
 mod tests {
     use super::*;
 
+    /// A caller waiting at `g` with priority `p`, leaving as soon as it is admitted.
+    fn waiter(g: &Arc<Gate>, p: Priority) -> tokio::task::JoinHandle<Result<(), Shed>> {
+        let g = g.clone();
+        tokio::spawn(async move { g.acquire(p).await.map(drop) })
+    }
+
     fn gate(max: usize, limit: usize) -> Arc<Gate> {
         let depth = IntGaugeVec::new(prometheus::Opts::new("d", "d"), &["priority"]).unwrap();
         let shed = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["priority"]).unwrap();
@@ -251,24 +257,15 @@ mod tests {
     async fn past_the_limit_batch_is_shed_first_and_interactive_displaces_it() {
         let g = gate(1, 2);
         let _busy = g.acquire(Priority::Interactive).await.unwrap();
-        let b1 = tokio::spawn({
-            let g = g.clone();
-            async move { g.acquire(Priority::Batch).await.map(drop) }
-        });
-        let b2 = tokio::spawn({
-            let g = g.clone();
-            async move { g.acquire(Priority::Background).await.map(drop) }
-        });
+        let b1 = waiter(&g, Priority::Batch);
+        let b2 = waiter(&g, Priority::Background);
         while g.queued().iter().sum::<usize>() < 2 {
             tokio::task::yield_now().await;
         }
         // Queue full: another batch is shed at once.
         assert_eq!(g.acquire(Priority::Batch).await.err(), Some(Shed));
         // Interactive displaces the queued batch request.
-        let i = tokio::spawn({
-            let g = g.clone();
-            async move { g.acquire(Priority::Interactive).await.map(drop) }
-        });
+        let i = waiter(&g, Priority::Interactive);
         assert_eq!(b1.await.unwrap(), Err(Shed));
         while g.queued()[0] < 1 {
             tokio::task::yield_now().await;
@@ -284,12 +281,7 @@ mod tests {
     async fn waiters_that_gave_up_do_not_hold_queue_places() {
         let g = gate(1, 2);
         let _busy = g.acquire(Priority::Interactive).await.unwrap();
-        let gone: Vec<_> = (0..2)
-            .map(|_| {
-                let g = g.clone();
-                tokio::spawn(async move { g.acquire(Priority::Batch).await.map(drop) })
-            })
-            .collect();
+        let gone: Vec<_> = (0..2).map(|_| waiter(&g, Priority::Batch)).collect();
         while g.queued()[2] < 2 {
             tokio::task::yield_now().await;
         }
@@ -298,10 +290,7 @@ mod tests {
             let _ = h.await;
         }
         // The queue is nominally full of dead entries: a live batch caller still gets a place.
-        let live = tokio::spawn({
-            let g = g.clone();
-            async move { g.acquire(Priority::Batch).await.map(drop) }
-        });
+        let live = waiter(&g, Priority::Batch);
         while g.queued()[2] != 1 {
             tokio::task::yield_now().await;
         }
@@ -313,10 +302,7 @@ mod tests {
     async fn a_waiter_that_leaves_does_not_leak_its_slot() {
         let g = gate(1, 10);
         let busy = g.acquire(Priority::Interactive).await.unwrap();
-        let w = tokio::spawn({
-            let g = g.clone();
-            async move { g.acquire(Priority::Batch).await.map(drop) }
-        });
+        let w = waiter(&g, Priority::Batch);
         while g.queued()[2] < 1 {
             tokio::task::yield_now().await;
         }

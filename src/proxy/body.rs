@@ -216,22 +216,29 @@ impl TapBody {
     }
 
     fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
-        let usage = self.usage();
-        if let Some(mut acct) = self.acct.take() {
-            match usage {
-                Some(u) => {
-                    let cost = acct.sink.record(u);
-                    acct.record.settle(u, cost, &acct.sink.provider);
-                }
-                // Served without reported usage: the estimate stands (no refund).
-                None if acct.status < 400 => acct.record.keep_reservation(),
-                None => {}
-            }
+        if let Some(mut acct) = self.settle() {
             if let Some(t) = acct.ticket.take() {
                 t.report(outcome);
             }
             acct.record.finish(status_override.unwrap_or(acct.status));
         }
+    }
+
+    /// Ends the accounting, if still open: the usage seen is recorded and settled; with none
+    /// seen, an answer that reached the provider keeps its estimate (it may be billed: no
+    /// refund). The accounting is handed back for the caller to close.
+    fn settle(&mut self) -> Option<Accounting> {
+        let usage = self.usage();
+        let mut acct = self.acct.take()?;
+        match usage {
+            Some(u) => {
+                let cost = acct.sink.record(u);
+                acct.record.settle(u, cost, &acct.sink.provider);
+            }
+            None if acct.status < 400 => acct.record.keep_reservation(),
+            None => {}
+        }
+        Some(acct)
     }
 }
 
@@ -240,17 +247,7 @@ impl Drop for TapBody {
         // Still accounting means the caller went away before the end: whatever usage was seen
         // is still billed by the provider, so it is recorded, and the request counts as 499.
         // The breaker ticket drops unreported: a disconnect is never a provider failure.
-        let usage = self.usage();
-        if let Some(mut acct) = self.acct.take() {
-            match usage {
-                Some(u) => {
-                    let cost = acct.sink.record(u);
-                    acct.record.settle(u, cost, &acct.sink.provider);
-                }
-                // The provider was reached and may have billed it: keep the estimate.
-                None if acct.status < 400 => acct.record.keep_reservation(),
-                None => {}
-            }
+        if let Some(mut acct) = self.settle() {
             acct.record.client_gone();
         }
     }

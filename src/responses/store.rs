@@ -15,11 +15,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client};
+use redis::Client;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::time::Instant;
+
+use crate::redis_conn::LazyConnection;
 
 const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -205,9 +206,8 @@ impl MemoryStore {
 
 /// The Redis store, shared by replicas.
 pub struct RedisConversations {
-    client: Client,
     ttl: Duration,
-    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    conn: LazyConnection,
 }
 
 fn key(id: &str) -> String {
@@ -220,35 +220,21 @@ impl RedisConversations {
         let client = Client::open(url)
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
         Ok(RedisConversations {
-            client,
             ttl,
-            conn: tokio::sync::Mutex::new(None),
+            conn: LazyConnection::new(client, REDIS_TIMEOUT),
         })
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(REDIS_TIMEOUT))
-            .set_response_timeout(Some(REDIS_TIMEOUT));
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
+    async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+        let mut conn = self
+            .conn
+            .get()
             .await
             .map_err(|e| StoreError(format!("Redis is unreachable: {}", e.category())))?;
-        *slot = Some(conn.clone());
-        Ok(conn)
-    }
-
-    async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self.connection().await?;
         match cmd.query_async(&mut conn).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                *self.conn.lock().await = None;
+                self.conn.reset().await;
                 Err(StoreError(format!("a Redis call failed: {}", e.category())))
             }
         }

@@ -258,6 +258,28 @@ fn assistant() -> String {
     "assistant".to_owned()
 }
 
+impl Choice {
+    /// The one choice of an assistant's answer: its text, its tool calls (left out when there
+    /// are none) and why it stopped.
+    pub(super) fn assistant(
+        content: Option<String>,
+        calls: Vec<ToolCall>,
+        finish_reason: &str,
+    ) -> Self {
+        Choice {
+            index: 0,
+            message: ResponseMessage {
+                role: assistant(),
+                content,
+                refusal: None,
+                tool_calls: (!calls.is_empty()).then_some(calls),
+            },
+            logprobs: None,
+            finish_reason: Some(finish_reason.to_owned()),
+        }
+    }
+}
+
 /// Token usage: `prompt_tokens` includes cached tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Usage {

@@ -188,15 +188,23 @@ fn text_content(content: an::Content, fit: &mut Fitting) -> oa::Content {
                 text,
                 cache_control,
                 citations,
-            } => {
-                fit.drop_if(&cache_control, "cache_control");
-                fit.drop_if(&citations, "citations");
-                parts.push(oa::Part::Text { text });
-            }
+            } => parts.push(text_part(text, &cache_control, &citations, fit)),
             other => drop_block(&other, fit),
         }
     }
     collapse(parts)
+}
+
+/// A text block as a part: its cache_control and citations have no OpenAI counterpart.
+fn text_part(
+    text: String,
+    cache_control: &Option<Value>,
+    citations: &Option<Value>,
+    fit: &mut Fitting,
+) -> oa::Part {
+    fit.drop_if(cache_control, "cache_control");
+    fit.drop_if(citations, "citations");
+    oa::Part::Text { text }
 }
 
 /// One text part is sent as a string; anything else as parts.
@@ -240,11 +248,7 @@ fn user_messages(
                 text,
                 cache_control,
                 citations,
-            } => {
-                fit.drop_if(&cache_control, "cache_control");
-                fit.drop_if(&citations, "citations");
-                parts.push(oa::Part::Text { text });
-            }
+            } => parts.push(text_part(text, &cache_control, &citations, fit)),
             an::Block::Image {
                 source,
                 cache_control,
@@ -343,11 +347,7 @@ fn tool_result_content(
                         text,
                         cache_control,
                         citations,
-                    } => {
-                        fit.drop_if(&cache_control, "cache_control");
-                        fit.drop_if(&citations, "citations");
-                        parts.push(oa::Part::Text { text });
-                    }
+                    } => parts.push(text_part(text, &cache_control, &citations, fit)),
                     an::Block::Image { .. } => fit.drop("tool_result_images"),
                     other => drop_block(&other, fit),
                 }
@@ -394,11 +394,7 @@ fn assistant_message(content: an::Content, out: &mut Vec<oa::Message>, fit: &mut
                 text,
                 cache_control,
                 citations,
-            } => {
-                fit.drop_if(&cache_control, "cache_control");
-                fit.drop_if(&citations, "citations");
-                parts.push(oa::Part::Text { text });
-            }
+            } => parts.push(text_part(text, &cache_control, &citations, fit)),
             an::Block::ToolUse {
                 id,
                 name,

@@ -65,17 +65,11 @@ pub(super) fn openai_completion(message: an::MessageResponse, created: u64) -> o
         object: "chat.completion".to_owned(),
         created,
         model: message.model,
-        choices: vec![oa::Choice {
-            index: 0,
-            message: oa::ResponseMessage {
-                role: "assistant".to_owned(),
-                content,
-                refusal: None,
-                tool_calls: (!calls.is_empty()).then_some(calls),
-            },
-            logprobs: None,
-            finish_reason: Some(finish_reason(message.stop_reason.as_deref()).to_owned()),
-        }],
+        choices: vec![oa::Choice::assistant(
+            content,
+            calls,
+            finish_reason(message.stop_reason.as_deref()),
+        )],
         usage: Some(openai_usage(&message.usage)),
     }
 }

@@ -220,15 +220,24 @@ mod tests {
         }
     }
 
+    /// Runs `command` in `ws`, never cancelled.
+    async fn run_in(
+        ws: &Workspace,
+        command: &str,
+        timeout: Option<u64>,
+    ) -> Result<String, ToolError> {
+        run(&input(command, timeout), ws, &Cancel::never()).await
+    }
+
     #[tokio::test]
     async fn runs_in_the_workspace_and_reports_code_and_streams()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let ws = Workspace::open(dir.path())?;
-        let out = run(
-            &input("echo hi > f.txt; cat f.txt; echo oops >&2; exit 3", None),
+        let out = run_in(
             &ws,
-            &Cancel::never(),
+            "echo hi > f.txt; cat f.txt; echo oops >&2; exit 3",
+            None,
         )
         .await?;
         assert_eq!(
@@ -236,10 +245,7 @@ mod tests {
             "exit code: 3\n--- stdout ---\nhi\n\n--- stderr ---\noops\n"
         );
         assert_eq!(std::fs::read_to_string(dir.path().join("f.txt"))?, "hi\n");
-        assert_eq!(
-            run(&input("true", None), &ws, &Cancel::never()).await?,
-            "exit code: 0"
-        );
+        assert_eq!(run_in(&ws, "true", None).await?, "exit code: 0");
         Ok(())
     }
 
@@ -247,15 +253,8 @@ mod tests {
     async fn long_output_keeps_head_and_tail() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let ws = Workspace::open(dir.path())?;
-        let out = run(
-            &input(
-                "echo START; head -c 100000 /dev/zero | tr '\\0' x; echo; echo END",
-                None,
-            ),
-            &ws,
-            &Cancel::never(),
-        )
-        .await?;
+        let long = "echo START; head -c 100000 /dev/zero | tr '\\0' x; echo; echo END";
+        let out = run_in(&ws, long, None).await?;
         assert!(out.contains("--- stdout ---\nSTART\n"), "{}", &out[..100]);
         assert!(out.contains("bytes omitted"));
         assert!(out.ends_with("x\nEND\n"));
@@ -268,12 +267,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let ws = Workspace::open(dir.path())?;
         // The background sleep holds stdout open: only killing the group ends the capture.
-        let result = run(
-            &input("echo begun; sleep 30 & sleep 30", Some(1)),
-            &ws,
-            &Cancel::never(),
-        )
-        .await;
+        let result = run_in(&ws, "echo begun; sleep 30 & sleep 30", Some(1)).await;
         match result {
             Err(ToolError::TimedOut { secs: 1, output }) => assert!(output.contains("begun")),
             other => panic!("expected a timeout, got {other:?}"),

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use crate::api::has_usage_object;
 use crate::meter::Usage;
 use crate::sse::SseEvent;
+use crate::usage::usage_object;
 
 /// `usage` fields; each is optional because `message_delta.usage` carries only some.
 #[derive(Deserialize, Default)]
@@ -58,10 +59,7 @@ struct Event {
 
 /// Usage of a non-streaming `Message` body (None without a usage object).
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    // Only the top-level `usage` value is decoded; the walk to it skips the content unparsed.
-    let span = crate::splice::top_level_value_span(body, "usage")?;
-    let usage: Option<Reported> = serde_json::from_slice(&body[span]).ok()?;
-    usage.map(|u| u.to_usage())
+    usage_object::<Reported>(body).map(|u| u.to_usage())
 }
 
 pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
@@ -87,17 +85,8 @@ pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
-
-    fn watch(wire: &str) -> Option<Usage> {
-        let mut p = SseParser::new();
-        p.push(wire.as_bytes());
-        let mut seen = None;
-        while let Some(ev) = p.next_event() {
-            observe(&ev, &mut seen);
-        }
-        seen
-    }
+    use crate::api::ApiKind;
+    use crate::usage::of_stream;
 
     #[test]
     fn message_usage_excludes_cache() {
@@ -140,7 +129,7 @@ mod tests {
             cache_read: 0,
             cache_write: 0,
         };
-        assert_eq!(watch(wire), Some(want));
+        assert_eq!(of_stream(ApiKind::Anthropic, wire), Some(want));
     }
 
     #[test]
@@ -154,7 +143,10 @@ mod tests {
             output: 3,
             ..Usage::default()
         };
-        assert_eq!(watch(wire), Some(want));
-        assert_eq!(watch("event: ping\ndata: {}\n\n"), None);
+        assert_eq!(of_stream(ApiKind::Anthropic, wire), Some(want));
+        assert_eq!(
+            of_stream(ApiKind::Anthropic, "event: ping\ndata: {}\n\n"),
+            None
+        );
     }
 }

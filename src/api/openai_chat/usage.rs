@@ -8,6 +8,7 @@ use serde::Deserialize;
 use crate::api::has_usage_object;
 use crate::meter::Usage;
 use crate::sse::SseEvent;
+use crate::usage::usage_object;
 
 #[derive(Deserialize)]
 struct Body {
@@ -53,10 +54,7 @@ impl Reported {
 
 /// Usage of a non-streaming `chat.completion` body (None without a usage object).
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    // Only the top-level `usage` value is decoded; the walk to it skips the content unparsed.
-    let span = crate::splice::top_level_value_span(body, "usage")?;
-    let usage: Option<Reported> = serde_json::from_slice(&body[span]).ok()?;
-    usage.map(|u| u.to_usage())
+    usage_object::<Reported>(body).map(|u| u.to_usage())
 }
 
 pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
@@ -71,17 +69,8 @@ pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
-
-    fn watch(wire: &str) -> Option<Usage> {
-        let mut p = SseParser::new();
-        p.push(wire.as_bytes());
-        let mut seen = None;
-        while let Some(ev) = p.next_event() {
-            observe(&ev, &mut seen);
-        }
-        seen
-    }
+    use crate::api::ApiKind;
+    use crate::usage::of_stream;
 
     #[test]
     fn prompt_tokens_include_cached() {
@@ -116,7 +105,10 @@ mod tests {
             cache_read: 4,
             cache_write: 0,
         };
-        assert_eq!(watch(wire), Some(want));
-        assert_eq!(watch("data: {\"usage\":null}\n\n"), None);
+        assert_eq!(of_stream(ApiKind::OpenAi, wire), Some(want));
+        assert_eq!(
+            of_stream(ApiKind::OpenAi, "data: {\"usage\":null}\n\n"),
+            None
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Cx;
+use super::{Cx, repeat_of};
 use crate::config::ClientEntry;
 use crate::config::file::ClientFile;
 
@@ -31,13 +31,11 @@ pub(crate) fn build(items: &[ClientFile], cx: &mut Cx) -> Vec<ClientEntry> {
             .and_then(|s| sha256_hex(s, &key_at, cx));
         if let Some(key) = key {
             // Two tenants behind one key would make the caller's tenant ambiguous.
-            if let Some(j) = first_seen.get(&key) {
+            if let Some(j) = repeat_of(&mut first_seen, key, i) {
                 cx.err(
                     &key_at,
                     format!("the same key is already given to clients[{j}]"),
                 );
-            } else {
-                first_seen.insert(key, i);
             }
         }
         if let (Some(tenant), Some(key_sha256)) = (tenant, key) {

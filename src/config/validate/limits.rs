@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Cx;
+use super::{Cx, repeat_of};
 use crate::config::file::LimitFile;
 use crate::limits::OutputLimit;
 use crate::names::MAX_MODEL_NAME_BYTES;
@@ -27,16 +27,13 @@ pub(crate) fn build(items: &[LimitFile], cx: &mut Cx) -> Vec<OutputLimit> {
                 &at,
                 format!("model names are at most {MAX_MODEL_NAME_BYTES} bytes"),
             );
-        } else if let Some(j) = first_seen.get(model) {
+        } else if let Some(j) = repeat_of(&mut first_seen, model, i) {
             cx.err(&at, format!("`{model}` already has a limit at limits[{j}]"));
-        } else {
-            first_seen.insert(model, i);
-            if let Some(max) = max {
-                out.push(OutputLimit {
-                    model: model.to_owned(),
-                    max_output_tokens: max.get(),
-                });
-            }
+        } else if let Some(max) = max {
+            out.push(OutputLimit {
+                model: model.to_owned(),
+                max_output_tokens: max.get(),
+            });
         }
     }
     out

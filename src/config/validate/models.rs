@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::Cx;
 use super::providers::Providers;
+use super::{Cx, repeat_of};
 use crate::config::file::{ModelFile, RoutingFile, StepFile};
 use crate::config::{ApiKind, ChainStep, ModelEntry, RoutingConfig};
 
@@ -21,13 +21,9 @@ pub(crate) fn build_models(
         match name {
             Some(n) if n.trim().is_empty() => cx.err(&format!("{at}.name"), "must not be empty"),
             Some(n) => {
-                if let Some(j) = first_seen.get(n) {
-                    cx.err(
-                        &format!("{at}.name"),
-                        format!("model `{n}` is already defined at models[{j}]"),
-                    );
-                } else {
-                    first_seen.insert(n, i);
+                if let Some(j) = repeat_of(&mut first_seen, n, i) {
+                    let message = format!("model `{n}` is already defined at models[{j}]");
+                    cx.err(&format!("{at}.name"), message);
                 }
             }
             None => {}

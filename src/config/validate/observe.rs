@@ -193,21 +193,14 @@ fn env_millis(v: Option<&str>, var: &str, cx: &mut Cx) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
+    use crate::config::load::env_of;
     use crate::config::load_str;
     use crate::config::observe::{Capture, LogFormat};
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
     #[test]
     fn defaults_are_json_logs_no_export_and_a_thousand_requests_without_capture() {
-        let cfg = load_str("", &env(&[])).unwrap();
+        let cfg = load_str("", &env_of(&[])).unwrap();
         assert_eq!(cfg.observe.log.format, LogFormat::Json);
         assert!(!cfg.observe.telemetry.enabled());
         assert_eq!(cfg.observe.journal.size, 1000);
@@ -218,7 +211,7 @@ mod tests {
     fn the_file_endpoint_wins_over_the_standard_variables() {
         let cfg = load_str(
             "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\n",
-            &env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4318")]),
+            &env_of(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4318")]),
         )
         .unwrap();
         let t = &cfg.observe.telemetry;
@@ -236,7 +229,7 @@ mod tests {
     fn standard_variables_turn_export_on() {
         let cfg = load_str(
             "",
-            &env(&[
+            &env_of(&[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
                 ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4318/x"),
                 (
@@ -265,7 +258,7 @@ mod tests {
         assert_eq!(t.service_name, "agent-sidecar");
         let off = load_str(
             "",
-            &env(&[
+            &env_of(&[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
                 ("OTEL_SDK_DISABLED", "true"),
             ]),
@@ -278,7 +271,7 @@ mod tests {
     fn bad_values_are_reported_with_their_key_paths() {
         let Err(e) = load_str(
             "[log]\nformat = \"xml\"\nlevel = \"legate=loud\"\n[journal]\ncapture = \"all\"\nsize = 2000000\n[telemetry]\notlp_endpoint = \"collector:4318\"\n",
-            &env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]),
+            &env_of(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]),
         ) else {
             panic!("invalid config loaded");
         };

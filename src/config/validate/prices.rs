@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Cx;
+use super::{Cx, repeat_of};
 use crate::config::file::PriceFile;
 use crate::meter::Price;
 
@@ -16,15 +16,11 @@ pub(crate) fn build(items: &[PriceFile], cx: &mut Cx) -> BTreeMap<String, Price>
             .filter(|m| target(m, &format!("{at}.model"), cx));
         let input = cx.required(p.input, &format!("{at}.input"));
         let output = cx.required(p.output, &format!("{at}.output"));
-        if let Some(model) = model {
-            if let Some(j) = first_seen.get(model) {
-                cx.err(
-                    &format!("{at}.model"),
-                    format!("`{model}` already has a price at prices[{j}]"),
-                );
-            } else {
-                first_seen.insert(model, i);
-            }
+        if let Some(model) = model
+            && let Some(j) = repeat_of(&mut first_seen, model, i)
+        {
+            let message = format!("`{model}` already has a price at prices[{j}]");
+            cx.err(&format!("{at}.model"), message);
         }
         if let (Some(model), Some(input), Some(output)) = (model, input, output) {
             let price = Price {

@@ -255,23 +255,17 @@ mod tests {
 
     #[test]
     fn base_urls_are_normalised_or_refused() {
-        let ok = |s: &str| normalize_base_url(s).ok();
-        assert_eq!(
-            ok("https://api.anthropic.com/").as_deref(),
-            Some("https://api.anthropic.com")
-        );
-        assert_eq!(
-            ok("HTTP://127.0.0.1:8790").as_deref(),
-            Some("http://127.0.0.1:8790")
-        );
-        assert_eq!(
-            ok("http://[::1]:11434/v1//").as_deref(),
-            Some("http://[::1]:11434/v1")
-        );
-        assert_eq!(
-            ok("https://gw.example/openai/v1").as_deref(),
-            Some("https://gw.example/openai/v1")
-        );
+        for (given, normal) in [
+            ("https://api.anthropic.com/", "https://api.anthropic.com"),
+            ("HTTP://127.0.0.1:8790", "http://127.0.0.1:8790"),
+            ("http://[::1]:11434/v1//", "http://[::1]:11434/v1"),
+            (
+                "https://gw.example/openai/v1",
+                "https://gw.example/openai/v1",
+            ),
+        ] {
+            assert_eq!(normalize_base_url(given).as_deref(), Ok(normal), "{given}");
+        }
         for bad in [
             "ftp://x.example",
             "api.openai.com",

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::config::load::env_of;
 use crate::config::{ApiKind, AuthHeader, Config, ConfigErrors, KeySource, TlsRoots, load_str};
 
 mod cloud;
@@ -12,13 +13,6 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn no_env() -> HashMap<String, String> {
     HashMap::new()
-}
-
-fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
 }
 
 fn errors_of(toml: &str) -> ConfigErrors {
@@ -36,6 +30,13 @@ fn refused_at(toml: &str, path: &str) {
         errs.has_path(path),
         "expected a problem at `{path}`, got:\n{errs}\n--- for:\n{toml}"
     );
+}
+
+/// The key paths of the problems, sorted.
+fn sorted_paths(errs: &ConfigErrors) -> Vec<&str> {
+    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
+    paths.sort_unstable();
+    paths
 }
 
 fn message_at(errs: &ConfigErrors, path: &str) -> String {
@@ -384,10 +385,8 @@ fn every_problem_is_reported_at_once() {
     let errs = errors_of(
         "[retry]\nmax_attempts = 0\n[server]\nlisten = \"0.0.0.0:1\"\nmax_body_bytes = 0\n[providers.anthropic]\nconnect_timeout = \"soon\"\n[providers.openai]\nkind = \"gpt\"\n[[models]]\nname = \"m\"\nchain = [\"nobody:x\"]\n[[prices]]\nmodel = \"anthropic:m\"\ninput = \"x\"\noutput = \"1\"\n",
     );
-    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
-    paths.sort_unstable();
     assert_eq!(
-        paths,
+        sorted_paths(&errs),
         [
             "models[0].chain[0]",
             "prices[0].input",
@@ -408,7 +407,7 @@ fn every_problem_is_reported_at_once() {
 fn environment_overrides_apply_and_are_validated() -> TestResult {
     let cfg: Config = load_str(
         "[server]\nmax_body_bytes = 5000\n",
-        &env(&[
+        &env_of(&[
             ("LEGATE__SERVER__MAX_BODY_BYTES", "1000"),
             (
                 "LEGATE__PROVIDERS__ANTHROPIC__BASE_URL",
@@ -427,7 +426,7 @@ fn environment_overrides_apply_and_are_validated() -> TestResult {
 
     let bad = load_str(
         "",
-        &env(&[
+        &env_of(&[
             ("LEGATE__SERVER__MAX_BODY_BYTES", "lots"),
             ("LEGATE__SERVER__COLOUR", "red"),
         ]),
@@ -443,7 +442,7 @@ fn environment_overrides_apply_and_are_validated() -> TestResult {
     // A provider named like a number, chosen through the environment, stays a name.
     let cfg = load_str(
         "[providers.anthropic]\n[providers.42]\nkind = \"openai\"\n[providers.openai]\n",
-        &env(&[("LEGATE__ROUTING__OPENAI", "42")]),
+        &env_of(&[("LEGATE__ROUTING__OPENAI", "42")]),
     )?;
     assert_eq!(cfg.routing.openai, "42");
     Ok(())
@@ -454,10 +453,8 @@ fn a_bad_array_element_keeps_the_indices_of_the_others() {
     let errs = errors_of(
         "models = [1, { name = \"m\", chain = [\"nobody:x\", 3, \"anthropic:a\", { target = \"gone:y\" }] }]",
     );
-    let mut paths: Vec<&str> = errs.0.iter().map(|e| e.path.as_str()).collect();
-    paths.sort_unstable();
     assert_eq!(
-        paths,
+        sorted_paths(&errs),
         [
             "models[0]",
             "models[1].chain[0]",

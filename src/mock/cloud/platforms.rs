@@ -43,30 +43,14 @@ pub(crate) fn route(parts: &Parts) -> Option<Call> {
     let path = parts.uri.path();
     if let Some(rest) = path.strip_prefix("/model/") {
         let (model, action) = rest.rsplit_once('/')?;
-        let stream = match action {
-            "invoke" => false,
-            "invoke-with-response-stream" => true,
-            _ => return None,
-        };
-        return Some(Call {
-            platform: Platform::Bedrock,
-            model: decode(model),
-            stream,
-        });
+        let actions = ["invoke", "invoke-with-response-stream"];
+        return model_call(Platform::Bedrock, model, action, actions);
     }
     if path.starts_with("/v1/projects/") && path.contains("/publishers/anthropic/models/") {
         let last = path.rsplit('/').next()?;
         let (model, action) = last.rsplit_once(':')?;
-        let stream = match action {
-            "rawPredict" => false,
-            "streamRawPredict" => true,
-            _ => return None,
-        };
-        return Some(Call {
-            platform: Platform::Vertex,
-            model: decode(model),
-            stream,
-        });
+        let actions = ["rawPredict", "streamRawPredict"];
+        return model_call(Platform::Vertex, model, action, actions);
     }
     let rest = path.strip_prefix("/openai/deployments/")?;
     let (deployment, tail) = rest.split_once('/')?;
@@ -74,6 +58,16 @@ pub(crate) fn route(parts: &Parts) -> Option<Call> {
         platform: Platform::Azure,
         model: decode(deployment),
         stream: false,
+    })
+}
+
+/// A call on `model` if `action` is one of the platform's two: `[whole answer, stream]`.
+fn model_call(platform: Platform, model: &str, action: &str, actions: [&str; 2]) -> Option<Call> {
+    let stream = actions.iter().position(|a| *a == action)? == 1;
+    Some(Call {
+        platform,
+        model: decode(model),
+        stream,
     })
 }
 

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{TestResult, anthropic_request, client, json_of, post, start, within};
+use super::{TestResult, anthropic_request, client, get_json, json_of, post, start, within};
 use crate::mock::run;
 
 #[tokio::test]
@@ -55,13 +55,7 @@ async fn control_endpoints_list_count_and_reset() -> TestResult {
         .await?;
     within(server.wait_completed(1)).await?;
 
-    let listed = json_of(
-        client()
-            .get(format!("{base}/_mock/requests"))
-            .send()
-            .await?,
-    )
-    .await?;
+    let listed = get_json(format!("{base}/_mock/requests")).await?;
     let listed = listed.as_array().ok_or("not an array")?;
     assert_eq!(listed.len(), 1, "control calls are not recorded");
     assert_eq!(listed[0]["method"], "POST");
@@ -73,7 +67,7 @@ async fn control_endpoints_list_count_and_reset() -> TestResult {
         .is_some_and(|h| h.contains(&json!(["content-type", "application/json"])));
     assert!(has_content_type);
 
-    let stats = json_of(client().get(format!("{base}/_mock/stats")).send().await?).await?;
+    let stats = get_json(format!("{base}/_mock/stats")).await?;
     assert_eq!(
         stats,
         json!({"requests": 1, "completed": 1, "cancelled": 0, "inflight": 0})

@@ -61,6 +61,13 @@ pub(super) async fn json_of(
     Ok(serde_json::from_slice(&response.bytes().await?)?)
 }
 
+/// GETs `url` and parses the answer as JSON.
+pub(super) async fn get_json(
+    url: String,
+) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+    json_of(client().get(url).send().await?).await
+}
+
 /// One parsed SSE event.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Event {

@@ -1,6 +1,7 @@
 //! Responses shapes: the response object, the semantic stream with sequence numbers, the
 //! failure script (error + response.failed, a missing terminal event) and the small endpoints.
 
+use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::{TestResult, client, json_of, parse_sse, post, start};
@@ -123,39 +124,17 @@ async fn errors_use_the_openai_envelope() -> TestResult {
 async fn stored_response_endpoints_answer() -> TestResult {
     let server = start(json!({})).await?;
     let base = server.base_url();
-    let got = json_of(
-        client()
-            .get(format!("{base}/v1/responses/resp_9"))
-            .send()
-            .await?,
-    )
-    .await?;
-    assert_eq!(got["id"], "resp_9");
-    assert_eq!(got["object"], "response");
-    let deleted = json_of(
-        client()
-            .delete(format!("{base}/v1/responses/resp_9"))
-            .send()
-            .await?,
-    )
-    .await?;
-    assert_eq!(deleted["deleted"], true);
-    let cancelled = json_of(
-        client()
-            .post(format!("{base}/v1/responses/resp_9/cancel"))
-            .send()
-            .await?,
-    )
-    .await?;
-    assert_eq!(cancelled["status"], "cancelled");
-    let items = json_of(
-        client()
-            .get(format!("{base}/v1/responses/resp_9/input_items"))
-            .send()
-            .await?,
-    )
-    .await?;
-    assert_eq!(items["object"], "list");
+    for (method, path, key, want) in [
+        (Method::GET, "", "id", json!("resp_9")),
+        (Method::GET, "", "object", json!("response")),
+        (Method::DELETE, "", "deleted", json!(true)),
+        (Method::POST, "/cancel", "status", json!("cancelled")),
+        (Method::GET, "/input_items", "object", json!("list")),
+    ] {
+        let url = format!("{base}/v1/responses/resp_9{path}");
+        let got = json_of(client().request(method.clone(), url).send().await?).await?;
+        assert_eq!(got[key], want, "{method} {path}");
+    }
     let count =
         json_of(post(&server, "/v1/responses/input_tokens", &request(false)).await?).await?;
     assert_eq!(count["object"], "response.input_tokens");

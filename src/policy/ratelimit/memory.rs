@@ -139,33 +139,29 @@ mod tests {
         }
     }
 
+    /// The limit that refused, or None for an admission.
+    fn refused_by(d: Decision) -> Option<Limit> {
+        match d {
+            Decision::Admit => None,
+            Decision::Refuse { limit, .. } => Some(limit),
+        }
+    }
+
     #[test]
     fn a_token_refusal_does_not_spend_a_request() {
         let m = MemoryStore::default();
         let now = Now { ms: 1_000_000 };
-        assert_eq!(
-            m.admit_now(&ask(2, 100, 90, 0), now).ok(),
-            Some(Decision::Admit)
-        );
-        assert!(matches!(
-            m.admit_now(&ask(2, 100, 90, 0), now),
-            Ok(Decision::Refuse {
-                limit: Limit::Tokens,
-                ..
-            })
-        ));
-        // The refused request gave its request token back: one more small request fits.
-        assert_eq!(
-            m.admit_now(&ask(2, 100, 5, 0), now).ok(),
-            Some(Decision::Admit)
-        );
-        assert!(matches!(
-            m.admit_now(&ask(2, 100, 1, 0), now),
-            Ok(Decision::Refuse {
-                limit: Limit::Requests,
-                ..
-            })
-        ));
+        // Calls in turn: the tokens each asks for, and the limit that refuses it (None: admitted).
+        for (tokens, want) in [
+            (90, None),
+            (90, Some(Limit::Tokens)),
+            // The refused request gave its request token back: one more small request fits.
+            (5, None),
+            (1, Some(Limit::Requests)),
+        ] {
+            let got = m.admit_now(&ask(2, 100, tokens, 0), now).ok();
+            assert_eq!(got.map(refused_by), Some(want), "{tokens} tokens");
+        }
     }
 
     #[test]

@@ -12,26 +12,24 @@
 //!   about 9.2 million USD per tenant per day, so a larger daily budget is never reached. It
 //!   expires two days after its last write.
 //!
-//! Construction never connects: legate must start while Redis is down. The first call
-//! connects; any failed call drops the connection (a dead socket, a timeout, or a server that
-//! turned replica after a failover), and the next call connects afresh. Both the connection
-//! and each reply have a short timeout, so a missing Redis costs a request little.
+//! The connection is a [`LazyConnection`]: opened by the first call, dropped after any failed
+//! one. Both the connection and each reply have a short timeout, so a missing Redis costs a
+//! request little.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, FromRedisValue, RedisError, Script, ScriptInvocation};
-use tokio::sync::Mutex;
+use redis::{Client, FromRedisValue, Script, ScriptInvocation};
 
 use super::{Ask, BoxFuture, Decision, Limit, Now, Settlement, Store, StoreError};
+use crate::redis_conn::LazyConnection;
 
 const COMMON_LUA: &str = include_str!("redis/common.lua");
 const ADMIT_LUA: &str = include_str!("redis/admit.lua");
 const SETTLE_LUA: &str = include_str!("redis/settle.lua");
 
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Bounds the connection and each reply.
+const TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Limits and token counts are clamped to this before they reach a script, so that every value
 /// the script computes is an integer below 2^53 and therefore exact in a Lua double (10^11
@@ -39,8 +37,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
 const MAX_SCRIPT_TOKENS: u64 = 100_000_000_000;
 
 pub struct RedisStore {
-    client: Client,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    conn: LazyConnection,
     admit: Script,
     settle: Script,
     /// Unix ms the scripts use instead of the server's TIME; 0 (always, outside tests) = TIME.
@@ -84,40 +81,21 @@ impl RedisStore {
             ))
         })?;
         Ok(RedisStore {
-            client,
-            conn: Mutex::new(None),
+            conn: LazyConnection::new(client, TIMEOUT),
             admit: Script::new(&format!("{COMMON_LUA}\n{ADMIT_LUA}")),
             settle: Script::new(&format!("{COMMON_LUA}\n{SETTLE_LUA}")),
             pinned_clock_ms: AtomicU64::new(0),
         })
     }
 
-    /// The open connection, or a new one.
-    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT));
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        *slot = Some(conn.clone());
-        Ok(conn)
-    }
-
     async fn run<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let result = match self.connection().await {
+        let result = match self.conn.get().await {
             Ok(mut conn) => call.invoke_async(&mut conn).await,
             Err(e) => Err(e),
         };
         let result = result.map_err(|e| StoreError(format!("Redis: {e}")));
         if result.is_err() {
-            // Whatever went wrong, the next call starts from a fresh connection.
-            *self.conn.lock().await = None;
+            self.conn.reset().await;
         }
         result
     }

@@ -12,31 +12,30 @@ use super::strategies::{
 };
 
 fn user_content() -> impl Strategy<Value = an::Content> {
-    let blocks = (
-        prop::collection::vec(tool_result_block(), 0..3),
-        prop::collection::vec(prop_oneof![text_block(), image_block()], 0..3),
-    )
-        .prop_filter("a turn has content", |(r, o)| {
-            !r.is_empty() || !o.is_empty()
-        })
-        .prop_map(|(mut results, others)| {
-            results.extend(others);
-            an::Content::Blocks(results)
-        });
-    prop_oneof![text().prop_map(an::Content::Text), blocks]
+    let others = prop_oneof![text_block(), image_block()];
+    content(tool_result_block(), others)
 }
 
 fn assistant_content() -> impl Strategy<Value = an::Content> {
+    content(text_block(), tool_use_block())
+}
+
+/// A plain string, or up to three blocks of `first` followed by up to three of `then` (at least
+/// one block): the order a turn of one role keeps.
+fn content(
+    first: impl Strategy<Value = an::Block>,
+    then: impl Strategy<Value = an::Block>,
+) -> impl Strategy<Value = an::Content> {
     let blocks = (
-        prop::collection::vec(text_block(), 0..3),
-        prop::collection::vec(tool_use_block(), 0..3),
+        prop::collection::vec(first, 0..3),
+        prop::collection::vec(then, 0..3),
     )
-        .prop_filter("a turn has content", |(t, u)| {
-            !t.is_empty() || !u.is_empty()
+        .prop_filter("a turn has content", |(f, t)| {
+            !f.is_empty() || !t.is_empty()
         })
-        .prop_map(|(mut texts, uses)| {
-            texts.extend(uses);
-            an::Content::Blocks(texts)
+        .prop_map(|(mut blocks, then)| {
+            blocks.extend(then);
+            an::Content::Blocks(blocks)
         });
     prop_oneof![text().prop_map(an::Content::Text), blocks]
 }

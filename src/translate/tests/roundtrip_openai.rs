@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use serde_json::{Map, Value};
 
 use super::super::{Dir, openai as oa, request};
-use super::strategies::{ident, object, text, to_json, unit_float};
+use super::strategies::{ident, object, text, to_json, tool_call, unit_float};
 
 fn openai_text() -> impl Strategy<Value = oa::Content> {
     prop_oneof![
@@ -44,18 +44,10 @@ fn openai_user() -> impl Strategy<Value = oa::Message> {
 
 /// An assistant turn, then a `tool` message for each of its calls.
 fn openai_assistant() -> impl Strategy<Value = Vec<oa::Message>> {
-    let call = (ident(), ident(), object()).prop_map(|(id, name, args)| oa::ToolCall {
-        id: format!("call_{id}"),
-        kind: oa::function_kind(),
-        function: Some(oa::FunctionCall {
-            name,
-            arguments: args.to_string(),
-        }),
-    });
     let results = prop::collection::vec(openai_text(), 3);
     (
         proptest::option::of(openai_text()),
-        prop::collection::vec(call, 0..3),
+        prop::collection::vec(tool_call(), 0..3),
         results,
     )
         .prop_filter("a turn has content", |(c, calls, _)| {

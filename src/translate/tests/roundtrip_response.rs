@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use super::super::{Dir, anthropic as an, openai as oa, response};
-use super::strategies::{ident, object, text, text_block, to_json, tool_use_block};
+use super::strategies::{ident, text, text_block, to_json, tool_call, tool_use_block};
 
 fn anthropic_usage() -> impl Strategy<Value = an::Usage> {
     (
@@ -55,17 +55,9 @@ fn anthropic_message() -> impl Strategy<Value = an::MessageResponse> {
 }
 
 fn openai_completion() -> impl Strategy<Value = oa::Completion> {
-    let call = (ident(), ident(), object()).prop_map(|(id, name, args)| oa::ToolCall {
-        id: format!("call_{id}"),
-        kind: oa::function_kind(),
-        function: Some(oa::FunctionCall {
-            name,
-            arguments: args.to_string(),
-        }),
-    });
     let message = (
         proptest::option::of(text()),
-        prop::collection::vec(call, 0..3),
+        prop::collection::vec(tool_call(), 0..3),
     )
         .prop_filter("an answer has content", |(c, calls)| {
             c.is_some() || !calls.is_empty()
@@ -91,17 +83,7 @@ fn openai_completion() -> impl Strategy<Value = oa::Completion> {
                 object: "chat.completion".to_owned(),
                 created: 0,
                 model,
-                choices: vec![oa::Choice {
-                    index: 0,
-                    message: oa::ResponseMessage {
-                        role: "assistant".to_owned(),
-                        content,
-                        refusal: None,
-                        tool_calls: (!calls.is_empty()).then_some(calls),
-                    },
-                    logprobs: None,
-                    finish_reason: Some(finish.to_owned()),
-                }],
+                choices: vec![oa::Choice::assistant(content, calls, finish)],
                 usage: Some(oa::Usage {
                     prompt_tokens: prompt,
                     completion_tokens: completion,

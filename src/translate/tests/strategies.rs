@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
-use super::super::anthropic as an;
+use super::super::{anthropic as an, openai as oa};
 
 pub(super) fn text() -> impl Strategy<Value = String> {
     // No leading `[`: a text starting with the tool-error marker would read as an error.
@@ -68,6 +68,18 @@ pub(super) fn tool_use_block() -> impl Strategy<Value = an::Block> {
         name,
         input,
         cache_control: None,
+    })
+}
+
+/// An OpenAI function call with JSON-object arguments.
+pub(super) fn tool_call() -> impl Strategy<Value = oa::ToolCall> {
+    (ident(), ident(), object()).prop_map(|(id, name, args)| oa::ToolCall {
+        id: format!("call_{id}"),
+        kind: oa::function_kind(),
+        function: Some(oa::FunctionCall {
+            name,
+            arguments: args.to_string(),
+        }),
     })
 }
 

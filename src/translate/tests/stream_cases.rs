@@ -31,58 +31,29 @@ fn openai_stream_becomes_anthropic_events() {
     .concat();
     let out = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
     let want = vec![
-        (
-            Some("message_start"),
+        named(
             json!({"type": "message_start", "message": {"id": "msg_abc", "type": "message",
             "role": "assistant", "content": [], "model": "gpt-4.1", "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": 0, "output_tokens": 0}}}),
         ),
-        (
-            Some("content_block_start"),
-            json!({"type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": "Hi"}}),
-        ),
-        (
-            Some("content_block_stop"),
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        (
-            Some("content_block_start"),
-            json!({"type": "content_block_start", "index": 1,
-            "content_block": {"type": "tool_use", "id": "call_1", "name": "get", "input": {}}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 1,
-            "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}}),
-        ),
-        (
-            Some("content_block_delta"),
-            json!({"type": "content_block_delta", "index": 1,
-            "delta": {"type": "input_json_delta", "partial_json": "1}"}}),
-        ),
-        (
-            Some("content_block_stop"),
-            json!({"type": "content_block_stop", "index": 1}),
-        ),
-        (
-            Some("message_delta"),
-            json!({"type": "message_delta",
+        named(json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}})),
+        named(json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "Hi"}})),
+        named(json!({"type": "content_block_stop", "index": 0})),
+        named(json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "call_1", "name": "get", "input": {}}})),
+        named(json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}})),
+        named(json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "1}"}})),
+        named(json!({"type": "content_block_stop", "index": 1})),
+        named(json!({"type": "message_delta",
             "delta": {"stop_reason": "tool_use", "stop_sequence": null},
             "usage": {"input_tokens": 30, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 100,
-                      "output_tokens": 12}}),
-        ),
-        (Some("message_stop"), json!({"type": "message_stop"})),
+                      "output_tokens": 12}})),
+        named(json!({"type": "message_stop"})),
     ];
-    let want: Vec<_> = want
-        .into_iter()
-        .map(|(n, d)| (n.map(str::to_owned), d))
-        .collect();
     assert_eq!(events(&out), want);
 }
 
@@ -157,22 +128,12 @@ fn anthropic_stream_becomes_openai_chunks() {
 #[test]
 fn usage_chunk_only_when_the_openai_caller_asked() {
     let input = [anthropic_start(), anthropic_end("end_turn")].concat();
-    let view = openai_view(&translate(
-        Dir::OpenAiToAnthropic,
-        false,
-        input.as_bytes(),
-        &[],
-    ));
+    let view = openai_view_of(&input, false);
     assert_eq!(
         view.as_ref().map(|v| (v.usage.is_none(), v.done)),
         Ok((true, true))
     );
-    let view = openai_view(&translate(
-        Dir::OpenAiToAnthropic,
-        true,
-        input.as_bytes(),
-        &[],
-    ));
+    let view = openai_view_of(&input, true);
     assert_eq!(
         view.map(|v| v.usage.map(|u| u.prompt_tokens)),
         Ok(Some(130))
@@ -187,12 +148,7 @@ fn mid_stream_errors_become_the_callers_error_event_and_end_the_stream() {
         anthropic_end("end_turn"),
     ]
     .concat();
-    let view = openai_view(&translate(
-        Dir::OpenAiToAnthropic,
-        true,
-        anthropic.as_bytes(),
-        &[],
-    ));
+    let view = openai_view_of(&anthropic, true);
     let error = json!({"message": "Overloaded", "type": "server_error", "param": null, "code": "overloaded"});
     assert_eq!(view.map(|v| (v.error, v.done)), Ok((Some(error), false)));
 
@@ -202,12 +158,7 @@ fn mid_stream_errors_become_the_callers_error_event_and_end_the_stream() {
         "data: [DONE]\n\n".to_owned(),
     ]
     .concat();
-    let view = anthropic_view(&translate(
-        Dir::AnthropicToOpenAi,
-        false,
-        openai.as_bytes(),
-        &[],
-    ));
+    let view = anthropic_view_of(&openai);
     assert_eq!(
         view.map(|v| (v.error, v.stopped)),
         Ok((Some("rate_limit_error".to_owned()), false))
@@ -222,12 +173,7 @@ fn a_named_error_event_without_a_json_error_still_ends_the_stream() {
         "data: [DONE]\n\n".to_owned(),
     ]
     .concat();
-    let view = anthropic_view(&translate(
-        Dir::AnthropicToOpenAi,
-        false,
-        input.as_bytes(),
-        &[],
-    ));
+    let view = anthropic_view_of(&input);
     assert_eq!(
         view.map(|v| (v.text, v.error, v.stopped)),
         Ok(("Hi".to_owned(), Some("api_error".to_owned()), false))
@@ -251,12 +197,7 @@ fn interleaved_tool_arguments_end_in_an_error_not_a_corrupt_input() {
         "data: [DONE]\n\n".to_owned(),
     ]
     .concat();
-    let view = anthropic_view(&translate(
-        Dir::AnthropicToOpenAi,
-        false,
-        input.as_bytes(),
-        &[],
-    ));
+    let view = anthropic_view_of(&input);
     assert_eq!(
         view.map(|v| (v.error, v.stopped)),
         Ok((Some("api_error".to_owned()), false))
@@ -274,12 +215,7 @@ fn a_tool_call_without_an_id_gets_a_stand_in_at_the_end() {
         "data: [DONE]\n\n".to_owned(),
     ]
     .concat();
-    let view = anthropic_view(&translate(
-        Dir::AnthropicToOpenAi,
-        false,
-        input.as_bytes(),
-        &[],
-    ));
+    let view = anthropic_view_of(&input);
     let tools = vec![("call_legate_0".to_owned(), "f".to_owned(), "{}".to_owned())];
     assert_eq!(
         view.map(|v| (v.tools, v.stop_reason)),

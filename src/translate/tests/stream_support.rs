@@ -34,6 +34,32 @@ pub(super) fn translate(dir: Dir, include_usage: bool, input: &[u8], cuts: &[Ind
     out
 }
 
+/// What an Anthropic caller sees of the OpenAI stream `openai`, translated in one piece.
+pub(super) fn anthropic_view_of(openai: &str) -> Result<AnthropicView, String> {
+    anthropic_view(&translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        openai.as_bytes(),
+        &[],
+    ))
+}
+
+/// What an OpenAI caller (asking for usage or not) sees of the Anthropic stream `anthropic`,
+/// translated in one piece.
+pub(super) fn openai_view_of(anthropic: &str, include_usage: bool) -> Result<OpenAiView, String> {
+    openai_view(&translate(
+        Dir::OpenAiToAnthropic,
+        include_usage,
+        anthropic.as_bytes(),
+        &[],
+    ))
+}
+
+/// An Anthropic event as `events` reads it back: named after the type in its data.
+pub(super) fn named(data: Value) -> (Option<String>, Value) {
+    (data["type"].as_str().map(str::to_owned), data)
+}
+
 /// Every event of a translated output, as (event name, data JSON).
 pub(super) fn events(bytes: &[u8]) -> Vec<(Option<String>, Value)> {
     let mut parser = SseParser::new();

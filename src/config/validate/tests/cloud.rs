@@ -1,14 +1,15 @@
 //! The cloud provider kinds: their keys, and the credential source chosen from the environment.
 
-use super::{env, no_env, refused_at};
+use super::{no_env, refused_at};
 use crate::config::cloud::{AwsSource, AzureSource, GoogleSource, Platform};
+use crate::config::load::env_of;
 use crate::config::{ApiKind, AuthHeader, Config, load_str, render_masked};
 
 /// The two direct providers every config needs for its default routes.
 const DIRECT: &str = "[providers.anthropic]\n[providers.openai]\n";
 
 fn load(toml: &str, pairs: &[(&str, &str)]) -> Config {
-    match load_str(&format!("{DIRECT}{toml}"), &env(pairs)) {
+    match load_str(&format!("{DIRECT}{toml}"), &env_of(pairs)) {
         Ok(c) => c,
         Err(e) => panic!("config refused:\n{e}"),
     }

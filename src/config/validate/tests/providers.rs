@@ -1,6 +1,7 @@
 //! `[providers.*]` rules: kinds, names, key sources and TLS files.
 
-use super::{TestResult, env, no_env, refused_at};
+use super::{TestResult, no_env, refused_at};
+use crate::config::load::{env_of, temp_file};
 use crate::config::{KeySource, load_str};
 
 #[test]
@@ -47,9 +48,7 @@ fn key_sources_are_checked() -> TestResult {
         "providers.anthropic.api_key_env",
     );
 
-    let dir = tempfile::tempdir()?;
-    let key = dir.path().join("key");
-    std::fs::write(&key, "sk-file\n")?;
+    let (dir, key) = temp_file("key", "sk-file\n")?;
     let toml = format!(
         "[providers.openai]\n[providers.anthropic]\napi_key_file = {:?}",
         key.display().to_string()
@@ -67,7 +66,7 @@ fn key_sources_are_checked() -> TestResult {
     // Keys are read from the injected environment; unset and empty both mean "no key".
     let with_key = load_str(
         "",
-        &env(&[("ANTHROPIC_API_KEY", "sk-ant"), ("OPENAI_API_KEY", "")]),
+        &env_of(&[("ANTHROPIC_API_KEY", "sk-ant"), ("OPENAI_API_KEY", "")]),
     )?;
     let KeySource::Env { value: Some(v), .. } = &with_key.providers["anthropic"].key else {
         return Err("key not read from the environment".into());
@@ -86,9 +85,7 @@ fn tls_files_must_exist_and_come_in_pairs() -> TestResult {
         "[providers.anthropic]\nca_file = \"/nonexistent/ca.pem\"",
         "providers.anthropic.ca_file",
     );
-    let dir = tempfile::tempdir()?;
-    let cert = dir.path().join("c.pem");
-    std::fs::write(&cert, "x")?;
+    let (_dir, cert) = temp_file("c.pem", "x")?;
     let cert = cert.display().to_string();
     refused_at(
         &format!("[providers.anthropic]\nclient_cert_file = {cert:?}"),

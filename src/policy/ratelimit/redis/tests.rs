@@ -215,6 +215,14 @@ impl Drop for RedisServer {
     }
 }
 
+/// A running server, a store on it and a runtime to drive it; None when redis-server is not
+/// installed (see `RedisServer::start`).
+fn store_on_server() -> Option<(RedisServer, RedisStore, tokio::runtime::Runtime)> {
+    let server = RedisServer::start()?;
+    let redis = RedisStore::new(&server.url()).unwrap();
+    Some((server, redis, runtime()))
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -246,11 +254,9 @@ fn scenario() -> impl Strategy<Value = ((u64, u64, u128), u64, Vec<Op>)> {
 
 #[test]
 fn the_scripts_decide_exactly_as_the_memory_store() {
-    let Some(server) = RedisServer::start() else {
+    let Some((_server, redis, rt)) = store_on_server() else {
         return;
     };
-    let rt = runtime();
-    let redis = RedisStore::new(&server.url()).unwrap();
     let case = std::sync::atomic::AtomicU32::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 64,
@@ -291,11 +297,9 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
 
 #[test]
 fn the_server_clock_sets_the_budget_wait_and_spend_saturates_at_int64() {
-    let Some(server) = RedisServer::start() else {
+    let Some((_server, redis, rt)) = store_on_server() else {
         return;
     };
-    let rt = runtime();
-    let redis = RedisStore::new(&server.url()).unwrap();
     let cap = i64::MAX as u128;
     rt.block_on(async {
         let s = settlement("rich", 0, 0, u128::MAX);
@@ -325,11 +329,9 @@ fn the_server_clock_sets_the_budget_wait_and_spend_saturates_at_int64() {
 
 #[test]
 fn buckets_expire_once_they_would_be_full_and_spend_after_two_days() {
-    let Some(server) = RedisServer::start() else {
+    let Some((server, redis, rt)) = store_on_server() else {
         return;
     };
-    let rt = runtime();
-    let redis = RedisStore::new(&server.url()).unwrap();
     let client = Client::open(server.url()).unwrap();
     rt.block_on(async {
         redis
@@ -372,12 +374,10 @@ fn buckets_expire_once_they_would_be_full_and_spend_after_two_days() {
 
 #[test]
 fn after_redis_restarts_the_next_call_reconnects() {
-    let Some(server) = RedisServer::start() else {
+    let Some((server, redis, rt)) = store_on_server() else {
         return;
     };
-    let rt = runtime();
     let port = server.port;
-    let redis = RedisStore::new(&server.url()).unwrap();
     let a = ask("back", 3, 0, 0, 0);
     rt.block_on(async {
         assert_eq!(redis.admit(&a, Now::wall()).await.unwrap(), Decision::Admit);
