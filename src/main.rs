@@ -76,7 +76,7 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
     let explicit = path.map(std::path::Path::to_path_buf);
     let source: legate::server::ConfigSource =
         std::sync::Arc::new(move || config::load(explicit.as_deref()).map(|(cfg, _)| cfg));
-    let rt = match serve_runtime() {
+    let rt = match serve_runtime(cfg.server.worker_threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("legate: cannot start the runtime: {e}");
@@ -96,19 +96,19 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-/// The data plane's runtime: one worker thread unless `TOKIO_WORKER_THREADS` asks for more.
+/// The data plane's runtime with `server.worker_threads` workers (one by default;
+/// `TOKIO_WORKER_THREADS`, when set, has already been folded into it by the config).
 /// A request crosses several tasks (the caller's connection, the upstream connection, timers);
 /// on one thread they hand over to each other in place, while with one worker per core every
 /// handover may wake a sleeping thread, which costs system calls per request and, on a machine
 /// whose cores are busy with other processes, a wait of milliseconds for that thread to be
 /// scheduled again: the tail latency of a proxy. One core carries thousands of requests per
 /// second, far above what an agent sends.
-fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        builder.worker_threads(1);
-    }
-    builder.enable_all().build()
+fn serve_runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
+        .enable_all()
+        .build()
 }
 
 /// `legate agent`: the loop's own exit codes (SPEC §9) become the process's.

@@ -68,6 +68,8 @@ pub struct ServerFile {
     /// Zero is meaningful: stop at once without waiting for in-flight requests.
     #[serde(with = "adapt::duration")]
     pub shutdown_grace: Duration,
+    /// Checked against [`WORKER_THREADS_MAX`] by `validate`, so that 0 gets a message.
+    pub worker_threads: usize,
     #[serde(with = "adapt::positive_duration")]
     pub header_read_timeout: Duration,
     #[serde(with = "adapt::positive_duration")]
@@ -79,6 +81,10 @@ pub struct ServerFile {
     pub max_event_bytes: NonZeroUsize,
     pub max_buffered_bytes: NonZeroUsize,
 }
+
+/// The most runtime threads `server.worker_threads` may ask for: far beyond any core count
+/// legate is useful on, low enough that a typo cannot exhaust the process's threads.
+pub const WORKER_THREADS_MAX: usize = 256;
 
 /// A non-zero constant (`NonZeroUsize::new` is const, its unwrap is not allowed here).
 const fn nz(n: usize) -> NonZeroUsize {
@@ -97,6 +103,7 @@ impl Default for ServerFile {
             max_body_bytes: nz(32 * 1024 * 1024),
             default_deadline: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            worker_threads: 1,
             header_read_timeout: limits.header_read_timeout,
             body_read_timeout: limits.body_read_timeout,
             connection_idle_timeout: limits.connection_idle_timeout,

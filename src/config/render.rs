@@ -105,6 +105,7 @@ pub fn effective(cfg: &Config) -> FileConfig {
         max_body_bytes: nz(s.max_body_bytes),
         default_deadline: s.default_deadline,
         shutdown_grace: s.shutdown_grace,
+        worker_threads: s.worker_threads,
         header_read_timeout: l.header_read_timeout,
         body_read_timeout: l.body_read_timeout,
         connection_idle_timeout: l.connection_idle_timeout,

@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub default_deadline: Duration,
     pub shutdown_grace: Duration,
+    /// Threads of the data plane's runtime (`TOKIO_WORKER_THREADS` overrides the file).
+    pub worker_threads: usize,
     /// Limits that keep the process standing (SPEC §14).
     pub limits: ServerLimits,
 }

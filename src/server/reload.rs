@@ -32,6 +32,8 @@ pub struct Reloader {
     admin_listen: SocketAddr,
     /// `max_connections`, `admin_max_connections`: each plane's cap is fixed at start.
     caps: (usize, usize),
+    /// `server.worker_threads`: the runtime is built once.
+    worker_threads: usize,
     ratelimit: crate::config::RateLimitConfig,
     /// `[log]`, `[telemetry]`, `[journal]` are applied once, at start.
     observe: crate::config::observe::ObserveConfig,
@@ -56,6 +58,7 @@ impl Reloader {
                 started_with.server.limits.max_connections,
                 started_with.server.limits.admin_max_connections,
             ),
+            worker_threads: started_with.server.worker_threads,
             ratelimit: started_with.ratelimit.clone(),
             observe: started_with.observe.clone(),
             watchers: Mutex::new(watchers),
@@ -110,6 +113,9 @@ impl Reloader {
         }
         if l.admin_max_connections != self.caps.1 {
             restart_required.push("server.admin_max_connections".to_string());
+        }
+        if cfg.server.worker_threads != self.worker_threads {
+            restart_required.push("server.worker_threads".to_string());
         }
         // The bucket store is chosen once: its buckets must not vanish with a reload.
         if cfg.ratelimit.store != self.ratelimit.store {

@@ -251,6 +251,7 @@ pub(crate) async fn spawn(
     cmd.args(args)
         .env_remove("LEGATE_CONFIG")
         .env_remove("RUST_LOG")
+        .env_remove("TOKIO_WORKER_THREADS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .kill_on_drop(true);

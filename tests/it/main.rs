@@ -31,6 +31,7 @@ mod reload;
 mod resilience;
 mod responses;
 mod robustness;
+mod runtime;
 mod shared_limits;
 mod stale_connection;
 mod streaming;

@@ -136,6 +136,30 @@ async fn a_changed_listen_address_is_reported_as_needing_a_restart() {
 }
 
 #[tokio::test]
+async fn changed_worker_threads_are_reported_as_needing_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml(&mock.base_url(), "");
+    std::fs::write(&path, &toml).unwrap();
+    let env = harness::start_file(mock, &path).await;
+    std::fs::write(
+        &path,
+        toml.replace(
+            "shutdown_grace = \"5s\"",
+            "shutdown_grace = \"5s\"\nworker_threads = 3",
+        ),
+    )
+    .unwrap();
+    let (status, v) = reload(&env).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        v["restart_required"],
+        serde_json::json!(["server.worker_threads"])
+    );
+}
+
+#[tokio::test]
 async fn a_rotated_key_file_is_used_by_the_next_requests_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let key_path = dir.path().join("anthropic-key");

@@ -1,8 +1,11 @@
-//! `[server]`: the listeners and the limits of the data plane.
+//! `[server]`: the listeners, the runtime's threads and the limits of the data plane.
 
 use super::Cx;
-use crate::config::file::ServerFile;
+use crate::config::file::{ServerFile, WORKER_THREADS_MAX};
 use crate::config::{ServerConfig, ServerLimits};
+
+/// tokio's own variable for its worker count; kept working, and it wins over the file.
+pub(crate) const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
 
 pub(crate) fn build(s: &ServerFile, cx: &mut Cx) -> ServerConfig {
     // Port 0 asks the OS for a free port, so two such listeners never collide.
@@ -21,6 +24,7 @@ pub(crate) fn build(s: &ServerFile, cx: &mut Cx) -> ServerConfig {
         max_body_bytes: s.max_body_bytes.get(),
         default_deadline: s.default_deadline,
         shutdown_grace: s.shutdown_grace,
+        worker_threads: worker_threads(s.worker_threads, cx),
         limits: ServerLimits {
             header_read_timeout: s.header_read_timeout,
             body_read_timeout: s.body_read_timeout,
@@ -31,4 +35,31 @@ pub(crate) fn build(s: &ServerFile, cx: &mut Cx) -> ServerConfig {
             max_buffered_bytes: s.max_buffered_bytes.get(),
         },
     }
+}
+
+/// `server.worker_threads`, or `TOKIO_WORKER_THREADS` when set; either must be 1..=256.
+fn worker_threads(configured: usize, cx: &mut Cx) -> usize {
+    let in_range = |n: usize| (1..=WORKER_THREADS_MAX).contains(&n);
+    if let Some(raw) = cx.env.get(WORKER_THREADS_ENV) {
+        return match raw.trim().parse::<usize>() {
+            Ok(n) if in_range(n) => n,
+            _ => {
+                cx.err(
+                    "server.worker_threads",
+                    format!(
+                        "{WORKER_THREADS_ENV}=`{raw}` must be a whole number from 1 to {WORKER_THREADS_MAX}"
+                    ),
+                );
+                1
+            }
+        };
+    }
+    if !in_range(configured) {
+        cx.err(
+            "server.worker_threads",
+            format!("must be from 1 to {WORKER_THREADS_MAX}, not {configured}"),
+        );
+        return 1;
+    }
+    configured
 }

@@ -8,6 +8,7 @@ use crate::config::{ApiKind, AuthHeader, Config, ConfigErrors, KeySource, TlsRoo
 
 mod cloud;
 mod providers;
+mod server;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
