@@ -1,6 +1,7 @@
 //! `[server]` keys that are more than a type: the runtime's worker threads.
 
-use super::{TestResult, env, message_at, no_env, refused_at};
+use super::{TestResult, message_at, no_env, refused_at};
+use crate::config::load::env_of;
 use crate::config::load_str;
 
 #[test]
@@ -24,12 +25,12 @@ fn worker_threads_default_to_one_and_are_bounded() -> TestResult {
 #[test]
 fn tokio_worker_threads_overrides_the_file_and_is_checked_alike() -> TestResult {
     let file = "[server]\nworker_threads = 4";
-    let cfg = load_str(file, &env(&[("TOKIO_WORKER_THREADS", "2")]))?;
+    let cfg = load_str(file, &env_of(&[("TOKIO_WORKER_THREADS", "2")]))?;
     assert_eq!(cfg.server.worker_threads, 2);
-    let cfg = load_str(file, &env(&[("LEGATE__SERVER__WORKER_THREADS", "3")]))?;
+    let cfg = load_str(file, &env_of(&[("LEGATE__SERVER__WORKER_THREADS", "3")]))?;
     assert_eq!(cfg.server.worker_threads, 3);
     for bad in ["0", "300", "", "x"] {
-        let Err(errs) = load_str(file, &env(&[("TOKIO_WORKER_THREADS", bad)])) else {
+        let Err(errs) = load_str(file, &env_of(&[("TOKIO_WORKER_THREADS", bad)])) else {
             return Err(format!("TOKIO_WORKER_THREADS={bad:?} accepted").into());
         };
         let msg = message_at(&errs, "server.worker_threads");
