@@ -86,7 +86,10 @@ pub async fn serve<H, F, B, L>(
                 let w = watch.clone();
                 let svc = service_fn(move |req| {
                     let inflight = w.begin();
-                    let fut = h(req, peer);
+                    // hyper keeps one slot of this future's size per connection for its
+                    // whole life; boxed, an idle keep-alive connection holds a pointer
+                    // instead of a whole request's state (about 15 KiB).
+                    let fut = Box::pin(h(req, peer));
                     async move {
                         let resp = fut.await?;
                         Ok::<_, std::convert::Infallible>(
