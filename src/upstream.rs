@@ -149,6 +149,7 @@ impl Upstream {
             // One that fails after the request was written is `pool`'s to retry.
             .retry_canceled_requests(true)
             .pool_idle_timeout(cfg.pool_idle_timeout)
+            .http1_max_buf_size(crate::server::listener::HTTP1_MAX_BUF)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new());
         let client = HttpClient::new(&builder, https);

@@ -89,10 +89,14 @@ impl Journal {
     }
 
     /// Keeps a finished request, forgetting the oldest beyond the size.
-    pub fn push(&self, facts: Facts, capture: Captured) {
+    pub fn push(&self, mut facts: Facts, capture: Captured) {
         if self.size == 0 {
             return;
         }
+        // Kept for the next `size` requests: the lists grew by pushes (a first push reserves
+        // room for four), most requests have one attempt and one finish reason.
+        facts.steps.shrink_to_fit();
+        facts.finish_reasons.shrink_to_fit();
         let entry = Arc::new(Entry { facts, capture });
         let old = {
             let mut ring = self.lock();

@@ -84,7 +84,10 @@ pub async fn collect(
     share: &mut BufferShare,
     max: usize,
 ) -> Result<Bytes, Collect> {
-    let mut buf = BytesMut::new();
+    // A declared length is already held in the budget: reserve it at once, so a large body
+    // lands in one allocation of its size instead of a chain of doublings whose last one
+    // (up to twice the body) would be held with the body until the request is done.
+    let mut buf = BytesMut::with_capacity(share.held.min(limit));
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| Collect::Broken)?;
         let Ok(data) = frame.into_data() else {

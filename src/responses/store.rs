@@ -4,7 +4,8 @@
 //!
 //! `memory`: one process, bounded by `max_bytes` (oldest entries evicted first; an entry
 //! larger than the bound is not kept) and `ttl`. Entries are held serialised, so the bytes
-//! counted are the bytes held (a tree of JSON values takes several times its text), and
+//! counted are the bytes held (a tree of JSON values takes several times its text; each entry's
+//! bookkeeping is counted too), and
 //! keeping a response costs one serialisation and no copy of the tree; a lookup, which only
 //! a request naming an earlier response makes, parses the entry back. `redis`: shared by replicas, one key per
 //! response (`legate:resp:<id>`) with the TTL as its expiry; construction never connects, a
@@ -81,6 +82,17 @@ impl ConversationStore {
     }
 }
 
+/// What one entry takes besides its id and serialised bytes: its map slot, its place in the
+/// insertion order (with the id's second copy) and the allocations' headers, about 200 bytes.
+/// Counted, so that `max_bytes` bounds the memory the store takes and not only its payload: a
+/// short response is a few hundred bytes of JSON, and its bookkeeping a fifth to a third of it.
+const ENTRY_OVERHEAD: usize = 200;
+
+/// The bytes an entry counts against `max_bytes`.
+fn held(id: &str, data: usize) -> usize {
+    id.len() + data + ENTRY_OVERHEAD
+}
+
 struct Entry {
     /// The `Stored` as JSON; shared so a lookup parses it outside the lock.
     data: Arc<[u8]>,
@@ -138,7 +150,7 @@ impl MemoryStore {
             return;
         };
         let data: Arc<[u8]> = data.into();
-        let bytes = id.len() + data.len();
+        let bytes = held(id, data.len());
         let mut inner = self.lock();
         if let Some(old) = inner.map.remove(id) {
             inner.bytes -= old.bytes;
@@ -291,7 +303,10 @@ mod tests {
 
     #[tokio::test]
     async fn oldest_entries_are_evicted_beyond_max_bytes() {
-        let one = 1 + serde_json::to_vec(&stored("0123456789")).map_or(0, |v| v.len());
+        let one = held(
+            "a",
+            serde_json::to_vec(&stored("0123456789")).map_or(0, |v| v.len()),
+        );
         let store = MemoryStore::new(one * 2, Duration::from_secs(60));
         store.put("a", &stored("0123456789"));
         store.put("b", &stored("0123456789"));

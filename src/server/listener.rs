@@ -24,6 +24,13 @@ use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The most an HTTP/1 connection's read buffer grows to (hyper's default is about 400 KiB),
+/// on both sides. hyper doubles the buffer while reads fill it, so a large body grows it to
+/// the maximum, and the connection keeps that allocation for its whole life: a hundred agents
+/// that each sent one long prompt would hold 40 MiB of empty buffers. 64 KiB reads still move
+/// a large body in few system calls; it also bounds a request or response head.
+pub const HTTP1_MAX_BUF: usize = 64 << 10;
+
 /// How one plane holds its connections: the deadlines (read at each accept, so a reload
 /// applies to new connections), the cap, and the gauge of open connections.
 pub struct Plane<L> {
@@ -57,7 +64,8 @@ pub async fn serve<H, F, B, L>(
         .http1()
         .timer(TokioTimer::new())
         .keep_alive(true)
-        .header_read_timeout(None);
+        .header_read_timeout(None)
+        .max_buf_size(HTTP1_MAX_BUF);
     let builder = Arc::new(builder);
     let slots = Arc::new(Semaphore::new(plane.max_connections));
     loop {
@@ -86,7 +94,10 @@ pub async fn serve<H, F, B, L>(
                 let w = watch.clone();
                 let svc = service_fn(move |req| {
                     let inflight = w.begin();
-                    let fut = h(req, peer);
+                    // hyper keeps one slot of this future's size per connection for its
+                    // whole life; boxed, an idle keep-alive connection holds a pointer
+                    // instead of a whole request's state (about 15 KiB).
+                    let fut = Box::pin(h(req, peer));
                     async move {
                         let resp = fut.await?;
                         Ok::<_, std::convert::Infallible>(
