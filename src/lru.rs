@@ -29,6 +29,23 @@ impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
         self.map.is_empty()
     }
 
+    /// The value of `key`, marked as just used, if present. Borrowed keys need no owned copy:
+    /// the hit path allocates nothing.
+    pub fn touch<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.tick += 1;
+        let tick = self.tick;
+        let (value, used) = self.map.get_mut(key)?;
+        let old = std::mem::replace(used, tick);
+        if let Some(k) = self.order.remove(&old) {
+            self.order.insert(tick, k);
+        }
+        Some(value)
+    }
+
     /// The entry of `key`, marked as just used; created by `make` if absent, evicting the
     /// least recently used entry first when full (returned to the caller).
     pub fn entry(&mut self, key: &K, make: impl FnOnce() -> V) -> (&mut V, Option<(K, V)>) {
@@ -77,5 +94,16 @@ mod tests {
         let mut keys: Vec<_> = lru.iter().map(|(k, v)| (k.clone(), *v)).collect();
         keys.sort();
         assert_eq!(keys, vec![("a".into(), 2), ("c".into(), 7)]);
+    }
+
+    #[test]
+    fn touching_an_entry_makes_it_the_most_recently_used() {
+        let mut lru: Lru<String, u32> = Lru::new(2);
+        lru.entry(&"a".into(), || 1);
+        lru.entry(&"b".into(), || 2);
+        assert_eq!(lru.touch("a").copied(), Some(1));
+        assert_eq!(lru.touch("z"), None);
+        let (_, evicted) = lru.entry(&"c".into(), || 3);
+        assert_eq!(evicted, Some(("b".to_string(), 2)));
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
+use memchr::memmem::Finder;
 
 use crate::config::Secret;
 
@@ -31,13 +32,14 @@ impl Redactor {
             .map(|key| Redactor { key })
     }
 
-    fn needle(&self) -> &[u8] {
-        self.key.expose().as_bytes()
+    /// The key's searcher, built once per key (not per exchange, header value or chunk).
+    fn finder(&self) -> &Finder<'static> {
+        self.key.finder()
     }
 
     /// `data` with every occurrence of the key replaced (the same bytes when there is none).
     pub fn bytes(&self, data: Bytes) -> Bytes {
-        match replace(&data, self.needle()) {
+        match replace(&data, self.finder()) {
             Some(v) => Bytes::from(v),
             None => data,
         }
@@ -46,10 +48,10 @@ impl Redactor {
     /// Replaces the key in every header value; a header whose value cannot be rebuilt is
     /// removed rather than passed on.
     pub fn headers(&self, headers: &mut HeaderMap) {
-        let needle = self.needle();
+        let finder = self.finder();
         let mut tainted = Vec::new();
         for (name, value) in headers.iter() {
-            if memchr::memmem::find(value.as_bytes(), needle).is_some() {
+            if finder.find(value.as_bytes()).is_some() {
                 tainted.push(name.clone());
             }
         }
@@ -59,7 +61,7 @@ impl Redactor {
                 .iter()
                 .filter_map(|v| {
                     let clean =
-                        replace(v.as_bytes(), needle).unwrap_or_else(|| v.as_bytes().into());
+                        replace(v.as_bytes(), finder).unwrap_or_else(|| v.as_bytes().into());
                     HeaderValue::from_bytes(&clean).ok()
                 })
                 .collect();
@@ -71,9 +73,10 @@ impl Redactor {
     }
 }
 
-/// `hay` with every `needle` replaced by [`REDACTED`], or `None` if it holds none.
-fn replace(hay: &[u8], needle: &[u8]) -> Option<Vec<u8>> {
-    let finder = memchr::memmem::Finder::new(needle);
+/// `hay` with every occurrence of `finder`'s needle replaced by [`REDACTED`], or `None` if it
+/// holds none.
+fn replace(hay: &[u8], finder: &Finder<'_>) -> Option<Vec<u8>> {
+    let needle = finder.needle();
     let mut found = finder.find_iter(hay).peekable();
     found.peek()?;
     let mut out = Vec::with_capacity(hay.len());

@@ -10,7 +10,7 @@ use http::{Method, StatusCode};
 
 use super::{
     Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, PROMPT_KEYS,
-    RequestMeta, StreamEventKind, read_fields, scan_prompt,
+    RequestMeta, StreamEventKind, read_fields, read_fields_sized,
 };
 use crate::meter::Usage;
 use crate::sse::SseEvent;
@@ -88,13 +88,15 @@ impl Dialect for Anthropic {
 /// Reads `model` (string), `messages` (array), `max_tokens` (non-negative integer) and the
 /// optional `stream` flag; every other field is skipped, unknown ones included.
 fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
-    let [model, messages, max_tokens, stream] =
-        read_fields(body, ["model", "messages", "max_tokens", "stream"])?;
+    let ([model, messages, max_tokens, stream], approx_input_tokens) = read_fields_sized(
+        body,
+        ["model", "messages", "max_tokens", "stream"],
+        PROMPT_KEYS,
+    )?;
     let model = model.string("model")?.into_owned();
     messages.array("messages")?;
     let max_tokens = max_tokens.u64("max_tokens")?;
     let stream = stream.opt_bool("stream")?;
-    let (approx_input_tokens, _) = scan_prompt(body, PROMPT_KEYS, None);
     Ok(RequestMeta {
         model,
         stream,

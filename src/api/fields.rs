@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 use super::MetaError;
 use crate::splice;
@@ -128,29 +129,42 @@ pub(crate) fn read_fields<'a, const N: usize>(
     body: &'a [u8],
     keys: [&'static str; N],
 ) -> Result<[Field<'a>; N], MetaError> {
+    read_fields_sized(body, keys, &[]).map(|(fields, _)| fields)
+}
+
+/// [`read_fields`], and in the same pass the prompt-size estimate of [`scan_prompt`]: the
+/// bytes of the values of the members named in `sized` (every occurrence) / 4, rounded up.
+/// One walk over the body instead of two.
+pub(crate) fn read_fields_sized<'a, const N: usize>(
+    body: &'a [u8],
+    keys: [&'static str; N],
+    sized: &[&str],
+) -> Result<([Field<'a>; N], u64), MetaError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let outcome = de
-        .deserialize_any(TopVisitor { keys })
+        .deserialize_any(TopVisitor { keys, sized })
         .and_then(|outcome| de.end().map(|()| outcome))
         .map_err(|e| MetaError::NotJson(e.to_string()))?;
     match outcome {
-        Top::Fields(fields) => Ok(fields),
+        Top::Fields(fields, bytes) => Ok((fields, (bytes as u64).div_ceil(4))),
         Top::Duplicate(key) => Err(MetaError::Duplicate(key)),
         Top::NotObject => Err(MetaError::NotObject),
     }
 }
 
 enum Top<'a, const N: usize> {
-    Fields([Field<'a>; N]),
+    /// The wanted members, and the bytes of the sized ones' values.
+    Fields([Field<'a>; N], usize),
     Duplicate(&'static str),
     NotObject,
 }
 
-struct TopVisitor<const N: usize> {
+struct TopVisitor<'s, const N: usize> {
     keys: [&'static str; N],
+    sized: &'s [&'s str],
 }
 
-impl<'de, const N: usize> Visitor<'de> for TopVisitor<N> {
+impl<'de, const N: usize> Visitor<'de> for TopVisitor<'_, N> {
     type Value = Top<'de, N>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -181,12 +195,29 @@ impl<'de, const N: usize> Visitor<'de> for TopVisitor<N> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields: [Field<'de>; N] = std::array::from_fn(|_| Field::Absent);
         let mut duplicate = None;
-        while let Some(slot) = map.next_key_seed(KeySeed { keys: &self.keys })? {
-            let Some(i) = slot else {
-                map.next_value::<IgnoredAny>()?;
-                continue;
+        let mut bytes = 0;
+        let seed = || KeySeed {
+            keys: &self.keys,
+            sized: self.sized,
+        };
+        while let Some(key) = map.next_key_seed(seed())? {
+            let value = match (key.wanted, key.sized) {
+                (None, false) => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                (None, true) => {
+                    bytes += map.next_value::<&'de RawValue>()?.get().len();
+                    continue;
+                }
+                (Some(_), false) => map.next_value::<Field<'de>>()?,
+                (Some(_), true) => {
+                    let raw = map.next_value::<&'de RawValue>()?;
+                    bytes += raw.get().len();
+                    field_of_raw(raw)?
+                }
             };
-            let value = map.next_value::<Field<'de>>()?;
+            let Some(i) = key.wanted else { continue };
             if fields[i] == Field::Absent {
                 fields[i] = value;
             } else {
@@ -194,17 +225,34 @@ impl<'de, const N: usize> Visitor<'de> for TopVisitor<N> {
                 duplicate.get_or_insert(self.keys[i]);
             }
         }
-        Ok(duplicate.map_or(Top::Fields(fields), Top::Duplicate))
+        Ok(duplicate.map_or(Top::Fields(fields, bytes), Top::Duplicate))
     }
 }
 
-/// Deserialises an object key into the index of the wanted key it equals, without allocating.
+/// A value already read whole (and validated) as raw text, as a [`Field`]: arrays and objects
+/// are told by their first byte, without a second walk over them; a scalar is parsed.
+fn field_of_raw<'de, E: de::Error>(raw: &'de RawValue) -> Result<Field<'de>, E> {
+    match raw.get().as_bytes().first() {
+        Some(b'[') => Ok(Field::Array),
+        Some(b'{') => Ok(Field::Object),
+        _ => serde_json::from_str(raw.get()).map_err(E::custom),
+    }
+}
+
+/// An object key: the index of the wanted key it equals, and whether its value is sized.
+struct Key {
+    wanted: Option<usize>,
+    sized: bool,
+}
+
+/// Deserialises an object key into a [`Key`], without allocating.
 struct KeySeed<'k> {
     keys: &'k [&'static str],
+    sized: &'k [&'k str],
 }
 
 impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
+    type Value = Key;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_str(self)
@@ -212,13 +260,16 @@ impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
 }
 
 impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
+    type Value = Key;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object key")
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.keys.iter().position(|k| *k == v))
+        Ok(Key {
+            wanted: self.keys.iter().position(|k| *k == v),
+            sized: self.sized.contains(&v),
+        })
     }
 }
 
@@ -260,6 +311,40 @@ pub(crate) fn has_usage_object(data: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sized_read_estimates_as_the_prompt_scan_does() {
+        let bodies: [&[u8]; 5] = [
+            br#"{"model":"m","messages":[{"role":"user","content":"hello there"}]}"#,
+            br#" { "system" : "be brief" , "messages" :[ 1, {"a":"}"} ] ,"tools":[],"system":"x"} "#,
+            br#"{"mess\u0061ges":["\"quoted\""],"max_tokens":5,"tools":{"k":[1,2]}}"#,
+            br#"{"model":"m"}"#,
+            br#"{"system":null,"messages":"text","tools":12.5}"#,
+        ];
+        for body in bodies {
+            let (want, _) = scan_prompt(body, PROMPT_KEYS, None);
+            let (fields, got) = read_fields_sized(body, ["messages", "model"], PROMPT_KEYS)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                fields,
+                read_fields(body, ["messages", "model"]).unwrap_or_default()
+            );
+        }
+        let [messages] = read_fields_sized(br#"{"messages":{"a":1}}"#, ["messages"], PROMPT_KEYS)
+            .map(|(f, _)| f)
+            .unwrap_or_default();
+        assert_eq!(messages, Field::Object);
+        assert_eq!(
+            read_fields_sized(
+                br#"{"messages":[],"messages":[1]}"#,
+                ["messages"],
+                PROMPT_KEYS
+            ),
+            Err(MetaError::Duplicate("messages"))
+        );
+        assert!(read_fields_sized(br#"{"system":[1,}"#, ["model"], PROMPT_KEYS).is_err());
+    }
 
     #[test]
     fn reads_wanted_fields_and_ignores_the_rest() {

@@ -23,7 +23,9 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 pub use errors::{ErrorClass, ErrorFields, ErrorTable, LocalError};
-pub(crate) use fields::{Field, PROMPT_KEYS, has_usage_object, read_fields, scan_prompt};
+pub(crate) use fields::{
+    Field, PROMPT_KEYS, has_usage_object, read_fields, read_fields_sized, scan_prompt,
+};
 
 use crate::meter::Usage;
 use crate::sse::SseEvent;

@@ -12,7 +12,7 @@ use http::{Method, StatusCode};
 
 use super::{
     Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, PROMPT_KEYS,
-    RequestMeta, StreamEventKind, read_fields, scan_prompt,
+    RequestMeta, StreamEventKind, read_fields, read_fields_sized, scan_prompt,
 };
 use crate::meter::Usage;
 use crate::sse::SseEvent;
@@ -80,17 +80,19 @@ const INCLUDE_USAGE: &str = "stream_options.include_usage";
 /// `max_completion_tokens` (which wins) / `max_tokens`, `stream` and
 /// `stream_options.include_usage`.
 fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
-    let [model, messages, max_completion, max_tokens, stream, options] = read_fields(
-        body,
-        [
-            "model",
-            "messages",
-            "max_completion_tokens",
-            "max_tokens",
-            "stream",
-            "stream_options",
-        ],
-    )?;
+    let ([model, messages, max_completion, max_tokens, stream, options], approx_input_tokens) =
+        read_fields_sized(
+            body,
+            [
+                "model",
+                "messages",
+                "max_completion_tokens",
+                "max_tokens",
+                "stream",
+                "stream_options",
+            ],
+            PROMPT_KEYS,
+        )?;
     let model = model.string("model")?.into_owned();
     messages.array("messages")?;
     let max_completion = max_completion.opt_u64("max_completion_tokens")?;
@@ -101,8 +103,10 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
         Field::Absent | Field::Null => false,
         _ => return Err(MetaError::WrongType("stream_options")),
     };
-    let (approx_input_tokens, options_span) =
-        scan_prompt(body, PROMPT_KEYS, want_options.then_some("stream_options"));
+    // Only a caller that sent stream_options pays for a second walk, to find its value.
+    let options_span = want_options
+        .then(|| scan_prompt(body, &[], Some("stream_options")).1)
+        .flatten();
     let include_usage = match options_span {
         Some(span) => match read_fields(&body[span], ["include_usage"]) {
             Ok([flag]) => flag.opt_bool(INCLUDE_USAGE)?,

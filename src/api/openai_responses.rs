@@ -14,7 +14,7 @@ use http::{Method, StatusCode};
 
 use super::{
     Dialect, ErrorFields, ErrorTable, Field, LocalError, MetaError, Operation, RequestMeta,
-    StreamEventKind, read_fields, scan_prompt,
+    StreamEventKind, read_fields_sized,
 };
 use crate::meter::Usage;
 use crate::sse::SseEvent;
@@ -111,8 +111,11 @@ fn is_stored_response(method: &Method, path: &str) -> bool {
 /// Reads `model` (required), `stream`, `max_output_tokens`; the input estimate is the bytes of
 /// `input`, `instructions` and `tools` / 4. `input` may be absent (a stored prompt).
 fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
-    let [model, stream, max_output, input] =
-        read_fields(body, ["model", "stream", "max_output_tokens", "input"])?;
+    let ([model, stream, max_output, input], approx_input_tokens) = read_fields_sized(
+        body,
+        ["model", "stream", "max_output_tokens", "input"],
+        &["input", "instructions", "tools"],
+    )?;
     let model = model.string("model")?.into_owned();
     let stream = stream.opt_bool("stream")?;
     let max_tokens = max_output.opt_u64("max_output_tokens")?;
@@ -122,7 +125,6 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
     ) {
         return Err(MetaError::WrongType("input"));
     }
-    let (approx_input_tokens, _) = scan_prompt(body, &["input", "instructions", "tools"], None);
     Ok(RequestMeta {
         model,
         stream,

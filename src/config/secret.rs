@@ -18,15 +18,32 @@ const WATCH_PERIOD: Duration = Duration::from_millis(250);
 /// A secret string: `Debug` and `Display` print `[redacted]`; the value is reachable only
 /// through [`Secret::expose`], so it cannot end up in a log line by accident.
 #[derive(Clone)]
-pub struct Secret(String);
+pub struct Secret {
+    value: String,
+    /// The searcher that finds the value in what an upstream sends back (`redact`), built on
+    /// first use and kept as long as the key is: building one per request cost more than the
+    /// searches it serves. Boxed: a searcher is a few hundred bytes, and `Secret` sits in
+    /// enums.
+    finder: std::sync::OnceLock<Box<memchr::memmem::Finder<'static>>>,
+}
 
 impl Secret {
     pub fn new(value: String) -> Self {
-        Self(value)
+        Secret {
+            value,
+            finder: std::sync::OnceLock::new(),
+        }
     }
 
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.value
+    }
+
+    /// A searcher for the value (see `redact`).
+    pub fn finder(&self) -> &memchr::memmem::Finder<'static> {
+        self.finder.get_or_init(|| {
+            Box::new(memchr::memmem::Finder::new(self.value.as_bytes()).into_owned())
+        })
     }
 }
 
@@ -52,7 +69,7 @@ impl serde::Serialize for Secret {
 
 impl<'de> serde::Deserialize<'de> for Secret {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Secret)
+        String::deserialize(d).map(Secret::new)
     }
 }
 

@@ -270,6 +270,9 @@ impl Window {
 struct Map {
     configured: HashMap<String, Arc<Breaker>>,
     others: Lru<String, Arc<Breaker>>,
+    /// Where `provider:model` is written for a lookup: reused, so that finding an existing
+    /// breaker (every request but the first of an upstream) allocates nothing.
+    key: String,
 }
 
 /// All breakers of the process, keyed by `provider:model`. They outlive config reloads.
@@ -286,6 +289,7 @@ impl Breakers {
             map: Mutex::new(Map {
                 configured: HashMap::new(),
                 others: Lru::new(MAX_UNCONFIGURED_BREAKERS),
+                key: String::new(),
             }),
             gauge,
         }
@@ -299,23 +303,34 @@ impl Breakers {
 
     /// The breaker of `provider:model`; `model_label` is the bounded metric label.
     pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
-        let key = format!("{provider}:{model}");
         let mut map = match self.map.lock() {
             Ok(m) => m,
             Err(p) => p.into_inner(),
         };
+        let Map {
+            configured,
+            others,
+            key,
+        } = &mut *map;
+        key.clear();
+        key.push_str(provider);
+        key.push(':');
+        key.push_str(model);
         if model_label != "other" {
-            let b = map.configured.entry(key).or_insert_with(|| {
-                // Only configured models get their own gauge series; others would be unbounded.
-                let g = self.gauge.with_label_values(&[provider, model_label]);
-                g.set(0);
-                Arc::new(Breaker::new(self.cfg.clone(), Some(g)))
-            });
+            if let Some(b) = configured.get(key.as_str()) {
+                return Some(b.clone());
+            }
+            // Only configured models get their own gauge series; others would be unbounded.
+            let g = self.gauge.with_label_values(&[provider, model_label]);
+            g.set(0);
+            let b = Arc::new(Breaker::new(self.cfg.clone(), Some(g)));
+            configured.insert(key.clone(), b.clone());
+            return Some(b);
+        }
+        if let Some(b) = others.touch(key.as_str()) {
             return Some(b.clone());
         }
-        let (b, _) = map
-            .others
-            .entry(&key, || Arc::new(Breaker::new(self.cfg.clone(), None)));
+        let (b, _) = others.entry(key, || Arc::new(Breaker::new(self.cfg.clone(), None)));
         Some(b.clone())
     }
 

@@ -29,14 +29,16 @@ pub(crate) struct Pending {
 }
 
 pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
+    // `provider:model` is formatted once, for the price lookup and the ledger key both.
+    let target = call.step.target();
     UsageSink {
         metrics: call.proxy.metrics.clone(),
         ledger: call.proxy.ledger.clone(),
         tenant: rec.tenant().to_string(),
         provider: call.up.name.clone(),
         model_label: call.model_label.to_string(),
-        target: call.step.target(),
-        price: crate::meter::price_for(&call.snap.cfg.prices, &call.step.target()),
+        price: crate::meter::price_for(&call.snap.cfg.prices, &target),
+        target,
     }
 }
 

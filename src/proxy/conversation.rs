@@ -42,7 +42,9 @@ impl Conversation {
         body: &[u8],
         request_id: &str,
     ) -> Result<Self, ProxyError> {
-        let prior_id = responses::previous_response_id(body);
+        // One parse of the body for all three of its members the store needs.
+        let turn = responses::Turn::read(body);
+        let prior_id = turn.previous_response_id;
         let prior = match &prior_id {
             Some(id) => store.get(id).await.map_err(|e| {
                 tracing::warn!(error = %e.0, "the conversation store failed");
@@ -59,11 +61,8 @@ impl Conversation {
             items.extend(p.output().iter().cloned());
             items
         });
-        input.extend(responses::input_items(body));
-        let keep = serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v.get("store").and_then(Value::as_bool))
-            .unwrap_or(true);
+        input.extend(turn.input);
+        let keep = turn.store;
         Ok(Conversation {
             id: format!("resp_{}", request_id.trim_start_matches("lgt_")),
             created_at: SystemTime::now()

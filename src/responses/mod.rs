@@ -132,22 +132,52 @@ pub fn stream_for(target: Target, ctx: ResponseCtx) -> ResponsesStream {
     }
 }
 
-/// The caller's `previous_response_id`, if any (for the store lookup before translating).
-pub fn previous_response_id(body: &[u8]) -> Option<String> {
-    let req: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    req.get("previous_response_id")?.as_str().map(str::to_owned)
-}
-
 /// The request's input as a list of items (a string is one user message).
 pub fn input_items(body: &[u8]) -> Vec<Value> {
-    let req: Map<String, Value> = serde_json::from_slice(body).unwrap_or_default();
-    match req.get("input") {
+    let mut req: Map<String, Value> = serde_json::from_slice(body).unwrap_or_default();
+    take_input(&mut req)
+}
+
+/// `input` taken out of a parsed request as a list of items (a string is one user message).
+fn take_input(req: &mut Map<String, Value>) -> Vec<Value> {
+    match req.remove("input") {
         Some(Value::String(text)) => vec![serde_json::json!({
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": text}],
         })],
-        Some(Value::Array(items)) => items.clone(),
+        Some(Value::Array(items)) => items,
         _ => Vec::new(),
+    }
+}
+
+/// What the conversation store needs of one request, read in a single parse of its body.
+#[derive(Debug, Default, PartialEq)]
+pub struct Turn {
+    /// `previous_response_id`, when it is a string.
+    pub previous_response_id: Option<String>,
+    /// `input` as a list of items ([`input_items`]).
+    pub input: Vec<Value>,
+    /// `store` (true unless it is `false`): whether the answer is kept.
+    pub store: bool,
+}
+
+impl Turn {
+    /// A body that is not a JSON object has no earlier turn and no input, and is kept.
+    pub fn read(body: &[u8]) -> Turn {
+        let Ok(mut req) = serde_json::from_slice::<Map<String, Value>>(body) else {
+            return Turn {
+                store: true,
+                ..Turn::default()
+            };
+        };
+        Turn {
+            previous_response_id: req
+                .get("previous_response_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            store: req.get("store").and_then(Value::as_bool).unwrap_or(true),
+            input: take_input(&mut req),
+        }
     }
 }
 

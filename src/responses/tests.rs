@@ -325,7 +325,10 @@ fn previous_response_is_rebuilt_into_the_input() {
         passthrough: false,
     };
     let body = br#"{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"c","output":"ok"}]}"#;
-    assert_eq!(previous_response_id(body).as_deref(), Some("resp_1"));
+    assert_eq!(
+        Turn::read(body).previous_response_id.as_deref(),
+        Some("resp_1")
+    );
     let rebuilt: Value =
         serde_json::from_slice(&rebuild(body, &prior).unwrap_or_default()).unwrap_or_default();
     assert_eq!(rebuilt.get("previous_response_id"), None);
@@ -336,4 +339,22 @@ fn previous_response_is_rebuilt_into_the_input() {
     let (chat, _) = chat_of(rebuilt);
     assert_eq!(chat["messages"][1]["tool_calls"][0]["id"], "c");
     assert_eq!(chat["messages"][2]["role"], "tool");
+}
+
+#[test]
+fn a_turn_is_read_in_one_parse() {
+    let turn = Turn::read(br#"{"model":"m","input":"hi","store":false,"previous_response_id":7}"#);
+    assert_eq!(turn.previous_response_id, None);
+    assert!(!turn.store);
+    assert_eq!(turn.input, input_items(br#"{"input":"hi"}"#));
+    assert_eq!(turn.input[0]["content"][0]["text"], "hi");
+    let turn = Turn::read(br#"{"input":[{"type":"x"}],"store":"no","previous_response_id":"r"}"#);
+    assert_eq!(turn.previous_response_id.as_deref(), Some("r"));
+    assert!(turn.store);
+    assert_eq!(turn.input, vec![json!({"type": "x"})]);
+    let none = Turn::read(b"[1]");
+    assert_eq!(
+        (none.previous_response_id, none.input.len(), none.store),
+        (None, 0, true)
+    );
 }
