@@ -50,6 +50,7 @@ pub mod stream;
 #[cfg(test)]
 mod tests;
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 pub use crate::translate::Target;
@@ -133,20 +134,33 @@ pub fn stream_for(target: Target, ctx: ResponseCtx) -> ResponsesStream {
 }
 
 /// The caller's `previous_response_id`, if any (for the store lookup before translating).
+/// Read without building the rest of the body into a tree.
 pub fn previous_response_id(body: &[u8]) -> Option<String> {
-    let req: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    req.get("previous_response_id")?.as_str().map(str::to_owned)
+    #[derive(Deserialize)]
+    struct Prior {
+        previous_response_id: Option<Value>,
+    }
+    let req: Prior = serde_json::from_slice(body).ok()?;
+    match req.previous_response_id? {
+        Value::String(id) => Some(id),
+        _ => None,
+    }
 }
 
-/// The request's input as a list of items (a string is one user message).
+/// The request's input as a list of items (a string is one user message). Only `input` is
+/// built into a tree.
 pub fn input_items(body: &[u8]) -> Vec<Value> {
-    let req: Map<String, Value> = serde_json::from_slice(body).unwrap_or_default();
-    match req.get("input") {
+    #[derive(Deserialize)]
+    struct Input {
+        input: Option<Value>,
+    }
+    let input = serde_json::from_slice::<Input>(body).map_or(None, |r| r.input);
+    match input {
         Some(Value::String(text)) => vec![serde_json::json!({
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": text}],
         })],
-        Some(Value::Array(items)) => items.clone(),
+        Some(Value::Array(items)) => items,
         _ => Vec::new(),
     }
 }
