@@ -4,10 +4,12 @@
 //! Every step calls `stream_translator` / `translate_whole` / `translate_error` with the
 //! step's [`Xlate`]; the classic Messages ↔ Chat translation goes through them too.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{ApiKind, Operation};
@@ -94,22 +96,44 @@ impl Conversation {
         ResponseCtx::new(self.id.clone(), self.created_at, body)
     }
 
-    /// Keeps a finished response (in the background: the caller does not wait for the store).
-    pub fn save(&self, response: Value, passthrough: bool) {
+    /// Keeps a finished response built here (a translated one).
+    pub fn save(&self, response: &Value) {
         if !self.keep {
             return;
         }
-        let Some(id) = response["id"].as_str().map(str::to_owned) else {
+        if let Some(id) = response["id"].as_str() {
+            self.keep_entry(id, Stored::serialise_tree(&self.input, response, false));
+        }
+    }
+
+    /// Keeps a response relayed as it came (`response` is its JSON text): the entry is written
+    /// around those bytes, and the body is only checked and its `id` read, never built into a
+    /// tree. Not JSON, or no string `id`: not kept.
+    pub fn save_relayed(&self, response: &[u8]) {
+        #[derive(Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            id: Option<Cow<'a, str>>,
+        }
+        if !self.keep {
             return;
-        };
-        let stored = Stored {
-            input: self.input.clone(),
-            response,
-            passthrough,
-        };
+        }
+        if let Ok(Named { id: Some(id) }) = serde_json::from_slice::<Named>(response) {
+            self.keep_entry(&id, Stored::serialise(&self.input, response, true));
+        }
+    }
+
+    /// The memory store keeps the entry at once (a map insert under a short lock); Redis in
+    /// the background, so the caller does not wait for it.
+    fn keep_entry(&self, id: &str, data: Vec<u8>) {
+        if let Some(memory) = self.store.memory() {
+            memory.put_serialised(id, data);
+            return;
+        }
         let store = self.store.clone();
+        let id = id.to_owned();
         tokio::spawn(async move {
-            if let Err(e) = store.put(&id, &stored).await {
+            if let Err(e) = store.put_serialised(&id, data).await {
                 tracing::warn!(error = %e.0, "a response could not be kept in the conversation store");
             }
         });
@@ -170,7 +194,7 @@ impl Keeping {
             && let Some(done) = self.inner.final_response()
         {
             self.saved = true;
-            self.conv.save(done.clone(), false);
+            self.conv.save(done);
         }
         out
     }
@@ -201,7 +225,9 @@ impl Capturing {
                 Some("response.completed" | "response.incomplete")
             );
             if terminal && let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
-                self.conv.save(v["response"].clone(), true);
+                // Relayed, so kept as a relayed response (its provider answers for it).
+                let response = serde_json::to_vec(&v["response"]).unwrap_or_default();
+                self.conv.save_relayed(&response);
             }
         }
     }
@@ -246,7 +272,7 @@ pub(crate) fn rewrites_whole(xl: Xlate, inb: &Inbound) -> bool {
 }
 
 /// A whole answer in the caller's API (and kept, for a Responses caller).
-pub(crate) fn translate_whole(xl: Xlate, inb: &Inbound, body: &[u8]) -> Result<Bytes, String> {
+pub(crate) fn translate_whole(xl: Xlate, inb: &Inbound, body: &Bytes) -> Result<Bytes, String> {
     match (xl, &inb.conversation) {
         (Xlate::Classic(dir), _) => translate::response(dir, body)
             .map(Bytes::from)
@@ -254,16 +280,15 @@ pub(crate) fn translate_whole(xl: Xlate, inb: &Inbound, body: &[u8]) -> Result<B
         (Xlate::Responses(target), Some(conv)) => {
             let obj =
                 responses::response_for(target, body, &conv.ctx(&inb.body)).map_err(|e| e.0)?;
-            conv.save(obj.clone(), false);
+            conv.save(&obj);
             Ok(Bytes::from(obj.to_string()))
         }
+        // Relayed as it came: the caller gets the very bytes, the store keeps them.
         (Xlate::None, Some(conv)) => {
-            if let Ok(obj) = serde_json::from_slice::<Value>(body) {
-                conv.save(obj, true);
-            }
-            Ok(Bytes::copy_from_slice(body))
+            conv.save_relayed(body);
+            Ok(body.clone())
         }
-        _ => Ok(Bytes::copy_from_slice(body)),
+        _ => Ok(body.clone()),
     }
 }
 

@@ -50,6 +50,7 @@ pub mod stream;
 #[cfg(test)]
 mod tests;
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 pub use crate::translate::Target;
@@ -134,13 +135,12 @@ pub fn stream_for(target: Target, ctx: ResponseCtx) -> ResponsesStream {
 
 /// The request's input as a list of items (a string is one user message).
 pub fn input_items(body: &[u8]) -> Vec<Value> {
-    let mut req: Map<String, Value> = serde_json::from_slice(body).unwrap_or_default();
-    take_input(&mut req)
+    Turn::read(body).input
 }
 
-/// `input` taken out of a parsed request as a list of items (a string is one user message).
-fn take_input(req: &mut Map<String, Value>) -> Vec<Value> {
-    match req.remove("input") {
+/// `input` as a list of items (a string is one user message).
+fn items_of(input: Option<Value>) -> Vec<Value> {
+    match input {
         Some(Value::String(text)) => vec![serde_json::json!({
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": text}],
@@ -164,20 +164,52 @@ pub struct Turn {
 impl Turn {
     /// A body that is not a JSON object has no earlier turn and no input, and is kept.
     pub fn read(body: &[u8]) -> Turn {
-        let Ok(mut req) = serde_json::from_slice::<Map<String, Value>>(body) else {
+        let Some(fields) = TurnFields::read(body) else {
             return Turn {
                 store: true,
                 ..Turn::default()
             };
         };
         Turn {
-            previous_response_id: req
-                .get("previous_response_id")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            store: req.get("store").and_then(Value::as_bool).unwrap_or(true),
-            input: take_input(&mut req),
+            previous_response_id: match fields.previous_response_id {
+                Some(Value::String(id)) => Some(id),
+                _ => None,
+            },
+            store: fields
+                .store
+                .as_ref()
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+            input: items_of(fields.input),
         }
+    }
+}
+
+/// The three members a turn needs; only these are built into values, the rest is skipped.
+#[derive(Deserialize)]
+struct TurnFields {
+    previous_response_id: Option<Value>,
+    input: Option<Value>,
+    store: Option<Value>,
+}
+
+impl TurnFields {
+    fn read(body: &[u8]) -> Option<TurnFields> {
+        // A derived struct would also accept an array; a request is an object.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return None;
+        }
+        if let Ok(fields) = serde_json::from_slice(body) {
+            return Some(fields);
+        }
+        // A member given twice is refused by the typed read; read as a map, the last one
+        // counts, as it always did.
+        let mut req: Map<String, Value> = serde_json::from_slice(body).ok()?;
+        Some(TurnFields {
+            previous_response_id: req.remove("previous_response_id"),
+            input: req.remove("input"),
+            store: req.remove("store"),
+        })
     }
 }
 

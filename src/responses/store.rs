@@ -13,9 +13,10 @@
 //! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use redis::Client;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -38,6 +39,42 @@ pub struct Stored {
 }
 
 impl Stored {
+    /// An entry as the stores keep it, written around a response object's own JSON text: the
+    /// same layout `Stored` serialises to, without parsing the response into a tree first.
+    /// `response` must be one JSON value.
+    pub fn serialise(input: &[Value], response: &[u8], passthrough: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(response.len() + 64);
+        out.extend_from_slice(b"{\"input\":");
+        // Writing a tree of values into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, input);
+        out.extend_from_slice(b",\"response\":");
+        out.extend_from_slice(response);
+        out.extend_from_slice(if passthrough {
+            b",\"passthrough\":true}"
+        } else {
+            b",\"passthrough\":false}"
+        });
+        out
+    }
+
+    /// An entry as the stores keep it, for a response object built as a tree (no copy of
+    /// the input items).
+    pub fn serialise_tree(input: &[Value], response: &Value, passthrough: bool) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Entry<'a> {
+            input: &'a [Value],
+            response: &'a Value,
+            passthrough: bool,
+        }
+        let entry = Entry {
+            input,
+            response,
+            passthrough,
+        };
+        // Writing a tree of values into a Vec cannot fail.
+        serde_json::to_vec(&entry).unwrap_or_default()
+    }
+
     /// The response's output items.
     pub fn output(&self) -> &[Value] {
         self.response["output"]
@@ -64,12 +101,26 @@ impl ConversationStore {
     }
 
     pub async fn put(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
+        let data = serde_json::to_vec(stored).map_err(|e| StoreError(e.to_string()))?;
+        self.put_serialised(id, data).await
+    }
+
+    /// Keeps an entry already serialised (by [`Stored::serialise`] or from a `Stored`).
+    pub async fn put_serialised(&self, id: &str, data: Vec<u8>) -> Result<(), StoreError> {
         match self {
             ConversationStore::Memory(m) => {
-                m.put(id, stored);
+                m.put_serialised(id, data);
                 Ok(())
             }
-            ConversationStore::Redis(r) => r.put(id, stored).await,
+            ConversationStore::Redis(r) => r.put_serialised(id, data).await,
+        }
+    }
+
+    /// The in-process store, which a put never waits on.
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            ConversationStore::Memory(m) => Some(m),
+            ConversationStore::Redis(_) => None,
         }
     }
 
@@ -94,8 +145,9 @@ fn held(id: &str, data: usize) -> usize {
 }
 
 struct Entry {
-    /// The `Stored` as JSON; shared so a lookup parses it outside the lock.
-    data: Arc<[u8]>,
+    /// The `Stored` as JSON; shared so a lookup parses it outside the lock (and taken over
+    /// from the serialising `Vec` without a copy).
+    data: Bytes,
     bytes: usize,
     expires: Instant,
     generation: u64,
@@ -138,18 +190,22 @@ impl MemoryStore {
             if entry.expires <= Instant::now() {
                 return None;
             }
-            Arc::clone(&entry.data)
+            entry.data.clone()
         };
         // Written by `put` from a `Stored`, so it parses back.
         serde_json::from_slice(&data).ok()
     }
 
     pub fn put(&self, id: &str, stored: &Stored) {
-        // The serialised size is what the bound is about (as it would be in Redis).
-        let Ok(data) = serde_json::to_vec(stored) else {
-            return;
-        };
-        let data: Arc<[u8]> = data.into();
+        if let Ok(data) = serde_json::to_vec(stored) {
+            self.put_serialised(id, data);
+        }
+    }
+
+    /// Keeps a serialised `Stored`. The serialised size is what the bound is about (as it
+    /// would be in Redis).
+    pub fn put_serialised(&self, id: &str, data: Vec<u8>) {
+        let data = Bytes::from(data);
         let bytes = held(id, data.len());
         let mut inner = self.lock();
         if let Some(old) = inner.map.remove(id) {
@@ -257,8 +313,7 @@ impl RedisConversations {
         Ok(raw.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
     }
 
-    pub async fn put(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(stored).map_err(|e| StoreError(e.to_string()))?;
+    pub async fn put_serialised(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         let secs = self.ttl.as_secs().max(1);
         let cmd = redis::cmd("SET")
             .arg(key(id))
@@ -319,6 +374,26 @@ mod tests {
         store.put("d", &stored(&"x".repeat(one * 3)));
         assert_eq!(store.get("d"), None);
         assert!(store.get("b").is_some());
+    }
+
+    #[test]
+    fn an_entry_written_around_the_response_bytes_reads_back_as_serialised() {
+        let s = stored("hi");
+        let response = serde_json::to_vec(&s.response).unwrap_or_default();
+        for passthrough in [false, true] {
+            let data = Stored::serialise(&s.input, &response, passthrough);
+            let back: Stored = serde_json::from_slice(&data).unwrap_or_else(|_| stored("bad"));
+            assert_eq!(
+                back,
+                Stored {
+                    passthrough,
+                    ..s.clone()
+                }
+            );
+        }
+        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
+        store.put_serialised("a", Stored::serialise(&s.input, &response, false));
+        assert_eq!(store.get("a"), Some(s));
     }
 
     #[tokio::test]

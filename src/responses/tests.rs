@@ -357,4 +357,13 @@ fn a_turn_is_read_in_one_parse() {
         (none.previous_response_id, none.input.len(), none.store),
         (None, 0, true)
     );
+    let none = Turn::read(br#"["r", [{"type":"x"}], false]"#);
+    assert_eq!(
+        (none.previous_response_id, none.input.len(), none.store),
+        (None, 0, true)
+    );
+    // A member given twice: the last one counts, as with any JSON object legate reads.
+    let twice = Turn::read(br#"{"store":true,"input":"a","store":false,"input":[{"type":"y"}]}"#);
+    assert!(!twice.store);
+    assert_eq!(twice.input, vec![json!({"type": "y"})]);
 }

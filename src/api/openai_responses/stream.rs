@@ -1,21 +1,24 @@
 //! Responses stream events and usage. Every event names its type (`event:`, and `type` in the
 //! data); the terminal events carry the whole response object, usage included.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 
 use crate::api::{StreamEventKind, has_usage_object};
 use crate::meter::Usage;
 use crate::sse::SseEvent;
 
-/// The event's type: the `event:` name, else the data's `type`.
-fn event_type(ev: &SseEvent) -> Option<String> {
+/// The event's type: the `event:` name, else the data's `type` (borrowed from the event when
+/// it can be: this runs for every event of every Responses stream).
+fn event_type(ev: &SseEvent) -> Option<Cow<'_, str>> {
     #[derive(Deserialize)]
-    struct Typed {
-        #[serde(rename = "type")]
-        kind: Option<String>,
+    struct Typed<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<Cow<'a, str>>,
     }
     match &ev.event {
-        Some(name) => Some(name.clone()),
+        Some(name) => Some(Cow::Borrowed(name)),
         None => serde_json::from_str::<Typed>(&ev.data).ok()?.kind,
     }
 }
@@ -27,7 +30,7 @@ pub(super) fn classify(ev: &SseEvent) -> StreamEventKind {
     let Some(kind) = event_type(ev) else {
         return StreamEventKind::Other;
     };
-    match kind.as_str() {
+    match kind.as_ref() {
         "response.output_text.delta"
         | "response.refusal.delta"
         | "response.function_call_arguments.delta" => StreamEventKind::Content,
