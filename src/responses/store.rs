@@ -204,7 +204,10 @@ impl MemoryStore {
 
     /// Keeps a serialised `Stored`. The serialised size is what the bound is about (as it
     /// would be in Redis).
-    pub fn put_serialised(&self, id: &str, data: Vec<u8>) {
+    pub fn put_serialised(&self, id: &str, mut data: Vec<u8>) {
+        // A Vec written by appending holds up to twice its length; the entry is counted at its
+        // length, so it must not keep the rest (glibc shrinks an allocation in place).
+        data.shrink_to_fit();
         let data = Bytes::from(data);
         let bytes = held(id, data.len());
         let mut inner = self.lock();
