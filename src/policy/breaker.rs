@@ -275,6 +275,9 @@ struct Map {
     key: String,
 }
 
+/// The largest lookup buffer `Map::key` keeps between lookups.
+const MAX_KEPT_KEY: usize = 256;
+
 /// All breakers of the process, keyed by `provider:model`. They outlive config reloads.
 pub struct Breakers {
     cfg: Arc<ArcSwap<BreakerConfig>>,
@@ -312,6 +315,10 @@ impl Breakers {
             others,
             key,
         } = &mut *map;
+        if key.capacity() > MAX_KEPT_KEY {
+            // A caller's huge model name must not keep its buffer for the process's life.
+            *key = String::new();
+        }
         key.clear();
         key.push_str(provider);
         key.push(':');

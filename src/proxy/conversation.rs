@@ -119,7 +119,14 @@ impl Conversation {
             return;
         }
         if let Ok(Named { id: Some(id) }) = serde_json::from_slice::<Named>(response) {
-            self.keep_entry(&id, Stored::serialise(&self.input, response, true));
+            self.keep_relayed(&id, response);
+        }
+    }
+
+    /// Keeps a relayed response whose `id` is known (`response` is its JSON text, one value).
+    fn keep_relayed(&self, id: &str, response: &[u8]) {
+        if self.keep {
+            self.keep_entry(id, Stored::serialise(&self.input, response, true));
         }
     }
 
@@ -224,10 +231,14 @@ impl Capturing {
                 ev.event.as_deref(),
                 Some("response.completed" | "response.incomplete")
             );
-            if terminal && let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
-                // Relayed, so kept as a relayed response (its provider answers for it).
+            if terminal
+                && let Ok(v) = serde_json::from_str::<Value>(&ev.data)
+                && let Some(id) = v["response"]["id"].as_str()
+            {
+                // Relayed, so kept as a relayed response (its provider answers for it); the
+                // event is already parsed, so its id is not looked for a second time.
                 let response = serde_json::to_vec(&v["response"]).unwrap_or_default();
-                self.conv.save_relayed(&response);
+                self.conv.keep_relayed(id, &response);
             }
         }
     }
