@@ -67,8 +67,12 @@ impl RequestObs {
             request_id.to_string(),
             api,
             method.to_string(),
-            // Bounded: a path is caller-chosen.
-            path.chars().take(256).collect(),
+            // Bounded: a path is caller-chosen. Cut at its 256th character and copied once
+            // (collecting the characters grew the string a few times).
+            match path.char_indices().nth(256) {
+                Some((end, _)) => path[..end].to_string(),
+                None => path.to_string(),
+            },
         );
         facts.client_retry = headers
             .get("x-stainless-retry-count")
@@ -134,22 +138,25 @@ impl RequestObs {
     pub fn passed_over(&self, step_no: usize, step: &ChainStep, outcome: &'static str, why: &str) {
         let now = Instant::now();
         self.update(|f| {
-            f.steps.push(AttemptFacts {
-                step: step_no,
-                target: step.target(),
-                provider: step.provider.clone(),
-                provider_kind: "",
-                model: step.model.clone(),
-                server: None,
-                started: now,
-                started_wall: SystemTime::now(),
-                duration: std::time::Duration::ZERO,
-                status: None,
-                outcome,
-                why: Some(why.to_string()),
-                span_id: None,
-                sent: false,
-            })
+            push_step(
+                &mut f.steps,
+                AttemptFacts {
+                    step: step_no,
+                    target: step.target(),
+                    provider: step.provider.clone(),
+                    provider_kind: "",
+                    model: step.model.clone(),
+                    server: None,
+                    started: now,
+                    started_wall: SystemTime::now(),
+                    duration: std::time::Duration::ZERO,
+                    status: None,
+                    outcome,
+                    why: Some(why.to_string()),
+                    span_id: None,
+                    sent: false,
+                },
+            )
         });
     }
 
@@ -230,8 +237,17 @@ impl AttemptScope {
         a.outcome = outcome;
         a.why = why;
         let facts = self.facts;
-        self.obs.update(|f| f.steps.push(facts));
+        self.obs.update(|f| push_step(&mut f.steps, facts));
     }
+}
+
+/// Most requests make one attempt: the first push reserves room for exactly one (a plain push
+/// reserves four), so the journal keeps the list without shrinking it, a realloc per request.
+fn push_step(steps: &mut Vec<AttemptFacts>, a: AttemptFacts) {
+    if steps.capacity() == 0 {
+        steps.reserve_exact(1);
+    }
+    steps.push(a);
 }
 
 /// What an exchange and the chain's action on it say, in the journal's words. Never message
