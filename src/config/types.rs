@@ -123,7 +123,13 @@ pub struct ChainStep {
 impl ChainStep {
     /// `provider:model`, the form used in headers, metrics and prices.
     pub fn target(&self) -> String {
-        format!("{}:{}", self.provider, self.model)
+        // Sized once: `format!` starts this string empty and grows it twice (a realloc each),
+        // and it is built several times per request.
+        let mut t = String::with_capacity(self.provider.len() + 1 + self.model.len());
+        t.push_str(&self.provider);
+        t.push(':');
+        t.push_str(&self.model);
+        t
     }
 }
 

@@ -17,13 +17,22 @@ use super::facts::Facts;
 /// Redacted prefixes of the request and response bodies, when capture is on.
 pub type Captured = (Option<String>, Option<String>);
 
-/// One finished request.
-struct Entry {
-    facts: Facts,
-    capture: Captured,
+/// One request: gathered in place while it runs (`RequestObs` holds it from the start, so
+/// the facts, several hundred bytes, are never copied), then kept here once it is over.
+#[derive(Clone)]
+pub(crate) struct Entry {
+    pub(crate) facts: Facts,
+    pub(crate) capture: Captured,
 }
 
 impl Entry {
+    pub(crate) fn new(facts: Facts) -> Self {
+        Entry {
+            facts,
+            capture: (None, None),
+        }
+    }
+
     /// The access-log record plus `attempts_detail` (and `capture` when there is one).
     fn doc(&self) -> Value {
         let mut doc = self.facts.record();
@@ -89,15 +98,22 @@ impl Journal {
     }
 
     /// Keeps a finished request, forgetting the oldest beyond the size.
-    pub fn push(&self, mut facts: Facts, capture: Captured) {
+    #[cfg(test)]
+    pub fn push(&self, facts: Facts, capture: Captured) {
+        self.push_entry(Arc::new(Entry { facts, capture }));
+    }
+
+    /// Keeps a finished request's entry, forgetting the oldest beyond the size.
+    pub(crate) fn push_entry(&self, mut entry: Arc<Entry>) {
         if self.size == 0 {
             return;
         }
-        // Kept for the next `size` requests: the lists grew by pushes (a first push reserves
-        // room for four), most requests have one attempt and one finish reason.
-        facts.steps.shrink_to_fit();
-        facts.finish_reasons.shrink_to_fit();
-        let entry = Arc::new(Entry { facts, capture });
+        if let Some(e) = Arc::get_mut(&mut entry) {
+            // Kept for the next `size` requests: the lists grew by pushes, most requests have
+            // one attempt and one finish reason.
+            e.facts.steps.shrink_to_fit();
+            e.facts.finish_reasons.shrink_to_fit();
+        }
         let old = {
             let mut ring = self.lock();
             let old = (ring.len() >= self.size).then(|| ring.pop_front());

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::config::observe::ObserveConfig;
+#[cfg(test)]
 use facts::Facts;
 use journal::Journal;
 pub use request::RequestObs;
@@ -74,10 +75,16 @@ impl Observer {
         &self.journal
     }
 
+    #[cfg(test)]
+    pub(crate) fn report(&self, facts: Facts, capture: journal::Captured) {
+        self.report_entry(Arc::new(journal::Entry { facts, capture }));
+    }
+
     /// One finished request: the access-log line, the journal entry, the spans and metrics.
     /// The record is rendered only for a log line that is written (the macro evaluates its
-    /// fields only when the access log is enabled); the journal keeps the facts themselves.
-    pub(crate) fn report(&self, facts: Facts, capture: journal::Captured) {
+    /// fields only when the access log is enabled); the journal keeps the entry itself.
+    pub(crate) fn report_entry(&self, entry: Arc<journal::Entry>) {
+        let facts = &entry.facts;
         if facts.request_id.is_empty() {
             return;
         }
@@ -87,9 +94,9 @@ impl Observer {
             "request"
         );
         if let Some(o) = &self.otel {
-            o.record(&facts);
+            o.record(facts);
         }
-        self.journal.push(facts, capture);
+        self.journal.push_entry(entry);
     }
 
     /// Exports what is still queued, within a bounded wait.

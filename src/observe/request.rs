@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderValue};
 
 use super::Observer;
 use super::facts::{AttemptFacts, Facts, TraceIds};
+use super::journal::Entry;
 use super::traceparent;
 use crate::config::{ApiKind, ChainStep};
 use crate::error::ProxyError;
@@ -23,9 +24,11 @@ pub struct RequestObs(Arc<Inner>);
 struct Inner {
     observer: Arc<Observer>,
     span: tracing::Span,
-    facts: Mutex<Facts>,
-    /// Redacted prefixes of the bodies, when capture is on.
-    capture: Mutex<(Option<String>, Option<String>)>,
+    /// The facts and, when capture is on, the redacted body prefixes, gathered in the journal
+    /// entry they become: reporting hands the entry over instead of moving the facts (several
+    /// hundred bytes) from struct to struct. Unshared until then, so updates never copy it.
+    /// Taken when the request is reported.
+    entry: Mutex<Option<Arc<Entry>>>,
     /// What captures must not contain (set when the request body is captured).
     secrets: std::sync::OnceLock<super::capture::Secrets>,
 }
@@ -33,17 +36,24 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let _in = self.span.enter();
-        let facts = std::mem::replace(
-            self.facts.get_mut().unwrap_or_else(|p| p.into_inner()),
-            empty(),
-        );
-        let capture = std::mem::take(self.capture.get_mut().unwrap_or_else(|p| p.into_inner()));
-        self.observer.report(facts, capture);
+        let entry = self.entry.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = entry.take() {
+            self.observer.report_entry(entry);
+        }
     }
 }
 
-fn empty() -> Facts {
-    Facts::new(String::new(), "", String::new(), String::new())
+impl Inner {
+    /// Writes the entry (not reported yet: only this handle holds it, so nothing is cloned).
+    fn with(&self, f: impl FnOnce(&mut Entry)) {
+        if let Some(e) = lock(&self.entry).as_mut() {
+            f(Arc::make_mut(e));
+        }
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&Facts) -> R) -> Option<R> {
+        lock(&self.entry).as_ref().map(|e| f(&e.facts))
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -67,8 +77,12 @@ impl RequestObs {
             request_id.to_string(),
             api,
             method.to_string(),
-            // Bounded: a path is caller-chosen.
-            path.chars().take(256).collect(),
+            // Bounded: a path is caller-chosen. Cut at its 256th character and copied once
+            // (collecting the characters grew the string a few times).
+            match path.char_indices().nth(256) {
+                Some((end, _)) => path[..end].to_string(),
+                None => path.to_string(),
+            },
         );
         facts.client_retry = headers
             .get("x-stainless-retry-count")
@@ -94,8 +108,7 @@ impl RequestObs {
         RequestObs(Arc::new(Inner {
             observer: observer.clone(),
             span,
-            facts: Mutex::new(facts),
-            capture: Mutex::new((None, None)),
+            entry: Mutex::new(Some(Arc::new(Entry::new(facts)))),
             secrets: std::sync::OnceLock::new(),
         }))
     }
@@ -110,11 +123,11 @@ impl RequestObs {
 
     /// Adds to what is known.
     pub fn update(&self, f: impl FnOnce(&mut Facts)) {
-        f(&mut lock(&self.0.facts));
+        self.0.with(|e| f(&mut e.facts));
     }
 
     pub fn request_started(&self) -> Instant {
-        lock(&self.0.facts).started
+        self.0.read(|f| f.started).unwrap_or_else(Instant::now)
     }
 
     pub(crate) fn secrets(&self) -> Option<&super::capture::Secrets> {
@@ -123,33 +136,36 @@ impl RequestObs {
 
     pub(crate) fn set_request_capture(&self, secrets: super::capture::Secrets, text: String) {
         let _ = self.0.secrets.set(secrets);
-        lock(&self.0.capture).0 = Some(text);
+        self.0.with(|e| e.capture.0 = Some(text));
     }
 
     pub(crate) fn set_response_capture(&self, text: String) {
-        lock(&self.0.capture).1 = Some(text);
+        self.0.with(|e| e.capture.1 = Some(text));
     }
 
     /// A chain step passed over without an upstream call (open breaker, not translatable).
     pub fn passed_over(&self, step_no: usize, step: &ChainStep, outcome: &'static str, why: &str) {
         let now = Instant::now();
         self.update(|f| {
-            f.steps.push(AttemptFacts {
-                step: step_no,
-                target: step.target(),
-                provider: step.provider.clone(),
-                provider_kind: "",
-                model: step.model.clone(),
-                server: None,
-                started: now,
-                started_wall: SystemTime::now(),
-                duration: std::time::Duration::ZERO,
-                status: None,
-                outcome,
-                why: Some(why.to_string()),
-                span_id: None,
-                sent: false,
-            })
+            push_step(
+                &mut f.steps,
+                AttemptFacts {
+                    step: step_no,
+                    target: step.target(),
+                    provider: step.provider.clone(),
+                    provider_kind: "",
+                    model: step.model.clone(),
+                    server: None,
+                    started: now,
+                    started_wall: SystemTime::now(),
+                    duration: std::time::Duration::ZERO,
+                    status: None,
+                    outcome,
+                    why: Some(why.to_string()),
+                    span_id: None,
+                    sent: false,
+                },
+            )
         });
     }
 
@@ -175,7 +191,7 @@ impl RequestObs {
         kind: ApiKind,
         server: Option<String>,
     ) -> AttemptScope {
-        let trace = lock(&self.0.facts).trace;
+        let trace = self.0.read(|f| f.trace).flatten();
         let span_id = trace.map(|_| traceparent::new_span_id());
         let header = trace.zip(span_id).and_then(|(t, s)| {
             HeaderValue::from_str(&traceparent::format(&t.trace_id, &s, t.sampled)).ok()
@@ -230,8 +246,17 @@ impl AttemptScope {
         a.outcome = outcome;
         a.why = why;
         let facts = self.facts;
-        self.obs.update(|f| f.steps.push(facts));
+        self.obs.update(|f| push_step(&mut f.steps, facts));
     }
+}
+
+/// Most requests make one attempt: the first push reserves room for exactly one (a plain push
+/// reserves four), so the journal keeps the list without shrinking it, a realloc per request.
+fn push_step(steps: &mut Vec<AttemptFacts>, a: AttemptFacts) {
+    if steps.capacity() == 0 {
+        steps.reserve_exact(1);
+    }
+    steps.push(a);
 }
 
 /// What an exchange and the chain's action on it say, in the journal's words. Never message

@@ -97,6 +97,7 @@ pub(crate) fn commit(
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
+    *resp.headers_mut() = response::headers_for(&tap.headers);
     response::copy_upstream_headers(&tap.headers, resp.headers_mut(), !keep_length);
     if let Some(r) = redact {
         r.headers(resp.headers_mut());
@@ -120,6 +121,7 @@ pub(crate) fn buffered(
     };
     let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
+    *resp.headers_mut() = response::headers_for(upstream_headers);
     response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
     if let Some(r) = redact {
         r.headers(resp.headers_mut());

@@ -205,13 +205,15 @@ async fn request(
     }
     // A credential that cannot be obtained fails before anything is sent: it counts against
     // neither the breaker nor the caller, and the next chain step may answer.
-    up.build_cloud_request(
+    // Boxed: signing and token refresh make a future of kilobytes, which would otherwise make
+    // every attempt's future (and every one around it) that much larger, platform or not.
+    Box::pin(up.build_cloud_request(
         cloud,
         (&call.step.model, inb.meta.stream),
         &inb.headers,
         call.body.clone(),
         translating,
-    )
+    ))
     .await
 }
 

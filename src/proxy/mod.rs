@@ -193,11 +193,12 @@ impl Proxy {
         let mut record = Some(rec);
         let mut stats = exchange::Spent::default();
         let span = obs.span().clone();
-        let result = tracing::Instrument::instrument(
-            self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
-            span.clone(),
-        )
-        .await;
+        // Boxed, once: the request's way through the chain is a future of kilobytes. Inline,
+        // it was copied into the instrumented wrapper and into this future, and made this
+        // future (which the connection copies into its own box) as large again.
+        let serving =
+            Box::pin(self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs));
+        let result = tracing::Instrument::instrument(serving, span.clone()).await;
         let _in = span.enter();
         let mut resp = match result {
             Ok(resp) => resp,
@@ -380,15 +381,17 @@ impl Proxy {
                 let api = inbound::shape_for_unknown(req.headers());
                 Some(models::retrieve(cfg, &id, api))
             }
+            // Boxed: a store lookup and an upstream call, kilobytes of future that would
+            // otherwise be part of every request's.
             Operation::StoredResponse => Some(
-                responses::stored_response(
+                Box::pin(responses::stored_response(
                     snap,
                     &self.conversations,
                     req.method(),
                     req.uri().path(),
                     req.uri().query(),
                     req.headers(),
-                )
+                ))
                 .await,
             ),
             Operation::Generate | Operation::CountTokens | Operation::InputTokens => None,

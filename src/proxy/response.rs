@@ -69,6 +69,16 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// The most headers legate itself adds to an upstream answer: `x-legate-served-by`,
+/// `-attempts`, `-overhead-ms`, `-request-id`, `x-should-retry` and a `content-type`.
+const OWN_HEADERS: usize = 6;
+
+/// An empty header map with room for `upstream`'s headers and legate's own: filled from
+/// empty, the map grew (a realloc and a rehash) on every answer.
+pub fn headers_for(upstream: &HeaderMap) -> HeaderMap {
+    HeaderMap::with_capacity(upstream.len() + OWN_HEADERS)
+}
+
 /// Copies the upstream's end-to-end headers (request ids, retry-after, every rate-limit header
 /// including ones legate does not know yet) into the response. `content-length` is kept only
 /// for bodies passed through unchanged (not event streams, which legate may end with an error
