@@ -245,6 +245,7 @@ async fn run_step(
         up,
         step,
         model_label,
+        series: proxy.metrics.series.step(&step.provider, model_label),
         inb,
         body,
         strip_usage,
@@ -261,27 +262,18 @@ async fn attempts(
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
 ) -> Result<StepEnd, ProxyError> {
-    let (proxy, inb, step, model_label) = (call.proxy, call.inb, call.step, call.model_label);
+    let (proxy, inb, step) = (call.proxy, call.inb, call.step);
     let retry = &call.snap.cfg.retry;
     let server = provider_host(call.snap, step);
-    let count = |label: &str| {
-        proxy
-            .metrics
-            .upstream_attempts
-            .with_label_values(&[&step.provider, model_label, label])
-            .inc();
-    };
+    let series = call.series.clone();
+    let count = |label: &str| series.count_attempt(&proxy.metrics, label);
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
         let Some(ticket) = ticket(breaker, exec, inb, step, &count) else {
             return Ok(StepEnd::Unavailable);
         };
         if n > 1 {
-            proxy
-                .metrics
-                .retries
-                .with_label_values(&[&step.provider, model_label])
-                .inc();
+            series.retries(&proxy.metrics).inc();
         }
         let (exchanged, verdict) = attempt(call, n, server.clone(), exec, record, &count).await;
         let moved_on = moved_on(&exchanged, n, retry.max_retry_after);

@@ -250,8 +250,8 @@ impl Proxy {
             }
         }
         self.metrics
-            .overhead
-            .with_label_values(&[api_label])
+            .series
+            .overhead(&self.metrics, api_label)
             .observe(overhead.as_secs_f64());
         response::set_header(resp, "x-legate-overhead-ms", &millis_3(overhead));
         if resp.status().as_u16() == 529
