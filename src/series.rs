@@ -92,8 +92,12 @@ pub struct Series {
     steps: Cache<Arc<StepSeries>>,
     usage: Cache<Arc<UsageSeries>>,
     requests: Cache<Arc<RequestSeries>>,
-    overhead: Cache<Histogram>,
+    /// By API, in `API_LABELS`' order.
+    overhead: [OnceLock<Histogram>; API_LABELS.len()],
 }
+
+/// The `api` label values.
+const API_LABELS: [&str; 3] = ["anthropic", "openai", "responses"];
 
 impl Series {
     /// An upstream step's series: provider and model label.
@@ -129,8 +133,11 @@ impl Series {
 
     /// `legate_overhead_seconds` for an API.
     pub fn overhead(&self, m: &Metrics, api: &str) -> Histogram {
-        self.overhead
-            .get(&[api], || m.overhead.with_label_values(&[api]))
+        let resolve = || m.overhead.with_label_values(&[api]);
+        match API_LABELS.iter().position(|a| *a == api) {
+            Some(i) => self.overhead[i].get_or_init(resolve).clone(),
+            None => resolve(),
+        }
     }
 }
 
