@@ -276,11 +276,11 @@ async fn attempts(
             series.retries(&proxy.metrics).inc();
         }
         let (exchanged, verdict) = attempt(call, n, server.clone(), exec, record, &count).await;
-        let moved_on = moved_on(&exchanged, n, retry.max_retry_after);
+        let moved_on = MovedOn::after(&exchanged, n, retry.max_retry_after);
         let wait = match act(call, exchanged, verdict, ticket, exec, record)? {
             Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Next::Unavailable => {
-                inb.obs.moved_on(moved_on);
+                inb.obs.moved_on(moved_on.why());
                 return Ok(StepEnd::Unavailable);
             }
             Next::Retry(wait) => wait,
@@ -425,19 +425,36 @@ fn act(
     }
 }
 
-/// Why the chain leaves a step after this exchange, should the judge move on (journal).
-fn moved_on(exchanged: &Exchanged, n: u32, max_retry_after: Duration) -> String {
-    match exchanged {
-        Exchanged::Unsendable(_) => "this step cannot be called; trying the next".to_owned(),
-        // Waiting that long is worse than a substitute answering now.
-        Exchanged::Error {
-            retry_after: Some(w),
-            ..
-        } if *w > max_retry_after => format!(
-            "retry-after {}s is longer than max_retry_after",
-            w.as_secs_f64().ceil()
-        ),
-        _ => format!("{n} attempts spent on retryable failures"),
+/// Why the chain leaves a step after this exchange, should the judge move on (journal): noted
+/// before the exchange is acted on, written out only if the step is left.
+enum MovedOn {
+    Unsendable,
+    /// Waiting that long is worse than a substitute answering now.
+    RetryAfter(Duration),
+    Spent(u32),
+}
+
+impl MovedOn {
+    fn after(exchanged: &Exchanged, n: u32, max_retry_after: Duration) -> Self {
+        match exchanged {
+            Exchanged::Unsendable(_) => MovedOn::Unsendable,
+            Exchanged::Error {
+                retry_after: Some(w),
+                ..
+            } if *w > max_retry_after => MovedOn::RetryAfter(*w),
+            _ => MovedOn::Spent(n),
+        }
+    }
+
+    fn why(&self) -> String {
+        match self {
+            MovedOn::Unsendable => "this step cannot be called; trying the next".to_owned(),
+            MovedOn::RetryAfter(w) => format!(
+                "retry-after {}s is longer than max_retry_after",
+                w.as_secs_f64().ceil()
+            ),
+            MovedOn::Spent(n) => format!("{n} attempts spent on retryable failures"),
+        }
     }
 }
 
