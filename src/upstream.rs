@@ -152,7 +152,8 @@ impl Upstream {
             .http1_max_buf_size(crate::server::listener::HTTP1_MAX_BUF)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new());
-        let client = HttpClient::new(&builder, https);
+        let base = cfg.base_url.parse::<Uri>().ok();
+        let client = HttpClient::new(&builder, https, base.as_ref());
         let cloud = CloudProvider::new(cfg, lanes.metrics.credential_refreshes.clone())?;
         let key = Arc::new(KeyCell::from_source(&cfg.key));
         let key_hint = match &cfg.key {
