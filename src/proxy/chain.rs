@@ -264,7 +264,9 @@ async fn attempts(
 ) -> Result<StepEnd, ProxyError> {
     let (proxy, inb, step) = (call.proxy, call.inb, call.step);
     let retry = &call.snap.cfg.retry;
-    let server = provider_host(call.snap, step);
+    // The upstream outlives `call`'s borrow: its host is read once for all attempts.
+    let up: &crate::upstream::Upstream = call.up;
+    let server = up.host.as_deref();
     let series = call.series.clone();
     let count = |label: &str| series.count_attempt(&proxy.metrics, label);
     let mut backoff = Backoff::new(retry);
@@ -275,7 +277,8 @@ async fn attempts(
         if n > 1 {
             series.retries(&proxy.metrics).inc();
         }
-        let (exchanged, verdict) = attempt(call, n, server.clone(), exec, record, &count).await;
+        let server = server.map(str::to_owned);
+        let (exchanged, verdict) = attempt(call, n, server, exec, record, &count).await;
         let moved_on = MovedOn::after(&exchanged, n, retry.max_retry_after);
         let wait = match act(call, exchanged, verdict, ticket, exec, record)? {
             Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
@@ -325,15 +328,6 @@ async fn attempt(
         crate::observe::request::journal_attempt(&exchanged, &verdict.action);
     scope.end(status, outcome, why, exec.spent.attempts > sent_before);
     (exchanged, verdict)
-}
-
-/// The provider's host, for the journal and traces.
-fn provider_host(snap: &Snapshot, step: &ChainStep) -> Option<String> {
-    snap.cfg
-        .providers
-        .get(&step.provider)
-        .and_then(|p| p.base_url.parse::<http::Uri>().ok())
-        .and_then(|u| u.host().map(str::to_string))
 }
 
 /// The step's breaker lets one more exchange through (its ticket), or it is open and the step
