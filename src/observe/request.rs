@@ -16,6 +16,11 @@ use crate::error::ProxyError;
 use crate::policy::judge::{Action, GiveUp};
 use crate::proxy::exchange::Exchanged;
 
+// Looked up by name: a `&str` name is parsed and validated again on every lookup.
+const CLIENT_RETRY_COUNT: http::HeaderName =
+    http::HeaderName::from_static("x-stainless-retry-count");
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
 /// One request being observed. Cheap to clone.
 #[derive(Clone)]
 pub struct RequestObs(Arc<Inner>);
@@ -71,13 +76,13 @@ impl RequestObs {
             path.chars().take(256).collect(),
         );
         facts.client_retry = headers
-            .get("x-stainless-retry-count")
+            .get(&CLIENT_RETRY_COUNT)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .filter(|n| *n > 0);
         if observer.tracing() {
             let parent = headers
-                .get("traceparent")
+                .get(&TRACEPARENT)
                 .and_then(|v| v.to_str().ok())
                 .and_then(traceparent::parse);
             let (trace_id, parent_span, sampled) = match parent {

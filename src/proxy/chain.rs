@@ -30,6 +30,9 @@ use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
 use crate::translate::Xlate;
 
+/// Looked up by name: a `&str` name is parsed on every lookup.
+const FALLBACK: http::HeaderName = http::HeaderName::from_static("x-legate-fallback");
+
 /// What failed last, to be reported if no step can answer.
 enum Failure {
     /// An upstream error response, read whole (small), returned as it is.
@@ -83,7 +86,7 @@ async fn execute(
     let resolved = route::resolve(&snap.cfg, inb.endpoint.api, &inb.meta.model)?;
     let fallback_off = inb
         .headers
-        .get("x-legate-fallback")
+        .get(&FALLBACK)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"off"));
     let steps = if fallback_off {
         &resolved.steps[..1]

@@ -267,7 +267,7 @@ impl Proxy {
         }
         let served_by = resp
             .headers()
-            .get("x-legate-served-by")
+            .get(&response::X_LEGATE_SERVED_BY)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         obs.update(|f| {

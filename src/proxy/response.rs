@@ -87,7 +87,7 @@ pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: 
 const X_LEGATE_ATTEMPTS: HeaderName = HeaderName::from_static("x-legate-attempts");
 const X_LEGATE_OVERHEAD_MS: HeaderName = HeaderName::from_static("x-legate-overhead-ms");
 const X_LEGATE_REQUEST_ID: HeaderName = HeaderName::from_static("x-legate-request-id");
-const X_LEGATE_SERVED_BY: HeaderName = HeaderName::from_static("x-legate-served-by");
+pub(crate) const X_LEGATE_SERVED_BY: HeaderName = HeaderName::from_static("x-legate-served-by");
 const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
