@@ -71,9 +71,14 @@ impl RequestObs {
         let mut facts = Facts::new(
             request_id.to_string(),
             api,
-            method.to_string(),
-            // Bounded: a path is caller-chosen.
-            path.chars().take(256).collect(),
+            method.as_str().to_owned(),
+            // Bounded: a path is caller-chosen. One of at most 256 bytes is copied whole
+            // (collecting its characters one by one took hundreds of instructions).
+            if path.len() <= 256 {
+                path.to_owned()
+            } else {
+                path.chars().take(256).collect()
+            },
         );
         facts.client_retry = headers
             .get(&CLIENT_RETRY_COUNT)
