@@ -138,5 +138,5 @@ pub(crate) fn buffered(
 /// Who answered: the only legate header an upstream answer carries from here; the attempt
 /// count and `x-should-retry` are stamped once, by `Proxy::handle`.
 fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
-    response::set_header(resp, "x-legate-served-by", &call.step.target());
+    response::set_header_owned(resp, "x-legate-served-by", call.step.target());
 }

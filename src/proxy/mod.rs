@@ -225,7 +225,7 @@ impl Proxy {
         if let Some(rec) = record.take() {
             rec.finish(resp.status().as_u16());
         }
-        response::set_header(&mut resp, "x-legate-request-id", &rid);
+        response::set_header_owned(&mut resp, "x-legate-request-id", rid);
         Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
@@ -243,7 +243,7 @@ impl Proxy {
         let overhead = started.elapsed().saturating_sub(stats.outside);
         if stats.attempts > 0 {
             let attempts = itoa::Buffer::new().format(stats.attempts).to_owned();
-            response::set_header(resp, "x-legate-attempts", &attempts);
+            response::set_header_owned(resp, "x-legate-attempts", attempts);
             if resp.status().as_u16() >= 400 {
                 // Whatever ended it, this request already cost upstream attempts: the SDK must
                 // not multiply them.
@@ -254,7 +254,7 @@ impl Proxy {
             .series
             .overhead(&self.metrics, api_label)
             .observe(overhead.as_secs_f64());
-        response::set_header(resp, "x-legate-overhead-ms", &millis_3(overhead));
+        response::set_header_owned(resp, "x-legate-overhead-ms", millis_3(overhead));
         if resp.status().as_u16() == 529
             && resp
                 .extensions()
