@@ -17,8 +17,10 @@ pub const CLIENT_GONE: u16 = 499;
 pub struct RequestRecord {
     metrics: Arc<Metrics>,
     api: &'static str,
-    model: String,
-    tenant: String,
+    /// The model and tenant labels, once known (`other` and `default` until then: nothing
+    /// is allocated for them up front).
+    model: Option<String>,
+    tenant: Option<String>,
     started: Instant,
     /// Set once the outcome is known; `None` at drop means the caller went away.
     status: Option<u16>,
@@ -39,8 +41,8 @@ impl RequestRecord {
         RequestRecord {
             metrics,
             api,
-            model: "other".to_string(),
-            tenant: "default".to_string(),
+            model: None,
+            tenant: None,
             started,
             status: None,
             gone: false,
@@ -111,11 +113,11 @@ impl RequestRecord {
     }
 
     pub fn set_model(&mut self, label: &str) {
-        self.model = label.to_string();
+        self.model = Some(label.to_owned());
     }
 
     pub fn set_tenant(&mut self, label: &str) {
-        self.tenant = label.to_string();
+        self.tenant = Some(label.to_owned());
         if let Some(o) = &self.obs {
             o.update(|f| f.tenant = label.to_string());
         }
@@ -147,7 +149,7 @@ impl RequestRecord {
         self.recorded = true;
         let status = status_label(self.status.unwrap_or(CLIENT_GONE));
         let m = &self.metrics;
-        let series = m.series.request(self.api, &self.model, &self.tenant);
+        let series = m.series.request(self.api, self.model(), self.tenant());
         series.count_request(m, &status);
         let elapsed = self.started.elapsed();
         series.duration(m).observe(elapsed.as_secs_f64());
@@ -161,7 +163,11 @@ impl RequestRecord {
     }
 
     pub fn tenant(&self) -> &str {
-        &self.tenant
+        self.tenant.as_deref().unwrap_or("default")
+    }
+
+    fn model(&self) -> &str {
+        self.model.as_deref().unwrap_or("other")
     }
 }
 
