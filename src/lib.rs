@@ -20,6 +20,7 @@ pub mod redact;
 pub mod redis_conn;
 pub mod responses;
 pub mod route;
+pub mod series;
 pub mod server;
 pub mod splice;
 pub mod sse;

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub client_retries: IntCounterVec,
     /// Open inbound connections per plane (data, admin).
     pub connections: IntGaugeVec,
+    /// The request path's handles into the vectors above, resolved once per label combination.
+    pub series: crate::series::Series,
 }
 
 impl Metrics {
@@ -220,6 +222,7 @@ impl Metrics {
                 Opts::new("legate_connections", "Open inbound connections"),
                 &["plane"],
             )?,
+            series: Default::default(),
         };
         registry.register(Box::new(m.client_retries.clone()))?;
         registry.register(Box::new(m.connections.clone()))?;

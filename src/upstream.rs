@@ -60,6 +60,8 @@ pub struct Upstream {
     /// translated to Chat Completions for it).
     pub responses: bool,
     base_url: String,
+    /// The base URL's host, for the journal and traces.
+    pub host: Option<String>,
     /// The URL of each endpoint path without a query, parsed once.
     uris: Vec<(&'static str, Uri)>,
     client: HttpClient,
@@ -152,7 +154,8 @@ impl Upstream {
             .http1_max_buf_size(crate::server::listener::HTTP1_MAX_BUF)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new());
-        let client = HttpClient::new(&builder, https);
+        let base = cfg.base_url.parse::<Uri>().ok();
+        let client = HttpClient::new(&builder, https, base.as_ref());
         let cloud = CloudProvider::new(cfg, lanes.metrics.credential_refreshes.clone())?;
         let key = Arc::new(KeyCell::from_source(&cfg.key));
         let key_hint = match &cfg.key {
@@ -169,6 +172,7 @@ impl Upstream {
             kind: cfg.kind,
             responses: cfg.responses,
             base_url: cfg.base_url.clone(),
+            host: base.as_ref().and_then(Uri::host).map(str::to_owned),
             uris,
             client,
             key,

@@ -31,12 +31,16 @@ pub(crate) struct Pending {
 pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
     // `provider:model` is formatted once, for the price lookup and the ledger key both.
     let target = call.step.target();
+    let metrics = &call.proxy.metrics;
+    let tenant = rec.tenant();
     UsageSink {
-        metrics: call.proxy.metrics.clone(),
+        series: metrics
+            .series
+            .usage(tenant, &call.up.name, call.model_label),
+        step: call.series.clone(),
+        metrics: metrics.clone(),
         ledger: call.proxy.ledger.clone(),
-        tenant: rec.tenant().to_string(),
-        provider: call.up.name.clone(),
-        model_label: call.model_label.to_string(),
+        tenant: tenant.to_string(),
         price: crate::meter::price_for(&call.snap.cfg.prices, &target),
         target,
     }
@@ -51,13 +55,7 @@ pub(crate) fn commit(
     record: &mut Option<RequestRecord>,
 ) -> Response<ProxyBody> {
     let status = tap.status;
-    let Call {
-        proxy,
-        up,
-        model_label,
-        inb,
-        ..
-    } = call;
+    let Call { proxy, up, inb, .. } = call;
     let redact = up.redactor();
     // Redaction may change the body's length: it is then sent without one.
     let is_sse = matches!(tap.mode, Mode::Sse(_));
@@ -67,9 +65,7 @@ pub(crate) fn commit(
         Some(rec) => {
             let acct = Accounting {
                 sink: sink(call, &rec),
-                ttft: metrics
-                    .ttft
-                    .with_label_values(&[up.name.as_str(), model_label]),
+                ttft: call.series.ttft(metrics).clone(),
                 inflight: tap.inflight,
                 status: status.as_u16(),
                 ticket,
@@ -144,5 +140,5 @@ pub(crate) fn buffered(
 /// Who answered: the only legate header an upstream answer carries from here; the attempt
 /// count and `x-should-retry` are stamped once, by `Proxy::handle`.
 fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
-    response::set_header(resp, "x-legate-served-by", &call.step.target());
+    response::set_header_owned(resp, "x-legate-served-by", call.step.target());
 }

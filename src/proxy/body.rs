@@ -233,7 +233,7 @@ impl TapBody {
         match usage {
             Some(u) => {
                 let cost = acct.sink.record(u);
-                acct.record.settle(u, cost, &acct.sink.provider);
+                acct.record.settle(u, cost, &acct.sink);
             }
             None if acct.status < 400 => acct.record.keep_reservation(),
             None => {}

@@ -30,6 +30,9 @@ use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::route;
 use crate::translate::Xlate;
 
+/// Looked up by name: a `&str` name is parsed on every lookup.
+const FALLBACK: http::HeaderName = http::HeaderName::from_static("x-legate-fallback");
+
 /// What failed last, to be reported if no step can answer.
 enum Failure {
     /// An upstream error response, read whole (small), returned as it is.
@@ -83,7 +86,7 @@ async fn execute(
     let resolved = route::resolve(&snap.cfg, inb.endpoint.api, &inb.meta.model)?;
     let fallback_off = inb
         .headers
-        .get("x-legate-fallback")
+        .get(&FALLBACK)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"off"));
     let steps = if fallback_off {
         &resolved.steps[..1]
@@ -245,6 +248,7 @@ async fn run_step(
         up,
         step,
         model_label,
+        series: proxy.metrics.series.step(&step.provider, model_label),
         inb,
         body,
         strip_usage,
@@ -261,34 +265,28 @@ async fn attempts(
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
 ) -> Result<StepEnd, ProxyError> {
-    let (proxy, inb, step, model_label) = (call.proxy, call.inb, call.step, call.model_label);
+    let (proxy, inb, step) = (call.proxy, call.inb, call.step);
     let retry = &call.snap.cfg.retry;
-    let server = provider_host(call.snap, step);
-    let count = |label: &str| {
-        proxy
-            .metrics
-            .upstream_attempts
-            .with_label_values(&[&step.provider, model_label, label])
-            .inc();
-    };
+    // The upstream outlives `call`'s borrow: its host is read once for all attempts.
+    let up: &crate::upstream::Upstream = call.up;
+    let server = up.host.as_deref();
+    let series = call.series.clone();
+    let count = |label: &str| series.count_attempt(&proxy.metrics, label);
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
         let Some(ticket) = ticket(breaker, exec, inb, step, &count) else {
             return Ok(StepEnd::Unavailable);
         };
         if n > 1 {
-            proxy
-                .metrics
-                .retries
-                .with_label_values(&[&step.provider, model_label])
-                .inc();
+            series.retries(&proxy.metrics).inc();
         }
-        let (exchanged, verdict) = attempt(call, n, server.clone(), exec, record, &count).await;
-        let moved_on = moved_on(&exchanged, n, retry.max_retry_after);
+        let server = server.map(str::to_owned);
+        let (exchanged, verdict) = attempt(call, n, server, exec, record, &count).await;
+        let moved_on = MovedOn::after(&exchanged, n, retry.max_retry_after);
         let wait = match act(call, exchanged, verdict, ticket, exec, record)? {
             Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Next::Unavailable => {
-                inb.obs.moved_on(moved_on);
+                inb.obs.moved_on(moved_on.why());
                 return Ok(StepEnd::Unavailable);
             }
             Next::Retry(wait) => wait,
@@ -333,15 +331,6 @@ async fn attempt(
         crate::observe::request::journal_attempt(&exchanged, &verdict.action);
     scope.end(status, outcome, why, exec.spent.attempts > sent_before);
     (exchanged, verdict)
-}
-
-/// The provider's host, for the journal and traces.
-fn provider_host(snap: &Snapshot, step: &ChainStep) -> Option<String> {
-    snap.cfg
-        .providers
-        .get(&step.provider)
-        .and_then(|p| p.base_url.parse::<http::Uri>().ok())
-        .and_then(|u| u.host().map(str::to_string))
 }
 
 /// The step's breaker lets one more exchange through (its ticket), or it is open and the step
@@ -433,19 +422,36 @@ fn act(
     }
 }
 
-/// Why the chain leaves a step after this exchange, should the judge move on (journal).
-fn moved_on(exchanged: &Exchanged, n: u32, max_retry_after: Duration) -> String {
-    match exchanged {
-        Exchanged::Unsendable(_) => "this step cannot be called; trying the next".to_owned(),
-        // Waiting that long is worse than a substitute answering now.
-        Exchanged::Error {
-            retry_after: Some(w),
-            ..
-        } if *w > max_retry_after => format!(
-            "retry-after {}s is longer than max_retry_after",
-            w.as_secs_f64().ceil()
-        ),
-        _ => format!("{n} attempts spent on retryable failures"),
+/// Why the chain leaves a step after this exchange, should the judge move on (journal): noted
+/// before the exchange is acted on, written out only if the step is left.
+enum MovedOn {
+    Unsendable,
+    /// Waiting that long is worse than a substitute answering now.
+    RetryAfter(Duration),
+    Spent(u32),
+}
+
+impl MovedOn {
+    fn after(exchanged: &Exchanged, n: u32, max_retry_after: Duration) -> Self {
+        match exchanged {
+            Exchanged::Unsendable(_) => MovedOn::Unsendable,
+            Exchanged::Error {
+                retry_after: Some(w),
+                ..
+            } if *w > max_retry_after => MovedOn::RetryAfter(*w),
+            _ => MovedOn::Spent(n),
+        }
+    }
+
+    fn why(&self) -> String {
+        match self {
+            MovedOn::Unsendable => "this step cannot be called; trying the next".to_owned(),
+            MovedOn::RetryAfter(w) => format!(
+                "retry-after {}s is longer than max_retry_after",
+                w.as_secs_f64().ceil()
+            ),
+            MovedOn::Spent(n) => format!("{n} attempts spent on retryable failures"),
+        }
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct Call<'a> {
     pub(crate) up: &'a Upstream,
     pub(crate) step: &'a ChainStep,
     pub(crate) model_label: &'a str,
+    /// The metric series of this step's provider and model label.
+    pub(crate) series: std::sync::Arc<crate::series::StepSeries>,
     pub(crate) inb: &'a Inbound,
     pub(crate) body: Bytes,
     /// The upstream was asked for a usage chunk the caller did not ask for: it is taken out of
@@ -146,14 +148,13 @@ pub(crate) async fn run(
     spent.outside += waited.elapsed();
     let metrics = &proxy.metrics;
     // Decremented on every path, a dropped future (the caller went away) included.
-    let inflight = InflightGuard::new(metrics.inflight.with_label_values(&[&up.name]));
+    let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
     // Counted here, once the request is really about to leave.
     spent.attempts += 1;
     let sent = Instant::now();
     let result = upread::send(up, req, inb.deadline).await;
-    metrics
-        .upstream_duration
-        .with_label_values(&[&up.name, call.model_label])
+    call.series
+        .upstream_duration(metrics)
         .observe(sent.elapsed().as_secs_f64());
     let out = match result {
         Ok(resp) => {
@@ -309,10 +310,8 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
                 let started = record
                     .as_ref()
                     .map_or_else(StdInstant::now, RequestRecord::started);
-                proxy
-                    .metrics
-                    .ttft
-                    .with_label_values(&[&up.name, call.model_label])
+                call.series
+                    .ttft(&proxy.metrics)
                     .observe(started.elapsed().as_secs_f64());
             }
             Exchanged::Stream(Pending {
@@ -375,8 +374,9 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             if let Some(rec) = record.as_mut() {
                 match inb.endpoint.api.dialect().usage_of_body(&body) {
                     Some(u) => {
-                        let cost = answer::sink(call, rec).record(u);
-                        rec.settle(u, cost, &up.name);
+                        let sink = answer::sink(call, rec);
+                        let cost = sink.record(u);
+                        rec.settle(u, cost, &sink);
                     }
                     None => rec.keep_reservation(),
                 }

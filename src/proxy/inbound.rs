@@ -12,6 +12,10 @@ use crate::api::{ApiKind, Operation};
 use crate::config::ClientEntry;
 use crate::error::ProxyError;
 
+// Looked up by name: a `&str` name is parsed and validated again on every lookup.
+const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// An endpoint of the data plane (SPEC §3): the API it speaks and what it asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
@@ -79,7 +83,7 @@ pub fn model_id(path: &str) -> Option<String> {
 /// The API shape an error for an unknown path takes: Anthropic SDKs always send
 /// `anthropic-version`, OpenAI SDKs never do.
 pub fn shape_for_unknown(headers: &HeaderMap) -> ApiKind {
-    if headers.contains_key("anthropic-version") {
+    if headers.contains_key(&ANTHROPIC_VERSION) {
         ApiKind::Anthropic
     } else {
         ApiKind::OpenAi
@@ -156,7 +160,7 @@ pub fn check_origin(headers: &HeaderMap) -> Result<(), ProxyError> {
 /// The caller's credentials as sent: `x-api-key` and/or `Authorization: Bearer` (SDK generations
 /// differ; a caller may send both).
 fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
-    let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
+    let api_key = headers.get(&X_API_KEY).map(|v| v.as_bytes());
     let bearer = headers
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes())

@@ -176,10 +176,16 @@ impl Proxy {
     }
 }
 
+// Looked up by name: a `&str` name is parsed and validated again on every lookup.
+const CLIENT_RETRY_COUNT: http::HeaderName =
+    http::HeaderName::from_static("x-stainless-retry-count");
+const PRIORITY: http::HeaderName = http::HeaderName::from_static("x-legate-priority");
+const DEADLINE_MS: http::HeaderName = http::HeaderName::from_static("x-legate-deadline-ms");
+
 /// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
 pub(super) fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
     headers
-        .get("x-stainless-retry-count")
+        .get(&CLIENT_RETRY_COUNT)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|n| *n > 0)
@@ -188,7 +194,7 @@ pub(super) fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
 /// `x-legate-priority`, if the caller sent a valid one.
 pub(super) fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
     headers
-        .get("x-legate-priority")
+        .get(&PRIORITY)
         .and_then(|v| v.to_str().ok())
         .and_then(Priority::parse)
 }
@@ -244,7 +250,7 @@ fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
 /// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
 pub(super) fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
     let asked = headers
-        .get("x-legate-deadline-ms")
+        .get(&DEADLINE_MS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_millis);

@@ -226,7 +226,7 @@ impl Proxy {
         if let Some(rec) = record.take() {
             rec.finish(resp.status().as_u16());
         }
-        response::set_header(&mut resp, "x-legate-request-id", &rid);
+        response::set_header_owned(&mut resp, "x-legate-request-id", rid);
         Ok(crate::observe::capture::wrap(resp, obs, &snap))
     }
 
@@ -243,7 +243,8 @@ impl Proxy {
         // Time inside legate before the response headers, upstream waits excluded.
         let overhead = started.elapsed().saturating_sub(stats.outside);
         if stats.attempts > 0 {
-            response::set_header(resp, "x-legate-attempts", &stats.attempts.to_string());
+            let attempts = itoa::Buffer::new().format(stats.attempts).to_owned();
+            response::set_header_owned(resp, "x-legate-attempts", attempts);
             if resp.status().as_u16() >= 400 {
                 // Whatever ended it, this request already cost upstream attempts: the SDK must
                 // not multiply them.
@@ -251,10 +252,10 @@ impl Proxy {
             }
         }
         self.metrics
-            .overhead
-            .with_label_values(&[api_label])
+            .series
+            .overhead(&self.metrics, api_label)
             .observe(overhead.as_secs_f64());
-        response::set_header(resp, "x-legate-overhead-ms", &millis_3(overhead));
+        response::set_header_owned(resp, "x-legate-overhead-ms", millis_3(overhead));
         if resp.status().as_u16() == 529
             && resp
                 .extensions()
@@ -267,7 +268,7 @@ impl Proxy {
         }
         let served_by = resp
             .headers()
-            .get("x-legate-served-by")
+            .get(&response::X_LEGATE_SERVED_BY)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         obs.update(|f| {
@@ -403,7 +404,15 @@ impl Proxy {
 /// formatting: `{:.3}` on an f64 took thousands of instructions per request.
 fn millis_3(d: std::time::Duration) -> String {
     let micros = (d.as_nanos() + 500) / 1_000;
-    format!("{}.{:03}", micros / 1_000, micros % 1_000)
+    // Nor `format!`: itoa and three digits by hand are a fraction of its cost.
+    let mut out = String::with_capacity(16);
+    out.push_str(itoa::Buffer::new().format(micros / 1_000));
+    out.push('.');
+    let frac = (micros % 1_000) as u32;
+    for digit in [frac / 100, frac / 10 % 10, frac % 10] {
+        out.push(char::from(b'0' + digit as u8));
+    }
+    out
 }
 
 #[cfg(test)]

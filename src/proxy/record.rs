@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::meter::{Ledger, Price};
 use crate::policy::ratelimit::Reservation;
+use crate::series::{StepSeries, UsageSeries};
 use crate::telemetry::Metrics;
 use crate::usage::Usage;
 
@@ -16,8 +17,10 @@ pub const CLIENT_GONE: u16 = 499;
 pub struct RequestRecord {
     metrics: Arc<Metrics>,
     api: &'static str,
-    model: String,
-    tenant: String,
+    /// The model and tenant labels, once known (`other` and `default` until then: nothing
+    /// is allocated for them up front).
+    model: Option<String>,
+    tenant: Option<String>,
     started: Instant,
     /// Set once the outcome is known; `None` at drop means the caller went away.
     status: Option<u16>,
@@ -38,8 +41,8 @@ impl RequestRecord {
         RequestRecord {
             metrics,
             api,
-            model: "other".to_string(),
-            tenant: "default".to_string(),
+            model: None,
+            tenant: None,
             started,
             status: None,
             gone: false,
@@ -84,8 +87,8 @@ impl RequestRecord {
         }
     }
 
-    /// Settles the reservation with what the provider reported.
-    pub fn settle(&mut self, usage: Usage, cost_pico: u128, provider: &str) {
+    /// Settles the reservation with what the provider reported to `sink`.
+    pub fn settle(&mut self, usage: Usage, cost_pico: u128, sink: &UsageSink) {
         let estimated = self.reservation.as_ref().map(|r| r.estimated_input);
         let input = usage.input + usage.cache_read + usage.cache_write;
         if let Some(o) = &self.obs {
@@ -99,9 +102,8 @@ impl RequestRecord {
             return;
         };
         if input > 0 {
-            self.metrics
-                .token_estimate_ratio
-                .with_label_values(&[provider])
+            sink.step
+                .estimate_ratio(&self.metrics)
                 .observe(r.estimated_input as f64 / input as f64);
         }
         r.settle(
@@ -111,11 +113,11 @@ impl RequestRecord {
     }
 
     pub fn set_model(&mut self, label: &str) {
-        self.model = label.to_string();
+        self.model = Some(label.to_owned());
     }
 
     pub fn set_tenant(&mut self, label: &str) {
-        self.tenant = label.to_string();
+        self.tenant = Some(label.to_owned());
         if let Some(o) = &self.obs {
             o.update(|f| f.tenant = label.to_string());
         }
@@ -146,15 +148,11 @@ impl RequestRecord {
         }
         self.recorded = true;
         let status = status_label(self.status.unwrap_or(CLIENT_GONE));
-        self.metrics
-            .requests
-            .with_label_values(&[self.api, &self.model, &self.tenant, &status])
-            .inc();
+        let m = &self.metrics;
+        let series = m.series.request(self.api, self.model(), self.tenant());
+        series.count_request(m, &status);
         let elapsed = self.started.elapsed();
-        self.metrics
-            .request_duration
-            .with_label_values(&[self.api, &self.model])
-            .observe(elapsed.as_secs_f64());
+        series.duration(m).observe(elapsed.as_secs_f64());
         if let Some(o) = self.obs.take() {
             let status = self.status;
             o.update(|f| {
@@ -165,7 +163,11 @@ impl RequestRecord {
     }
 
     pub fn tenant(&self) -> &str {
-        &self.tenant
+        self.tenant.as_deref().unwrap_or("default")
+    }
+
+    fn model(&self) -> &str {
+        self.model.as_deref().unwrap_or("other")
     }
 }
 
@@ -225,9 +227,10 @@ pub struct UsageSink {
     pub metrics: Arc<Metrics>,
     pub ledger: Arc<Ledger>,
     pub tenant: String,
-    pub provider: String,
-    /// Upstream model, as a bounded label.
-    pub model_label: String,
+    /// The step's series (provider, upstream model as a bounded label).
+    pub step: Arc<StepSeries>,
+    /// The token and cost series of the tenant, provider and model label.
+    pub series: Arc<UsageSeries>,
     /// `provider:model`, the ledger and price key.
     pub target: String,
     pub price: Option<Price>,
@@ -252,26 +255,16 @@ impl UsageSink {
 
     /// The token and cost metrics for `usage`; returns its cost in pico-USD.
     fn metrics(&self, usage: Usage) -> u128 {
-        let labels = |kind: &'static str| {
-            [
-                self.tenant.as_str(),
-                self.provider.as_str(),
-                self.model_label.as_str(),
-                kind,
-            ]
-        };
-        let t = &self.metrics.tokens;
-        t.with_label_values(&labels("input")).inc_by(usage.input);
-        t.with_label_values(&labels("output")).inc_by(usage.output);
-        t.with_label_values(&labels("cache_read"))
-            .inc_by(usage.cache_read);
-        t.with_label_values(&labels("cache_write"))
-            .inc_by(usage.cache_write);
+        let m = &self.metrics;
+        let [input, output, cache_read, cache_write] = self.series.tokens(m);
+        input.inc_by(usage.input);
+        output.inc_by(usage.output);
+        cache_read.inc_by(usage.cache_read);
+        cache_write.inc_by(usage.cache_write);
         let cost = self.price.map(|p| usage.cost_pico(&p)).unwrap_or(0);
         if cost > 0 {
-            self.metrics
-                .cost
-                .with_label_values(&[&self.tenant, &self.provider, &self.model_label])
+            self.series
+                .cost(m)
                 .inc_by(cost as f64 / crate::meter::PICO_PER_USD as f64);
         }
         cost

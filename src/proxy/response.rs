@@ -84,6 +84,8 @@ pub fn headers_for(upstream: &HeaderMap) -> HeaderMap {
 /// for bodies passed through unchanged (not event streams, which legate may end with an error
 /// event).
 pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: bool) {
+    // Room for legate's own headers too: a map that grows on the way rehashes everything.
+    out.reserve(upstream.len() + OWN_HEADERS);
     for (name, value) in upstream {
         let n = name.as_str();
         if HOP_BY_HOP.contains(&n) || (is_sse && n == "content-length") {
@@ -93,23 +95,37 @@ pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: 
     }
 }
 
+/// How many headers legate may add to an upstream answer: served-by, attempts, x-should-retry,
+/// overhead, request id, content type.
+const OWN_HEADERS: usize = 6;
+
 /// legate's own response headers, validated once at compile time instead of per request.
 const X_LEGATE_ATTEMPTS: HeaderName = HeaderName::from_static("x-legate-attempts");
 const X_LEGATE_OVERHEAD_MS: HeaderName = HeaderName::from_static("x-legate-overhead-ms");
 const X_LEGATE_REQUEST_ID: HeaderName = HeaderName::from_static("x-legate-request-id");
-const X_LEGATE_SERVED_BY: HeaderName = HeaderName::from_static("x-legate-served-by");
+pub(crate) const X_LEGATE_SERVED_BY: HeaderName = HeaderName::from_static("x-legate-served-by");
 const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
-    let name = match name {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        resp.headers_mut().insert(header_name(name), v);
+    }
+}
+
+/// `set_header` for a value built for it: its bytes become the header's, not a copy.
+pub fn set_header_owned(resp: &mut Response<ProxyBody>, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        resp.headers_mut().insert(header_name(name), v);
+    }
+}
+
+fn header_name(name: &'static str) -> HeaderName {
+    match name {
         "x-legate-attempts" => X_LEGATE_ATTEMPTS,
         "x-legate-overhead-ms" => X_LEGATE_OVERHEAD_MS,
         "x-legate-request-id" => X_LEGATE_REQUEST_ID,
         "x-legate-served-by" => X_LEGATE_SERVED_BY,
         "x-should-retry" => X_SHOULD_RETRY,
         other => HeaderName::from_static(other),
-    };
-    if let Ok(v) = HeaderValue::from_str(value) {
-        resp.headers_mut().insert(name, v);
     }
 }

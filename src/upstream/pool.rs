@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response, Uri};
+use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
@@ -42,17 +42,35 @@ type Stream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 pub struct PooledClient {
     pooled: Client<Counting, Full<Bytes>>,
     fresh: Client<Counting, Full<Bytes>>,
+    host: Option<HostHeader>,
+}
+
+/// The `host` header hyper-util writes for requests to the provider's base URL, rendered once:
+/// it formats the value for every request that comes without one.
+struct HostHeader {
+    scheme: Box<str>,
+    authority: Box<str>,
+    value: HeaderValue,
 }
 
 impl PooledClient {
-    /// Both clients from one builder (timeouts, pool idle timeout) and one connector.
-    pub fn new(builder: &Builder, connector: Inner) -> Self {
+    /// Both clients from one builder (timeouts, pool idle timeout) and one connector, for the
+    /// provider at `base` (its `host` header rendered once).
+    pub fn new(builder: &Builder, connector: Inner, base: Option<&Uri>) -> Self {
         let connector = Counting(connector);
         let mut unpooled = builder.clone();
         unpooled.pool_max_idle_per_host(0);
+        let host = base.and_then(|uri| {
+            Some(HostHeader {
+                scheme: uri.scheme_str()?.into(),
+                authority: uri.authority()?.as_str().into(),
+                value: host_value(uri)?,
+            })
+        });
         PooledClient {
             pooled: builder.build(connector.clone()),
             fresh: unpooled.build(connector),
+            host,
         }
     }
 
@@ -62,6 +80,7 @@ impl PooledClient {
         &self,
         mut req: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, Error> {
+        self.set_host(&mut req);
         let replay = copy(&req);
         let captured = capture_connection(&mut req);
         let err = match self.pooled.request(req).await {
@@ -86,6 +105,37 @@ impl PooledClient {
         );
         self.fresh.request(replay).await
     }
+}
+
+impl PooledClient {
+    /// The `host` header hyper-util would add last, added here from the one rendered at load
+    /// when the request goes to the base URL's scheme and authority (any other is left to it).
+    fn set_host<B>(&self, req: &mut Request<B>) {
+        let Some(h) = &self.host else {
+            return;
+        };
+        let uri = req.uri();
+        let ours = uri.scheme_str() == Some(&*h.scheme)
+            && uri.authority().is_some_and(|a| a.as_str() == &*h.authority);
+        if ours {
+            req.headers_mut()
+                .entry(http::header::HOST)
+                .or_insert_with(|| h.value.clone());
+        }
+    }
+}
+
+/// hyper-util's `host` for `uri`: the host, with the port unless it is the scheme's default.
+fn host_value(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let secure = matches!(uri.scheme_str(), Some("https" | "wss"));
+    let value = match uri.port() {
+        Some(p) if !matches!((p.as_u16(), secure), (443, true) | (80, false)) => {
+            format!("{host}:{}", p.as_str())
+        }
+        _ => host.to_string(),
+    };
+    HeaderValue::from_str(&value).ok()
 }
 
 /// Whether the connection had answered before and read nothing since the failed request began.
@@ -288,6 +338,62 @@ impl hyper::rt::Write for CountedIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_header_is_hyper_utils_own() {
+        let host = |u: &str| {
+            let uri: Uri = u.parse().unwrap_or_else(|e| panic!("{u}: {e}"));
+            host_value(&uri).and_then(|v| v.to_str().ok().map(str::to_owned))
+        };
+        assert_eq!(
+            host("http://127.0.0.1:8080/v1"),
+            Some("127.0.0.1:8080".into())
+        );
+        assert_eq!(host("http://example.com:80"), Some("example.com".into()));
+        assert_eq!(
+            host("https://example.com:443/x"),
+            Some("example.com".into())
+        );
+        assert_eq!(
+            host("https://example.com:80"),
+            Some("example.com:80".into())
+        );
+        assert_eq!(
+            host("http://example.com:443"),
+            Some("example.com:443".into())
+        );
+        assert_eq!(host("https://[::1]:8443"), Some("[::1]:8443".into()));
+        assert_eq!(
+            host("https://api.example.com"),
+            Some("api.example.com".into())
+        );
+    }
+
+    #[test]
+    fn only_requests_to_the_base_authority_get_the_rendered_host() {
+        let builder = Builder::new(hyper_util::rt::TokioExecutor::new());
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let base: Uri = "http://127.0.0.1:9/v1"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = PooledClient::new(&builder, connector, Some(&base));
+        let host_of = |uri: &str| {
+            let mut req = Request::new(());
+            *req.uri_mut() = uri.parse().unwrap_or_else(|e| panic!("{e}"));
+            client.set_host(&mut req);
+            req.headers().get(http::header::HOST).cloned()
+        };
+        assert_eq!(
+            host_of("http://127.0.0.1:9/v1/messages"),
+            Some(HeaderValue::from_static("127.0.0.1:9"))
+        );
+        assert_eq!(host_of("https://127.0.0.1:9/v1/messages"), None);
+        assert_eq!(host_of("http://127.0.0.1:10/v1/messages"), None);
+    }
 
     #[test]
     fn a_request_starts_at_the_first_write_after_a_read() {
