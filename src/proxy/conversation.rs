@@ -2,7 +2,9 @@
 //! `previous_response_id` looked up once, the body a translated step gets, and the translators
 //! that carry an answer back in the caller's API and keep each finished response in the store.
 //! Every step calls `stream_translator` / `translate_whole` / `translate_error` with the
-//! step's [`Xlate`]; the classic Messages ↔ Chat translation goes through them too.
+//! step's [`Xlate`]; the classic Messages ↔ Chat translation goes through them too. A relayed
+//! stream is not translated: its watch hands the terminal event to [`stream_keeper`]'s
+//! conversation.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use crate::proxy::inbound::Endpoint;
 use crate::proxy::upbody::EventTranslator;
 use crate::responses::{self, ConversationStore, ResponseCtx, ResponsesStream, Stored, Target};
 use crate::splice;
-use crate::sse::SseParser;
+use crate::sse::SseEvent;
 use crate::translate::{self, Xlate};
 
 /// A Responses request's conversation: the id a translated answer gets, what came before
@@ -115,6 +117,27 @@ impl Conversation {
         }
     }
 
+    /// Keeps the response a relayed stream's terminal event carries (`event:
+    /// response.completed` / `response.incomplete`): the bytes of its `response` member as
+    /// they came, like a relayed whole answer, found by a walk over the event's members.
+    pub(crate) fn keep_terminal(&self, ev: &SseEvent) {
+        if !matches!(
+            ev.event.as_deref(),
+            Some("response.completed" | "response.incomplete")
+        ) {
+            return;
+        }
+        let data = ev.data.as_bytes();
+        let Some(span) = splice::top_level_value_span(data, "response") else {
+            return;
+        };
+        let response = &data[span];
+        // Relayed, so kept as a relayed response (its provider answers for it).
+        if let (Some(id), _) = read_relayed(response) {
+            self.keep_relayed(&id, response);
+        }
+    }
+
     /// The memory store keeps the entry at once (a map insert under a short lock); Redis in
     /// the background, so the caller does not wait for it.
     fn keep_entry(&self, id: &str, data: Vec<u8>) {
@@ -203,45 +226,6 @@ impl EventTranslator for Keeping {
     }
 }
 
-/// A passthrough Responses stream: bytes unchanged, the terminal response kept in the store.
-struct Capturing {
-    parser: SseParser,
-    conv: Arc<Conversation>,
-}
-
-impl Capturing {
-    fn scan(&mut self) {
-        while let Some(ev) = self.parser.next_event() {
-            let terminal = matches!(
-                ev.event.as_deref(),
-                Some("response.completed" | "response.incomplete")
-            );
-            if terminal
-                && let Ok(v) = serde_json::from_str::<Value>(&ev.data)
-                && let Some(id) = v["response"]["id"].as_str()
-            {
-                // Relayed, so kept as a relayed response (its provider answers for it); the
-                // event is already parsed, so its id is not looked for a second time.
-                let response = serde_json::to_vec(&v["response"]).unwrap_or_default();
-                self.conv.keep_relayed(id, &response);
-            }
-        }
-    }
-}
-
-impl EventTranslator for Capturing {
-    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.parser.push(chunk);
-        self.scan();
-        chunk.to_vec()
-    }
-    fn finish(&mut self) -> Vec<u8> {
-        self.parser.finish();
-        self.scan();
-        Vec::new()
-    }
-}
-
 /// The stream translator for a step, if its stream is not passed through untouched.
 pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn EventTranslator>> {
     match (xl, &inb.conversation) {
@@ -254,10 +238,16 @@ pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn Even
             conv: conv.clone(),
             saved: false,
         })),
-        (Xlate::None, Some(conv)) if conv.keep => Some(Box::new(Capturing {
-            parser: SseParser::new(),
-            conv: conv.clone(),
-        })),
+        // A relayed stream passes untranslated: its watch keeps the final response.
+        _ => None,
+    }
+}
+
+/// The conversation that keeps the final response of a relayed (untranslated) Responses
+/// stream: the stream's one watch reads its events and hands it the terminal one.
+pub(crate) fn stream_keeper(xl: Xlate, inb: &Inbound) -> Option<Arc<Conversation>> {
+    match (xl, &inb.conversation) {
+        (Xlate::None, Some(conv)) if conv.keep => Some(conv.clone()),
         _ => None,
     }
 }

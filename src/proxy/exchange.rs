@@ -285,7 +285,8 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
     let mut watch = Box::new(
         SseWatch::new(api)
             .with_max_event(max_event)
-            .strip_usage(call.strip_usage),
+            .strip_usage(call.strip_usage)
+            .keeping(conversation::stream_keeper(got.xl, inb)),
     );
     let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
     let pre = pre.await;
