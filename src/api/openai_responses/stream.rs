@@ -81,11 +81,6 @@ impl Reported {
     }
 }
 
-#[derive(Deserialize)]
-struct Object {
-    usage: Option<Reported>,
-}
-
 /// Usage of a response object (a JSON answer): only its top-level `usage` member is decoded,
 /// the walk to it skips the rest unparsed (as for the other APIs).
 pub(super) fn usage_of_body(body: &[u8]) -> Option<Usage> {
@@ -101,19 +96,14 @@ pub(crate) fn usage_of_member(value: &[u8]) -> Option<Usage> {
 }
 
 /// Usage of a stream: the terminal event's `response.usage` (completed, incomplete, failed).
+/// Only that member is decoded: the walks to it skip the rest of the event unparsed.
 pub(super) fn usage_of_event(ev: &SseEvent) -> Option<Usage> {
-    #[derive(Deserialize)]
-    struct Event {
-        response: Option<Object>,
-    }
     if !has_usage_object(&ev.data) {
         return None;
     }
-    serde_json::from_str::<Event>(&ev.data)
-        .ok()?
-        .response?
-        .usage
-        .map(|u| u.to_usage())
+    let data = ev.data.as_bytes();
+    let response = crate::splice::top_level_value_span(data, "response")?;
+    usage_of_body(&data[response])
 }
 
 #[cfg(test)]
