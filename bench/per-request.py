@@ -8,6 +8,10 @@ difference of the counts is the cost of one request, start-up and shutdown cance
 
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
+                                 [--stream]
+
+`--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
+count what a streamed request costs instead of a whole answer.
 """
 
 import argparse
@@ -71,13 +75,13 @@ def host_port(url):
     return host, int(port)
 
 
-def drive(addr, api, count):
+def drive(addr, api, count, stream):
     path, body, headers = {
         "messages": ("/v1/messages", MESSAGE,
                      {"anthropic-version": "2023-06-01", "x-api-key": "bench-caller-key"}),
         "responses": ("/v1/responses", RESPONSE, {"authorization": "Bearer bench-caller-key"}),
     }[api]
-    payload = json.dumps(body).encode()
+    payload = json.dumps({**body, "stream": True} if stream else body).encode()
     headers = {**headers, "content-type": "application/json"}
     conn = http.client.HTTPConnection(*addr, timeout=60)
     for _ in range(count):
@@ -98,7 +102,7 @@ def one(args, tool, count, mock_url, workdir):
             "dhat": [f"--dhat-out-file={out}"]}[tool]
     cmd = ["valgrind", f"--tool={tool}", *opts, args.bin, "serve", "--config", config]
     proc, rest = start(cmd, "legate listening on ", ENV)
-    drive(host_port(rest), args.api, count)
+    drive(host_port(rest), args.api, count, args.stream)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=STARTUP_LIMIT)
     text = open(out).read()
@@ -116,6 +120,8 @@ def main():
     parser.add_argument("--many", type=int, default=1200)
     parser.add_argument("--tool", default="both", choices=["callgrind", "dhat", "both"])
     parser.add_argument("--keep", help="directory to keep valgrind's output files in")
+    parser.add_argument("--stream", action="store_true",
+                        help="streamed requests (\"stream\": true) instead of whole answers")
     args = parser.parse_args()
     tools = ["callgrind", "dhat"] if args.tool == "both" else [args.tool]
     mock, mock_url = start([args.bin, "mock", "--listen", "127.0.0.1:0"],
@@ -126,6 +132,7 @@ def main():
                      {"content-type": "application/json"})
         assert conn.getresponse().status == 200
         n = args.many - args.few
+        what = f"{args.api}, streamed" if args.stream else args.api
         with tempfile.TemporaryDirectory() as scratch:
             workdir = args.keep or scratch
             os.makedirs(workdir, exist_ok=True)
@@ -133,9 +140,9 @@ def main():
                 few = one(args, tool, args.few, mock_url, workdir)
                 many = one(args, tool, args.many, mock_url, workdir)
                 if tool == "callgrind":
-                    print(f"instructions per request ({args.api}): {(many - few) / n:,.0f}")
+                    print(f"instructions per request ({what}): {(many - few) / n:,.0f}")
                 else:
-                    print(f"allocations per request ({args.api}): {(many[1] - few[1]) / n:,.1f}"
+                    print(f"allocations per request ({what}): {(many[1] - few[1]) / n:,.1f}"
                           f"; bytes allocated per request: {(many[0] - few[0]) / n:,.0f}")
     finally:
         mock.kill()

@@ -206,8 +206,15 @@ fn skip_nested(b: &[u8], i: usize) -> Option<usize> {
 
 /// Compares a raw (still escaped) JSON key with `key`, decoding escapes on the fly.
 pub(crate) fn key_matches(raw: &[u8], key: &str) -> bool {
+    // An escape always decodes to fewer bytes than it takes (`\n` to one, `\u00e9` to two, a
+    // surrogate pair's twelve to four): a raw key no longer than `key` matches only when it is
+    // `key` itself, unescaped, and only a longer one needs decoding (this runs for every
+    // member of every walk).
+    if raw.len() <= key.len() {
+        return raw == key.as_bytes() && !raw.contains(&b'\\');
+    }
     if !raw.contains(&b'\\') {
-        return raw == key.as_bytes();
+        return false;
     }
     let mut want = key.as_bytes();
     let mut i = 0;
@@ -512,6 +519,13 @@ mod tests {
         assert!(!key_matches(br"\ud83d", "\u{FFFD}"));
         assert!(!key_matches(br"mod\u0065", "model"));
         assert!(!key_matches(br"model\x", "model"));
+        // An escaped key as long as the plain one (or shorter) never matches it.
+        assert!(!key_matches(br"\n", "\\n"));
+        assert!(!key_matches(br"a\\", "a\\\\"));
+        assert!(key_matches(br"a\\", "a\\"));
+        assert!(key_matches(b"id", "id"));
+        assert!(!key_matches(b"i", "id"));
+        assert!(!key_matches(b"idx", "id"));
     }
 
     #[test]

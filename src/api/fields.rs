@@ -5,6 +5,9 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
+use std::sync::LazyLock;
+
+use memchr::memmem;
 
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -301,8 +304,12 @@ pub(crate) fn scan_prompt(
 /// whose value is an object? An escaped `\"usage\"` inside a string value does not match (the
 /// closing quote would be escaped).
 pub(crate) fn has_usage_object(data: &str) -> bool {
-    data.match_indices("\"usage\"").any(|(at, key)| {
-        let rest = data[at + key.len()..].trim_start();
+    // Runs on every event of every stream: memchr's vectorised substring search, its
+    // searcher built once.
+    static KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+    KEY.find_iter(data.as_bytes()).any(|at| {
+        let rest = data[at + KEY.needle().len()..].trim_start();
         rest.strip_prefix(':')
             .is_some_and(|v| v.trim_start().starts_with('{'))
     })

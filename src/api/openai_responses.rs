@@ -19,6 +19,8 @@ use super::{
 use crate::meter::Usage;
 use crate::sse::SseEvent;
 
+pub(crate) use stream::usage_of_member;
+
 /// The OpenAI Responses dialect.
 pub struct OpenAiResponses;
 

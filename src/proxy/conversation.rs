@@ -2,23 +2,26 @@
 //! `previous_response_id` looked up once, the body a translated step gets, and the translators
 //! that carry an answer back in the caller's API and keep each finished response in the store.
 //! Every step calls `stream_translator` / `translate_whole` / `translate_error` with the
-//! step's [`Xlate`]; the classic Messages ↔ Chat translation goes through them too.
+//! step's [`Xlate`]; the classic Messages ↔ Chat translation goes through them too. A relayed
+//! stream is not translated: its watch hands the terminal event to [`stream_keeper`]'s
+//! conversation.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::Value;
 
-use crate::api::{ApiKind, Operation};
+use crate::api::{ApiKind, Operation, openai_responses};
 use crate::error::ProxyError;
+use crate::meter::Usage;
 use crate::proxy::Inbound;
 use crate::proxy::inbound::Endpoint;
 use crate::proxy::upbody::EventTranslator;
 use crate::responses::{self, ConversationStore, ResponseCtx, ResponsesStream, Stored, Target};
-use crate::sse::SseParser;
+use crate::splice;
+use crate::sse::SseEvent;
 use crate::translate::{self, Xlate};
 
 /// A Responses request's conversation: the id a translated answer gets, what came before
@@ -106,27 +109,32 @@ impl Conversation {
         }
     }
 
-    /// Keeps a response relayed as it came (`response` is its JSON text): the entry is written
-    /// around those bytes, and the body is only checked and its `id` read, never built into a
-    /// tree. Not JSON, or no string `id`: not kept.
-    pub fn save_relayed(&self, response: &[u8]) {
-        #[derive(Deserialize)]
-        struct Named<'a> {
-            #[serde(borrow)]
-            id: Option<Cow<'a, str>>,
-        }
-        if !self.keep {
-            return;
-        }
-        if let Ok(Named { id: Some(id) }) = serde_json::from_slice::<Named>(response) {
-            self.keep_relayed(&id, response);
-        }
-    }
-
-    /// Keeps a relayed response whose `id` is known (`response` is its JSON text, one value).
+    /// Keeps a relayed response whose `id` is known (`response` is its JSON text, one value):
+    /// the entry is written around those bytes, never built into a tree.
     fn keep_relayed(&self, id: &str, response: &[u8]) {
         if self.keep {
             self.keep_entry(id, Stored::serialise(&self.input, response, true));
+        }
+    }
+
+    /// Keeps the response a relayed stream's terminal event carries (`event:
+    /// response.completed` / `response.incomplete`): the bytes of its `response` member as
+    /// they came, like a relayed whole answer, found by a walk over the event's members.
+    pub(crate) fn keep_terminal(&self, ev: &SseEvent) {
+        if !matches!(
+            ev.event.as_deref(),
+            Some("response.completed" | "response.incomplete")
+        ) {
+            return;
+        }
+        let data = ev.data.as_bytes();
+        let Some(span) = splice::top_level_value_span(data, "response") else {
+            return;
+        };
+        let response = &data[span];
+        // Relayed, so kept as a relayed response (its provider answers for it).
+        if let (Some(id), _) = read_relayed(response) {
+            self.keep_relayed(&id, response);
         }
     }
 
@@ -218,45 +226,6 @@ impl EventTranslator for Keeping {
     }
 }
 
-/// A passthrough Responses stream: bytes unchanged, the terminal response kept in the store.
-struct Capturing {
-    parser: SseParser,
-    conv: Arc<Conversation>,
-}
-
-impl Capturing {
-    fn scan(&mut self) {
-        while let Some(ev) = self.parser.next_event() {
-            let terminal = matches!(
-                ev.event.as_deref(),
-                Some("response.completed" | "response.incomplete")
-            );
-            if terminal
-                && let Ok(v) = serde_json::from_str::<Value>(&ev.data)
-                && let Some(id) = v["response"]["id"].as_str()
-            {
-                // Relayed, so kept as a relayed response (its provider answers for it); the
-                // event is already parsed, so its id is not looked for a second time.
-                let response = serde_json::to_vec(&v["response"]).unwrap_or_default();
-                self.conv.keep_relayed(id, &response);
-            }
-        }
-    }
-}
-
-impl EventTranslator for Capturing {
-    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.parser.push(chunk);
-        self.scan();
-        chunk.to_vec()
-    }
-    fn finish(&mut self) -> Vec<u8> {
-        self.parser.finish();
-        self.scan();
-        Vec::new()
-    }
-}
-
 /// The stream translator for a step, if its stream is not passed through untouched.
 pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn EventTranslator>> {
     match (xl, &inb.conversation) {
@@ -269,10 +238,16 @@ pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn Even
             conv: conv.clone(),
             saved: false,
         })),
-        (Xlate::None, Some(conv)) if conv.keep => Some(Box::new(Capturing {
-            parser: SseParser::new(),
-            conv: conv.clone(),
-        })),
+        // A relayed stream passes untranslated: its watch keeps the final response.
+        _ => None,
+    }
+}
+
+/// The conversation that keeps the final response of a relayed (untranslated) Responses
+/// stream: the stream's one watch reads its events and hands it the terminal one.
+pub(crate) fn stream_keeper(xl: Xlate, inb: &Inbound) -> Option<Arc<Conversation>> {
+    match (xl, &inb.conversation) {
+        (Xlate::None, Some(conv)) if conv.keep => Some(conv.clone()),
         _ => None,
     }
 }
@@ -282,24 +257,77 @@ pub(crate) fn rewrites_whole(xl: Xlate, inb: &Inbound) -> bool {
     xl.translating() || inb.conversation.is_some()
 }
 
+/// A whole answer on its way to the caller.
+pub(crate) struct WholeAnswer {
+    pub body: Bytes,
+    /// The answer's usage, when reading it for the store read that too (`Some(None)`: read,
+    /// and there is none); None when it is still to be read.
+    pub usage: Option<Option<Usage>>,
+}
+
+impl WholeAnswer {
+    fn unread(body: Bytes) -> Self {
+        WholeAnswer { body, usage: None }
+    }
+}
+
+/// What legate reads of a relayed Responses answer, in one walk over its top-level members
+/// (nested values are skipped unparsed, never built into a tree): its `id`, for the store,
+/// and its usage, for metering. A body that is not an object has neither.
+fn read_relayed(body: &[u8]) -> (Option<Cow<'_, str>>, Option<Usage>) {
+    let (mut id, mut usage) = (None, None);
+    let mut members = splice::top_level_members(body);
+    for m in members.by_ref() {
+        // With duplicate keys, the last one (what serde_json and most parsers honour).
+        let key = &body[m.key.clone()];
+        if splice::key_matches(key, "id") {
+            id = Some(m.value);
+        } else if splice::key_matches(key, "usage") {
+            usage = Some(m.value);
+        }
+    }
+    if members.is_malformed() {
+        return (None, None);
+    }
+    let id = id.and_then(|span| {
+        serde_json::from_slice::<Option<Cow<'_, str>>>(&body[span])
+            .ok()
+            .flatten()
+    });
+    let usage = usage.and_then(|span| openai_responses::usage_of_member(&body[span]));
+    (id, usage)
+}
+
 /// A whole answer in the caller's API (and kept, for a Responses caller).
-pub(crate) fn translate_whole(xl: Xlate, inb: &Inbound, body: &Bytes) -> Result<Bytes, String> {
+pub(crate) fn translate_whole(
+    xl: Xlate,
+    inb: &Inbound,
+    body: &Bytes,
+) -> Result<WholeAnswer, String> {
     match (xl, &inb.conversation) {
         (Xlate::Classic(dir), _) => translate::response(dir, body)
-            .map(Bytes::from)
+            .map(|b| WholeAnswer::unread(Bytes::from(b)))
             .map_err(|e| e.0),
         (Xlate::Responses(target), Some(conv)) => {
             let obj =
                 responses::response_for(target, body, &conv.ctx(&inb.body)).map_err(|e| e.0)?;
             conv.save(&obj);
-            Ok(Bytes::from(obj.to_string()))
+            Ok(WholeAnswer::unread(Bytes::from(obj.to_string())))
         }
-        // Relayed as it came: the caller gets the very bytes, the store keeps them.
+        // Relayed as it came: the caller gets the very bytes, the store keeps them; the one
+        // walk that finds the id finds the usage too.
         (Xlate::None, Some(conv)) => {
-            conv.save_relayed(body);
-            Ok(body.clone())
+            // Not an object, or no string `id`: not kept.
+            let (id, usage) = read_relayed(body);
+            if let Some(id) = id {
+                conv.keep_relayed(&id, body);
+            }
+            Ok(WholeAnswer {
+                body: body.clone(),
+                usage: Some(usage),
+            })
         }
-        _ => Ok(body.clone()),
+        _ => Ok(WholeAnswer::unread(body.clone())),
     }
 }
 
@@ -309,5 +337,48 @@ pub(crate) fn translate_error(xl: Xlate, status: u16, body: &[u8]) -> (u16, Vec<
         Xlate::Classic(dir) => translate::error(dir, status, body),
         Xlate::Responses(target) => responses::error_for(target, status, body),
         Xlate::None => (status, body.to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relayed_answer_is_read_for_its_id_and_usage_in_one_walk() {
+        let body = br#"{"id":"resp_1","output":[{"content":[{"text":"\"id\":\"no\",\"usage\":{}"}]}],
+            "usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":30},"output_tokens":7}}"#;
+        let (id, usage) = read_relayed(body);
+        assert_eq!(id.as_deref(), Some("resp_1"));
+        assert_eq!(
+            usage,
+            Some(Usage {
+                input: 10,
+                output: 7,
+                cache_read: 30,
+                cache_write: 0,
+            })
+        );
+        // Keys compared unescaped; with duplicates, the last one.
+        let (id, usage) = read_relayed(br#"{"id":"a","\u0069d":"r\u00e9p","usage":null}"#);
+        assert_eq!((id.as_deref(), usage), (Some("r\u{e9}p"), None));
+    }
+
+    #[test]
+    fn a_relayed_answer_without_a_string_id_or_not_an_object_has_nothing_to_keep() {
+        for body in [
+            &br#"{"id":7,"usage":{"input_tokens":1,"output_tokens":2}}"#[..],
+            br#"{"id":null}"#,
+            br#"{"id":"resp_1","usage":{"input_tokens":1}"#,
+            br#"["resp_1"]"#,
+            b"<html>",
+            b"",
+        ] {
+            let (id, _) = read_relayed(body);
+            assert_eq!(id, None, "{}", String::from_utf8_lossy(body));
+        }
+        let (_, usage) = read_relayed(br#"{"id":7,"usage":{"input_tokens":1,"output_tokens":2}}"#);
+        assert_eq!(usage.map(|u| (u.input, u.output)), Some((1, 2)));
+        assert_eq!(read_relayed(br#"{"id":"x","usage":{"#), (None, None));
     }
 }

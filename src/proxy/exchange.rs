@@ -288,7 +288,8 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
     let mut watch = Box::new(
         SseWatch::new(api)
             .with_max_event(max_event)
-            .strip_usage(call.strip_usage),
+            .strip_usage(call.strip_usage)
+            .keeping(conversation::stream_keeper(got.xl, inb)),
     );
     let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
     let pre = pre.await;
@@ -354,10 +355,15 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
     // Translated: the caller's API shape, or an answer that cannot be carried across. A
     // Responses passthrough answer is read too: it is kept in the conversation store.
+    // Reading the answer for the store reads its usage too.
+    let mut usage_read = None;
     let read = match read {
         Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
             match conversation::translate_whole(got.xl, inb, &body) {
-                Ok(b) => Whole::Complete(b),
+                Ok(answer) => {
+                    usage_read = answer.usage;
+                    Whole::Complete(answer.body)
+                }
                 Err(e) => {
                     tracing::warn!(provider = %up.name, error = %e, "upstream answer not translatable");
                     Whole::Unusable(e)
@@ -372,7 +378,9 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     match read {
         Whole::Complete(body) => {
             if let Some(rec) = record.as_mut() {
-                match inb.endpoint.api.dialect().usage_of_body(&body) {
+                let usage =
+                    usage_read.unwrap_or_else(|| inb.endpoint.api.dialect().usage_of_body(&body));
+                match usage {
                     Some(u) => {
                         let sink = answer::sink(call, rec);
                         let cost = sink.record(u);

@@ -1,7 +1,7 @@
 //! The upstream response body as the rest of the proxy reads it: the provider's bytes as they
-//! are, or — when a chain step speaks another API, or a Responses stream is kept in the
-//! conversation store — passed event by event through an [`EventTranslator`], so that
-//! commit-point reading, usage metering and forwarding all see the caller's shape.
+//! are, or — when a chain step speaks another API — passed event by event through an
+//! [`EventTranslator`], so that commit-point reading, usage metering and forwarding all see the
+//! caller's shape.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

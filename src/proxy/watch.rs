@@ -1,15 +1,19 @@
 //! Watching an event stream as it passes: complete events only, their kinds (preamble,
-//! content, terminal, error), and usage. Shared by the pre-commit reader (`chain`) and the
+//! content, terminal, error), usage, and for a relayed Responses stream its final response,
+//! which the conversation store keeps. Shared by the pre-commit reader (`chain`) and the
 //! body that forwards a committed stream (`body`), so both see the stream the same way.
 //!
 //! For an OpenAI stream whose usage chunk legate asked for on the caller's behalf, the watch
 //! also takes out of the forwarded bytes what that request added (`api::openai_chat::unasked`):
 //! usage is read from the events first, then they are edited.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use crate::api::openai_chat::unasked::{self, ChunkEdit};
 use crate::api::{ApiKind, StreamEventKind};
+use crate::proxy::conversation::Conversation;
 use crate::sse::SseParser;
 use crate::usage::StreamUsage;
 
@@ -35,6 +39,8 @@ pub struct SseWatch {
     handed: u64,
     /// Edits for complete events not yet handed out, in stream order.
     edits: Vec<Edit>,
+    /// A relayed Responses stream: the conversation that keeps its final response.
+    keep: Option<Arc<Conversation>>,
 }
 
 /// One event's edit: its span in the stream, its data as parsed, and what becomes of it.
@@ -61,7 +67,15 @@ impl SseWatch {
             last_end: 0,
             handed: 0,
             edits: Vec::new(),
+            keep: None,
         }
+    }
+
+    /// The terminal event's response is kept in `conv`'s store (a relayed Responses stream:
+    /// this watch is the one reader of its events).
+    pub fn keeping(mut self, conv: Option<Arc<Conversation>>) -> Self {
+        self.keep = conv;
+        self
     }
 
     /// The caller did not ask for the usage chunk legate asked for: it and the `usage: null`
@@ -155,7 +169,12 @@ impl SseWatch {
             let kind = self.api.dialect().classify(&ev);
             match kind {
                 StreamEventKind::Content => self.saw_content = true,
-                StreamEventKind::Terminal => self.saw_terminal = true,
+                StreamEventKind::Terminal => {
+                    self.saw_terminal = true;
+                    if let Some(conv) = &self.keep {
+                        conv.keep_terminal(&ev);
+                    }
+                }
                 StreamEventKind::Error if self.error_data.is_none() => {
                     self.error_data = Some(ev.data.clone());
                 }

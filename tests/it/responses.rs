@@ -274,3 +274,44 @@ async fn input_tokens_is_forwarded_or_estimated() {
     assert_eq!(env.mock.requests().len(), 1);
     let _ = json!({});
 }
+
+/// A relayed answer, whole or streamed, is kept in the store as it came: a later turn on a
+/// translated route is rebuilt from it.
+#[tokio::test]
+async fn a_relayed_answer_whole_or_streamed_is_kept_for_a_translated_next_turn() {
+    for stream in [false, true] {
+        let env = start(
+            r#"{"replies":[
+                {"content":[{"type":"text","text":"relayed \"first\" answer"}]},
+                {"content":[{"type":"text","text":"translated second"}]}]}"#,
+        )
+        .await;
+        let first = format!(r#"{{"model":"fast","input":"hi","stream":{stream}}}"#);
+        let resp = responses(&env, &first).await;
+        assert_eq!(resp.status(), 200);
+        let id = if stream {
+            let evs = events(resp).await;
+            let done = &evs.last().unwrap().2;
+            assert_eq!(done["type"], "response.completed");
+            done["response"]["id"].as_str().unwrap().to_owned()
+        } else {
+            let obj: Value = resp.json().await.unwrap();
+            obj["id"].as_str().unwrap().to_owned()
+        };
+        let second = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"next"}}"#);
+        let resp = responses(&env, &second).await;
+        assert_eq!(resp.status(), 200, "stream {stream}");
+        let obj: Value = resp.json().await.unwrap();
+        assert_eq!(obj["output"][0]["content"][0]["text"], "translated second");
+        let sent: Value = serde_json::from_slice(&env.mock.requests()[1].body).unwrap();
+        let msgs = sent["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 3, "stream {stream}: {sent}");
+        assert_eq!(msgs[0]["role"], "user");
+        assert_eq!(msgs[1]["role"], "assistant");
+        assert_eq!(
+            msgs[1]["content"], "relayed \"first\" answer",
+            "stream {stream}: {sent}"
+        );
+        assert_eq!(msgs[2]["role"], "user");
+    }
+}

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use crate::api::{StreamEventKind, has_usage_object};
 use crate::meter::Usage;
 use crate::sse::SseEvent;
+use crate::usage::usage_object;
 
 /// The event's type: the `event:` name, else the data's `type` (borrowed from the event when
 /// it can be: this runs for every event of every Responses stream).
@@ -80,33 +81,29 @@ impl Reported {
     }
 }
 
-#[derive(Deserialize)]
-struct Object {
-    usage: Option<Reported>,
+/// Usage of a response object (a JSON answer): only its top-level `usage` member is decoded,
+/// the walk to it skips the rest unparsed (as for the other APIs).
+pub(super) fn usage_of_body(body: &[u8]) -> Option<Usage> {
+    usage_object::<Reported>(body).map(|u| u.to_usage())
 }
 
-/// Usage of a response object (a JSON answer).
-pub(super) fn usage_of_body(body: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<Object>(body)
+/// Usage from the text of a response object's `usage` member (found by a walk over the
+/// object's members that reads others too); None when it is null or unreadable.
+pub(crate) fn usage_of_member(value: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<Option<Reported>>(value)
         .ok()?
-        .usage
         .map(|u| u.to_usage())
 }
 
 /// Usage of a stream: the terminal event's `response.usage` (completed, incomplete, failed).
+/// Only that member is decoded: the walks to it skip the rest of the event unparsed.
 pub(super) fn usage_of_event(ev: &SseEvent) -> Option<Usage> {
-    #[derive(Deserialize)]
-    struct Event {
-        response: Option<Object>,
-    }
     if !has_usage_object(&ev.data) {
         return None;
     }
-    serde_json::from_str::<Event>(&ev.data)
-        .ok()?
-        .response?
-        .usage
-        .map(|u| u.to_usage())
+    let data = ev.data.as_bytes();
+    let response = crate::splice::top_level_value_span(data, "response")?;
+    usage_of_body(&data[response])
 }
 
 #[cfg(test)]
