@@ -95,10 +95,6 @@ pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: 
     }
 }
 
-/// How many headers legate may add to an upstream answer: served-by, attempts, x-should-retry,
-/// overhead, request id, content type.
-const OWN_HEADERS: usize = 6;
-
 /// legate's own response headers, validated once at compile time instead of per request.
 const X_LEGATE_ATTEMPTS: HeaderName = HeaderName::from_static("x-legate-attempts");
 const X_LEGATE_OVERHEAD_MS: HeaderName = HeaderName::from_static("x-legate-overhead-ms");
