@@ -29,6 +29,7 @@ RUN mkdir src \
     && rm -rf src
 
 # legate itself. config/ is needed at build time: the default config is compiled in.
+COPY build.rs ./
 COPY src ./src
 COPY config ./config
 # COPY keeps the sources' modification times, which may be older than the stub build above:

@@ -155,7 +155,10 @@ def test_dependency_layer_stubs_satisfy_the_manifest(tmp_path):
     for word, args in builder[index + 2 :]:
         if word == "COPY" and "--from=" not in args:
             source, dest = args.split()
-            shutil.copytree(ROOT / source, tmp_path / dest)
+            if (ROOT / source).is_dir():
+                shutil.copytree(ROOT / source, tmp_path / dest)
+            else:
+                shutil.copy(ROOT / source, tmp_path / dest)
     result = subprocess.run(
         ["cargo", "fetch", "--locked"], check=False, cwd=tmp_path, capture_output=True, text=True
     )
