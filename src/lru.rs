@@ -77,9 +77,61 @@ impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
     }
 }
 
+/// A pair of strings looked up without owning them: `(String, String)` keys borrow as
+/// `dyn StrPair`, so a hit on `Lru<(String, String), _>` needs no copy of either string.
+pub trait StrPair {
+    fn pair(&self) -> (&str, &str);
+}
+
+impl StrPair for (String, String) {
+    fn pair(&self) -> (&str, &str) {
+        (&self.0, &self.1)
+    }
+}
+
+impl StrPair for (&str, &str) {
+    fn pair(&self) -> (&str, &str) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn StrPair + 'a> for (String, String) {
+    fn borrow(&self) -> &(dyn StrPair + 'a) {
+        self
+    }
+}
+
+// Hashes as `(String, String)` does (a tuple of `str`s), as `Borrow` requires.
+impl std::hash::Hash for dyn StrPair + '_ {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.pair().hash(state);
+    }
+}
+
+impl PartialEq for dyn StrPair + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.pair() == other.pair()
+    }
+}
+
+impl Eq for dyn StrPair + '_ {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pair_of_strings_is_found_by_borrowed_halves() {
+        let mut lru: Lru<(String, String), u32> = Lru::new(2);
+        *lru.entry(&("t".into(), "p:m".into()), || 0).0 += 1;
+        *lru.entry(&("t".into(), "p:n".into()), || 0).0 += 1;
+        let hit = lru.touch(&("t", "p:m") as &dyn StrPair).map(|v| *v);
+        assert_eq!(hit, Some(1));
+        assert!(lru.touch(&("t", "p:x") as &dyn StrPair).is_none());
+        // The touch made "p:n" the oldest: a third key evicts it.
+        let (_, evicted) = lru.entry(&("u".into(), "p:m".into()), || 0);
+        assert_eq!(evicted, Some((("t".into(), "p:n".into()), 1)));
+    }
 
     #[test]
     fn the_least_recently_used_entry_goes_first() {

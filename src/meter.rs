@@ -221,6 +221,12 @@ impl Ledger {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
+        // The usual case, a pair seen before, copies neither string.
+        let pair: &dyn crate::lru::StrPair = &(tenant, target);
+        if let Some(e) = map.recent.touch(pair) {
+            e.add(&this);
+            return;
+        }
         let key = (tenant.to_string(), target.to_string());
         let (e, evicted) = map.recent.entry(&key, LedgerEntry::default);
         e.add(&this);
