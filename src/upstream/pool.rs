@@ -46,7 +46,9 @@ pub struct PooledClient {
 }
 
 /// The `host` header hyper-util writes for requests to the provider's base URL, rendered once:
-/// it formats the value for every request that comes without one.
+/// it formats the value for every request that comes without one. Only for an `http://` base
+/// URL: there every connection is HTTP/1, while an `https://` one may negotiate HTTP/2, where
+/// hyper-util sends `:authority` and no `host`, and that is left to it.
 struct HostHeader {
     scheme: Box<str>,
     authority: Box<str>,
@@ -60,13 +62,15 @@ impl PooledClient {
         let connector = Counting(connector);
         let mut unpooled = builder.clone();
         unpooled.pool_max_idle_per_host(0);
-        let host = base.and_then(|uri| {
-            Some(HostHeader {
-                scheme: uri.scheme_str()?.into(),
-                authority: uri.authority()?.as_str().into(),
-                value: host_value(uri)?,
-            })
-        });
+        let host = base
+            .filter(|uri| uri.scheme_str() == Some("http"))
+            .and_then(|uri| {
+                Some(HostHeader {
+                    scheme: uri.scheme_str()?.into(),
+                    authority: uri.authority()?.as_str().into(),
+                    value: host_value(uri)?,
+                })
+            });
         PooledClient {
             pooled: builder.build(connector.clone()),
             fresh: unpooled.build(connector),
@@ -393,6 +397,23 @@ mod tests {
         );
         assert_eq!(host_of("https://127.0.0.1:9/v1/messages"), None);
         assert_eq!(host_of("http://127.0.0.1:10/v1/messages"), None);
+
+        // An https base URL may be served over HTTP/2, which carries no `host`: left to hyper-util.
+        let tls_base: Uri = "https://127.0.0.1:9/v1"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let tls_client = PooledClient::new(&builder, connector, Some(&tls_base));
+        let mut req = Request::new(());
+        *req.uri_mut() = "https://127.0.0.1:9/v1/messages"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        tls_client.set_host(&mut req);
+        assert_eq!(req.headers().get(http::header::HOST), None);
     }
 
     #[test]
