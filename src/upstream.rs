@@ -1,7 +1,9 @@
-//! One upstream provider: its pooled HTTP client (hyper-util over hyper-rustls, see [`pool`]),
+//! One upstream provider: its pooled HTTP client (hyper over hyper-rustls, see [`pool`]),
 //! its live credential, its concurrency cap, and how a request to it is built. The per-attempt
 //! timeouts are applied by the caller (`proxy::exchange`), which knows the request's deadline.
 
+mod conns;
+mod dial;
 mod pool;
 
 use std::sync::Arc;
@@ -10,9 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::Full;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::cloud::CloudProvider;
 use crate::config::secret::KeyCell;
@@ -22,6 +22,7 @@ use crate::policy::admission::Gate;
 use crate::policy::pacer::Pacer;
 use crate::telemetry::Metrics;
 
+pub use dial::SendError;
 pub use pool::PooledClient as HttpClient;
 
 /// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
@@ -144,18 +145,16 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            // A pooled connection the provider closed before the request was written is
-            // retried at once on a fresh one, below the attempt loop: it costs no attempt.
-            // One that fails after the request was written is `pool`'s to retry.
-            .retry_canceled_requests(true)
-            .pool_idle_timeout(cfg.pool_idle_timeout)
-            .http1_max_buf_size(crate::server::listener::HTTP1_MAX_BUF)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new());
         let base = cfg.base_url.parse::<Uri>().ok();
-        let client = HttpClient::new(&builder, https, base.as_ref());
+        let client = HttpClient::new(
+            https,
+            base.as_ref(),
+            pool::PoolOptions {
+                idle_timeout: cfg.pool_idle_timeout,
+                max_conns: cfg.max_concurrency,
+                max_buf: crate::server::listener::HTTP1_MAX_BUF,
+            },
+        );
         let cloud = CloudProvider::new(cfg, lanes.metrics.credential_refreshes.clone())?;
         let key = Arc::new(KeyCell::from_source(&cfg.key));
         let key_hint = match &cfg.key {

@@ -1,135 +1,161 @@
-//! The pooled HTTP client of one upstream, and the one retry that lives below the attempt loop
-//! (SPEC §6): a request that fails on a *reused* pooled connection before any byte of its
-//! response arrived is sent once more, at once, on a fresh connection, and is not an attempt.
+//! The HTTP client of one upstream: its connections (see [`conns`](super::conns)), how a
+//! request is put on one, and the one retry that lives below the attempt loop (SPEC §6): a
+//! request that fails on a *reused* connection before any byte of its response arrived is sent
+//! once more, at once, on a fresh connection, and is not an attempt.
 //!
 //! That failure is the keep-alive race: the provider closed (or reset) an idle connection just
 //! as legate wrote a request on it. A server closing an idle connection does not run what
 //! arrives on it, so sending the request again does not run it twice; any byte of an answer
-//! means the provider took it, and then it is never sent again here.
+//! means the provider took it, and then it is never sent again here. A request hyper hands back
+//! unwritten (the connection closed before it was written) is sent again the same way.
 //!
-//! hyper-util covers only the narrower case of a connection known closed before the request
-//! was written (`retry_canceled_requests`); once written, its error no longer says whether the
-//! connection was reused or whether anything came back. So every connection is counted here,
-//! on its plaintext side (TLS records such as a `close_notify` are not response bytes): how
-//! many bytes it has read, how many at the moment the current request started, and how many
-//! answers it has given.
+//! Only HTTP/1 connections qualify for the first case. On an HTTP/2 connection requests share
+//! the bytes, so "no response byte" cannot be told per request; its failures stay ordinary
+//! attempts.
 //!
-//! Only HTTP/1 connections qualify. On an HTTP/2 connection requests share the bytes, so "no
-//! response byte" cannot be told per request; its failures stay ordinary attempts.
+//! The pool is legate's own rather than hyper-util's pooled client: that one races every
+//! request that finds no idle connection against a new connection and keeps whichever comes
+//! second too, so under bursts it grew to hundreds of mostly idle connections (tens of KiB of
+//! buffers each), and it hashes its pool key and formats the `host` header on every request.
+//! tower's layers do not fit below a single request either: the retry here depends on the
+//! connection the request went out on, which only this layer knows.
 
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::client::legacy::{Builder, Client, Error, connect::capture_connection};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::sync::Arc;
 
-type Inner = HttpsConnector<HttpConnector>;
-type Stream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+use super::conns::{Conn, Conns, Key, Sender};
+use super::dial::{Connector, SendError, dial};
 
-/// The client requests go through: a pooled client, and an unpooled one for the retry (it
-/// always opens a new connection, so the retry cannot land on another stale one).
-pub struct PooledClient {
-    pooled: Client<Counting, Full<Bytes>>,
-    fresh: Client<Counting, Full<Bytes>>,
-    host: Option<HostHeader>,
+/// How an upstream's connections are kept.
+pub struct PoolOptions {
+    /// An idle connection is closed after this long.
+    pub idle_timeout: Duration,
+    /// At most this many connections are kept.
+    pub max_conns: usize,
+    /// The largest HTTP/1 read buffer of a connection.
+    pub max_buf: usize,
 }
 
-/// The `host` header hyper-util writes for requests to the provider's base URL, rendered once:
-/// it formats the value for every request that comes without one. Only for an `http://` base
-/// URL: there every connection is HTTP/1, while an `https://` one may negotiate HTTP/2, where
-/// hyper-util sends `:authority` and no `host`, and that is left to it.
-struct HostHeader {
-    scheme: Box<str>,
-    authority: Box<str>,
-    value: HeaderValue,
+/// The client requests to one upstream go through.
+pub struct PooledClient {
+    connector: Connector,
+    conns: Arc<Conns>,
+    max_buf: usize,
+    /// The `host` header of requests to the base URL's scheme and authority, rendered once.
+    host: Option<(Key, HeaderValue)>,
 }
 
 impl PooledClient {
-    /// Both clients from one builder (timeouts, pool idle timeout) and one connector, for the
-    /// provider at `base` (its `host` header rendered once).
-    pub fn new(builder: &Builder, connector: Inner, base: Option<&Uri>) -> Self {
-        let connector = Counting(connector);
-        let mut unpooled = builder.clone();
-        unpooled.pool_max_idle_per_host(0);
-        let host = base
-            .filter(|uri| uri.scheme_str() == Some("http"))
-            .and_then(|uri| {
-                Some(HostHeader {
-                    scheme: uri.scheme_str()?.into(),
-                    authority: uri.authority()?.as_str().into(),
-                    value: host_value(uri)?,
-                })
-            });
+    /// The client of the provider at `base` (its `host` header rendered once).
+    pub fn new(connector: Connector, base: Option<&Uri>, opts: PoolOptions) -> Self {
+        let host = base.and_then(|uri| Some((Key::of(uri)?, host_value(uri)?)));
         PooledClient {
-            pooled: builder.build(connector.clone()),
-            fresh: unpooled.build(connector),
+            connector,
+            conns: Conns::new(opts.idle_timeout, opts.max_conns.max(1)),
+            max_buf: opts.max_buf,
             host,
         }
     }
 
-    /// Sends `req`; on a reused connection that failed before any response byte, sends it
-    /// once more on a fresh connection.
+    /// Sends `req` (an absolute URI) on an idle connection, or a new one; on a reused
+    /// connection that failed before any response byte, sends it once more on a fresh one.
     pub async fn request(
         &self,
         mut req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, Error> {
-        self.set_host(&mut req);
-        let replay = copy(&req);
-        let captured = capture_connection(&mut req);
-        let err = match self.pooled.request(req).await {
-            Ok(resp) => {
-                if let Some(conn) = resp.extensions().get::<Arc<ConnCount>>() {
-                    conn.answers.fetch_add(1, Ordering::AcqRel);
-                }
-                return Ok(resp);
+    ) -> Result<Response<Incoming>, SendError> {
+        let key = Key::of(req.uri()).ok_or(SendError::NotAbsolute)?;
+        let uri = req.uri().clone();
+        let mut conn = match self.conns.checkout(&key) {
+            Some(c) => c,
+            None => Box::pin(self.open(&key, &uri)).await?,
+        };
+        loop {
+            let h1 = !conn.is_h2();
+            if h1 {
+                self.to_http1(&mut req, &key);
             }
-            Err(e) => e,
-        };
-        let stale = captured
-            .connection_metadata()
-            .as_ref()
-            .is_some_and(unanswered_on_reused);
-        if !stale {
-            return Err(err);
+            let replay = (h1 && conn.reused).then(|| copy(&req));
+            let sent = match &mut conn.sender {
+                Sender::H1(s) => s.try_send_request(req).await,
+                Sender::H2(s) => s.try_send_request(req).await,
+            };
+            let mut err = match sent {
+                Ok(resp) => {
+                    if h1 {
+                        self.conns.put(conn);
+                    }
+                    return Ok(resp);
+                }
+                Err(e) => e,
+            };
+            if !conn.reused {
+                return Err(SendError::Http(err.into_error()));
+            }
+            req = match (err.take_message(), replay) {
+                (Some(unsent), _) => unsent,
+                (None, Some(replay)) if conn.count.silent_since_request() => replay,
+                _ => return Err(SendError::Http(err.into_error())),
+            };
+            tracing::debug!(
+                error = %err.error(),
+                "a reused upstream connection failed before answering; sending once more on a fresh one"
+            );
+            *req.uri_mut() = uri.clone();
+            conn = Box::pin(self.open(&key, &uri)).await?;
         }
-        tracing::debug!(
-            error = %err,
-            "a reused upstream connection failed before answering; sending once more on a fresh one"
-        );
-        self.fresh.request(replay).await
+    }
+
+    /// A new connection to `uri`; an HTTP/2 one is listed at once, to be shared. Callers box
+    /// it: dialing (TCP, TLS, handshake) is a large future that most requests never run, and
+    /// inline it would be carried, and copied, with every request's.
+    async fn open(&self, key: &Key, uri: &Uri) -> Result<Conn, SendError> {
+        let (sender, count) = dial(&self.connector, uri, self.max_buf).await?;
+        let conn = Conn::new(sender, count, key.clone());
+        Ok(match conn.shared_handle() {
+            Some(handle) => {
+                self.conns.put(conn);
+                handle
+            }
+            None => conn,
+        })
+    }
+
+    /// What an HTTP/1 request carries that an absolute URI implies: a `host` header (unless
+    /// the caller set one; the host, with the port unless it is the scheme's default) and the
+    /// origin-form target (path and query).
+    fn to_http1<B>(&self, req: &mut Request<B>, key: &Key) {
+        if !req.headers().contains_key(http::header::HOST) {
+            let value = match &self.host {
+                Some((k, v)) if k == key => Some(v.clone()),
+                _ => host_value(req.uri()),
+            };
+            if let Some(v) = value {
+                req.headers_mut().insert(http::header::HOST, v);
+            }
+        }
+        let origin = match req.uri().path_and_query() {
+            Some(p) if p.as_str() != "/" => Uri::from(p.clone()),
+            _ => Uri::default(),
+        };
+        *req.uri_mut() = origin;
+    }
+
+    /// How many connections are listed, for tests.
+    #[cfg(test)]
+    fn listed(&self) -> usize {
+        self.conns.len()
     }
 }
 
-impl PooledClient {
-    /// The `host` header hyper-util would add last, added here from the one rendered at load
-    /// when the request goes to the base URL's scheme and authority (any other is left to it).
-    fn set_host<B>(&self, req: &mut Request<B>) {
-        let Some(h) = &self.host else {
-            return;
-        };
-        let uri = req.uri();
-        let ours = uri.scheme_str() == Some(&*h.scheme)
-            && uri.authority().is_some_and(|a| a.as_str() == &*h.authority);
-        if ours {
-            req.headers_mut()
-                .entry(http::header::HOST)
-                .or_insert_with(|| h.value.clone());
-        }
-    }
-}
+#[cfg(test)]
+mod tests;
 
-/// hyper-util's `host` for `uri`: the host, with the port unless it is the scheme's default.
+/// The `host` header for `uri`: the host, with the port unless it is the scheme's default.
 fn host_value(uri: &Uri) -> Option<HeaderValue> {
     let host = uri.host()?;
     let secure = matches!(uri.scheme_str(), Some("https" | "wss"));
@@ -142,19 +168,8 @@ fn host_value(uri: &Uri) -> Option<HeaderValue> {
     HeaderValue::from_str(&value).ok()
 }
 
-/// Whether the connection had answered before and read nothing since the failed request began.
-fn unanswered_on_reused(conn: &Connected) -> bool {
-    if conn.is_negotiated_h2() {
-        return false;
-    }
-    let mut ext = http::Extensions::new();
-    conn.get_extras(&mut ext);
-    ext.get::<Arc<ConnCount>>()
-        .is_some_and(|c| c.answers.load(Ordering::Acquire) > 0 && c.silent_since_request())
-}
-
-/// The same request again (the original is consumed by the first send). The body is shared
-/// bytes, the headers mostly shared values: a cheap copy.
+/// The same request again (the original is consumed by the send). The body is shared bytes,
+/// the headers mostly shared values: a cheap copy.
 fn copy(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     let mut r = Request::new(req.body().clone());
     *r.method_mut() = req.method().clone();
@@ -162,274 +177,4 @@ fn copy(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     *r.version_mut() = req.version();
     *r.headers_mut() = req.headers().clone();
     r
-}
-
-/// What one upstream connection has done.
-#[derive(Default)]
-struct ConnCount {
-    /// Plaintext bytes read, in all.
-    read: AtomicU64,
-    /// `read` when the current request began (its first write after the last read).
-    read_at_request: AtomicU64,
-    /// The last transfer was a read, or nothing was transferred yet: the next write starts a
-    /// request.
-    reading: AtomicBool,
-    /// Responses (heads) this connection delivered.
-    answers: AtomicU64,
-}
-
-impl ConnCount {
-    fn new() -> Arc<Self> {
-        Arc::new(ConnCount {
-            reading: AtomicBool::new(true),
-            ..Default::default()
-        })
-    }
-
-    fn on_read(&self, n: usize) {
-        self.read.fetch_add(n as u64, Ordering::AcqRel);
-        self.reading.store(true, Ordering::Release);
-    }
-
-    fn on_write(&self) {
-        if self.reading.swap(false, Ordering::AcqRel) {
-            self.read_at_request
-                .store(self.read.load(Ordering::Acquire), Ordering::Release);
-        }
-    }
-
-    fn silent_since_request(&self) -> bool {
-        self.read.load(Ordering::Acquire) == self.read_at_request.load(Ordering::Acquire)
-    }
-}
-
-/// The upstream connector, with every connection counted.
-#[derive(Clone)]
-pub(super) struct Counting(Inner);
-
-impl tower_service::Service<Uri> for Counting {
-    type Response = CountedIo;
-    type Error = <Inner as tower_service::Service<Uri>>::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<CountedIo, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, dst: Uri) -> Self::Future {
-        let connecting = self.0.call(dst);
-        Box::pin(async move {
-            let stream = connecting.await?;
-            Ok(CountedIo(TokioIo::new(Counted {
-                inner: TokioIo::new(stream),
-                count: ConnCount::new(),
-            })))
-        })
-    }
-}
-
-/// The plaintext side of a connection (after TLS), its transfers counted. hyper's I/O traits
-/// are bridged to tokio's and back, whose read buffer tells how much each read filled.
-pub(super) struct CountedIo(TokioIo<Counted>);
-
-pub(super) struct Counted {
-    inner: TokioIo<Stream>,
-    count: Arc<ConnCount>,
-}
-
-impl Connection for CountedIo {
-    fn connected(&self) -> Connected {
-        let counted = self.0.inner();
-        counted
-            .inner
-            .inner()
-            .connected()
-            .extra(counted.count.clone())
-    }
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            this.count.on_read(n);
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        this.count.on_write();
-        Pin::new(&mut this.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        this.count.on_write();
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-impl hyper::rt::Read for CountedIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for CountedIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        hyper::rt::Write::is_write_vectored(&self.0)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_host_header_is_hyper_utils_own() {
-        let host = |u: &str| {
-            let uri: Uri = u.parse().unwrap_or_else(|e| panic!("{u}: {e}"));
-            host_value(&uri).and_then(|v| v.to_str().ok().map(str::to_owned))
-        };
-        assert_eq!(
-            host("http://127.0.0.1:8080/v1"),
-            Some("127.0.0.1:8080".into())
-        );
-        assert_eq!(host("http://example.com:80"), Some("example.com".into()));
-        assert_eq!(
-            host("https://example.com:443/x"),
-            Some("example.com".into())
-        );
-        assert_eq!(
-            host("https://example.com:80"),
-            Some("example.com:80".into())
-        );
-        assert_eq!(
-            host("http://example.com:443"),
-            Some("example.com:443".into())
-        );
-        assert_eq!(host("https://[::1]:8443"), Some("[::1]:8443".into()));
-        assert_eq!(
-            host("https://api.example.com"),
-            Some("api.example.com".into())
-        );
-    }
-
-    #[test]
-    fn only_requests_to_the_base_authority_get_the_rendered_host() {
-        let builder = Builder::new(hyper_util::rt::TokioExecutor::new());
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let base: Uri = "http://127.0.0.1:9/v1"
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let client = PooledClient::new(&builder, connector, Some(&base));
-        let host_of = |uri: &str| {
-            let mut req = Request::new(());
-            *req.uri_mut() = uri.parse().unwrap_or_else(|e| panic!("{e}"));
-            client.set_host(&mut req);
-            req.headers().get(http::header::HOST).cloned()
-        };
-        assert_eq!(
-            host_of("http://127.0.0.1:9/v1/messages"),
-            Some(HeaderValue::from_static("127.0.0.1:9"))
-        );
-        assert_eq!(host_of("https://127.0.0.1:9/v1/messages"), None);
-        assert_eq!(host_of("http://127.0.0.1:10/v1/messages"), None);
-
-        // An https base URL may be served over HTTP/2, which carries no `host`: left to hyper-util.
-        let tls_base: Uri = "https://127.0.0.1:9/v1"
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let tls_client = PooledClient::new(&builder, connector, Some(&tls_base));
-        let mut req = Request::new(());
-        *req.uri_mut() = "https://127.0.0.1:9/v1/messages"
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}"));
-        tls_client.set_host(&mut req);
-        assert_eq!(req.headers().get(http::header::HOST), None);
-    }
-
-    #[test]
-    fn a_request_starts_at_the_first_write_after_a_read() {
-        let c = ConnCount::new();
-        c.on_write();
-        c.on_write();
-        assert!(c.silent_since_request(), "nothing read yet");
-        c.on_read(100);
-        assert!(!c.silent_since_request(), "the first answer arrived");
-        // The next request on the connection: written, then nothing came back.
-        c.on_write();
-        c.on_write();
-        assert!(c.silent_since_request());
-        // Part of an answer came back: it is no longer safe to send again.
-        c.on_read(3);
-        assert!(!c.silent_since_request());
-    }
 }

@@ -38,3 +38,4 @@ mod streaming;
 mod tls;
 mod translation;
 mod unasked_usage;
+mod upstream_pool;

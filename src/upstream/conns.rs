@@ -1,0 +1,230 @@
+//! The open connections of one upstream, and which one a request takes.
+//!
+//! An HTTP/1 connection carries one request at a time: a request takes an idle one out of the
+//! list, and puts it back as soon as its response head arrived — hyper's connection task then
+//! reads the body, and the connection reports itself ready again once it has (a busy one is
+//! passed over). No task is spawned per request to hand it back, and a request never opens a
+//! connection while an idle one is there: the list holds about as many connections as requests
+//! were ever in flight at once. The most recently used idle one is taken first, so that a quiet
+//! spell lets the others age out. An HTTP/2 connection stays in the list and is shared.
+//!
+//! A connection idle for `pool_idle_timeout` is closed: checked when requests pass over it, and
+//! by a sweep every quarter of that time while the list is not empty (the sweep task ends when
+//! the list does, and with the pool). Idle time is counted from the connection's last request,
+//! or from the last sweep that saw it still reading an answer. The list is bounded (`cap`, the
+//! provider's `max_concurrency`): a connection that would overflow it is closed after its answer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Uri;
+use http::uri::Authority;
+use http_body_util::Full;
+use hyper::client::conn::{http1, http2};
+
+use super::dial::ConnCount;
+
+/// A connection's sending half.
+pub(super) enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    fn is_ready(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_ready(),
+            Sender::H2(s) => s.is_ready(),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+}
+
+/// Where a connection leads: the scheme and authority it was opened for.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(super) struct Key {
+    https: bool,
+    authority: Authority,
+}
+
+impl Key {
+    /// The key of an absolute URI (`None` for a relative one).
+    pub(super) fn of(uri: &Uri) -> Option<Key> {
+        Some(Key {
+            https: uri.scheme_str() == Some("https"),
+            authority: uri.authority()?.clone(),
+        })
+    }
+}
+
+/// One open connection.
+pub(super) struct Conn {
+    pub(super) sender: Sender,
+    pub(super) count: Arc<ConnCount>,
+    key: Key,
+    /// When it was last handed out, put back, or seen reading an answer.
+    used: Instant,
+    /// It has carried a request before the current one.
+    pub(super) reused: bool,
+}
+
+impl Conn {
+    pub(super) fn new(sender: Sender, count: Arc<ConnCount>, key: Key) -> Conn {
+        Conn {
+            sender,
+            count,
+            key,
+            used: Instant::now(),
+            reused: false,
+        }
+    }
+
+    pub(super) fn is_h2(&self) -> bool {
+        matches!(self.sender, Sender::H2(_))
+    }
+
+    /// A handle on a shared (HTTP/2) connection; `None` for an HTTP/1 one.
+    pub(super) fn shared_handle(&self) -> Option<Conn> {
+        match &self.sender {
+            Sender::H2(s) => Some(Conn {
+                sender: Sender::H2(s.clone()),
+                count: self.count.clone(),
+                key: self.key.clone(),
+                used: self.used,
+                reused: self.reused,
+            }),
+            Sender::H1(_) => None,
+        }
+    }
+}
+
+/// The connections of one upstream.
+pub(super) struct Conns {
+    list: Mutex<Vec<Conn>>,
+    idle_timeout: Duration,
+    cap: usize,
+    /// A sweep task is running.
+    sweeping: AtomicBool,
+}
+
+impl Conns {
+    pub(super) fn new(idle_timeout: Duration, cap: usize) -> Arc<Conns> {
+        Arc::new(Conns {
+            list: Mutex::new(Vec::new()),
+            idle_timeout,
+            cap,
+            sweeping: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Conn>> {
+        match self.list.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// An idle connection to `key`, the most recently used first; closed and expired ones met
+    /// on the way are dropped.
+    pub(super) fn checkout(&self, key: &Key) -> Option<Conn> {
+        let now = Instant::now();
+        let mut list = self.lock();
+        let mut i = list.len();
+        while i > 0 {
+            i -= 1;
+            let c = &mut list[i];
+            if c.key != *key {
+                continue;
+            }
+            let ready = c.sender.is_ready();
+            if c.sender.is_closed() || (ready && now.duration_since(c.used) >= self.idle_timeout) {
+                list.remove(i);
+                continue;
+            }
+            if !ready {
+                continue;
+            }
+            c.used = now;
+            c.reused = true;
+            if let Some(shared) = c.shared_handle() {
+                return Some(shared);
+            }
+            return Some(list.remove(i));
+        }
+        None
+    }
+
+    /// Puts an HTTP/1 connection back once its response head arrived, or a new HTTP/2 one in.
+    pub(super) fn put(self: &Arc<Self>, mut conn: Conn) {
+        if self.idle_timeout.is_zero() {
+            return;
+        }
+        conn.used = Instant::now();
+        {
+            let mut list = self.lock();
+            if list.len() >= self.cap {
+                return;
+            }
+            list.push(conn);
+        }
+        self.start_sweeping();
+    }
+
+    /// Starts the sweep task unless one is running.
+    fn start_sweeping(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let every = (self.idle_timeout / 4).max(Duration::from_millis(250));
+        tokio::spawn(sweep_while_listed(Arc::downgrade(self), every));
+    }
+
+    /// Drops closed and expired connections; marks busy ones as used now. Returns how many are
+    /// left.
+    fn sweep(&self, now: Instant) -> usize {
+        let mut list = self.lock();
+        list.retain_mut(|c| {
+            if c.sender.is_closed() {
+                return false;
+            }
+            if !c.sender.is_ready() {
+                c.used = now;
+                return true;
+            }
+            now.duration_since(c.used) < self.idle_timeout
+        });
+        list.len()
+    }
+
+    /// How many connections are listed (idle, or reading an answer).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// Sweeps `conns` every `every` while it has connections and exists.
+async fn sweep_while_listed(conns: Weak<Conns>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(c) = conns.upgrade() else {
+            return;
+        };
+        if c.sweep(Instant::now()) > 0 {
+            continue;
+        }
+        c.sweeping.store(false, Ordering::Release);
+        // A connection put in between the sweep and the store saw the task still running.
+        if c.lock().is_empty() || c.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Opening one upstream connection: TCP (and TLS) through hyper-rustls's connector, then the
+//! HTTP handshake in the version the TLS handshake settled (HTTP/2 when the provider chose `h2`
+//! over ALPN, HTTP/1.1 otherwise), the connection's task spawned, and every plaintext byte it
+//! reads counted (see [`ConnCount`]).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::Full;
+use hyper::client::conn::{http1, http2};
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::conns::Sender;
+
+pub(super) type Connector = HttpsConnector<HttpConnector>;
+type Stream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+
+/// Why a connection could not be opened or a request not sent on it.
+#[derive(Debug)]
+pub enum SendError {
+    /// TCP connect, TLS handshake or the HTTP handshake failed.
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// The request or its response head failed on an open connection.
+    Http(hyper::Error),
+    /// The request's URI has no scheme or authority (a bug in the caller).
+    NotAbsolute,
+}
+
+impl SendError {
+    /// Whether the connection was never established.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_))
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connecting: {e}"),
+            SendError::Http(e) => write!(f, "{e}"),
+            SendError::NotAbsolute => f.write_str("the request URI is not absolute"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// Opens a connection to `uri`'s scheme and authority; `max_buf` bounds an HTTP/1 read buffer.
+pub(super) async fn dial(
+    connector: &Connector,
+    uri: &Uri,
+    max_buf: usize,
+) -> Result<(Sender, Arc<ConnCount>), SendError> {
+    let mut connector = connector.clone();
+    let stream = tower_service::Service::call(&mut connector, uri.clone())
+        .await
+        .map_err(SendError::Connect)?;
+    let h2 = stream.connected().is_negotiated_h2();
+    let count = ConnCount::new();
+    let io = CountedIo(TokioIo::new(Counted {
+        inner: TokioIo::new(stream),
+        count: count.clone(),
+    }));
+    let connect_err = |e: hyper::Error| SendError::Connect(Box::new(e));
+    let sender = if h2 {
+        let (tx, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake::<_, Full<Bytes>>(io)
+            .await
+            .map_err(connect_err)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            }
+        });
+        Sender::H2(tx)
+    } else {
+        let (tx, conn) = http1::Builder::new()
+            .max_buf_size(max_buf)
+            .handshake::<_, Full<Bytes>>(io)
+            .await
+            .map_err(connect_err)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/1 connection ended");
+            }
+        });
+        Sender::H1(tx)
+    };
+    Ok((sender, count))
+}
+
+/// What one upstream connection has done: enough to tell whether a request that failed on it
+/// got any byte of an answer (then the provider took it, and it is never sent again).
+#[derive(Default)]
+pub(super) struct ConnCount {
+    /// Plaintext bytes read, in all.
+    read: AtomicU64,
+    /// `read` when the current request began (its first write after the last read).
+    read_at_request: AtomicU64,
+    /// The last transfer was a read, or nothing was transferred yet: the next write starts a
+    /// request.
+    reading: AtomicBool,
+}
+
+impl ConnCount {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(ConnCount {
+            reading: AtomicBool::new(true),
+            ..Default::default()
+        })
+    }
+
+    fn on_read(&self, n: usize) {
+        self.read.fetch_add(n as u64, Ordering::AcqRel);
+        self.reading.store(true, Ordering::Release);
+    }
+
+    fn on_write(&self) {
+        if self.reading.swap(false, Ordering::AcqRel) {
+            self.read_at_request
+                .store(self.read.load(Ordering::Acquire), Ordering::Release);
+        }
+    }
+
+    /// Nothing was read since the current request began.
+    pub(super) fn silent_since_request(&self) -> bool {
+        self.read.load(Ordering::Acquire) == self.read_at_request.load(Ordering::Acquire)
+    }
+}
+
+/// The plaintext side of a connection (after TLS), its transfers counted. hyper's I/O traits
+/// are bridged to tokio's and back, whose read buffer tells how much each read filled.
+struct CountedIo(TokioIo<Counted>);
+
+struct Counted {
+    inner: TokioIo<Stream>,
+    count: Arc<ConnCount>,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            this.count.on_read(n);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.count.on_write();
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.count.on_write();
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl hyper::rt::Read for CountedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for CountedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        hyper::rt::Write::is_write_vectored(&self.0)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_starts_at_the_first_write_after_a_read() {
+        let c = ConnCount::new();
+        c.on_write();
+        c.on_write();
+        assert!(c.silent_since_request(), "nothing read yet");
+        c.on_read(100);
+        assert!(!c.silent_since_request(), "the first answer arrived");
+        // The next request on the connection: written, then nothing came back.
+        c.on_write();
+        c.on_write();
+        assert!(c.silent_since_request());
+        // Part of an answer came back: it is no longer safe to send again.
+        c.on_read(3);
+        assert!(!c.silent_since_request());
+    }
+}

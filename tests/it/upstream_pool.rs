@@ -1,0 +1,74 @@
+//! legate's upstream connections, seen from the provider: one kept-alive connection carries
+//! sequential requests, concurrent requests open one each, and those are reused afterwards
+//! instead of new ones being opened.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::harness;
+use crate::rawup::{self, Action, RawRequest};
+
+const BODY: &str =
+    r#"{"model":"claude-p","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+
+const MESSAGE: &str = r#"{"id":"msg_p","type":"message","role":"assistant","model":"claude-p","content":[{"type":"text","text":"fine"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":7,"output_tokens":3}}"#;
+
+#[tokio::test]
+async fn upstream_connections_are_reused_and_only_concurrency_opens_more() {
+    // While `together` is set, the upstream answers nothing until four requests are waiting.
+    let together = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(tokio::sync::Barrier::new(4));
+    let (t, b) = (together.clone(), barrier.clone());
+    let up = rawup::start(move |_req: RawRequest| {
+        let wait = t.load(Ordering::SeqCst).then(|| b.clone());
+        async move {
+            if let Some(b) = wait {
+                b.wait().await;
+            }
+            Action::Reply(rawup::json_reply(MESSAGE))
+        }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", "");
+    let env = harness::start_toml(unused, &toml).await;
+
+    for i in 0..10 {
+        let resp = env.messages(BODY).await;
+        assert_eq!(resp.status(), 200, "request {i}");
+        assert!(resp.text().await.unwrap().contains("fine"));
+    }
+    assert_eq!(up.requests.load(Ordering::SeqCst), 10);
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        1,
+        "one kept-alive connection"
+    );
+
+    together.store(true, Ordering::SeqCst);
+    let (a, b, c, d) = tokio::join!(
+        env.messages(BODY),
+        env.messages(BODY),
+        env.messages(BODY),
+        env.messages(BODY)
+    );
+    for resp in [a, b, c, d] {
+        assert_eq!(resp.status(), 200);
+    }
+    together.store(false, Ordering::SeqCst);
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        4,
+        "four at once: the kept one and three new"
+    );
+
+    for i in 0..10 {
+        assert_eq!(env.messages(BODY).await.status(), 200, "request {i} after");
+    }
+    assert_eq!(up.requests.load(Ordering::SeqCst), 24);
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        4,
+        "no new connection"
+    );
+}
