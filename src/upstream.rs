@@ -308,25 +308,17 @@ impl Upstream {
                 provider: self.name.clone(),
                 hint: self.key_hint.clone(),
             })?;
-        let (name, value) = match self.auth_header {
-            AuthHeader::XApiKey => (
-                HeaderName::from_static("x-api-key"),
-                HeaderValue::from_str(key.expose()),
-            ),
-            AuthHeader::Bearer => (
-                header::AUTHORIZATION,
-                HeaderValue::from_str(&format!("Bearer {}", key.expose())),
-            ),
-            AuthHeader::ApiKey => (
-                HeaderName::from_static("api-key"),
-                HeaderValue::from_str(key.expose()),
-            ),
+        let (name, bearer) = match self.auth_header {
+            AuthHeader::XApiKey => (HeaderName::from_static("x-api-key"), false),
+            AuthHeader::Bearer => (header::AUTHORIZATION, true),
+            AuthHeader::ApiKey => (HeaderName::from_static("api-key"), false),
         };
-        let mut value = value.map_err(|_| ProxyError::NoProviderKey {
-            provider: self.name.clone(),
-            hint: "the configured key contains characters not allowed in a header".to_string(),
-        })?;
-        value.set_sensitive(true);
+        let value = key
+            .header_value(bearer)
+            .ok_or_else(|| ProxyError::NoProviderKey {
+                provider: self.name.clone(),
+                hint: "the configured key contains characters not allowed in a header".to_string(),
+            })?;
         headers.insert(name, value);
         Ok(req)
     }

@@ -25,6 +25,18 @@ pub struct Secret {
     /// searches it serves. Boxed: a searcher is a few hundred bytes, and `Secret` sits in
     /// enums.
     finder: std::sync::OnceLock<Box<memchr::memmem::Finder<'static>>>,
+    /// The value as a request header, as is and as `Bearer <value>`, rendered on first use
+    /// and marked sensitive: every upstream request carries one, and rendering it each time
+    /// cost an allocation or two and a copy of the key. `None` where the key holds characters
+    /// a header cannot.
+    headers: std::sync::OnceLock<Box<AuthValues>>,
+}
+
+/// A key rendered as header values.
+#[derive(Clone)]
+struct AuthValues {
+    plain: Option<http::HeaderValue>,
+    bearer: Option<http::HeaderValue>,
 }
 
 impl Secret {
@@ -32,6 +44,32 @@ impl Secret {
         Secret {
             value,
             finder: std::sync::OnceLock::new(),
+            headers: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The value as a header value (`Bearer <value>` when `bearer`), marked sensitive so that
+    /// hyper and `Debug` never print it; `None` if the key cannot be a header value.
+    pub fn header_value(&self, bearer: bool) -> Option<http::HeaderValue> {
+        let values = self.headers.get_or_init(|| {
+            let sensitive = |v: Result<http::HeaderValue, _>| {
+                v.ok().map(|mut v: http::HeaderValue| {
+                    v.set_sensitive(true);
+                    v
+                })
+            };
+            Box::new(AuthValues {
+                plain: sensitive(http::HeaderValue::from_str(&self.value)),
+                bearer: sensitive(http::HeaderValue::from_str(&format!(
+                    "Bearer {}",
+                    self.value
+                ))),
+            })
+        });
+        if bearer {
+            values.bearer.clone()
+        } else {
+            values.plain.clone()
         }
     }
 
@@ -259,6 +297,33 @@ pub(crate) fn check_key_file(path: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::config::load::temp_file;
+
+    #[test]
+    fn a_key_renders_as_a_sensitive_header_value_once() {
+        let key = Secret::new("sk-test-123".into());
+        let plain = key.header_value(false);
+        assert_eq!(
+            plain.as_ref().map(|v| v.as_bytes()),
+            Some(&b"sk-test-123"[..])
+        );
+        let bearer = key.header_value(true);
+        assert_eq!(
+            bearer.as_ref().map(|v| v.as_bytes()),
+            Some(&b"Bearer sk-test-123"[..])
+        );
+        for v in [plain, bearer].into_iter().flatten() {
+            assert!(v.is_sensitive());
+            assert_eq!(format!("{v:?}"), "Sensitive");
+        }
+        // The same values again, from the cache.
+        assert_eq!(
+            key.header_value(false).map(|v| v.as_bytes().to_vec()),
+            Some(b"sk-test-123".to_vec())
+        );
+        assert_eq!(format!("{key:?}"), "[redacted]");
+        assert!(Secret::new("sk\nbad".into()).header_value(false).is_none());
+        assert!(Secret::new("sk\nbad".into()).header_value(true).is_none());
+    }
 
     fn exposed(cell: &KeyCell) -> Option<String> {
         cell.current().map(|s| s.expose().to_owned())
