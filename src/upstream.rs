@@ -27,24 +27,28 @@ pub use pool::PooledClient as HttpClient;
 
 /// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
 /// credentials (consumed here; the provider key is injected instead), headers legate recomputes,
-/// and legate's own control headers.
-const DROPPED_REQUEST_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "x-api-key",
-    "authorization",
-    "api-key",
-    "accept-encoding",
-];
+/// and legate's own control headers. A `match` rather than a list to search: it is asked once
+/// per header of every request, and compiles to a switch on the length.
+fn dropped_request_header(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "x-api-key"
+            | "authorization"
+            | "api-key"
+            | "accept-encoding"
+    ) || name.starts_with("x-legate-")
+}
 
 /// The upstream paths legate calls (see `Endpoint::upstream_path`).
 const ENDPOINT_PATHS: [&str; 4] = [
@@ -370,10 +374,7 @@ fn copy_forwardable(inbound: &HeaderMap, out: &mut HeaderMap) {
         .collect();
     for (name, value) in inbound {
         let n = name.as_str();
-        if DROPPED_REQUEST_HEADERS.contains(&n)
-            || n.starts_with("x-legate-")
-            || connection_named.iter().any(|c| c == n)
-        {
+        if dropped_request_header(n) || connection_named.iter().any(|c| c == n) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -457,5 +458,32 @@ mod tests {
         copy_forwardable(&inbound, &mut out);
         let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, vec!["anthropic-version", "x-stainless-lang"]);
+
+        let mut all = HeaderMap::new();
+        for n in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "host",
+            "content-length",
+            "x-api-key",
+            "authorization",
+            "api-key",
+            "accept-encoding",
+            "x-legate-tenant",
+            "anthropic-beta",
+        ] {
+            all.append(n, HeaderValue::from_static("1"));
+        }
+        let mut out = HeaderMap::new();
+        copy_forwardable(&all, &mut out);
+        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["anthropic-beta"]);
     }
 }
