@@ -405,8 +405,12 @@ impl Proxy {
 fn millis_3(d: std::time::Duration) -> String {
     let micros = (d.as_nanos() + 500) / 1_000;
     // Nor `format!`: itoa and three digits by hand are a fraction of its cost.
-    let mut out = String::with_capacity(16);
-    out.push_str(itoa::Buffer::new().format(micros / 1_000));
+    let mut whole = itoa::Buffer::new();
+    let whole = whole.format(micros / 1_000);
+    // Exactly its length: the header value takes a string with no spare room as it is, while
+    // one with spare room costs a second allocation to be shared.
+    let mut out = String::with_capacity(whole.len() + 4);
+    out.push_str(whole);
     out.push('.');
     let frac = (micros % 1_000) as u32;
     for digit in [frac / 100, frac / 10 % 10, frac % 10] {
