@@ -2,6 +2,7 @@
 //! attempts behind it. Gathered while the request runs, rendered once at its end — as a log
 //! line, a journal entry and spans — so the three always agree.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -66,7 +67,8 @@ impl AttemptFacts {
 #[derive(Debug, Clone)]
 pub struct Facts {
     pub request_id: String,
-    pub tenant: String,
+    /// `default` is borrowed, not copied for every request.
+    pub tenant: Cow<'static, str>,
     pub api: &'static str,
     pub method: String,
     pub path: String,
@@ -101,7 +103,7 @@ impl Facts {
     pub fn new(request_id: String, api: &'static str, method: String, path: String) -> Self {
         Facts {
             request_id,
-            tenant: "default".to_string(),
+            tenant: Cow::Borrowed(crate::route::DEFAULT_TENANT),
             api,
             method,
             path,

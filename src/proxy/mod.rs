@@ -29,6 +29,7 @@ pub mod upbody;
 pub mod upread;
 pub mod watch;
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -317,7 +318,7 @@ impl Proxy {
         endpoint: Option<Endpoint>,
         req: &Request<Incoming>,
         record: &mut Option<RequestRecord>,
-    ) -> Result<(Endpoint, String), ProxyError> {
+    ) -> Result<(Endpoint, Cow<'static, str>), ProxyError> {
         let cfg = &snap.cfg;
         // 0. Origin: a web page in a browser never gets further, whatever else it sends.
         inbound::check_origin(req.headers())?;
