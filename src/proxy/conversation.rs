@@ -61,15 +61,24 @@ impl Conversation {
             })?,
             None => None,
         };
-        let mut input = prior.as_ref().map_or_else(Vec::new, |p| {
-            let mut items = p.input.clone();
-            items.extend(p.output().iter().cloned());
-            items
-        });
-        input.extend(turn.input);
+        // A first turn's input is this request's as it was read (no copy into a new list).
+        let input = match &prior {
+            Some(p) => {
+                let mut items = p.input.clone();
+                items.extend(p.output().iter().cloned());
+                items.extend(turn.input);
+                items
+            }
+            None => turn.input,
+        };
         let keep = turn.store;
+        // Sized once: `format!` sizes it for the literal part and grows it on the way.
+        let suffix = request_id.trim_start_matches("lgt_");
+        let mut id = String::with_capacity("resp_".len() + suffix.len());
+        id.push_str("resp_");
+        id.push_str(suffix);
         Ok(Conversation {
-            id: format!("resp_{}", request_id.trim_start_matches("lgt_")),
+            id,
             created_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
