@@ -200,8 +200,11 @@ impl SseWatch {
                         data: ev.data,
                         edit,
                     });
+                    continue;
                 }
             }
+            // Done with: its buffers serve the next events.
+            self.parser.recycle(ev);
         }
     }
 
