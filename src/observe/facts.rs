@@ -70,8 +70,9 @@ pub struct Facts {
     /// `default` is borrowed, not copied for every request.
     pub tenant: Cow<'static, str>,
     pub api: &'static str,
-    pub method: String,
-    pub path: String,
+    /// The usual methods and API paths are borrowed, not copied for every request.
+    pub method: Cow<'static, str>,
+    pub path: Cow<'static, str>,
     /// As the caller sent it.
     pub model: Option<String>,
     pub max_tokens: Option<u64>,
@@ -100,7 +101,12 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn new(request_id: String, api: &'static str, method: String, path: String) -> Self {
+    pub fn new(
+        request_id: String,
+        api: &'static str,
+        method: Cow<'static, str>,
+        path: Cow<'static, str>,
+    ) -> Self {
         Facts {
             request_id,
             tenant: Cow::Borrowed(crate::route::DEFAULT_TENANT),
