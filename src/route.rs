@@ -152,3 +152,17 @@ impl Labels {
         }
     }
 }
+
+/// The tenant of every caller when no `[[clients]]` are configured.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// A tenant name or label to keep: `default` (every request's, without `[[clients]]`) and the
+/// `other` label are borrowed, so the many places a request keeps its tenant allocate nothing
+/// for them; any other name is copied, as before.
+pub fn tenant_name(name: &str) -> Cow<'static, str> {
+    match name {
+        DEFAULT_TENANT => Cow::Borrowed(DEFAULT_TENANT),
+        "other" => Cow::Borrowed("other"),
+        _ => Cow::Owned(name.to_owned()),
+    }
+}

@@ -206,6 +206,14 @@ fn skip_nested(b: &[u8], i: usize) -> Option<usize> {
 
 /// Compares a raw (still escaped) JSON key with `key`, decoding escapes on the fly.
 pub(crate) fn key_matches(raw: &[u8], key: &str) -> bool {
+    // Most keys of a walk are other keys, and their first byte already says so: a raw key that
+    // starts with neither `key`'s first byte nor an escape decodes to something else.
+    if let (Some(&first), Some(&want)) = (raw.first(), key.as_bytes().first())
+        && first != want
+        && first != b'\\'
+    {
+        return false;
+    }
     // An escape always decodes to fewer bytes than it takes (`\n` to one, `\u00e9` to two, a
     // surrogate pair's twelve to four): a raw key no longer than `key` matches only when it is
     // `key` itself, unescaped, and only a longer one needs decoding (this runs for every
@@ -514,6 +522,12 @@ mod tests {
     #[test]
     fn keys_with_escapes_match_their_decoded_form() {
         assert!(key_matches(br"mod\u0065l", "model"));
+        // The first byte escaped, or the first character itself.
+        assert!(key_matches(br"\u0075sage", "usage"));
+        assert!(key_matches(br"\\x", "\\x"));
+        assert!(!key_matches(b"input_tokens", "usage"));
+        assert!(!key_matches(b"", "usage"));
+        assert!(key_matches(b"", ""));
         assert!(key_matches(br#"a\"b\\c\/\n"#, "a\"b\\c/\n"));
         assert!(key_matches(br"\ud83d\ude00", "\u{1F600}"));
         assert!(!key_matches(br"\ud83d", "\u{FFFD}"));

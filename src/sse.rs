@@ -50,7 +50,16 @@ pub struct SseParser {
     /// Offset just past the last blank line (0 before any): everything before it is complete.
     boundary: u64,
     ready: VecDeque<SseEvent>,
+    /// Buffers of an event the caller handed back ([`SseParser::recycle`]), empty, for the
+    /// next event's name and data: a stream read event by event allocates for none of its
+    /// events after the first few.
+    spare_name: Vec<u8>,
+    spare_data: Vec<u8>,
 }
+
+/// The most capacity a spare buffer keeps (SPEC §14: what a parser holds stays small; a larger
+/// event's buffer is let go with it).
+const SPARE_CAP: usize = 64 * 1024;
 
 impl SseParser {
     pub fn new() -> Self {
@@ -124,6 +133,21 @@ impl SseParser {
         self.ready.pop_front()
     }
 
+    /// Takes back an event the caller is done with: its buffers, emptied, are reused for the
+    /// next events instead of new ones.
+    pub fn recycle(&mut self, ev: SseEvent) {
+        fn keep(spare: &mut Vec<u8>, mut buf: Vec<u8>) {
+            if buf.capacity() > spare.capacity() && buf.capacity() <= SPARE_CAP {
+                buf.clear();
+                *spare = buf;
+            }
+        }
+        keep(&mut self.spare_data, ev.data.into_bytes());
+        if let Some(name) = ev.event {
+            keep(&mut self.spare_name, name.into_bytes());
+        }
+    }
+
     /// Bytes pushed so far that belong to no complete event yet: those after the last blank
     /// line (which ends an event, or a block that dispatches nothing). A caller forwards or holds
     /// back the others whole, and bounds this to stop an upstream that never finishes an event.
@@ -150,12 +174,15 @@ impl SseParser {
             b"data" => {
                 if self.has_data {
                     self.data.push(b'\n');
+                } else {
+                    fit_empty(&mut self.data, value.len());
                 }
                 self.data.extend_from_slice(value);
                 self.has_data = true;
             }
             b"event" => {
                 self.name.clear();
+                fit_empty(&mut self.name, value.len());
                 self.name.extend_from_slice(value);
             }
             _ => {}
@@ -169,14 +196,27 @@ impl SseParser {
         if !self.has_data && self.name.is_empty() {
             return;
         }
-        let event = (!self.name.is_empty()).then(|| into_string(std::mem::take(&mut self.name)));
-        let data = into_string(std::mem::take(&mut self.data));
+        // The fields' buffers go with the event; spare ones (if any) take their place.
+        let event = (!self.name.is_empty()).then(|| {
+            let spare = std::mem::take(&mut self.spare_name);
+            into_string(std::mem::replace(&mut self.name, spare))
+        });
+        let spare = std::mem::take(&mut self.spare_data);
+        let data = into_string(std::mem::replace(&mut self.data, spare));
         self.has_data = false;
         self.ready.push_back(SseEvent {
             event,
             data,
             end_offset: end,
         });
+    }
+}
+
+/// An empty (reused) buffer too small for `len` bytes is replaced by one of that size: growing
+/// it would copy its old contents, which are of no use.
+fn fit_empty(buf: &mut Vec<u8>, len: usize) {
+    if buf.capacity() < len {
+        *buf = Vec::with_capacity(len);
     }
 }
 
@@ -233,6 +273,22 @@ mod tests {
         assert_eq!(names, [Some("message_start"), Some("ping"), Some("error")]);
         assert_eq!(events[1].data, "{\"type\": \"ping\"}");
         assert_eq!(events[2].end_offset, wire.len() as u64);
+    }
+
+    #[test]
+    fn recycled_buffers_carry_nothing_into_the_next_events() {
+        let mut p = SseParser::new();
+        p.push(b"event: long_name\ndata: a long first event\n\n");
+        let first = p.next_event();
+        assert_eq!(first, Some(ev(Some("long_name"), "a long first event", 43)));
+        p.recycle(first.unwrap());
+        p.push(b"data: b\n\nevent: x\ndata: c\ndata: d\n\n");
+        let second = p.next_event();
+        assert_eq!(second, Some(ev(None, "b", 52)));
+        p.recycle(second.unwrap());
+        assert_eq!(p.next_event(), Some(ev(Some("x"), "c\nd", 78)));
+        p.push(b"event: y\n\n");
+        assert_eq!(p.next_event(), Some(ev(Some("y"), "", 88)));
     }
 
     #[test]

@@ -22,6 +22,15 @@ impl StreamUsage {
         self.api.dialect().observe_usage(ev, &mut self.usage);
     }
 
+    /// The usage of one event, read by someone else already (a relayed Responses stream's
+    /// terminal event, read for the store): it replaces what was seen, as an observed event's
+    /// does; None leaves it as it is.
+    pub fn observed(&mut self, usage: Option<Usage>) {
+        if let Some(u) = usage {
+            self.usage = Some(u);
+        }
+    }
+
     /// The usage seen so far (None until an event carried some).
     pub fn usage(&self) -> Option<Usage> {
         self.usage

@@ -2,6 +2,7 @@
 //! attempts behind it. Gathered while the request runs, rendered once at its end — as a log
 //! line, a journal entry and spans — so the three always agree.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -66,10 +67,12 @@ impl AttemptFacts {
 #[derive(Debug, Clone)]
 pub struct Facts {
     pub request_id: String,
-    pub tenant: String,
+    /// `default` is borrowed, not copied for every request.
+    pub tenant: Cow<'static, str>,
     pub api: &'static str,
-    pub method: String,
-    pub path: String,
+    /// The usual methods and API paths are borrowed, not copied for every request.
+    pub method: Cow<'static, str>,
+    pub path: Cow<'static, str>,
     /// As the caller sent it.
     pub model: Option<String>,
     pub max_tokens: Option<u64>,
@@ -98,10 +101,15 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn new(request_id: String, api: &'static str, method: String, path: String) -> Self {
+    pub fn new(
+        request_id: String,
+        api: &'static str,
+        method: Cow<'static, str>,
+        path: Cow<'static, str>,
+    ) -> Self {
         Facts {
             request_id,
-            tenant: "default".to_string(),
+            tenant: Cow::Borrowed(crate::route::DEFAULT_TENANT),
             api,
             method,
             path,

@@ -209,7 +209,7 @@ mod tests {
     fn rec(id: &str, status: u16, tenant: &str) -> Facts {
         let mut f = Facts::new(id.into(), "anthropic", "POST".into(), "/v1/messages".into());
         f.status = Some(status);
-        f.tenant = tenant.into();
+        f.tenant = tenant.to_owned().into();
         f
     }
 

@@ -121,8 +121,8 @@ mod tests {
             let mut f = Facts::new(
                 format!("lgt_{i}"),
                 "anthropic",
-                "POST".to_string(),
-                "/v1/messages".to_string(),
+                "POST".into(),
+                "/v1/messages".into(),
             );
             f.status = Some(200);
             observer.report(f, (None, None));

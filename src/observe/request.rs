@@ -3,6 +3,7 @@
 //! when the last holder lets go, i.e. when the answer has been delivered or abandoned, so
 //! facts learnt at the very end of a stream (its finish reason, the last bytes) are included.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
@@ -61,6 +62,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Methods and paths nearly every request has: its facts borrow these instead of copying.
+const METHODS: &[&str] = &["POST", "GET", "DELETE"];
+const API_PATHS: &[&str] = &[
+    "/v1/messages",
+    "/v1/responses",
+    "/v1/chat/completions",
+    "/v1/messages/count_tokens",
+    "/v1/responses/input_tokens",
+    "/v1/models",
+];
+
+/// `s` as one of `known`, borrowed, or else a copy.
+fn borrowed_or_copied(s: &str, known: &[&'static str]) -> Cow<'static, str> {
+    match known.iter().find(|k| **k == s) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(s.to_owned()),
+    }
+}
+
 impl RequestObs {
     /// Starts observing a request: its span (every log line inside carries the request id),
     /// and, with export on, its trace identity continued from the caller's `traceparent`.
@@ -76,12 +96,12 @@ impl RequestObs {
         let mut facts = Facts::new(
             request_id.to_string(),
             api,
-            method.to_string(),
+            borrowed_or_copied(method.as_str(), METHODS),
             // Bounded: a path is caller-chosen. Cut at its 256th character and copied once
             // (collecting the characters grew the string a few times).
             match path.char_indices().nth(256) {
-                Some((end, _)) => path[..end].to_string(),
-                None => path.to_string(),
+                Some((end, _)) => path[..end].to_string().into(),
+                None => borrowed_or_copied(path, API_PATHS),
             },
         );
         facts.client_retry = headers

@@ -40,7 +40,7 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         step: call.series.clone(),
         metrics: metrics.clone(),
         ledger: call.proxy.ledger.clone(),
-        tenant: tenant.to_string(),
+        tenant: crate::route::tenant_name(tenant),
         price: crate::meter::price_for(&call.snap.cfg.prices, &target),
         target,
     }

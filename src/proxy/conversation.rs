@@ -61,15 +61,24 @@ impl Conversation {
             })?,
             None => None,
         };
-        let mut input = prior.as_ref().map_or_else(Vec::new, |p| {
-            let mut items = p.input.clone();
-            items.extend(p.output().iter().cloned());
-            items
-        });
-        input.extend(turn.input);
+        // A first turn's input is this request's as it was read (no copy into a new list).
+        let input = match &prior {
+            Some(p) => {
+                let mut items = p.input.clone();
+                items.extend(p.output().iter().cloned());
+                items.extend(turn.input);
+                items
+            }
+            None => turn.input,
+        };
         let keep = turn.store;
+        // Sized once: `format!` sizes it for the literal part and grows it on the way.
+        let suffix = request_id.trim_start_matches("lgt_");
+        let mut id = String::with_capacity("resp_".len() + suffix.len());
+        id.push_str("resp_");
+        id.push_str(suffix);
         Ok(Conversation {
-            id: format!("resp_{}", request_id.trim_start_matches("lgt_")),
+            id,
             created_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -120,22 +129,28 @@ impl Conversation {
     /// Keeps the response a relayed stream's terminal event carries (`event:
     /// response.completed` / `response.incomplete`): the bytes of its `response` member as
     /// they came, like a relayed whole answer, found by a walk over the event's members.
-    pub(crate) fn keep_terminal(&self, ev: &SseEvent) {
+    ///
+    /// The walk that finds the id finds the usage too: returns the `usage` of the event's
+    /// `response` (`Some(None)`: read, and there is none), or None for an event it does not
+    /// read, so that the stream's watch need not walk the same event again for it.
+    pub(crate) fn keep_terminal(&self, ev: &SseEvent) -> Option<Option<Usage>> {
         if !matches!(
             ev.event.as_deref(),
             Some("response.completed" | "response.incomplete")
         ) {
-            return;
+            return None;
         }
         let data = ev.data.as_bytes();
         let Some(span) = splice::top_level_value_span(data, "response") else {
-            return;
+            return Some(None);
         };
         let response = &data[span];
+        let (id, usage) = read_relayed(response);
         // Relayed, so kept as a relayed response (its provider answers for it).
-        if let (Some(id), _) = read_relayed(response) {
+        if let Some(id) = id {
             self.keep_relayed(&id, response);
         }
+        Some(usage)
     }
 
     /// The memory store keeps the entry at once (a map insert under a short lock); Redis in

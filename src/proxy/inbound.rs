@@ -2,6 +2,8 @@
 //! shape its errors take), whether its target may be proxied at all, who the caller is, and
 //! reading its body once under the size limit.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::{HeaderMap, Method, Uri, header};
 
@@ -177,9 +179,12 @@ fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
 /// Maps the caller to a tenant. Without `[[clients]]` everyone is `default` and keys are
 /// ignored; with them, a presented key's SHA-256 must match one, compared in constant time
 /// against every entry so timing does not reveal which.
-pub fn authenticate(headers: &HeaderMap, clients: &[ClientEntry]) -> Result<String, ProxyError> {
+pub fn authenticate(
+    headers: &HeaderMap,
+    clients: &[ClientEntry],
+) -> Result<Cow<'static, str>, ProxyError> {
     if clients.is_empty() {
-        return Ok("default".to_string());
+        return Ok(Cow::Borrowed(crate::route::DEFAULT_TENANT));
     }
     let mut found: Option<&str> = None;
     for key in presented_keys(headers) {
@@ -190,7 +195,9 @@ pub fn authenticate(headers: &HeaderMap, clients: &[ClientEntry]) -> Result<Stri
             }
         }
     }
-    found.map(str::to_string).ok_or(ProxyError::Unauthorized)
+    found
+        .map(crate::route::tenant_name)
+        .ok_or(ProxyError::Unauthorized)
 }
 
 /// Why a body could not be read.

@@ -33,7 +33,7 @@ impl Proxy {
             .unwrap_or(snap.cfg.ratelimit.default_output_reservation);
         let tokens = meta.approx_input_tokens.saturating_add(output);
         let ask = Ask {
-            tenant: tenant.to_string(),
+            tenant: crate::route::tenant_name(tenant),
             rpm: t.requests_per_minute,
             tpm: t.tokens_per_minute,
             tokens,

@@ -29,6 +29,7 @@ pub mod upbody;
 pub mod upread;
 pub mod watch;
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -317,7 +318,7 @@ impl Proxy {
         endpoint: Option<Endpoint>,
         req: &Request<Incoming>,
         record: &mut Option<RequestRecord>,
-    ) -> Result<(Endpoint, String), ProxyError> {
+    ) -> Result<(Endpoint, Cow<'static, str>), ProxyError> {
         let cfg = &snap.cfg;
         // 0. Origin: a web page in a browser never gets further, whatever else it sends.
         inbound::check_origin(req.headers())?;
@@ -405,8 +406,12 @@ impl Proxy {
 fn millis_3(d: std::time::Duration) -> String {
     let micros = (d.as_nanos() + 500) / 1_000;
     // Nor `format!`: itoa and three digits by hand are a fraction of its cost.
-    let mut out = String::with_capacity(16);
-    out.push_str(itoa::Buffer::new().format(micros / 1_000));
+    let mut whole = itoa::Buffer::new();
+    let whole = whole.format(micros / 1_000);
+    // Exactly its length: the header value takes a string with no spare room as it is, while
+    // one with spare room costs a second allocation to be shared.
+    let mut out = String::with_capacity(whole.len() + 4);
+    out.push_str(whole);
     out.push('.');
     let frac = (micros % 1_000) as u32;
     for digit in [frac / 100, frac / 10 % 10, frac % 10] {

@@ -2,6 +2,7 @@
 //! status 499 when the caller went away before the answer was complete (recorded from `Drop`,
 //! so a cancelled future or a dropped response body is never lost), plus usage and cost.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,7 +21,7 @@ pub struct RequestRecord {
     /// The model and tenant labels, once known (`other` and `default` until then: nothing
     /// is allocated for them up front).
     model: Option<String>,
-    tenant: Option<String>,
+    tenant: Option<Cow<'static, str>>,
     started: Instant,
     /// Set once the outcome is known; `None` at drop means the caller went away.
     status: Option<u16>,
@@ -117,10 +118,11 @@ impl RequestRecord {
     }
 
     pub fn set_tenant(&mut self, label: &str) {
-        self.tenant = Some(label.to_owned());
+        let label = crate::route::tenant_name(label);
         if let Some(o) = &self.obs {
-            o.update(|f| f.tenant = label.to_string());
+            o.update(|f| f.tenant = label.clone());
         }
+        self.tenant = Some(label);
     }
 
     pub fn started(&self) -> Instant {
@@ -226,7 +228,7 @@ impl Drop for InflightGuard {
 pub struct UsageSink {
     pub metrics: Arc<Metrics>,
     pub ledger: Arc<Ledger>,
-    pub tenant: String,
+    pub tenant: Cow<'static, str>,
     /// The step's series (provider, upstream model as a bounded label).
     pub step: Arc<StepSeries>,
     /// The token and cost series of the tenant, provider and model label.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::api::openai_chat::unasked::{self, ChunkEdit};
-use crate::api::{ApiKind, StreamEventKind};
+use crate::api::{ApiKind, StreamEventKind, has_usage_object};
 use crate::proxy::conversation::Conversation;
 use crate::sse::SseParser;
 use crate::usage::StreamUsage;
@@ -167,12 +167,14 @@ impl SseWatch {
     fn drain_events(&mut self) {
         while let Some(ev) = self.parser.next_event() {
             let kind = self.api.dialect().classify(&ev);
+            // The usage of a terminal event the store already read (`Some(None)`: none).
+            let mut read = None;
             match kind {
                 StreamEventKind::Content => self.saw_content = true,
                 StreamEventKind::Terminal => {
                     self.saw_terminal = true;
                     if let Some(conv) = &self.keep {
-                        conv.keep_terminal(&ev);
+                        read = conv.keep_terminal(&ev);
                     }
                 }
                 StreamEventKind::Error if self.error_data.is_none() => {
@@ -180,7 +182,15 @@ impl SseWatch {
                 }
                 _ => {}
             }
-            self.usage.observe(&ev);
+            match read {
+                // The same member the Responses dialect would read, found by the one walk
+                // over the event (the final event carries the whole response, so a second
+                // walk cost as much as the first); the dialect's cheap precheck still decides.
+                Some(usage) if self.api == ApiKind::Responses => self
+                    .usage
+                    .observed(usage.filter(|_| has_usage_object(&ev.data))),
+                _ => self.usage.observe(&ev),
+            }
             let start = std::mem::replace(&mut self.last_end, ev.end_offset);
             if self.strip_usage && ev.event.is_none() {
                 if let Some(edit) = unasked::edit_chunk(&ev.data) {
@@ -190,8 +200,11 @@ impl SseWatch {
                         data: ev.data,
                         edit,
                     });
+                    continue;
                 }
             }
+            // Done with: its buffers serve the next events.
+            self.parser.recycle(ev);
         }
     }
 

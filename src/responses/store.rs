@@ -13,7 +13,7 @@
 //! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,22 +38,30 @@ pub struct Stored {
     pub passthrough: bool,
 }
 
+/// Room for an entry's input items before their size is known: a short conversation's.
+const INPUT_ROOM: usize = 1024;
+
 impl Stored {
     /// An entry as the stores keep it, written around a response object's own JSON text: the
     /// same layout `Stored` serialises to, without parsing the response into a tree first.
     /// `response` must be one JSON value.
     pub fn serialise(input: &[Value], response: &[u8], passthrough: bool) -> Vec<u8> {
-        let mut out = Vec::with_capacity(response.len() + 64);
-        out.extend_from_slice(b"{\"input\":");
-        // Writing a tree of values into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, input);
-        out.extend_from_slice(b",\"response\":");
-        out.extend_from_slice(response);
-        out.extend_from_slice(if passthrough {
+        const RESPONSE: &[u8] = b",\"response\":";
+        let end: &[u8] = if passthrough {
             b",\"passthrough\":true}"
         } else {
             b",\"passthrough\":false}"
-        });
+        };
+        let mut out = Vec::with_capacity(INPUT_ROOM);
+        out.extend_from_slice(b"{\"input\":");
+        // Writing a tree of values into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, input);
+        // The rest is known: room for exactly it, so the entry is kept as it is (a Vec that
+        // grew by doubling was shrunk again, a second reallocation, before being kept).
+        out.reserve_exact(RESPONSE.len() + response.len() + end.len());
+        out.extend_from_slice(RESPONSE);
+        out.extend_from_slice(response);
+        out.extend_from_slice(end);
         out
     }
 
@@ -134,7 +142,7 @@ impl ConversationStore {
 }
 
 /// What one entry takes besides its id and serialised bytes: its map slot, its place in the
-/// insertion order (with the id's second copy) and the allocations' headers, about 200 bytes.
+/// insertion order (a second handle on the id) and the allocations' headers, about 200 bytes.
 /// Counted, so that `max_bytes` bounds the memory the store takes and not only its payload: a
 /// short response is a few hundred bytes of JSON, and its bookkeeping a fifth to a third of it.
 const ENTRY_OVERHEAD: usize = 200;
@@ -155,10 +163,12 @@ struct Entry {
 
 #[derive(Default)]
 struct Inner {
-    map: HashMap<String, Entry>,
+    /// The id is shared with its place in `order`: one copy made per put, and the eviction
+    /// walk's look at the oldest place copies nothing.
+    map: HashMap<Arc<str>, Entry>,
     /// Insertion order with each insertion's generation: older generations of a replaced id
     /// are skipped when met.
-    order: VecDeque<(String, u64)>,
+    order: VecDeque<(Arc<str>, u64)>,
     bytes: usize,
     next_generation: u64,
 }
@@ -242,7 +252,8 @@ impl MemoryStore {
         }
         let generation = inner.next_generation;
         inner.next_generation += 1;
-        inner.order.push_back((id.to_owned(), generation));
+        let id: Arc<str> = Arc::from(id);
+        inner.order.push_back((id.clone(), generation));
         inner.bytes += bytes;
         let entry = Entry {
             data,
@@ -250,7 +261,7 @@ impl MemoryStore {
             expires: now + self.ttl,
             generation,
         };
-        inner.map.insert(id.to_owned(), entry);
+        inner.map.insert(id, entry);
         if inner.order.len() > 2 * inner.map.len() + 64 {
             // Deleted and replaced ids behind a live front: drop their stale places.
             let Inner { map, order, .. } = &mut *inner;

@@ -30,7 +30,7 @@ impl MemoryStore {
 
     pub fn admit_now(&self, ask: &Ask, now: Now) -> Result<Decision, StoreError> {
         let mut map = self.lock();
-        let st = map.entry(ask.tenant.clone()).or_insert(TenantState {
+        let st = map.entry(ask.tenant.to_string()).or_insert(TenantState {
             requests: None,
             tokens: None,
             spent: (now.day(), 0),

@@ -15,6 +15,7 @@ pub mod bucket;
 pub mod memory;
 pub mod redis;
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -46,7 +47,8 @@ impl Limit {
 /// One admission question: may `tenant` send one request reserving `tokens` now?
 #[derive(Debug, Clone)]
 pub struct Ask {
-    pub tenant: String,
+    /// `default` borrowed (`route::tenant_name`): most requests copy no name to be admitted.
+    pub tenant: Cow<'static, str>,
     /// 0 = unlimited, for each limit.
     pub rpm: u64,
     pub tpm: u64,
@@ -219,7 +221,7 @@ impl Limiter {
 /// refunded in full.
 pub struct Reservation {
     limiter: Arc<Limiter>,
-    tenant: String,
+    tenant: Cow<'static, str>,
     tpm: u64,
     budget_pico: u128,
     reserved: u64,
@@ -266,7 +268,7 @@ impl Reservation {
         let refund = i64::try_from(self.reserved).unwrap_or(i64::MAX)
             - i64::try_from(used_tokens).unwrap_or(i64::MAX);
         self.limiter.settle_detached(Settlement {
-            tenant: self.tenant.clone(),
+            tenant: self.tenant.to_string(),
             tpm: self.tpm,
             refund: if self.tpm == 0 { 0 } else { refund },
             cost_pico,

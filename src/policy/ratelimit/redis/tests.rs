@@ -17,7 +17,7 @@ const DAY_MS: u64 = 86_400_000;
 
 fn ask(tenant: &str, rpm: u64, tpm: u64, tokens: u64, budget_pico: u128) -> Ask {
     Ask {
-        tenant: tenant.into(),
+        tenant: tenant.to_owned().into(),
         rpm,
         tpm,
         tokens,
