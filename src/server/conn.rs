@@ -35,6 +35,8 @@ struct State {
     head_started: Option<Instant>,
     /// Whether any request reached the service yet.
     served: bool,
+    /// The instant the watchdog sleeps until (`None` before it first looked).
+    armed: Option<Instant>,
 }
 
 /// What one connection is doing, shared by its socket, its requests and its watchdog.
@@ -53,6 +55,7 @@ impl ConnWatch {
                 idle_since: Instant::now(),
                 head_started: None,
                 served: false,
+                armed: None,
             }),
             changed: Notify::new(),
         })
@@ -68,13 +71,14 @@ impl ConnWatch {
     /// A request reached the service; it is in flight until the guard drops (with the
     /// response body, or with the handler if the caller went away first).
     pub fn begin(self: &Arc<Self>) -> InFlight {
-        {
-            let mut s = self.lock();
-            s.inflight += 1;
-            s.served = true;
-            s.head_started = None;
-        }
-        self.changed.notify_one();
+        // The watchdog is not woken: a request in flight removes the deadline, and the
+        // watchdog finds that out when it next wakes on its own. Waking it here cost the
+        // connection's task an extra poll per request.
+        let mut s = self.lock();
+        s.inflight += 1;
+        s.served = true;
+        s.head_started = None;
+        drop(s);
         InFlight(self.clone())
     }
 
@@ -82,15 +86,31 @@ impl ConnWatch {
         let mut s = self.lock();
         if s.inflight == 0 && s.head_started.is_none() {
             s.head_started = Some(Instant::now());
+            let wake = self.sooner_than_armed(&s);
             drop(s);
-            self.changed.notify_one();
+            if wake {
+                self.changed.notify_one();
+            }
+        }
+    }
+
+    /// Whether the deadline is now earlier than the instant the watchdog sleeps until: only
+    /// then must it be woken. A later deadline, or none, it finds when it wakes.
+    fn sooner_than_armed(&self, s: &State) -> bool {
+        match (self.deadline_of(s), s.armed) {
+            (Some(d), Some(armed)) => d < armed,
+            (Some(_), None) => true,
+            (None, _) => false,
         }
     }
 
     /// When the connection must be closed if nothing changes, or `None` while a request is
     /// in flight.
     fn deadline(&self) -> Option<Instant> {
-        let s = self.lock();
+        self.deadline_of(&self.lock())
+    }
+
+    fn deadline_of(&self, s: &State) -> Option<Instant> {
         if s.inflight > 0 {
             return None;
         }
@@ -107,21 +127,26 @@ impl ConnWatch {
         })
     }
 
-    /// Resolves when the connection has overstayed: the caller then drops it.
+    /// Resolves when the connection has overstayed: the caller then drops it. While a
+    /// request is in flight it looks again every `connection_idle_timeout`, so that the end of
+    /// a request needs to wake it only when that brings the deadline forward.
     pub async fn expired(&self) {
         loop {
-            match self.deadline() {
-                None => self.changed.notified().await,
-                Some(at) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at) => {
-                            if self.deadline().is_some_and(|d| d <= Instant::now()) {
-                                return;
-                            }
-                        }
-                        _ = self.changed.notified() => {}
+            let at = {
+                let mut s = self.lock();
+                let at = self
+                    .deadline_of(&s)
+                    .unwrap_or_else(|| Instant::now() + self.limits.connection_idle_timeout);
+                s.armed = Some(at);
+                at
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {
+                    if self.deadline().is_some_and(|d| d <= Instant::now()) {
+                        return;
                     }
                 }
+                _ = self.changed.notified() => {}
             }
         }
     }
@@ -132,15 +157,18 @@ pub struct InFlight(Arc<ConnWatch>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        {
+        let wake = {
             let mut s = self.0.lock();
             s.inflight = s.inflight.saturating_sub(1);
             if s.inflight == 0 {
                 s.idle_since = Instant::now();
                 s.head_started = None;
             }
+            self.0.sooner_than_armed(&s)
+        };
+        if wake {
+            self.0.changed.notify_one();
         }
-        self.0.changed.notify_one();
     }
 }
 
@@ -237,5 +265,66 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: ConnLimits = ConnLimits {
+        header_read_timeout: Duration::from_secs(10),
+        connection_idle_timeout: Duration::from_secs(120),
+    };
+
+    /// Starts the watchdog and lets it arm; returns when it fires.
+    async fn watchdog(w: &Arc<ConnWatch>) -> tokio::task::JoinHandle<Instant> {
+        let watch = w.clone();
+        let fired = tokio::spawn(async move {
+            watch.expired().await;
+            Instant::now()
+        });
+        tokio::task::yield_now().await;
+        fired
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_head_is_held_to_the_header_read_timeout_from_its_own_first_byte() {
+        let w = ConnWatch::new(LIMITS);
+        let fired = watchdog(&w).await;
+        w.on_bytes();
+        let first = w.begin();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drop(first);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        // A second head begins 5 s in and never completes.
+        w.on_bytes();
+        let head = Instant::now();
+        let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(at - head, LIMITS.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_idle_timeout_after_its_last_request() {
+        let w = ConnWatch::new(LIMITS);
+        let fired = watchdog(&w).await;
+        w.on_bytes();
+        let req = w.begin();
+        // In flight far longer than both timeouts: not closed.
+        tokio::time::advance(Duration::from_secs(300)).await;
+        assert!(!fired.is_finished());
+        drop(req);
+        let done = Instant::now();
+        let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(at - done, LIMITS.connection_idle_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_connection_owes_its_first_request_within_the_header_read_timeout() {
+        let w = ConnWatch::new(LIMITS);
+        let accepted = Instant::now();
+        let fired = watchdog(&w).await;
+        let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(at - accepted, LIMITS.header_read_timeout);
     }
 }
