@@ -76,11 +76,7 @@ pub(super) async fn dial(
             .handshake::<_, Full<Bytes>>(io)
             .await
             .map_err(connect_err)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
-            }
-        });
+        drive(conn, "HTTP/2");
         Sender::H2(tx)
     } else {
         let (tx, conn) = http1::Builder::new()
@@ -88,14 +84,23 @@ pub(super) async fn dial(
             .handshake::<_, Full<Bytes>>(io)
             .await
             .map_err(connect_err)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream HTTP/1 connection ended");
-            }
-        });
+        drive(conn, "HTTP/1");
         Sender::H1(tx)
     };
     Ok((sender, count))
+}
+
+/// Runs a connection's task until the peer or legate closes it (legate does by dropping every
+/// sender of it).
+fn drive<C>(conn: C, version: &'static str)
+where
+    C: std::future::Future<Output = Result<(), hyper::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, version, "upstream connection ended");
+        }
+    });
 }
 
 /// What one upstream connection has done: enough to tell whether a request that failed on it
