@@ -59,6 +59,12 @@ pub(crate) struct Sample {
     pub throughput: Vec<Throughput>,
 }
 
+/// How long after the load legate's memory is read a second time: legate hands freed heap
+/// pages back to the system after a whole check period without requests
+/// (`legate::server::release`), so one to two periods after the last one.
+pub(crate) const SETTLE: Duration =
+    Duration::from_secs(3 * legate::server::release::CHECK_EVERY.as_secs());
+
 /// Everything measured in one run.
 #[derive(Debug)]
 pub(crate) struct Results {
@@ -74,7 +80,11 @@ pub(crate) struct Results {
     pub warm_errors: u64,
     pub first_warm_error: Option<String>,
     pub at_start: Memory,
+    /// Read the moment the last request is answered.
     pub at_end: Memory,
+    /// Read [`SETTLE`] later, once legate has seen a quiet period and handed back what it
+    /// freed.
+    pub settled: Memory,
     pub cold_starts: Vec<Duration>,
 }
 
@@ -171,11 +181,15 @@ pub(crate) async fn all(
     let responses_ttfb = streams(plan, &responses(targets), &mut tally).await?;
     top_up(plan, &targets[LEGATE], &mut pools[LEGATE], &mut tally).await?;
     let at_end = children::memory(procs[LEGATE][0])?;
+    tokio::time::sleep(SETTLE).await;
+    let settled = children::memory(procs[LEGATE][0])?;
     eprintln!(
-        "bench: legate served {} requests; RSS {} (peak {})",
+        "bench: legate served {} requests; RSS {} at the end of the load, {} {} s later (peak {})",
         tally.served,
         report::mebibytes(at_end.rss),
-        report::mebibytes(at_end.peak)
+        report::mebibytes(settled.rss),
+        SETTLE.as_secs(),
+        report::mebibytes(settled.peak)
     );
     Ok(Results {
         sides: targets.len(),
@@ -187,6 +201,7 @@ pub(crate) async fn all(
         first_warm_error: tally.first_warm_error,
         at_start,
         at_end,
+        settled,
         cold_starts,
     })
 }

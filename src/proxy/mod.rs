@@ -146,6 +146,11 @@ impl Proxy {
         }
     }
 
+    /// How many requests the data plane has seen since start (it only grows).
+    pub fn requests_seen(&self) -> u64 {
+        self.ids.issued()
+    }
+
     /// Reports finished requests to `observer` (access log, journal, export).
     pub fn with_observer(mut self, observer: Arc<crate::observe::Observer>) -> Self {
         self.observer = observer;

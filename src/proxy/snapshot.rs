@@ -62,6 +62,12 @@ impl RequestIds {
     /// `lgt_`, the prefix in 12 hex digits and the counter in at least 8: the text of
     /// `format!("lgt_{:012x}{:08x}")`, written into one allocation of its final size (the
     /// formatter grew the string twice and wrote the padding a character at a time).
+    /// How many ids have been handed out: one per request the data plane has seen, so a value
+    /// that has not moved means no request arrived in between.
+    pub fn issued(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
     pub fn next_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let (prefix_digits, n_digits) = (hex_digits(self.prefix, 12), hex_digits(n, 8));

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod conn;
 pub mod listener;
+pub mod release;
 pub mod reload;
 
 use std::net::SocketAddr;
@@ -33,6 +34,7 @@ pub struct RunningServer {
     stop_admin: CancellationToken,
     data_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
+    release_task: JoinHandle<()>,
     pub reloader: Arc<Reloader>,
 }
 
@@ -132,6 +134,7 @@ pub async fn start_reloadable(
         || std::time::Duration::from_secs(1),
         || {},
     ));
+    let release_task = release::spawn(proxy.clone());
     admin.ready.store(true, Ordering::SeqCst);
     Ok(RunningServer {
         data_addr,
@@ -142,6 +145,7 @@ pub async fn start_reloadable(
         stop_admin,
         data_task,
         admin_task,
+        release_task,
         reloader,
     })
 }
@@ -155,6 +159,7 @@ impl RunningServer {
         let _ = self.data_task.await;
         self.stop_admin.cancel();
         let _ = self.admin_task.await;
+        self.release_task.abort();
         self.reloader.stop_watchers();
         // Spans of the requests that just finished still go out, within a bounded wait.
         self.proxy.observer.shutdown().await;
