@@ -30,6 +30,9 @@ RUN mkdir src \
 
 # legate itself. config/ is needed at build time: the default config is compiled in.
 COPY build.rs ./
+# The functions to place side by side at the start of the code (see build.rs); a list made with
+# another rustc than the image's matches no symbol and changes nothing.
+COPY link ./link
 COPY src ./src
 COPY config ./config
 # COPY keeps the sources' modification times, which may be older than the stub build above:

@@ -119,6 +119,8 @@ def test_files_the_build_includes_are_copied_into_the_builder():
             needed.append((source.parent / target).resolve().relative_to(ROOT))
     if (ROOT / "build.rs").exists():
         needed.append(pathlib.Path("build.rs"))
+    if (ROOT / "link/symbol-order.txt").exists():
+        needed.append(pathlib.Path("link/symbol-order.txt"))
     assert pathlib.Path("config/legate.toml") in needed, "the embedded default config"
     for rel in needed:
         rel = pathlib.PurePosixPath(rel.as_posix())
