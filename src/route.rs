@@ -13,43 +13,58 @@ use crate::error::ProxyError;
 use crate::names;
 use crate::splice;
 
-/// The steps that may serve a request, in order.
+/// The steps that may serve a request, in order: a configured chain is borrowed as it is (its
+/// strings were written at config load), and only a chain with a `*` step or the default
+/// route makes steps for the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
-    pub steps: Vec<ChainStep>,
+pub enum Resolved<'a> {
+    Chain(Cow<'a, [ChainStep]>),
+    Default(ChainStep),
+}
+
+impl Resolved<'_> {
+    pub fn steps(&self) -> &[ChainStep] {
+        match self {
+            Resolved::Chain(steps) => steps,
+            Resolved::Default(step) => std::slice::from_ref(step),
+        }
+    }
 }
 
 /// Resolves the model a caller sent on the `api` endpoint to its chain (the most specific
 /// `[[models]]` entry, by name or `*` pattern) or to the API's default provider with the model
 /// unchanged. A step whose model is `*` sends the caller's model name as it is.
-pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, ProxyError> {
+pub fn resolve<'a>(cfg: &'a Config, api: ApiKind, model: &str) -> Result<Resolved<'a>, ProxyError> {
     let entries = cfg.models.iter().map(|m| (m.name.as_str(), m));
     if let Some((_, entry)) = names::best(entries, model) {
         // Steps may speak either API: one of the other kind is served through translation.
         if entry.chain.is_empty() {
             return Err(ProxyError::Internal);
         }
-        let mut steps = entry.chain.clone();
-        for step in &mut steps {
-            if step.model == SAME_MODEL {
-                model.clone_into(&mut step.model);
-            }
+        if !entry.chain.iter().any(|s| s.model() == SAME_MODEL) {
+            return Ok(Resolved::Chain(Cow::Borrowed(&entry.chain)));
         }
-        return Ok(Resolved { steps });
+        let steps = entry
+            .chain
+            .iter()
+            .map(|s| {
+                if s.model() == SAME_MODEL {
+                    s.with_model(model)
+                } else {
+                    s.clone()
+                }
+            })
+            .collect();
+        return Ok(Resolved::Chain(Cow::Owned(steps)));
     }
     let provider = match api {
         ApiKind::Anthropic => &cfg.routing.anthropic,
         // Responses callers are routed like the other OpenAI API.
         ApiKind::OpenAi | ApiKind::Responses => &cfg.routing.openai,
     };
-    Ok(Resolved {
-        steps: vec![ChainStep {
-            provider: provider.clone(),
-            model: model.to_string(),
-            max_tokens: None,
-            drop_thinking: false,
-        }],
-    })
+    Ok(Resolved::Default(ChainStep::new(
+        provider, model, None, false,
+    )))
 }
 
 /// A chain step's model written as `*`: the caller's own model name.
@@ -67,8 +82,8 @@ pub fn fit(
     model_limit: Option<u64>,
 ) -> Result<Bytes, ProxyError> {
     let mut out: Cow<'_, [u8]> = Cow::Borrowed(body.as_ref());
-    if step.model != meta.model {
-        let v = splice::json_string(&step.model);
+    if step.model() != meta.model {
+        let v = splice::json_string(step.model());
         out = Cow::Owned(splice::replace_top_level(&out, "model", &v).ok_or(ProxyError::Internal)?);
     }
     let cap = match (step.max_tokens, model_limit) {
@@ -109,7 +124,7 @@ impl Labels {
         let mut names: Vec<&str> = Vec::new();
         for m in &cfg.models {
             names.push(&m.name);
-            names.extend(m.chain.iter().map(|s| s.model.as_str()));
+            names.extend(m.chain.iter().map(ChainStep::model));
         }
         names.extend(
             cfg.prices

@@ -210,7 +210,7 @@ async fn request(
     // every attempt's future (and every one around it) that much larger, platform or not.
     Box::pin(up.build_cloud_request(
         cloud,
-        (&call.step.model, inb.meta.stream),
+        (call.step.model(), inb.meta.stream),
         &inb.headers,
         call.body.clone(),
         translating,

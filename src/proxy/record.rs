@@ -233,8 +233,8 @@ pub struct UsageSink {
     pub step: Arc<StepSeries>,
     /// The token and cost series of the tenant, provider and model label.
     pub series: Arc<UsageSeries>,
-    /// `provider:model`, the ledger and price key.
-    pub target: String,
+    /// `provider:model`, the ledger and price key (the step's own, shared).
+    pub target: Arc<str>,
     pub price: Option<Price>,
 }
 
