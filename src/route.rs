@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -114,8 +115,9 @@ pub fn fit(
 /// `*` pattern is labelled with the pattern, anything else is `other`.
 #[derive(Debug, Clone, Default)]
 pub struct Labels {
-    models: HashSet<String>,
-    patterns: Vec<String>,
+    /// Shared: a request's record keeps its label without copying it.
+    models: HashSet<Arc<str>>,
+    patterns: Vec<Arc<str>>,
     tenants: HashSet<String>,
 }
 
@@ -135,11 +137,11 @@ impl Labels {
         let mut patterns = Vec::new();
         for name in names.into_iter().filter(|n| *n != SAME_MODEL) {
             if names::is_pattern(name) {
-                if !patterns.iter().any(|p| p == name) {
-                    patterns.push(name.to_string());
+                if !patterns.iter().any(|p: &Arc<str>| &**p == name) {
+                    patterns.push(Arc::from(name));
                 }
             } else {
-                models.insert(name.to_string());
+                models.insert(Arc::from(name));
             }
         }
         let mut tenants: HashSet<String> = cfg.clients.iter().map(|c| c.tenant.clone()).collect();
@@ -155,8 +157,17 @@ impl Labels {
         if self.models.contains(name) {
             return name;
         }
-        let patterns = self.patterns.iter().map(|p| (p.as_str(), ()));
+        let patterns = self.patterns.iter().map(|p| (&**p, ()));
         names::best(patterns, name).map_or("other", |(pattern, ())| pattern)
+    }
+
+    /// `model`'s label as the string it is kept in here (None for `other`).
+    pub fn shared_model(&self, name: &str) -> Option<Arc<str>> {
+        if let Some(m) = self.models.get(name) {
+            return Some(m.clone());
+        }
+        let patterns = self.patterns.iter().map(|p| (&**p, p));
+        names::best(patterns, name).map(|(_, pattern)| pattern.clone())
     }
 
     pub fn tenant<'a>(&self, name: &'a str) -> &'a str {
@@ -179,5 +190,39 @@ pub fn tenant_name(name: &str) -> Cow<'static, str> {
         DEFAULT_TENANT => Cow::Borrowed(DEFAULT_TENANT),
         "other" => Cow::Borrowed("other"),
         _ => Cow::Owned(name.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Labels;
+
+    #[test]
+    fn a_shared_model_label_is_the_label_itself_and_none_for_other() {
+        let toml = r#"
+[providers.anthropic]
+kind = "anthropic"
+base_url = "http://127.0.0.1:9"
+
+[providers.openai]
+kind = "openai"
+base_url = "http://127.0.0.1:9"
+
+[[models]]
+name = "fast"
+chain = ["anthropic:claude-haiku-4-5", "anthropic:claude-sonnet-*"]
+"#;
+        let cfg = crate::config::load_str(toml, &Default::default()).unwrap();
+        let labels = Labels::from_config(&cfg);
+        for name in ["fast", "claude-haiku-4-5", "claude-sonnet-4-5", "gpt-x"] {
+            let shared = labels.shared_model(name);
+            let want = labels.model(name);
+            assert_eq!(shared.as_deref().unwrap_or("other"), want, "{name}");
+        }
+        assert_eq!(labels.shared_model("gpt-x"), None);
+        assert_eq!(
+            labels.shared_model("claude-sonnet-4-5").as_deref(),
+            Some("claude-sonnet-*")
+        );
     }
 }

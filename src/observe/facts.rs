@@ -78,7 +78,8 @@ pub struct Facts {
     pub model: Option<String>,
     pub max_tokens: Option<u64>,
     pub stream: bool,
-    pub served_by: Option<String>,
+    /// The step's own `provider:model`, shared.
+    pub served_by: Option<Arc<str>>,
     pub attempts: u32,
     pub status: Option<u16>,
     pub error_type: Option<&'static str>,
@@ -167,7 +168,7 @@ impl Facts {
         put("method", json!(self.method));
         put("path", json!(self.path));
         put("model", json!(self.model));
-        put("served_by", json!(self.served_by));
+        put("served_by", json!(self.served_by.as_deref()));
         put("attempts", json!(self.attempts));
         put("status", json!(self.status()));
         put("error_type", json!(self.error_type()));

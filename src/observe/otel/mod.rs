@@ -220,7 +220,7 @@ fn spans(tracer: &SdkTracer, f: &Facts, ids: &TraceIds) {
         }
     }
     if let Some(s) = &f.served_by {
-        attrs.push(KeyValue::new("legate.served_by", s.clone()));
+        attrs.push(KeyValue::new("legate.served_by", s.to_string()));
     }
     if let Some(m) = f
         .response_model
