@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -13,43 +14,58 @@ use crate::error::ProxyError;
 use crate::names;
 use crate::splice;
 
-/// The steps that may serve a request, in order.
+/// The steps that may serve a request, in order: a configured chain is borrowed as it is (its
+/// strings were written at config load), and only a chain with a `*` step or the default
+/// route makes steps for the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
-    pub steps: Vec<ChainStep>,
+pub enum Resolved<'a> {
+    Chain(Cow<'a, [ChainStep]>),
+    Default(ChainStep),
+}
+
+impl Resolved<'_> {
+    pub fn steps(&self) -> &[ChainStep] {
+        match self {
+            Resolved::Chain(steps) => steps,
+            Resolved::Default(step) => std::slice::from_ref(step),
+        }
+    }
 }
 
 /// Resolves the model a caller sent on the `api` endpoint to its chain (the most specific
 /// `[[models]]` entry, by name or `*` pattern) or to the API's default provider with the model
 /// unchanged. A step whose model is `*` sends the caller's model name as it is.
-pub fn resolve(cfg: &Config, api: ApiKind, model: &str) -> Result<Resolved, ProxyError> {
+pub fn resolve<'a>(cfg: &'a Config, api: ApiKind, model: &str) -> Result<Resolved<'a>, ProxyError> {
     let entries = cfg.models.iter().map(|m| (m.name.as_str(), m));
     if let Some((_, entry)) = names::best(entries, model) {
         // Steps may speak either API: one of the other kind is served through translation.
         if entry.chain.is_empty() {
             return Err(ProxyError::Internal);
         }
-        let mut steps = entry.chain.clone();
-        for step in &mut steps {
-            if step.model == SAME_MODEL {
-                model.clone_into(&mut step.model);
-            }
+        if !entry.chain.iter().any(|s| s.model() == SAME_MODEL) {
+            return Ok(Resolved::Chain(Cow::Borrowed(&entry.chain)));
         }
-        return Ok(Resolved { steps });
+        let steps = entry
+            .chain
+            .iter()
+            .map(|s| {
+                if s.model() == SAME_MODEL {
+                    s.with_model(model)
+                } else {
+                    s.clone()
+                }
+            })
+            .collect();
+        return Ok(Resolved::Chain(Cow::Owned(steps)));
     }
     let provider = match api {
         ApiKind::Anthropic => &cfg.routing.anthropic,
         // Responses callers are routed like the other OpenAI API.
         ApiKind::OpenAi | ApiKind::Responses => &cfg.routing.openai,
     };
-    Ok(Resolved {
-        steps: vec![ChainStep {
-            provider: provider.clone(),
-            model: model.to_string(),
-            max_tokens: None,
-            drop_thinking: false,
-        }],
-    })
+    Ok(Resolved::Default(ChainStep::new(
+        provider, model, None, false,
+    )))
 }
 
 /// A chain step's model written as `*`: the caller's own model name.
@@ -67,8 +83,8 @@ pub fn fit(
     model_limit: Option<u64>,
 ) -> Result<Bytes, ProxyError> {
     let mut out: Cow<'_, [u8]> = Cow::Borrowed(body.as_ref());
-    if step.model != meta.model {
-        let v = splice::json_string(&step.model);
+    if step.model() != meta.model {
+        let v = splice::json_string(step.model());
         out = Cow::Owned(splice::replace_top_level(&out, "model", &v).ok_or(ProxyError::Internal)?);
     }
     let cap = match (step.max_tokens, model_limit) {
@@ -99,8 +115,9 @@ pub fn fit(
 /// `*` pattern is labelled with the pattern, anything else is `other`.
 #[derive(Debug, Clone, Default)]
 pub struct Labels {
-    models: HashSet<String>,
-    patterns: Vec<String>,
+    /// Shared: a request's record keeps its label without copying it.
+    models: HashSet<Arc<str>>,
+    patterns: Vec<Arc<str>>,
     tenants: HashSet<String>,
 }
 
@@ -109,7 +126,7 @@ impl Labels {
         let mut names: Vec<&str> = Vec::new();
         for m in &cfg.models {
             names.push(&m.name);
-            names.extend(m.chain.iter().map(|s| s.model.as_str()));
+            names.extend(m.chain.iter().map(ChainStep::model));
         }
         names.extend(
             cfg.prices
@@ -120,11 +137,11 @@ impl Labels {
         let mut patterns = Vec::new();
         for name in names.into_iter().filter(|n| *n != SAME_MODEL) {
             if names::is_pattern(name) {
-                if !patterns.iter().any(|p| p == name) {
-                    patterns.push(name.to_string());
+                if !patterns.iter().any(|p: &Arc<str>| &**p == name) {
+                    patterns.push(Arc::from(name));
                 }
             } else {
-                models.insert(name.to_string());
+                models.insert(Arc::from(name));
             }
         }
         let mut tenants: HashSet<String> = cfg.clients.iter().map(|c| c.tenant.clone()).collect();
@@ -140,8 +157,17 @@ impl Labels {
         if self.models.contains(name) {
             return name;
         }
-        let patterns = self.patterns.iter().map(|p| (p.as_str(), ()));
+        let patterns = self.patterns.iter().map(|p| (&**p, ()));
         names::best(patterns, name).map_or("other", |(pattern, ())| pattern)
+    }
+
+    /// `model`'s label as the string it is kept in here (None for `other`).
+    pub fn shared_model(&self, name: &str) -> Option<Arc<str>> {
+        if let Some(m) = self.models.get(name) {
+            return Some(m.clone());
+        }
+        let patterns = self.patterns.iter().map(|p| (&**p, p));
+        names::best(patterns, name).map(|(_, pattern)| pattern.clone())
     }
 
     pub fn tenant<'a>(&self, name: &'a str) -> &'a str {
@@ -164,5 +190,39 @@ pub fn tenant_name(name: &str) -> Cow<'static, str> {
         DEFAULT_TENANT => Cow::Borrowed(DEFAULT_TENANT),
         "other" => Cow::Borrowed("other"),
         _ => Cow::Owned(name.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Labels;
+
+    #[test]
+    fn a_shared_model_label_is_the_label_itself_and_none_for_other() {
+        let toml = r#"
+[providers.anthropic]
+kind = "anthropic"
+base_url = "http://127.0.0.1:9"
+
+[providers.openai]
+kind = "openai"
+base_url = "http://127.0.0.1:9"
+
+[[models]]
+name = "fast"
+chain = ["anthropic:claude-haiku-4-5", "anthropic:claude-sonnet-*"]
+"#;
+        let cfg = crate::config::load_str(toml, &Default::default()).unwrap();
+        let labels = Labels::from_config(&cfg);
+        for name in ["fast", "claude-haiku-4-5", "claude-sonnet-4-5", "gpt-x"] {
+            let shared = labels.shared_model(name);
+            let want = labels.model(name);
+            assert_eq!(shared.as_deref().unwrap_or("other"), want, "{name}");
+        }
+        assert_eq!(labels.shared_model("gpt-x"), None);
+        assert_eq!(
+            labels.shared_model("claude-sonnet-4-5").as_deref(),
+            Some("claude-sonnet-*")
+        );
     }
 }

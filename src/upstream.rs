@@ -65,8 +65,8 @@ pub struct Upstream {
     /// translated to Chat Completions for it).
     pub responses: bool,
     base_url: String,
-    /// The base URL's host, for the journal and traces.
-    pub host: Option<String>,
+    /// The base URL's host, for the journal and traces (shared by every attempt's facts).
+    pub host: Option<Arc<str>>,
     /// The URL of each endpoint path without a query, parsed once.
     uris: Vec<(&'static str, Uri)>,
     client: HttpClient,
@@ -175,7 +175,7 @@ impl Upstream {
             kind: cfg.kind,
             responses: cfg.responses,
             base_url: cfg.base_url.clone(),
-            host: base.as_ref().and_then(Uri::host).map(str::to_owned),
+            host: base.as_ref().and_then(Uri::host).map(Arc::from),
             uris,
             client,
             key,

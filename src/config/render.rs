@@ -187,10 +187,10 @@ pub fn effective(cfg: &Config) -> FileConfig {
 
 fn step(s: &ChainStep) -> StepFile {
     if s.max_tokens.is_none() && !s.drop_thinking {
-        return StepFile::Target(s.target());
+        return StepFile::Target(s.target().to_owned());
     }
     StepFile::Fitted(StepTable {
-        target: Some(s.target()),
+        target: Some(s.target().to_owned()),
         max_tokens: s.max_tokens.and_then(NonZeroU64::new),
         drop_thinking: s.drop_thinking,
     })

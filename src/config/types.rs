@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -112,8 +113,12 @@ pub struct ProviderConfig {
 /// fitted to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainStep {
-    pub provider: String,
-    pub model: String,
+    /// `provider:model`, written once when the step is made (at config load for a configured
+    /// step): headers, metrics, prices and the journal borrow it or share it, and a step
+    /// copied for a request copies no string.
+    target: Arc<str>,
+    /// Length of the provider name at the start of `target` (a model name may hold `:`).
+    provider_len: usize,
     /// Cap on `max_tokens` sent to this step.
     pub max_tokens: Option<u64>,
     /// Remove the `thinking` field before sending to this step.
@@ -121,16 +126,61 @@ pub struct ChainStep {
 }
 
 impl ChainStep {
-    /// `provider:model`, the form used in headers, metrics and prices.
-    pub fn target(&self) -> String {
-        // Sized once: `format!` starts this string empty and grows it twice (a realloc each),
-        // and it is built several times per request.
-        let mut t = String::with_capacity(self.provider.len() + 1 + self.model.len());
-        t.push_str(&self.provider);
-        t.push(':');
-        t.push_str(&self.model);
-        t
+    pub fn new(provider: &str, model: &str, max_tokens: Option<u64>, drop_thinking: bool) -> Self {
+        ChainStep {
+            target: target_of(provider, model),
+            provider_len: provider.len(),
+            max_tokens,
+            drop_thinking,
+        }
     }
+
+    /// The same step sending `model` instead.
+    pub fn with_model(&self, model: &str) -> Self {
+        ChainStep::new(self.provider(), model, self.max_tokens, self.drop_thinking)
+    }
+
+    pub fn provider(&self) -> &str {
+        self.target.get(..self.provider_len).unwrap_or_default()
+    }
+
+    pub fn model(&self) -> &str {
+        self.target.get(self.provider_len + 1..).unwrap_or_default()
+    }
+
+    /// `provider:model`, the form used in headers, metrics and prices.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// `target`, shared: cloning it copies no string.
+    pub fn shared_target(&self) -> &Arc<str> {
+        &self.target
+    }
+}
+
+/// `provider:model` in one allocation: written on the stack when it is short (as a model name
+/// is), then copied once into its shared string, instead of into a `String` and again into
+/// the `Arc`.
+fn target_of(provider: &str, model: &str) -> Arc<str> {
+    let len = provider.len() + 1 + model.len();
+    let mut buf = [0u8; 128];
+    if let Some(out) = buf.get_mut(..len) {
+        let (p, rest) = out.split_at_mut(provider.len());
+        p.copy_from_slice(provider.as_bytes());
+        if let Some((colon, m)) = rest.split_first_mut() {
+            *colon = b':';
+            m.copy_from_slice(model.as_bytes());
+        }
+        if let Ok(s) = std::str::from_utf8(out) {
+            return Arc::from(s);
+        }
+    }
+    let mut t = String::with_capacity(len);
+    t.push_str(provider);
+    t.push(':');
+    t.push_str(model);
+    Arc::from(t)
 }
 
 #[derive(Debug, Clone)]
@@ -386,5 +436,32 @@ impl Default for ResponsesConfig {
             max_bytes: 64 << 20,
             ttl: Duration::from_secs(3600),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChainStep;
+
+    #[test]
+    fn a_step_splits_its_target_at_the_provider() {
+        let s = ChainStep::new("ollama", "qwen2.5:7b", Some(8), true);
+        assert_eq!(
+            (s.provider(), s.model(), s.target()),
+            ("ollama", "qwen2.5:7b", "ollama:qwen2.5:7b")
+        );
+        let other = s.with_model("llama3");
+        assert_eq!(other.target(), "ollama:llama3");
+        assert_eq!((other.max_tokens, other.drop_thinking), (Some(8), true));
+    }
+
+    #[test]
+    fn a_long_target_is_written_whole() {
+        let model = "m".repeat(300);
+        let s = ChainStep::new("p", &model, None, false);
+        assert_eq!(s.target(), format!("p:{model}"));
+        assert_eq!((s.provider(), s.model()), ("p", model.as_str()));
+        let s = ChainStep::new("p", "", None, false);
+        assert_eq!((s.target(), s.model()), ("p:", ""));
     }
 }

@@ -3,10 +3,12 @@
 //! line, a journal entry and spans — so the three always agree.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
 
+use crate::config::ChainStep;
 use crate::usage::Usage;
 
 /// W3C trace identity of one request (only when export is on).
@@ -25,14 +27,13 @@ pub struct TraceIds {
 pub struct AttemptFacts {
     /// Chain step, from 1.
     pub step: usize,
-    /// `provider:model`.
-    pub target: String,
-    pub provider: String,
+    /// The step tried: its provider, model and `provider:model` (shared with the config or
+    /// the request's route, not copied).
+    pub called: ChainStep,
     /// `anthropic` or `openai`: the wire API of the step.
     pub provider_kind: &'static str,
-    pub model: String,
-    /// Host of the provider's base URL.
-    pub server: Option<String>,
+    /// Host of the provider's base URL (the upstream's own, shared).
+    pub server: Option<Arc<str>>,
     pub started: Instant,
     pub started_wall: SystemTime,
     pub duration: Duration,
@@ -52,7 +53,7 @@ impl AttemptFacts {
     pub fn to_json(&self, request_started: Instant) -> Value {
         json!({
             "step": self.step,
-            "target": self.target,
+            "target": self.called.target(),
             "sent": self.sent,
             "status": self.status,
             "outcome": self.outcome,
@@ -77,7 +78,8 @@ pub struct Facts {
     pub model: Option<String>,
     pub max_tokens: Option<u64>,
     pub stream: bool,
-    pub served_by: Option<String>,
+    /// The step's own `provider:model`, shared.
+    pub served_by: Option<Arc<str>>,
     pub attempts: u32,
     pub status: Option<u16>,
     pub error_type: Option<&'static str>,
@@ -166,7 +168,7 @@ impl Facts {
         put("method", json!(self.method));
         put("path", json!(self.path));
         put("model", json!(self.model));
-        put("served_by", json!(self.served_by));
+        put("served_by", json!(self.served_by.as_deref()));
         put("attempts", json!(self.attempts));
         put("status", json!(self.status()));
         put("error_type", json!(self.error_type()));

@@ -171,10 +171,8 @@ impl RequestObs {
                 &mut f.steps,
                 AttemptFacts {
                     step: step_no,
-                    target: step.target(),
-                    provider: step.provider.clone(),
+                    called: step.clone(),
                     provider_kind: "",
-                    model: step.model.clone(),
                     server: None,
                     started: now,
                     started_wall: SystemTime::now(),
@@ -209,7 +207,7 @@ impl RequestObs {
         step_no: usize,
         step: &ChainStep,
         kind: ApiKind,
-        server: Option<String>,
+        server: Option<Arc<str>>,
     ) -> AttemptScope {
         let trace = self.0.read(|f| f.trace).flatten();
         let span_id = trace.map(|_| traceparent::new_span_id());
@@ -220,10 +218,8 @@ impl RequestObs {
             obs: self.clone(),
             facts: AttemptFacts {
                 step: step_no,
-                target: step.target(),
-                provider: step.provider.clone(),
+                called: step.clone(),
                 provider_kind: kind.as_str(),
-                model: step.model.clone(),
                 server,
                 started: Instant::now(),
                 started_wall: SystemTime::now(),

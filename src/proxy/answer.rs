@@ -29,8 +29,6 @@ pub(crate) struct Pending {
 }
 
 pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
-    // `provider:model` is formatted once, for the price lookup and the ledger key both.
-    let target = call.step.target();
     let metrics = &call.proxy.metrics;
     let tenant = rec.tenant();
     UsageSink {
@@ -41,8 +39,8 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         metrics: metrics.clone(),
         ledger: call.proxy.ledger.clone(),
         tenant: crate::route::tenant_name(tenant),
-        price: crate::meter::price_for(&call.snap.cfg.prices, &target),
-        target,
+        price: crate::meter::price_for(&call.snap.cfg.prices, call.step.target()),
+        target: call.step.shared_target().clone(),
     }
 }
 
@@ -140,5 +138,5 @@ pub(crate) fn buffered(
 /// Who answered: the only legate header an upstream answer carries from here; the attempt
 /// count and `x-should-retry` are stamped once, by `Proxy::handle`.
 fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
-    response::set_header_owned(resp, "x-legate-served-by", call.step.target());
+    response::set_header(resp, "x-legate-served-by", call.step.target());
 }

@@ -77,32 +77,52 @@ pub enum Collect {
 }
 
 /// Reads `body` whole, within `limit` bytes for itself; bytes beyond what `share` already
-/// holds are taken from the global budget as they arrive.
+/// holds are taken from the global budget as they arrive. With `share_one_frame` (HTTP/1), a
+/// body that came in one frame is kept as that frame, a view of the connection's read buffer
+/// (which the request's headers hold anyway), instead of being copied.
 pub async fn collect(
     body: &mut hyper::body::Incoming,
     limit: usize,
     share: &mut BufferShare,
     max: usize,
+    share_one_frame: bool,
 ) -> Result<Bytes, Collect> {
-    // A declared length is already held in the budget: reserve it at once, so a large body
-    // lands in one allocation of its size instead of a chain of doublings whose last one
-    // (up to twice the body) would be held with the body until the request is done.
-    let mut buf = BytesMut::with_capacity(share.held.min(limit));
+    // The first frame waits until a second comes: only then is a buffer needed.
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| Collect::Broken)?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if buf.len() + data.len() > limit {
+        let len = first.as_ref().map_or(buf.len(), Bytes::len);
+        if len + data.len() > limit {
             return Err(Collect::TooLarge);
         }
-        let need = (buf.len() + data.len()).saturating_sub(share.held.max(buf.len()));
+        let need = (len + data.len()).saturating_sub(share.held.max(len));
         if need > 0 && !share.take(need, max) {
             return Err(Collect::Full);
         }
+        if share_one_frame && first.is_none() && buf.is_empty() {
+            first = Some(data);
+            continue;
+        }
+        if buf.capacity() == 0 {
+            // A declared length is already held in the budget: reserve it at once, so a large
+            // body lands in one allocation of its size instead of a chain of doublings whose
+            // last one (up to twice the body) would be held with the body until the request
+            // is done.
+            buf.reserve(share.held.min(limit).max(len + data.len()));
+        }
+        if let Some(f) = first.take() {
+            buf.extend_from_slice(&f);
+        }
         buf.extend_from_slice(&data);
     }
-    Ok(buf.freeze())
+    Ok(match first {
+        Some(f) => f,
+        None => buf.freeze(),
+    })
 }
 
 /// At most this much of a refused HTTP/2 body is read and thrown away.

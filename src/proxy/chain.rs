@@ -89,9 +89,9 @@ async fn execute(
         .get(&FALLBACK)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"off"));
     let steps = if fallback_off {
-        &resolved.steps[..1]
+        &resolved.steps()[..1]
     } else {
-        &resolved.steps[..]
+        resolved.steps()
     };
     let requested = snap.labels.model(&inb.meta.model);
     proxy.budget.deposit();
@@ -101,7 +101,7 @@ async fn execute(
             proxy
                 .metrics
                 .fallbacks
-                .with_label_values(&[requested, &from, &step.target()])
+                .with_label_values(&[requested, from, step.target()])
                 .inc();
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
@@ -132,7 +132,7 @@ fn translated_body(
     (xl, upstream): (Xlate, ApiKind),
     limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    let (bytes, dropped) = conversation::translate_request(xl, inb, &step.model)?;
+    let (bytes, dropped) = conversation::translate_request(xl, inb, step.model())?;
     let (from, to) = (inb.endpoint.api.as_str(), upstream.as_str());
     proxy
         .metrics
@@ -185,8 +185,8 @@ async fn step_body(
     let xl = Xlate::between(inb.endpoint.api, upstream);
     // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
     // capped at what that model accepts; a caller naming the model itself is sent as it asked.
-    let limit = (xl.translating() || step.model != inb.meta.model)
-        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, &step.model))
+    let limit = (xl.translating() || step.model() != inb.meta.model)
+        .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, step.model()))
         .flatten();
     if !xl.translating() {
         return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
@@ -232,7 +232,7 @@ async fn run_step(
 ) -> Result<StepEnd, ProxyError> {
     let up = snap
         .upstreams
-        .get(&step.provider)
+        .get(step.provider())
         .ok_or(ProxyError::Internal)?;
     let spoken = up.speaks(inb.endpoint.api);
     let body = match step_body(proxy, snap, inb, step, spoken, exec).await? {
@@ -240,15 +240,17 @@ async fn run_step(
         Err(end) => return Ok(end),
     };
     let (body, strip_usage) = ask_for_usage(inb, spoken, body);
-    let model_label = snap.labels.model(&step.model);
-    let breaker = proxy.breakers.get(&step.provider, &step.model, model_label);
+    let model_label = snap.labels.model(step.model());
+    let breaker = proxy
+        .breakers
+        .get(step.provider(), step.model(), model_label);
     let mut call = Call {
         proxy,
         snap,
         up,
         step,
         model_label,
-        series: proxy.metrics.series.step(&step.provider, model_label),
+        series: proxy.metrics.series.step(step.provider(), model_label),
         inb,
         body,
         strip_usage,
@@ -269,7 +271,7 @@ async fn attempts(
     let retry = &call.snap.cfg.retry;
     // The upstream outlives `call`'s borrow: its host is read once for all attempts.
     let up: &crate::upstream::Upstream = call.up;
-    let server = up.host.as_deref();
+    let server = up.host.as_ref();
     let series = call.series.clone();
     let count = |label: &str| series.count_attempt(&proxy.metrics, label);
     let mut backoff = Backoff::new(retry);
@@ -280,7 +282,7 @@ async fn attempts(
         if n > 1 {
             series.retries(&proxy.metrics).inc();
         }
-        let server = server.map(str::to_owned);
+        let server = server.cloned();
         let (exchanged, verdict) = attempt(call, n, server, exec, record, &count).await;
         let moved_on = MovedOn::after(&exchanged, n, retry.max_retry_after);
         let wait = match act(call, exchanged, verdict, ticket, exec, record)? {
@@ -304,7 +306,7 @@ async fn attempts(
 async fn attempt(
     call: &mut Call<'_>,
     n: u32,
-    server: Option<String>,
+    server: Option<Arc<str>>,
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
     count: &(dyn Fn(&str) + Sync),

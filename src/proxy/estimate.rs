@@ -42,14 +42,14 @@ pub async fn answer(
             )));
         }
     };
-    let sent = match translate::request(dir, &inb.body, &step.model) {
+    let sent = match translate::request(dir, &inb.body, step.model()) {
         Ok((sent, _)) => sent,
         Err(e) => return Ok(Err(e.0)),
     };
     let permit = turn(gate, (Instant::now() + WAIT).min(inb.deadline)).await?;
     // Off the async workers, so other requests are never held up by it; the permit goes with
     // the count, which runs to its end even if the caller leaves.
-    let model = step.model.clone();
+    let model = step.model().to_owned();
     let counted = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         tokens::input_tokens(upstream, &model, &sent)
@@ -79,7 +79,7 @@ fn estimate_response(step: &ChainStep, tokens: u64) -> Response<ProxyBody> {
         HeaderValue::from_static("application/json"),
     );
     response::set_header(&mut resp, "x-legate-estimate", "true");
-    response::set_header(&mut resp, "x-legate-served-by", &step.target());
+    response::set_header(&mut resp, "x-legate-served-by", step.target());
     resp
 }
 

@@ -187,10 +187,11 @@ async fn request(
     let Call { up, inb, .. } = *call;
     let upstream_path = inb.endpoint.upstream_path(spoken);
     // The query string belongs to the caller's API (Anthropic's `?beta=true`): it reaches a
-    // provider of that API only, never a translated request.
-    let path = match &inb.query {
-        Some(q) if !translating => format!("{upstream_path}?{q}"),
-        _ => upstream_path.to_string(),
+    // provider of that API only, never a translated request. Without one, the path is the
+    // dialect's own static string, not a copy.
+    let path: std::borrow::Cow<'_, str> = match &inb.query {
+        Some(q) if !translating => format!("{upstream_path}?{q}").into(),
+        _ => upstream_path.into(),
     };
     let Some(cloud) = &up.cloud else {
         let body = call.body.clone();
@@ -210,7 +211,7 @@ async fn request(
     // every attempt's future (and every one around it) that much larger, platform or not.
     Box::pin(up.build_cloud_request(
         cloud,
-        (&call.step.model, inb.meta.stream),
+        (call.step.model(), inb.meta.stream),
         &inb.headers,
         call.body.clone(),
         translating,

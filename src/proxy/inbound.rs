@@ -245,7 +245,8 @@ pub async fn read_body(
     if !share.take(declared, max_buffered) {
         return refuse(body, BodyError::Full);
     }
-    let read = tokio::time::timeout(timeout, collect(&mut body, limit, share, max_buffered)).await;
+    let read =
+        tokio::time::timeout(timeout, collect(&mut body, limit, share, max_buffered, !h2)).await;
     let Ok(read) = read else {
         return Err(BodyError::TimedOut);
     };

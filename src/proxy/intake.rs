@@ -139,7 +139,7 @@ impl Proxy {
         crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;
         if let Some(r) = record.as_mut() {
-            r.set_model(snap.labels.model(&meta.model));
+            r.set_model(snap.labels.shared_model(&meta.model));
         }
         obs.update(|f| {
             f.model = Some(meta.model.clone());

@@ -249,8 +249,7 @@ impl Proxy {
         // Time inside legate before the response headers, upstream waits excluded.
         let overhead = started.elapsed().saturating_sub(stats.outside);
         if stats.attempts > 0 {
-            let attempts = itoa::Buffer::new().format(stats.attempts).to_owned();
-            response::set_header_owned(resp, "x-legate-attempts", attempts);
+            response::set_count(resp, "x-legate-attempts", stats.attempts);
             if resp.status().as_u16() >= 400 {
                 // Whatever ended it, this request already cost upstream attempts: the SDK must
                 // not multiply them.
@@ -275,12 +274,15 @@ impl Proxy {
         let served_by = resp
             .headers()
             .get(&response::X_LEGATE_SERVED_BY)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+            .and_then(|v| v.to_str().ok());
         obs.update(|f| {
             f.overhead = Some(overhead);
             f.attempts = stats.attempts;
-            f.served_by = served_by;
+            // Nearly always the target of the attempt that answered: shared, not copied.
+            f.served_by = served_by.map(|s| match f.steps.last() {
+                Some(a) if a.called.target() == s => a.called.shared_target().clone(),
+                _ => std::sync::Arc::from(s),
+            });
         });
     }
 

@@ -19,7 +19,7 @@ fn names(cfg: &Config) -> Vec<&str> {
     for m in &cfg.models {
         names.push(&m.name);
         for s in &m.chain {
-            names.push(&s.model);
+            names.push(s.model());
         }
     }
     for key in cfg.prices.keys() {

@@ -20,7 +20,7 @@ pub struct RequestRecord {
     api: &'static str,
     /// The model and tenant labels, once known (`other` and `default` until then: nothing
     /// is allocated for them up front).
-    model: Option<String>,
+    model: Option<Arc<str>>,
     tenant: Option<Cow<'static, str>>,
     started: Instant,
     /// Set once the outcome is known; `None` at drop means the caller went away.
@@ -113,8 +113,9 @@ impl RequestRecord {
         );
     }
 
-    pub fn set_model(&mut self, label: &str) {
-        self.model = Some(label.to_owned());
+    /// The model's label, shared with the config's labels (None: `other`).
+    pub fn set_model(&mut self, label: Option<Arc<str>>) {
+        self.model = label;
     }
 
     pub fn set_tenant(&mut self, label: &str) {
@@ -233,8 +234,8 @@ pub struct UsageSink {
     pub step: Arc<StepSeries>,
     /// The token and cost series of the tenant, provider and model label.
     pub series: Arc<UsageSeries>,
-    /// `provider:model`, the ledger and price key.
-    pub target: String,
+    /// `provider:model`, the ledger and price key (the step's own, shared).
+    pub target: Arc<str>,
     pub price: Option<Price>,
 }
 

@@ -115,6 +115,18 @@ pub fn set_header_owned(resp: &mut Response<ProxyBody>, name: &'static str, valu
     }
 }
 
+/// A small count as a header value: 0 to 9 are static (no allocation), larger ones written.
+pub fn set_count(resp: &mut Response<ProxyBody>, name: &'static str, n: u32) {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let value = match DIGITS.get(n as usize) {
+        Some(d) => Ok(HeaderValue::from_static(d)),
+        None => HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes()),
+    };
+    if let Ok(v) = value {
+        resp.headers_mut().insert(header_name(name), v);
+    }
+}
+
 fn header_name(name: &'static str) -> HeaderName {
     match name {
         "x-legate-attempts" => X_LEGATE_ATTEMPTS,

@@ -207,10 +207,10 @@ pub async fn input_tokens(
     inb: &Inbound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let resolved = crate::route::resolve(&snap.cfg, ApiKind::Responses, &inb.meta.model)?;
-    let step = resolved.steps.first().ok_or(ProxyError::Internal)?;
+    let step = resolved.steps().first().ok_or(ProxyError::Internal)?;
     let up = snap
         .upstreams
-        .get(&step.provider)
+        .get(step.provider())
         .ok_or(ProxyError::Internal)?;
     let target = match Xlate::between(ApiKind::Responses, up.speaks(ApiKind::Responses)) {
         Xlate::Responses(target) => target,
@@ -227,7 +227,7 @@ pub async fn input_tokens(
             .await;
         }
     };
-    let sent = responses::request_for(target, &inb.body, &step.model)
+    let sent = responses::request_for(target, &inb.body, step.model())
         .map(|(b, _)| b.len())
         .unwrap_or(inb.body.len());
     let tokens = (sent as u64).div_ceil(4);

@@ -72,3 +72,55 @@ async fn upstream_connections_are_reused_and_only_concurrency_opens_more() {
         "no new connection"
     );
 }
+
+/// The header lines of a request head, in order, without the request line.
+fn header_lines(head: &str) -> Vec<String> {
+    head.lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_upstream_request_ends_with_its_host_and_the_length_of_the_body_sent() {
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    let up = rawup::start(move |req: RawRequest| {
+        seen.lock().unwrap().push((req.head, req.body.len()));
+        async { Action::Reply(rawup::json_reply(MESSAGE)) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let extra =
+        "[[models]]\nname = \"longer\"\nchain = [\"anthropic:claude-p-with-a-longer-name\"]\n";
+    let toml = harness::config_toml_with(&up.url, "", "", extra);
+    let env = harness::start_toml(unused, &toml).await;
+
+    // Sent as it came (the caller's length is the body's), then with a longer model spliced in.
+    assert_eq!(env.messages(BODY).await.status(), 200);
+    let aliased = BODY.replace("claude-p", "longer");
+    assert_eq!(env.messages(aliased).await.status(), 200);
+
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2);
+    let host = up.url.trim_start_matches("http://");
+    let sent = [
+        BODY.len(),
+        BODY.replace("claude-p", "claude-p-with-a-longer-name")
+            .len(),
+    ];
+    for ((head, body_len), want) in heads.iter().zip(sent) {
+        assert_eq!(*body_len, want);
+        let lines = header_lines(head);
+        let n = lines.len();
+        assert!(n >= 2, "{head}");
+        assert_eq!(lines[n - 2], format!("host: {host}"), "{head}");
+        assert_eq!(lines[n - 1], format!("content-length: {want}"), "{head}");
+        let lengths = lines
+            .iter()
+            .filter(|l| l.to_ascii_lowercase().starts_with("content-length:"))
+            .count();
+        assert_eq!(lengths, 1, "{head}");
+    }
+}

@@ -76,12 +76,7 @@ fn chain(
                 format!("unknown provider `{provider}` ({})", providers.names()),
             );
         }
-        steps.push(ChainStep {
-            provider: provider.to_owned(),
-            model: model.to_owned(),
-            max_tokens,
-            drop_thinking,
-        });
+        steps.push(ChainStep::new(provider, model, max_tokens, drop_thinking));
     }
     (steps.len() == items.len()).then_some(steps)
 }

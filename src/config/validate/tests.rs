@@ -262,8 +262,8 @@ fn chain_steps_are_parsed() -> TestResult {
         (Some(8192), true)
     );
     // The provider ends at the first colon; the model keeps the rest.
-    assert_eq!(cfg.models[1].chain[0].provider, "ollama");
-    assert_eq!(cfg.models[1].chain[0].model, "qwen2.5:7b");
+    assert_eq!(cfg.models[1].chain[0].provider(), "ollama");
+    assert_eq!(cfg.models[1].chain[0].model(), "qwen2.5:7b");
     Ok(())
 }
 

@@ -220,12 +220,12 @@ fn spans(tracer: &SdkTracer, f: &Facts, ids: &TraceIds) {
         }
     }
     if let Some(s) = &f.served_by {
-        attrs.push(KeyValue::new("legate.served_by", s.clone()));
+        attrs.push(KeyValue::new("legate.served_by", s.to_string()));
     }
     if let Some(m) = f
         .response_model
         .clone()
-        .or_else(|| served.map(|a| a.model.clone()))
+        .or_else(|| served.map(|a| a.called.model().to_owned()))
     {
         attrs.push(KeyValue::new("gen_ai.response.model", m));
     }
@@ -296,11 +296,11 @@ fn spans(tracer: &SdkTracer, f: &Facts, ids: &TraceIds) {
 fn attempt_span(tracer: &SdkTracer, f: &Facts, a: &AttemptFacts, parent: &Context) {
     let mut attrs = vec![
         KeyValue::new("gen_ai.operation.name", "chat"),
-        KeyValue::new("gen_ai.request.model", a.model.clone()),
+        KeyValue::new("gen_ai.request.model", a.called.model().to_owned()),
         KeyValue::new("legate.request_id", f.request_id.clone()),
         KeyValue::new("legate.tenant", f.tenant.clone()),
         KeyValue::new("legate.fallback_step", a.step as i64),
-        KeyValue::new("legate.target", a.target.clone()),
+        KeyValue::new("legate.target", a.called.target().to_owned()),
         KeyValue::new("legate.outcome", a.outcome),
     ];
     if !a.provider_kind.is_empty() {
@@ -322,7 +322,10 @@ fn attempt_span(tracer: &SdkTracer, f: &Facts, a: &AttemptFacts, parent: &Contex
         attrs.push(KeyValue::new("http.response.status_code", i64::from(s)));
     }
     if a.outcome == "ok" {
-        attrs.push(KeyValue::new("gen_ai.response.model", a.model.clone()));
+        attrs.push(KeyValue::new(
+            "gen_ai.response.model",
+            a.called.model().to_owned(),
+        ));
     } else {
         let e = a
             .status
@@ -333,7 +336,7 @@ fn attempt_span(tracer: &SdkTracer, f: &Facts, a: &AttemptFacts, parent: &Contex
         attrs.push(KeyValue::new("legate.reason", w.clone()));
     }
     let builder = tracer
-        .span_builder(format!("chat {}", a.model))
+        .span_builder(format!("chat {}", a.called.model()))
         .with_kind(SpanKind::Client)
         .with_start_time(a.started_wall)
         .with_attributes(attrs);
@@ -353,7 +356,10 @@ fn record_metrics(m: &Instruments, f: &Facts) {
     ];
     if let Some(a) = served {
         attrs.push(KeyValue::new("gen_ai.provider.name", a.provider_kind));
-        attrs.push(KeyValue::new("gen_ai.response.model", a.model.clone()));
+        attrs.push(KeyValue::new(
+            "gen_ai.response.model",
+            a.called.model().to_owned(),
+        ));
     }
     let mut with_error = attrs.clone();
     if let Some(e) = f.error_type() {
