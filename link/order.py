@@ -24,6 +24,7 @@ not find is skipped: a stale list costs memory, not a build):
 import argparse
 import collections
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -32,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 CONFIG = """[server]
 listen = "127.0.0.1:0"
@@ -60,22 +60,19 @@ REQUESTS = [
     ("/v1/chat/completions", OPENAI, {"model": "gpt-4.1-mini", "messages": PROMPT}),
     ("/v1/responses", OPENAI, {"model": "gpt-4.1-mini", "input": PROMPT}),
 ]
-# Bounded waits: start-up under valgrind is slow, but not this slow.
-LIMIT = 120
+# The same launcher and bounded waits as bench/per-request.py (its name is not importable).
+_SPEC = importlib.util.spec_from_file_location(
+    "per_request", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
+                                "per-request.py"))
+PER_REQUEST = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(PER_REQUEST)
+LIMIT = PER_REQUEST.STARTUP_LIMIT
 
 
 def start(cmd, prefix):
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, **ENV}, text=True)
-    deadline = time.monotonic() + LIMIT
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return proc, line[len(prefix):].strip()
-    proc.kill()
-    sys.exit(f"{cmd[0]}: no line starting {prefix!r}")
+    """Starts `cmd` and returns it with the rest of its first line that starts with `prefix`
+    (bench/per-request.py's launcher, which waits a bounded time)."""
+    return PER_REQUEST.start(cmd, prefix, ENV)
 
 
 def address(text):
