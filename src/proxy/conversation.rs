@@ -19,7 +19,9 @@ use crate::meter::Usage;
 use crate::proxy::Inbound;
 use crate::proxy::inbound::Endpoint;
 use crate::proxy::upbody::EventTranslator;
-use crate::responses::{self, ConversationStore, ResponseCtx, ResponsesStream, Stored, Target};
+use crate::responses::{
+    self, ConversationStore, Items, ResponseCtx, ResponsesStream, Stored, Target,
+};
 use crate::splice;
 use crate::sse::SseEvent;
 use crate::translate::{self, Xlate};
@@ -33,7 +35,7 @@ pub struct Conversation {
     pub prior_id: Option<String>,
     pub prior: Option<Stored>,
     /// The whole input of this turn: the earlier turns' items, then this request's.
-    pub input: Vec<Value>,
+    pub input: Items,
     /// `store: false` turns are kept only as long as their own stream.
     pub keep: bool,
     pub store: Arc<ConversationStore>,
@@ -47,7 +49,7 @@ impl Conversation {
         body: &[u8],
         request_id: &str,
     ) -> Result<Self, ProxyError> {
-        // One parse of the body for all three of its members the store needs.
+        // One walk over the body for all three of its members the store needs.
         let turn = responses::Turn::read(body);
         let prior_id = turn.previous_response_id;
         let prior = match &prior_id {
@@ -61,13 +63,13 @@ impl Conversation {
             })?,
             None => None,
         };
-        // A first turn's input is this request's as it was read (no copy into a new list).
+        // A first turn's input is this request's as it was sent (its text, not parsed).
         let input = match &prior {
             Some(p) => {
                 let mut items = p.input.clone();
                 items.extend(p.output().iter().cloned());
-                items.extend(turn.input);
-                items
+                items.extend(turn.input.into_values());
+                Items::Values(items)
             }
             None => turn.input,
         };

@@ -135,7 +135,7 @@ pub fn stream_for(target: Target, ctx: ResponseCtx) -> ResponsesStream {
 
 /// The request's input as a list of items (a string is one user message).
 pub fn input_items(body: &[u8]) -> Vec<Value> {
-    Turn::read(body).input
+    Turn::read(body).input.into_values()
 }
 
 /// `input` as a list of items (a string is one user message).
@@ -150,24 +150,94 @@ fn items_of(input: Option<Value>) -> Vec<Value> {
     }
 }
 
-/// What the conversation store needs of one request, read in a single parse of its body.
-#[derive(Debug, Default, PartialEq)]
+/// A turn's input items as the conversation keeps them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Items {
+    /// The request's own `input` array, its JSON text as the caller sent it: a first turn's
+    /// items go into the store as they came, never built into values and written out again.
+    Text(Box<[u8]>),
+    Values(Vec<Value>),
+}
+
+impl Items {
+    /// The items as values (the text parsed; it is an array from a body already read whole).
+    pub fn into_values(self) -> Vec<Value> {
+        match self {
+            Items::Text(text) => serde_json::from_slice(&text).unwrap_or_default(),
+            Items::Values(items) => items,
+        }
+    }
+
+    /// Appends the items as one JSON array.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        match self {
+            Items::Text(text) => out.extend_from_slice(text),
+            // Writing a tree of values into a Vec cannot fail.
+            Items::Values(items) => {
+                let _ = serde_json::to_writer(out, items);
+            }
+        }
+    }
+}
+
+/// What the conversation store needs of one request, read in a single pass over its body.
+#[derive(Debug, PartialEq)]
 pub struct Turn {
     /// `previous_response_id`, when it is a string.
     pub previous_response_id: Option<String>,
     /// `input` as a list of items ([`input_items`]).
-    pub input: Vec<Value>,
+    pub input: Items,
     /// `store` (true unless it is `false`): whether the answer is kept.
     pub store: bool,
 }
 
 impl Turn {
     /// A body that is not a JSON object has no earlier turn and no input, and is kept.
+    ///
+    /// One walk over the top-level members finds the three (nested values are skipped, never
+    /// built); only a string `input` or a `previous_response_id` is decoded. A body the walk
+    /// cannot read is read as JSON values instead, with the same outcome.
     pub fn read(body: &[u8]) -> Turn {
+        let (mut prior, mut input, mut store) = (None, None, None);
+        let mut members = crate::splice::top_level_members(body);
+        for m in members.by_ref() {
+            // With duplicate keys, the last one (what serde_json's map and most parsers honour).
+            let key = &body[m.key.clone()];
+            if crate::splice::key_matches(key, "previous_response_id") {
+                prior = Some(m.value);
+            } else if crate::splice::key_matches(key, "input") {
+                input = Some(m.value);
+            } else if crate::splice::key_matches(key, "store") {
+                store = Some(m.value);
+            }
+        }
+        if members.is_malformed() {
+            return Turn::read_values(body);
+        }
+        let input = match input.map(|span| &body[span]) {
+            Some(text) if text.starts_with(b"[") => Items::Text(text.into()),
+            Some(text) if text.starts_with(b"\"") => {
+                Items::Values(items_of(serde_json::from_slice(text).ok()))
+            }
+            _ => Items::Values(Vec::new()),
+        };
+        Turn {
+            previous_response_id: prior
+                .and_then(|span| serde_json::from_slice::<Option<String>>(&body[span]).ok())
+                .flatten(),
+            // A value span holds no whitespace around it: `false` is the literal.
+            store: store.is_none_or(|span| &body[span] != b"false"),
+            input,
+        }
+    }
+
+    /// [`Turn::read`] through JSON values, for a body that is not a well-formed object.
+    fn read_values(body: &[u8]) -> Turn {
         let Some(fields) = TurnFields::read(body) else {
             return Turn {
+                previous_response_id: None,
+                input: Items::Values(Vec::new()),
                 store: true,
-                ..Turn::default()
             };
         };
         Turn {
@@ -180,7 +250,7 @@ impl Turn {
                 .as_ref()
                 .and_then(Value::as_bool)
                 .unwrap_or(true),
-            input: items_of(fields.input),
+            input: Items::Values(items_of(fields.input)),
         }
     }
 }

@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::redis_conn::LazyConnection;
+use crate::responses::Items;
 
 const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -45,42 +46,50 @@ impl Stored {
     /// An entry as the stores keep it, written around a response object's own JSON text: the
     /// same layout `Stored` serialises to, without parsing the response into a tree first.
     /// `response` must be one JSON value.
-    pub fn serialise(input: &[Value], response: &[u8], passthrough: bool) -> Vec<u8> {
+    pub fn serialise(input: &Items, response: &[u8], passthrough: bool) -> Vec<u8> {
+        Stored::write(input, passthrough, response.len(), |out| {
+            out.extend_from_slice(response);
+        })
+    }
+
+    /// An entry as the stores keep it, for a response object built as a tree (no copy of
+    /// the input items).
+    pub fn serialise_tree(input: &Items, response: &Value, passthrough: bool) -> Vec<u8> {
+        Stored::write(input, passthrough, 0, |out| {
+            // Writing a tree of values into a Vec cannot fail.
+            let _ = serde_json::to_writer(out, response);
+        })
+    }
+
+    /// `{"input":…,"response":…,"passthrough":…}`, the layout `Stored` serialises to, with
+    /// the input items written as they are held and the response by `response`
+    /// (`response_len`: its size when known, so the entry is written into the room it needs).
+    fn write(
+        input: &Items,
+        passthrough: bool,
+        response_len: usize,
+        response: impl FnOnce(&mut Vec<u8>),
+    ) -> Vec<u8> {
         const RESPONSE: &[u8] = b",\"response\":";
         let end: &[u8] = if passthrough {
             b",\"passthrough\":true}"
         } else {
             b",\"passthrough\":false}"
         };
-        let mut out = Vec::with_capacity(INPUT_ROOM);
+        let mut out = Vec::with_capacity(match input {
+            Items::Text(text) => b"{\"input\":".len() + text.len() + RESPONSE.len(),
+            Items::Values(_) => INPUT_ROOM,
+        });
         out.extend_from_slice(b"{\"input\":");
-        // Writing a tree of values into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, input);
-        // The rest is known: room for exactly it, so the entry is kept as it is (a Vec that
-        // grew by doubling was shrunk again, a second reallocation, before being kept).
-        out.reserve_exact(RESPONSE.len() + response.len() + end.len());
+        input.write_to(&mut out);
+        // The rest is known when the response is text: room for exactly it, so the entry is
+        // kept as it is (a Vec that grew by doubling was shrunk again, a second reallocation,
+        // before being kept).
+        out.reserve_exact(RESPONSE.len() + response_len + end.len());
         out.extend_from_slice(RESPONSE);
-        out.extend_from_slice(response);
+        response(&mut out);
         out.extend_from_slice(end);
         out
-    }
-
-    /// An entry as the stores keep it, for a response object built as a tree (no copy of
-    /// the input items).
-    pub fn serialise_tree(input: &[Value], response: &Value, passthrough: bool) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Entry<'a> {
-            input: &'a [Value],
-            response: &'a Value,
-            passthrough: bool,
-        }
-        let entry = Entry {
-            input,
-            response,
-            passthrough,
-        };
-        // Writing a tree of values into a Vec cannot fail.
-        serde_json::to_vec(&entry).unwrap_or_default()
     }
 
     /// The response's output items.
@@ -395,7 +404,7 @@ mod tests {
         let s = stored("hi");
         let response = serde_json::to_vec(&s.response).unwrap_or_default();
         for passthrough in [false, true] {
-            let data = Stored::serialise(&s.input, &response, passthrough);
+            let data = Stored::serialise(&Items::Values(s.input.clone()), &response, passthrough);
             let back: Stored = serde_json::from_slice(&data).unwrap_or_else(|_| stored("bad"));
             assert_eq!(
                 back,
@@ -406,7 +415,10 @@ mod tests {
             );
         }
         let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
-        store.put_serialised("a", Stored::serialise(&s.input, &response, false));
+        store.put_serialised(
+            "a",
+            Stored::serialise(&Items::Values(s.input.clone()), &response, false),
+        );
         assert_eq!(store.get("a"), Some(s));
     }
 

@@ -346,24 +346,71 @@ fn a_turn_is_read_in_one_parse() {
     let turn = Turn::read(br#"{"model":"m","input":"hi","store":false,"previous_response_id":7}"#);
     assert_eq!(turn.previous_response_id, None);
     assert!(!turn.store);
-    assert_eq!(turn.input, input_items(br#"{"input":"hi"}"#));
-    assert_eq!(turn.input[0]["content"][0]["text"], "hi");
+    let input = turn.input.into_values();
+    assert_eq!(input, input_items(br#"{"input":"hi"}"#));
+    assert_eq!(input[0]["content"][0]["text"], "hi");
     let turn = Turn::read(br#"{"input":[{"type":"x"}],"store":"no","previous_response_id":"r"}"#);
     assert_eq!(turn.previous_response_id.as_deref(), Some("r"));
     assert!(turn.store);
-    assert_eq!(turn.input, vec![json!({"type": "x"})]);
+    assert_eq!(turn.input.into_values(), vec![json!({"type": "x"})]);
     let none = Turn::read(b"[1]");
     assert_eq!(
-        (none.previous_response_id, none.input.len(), none.store),
+        (
+            none.previous_response_id,
+            none.input.into_values().len(),
+            none.store
+        ),
         (None, 0, true)
     );
     let none = Turn::read(br#"["r", [{"type":"x"}], false]"#);
     assert_eq!(
-        (none.previous_response_id, none.input.len(), none.store),
+        (
+            none.previous_response_id,
+            none.input.into_values().len(),
+            none.store
+        ),
         (None, 0, true)
     );
     // A member given twice: the last one counts, as with any JSON object legate reads.
     let twice = Turn::read(br#"{"store":true,"input":"a","store":false,"input":[{"type":"y"}]}"#);
     assert!(!twice.store);
-    assert_eq!(twice.input, vec![json!({"type": "y"})]);
+    assert_eq!(twice.input.into_values(), vec![json!({"type": "y"})]);
+}
+
+#[test]
+fn a_first_turns_input_array_is_kept_as_its_text() {
+    let body = br#"{"model":"m", "\u0069nput" : [ {"type":"x", "n": 1} ] , "store" : false }"#;
+    let turn = Turn::read(body);
+    assert_eq!(
+        turn.input,
+        Items::Text(br#"[ {"type":"x", "n": 1} ]"#.to_vec().into())
+    );
+    assert!(!turn.store);
+    // Written into the store as it came, it reads back as the same items.
+    let entry = Stored::serialise(&turn.input, br#"{"id":"r","output":[]}"#, true);
+    let stored: Stored = serde_json::from_slice(&entry).unwrap();
+    assert_eq!(stored.input, vec![json!({"type": "x", "n": 1})]);
+    assert!(stored.passthrough);
+    // The same layout as a `Stored` written from values.
+    let tree = Stored::serialise_tree(&turn.input, &json!({"id": "r"}), false);
+    let stored: Stored = serde_json::from_slice(&tree).unwrap();
+    assert_eq!(stored.response, json!({"id": "r"}));
+    assert!(!stored.passthrough);
+}
+
+#[test]
+fn a_turn_the_walk_cannot_read_is_read_as_values() {
+    // Not an object, cut short, a null input, a `store` that is not the literal false.
+    for (body, store) in [
+        (&br#"{"input":[{"type":"x"}]"#[..], true),
+        (br#"{"input":null,"store":"false"}"#, true),
+        (br#"{"input":7,"store":false}"#, false),
+    ] {
+        let turn = Turn::read(body);
+        assert_eq!(turn.input.into_values(), Vec::<Value>::new());
+        assert_eq!(turn.store, store, "{}", String::from_utf8_lossy(body));
+    }
+    let turn = Turn::read(br#"{"previous_response_id":"r\u00e9p","input":"a\"b"}"#);
+    assert_eq!(turn.previous_response_id.as_deref(), Some("r\u{e9}p"));
+    assert_eq!(turn.input.into_values()[0]["content"][0]["text"], "a\"b");
 }
