@@ -277,6 +277,11 @@ impl Upstream {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
+        // hyper keeps this map, emptied, to parse the answer into, and the caller's response
+        // is made of that map (`response::for_caller`): sized once for a request's forwarded
+        // headers, or a short answer's with legate's own, instead of growing (a rehash each
+        // time) on the way.
+        *req.headers_mut() = HeaderMap::with_capacity(UPSTREAM_HEADERS);
         let headers = req.headers_mut();
         copy_forwardable(inbound, headers);
         if translated {
@@ -363,6 +368,9 @@ impl Upstream {
 
 /// Copies every end-to-end header, dropping hop-by-hop ones (including any named in
 /// `Connection`), credentials and legate's own `x-legate-*` controls.
+/// Room in the upstream request's header map (see `build_request`).
+const UPSTREAM_HEADERS: usize = 12;
+
 fn copy_forwardable(inbound: &HeaderMap, out: &mut HeaderMap) {
     let connection_named: Vec<String> = inbound
         .get_all(header::CONNECTION)

@@ -91,8 +91,7 @@ pub(crate) fn commit(
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    *resp.headers_mut() = response::headers_for(&tap.headers);
-    response::copy_upstream_headers(&tap.headers, resp.headers_mut(), !keep_length);
+    *resp.headers_mut() = response::for_caller(tap.headers, !keep_length);
     if let Some(r) = redact {
         r.headers(resp.headers_mut());
     }
@@ -104,7 +103,7 @@ pub(crate) fn commit(
 pub(crate) fn buffered(
     call: &Call<'_>,
     status: StatusCode,
-    upstream_headers: &HeaderMap,
+    upstream_headers: HeaderMap,
     body: Bytes,
 ) -> Response<ProxyBody> {
     // An upstream that echoes the key it was sent must not hand it to the caller.
@@ -115,8 +114,7 @@ pub(crate) fn buffered(
     };
     let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
-    *resp.headers_mut() = response::headers_for(upstream_headers);
-    response::copy_upstream_headers(upstream_headers, resp.headers_mut(), true);
+    *resp.headers_mut() = response::for_caller(upstream_headers, true);
     if let Some(r) = redact {
         r.headers(resp.headers_mut());
     }

@@ -330,7 +330,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
         Err(PreCommit::ErrorEvent(data)) => {
             let (status, body) = api.dialect().error_event_response(&data);
             let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
-            let resp = answer::buffered(call, status, &got.parts.headers, body);
+            let resp = answer::buffered(call, status, got.parts.headers, body);
             Exchanged::Error {
                 status: status.as_u16(),
                 quota,
@@ -393,7 +393,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             Exchanged::Whole(answer::buffered(
                 call,
                 got.parts.status,
-                &got.parts.headers,
+                got.parts.headers,
                 body,
             ))
         }
@@ -431,7 +431,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
 async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     let Call { up, inb, .. } = *call;
     let status = got.parts.status;
-    let headers = &got.parts.headers;
+    let headers = got.parts.headers;
     let body = upread::read_small(
         UpstreamBody::Plain(got.incoming),
         up.idle_timeout,
@@ -443,9 +443,10 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     // A platform's error answer is read to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
     if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {
+        let ct = headers.get(header::CONTENT_TYPE).cloned();
         let mut resp = answer::buffered(call, status, headers, body);
-        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-            resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        if let Some(ct) = ct {
+            resp.headers_mut().insert(header::CONTENT_TYPE, ct);
         }
         return Exchanged::Error {
             status: status.as_u16(),
@@ -457,12 +458,12 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     }
     let (status, body) = match up.cloud.as_ref() {
         Some(c) => c
-            .map_error(status, headers, &body)
+            .map_error(status, &headers, &body)
             .unwrap_or((status, body)),
         None => (status, body),
     };
     let quota = status == StatusCode::TOO_MANY_REQUESTS && api::is_quota_exhaustion(&body);
-    let retry_after = retry::retry_after(headers, SystemTime::now());
+    let retry_after = retry::retry_after(&headers, SystemTime::now());
     let resp = if got.xl.translating() {
         let (st, b) = conversation::translate_error(got.xl, status.as_u16(), &body);
         let st = StatusCode::from_u16(st).unwrap_or(status);

@@ -73,10 +73,26 @@ const HOP_BY_HOP: &[&str] = &[
 /// `-attempts`, `-overhead-ms`, `-request-id`, `x-should-retry` and a `content-type`.
 const OWN_HEADERS: usize = 6;
 
-/// An empty header map with room for `upstream`'s headers and legate's own: filled from
-/// empty, the map grew (a realloc and a rehash) on every answer.
-pub fn headers_for(upstream: &HeaderMap) -> HeaderMap {
-    HeaderMap::with_capacity(upstream.len() + OWN_HEADERS)
+/// The caller's response headers made from the upstream's own map: its end-to-end headers
+/// (request ids, retry-after, every rate-limit header including ones legate does not know
+/// yet) stay, and the hop-by-hop ones go; so does `content-length` when the
+/// body may change on the way (`drop_length`: an event stream, which legate may end with an
+/// error event, or a body being redacted). Taking the map over instead of copying it into a new
+/// one saves a map, a hash per header and a reference per value on every answer.
+pub fn for_caller(mut upstream: HeaderMap, drop_length: bool) -> HeaderMap {
+    // A whole answer of known length usually has none: a look at the names spares it eight
+    // removals by hash.
+    if upstream.keys().any(|n| HOP_BY_HOP.contains(&n.as_str())) {
+        for name in HOP_BY_HOP {
+            upstream.remove(*name);
+        }
+    }
+    if drop_length {
+        upstream.remove(http::header::CONTENT_LENGTH);
+    }
+    // Not reserved for all of legate's own headers: most answers get four of them, and the
+    // map parsed into usually has room for those (`Upstream::build_request` sizes it).
+    upstream
 }
 
 /// Copies the upstream's end-to-end headers (request ids, retry-after, every rate-limit header
@@ -135,5 +151,59 @@ fn header_name(name: &'static str) -> HeaderName {
         "x-legate-served-by" => X_LEGATE_SERVED_BY,
         "x-should-retry" => X_SHOULD_RETRY,
         other => HeaderName::from_static(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(h: &HeaderMap) -> Vec<String> {
+        h.iter()
+            .map(|(n, v)| format!("{n}={}", v.to_str().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn the_callers_headers_are_the_upstreams_without_hop_by_hop_ones() {
+        let mut up = HeaderMap::new();
+        for (n, v) in [
+            ("content-type", "application/json"),
+            ("connection", "keep-alive"),
+            ("request-id", "req_1"),
+            ("keep-alive", "timeout=5"),
+            ("x-ratelimit-remaining-requests", "9"),
+            ("content-length", "17"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("transfer-encoding", "chunked"),
+        ] {
+            up.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let kept = for_caller(up.clone(), false);
+        // Removing moves a later header into the freed place: fields of different names may
+        // change places (which HTTP ignores), those of one name keep their order.
+        let mut all = names(&kept);
+        all.sort();
+        assert_eq!(
+            all,
+            [
+                "content-length=17",
+                "content-type=application/json",
+                "request-id=req_1",
+                "set-cookie=a=1",
+                "set-cookie=b=2",
+                "x-ratelimit-remaining-requests=9",
+            ]
+        );
+        let cookies: Vec<_> = kept.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        let streamed = for_caller(up, true);
+        assert!(streamed.get("content-length").is_none());
+        assert_eq!(streamed.len(), 5);
+        // Nothing hop-by-hop: the map comes back as it was.
+        let mut plain = HeaderMap::new();
+        plain.insert("x-request-id", HeaderValue::from_static("r"));
+        assert_eq!(names(&for_caller(plain, false)), ["x-request-id=r"]);
     }
 }
