@@ -34,20 +34,6 @@ import sys
 import tempfile
 import threading
 
-CONFIG = """[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[providers.anthropic]
-kind = "anthropic"
-base_url = "{mock}"
-api_key_env = "ANTHROPIC_API_KEY"
-
-[providers.openai]
-kind = "openai"
-base_url = "{mock}"
-api_key_env = "OPENAI_API_KEY"
-"""
 ENV = {"ANTHROPIC_API_KEY": "order-anthropic-key", "OPENAI_API_KEY": "order-openai-key",
        "LEGATE_LOG": "warn"}
 PROMPT = [{"role": "user", "content": "Say hello in one short sentence."}]
@@ -181,7 +167,7 @@ def main():
         try:
             config = os.path.join(work, "legate.toml")
             with open(config, "w") as f:
-                f.write(CONFIG.format(mock="http://%s:%d" % address(mock_line)))
+                f.write(PER_REQUEST.CONFIG.format(mock="http://%s:%d" % address(mock_line)))
             profile = os.path.join(work, "callgrind.out")
             cmd = ["valgrind", "--tool=callgrind", "--demangle=no",
                    f"--callgrind-out-file={profile}", binary, "serve", "--config", config]

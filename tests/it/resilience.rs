@@ -258,8 +258,32 @@ async fn the_breaker_opens_rests_the_primary_and_admits_one_probe() {
 
     // The primary recovers, slowly: the probe is still in flight while 20 callers arrive.
     env.script(r#"{"replies":[{"match":{"model":"claude-primary"},"times":0,"delay_ms":300}]}"#);
-    // The time under test: open_for must pass before a probe is allowed.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The time under test: open_for must pass before a probe is allowed. Waited for on the
+    // breaker's own report (`/admin/state`), not for a fixed time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = env.admin_json("/admin/state").await;
+        let primary = state["breakers"]
+            .as_array()
+            .and_then(|all| {
+                all.iter().find(|b| {
+                    b["upstream"]
+                        .as_str()
+                        .is_some_and(|u| u.contains("claude-primary"))
+                })
+            })
+            .cloned()
+            .expect("the primary's breaker is listed");
+        assert_eq!(primary["state"], "open", "{primary}");
+        if primary["probe_in_ms"] == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "open_for never passed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let calls = (0..20).map(|_| {
         let http = env.http.clone();
         let url = env.url("/v1/messages");
