@@ -1,8 +1,10 @@
 //! Keeping the provider credential out of what reaches the caller (SPEC §14). An upstream that
 //! echoes the key it was sent (in an error message, a debug header, a model reply) must not
 //! hand it to the agent: every occurrence of the exact key — which covers `Bearer <key>` — is
-//! replaced by `[redacted]` in passed-back headers, in bodies legate holds whole, and in each
-//! forwarded chunk of a streamed body (for event streams a chunk is whole events).
+//! replaced by `[redacted]` in passed-back headers, in bodies legate holds whole, and in bodies
+//! forwarded piece by piece, where a key cut in two by the chunking is still found. (A model
+//! that spells the key out over several stream events is not caught: each event is forwarded
+//! as it comes.)
 
 use std::sync::Arc;
 
@@ -43,6 +45,41 @@ impl Redactor {
             Some(v) => Bytes::from(v),
             None => data,
         }
+    }
+
+    /// One chunk of a body forwarded piece by piece. A key split across two chunks is found
+    /// too: the tail of the output that could be the start of the key is held back in `carry`
+    /// and searched again with the next chunk; [`Redactor::flush`] releases it at the end.
+    /// The hold is at most the key's length less one byte, so nothing waits for long.
+    pub fn chunk(&self, carry: &mut Vec<u8>, data: Bytes) -> Bytes {
+        let needle = self.finder().needle();
+        let cleaned: Vec<u8>;
+        let out: &[u8] = if carry.is_empty() {
+            match replace(&data, self.finder()) {
+                Some(v) => {
+                    cleaned = v;
+                    &cleaned
+                }
+                None => &data,
+            }
+        } else {
+            carry.extend_from_slice(&data);
+            cleaned = replace(carry, self.finder()).unwrap_or_else(|| std::mem::take(carry));
+            carry.clear();
+            &cleaned
+        };
+        let hold = key_prefix_at_end(out, needle);
+        carry.extend_from_slice(&out[out.len() - hold..]);
+        let send = out.len() - hold;
+        if std::ptr::eq(out.as_ptr(), data.as_ptr()) {
+            return data.slice(..send);
+        }
+        Bytes::copy_from_slice(&out[..send])
+    }
+
+    /// What [`Redactor::chunk`] still holds, once the body has ended (never the whole key).
+    pub fn flush(carry: &mut Vec<u8>) -> Option<Bytes> {
+        (!carry.is_empty()).then(|| Bytes::from(std::mem::take(carry)))
     }
 
     /// Replaces the key in every header value; a header whose value cannot be rebuilt is
@@ -93,6 +130,16 @@ fn replace(hay: &[u8], finder: &Finder<'_>) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The length of the longest tail of `out` that is a proper prefix of `key` (0 if none).
+fn key_prefix_at_end(out: &[u8], key: &[u8]) -> usize {
+    let Some(&first) = key.first() else { return 0 };
+    let from = out.len().saturating_sub(key.len() - 1);
+    memchr::memchr_iter(first, &out[from..])
+        .map(|i| from + i)
+        .find(|&start| key.starts_with(&out[start..]))
+        .map_or(0, |start| out.len() - start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +162,37 @@ mod tests {
         );
         let clean = Bytes::from_static(b"nothing here");
         assert_eq!(red.bytes(clean.clone()), clean);
+    }
+
+    /// Every way of cutting a body into two or three chunks still redacts every key in it.
+    #[test]
+    fn a_key_split_across_chunks_is_redacted() {
+        let red = r("sk-secret-1234");
+        let body: &[u8] = b"{\"m\":\"sk-secret-1234 and sk-secret-1234\"}sk-s";
+        let want: &[u8] = b"{\"m\":\"[redacted] and [redacted]\"}sk-s";
+        for a in 0..=body.len() {
+            for b in a..=body.len() {
+                let mut carry = Vec::new();
+                let mut out = Vec::new();
+                for part in [&body[..a], &body[a..b], &body[b..]] {
+                    let sent = red.chunk(&mut carry, Bytes::copy_from_slice(part));
+                    out.extend_from_slice(&sent);
+                    assert!(carry.len() < 14, "held {} bytes", carry.len());
+                }
+                out.extend_from_slice(&Redactor::flush(&mut carry).unwrap_or_default());
+                assert_eq!(out, want, "cut at {a} and {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_clean_chunk_is_passed_on_without_a_copy() {
+        let red = r("sk-secret-1234");
+        let data = Bytes::from_static(b"{\"ok\":true}");
+        let mut carry = Vec::new();
+        let out = red.chunk(&mut carry, data.clone());
+        assert_eq!(out.as_ptr(), data.as_ptr());
+        assert!(carry.is_empty());
     }
 
     #[test]

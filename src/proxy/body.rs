@@ -78,6 +78,8 @@ pub struct TapBody {
     failed_json: bool,
     /// Removes the provider key from every forwarded chunk.
     redact: Option<crate::redact::Redactor>,
+    /// The forwarded tail that may be the start of a key split across chunks (held back).
+    carry: Vec<u8>,
 }
 
 impl TapBody {
@@ -105,6 +107,7 @@ impl TapBody {
             _permit: permit,
             failed_json: false,
             redact: None,
+            carry: Vec::new(),
         }
     }
 
@@ -115,9 +118,9 @@ impl TapBody {
     }
 
     /// A chunk on its way to the caller.
-    fn emit(&self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn emit(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let data = match &self.redact {
-            Some(r) => r.bytes(data),
+            Some(r) => r.chunk(&mut self.carry, data),
             None => data,
         };
         Poll::Ready(Some(Ok(Frame::data(data))))
@@ -281,7 +284,13 @@ impl Body for TapBody {
                 return Poll::Ready(Some(Err("upstream response failed".into())));
             }
             match &mut this.state {
-                State::Done => return Poll::Ready(None),
+                State::Done => {
+                    // The held-back tail was not a key after all: it goes out last.
+                    return match crate::redact::Redactor::flush(&mut this.carry) {
+                        Some(rest) => Poll::Ready(Some(Ok(Frame::data(rest)))),
+                        None => Poll::Ready(None),
+                    };
+                }
                 State::Closing(last) => {
                     let last = last.take();
                     this.state = State::Done;
@@ -344,7 +353,7 @@ impl Body for TapBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.held.is_none() && matches!(self.state, State::Done)
+        self.held.is_none() && self.carry.is_empty() && matches!(self.state, State::Done)
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -2,7 +2,10 @@
 //! §14): not in final or retried error bodies, not in 200 bodies or streams, not in passed-back
 //! headers.
 
+use std::sync::Mutex;
+
 use crate::harness::{self, ANTHROPIC_KEY, OPENAI_KEY};
+use crate::rawup::{self, Action};
 
 fn assert_clean(what: &str, text: &str) {
     assert!(
@@ -62,4 +65,50 @@ async fn keys_echoed_in_errors_bodies_streams_and_headers_are_redacted() {
         "{events}"
     );
     assert_eq!(env.mock.stats().requests, 5);
+}
+
+/// An answer too large to hold whole (over 16 MiB) is forwarded piece by piece; a key its
+/// upstream splits across two writes is still found: the caller gets everything before the
+/// key's start while the upstream waits, and the key never.
+#[tokio::test]
+async fn a_key_split_across_chunks_of_a_large_answer_is_redacted() {
+    let k = ANTHROPIC_KEY;
+    let pad = "x".repeat(17 << 20);
+    let body = format!(
+        r#"{{"id":"msg_1","type":"message","role":"assistant","model":"claude-r","content":[{{"type":"text","text":"{pad} you sent {k}"}}],"stop_reason":"end_turn","usage":{{"input_tokens":1,"output_tokens":1}}}}"#
+    );
+    let key_at = body.find(k).unwrap();
+    let cut = key_at + k.len() / 2;
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel();
+    let go = Mutex::new(Some(go_rx));
+    let reply = rawup::json_reply(&body);
+    let head_len = reply.len() - body.len();
+    let up = rawup::start(move |_req| {
+        let go = go.lock().unwrap().take().expect("one request");
+        let (first, second) = reply.split_at(head_len + cut);
+        let action = Action::ReplyInTwo(first.to_vec(), go, second.to_vec());
+        async move { action }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let req = r#"{"model":"claude-r","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut resp = env.messages(req).await;
+    assert_eq!(resp.status(), 200);
+    let mut got = Vec::with_capacity(body.len());
+    while got.len() < key_at {
+        let c = resp.chunk().await.unwrap().expect("more of the body");
+        got.extend_from_slice(&c);
+    }
+    // Up to the key's start, and not a byte of the key while its second half is unsent.
+    assert_eq!(got.len(), key_at);
+    go_tx.send(()).unwrap();
+    while let Some(c) = resp.chunk().await.unwrap() {
+        got.extend_from_slice(&c);
+    }
+    assert!(
+        got == body.replace(k, "[redacted]").as_bytes(),
+        "the body differs"
+    );
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

@@ -27,6 +27,9 @@ pub(crate) enum Action {
     ReplyAndClose(Vec<u8>),
     /// Write these bytes and then hold the connection open, sending nothing more.
     ReplyAndHang(Vec<u8>),
+    /// Write the first bytes, wait for the signal, then write the second and keep serving: a
+    /// body whose two halves the caller sees apart.
+    ReplyInTwo(Vec<u8>, tokio::sync::oneshot::Receiver<()>, Vec<u8>),
     /// Close the connection without a byte.
     Close,
     /// Reset the connection (RST, not FIN) without a byte.
@@ -97,6 +100,14 @@ where
                 let mut sink = [0u8; 1024];
                 while matches!(sock.read(&mut sink).await, Ok(n) if n > 0) {}
                 return;
+            }
+            Action::ReplyInTwo(first, go, second) => {
+                if sock.write_all(&first).await.is_err() || go.await.is_err() {
+                    return;
+                }
+                if sock.write_all(&second).await.is_err() {
+                    return;
+                }
             }
             Action::Close => return,
             Action::Reset => {
