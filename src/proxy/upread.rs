@@ -102,19 +102,34 @@ pub(super) async fn read_whole(
     idle: Duration,
     deadline: Instant,
 ) -> Whole {
+    // Most answers arrive as one frame: it is kept as it came, and only a second frame makes
+    // a buffer that both are copied into.
+    let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     loop {
         let limit = (Instant::now() + idle).min(deadline);
         match tokio::time::timeout_at(limit, incoming.frame()).await {
             Err(_) => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
             Ok(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
-            Ok(None) => return Whole::Complete(buf.freeze()),
+            Ok(None) => return Whole::Complete(first.unwrap_or_else(|| buf.freeze())),
             Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                    if buf.len() > WHOLE_BODY_LIMIT {
-                        return Whole::TooLarge(buf.freeze());
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if first.is_none() && buf.is_empty() {
+                    if data.len() > WHOLE_BODY_LIMIT {
+                        return Whole::TooLarge(data);
                     }
+                    first = Some(data);
+                    continue;
+                }
+                if let Some(f) = first.take() {
+                    buf.reserve(f.len() + data.len());
+                    buf.extend_from_slice(&f);
+                }
+                buf.extend_from_slice(&data);
+                if buf.len() > WHOLE_BODY_LIMIT {
+                    return Whole::TooLarge(buf.freeze());
                 }
             }
         }
