@@ -414,3 +414,82 @@ fn a_turn_the_walk_cannot_read_is_read_as_values() {
     assert_eq!(turn.previous_response_id.as_deref(), Some("r\u{e9}p"));
     assert_eq!(turn.input.into_values()[0]["content"][0]["text"], "a\"b");
 }
+
+mod walk_matches_values {
+    //! `Turn::read` walks the top-level members by hand; for every well-formed object it must
+    //! find what reading the body as JSON values finds (the last of duplicate members, keys
+    //! written with escapes, any whitespace, any value type in the three members).
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just("input"),
+            Just("store"),
+            Just("previous_response_id"),
+            Just("model"),
+            Just("inputs"),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "[^\u{0}]{0,6}".prop_map(Value::String),
+            Just(Value::String("\"}]\\\n\u{1}".into())),
+        ];
+        leaf.prop_recursive(3, 16, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                proptest::collection::vec(("[a-c]{1,2}", inner), 0..3)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Every character of the key as a `\u` escape.
+    fn escaped(k: &str) -> String {
+        let units: String = k.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+        format!("\"{units}\"")
+    }
+
+    fn render(members: &[(&str, Value, bool)], ws: &str, pretty: bool) -> Vec<u8> {
+        let mut out = String::from("{");
+        for (i, (k, v, escape)) in members.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let key = if *escape {
+                escaped(k)
+            } else {
+                format!("\"{k}\"")
+            };
+            let value = if pretty {
+                serde_json::to_string_pretty(v)
+            } else {
+                serde_json::to_string(v)
+            };
+            out.push_str(&format!("{ws}{key}{ws}:{ws}{}{ws}", value.unwrap()));
+        }
+        out.push('}');
+        out.into_bytes()
+    }
+
+    fn seen(t: Turn) -> (Option<String>, Vec<Value>, bool) {
+        (t.previous_response_id, t.input.into_values(), t.store)
+    }
+
+    proptest! {
+        #[test]
+        fn the_walk_reads_what_the_values_hold(
+            members in proptest::collection::vec((key(), value(), any::<bool>()), 0..7),
+            ws in prop_oneof![Just(""), Just(" "), Just("\n  "), Just("\t\r\n")],
+            pretty in any::<bool>(),
+        ) {
+            let body = render(&members, ws, pretty);
+            prop_assert_eq!(seen(Turn::read(&body)), seen(Turn::read_values(&body)));
+        }
+    }
+}
