@@ -23,7 +23,7 @@ use crate::policy::pacer::Pacer;
 use crate::telemetry::Metrics;
 
 pub use dial::SendError;
-pub use pool::PooledClient as HttpClient;
+pub use pool::{PooledClient as HttpClient, Rebuild};
 
 /// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
 /// credentials (consumed here; the provider key is injected instead), headers legate recomputes,

@@ -140,6 +140,20 @@ pub(crate) async fn run(
         // The attempt's span is the provider's parent (W3C Trace Context).
         req.headers_mut().insert("traceparent", tp.clone());
     }
+    // Should the keep-alive race need the request again, a direct provider's is made again
+    // (cheap, and almost never), rather than copied up front for every request; a cloud
+    // platform's (signed, maybe after a token refresh) is copied.
+    let again = || {
+        let mut r = direct_request(call, spoken, xl.translating()).ok()?;
+        if let Some(tp) = &call.traceparent {
+            r.headers_mut().insert("traceparent", tp.clone());
+        }
+        Some(r)
+    };
+    let rebuild: Option<&crate::upstream::Rebuild<'_>> = match up.cloud {
+        None => Some(&again),
+        Some(_) => None,
+    };
     let waited = Instant::now();
     let permit = match turn(call).await {
         Ok(p) => p,
@@ -152,7 +166,7 @@ pub(crate) async fn run(
     // Counted here, once the request is really about to leave.
     spent.attempts += 1;
     let sent = Instant::now();
-    let result = upread::send(up, req, inb.deadline).await;
+    let result = upread::send(up, req, rebuild, inb.deadline).await;
     call.series
         .upstream_duration(metrics)
         .observe(sent.elapsed().as_secs_f64());
@@ -178,8 +192,8 @@ pub(crate) async fn run(
     out
 }
 
-/// The upstream request: the step's path, or a cloud platform's own request for the model.
-async fn request(
+/// The step's path at a provider reached directly (not through a cloud platform).
+fn direct_request(
     call: &Call<'_>,
     spoken: ApiKind,
     translating: bool,
@@ -193,9 +207,25 @@ async fn request(
         Some(q) if !translating => format!("{upstream_path}?{q}").into(),
         _ => upstream_path.into(),
     };
+    up.build_request(
+        Method::POST,
+        &path,
+        &inb.headers,
+        call.body.clone(),
+        translating,
+        true,
+    )
+}
+
+/// The upstream request: the step's path, or a cloud platform's own request for the model.
+async fn request(
+    call: &Call<'_>,
+    spoken: ApiKind,
+    translating: bool,
+) -> Result<http::Request<http_body_util::Full<Bytes>>, ProxyError> {
+    let Call { up, inb, .. } = *call;
     let Some(cloud) = &up.cloud else {
-        let body = call.body.clone();
-        return up.build_request(Method::POST, &path, &inb.headers, body, translating, true);
+        return direct_request(call, spoken, translating);
     };
     if inb.endpoint.op != Operation::Generate {
         return Err(ProxyError::InvalidRequest {

@@ -150,11 +150,13 @@ pub(super) async fn read_small(incoming: UpstreamBody, idle: Duration, deadline:
 pub(super) async fn send(
     up: &Upstream,
     req: http::Request<Full<Bytes>>,
+    rebuild: Option<&crate::upstream::Rebuild<'_>>,
     deadline: Instant,
 ) -> Result<Response<Incoming>, ProxyError> {
     let first_byte = Instant::now() + up.first_byte_timeout;
     let limit = first_byte.min(deadline);
-    match tokio::time::timeout_at(limit, up.client().request(req)).await {
+    let call = up.client().request_or_rebuild(req, rebuild);
+    match tokio::time::timeout_at(limit, call).await {
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => {
             tracing::debug!(provider = %up.name, connect = e.is_connect(), error = %e, "upstream request failed");

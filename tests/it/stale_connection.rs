@@ -30,10 +30,12 @@ async fn legate_against(url: &str, max_attempts: u32) -> Env {
 
 /// An upstream that answers every request, except that the first request to arrive on an
 /// already used connection gets `fault` instead. `hit` tells whether that happened.
-async fn faulty_on_reuse(fault: fn() -> Action) -> (rawup::RawUpstream, Arc<AtomicBool>) {
+async fn faulty_on_reuse(fault: fn() -> Action) -> (rawup::RawUpstream, Arc<AtomicBool>, Seen) {
     let hit = Arc::new(AtomicBool::new(false));
-    let h = hit.clone();
+    let seen = Seen::default();
+    let (h, s) = (hit.clone(), seen.clone());
     let up = rawup::start(move |req: RawRequest| {
+        s.lock().unwrap().push((req.head.clone(), req.body.clone()));
         let fire = req.on_conn > 0 && !h.swap(true, Ordering::SeqCst);
         async move {
             if fire {
@@ -44,8 +46,11 @@ async fn faulty_on_reuse(fault: fn() -> Action) -> (rawup::RawUpstream, Arc<Atom
         }
     })
     .await;
-    (up, hit)
+    (up, hit, seen)
 }
+
+/// Every request's head and body, in arrival order.
+type Seen = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
 
 async fn metric_or_zero(env: &Env, name: &str, labels: &[(&str, &str)]) -> f64 {
     env.metric(name, labels).await.unwrap_or(0.0)
@@ -53,7 +58,7 @@ async fn metric_or_zero(env: &Env, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test]
 async fn a_reused_connection_closed_without_an_answer_is_retried_once_and_costs_no_attempt() {
-    let (up, hit) = faulty_on_reuse(|| Action::Close).await;
+    let (up, hit, seen) = faulty_on_reuse(|| Action::Close).await;
     let env = legate_against(&up.url, 1).await;
     let mut sent = 0;
     while !hit.load(Ordering::SeqCst) && sent < TRIES {
@@ -71,6 +76,15 @@ async fn a_reused_connection_closed_without_an_answer_is_retried_once_and_costs_
     // connection once more, on a new connection.
     assert_eq!(up.requests.load(Ordering::SeqCst), sent + 1);
     assert!(up.connections.load(Ordering::SeqCst) >= 2);
+    // The request sent again is the very request the closed connection swallowed.
+    {
+        let seen = seen.lock().unwrap();
+        let [.., lost, again] = &seen[..] else {
+            panic!("fewer than two requests");
+        };
+        assert_eq!(lost, again);
+        assert!(again.1 == BODY.as_bytes(), "the body sent again differs");
+    }
     assert_eq!(metric_or_zero(&env, "legate_retries_total", &[]).await, 0.0);
     let attempts = "legate_upstream_attempts_total";
     assert_eq!(
@@ -85,7 +99,7 @@ async fn a_reused_connection_closed_without_an_answer_is_retried_once_and_costs_
 
 #[tokio::test]
 async fn a_reused_connection_reset_after_the_request_is_retried_once_too() {
-    let (up, hit) = faulty_on_reuse(|| Action::Reset).await;
+    let (up, hit, _) = faulty_on_reuse(|| Action::Reset).await;
     let env = legate_against(&up.url, 1).await;
     let mut sent = 0;
     while !hit.load(Ordering::SeqCst) && sent < TRIES {
@@ -147,7 +161,7 @@ async fn the_fresh_connection_is_tried_once_only() {
 
 #[tokio::test]
 async fn a_reused_connection_that_sent_part_of_an_answer_is_not_sent_again() {
-    let (up, hit) = faulty_on_reuse(|| {
+    let (up, hit, _) = faulty_on_reuse(|| {
         Action::ReplyAndClose(b"HTTP/1.1 200 OK\r\ncontent-type: application/js".to_vec())
     })
     .await;
