@@ -117,10 +117,8 @@ pub(crate) async fn start_observing(
     } else {
         command.env("LEGATE_LOG", QUIET).stderr(Stdio::piped());
     }
-    // legate's worker-thread count, for comparing runtimes; the mock keeps its own default.
-    if let Ok(n) = std::env::var("BENCH_LEGATE_THREADS") {
-        command.env("TOKIO_WORKER_THREADS", n);
-    }
+    // The mock keeps its own default.
+    command.env("TOKIO_WORKER_THREADS", legate_workers());
     start(command, "legate serve", |line| {
         let rest = line.strip_prefix("legate listening on ")?;
         let (data, admin) = rest.split_once(" (admin ")?;
@@ -130,6 +128,12 @@ pub(crate) async fn start_observing(
         ))
     })
     .await
+}
+
+/// legate's worker threads: as many as nginx has workers, or `BENCH_LEGATE_THREADS` to
+/// compare others.
+pub(crate) fn legate_workers() -> String {
+    std::env::var("BENCH_LEGATE_THREADS").unwrap_or_else(|_| crate::nginx::WORKERS.to_string())
 }
 
 /// Where an [`Observe::AccessLog`] instance writes its log.

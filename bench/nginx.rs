@@ -130,14 +130,18 @@ fn free_port() -> std::io::Result<SocketAddr> {
     TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
-/// Two workers (one per core of the benchmark machine), keep-alive on both sides, responses
-/// passed through unbuffered so streams flow event by event, no access log.
+/// nginx's worker processes, one per core of the benchmark machine; legate gets as many
+/// workers (`server.worker_threads`), so that both proxies may use the same cores.
+pub(crate) const WORKERS: usize = 2;
+
+/// [`WORKERS`] workers, keep-alive on both sides, responses passed through unbuffered so
+/// streams flow event by event, no access log.
 fn config_text(root: &Path, addr: SocketAddr, mock: &str) -> String {
     let r = root.display();
     format!(
         r#"daemon off;
 master_process on;
-worker_processes 2;
+worker_processes {WORKERS};
 pid {r}/nginx.pid;
 error_log {r}/error.log warn;
 events {{ worker_connections 4096; }}

@@ -100,7 +100,8 @@ pub(crate) fn load_average() -> String {
         .unwrap_or_else(|| "?".to_owned())
 }
 
-/// `Machine: <cpu model>, nproc N; <UTC date and time>; <what kind of run>; load average`.
+/// `Machine: <cpu model>, nproc N; <UTC date and time>; <what kind of run>; load average;
+/// the proxies' workers`.
 /// The load average is there because other work on a 2-core machine moves every number.
 pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -111,8 +112,10 @@ pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
     let nproc = std::thread::available_parallelism().map_or(0, usize::from);
     format!(
         "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} at \
-         start",
-        utc_now()
+         start; legate worker_threads {}, nginx worker_processes {}",
+        utc_now(),
+        crate::children::legate_workers(),
+        crate::nginx::WORKERS,
     )
 }
 

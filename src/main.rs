@@ -76,7 +76,7 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
     let explicit = path.map(std::path::Path::to_path_buf);
     let source: legate::server::ConfigSource =
         std::sync::Arc::new(move || config::load(explicit.as_deref()).map(|(cfg, _)| cfg));
-    let rt = match serve_runtime(cfg.server.worker_threads) {
+    let rt = match serve_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("legate: cannot start the runtime: {e}");
@@ -96,35 +96,18 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-/// The data plane's runtime with `server.worker_threads` workers (one by default;
-/// `TOKIO_WORKER_THREADS`, when set, has already been folded into it by the config).
-/// A request crosses several tasks (the caller's connection, the upstream connection, timers);
-/// on one thread they hand over to each other in place, while with one worker per core every
-/// handover may wake a sleeping thread, which costs system calls per request and, on a machine
-/// whose cores are busy with other processes, a wait of milliseconds for that thread to be
-/// scheduled again: the tail latency of a proxy. One core carries thousands of requests per
-/// second, far above what an agent sends.
-///
-/// One worker is tokio's current-thread scheduler, not a one-worker multi-thread one: the
-/// latter still pays for work stealing it cannot use (atomic queues, a shared inject queue,
-/// searching and parking through the pool's shared state) on every task wake-up. The same
-/// request costs about 4 % fewer instructions on the current-thread scheduler, and under full
-/// load about a fifth less CPU (bench/README.md).
+/// The runtime `legate serve` starts on: tokio's current-thread scheduler, on this thread.
+/// It runs the admin plane and the housekeeping, and is the data plane's first worker; with
+/// `server.worker_threads` above one the server starts the others, each a current-thread
+/// runtime of its own (`legate::server::workers` says why not tokio's multi-thread one).
 ///
 /// The blocking pool (metrics and admin rendering, reloads, token estimates, DNS lookups, file
 /// reads) is kept small and short-lived: every thread that allocates gets a malloc arena of its
 /// own, whose pages stay resident after the burst that needed it (tokio's default is up to 512
 /// threads, idle for 10 s). Eight leave room beside the four token estimates that may run at
 /// once; an idle one exits after 2 s.
-fn serve_runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = if worker_threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(worker_threads);
-        b
-    };
-    builder
+fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(8)
         .thread_keep_alive(std::time::Duration::from_secs(2))
         .enable_all()

@@ -135,6 +135,7 @@ impl Upstream {
         cfg: &ProviderConfig,
         shedding: &SheddingConfig,
         lanes: &Lanes,
+        workers: usize,
     ) -> Result<Self, String> {
         let (gate, pacer) = lanes.get(&cfg.name, cfg.max_concurrency, shedding.queue_limit);
         let tls = tls_config(cfg)?;
@@ -156,6 +157,7 @@ impl Upstream {
             pool::PoolOptions {
                 idle_timeout: cfg.pool_idle_timeout,
                 max_conns: cfg.max_concurrency,
+                lists: workers,
                 max_buf: crate::server::listener::HTTP1_MAX_BUF,
             },
         );

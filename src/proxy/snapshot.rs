@@ -22,7 +22,7 @@ impl Snapshot {
     pub fn new(cfg: Arc<Config>, lanes: &Lanes) -> Result<Self, String> {
         let mut upstreams = HashMap::new();
         for (name, p) in &cfg.providers {
-            let up = Upstream::new(p, &cfg.shedding, lanes)
+            let up = Upstream::new(p, &cfg.shedding, lanes, cfg.server.worker_threads)
                 .map_err(|e| format!("providers.{name}: {e}"))?;
             upstreams.insert(name.clone(), Arc::new(up));
         }

@@ -151,11 +151,8 @@ impl Admin {
             "version": env!("CARGO_PKG_VERSION"),
             "config_hash": snap.hash,
             "ready": self.ready.load(Ordering::SeqCst),
-            // What the runtime was built with (`server.worker_threads` or its override).
             "runtime": {
-                "worker_threads": tokio::runtime::Handle::try_current()
-                    .ok()
-                    .map(|h| h.metrics().num_workers()),
+                "worker_threads": self.reloader.worker_threads(),
             },
             "providers": providers,
             "breakers": self.breakers(),

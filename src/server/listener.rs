@@ -16,11 +16,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo};
+use super::workers::Workers;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -32,11 +33,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub const HTTP1_MAX_BUF: usize = 64 << 10;
 
 /// How one plane holds its connections: the deadlines (read at each accept, so a reload
-/// applies to new connections), the cap, and the gauge of open connections.
+/// applies to new connections), the cap, the gauge of open connections, and the workers that
+/// run them (`None`: the accepting runtime).
 pub struct Plane<L> {
     pub limits: L,
     pub max_connections: usize,
     pub gauge: prometheus::IntGauge,
+    pub workers: Option<Arc<Workers>>,
 }
 
 /// Serves `listener` with `handler` until `stop` fires; then waits for open connections to
@@ -89,28 +92,31 @@ pub async fn serve<H, F, B, L>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let watch = ConnWatch::new((plane.limits)());
+                let limits = (plane.limits)();
                 let h = handler.clone();
-                let w = watch.clone();
-                let svc = service_fn(move |req| {
-                    let inflight = w.begin();
-                    // hyper keeps one slot of this future's size per connection for its
-                    // whole life; boxed, an idle keep-alive connection holds a pointer
-                    // instead of a whole request's state (about 15 KiB).
-                    let fut = Box::pin(h(req, peer));
-                    async move {
-                        let resp = fut.await?;
-                        Ok::<_, std::convert::Infallible>(
-                            resp.map(|b| Guarded::new(b, inflight)),
-                        )
-                    }
-                });
-                let io = TokioIo::new(WatchedIo::new(stream, watch.clone()));
-                let conn = builder.serve_connection(io, svc).into_owned();
-                let conn = graceful.watch(conn);
-                let gauge = plane.gauge.clone();
-                gauge.inc();
-                tokio::spawn(async move {
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                let open = Open::new(&plane.gauge);
+                // Built where it runs: the socket's readiness then comes from that worker's own
+                // I/O driver, not from this thread's (which would wake the worker per read).
+                let serve_one = move |stream: TcpStream| async move {
+                    let watch = ConnWatch::new(limits);
+                    let w = watch.clone();
+                    let svc = service_fn(move |req| {
+                        let inflight = w.begin();
+                        // hyper keeps one slot of this future's size per connection for its
+                        // whole life; boxed, an idle keep-alive connection holds a pointer
+                        // instead of a whole request's state (about 15 KiB).
+                        let fut = Box::pin(h(req, peer));
+                        async move {
+                            let resp = fut.await?;
+                            Ok::<_, std::convert::Infallible>(
+                                resp.map(|b| Guarded::new(b, inflight)),
+                            )
+                        }
+                    });
+                    let io = TokioIo::new(WatchedIo::new(stream, watch.clone()));
+                    let conn = watcher.watch(builder.serve_connection(io, svc).into_owned());
                     tokio::select! {
                         r = conn => {
                             if let Err(e) = r {
@@ -122,9 +128,13 @@ pub async fn serve<H, F, B, L>(
                             tracing::debug!(peer = %peer, "connection closed: no request within its deadline");
                         }
                     }
-                    gauge.dec();
+                    drop(open);
                     drop(slot);
-                });
+                };
+                match &plane.workers {
+                    Some(w) => w.spawn_conn(stream, serve_one),
+                    None => drop(tokio::spawn(serve_one(stream))),
+                }
             }
             _ = stop.cancelled() => break,
         }
@@ -138,6 +148,22 @@ pub async fn serve<H, F, B, L>(
             on_grace_expired();
             let _ = tokio::time::timeout(Duration::from_secs(2), &mut all_done).await;
         }
+    }
+}
+
+/// Counts a connection in its plane's gauge until it is dropped, served or not.
+struct Open(prometheus::IntGauge);
+
+impl Open {
+    fn new(gauge: &prometheus::IntGauge) -> Open {
+        gauge.inc();
+        Open(gauge.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

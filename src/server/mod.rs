@@ -7,6 +7,7 @@ pub mod conn;
 pub mod listener;
 pub mod release;
 pub mod reload;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,15 +105,25 @@ pub async fn start_reloadable(
             connection_idle_timeout: l.connection_idle_timeout,
         }
     };
+    let data_workers = match cfg.server.worker_threads {
+        0 | 1 => None,
+        n => Some(Arc::new(
+            workers::Workers::start(n)
+                .await
+                .map_err(|e| format!("server.worker_threads: {e}"))?,
+        )),
+    };
     let data_plane = listener::Plane {
         limits: conn_limits.clone(),
         max_connections: listener::data_cap(limits.max_connections, limits.admin_max_connections),
         gauge: proxy.metrics.connections.with_label_values(&["data"]),
+        workers: data_workers,
     };
     let admin_plane = listener::Plane {
         limits: conn_limits,
         max_connections: limits.admin_max_connections,
         gauge: proxy.metrics.connections.with_label_values(&["admin"]),
+        workers: None,
     };
     let data_task = tokio::spawn(listener::serve(
         data,

@@ -32,7 +32,7 @@ pub struct Reloader {
     admin_listen: SocketAddr,
     /// `max_connections`, `admin_max_connections`: each plane's cap is fixed at start.
     caps: (usize, usize),
-    /// `server.worker_threads`: the runtime is built once.
+    /// `server.worker_threads`: the workers are started once.
     worker_threads: usize,
     ratelimit: crate::config::RateLimitConfig,
     /// `[log]`, `[telemetry]`, `[journal]` are applied once, at start.
@@ -43,6 +43,11 @@ pub struct Reloader {
 }
 
 impl Reloader {
+    /// The data plane's workers, as started (`server.worker_threads` or its override).
+    pub fn worker_threads(&self) -> usize {
+        self.worker_threads
+    }
+
     pub fn new(
         source: Option<ConfigSource>,
         proxy: Arc<Proxy>,

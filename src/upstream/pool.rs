@@ -38,8 +38,10 @@ pub type Rebuild<'a> = dyn Fn() -> Option<Request<Full<Bytes>>> + Send + Sync + 
 pub struct PoolOptions {
     /// An idle connection is closed after this long.
     pub idle_timeout: Duration,
-    /// At most this many connections are kept.
+    /// At most this many connections are kept per list.
     pub max_conns: usize,
+    /// One list of connections per data-plane worker (see [`crate::server::workers`]).
+    pub lists: usize,
     /// The largest HTTP/1 read buffer of a connection.
     pub max_buf: usize,
 }
@@ -47,7 +49,9 @@ pub struct PoolOptions {
 /// The client requests to one upstream go through.
 pub struct PooledClient {
     connector: Connector,
-    conns: Arc<Conns>,
+    /// Per worker: a connection's task runs on the worker that opened it, so a request takes
+    /// only connections its own worker drives, and hands over to them without waking a thread.
+    conns: Box<[Arc<Conns>]>,
     max_buf: usize,
     /// The `host` header of requests to the base URL's scheme and authority, rendered once.
     host: Option<(Key, HeaderValue)>,
@@ -59,7 +63,9 @@ impl PooledClient {
         let host = base.and_then(|uri| Some((Key::of(uri)?, host_value(uri)?)));
         PooledClient {
             connector,
-            conns: Conns::new(opts.idle_timeout, opts.max_conns.max(1)),
+            conns: (0..opts.lists.max(1))
+                .map(|_| Conns::new(opts.idle_timeout, opts.max_conns.max(1)))
+                .collect(),
             max_buf: opts.max_buf,
             host,
         }
@@ -85,7 +91,7 @@ impl PooledClient {
     ) -> Result<Response<Incoming>, SendError> {
         let key = Key::of(req.uri()).ok_or(SendError::NotAbsolute)?;
         let uri = req.uri().clone();
-        let mut conn = match self.conns.checkout(&key) {
+        let mut conn = match self.conns().checkout(&key) {
             Some(c) => c,
             None => Box::pin(self.open(&key, &uri)).await?,
         };
@@ -102,7 +108,7 @@ impl PooledClient {
             let mut err = match sent {
                 Ok(resp) => {
                     if h1 {
-                        self.conns.put(conn);
+                        self.conns().put(conn);
                     }
                     return Ok(resp);
                 }
@@ -139,7 +145,7 @@ impl PooledClient {
         let conn = Conn::new(sender, count, key.clone());
         Ok(match conn.shared_handle() {
             Some(handle) => {
-                self.conns.put(conn);
+                self.conns().put(conn);
                 handle
             }
             None => conn,
@@ -166,10 +172,16 @@ impl PooledClient {
         *req.uri_mut() = origin;
     }
 
+    /// The calling worker's connections (the first list's on a thread that is no worker).
+    fn conns(&self) -> &Arc<Conns> {
+        let i = crate::server::workers::current();
+        self.conns.get(i).unwrap_or(&self.conns[0])
+    }
+
     /// How many connections are listed, for tests.
     #[cfg(test)]
     fn listed(&self) -> usize {
-        self.conns.len()
+        self.conns.iter().map(|c| c.len()).sum()
     }
 }
 

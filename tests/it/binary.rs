@@ -172,6 +172,17 @@ async fn secrets_never_appear_in_logs_metrics_admin_or_error_bodies() {
 
 #[tokio::test]
 async fn sigterm_drains_an_open_stream_then_exits_0() {
+    drains_an_open_stream(1).await;
+}
+
+#[tokio::test]
+async fn sigterm_drains_an_open_stream_on_another_worker_then_exits_0() {
+    drains_an_open_stream(2).await;
+}
+
+/// With `workers` above one, a first caller's kept-alive connection holds the first worker, so
+/// the stream is served by another.
+async fn drains_an_open_stream(workers: usize) {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("script.json");
     std::fs::write(
@@ -181,13 +192,37 @@ async fn sigterm_drains_an_open_stream_then_exits_0() {
     .unwrap();
     let (_mock, mock_url) = start_mock(Some(&script)).await;
     let cfg = write_config(dir.path(), &mock_url, "");
+    let threads = workers.to_string();
     let (mut legate, line) = spawn(
         &["serve", "--config", cfg.to_str().unwrap()],
-        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
+        &[
+            ("ANTHROPIC_API_KEY", "k"),
+            ("OPENAI_API_KEY", "k"),
+            ("TOKIO_WORKER_THREADS", &threads),
+        ],
         None,
     )
     .await;
     let (data, admin) = addrs(&line);
+    let state: serde_json::Value = reqwest::get(format!("{admin}/admin/state"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state["runtime"]["worker_threads"], workers);
+    let first = reqwest::Client::new();
+    if workers > 1 {
+        let r = first
+            .post(format!("{data}/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .body(r#"{"model":"m","max_tokens":9,"messages":[]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
     let http = reqwest::Client::new();
     let resp = http
         .post(format!("{data}/v1/messages"))

@@ -1,6 +1,6 @@
-//! `server.worker_threads` (and `TOKIO_WORKER_THREADS`, which overrides it) reach the runtime
-//! `legate serve` builds: shown by `legate check`, reported by `/admin/state` from the running
-//! runtime itself, and refused outside 1..=256 at the key's path before anything starts.
+//! `server.worker_threads` (and `TOKIO_WORKER_THREADS`, which overrides it) reach the workers
+//! `legate serve` starts: shown by `legate check`, reported by `/admin/state`, seen as threads
+//! of the process, and refused outside 1..=256 at the key's path before anything starts.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -31,10 +31,17 @@ fn check(cfg: &Path, envs: &[(&str, &str)]) -> Output {
     cmd.output().unwrap()
 }
 
-/// The worker count the running server's runtime reports.
-async fn served_workers(cfg: &Path, envs: &[(&str, &str)]) -> serde_json::Value {
+/// The worker count the running server reports, and how many worker threads it started
+/// beside the main one (read from `/proc`).
+async fn served_workers(cfg: &Path, envs: &[(&str, &str)]) -> (serde_json::Value, usize) {
     let (mut child, line) = spawn(&["serve", "--config", cfg.to_str().unwrap()], envs, None).await;
     let (_, admin) = addrs(&line);
+    let pid = child.id().unwrap();
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("legate-worker-"))
+        .count();
     let state: serde_json::Value = reqwest::get(format!("{admin}/admin/state"))
         .await
         .unwrap()
@@ -43,7 +50,7 @@ async fn served_workers(cfg: &Path, envs: &[(&str, &str)]) -> serde_json::Value 
         .unwrap();
     sigterm(&child);
     let _ = child.wait().await;
-    state["runtime"]["worker_threads"].clone()
+    (state["runtime"]["worker_threads"].clone(), threads)
 }
 
 #[tokio::test]
@@ -54,17 +61,17 @@ async fn worker_threads_reach_the_runtime_and_the_environment_overrides_them() {
     let out = check(&default, &[]);
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("worker_threads = 1\n"));
-    assert_eq!(served_workers(&default, &[]).await, 1);
+    assert_eq!(served_workers(&default, &[]).await, (1.into(), 0));
 
     let three = write_config(dir.path(), "worker_threads = 3");
     let out = check(&three, &[]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("worker_threads = 3\n"));
-    assert_eq!(served_workers(&three, &[]).await, 3);
+    assert_eq!(served_workers(&three, &[]).await, (3.into(), 2));
 
     let env = [("TOKIO_WORKER_THREADS", "2")];
     let out = check(&three, &env);
     assert!(String::from_utf8_lossy(&out.stdout).contains("worker_threads = 2\n"));
-    assert_eq!(served_workers(&three, &env).await, 2);
+    assert_eq!(served_workers(&three, &env).await, (2.into(), 1));
 }
 
 #[tokio::test]

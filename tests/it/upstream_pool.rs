@@ -73,6 +73,57 @@ async fn upstream_connections_are_reused_and_only_concurrency_opens_more() {
     );
 }
 
+#[tokio::test]
+async fn each_worker_keeps_its_own_upstream_connections() {
+    let up =
+        rawup::start(|_req: RawRequest| async { Action::Reply(rawup::json_reply(MESSAGE)) }).await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "worker_threads = 2", "", "");
+    let env = harness::start_toml(unused, &toml).await;
+    // Two callers, one kept-alive connection each: the second connection goes to the other
+    // worker, whose requests do not take the first worker's idle upstream connection.
+    let callers = [client(), client()];
+    for round in 0..4 {
+        for (i, http) in callers.iter().enumerate() {
+            let resp = http
+                .post(env.url("/v1/messages"))
+                .header("anthropic-version", "2023-06-01")
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "round {round}, caller {i}");
+            assert!(resp.text().await.unwrap().contains("fine"));
+        }
+    }
+    assert_eq!(up.requests.load(Ordering::SeqCst), 8);
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        2,
+        "one upstream connection per worker, each reused"
+    );
+    let state: serde_json::Value = env
+        .http
+        .get(env.admin_url("/admin/state"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state["runtime"]["worker_threads"], 2);
+}
+
+/// A caller with one kept-alive connection.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap()
+}
+
 /// The header lines of a request head, in order, without the request line.
 fn header_lines(head: &str) -> Vec<String> {
     head.lines()

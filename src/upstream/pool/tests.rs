@@ -78,6 +78,7 @@ fn options(idle: Duration, max_conns: usize) -> PoolOptions {
     PoolOptions {
         idle_timeout: idle,
         max_conns,
+        lists: 1,
         max_buf: 64 << 10,
     }
 }
