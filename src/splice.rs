@@ -14,6 +14,9 @@
 use std::fmt::Write as _;
 use std::ops::Range;
 
+mod tail;
+pub(crate) use tail::{Tail, last_member, value_near_end};
+
 /// One top-level member, as byte positions in the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Member {

@@ -38,9 +38,10 @@ impl StreamUsage {
 }
 
 /// The top-level `usage` object of a JSON body, decoded as `R`; None when it is absent, null
-/// or unreadable. Only that value is decoded: the walk to it skips the content unparsed.
+/// or unreadable. Only that value is decoded, and it is looked for from the end of the body,
+/// where providers put it: the content before it is not walked at all.
 pub(crate) fn usage_object<R: serde::de::DeserializeOwned>(body: &[u8]) -> Option<R> {
-    let span = crate::splice::top_level_value_span(body, "usage")?;
+    let span = crate::splice::value_near_end(body, "usage")?;
     serde_json::from_slice::<Option<R>>(&body[span]).ok()?
 }
 

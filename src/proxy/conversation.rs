@@ -7,6 +7,7 @@
 //! conversation.
 
 use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -143,7 +144,7 @@ impl Conversation {
             return None;
         }
         let data = ev.data.as_bytes();
-        let Some(span) = splice::top_level_value_span(data, "response") else {
+        let Some(span) = splice::value_near_end(data, "response") else {
             return Some(None);
         };
         let response = &data[span];
@@ -288,14 +289,33 @@ impl WholeAnswer {
     }
 }
 
-/// What legate reads of a relayed Responses answer, in one walk over its top-level members
-/// (nested values are skipped unparsed, never built into a tree): its `id`, for the store,
-/// and its usage, for metering. A body that is not an object has neither.
+/// What legate reads of a relayed Responses answer: its `id`, for the store, and its usage, for
+/// metering. A Response has its `id` among its first members, before the output, and ends
+/// with its usage (and a few short members), so the id is looked for from the start up to the
+/// first `id` and the usage from the end: the output between them, most of the body, is not
+/// walked at all. An answer laid out otherwise is walked member by member
+/// ([`read_relayed_walk`]). A body that is not an object has neither.
 fn read_relayed(body: &[u8]) -> (Option<Cow<'_, str>>, Option<Usage>) {
+    let first_id =
+        splice::top_level_members(body).find(|m| splice::key_matches(&body[m.key.clone()], "id"));
+    let Some(id) = first_id.map(|m| m.value) else {
+        return read_relayed_walk(body);
+    };
+    let usage = match splice::last_member(body, "usage") {
+        splice::Tail::Found(span) => Some(span),
+        splice::Tail::Absent => None,
+        splice::Tail::Unknown => return read_relayed_walk(body),
+    };
+    relayed_fields(body, Some(id), usage)
+}
+
+/// [`read_relayed`] in one walk over every top-level member (nested values are skipped
+/// unparsed, never built into a tree); with duplicate keys, the last one (what serde_json and
+/// most parsers honour).
+fn read_relayed_walk(body: &[u8]) -> (Option<Cow<'_, str>>, Option<Usage>) {
     let (mut id, mut usage) = (None, None);
     let mut members = splice::top_level_members(body);
     for m in members.by_ref() {
-        // With duplicate keys, the last one (what serde_json and most parsers honour).
         let key = &body[m.key.clone()];
         if splice::key_matches(key, "id") {
             id = Some(m.value);
@@ -306,6 +326,15 @@ fn read_relayed(body: &[u8]) -> (Option<Cow<'_, str>>, Option<Usage>) {
     if members.is_malformed() {
         return (None, None);
     }
+    relayed_fields(body, id, usage)
+}
+
+/// The string `id` and the usage at the spans found.
+fn relayed_fields(
+    body: &[u8],
+    id: Option<Range<usize>>,
+    usage: Option<Range<usize>>,
+) -> (Option<Cow<'_, str>>, Option<Usage>) {
     let id = id.and_then(|span| {
         serde_json::from_slice::<Option<Cow<'_, str>>>(&body[span])
             .ok()
@@ -362,7 +391,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_relayed_answer_is_read_for_its_id_and_usage_in_one_walk() {
+    fn a_relayed_answer_is_read_for_its_id_and_usage_from_both_ends() {
         let body = br#"{"id":"resp_1","output":[{"content":[{"text":"\"id\":\"no\",\"usage\":{}"}]}],
             "usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":30},"output_tokens":7}}"#;
         let (id, usage) = read_relayed(body);
@@ -376,9 +405,25 @@ mod tests {
                 cache_write: 0,
             })
         );
-        // Keys compared unescaped; with duplicates, the last one.
-        let (id, usage) = read_relayed(br#"{"id":"a","\u0069d":"r\u00e9p","usage":null}"#);
+        // Keys compared unescaped; the first id.
+        let (id, usage) =
+            read_relayed(br#"{"object":"response","\u0069d":"r\u00e9p","id":"x","usage":null}"#);
         assert_eq!((id.as_deref(), usage), (Some("r\u{e9}p"), None));
+        // No id: every member walked, and nothing to keep.
+        let body =
+            br#"{"object":"response","usage":{"input_tokens":2,"output_tokens":1},"user":null}"#;
+        let (id, usage) = read_relayed(body);
+        assert_eq!(id, None);
+        assert_eq!(usage.map(|u| (u.input, u.output)), Some((2, 1)));
+        // Read from both ends, the output between them is not walked: a broken middle does
+        // not hide the id and usage the provider sent.
+        let (id, usage) = read_relayed(
+            br#"{"id":"c","output":[}],"usage":{"input_tokens":1,"output_tokens":1}}"#,
+        );
+        assert_eq!(
+            (id.as_deref(), usage.map(|u| u.output)),
+            (Some("c"), Some(1))
+        );
     }
 
     #[test]

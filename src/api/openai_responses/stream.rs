@@ -96,13 +96,14 @@ pub(crate) fn usage_of_member(value: &[u8]) -> Option<Usage> {
 }
 
 /// Usage of a stream: the terminal event's `response.usage` (completed, incomplete, failed).
-/// Only that member is decoded: the walks to it skip the rest of the event unparsed.
+/// Only that member is decoded, and the walks to it start from the end (the response is the
+/// event's last member, its usage near the response's end), skipping the output unparsed.
 pub(super) fn usage_of_event(ev: &SseEvent) -> Option<Usage> {
     if !has_usage_object(&ev.data) {
         return None;
     }
     let data = ev.data.as_bytes();
-    let response = crate::splice::top_level_value_span(data, "response")?;
+    let response = crate::splice::value_near_end(data, "response")?;
     usage_of_body(&data[response])
 }
 
