@@ -11,14 +11,13 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// The deadlines a connection is held to.
 #[derive(Debug, Clone, Copy)]
@@ -37,13 +36,16 @@ struct State {
     served: bool,
     /// The instant the watchdog sleeps until (`None` before it first looked).
     armed: Option<Instant>,
+    /// The deadline may have come before `armed`: the watchdog must look again.
+    changed: bool,
+    /// The watchdog's task, woken when `changed` is set.
+    waker: Option<Waker>,
 }
 
 /// What one connection is doing, shared by its socket, its requests and its watchdog.
 pub struct ConnWatch {
     limits: ConnLimits,
     state: Mutex<State>,
-    changed: Notify,
 }
 
 impl ConnWatch {
@@ -56,8 +58,9 @@ impl ConnWatch {
                 head_started: None,
                 served: false,
                 armed: None,
+                changed: false,
+                waker: None,
             }),
-            changed: Notify::new(),
         })
     }
 
@@ -86,10 +89,18 @@ impl ConnWatch {
         let mut s = self.lock();
         if s.inflight == 0 && s.head_started.is_none() {
             s.head_started = Some(Instant::now());
-            let wake = self.sooner_than_armed(&s);
-            drop(s);
-            if wake {
-                self.changed.notify_one();
+            self.wake_if_sooner(&mut s);
+        }
+    }
+
+    /// Wakes the watchdog when the deadline is now earlier than the instant it sleeps until:
+    /// only then must it look again. A later deadline, or none, it finds when it wakes.
+    fn wake_if_sooner(&self, s: &mut State) {
+        if self.sooner_than_armed(s) {
+            s.changed = true;
+            // A tokio waker only schedules its task; nothing runs under this lock.
+            if let Some(w) = &s.waker {
+                w.wake_by_ref();
             }
         }
     }
@@ -130,24 +141,48 @@ impl ConnWatch {
     /// Resolves when the connection has overstayed: the caller then drops it. While a
     /// request is in flight it looks again every `connection_idle_timeout`, so that the end of
     /// a request needs to wake it only when that brings the deadline forward.
+    ///
+    /// It is polled with its connection, each time the connection's task wakes (several times
+    /// per request): such a poll only compares the clock with the instant armed, since the
+    /// timer and the state hold the task's waker already. Re-arming happens only when the
+    /// deadline came forward or the timer fired.
     pub async fn expired(&self) {
+        let sleep = tokio::time::sleep_until(Instant::now() + self.limits.connection_idle_timeout);
+        tokio::pin!(sleep);
+        std::future::poll_fn(|cx| self.poll_expired(cx, sleep.as_mut())).await
+    }
+
+    fn poll_expired(&self, cx: &mut Context<'_>, mut sleep: Pin<&mut Sleep>) -> Poll<()> {
         loop {
-            let at = {
-                let mut s = self.lock();
-                let at = self
-                    .deadline_of(&s)
-                    .unwrap_or_else(|| Instant::now() + self.limits.connection_idle_timeout);
-                s.armed = Some(at);
-                at
-            };
-            tokio::select! {
-                _ = tokio::time::sleep_until(at) => {
-                    if self.deadline().is_some_and(|d| d <= Instant::now()) {
-                        return;
+            let mut s = self.lock();
+            if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.waker = Some(cx.waker().clone());
+            }
+            match s.armed {
+                Some(at) if !s.changed => {
+                    drop(s);
+                    if Instant::now() < at {
+                        return Poll::Pending;
                     }
                 }
-                _ = self.changed.notified() => {}
+                _ => {
+                    s.changed = false;
+                    let at = self
+                        .deadline_of(&s)
+                        .unwrap_or_else(|| Instant::now() + self.limits.connection_idle_timeout);
+                    s.armed = Some(at);
+                    drop(s);
+                    sleep.as_mut().reset(at);
+                }
             }
+            // Registers the timer after a reset, or finds it fired.
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if self.deadline().is_some_and(|d| d <= Instant::now()) {
+                return Poll::Ready(());
+            }
+            self.lock().changed = true;
         }
     }
 }
@@ -157,18 +192,13 @@ pub struct InFlight(Arc<ConnWatch>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let wake = {
-            let mut s = self.0.lock();
-            s.inflight = s.inflight.saturating_sub(1);
-            if s.inflight == 0 {
-                s.idle_since = Instant::now();
-                s.head_started = None;
-            }
-            self.0.sooner_than_armed(&s)
-        };
-        if wake {
-            self.0.changed.notify_one();
+        let mut s = self.0.lock();
+        s.inflight = s.inflight.saturating_sub(1);
+        if s.inflight == 0 {
+            s.idle_since = Instant::now();
+            s.head_started = None;
         }
+        self.0.wake_if_sooner(&mut s);
     }
 }
 
@@ -298,6 +328,31 @@ mod tests {
         drop(first);
         tokio::time::advance(Duration::from_secs(4)).await;
         // A second head begins 5 s in and never completes.
+        w.on_bytes();
+        let head = Instant::now();
+        let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(at - head, LIMITS.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_long_after_the_last_request_wakes_the_watchdog_for_its_sooner_deadline() {
+        let w = ConnWatch::new(LIMITS);
+        let fired = watchdog(&w).await;
+        w.on_bytes();
+        drop(w.begin());
+        let idle = Instant::now();
+        // Past the first head's deadline: the watchdog wakes and re-arms for the idle timeout.
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let idle_deadline = Some(idle + LIMITS.connection_idle_timeout);
+        for _ in 0..10 {
+            if w.lock().armed == idle_deadline {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(w.lock().armed, idle_deadline);
+        assert!(!fired.is_finished());
+        // Asleep until then, it must be woken for the new head's deadline.
         w.on_bytes();
         let head = Instant::now();
         let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
