@@ -131,7 +131,7 @@ impl Iterator for Members<'_> {
     }
 }
 
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
         i += 1;
     }
@@ -193,7 +193,7 @@ fn quote_or_backslash_near(s: &[u8]) -> Option<usize> {
 }
 
 /// Returns the position just past the value starting at `i`.
-fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+pub(crate) fn skip_value(b: &[u8], i: usize) -> Option<usize> {
     match *b.get(i)? {
         b'"' => skip_string(b, i),
         b'{' | b'[' => skip_nested(b, i),

@@ -2,6 +2,8 @@
 //! of the stream's API (running totals are overwritten, never added); and the top-level
 //! `usage` object of a whole answer, which the dialects decode in their own shape.
 
+pub(crate) mod flat;
+
 use crate::api::ApiKind;
 pub use crate::meter::Usage;
 use crate::sse::SseEvent;

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use crate::api::has_usage_object;
 use crate::meter::Usage;
 use crate::sse::SseEvent;
-use crate::usage::usage_object;
+use crate::usage::flat;
 
 /// `usage` fields; each is optional because `message_delta.usage` carries only some.
 #[derive(Deserialize, Default)]
@@ -57,10 +57,32 @@ struct Event {
     usage: Option<Reported>,
 }
 
-/// Usage of a non-streaming `Message` body (None without a usage object).
+/// Usage of a non-streaming `Message` body (None without a usage object). Its counts are read
+/// in place ([`flat::counts`]); serde decodes what that reader leaves to it.
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    usage_object::<Reported>(body).map(|u| u.to_usage())
+    let span = crate::splice::value_near_end(body, "usage")?;
+    let obj = &body[span];
+    if let Some([input, output, cache_write, cache_read]) = flat::counts(obj, FIELDS) {
+        let reported = Reported {
+            input_tokens: input,
+            output_tokens: output,
+            cache_creation_input_tokens: cache_write,
+            cache_read_input_tokens: cache_read,
+        };
+        return Some(reported.to_usage());
+    }
+    serde_json::from_slice::<Option<Reported>>(obj)
+        .ok()?
+        .map(|u| u.to_usage())
 }
+
+/// [`Reported`]'s fields, in its order.
+const FIELDS: [&str; 4] = [
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+];
 
 pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
     let worth_parsing = match ev.event.as_deref() {

@@ -1,0 +1,158 @@
+//! Reading a small flat object of counts (Anthropic's `usage`) without serde.
+//!
+//! serde's derived reader spends about 2,000 instructions on a usage object of a few members
+//! (every key decoded and matched, every value through its visitor); this one compares raw
+//! keys and reads digits in place. It takes only what it reads exactly as serde would and
+//! answers `None` for anything else, for serde to decode: a key with an escape, a wanted key
+//! twice (serde refuses a duplicate field), a wanted value that is not `null` or a plain
+//! unsigned integer. Members it does not want are skipped as the body walks skip them (bracket
+//! depth, strings by their quotes), not validated.
+
+use crate::splice::{skip_value, skip_ws};
+
+/// The members named in `keys` of the object `obj`, each `null` or absent (None) or a count.
+pub(crate) fn counts<const N: usize>(obj: &[u8], keys: [&str; N]) -> Option<[Option<u64>; N]> {
+    let mut out = [None; N];
+    let mut seen = [false; N];
+    let mut i = skip_ws(obj, 0);
+    if obj.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(obj, i + 1);
+    if obj.get(i) == Some(&b'}') {
+        return (skip_ws(obj, i + 1) == obj.len()).then_some(out);
+    }
+    loop {
+        if obj.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_start = i + 1;
+        let key_end = key_start + memchr::memchr2(b'"', b'\\', obj.get(key_start..)?)?;
+        if obj[key_end] != b'"' {
+            return None;
+        }
+        let key = &obj[key_start..key_end];
+        i = skip_ws(obj, key_end + 1);
+        if obj.get(i) != Some(&b':') {
+            return None;
+        }
+        let value_start = skip_ws(obj, i + 1);
+        let value_end = skip_value(obj, value_start)?;
+        if let Some(k) = keys.iter().position(|k| k.as_bytes() == key) {
+            if std::mem::replace(&mut seen[k], true) {
+                return None;
+            }
+            out[k] = count(&obj[value_start..value_end])?;
+        }
+        i = skip_ws(obj, value_end);
+        match obj.get(i) {
+            Some(b',') => i = skip_ws(obj, i + 1),
+            Some(b'}') => return (skip_ws(obj, i + 1) == obj.len()).then_some(out),
+            _ => return None,
+        }
+    }
+}
+
+/// `null` (Some(None)) or an unsigned integer without sign, fraction, exponent or leading zero
+/// that fits a u64 (Some(Some(n))); None for anything else.
+fn count(v: &[u8]) -> Option<Option<u64>> {
+    if v == b"null" {
+        return Some(None);
+    }
+    if v.is_empty() || (v.len() > 1 && v[0] == b'0') {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in v {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(Some(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde::Deserialize;
+
+    const KEYS: [&str; 3] = ["input_tokens", "output_tokens", "cache_read_input_tokens"];
+
+    #[derive(Deserialize)]
+    struct Three {
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+        cache_read_input_tokens: Option<u64>,
+    }
+
+    fn by_serde(obj: &str) -> Option<[Option<u64>; 3]> {
+        let t: Three = serde_json::from_str(obj).ok()?;
+        Some([t.input_tokens, t.output_tokens, t.cache_read_input_tokens])
+    }
+
+    #[test]
+    fn counts_are_read_in_place_and_the_rest_left_to_serde() {
+        let obj = r#"{ "input_tokens" : 12, "cache_creation": {"a": [1, "}"]},
+            "output_tokens":0,"service_tier":"standard","cache_read_input_tokens":null }"#;
+        assert_eq!(
+            counts(obj.as_bytes(), KEYS),
+            Some([Some(12), Some(0), None])
+        );
+        assert_eq!(counts(b"{}", KEYS), Some([None; 3]));
+        let max = br#"{"output_tokens":18446744073709551615}"#;
+        assert_eq!(counts(max, KEYS).map(|c| c[1]), Some(Some(u64::MAX)));
+        for obj in [
+            r#"{"input_tokens":1,"input_tokens":2}"#,
+            r#"{"input_tokens":-1}"#,
+            r#"{"input_tokens":1.0}"#,
+            r#"{"input_tokens":1e3}"#,
+            r#"{"input_tokens":01}"#,
+            r#"{"input_tokens":"1"}"#,
+            r#"{"input_tokens":18446744073709551616}"#,
+            r#"{"input_\u0074okens":1}"#,
+            r#"{"input_tokens":1"#,
+            r#"{"input_tokens":1}x"#,
+            r#"{"input_tokens" 1}"#,
+            r#"[1]"#,
+            "",
+        ] {
+            assert_eq!(counts(obj.as_bytes(), KEYS), None, "{obj}");
+        }
+    }
+
+    fn member() -> impl Strategy<Value = String> {
+        let key = prop_oneof![
+            Just("input_tokens"),
+            Just("output_tokens"),
+            Just("cache_read_input_tokens"),
+            Just("other"),
+            Just("input_\\u0074okens"),
+        ];
+        let value = prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            Just("null".to_string()),
+            Just("-3".to_string()),
+            Just("2.5".to_string()),
+            Just("\"7\"".to_string()),
+            Just("{\"a\":[1,\"}\\\"\"]}".to_string()),
+            (0u64..10).prop_map(|n| format!("0{n}")),
+        ];
+        let ws = prop_oneof![Just(""), Just(" "), Just("\n\t")];
+        (key, value, ws).prop_map(|(k, v, ws)| format!("{ws}\"{k}\"{ws}:{ws}{v}{ws}"))
+    }
+
+    proptest! {
+        #[test]
+        fn what_it_reads_serde_reads_alike(members in proptest::collection::vec(member(), 0..6)) {
+            let obj = format!("{{{}}}", members.join(","));
+            let fast = counts(obj.as_bytes(), KEYS);
+            // Members it does not want are not validated: the claim is for valid JSON.
+            let valid = serde_json::from_str::<serde_json::Value>(&obj).is_ok();
+            if fast.is_some() && valid {
+                prop_assert_eq!(fast, by_serde(&obj), "{}", obj);
+            }
+        }
+    }
+}
