@@ -7,6 +7,8 @@ pub mod cli;
 pub mod cloud;
 pub mod config;
 pub mod error;
+#[cfg(test)]
+mod json_gen;
 pub mod limits;
 pub mod loopback;
 pub mod lru;

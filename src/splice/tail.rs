@@ -201,21 +201,7 @@ mod tests {
     }
 
     fn value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<f64>().prop_map(Value::from),
-            "[^\u{0}]{0,6}".prop_map(Value::String),
-            Just(Value::String("\"usage\": {\\}]\n\u{1}\\".into())),
-        ];
-        leaf.prop_recursive(3, 16, 3, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
-                proptest::collection::vec((key(), inner), 0..3)
-                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-            ]
-        })
+        crate::json_gen::value(key().boxed())
     }
 
     fn key() -> impl Strategy<Value = String> {

@@ -204,12 +204,7 @@ async fn drains_an_open_stream(workers: usize) {
     )
     .await;
     let (data, admin) = addrs(&line);
-    let state: serde_json::Value = reqwest::get(format!("{admin}/admin/state"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = crate::harness::get_json(&format!("{admin}/admin/state")).await;
     assert_eq!(state["runtime"]["worker_threads"], workers);
     let first = reqwest::Client::new();
     if workers > 1 {

@@ -129,8 +129,16 @@ impl Env {
 
     /// POST /v1/messages with Anthropic-SDK-like headers.
     pub(crate) async fn messages(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
-        self.http
-            .post(self.url("/v1/messages"))
+        self.messages_via(&self.http, body).await
+    }
+
+    /// [`Env::messages`] through another client (its own connections).
+    pub(crate) async fn messages_via(
+        &self,
+        http: &reqwest::Client,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        http.post(self.url("/v1/messages"))
             .header("x-api-key", "dummy-client-key")
             .header("anthropic-version", "2023-06-01")
             .header("content-type", "application/json")
@@ -238,6 +246,16 @@ impl Env {
 }
 
 // The real binary as a separate process (binary, check, access_log, cloud_secrets).
+
+/// GET a JSON document from a spawned binary (`{admin}/admin/state`).
+pub(crate) async fn get_json(url: &str) -> serde_json::Value {
+    reqwest::get(url)
+        .await
+        .expect("the binary answers")
+        .json()
+        .await
+        .expect("a JSON document")
+}
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_legate");
 

@@ -42,12 +42,7 @@ async fn served_workers(cfg: &Path, envs: &[(&str, &str)]) -> (serde_json::Value
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .filter(|name| name.starts_with("legate-worker-"))
         .count();
-    let state: serde_json::Value = reqwest::get(format!("{admin}/admin/state"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = crate::harness::get_json(&format!("{admin}/admin/state")).await;
     sigterm(&child);
     let _ = child.wait().await;
     (state["runtime"]["worker_threads"].clone(), threads)

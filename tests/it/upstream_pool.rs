@@ -85,14 +85,7 @@ async fn each_worker_keeps_its_own_upstream_connections() {
     let callers = [client(), client()];
     for round in 0..4 {
         for (i, http) in callers.iter().enumerate() {
-            let resp = http
-                .post(env.url("/v1/messages"))
-                .header("anthropic-version", "2023-06-01")
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await
-                .unwrap();
+            let resp = env.messages_via(http, BODY).await;
             assert_eq!(resp.status(), 200, "round {round}, caller {i}");
             assert!(resp.text().await.unwrap().contains("fine"));
         }
@@ -103,15 +96,7 @@ async fn each_worker_keeps_its_own_upstream_connections() {
         2,
         "one upstream connection per worker, each reused"
     );
-    let state: serde_json::Value = env
-        .http
-        .get(env.admin_url("/admin/state"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = env.admin_json("/admin/state").await;
     assert_eq!(state["runtime"]["worker_threads"], 2);
 }
 
