@@ -79,7 +79,7 @@ pub fn spawn(proxy: Arc<Proxy>) -> JoinHandle<()> {
 
 /// Asks the allocator to return its free pages; true when it gave any back.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code, reason = "glibc's malloc_trim has no safe binding")]
+#[expect(unsafe_code, reason = "glibc's malloc_trim has no safe binding")]
 fn trim() -> bool {
     // SAFETY: malloc_trim takes no pointers and has no preconditions; glibc runs it under each
     // arena's own lock, like any other allocator call.
