@@ -145,11 +145,7 @@ pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
 fn skip_string(b: &[u8], i: usize) -> Option<usize> {
     let mut j = i + 1;
     loop {
-        let near = b.get(j..)?;
-        let k = j + match quote_or_backslash_near(near) {
-            Some(p) => p,
-            None => memchr::memchr2(b'"', b'\\', near)?,
-        };
+        let k = quote_or_backslash(b, j)?;
         if b[k] == b'"' {
             return Some(k + 1);
         }
@@ -157,6 +153,19 @@ fn skip_string(b: &[u8], i: usize) -> Option<usize> {
         // are never quotes or backslashes.
         j = k + 2;
     }
+}
+
+/// The position of the first `"` or `\` at or after `from`: where a key or short string ends
+/// (or its first escape is), found as [`skip_string`] finds it.
+#[inline]
+pub(crate) fn quote_or_backslash(b: &[u8], from: usize) -> Option<usize> {
+    let near = b.get(from..)?;
+    Some(
+        from + match quote_or_backslash_near(near) {
+            Some(p) => p,
+            None => memchr::memchr2(b'"', b'\\', near)?,
+        },
+    )
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;

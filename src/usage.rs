@@ -42,9 +42,21 @@ impl StreamUsage {
 /// The top-level `usage` object of a JSON body, decoded as `R`; None when it is absent, null
 /// or unreadable. Only that value is decoded, and it is looked for from the end of the body,
 /// where providers put it: the content before it is not walked at all.
-pub(crate) fn usage_object<R: serde::de::DeserializeOwned>(body: &[u8]) -> Option<R> {
+pub(crate) fn usage_object<R: serde::de::DeserializeOwned>(
+    body: &[u8],
+    in_place: impl FnOnce(&[u8]) -> Option<R>,
+) -> Option<R> {
     let span = crate::splice::value_near_end(body, "usage")?;
-    serde_json::from_slice::<Option<R>>(&body[span]).ok()?
+    decode(&body[span], in_place)
+}
+
+/// A usage object's text decoded as `R`: by `in_place` (a [`flat`] reader that takes only what
+/// it reads exactly as serde would), else by serde; None when it is null or unreadable.
+pub(crate) fn decode<R: serde::de::DeserializeOwned>(
+    obj: &[u8],
+    in_place: impl FnOnce(&[u8]) -> Option<R>,
+) -> Option<R> {
+    in_place(obj).or_else(|| serde_json::from_slice::<Option<R>>(obj).ok().flatten())
 }
 
 /// The usage the dialect of `api` reads from the recorded stream `wire`.

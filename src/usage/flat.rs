@@ -1,4 +1,4 @@
-//! Reading a small flat object of counts (Anthropic's `usage`) without serde.
+//! Reading small objects of counts (the providers' `usage`) without serde.
 //!
 //! serde's derived reader spends about 2,000 instructions on a usage object of a few members
 //! (every key decoded and matched, every value through its visitor); this one compares raw
@@ -8,12 +8,30 @@
 //! unsigned integer. Members it does not want are skipped as the body walks skip them (bracket
 //! depth, strings by their quotes), not validated.
 
-use crate::splice::{skip_value, skip_ws};
+use std::ops::Range;
+
+use crate::splice::{quote_or_backslash, skip_value, skip_ws};
 
 /// The members named in `keys` of the object `obj`, each `null` or absent (None) or a count.
 pub(crate) fn counts<const N: usize>(obj: &[u8], keys: [&str; N]) -> Option<[Option<u64>; N]> {
+    let spans = members(obj, keys)?;
     let mut out = [None; N];
-    let mut seen = [false; N];
+    for (o, span) in out.iter_mut().zip(spans) {
+        if let Some(span) = span {
+            *o = count(&obj[span])?;
+        }
+    }
+    Some(out)
+}
+
+/// Where the values of the members named in `keys` lie in the object `obj` (None: absent),
+/// for a caller that reads a nested object or tells `null` from absent. The same rules as
+/// [`counts`]: None for a key with an escape, a wanted key twice, or anything but an object.
+pub(crate) fn members<const N: usize>(
+    obj: &[u8],
+    keys: [&str; N],
+) -> Option<[Option<Range<usize>>; N]> {
+    let mut out = [const { None }; N];
     let mut i = skip_ws(obj, 0);
     if obj.get(i) != Some(&b'{') {
         return None;
@@ -27,7 +45,7 @@ pub(crate) fn counts<const N: usize>(obj: &[u8], keys: [&str; N]) -> Option<[Opt
             return None;
         }
         let key_start = i + 1;
-        let key_end = key_start + memchr::memchr2(b'"', b'\\', obj.get(key_start..)?)?;
+        let key_end = quote_or_backslash(obj, key_start)?;
         if obj[key_end] != b'"' {
             return None;
         }
@@ -39,10 +57,9 @@ pub(crate) fn counts<const N: usize>(obj: &[u8], keys: [&str; N]) -> Option<[Opt
         let value_start = skip_ws(obj, i + 1);
         let value_end = skip_value(obj, value_start)?;
         if let Some(k) = keys.iter().position(|k| k.as_bytes() == key) {
-            if std::mem::replace(&mut seen[k], true) {
+            if out[k].replace(value_start..value_end).is_some() {
                 return None;
             }
-            out[k] = count(&obj[value_start..value_end])?;
         }
         i = skip_ws(obj, value_end);
         match obj.get(i) {
@@ -53,9 +70,23 @@ pub(crate) fn counts<const N: usize>(obj: &[u8], keys: [&str; N]) -> Option<[Opt
     }
 }
 
+/// A count that serde reads into a plain `u64` with `#[serde(default)]`: absent is 0, a count
+/// is itself; None for `null` (which serde refuses) or anything [`count`] does not take.
+pub(crate) fn required(obj: &[u8], span: Option<Range<usize>>) -> Option<u64> {
+    match span {
+        None => Some(0),
+        Some(span) => count(&obj[span])?,
+    }
+}
+
+/// Whether a member's value, as [`members`] found it, is absent or `null`.
+pub(crate) fn absent_or_null(obj: &[u8], span: &Option<Range<usize>>) -> bool {
+    span.as_ref().is_none_or(|s| &obj[s.clone()] == b"null")
+}
+
 /// `null` (Some(None)) or an unsigned integer without sign, fraction, exponent or leading zero
 /// that fits a u64 (Some(Some(n))); None for anything else.
-fn count(v: &[u8]) -> Option<Option<u64>> {
+pub(crate) fn count(v: &[u8]) -> Option<Option<u64>> {
     if v == b"null" {
         return Some(None);
     }
@@ -70,6 +101,57 @@ fn count(v: &[u8]) -> Option<Option<u64>> {
         n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
     }
     Some(Some(n))
+}
+
+/// Test-only: JSON objects of the shape the readers built on this module meet, with the
+/// values serde and they may disagree on (null, signs, fractions, strings, leading zeros,
+/// escaped keys, nested objects), for property tests against serde.
+#[cfg(test)]
+pub(crate) mod shapes {
+    use proptest::prelude::*;
+
+    /// A value: a count or one of the values a count reader must refuse or leave to serde.
+    fn scalar() -> BoxedStrategy<String> {
+        prop_oneof![
+            4 => any::<u64>().prop_map(|n| n.to_string()),
+            2 => (0u64..100).prop_map(|n| n.to_string()),
+            1 => Just("null".to_string()),
+            1 => Just("-3".to_string()),
+            1 => Just("2.5".to_string()),
+            1 => Just("\"7\"".to_string()),
+            1 => Just("{\"a\":[1,\"}\\\"\"]}".to_string()),
+            1 => (0u64..10).prop_map(|n| format!("0{n}")),
+        ]
+        .boxed()
+    }
+
+    fn members(keys: Vec<&'static str>, value: BoxedStrategy<String>) -> BoxedStrategy<String> {
+        let key = proptest::sample::select(keys);
+        let ws = prop_oneof![Just(""), Just(" "), Just("\n\t")];
+        let member = (key, value, ws).prop_map(|(k, v, ws)| format!("{ws}\"{k}\"{ws}:{ws}{v}{ws}"));
+        proptest::collection::vec(member, 0..6)
+            .prop_map(|m| format!("{{{}}}", m.join(",")))
+            .boxed()
+    }
+
+    /// An object whose members are drawn from `keys` (plus an unknown and an escaped one);
+    /// the member named `nested`, when there is one, may hold an object drawn from `inner`.
+    pub(crate) fn object(
+        keys: &[&'static str],
+        nested: &'static str,
+        inner: &[&'static str],
+    ) -> BoxedStrategy<String> {
+        let with_extra = |ks: &[&'static str]| {
+            let mut v = ks.to_vec();
+            v.extend(["other", "input_\\u0074okens"]);
+            v
+        };
+        let inner_obj = members(with_extra(inner), scalar());
+        let value = prop_oneof![3 => scalar(), 2 => inner_obj].boxed();
+        let mut keys = with_extra(keys);
+        keys.push(nested);
+        members(keys, value)
+    }
 }
 
 #[cfg(test)]

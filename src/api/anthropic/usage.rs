@@ -60,20 +60,16 @@ struct Event {
 /// Usage of a non-streaming `Message` body (None without a usage object). Its counts are read
 /// in place ([`flat::counts`]); serde decodes what that reader leaves to it.
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    let span = crate::splice::value_near_end(body, "usage")?;
-    let obj = &body[span];
-    if let Some([input, output, cache_write, cache_read]) = flat::counts(obj, FIELDS) {
-        let reported = Reported {
+    let in_place = |obj: &[u8]| {
+        let [input, output, cache_write, cache_read] = flat::counts(obj, FIELDS)?;
+        Some(Reported {
             input_tokens: input,
             output_tokens: output,
             cache_creation_input_tokens: cache_write,
             cache_read_input_tokens: cache_read,
-        };
-        return Some(reported.to_usage());
-    }
-    serde_json::from_slice::<Option<Reported>>(obj)
-        .ok()?
-        .map(|u| u.to_usage())
+        })
+    };
+    crate::usage::usage_object(body, in_place).map(|u| u.to_usage())
 }
 
 /// [`Reported`]'s fields, in its order.

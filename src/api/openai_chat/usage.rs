@@ -8,7 +8,7 @@ use serde::Deserialize;
 use crate::api::has_usage_object;
 use crate::meter::Usage;
 use crate::sse::SseEvent;
-use crate::usage::usage_object;
+use crate::usage::{flat, usage_object};
 
 #[derive(Deserialize)]
 struct Body {
@@ -52,9 +52,42 @@ impl Reported {
     }
 }
 
-/// Usage of a non-streaming `chat.completion` body (None without a usage object).
+/// Usage of a non-streaming `chat.completion` body (None without a usage object). Its counts
+/// are read in place ([`read_in_place`]); serde decodes what that reader leaves to it.
 pub(crate) fn of_body(body: &[u8]) -> Option<Usage> {
-    usage_object::<Reported>(body).map(|u| u.to_usage())
+    usage_object(body, read_in_place).map(|u| u.to_usage())
+}
+
+/// [`Reported`] read without serde ([`flat`]): the counts in place and the one nested object's;
+/// None for anything it does not read exactly as serde would, which serde then decides.
+fn read_in_place(obj: &[u8]) -> Option<Reported> {
+    let [prompt, completion, details] = flat::members(
+        obj,
+        [
+            "prompt_tokens",
+            "completion_tokens",
+            "prompt_tokens_details",
+        ],
+    )?;
+    let prompt_tokens_details = if flat::absent_or_null(obj, &details) {
+        None
+    } else {
+        let [cached_tokens, cache_write_tokens] =
+            flat::counts(&obj[details?], ["cached_tokens", "cache_write_tokens"])?;
+        Some(PromptDetails {
+            cached_tokens,
+            cache_write_tokens,
+        })
+    };
+    let optional = |span: Option<std::ops::Range<usize>>| match span {
+        None => Some(None),
+        Some(span) => flat::count(&obj[span]),
+    };
+    Some(Reported {
+        prompt_tokens: optional(prompt)?,
+        completion_tokens: optional(completion)?,
+        prompt_tokens_details,
+    })
 }
 
 pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
@@ -69,6 +102,58 @@ pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn usage_by_serde(obj: &str) -> Option<Usage> {
+        serde_json::from_str::<Option<Reported>>(obj)
+            .ok()
+            .flatten()
+            .map(|u| u.to_usage())
+    }
+
+    #[test]
+    fn a_usage_object_as_providers_send_it_is_read_in_place() {
+        let obj = r#"{"prompt_tokens":1000,"completion_tokens":20,"total_tokens":1020,
+            "prompt_tokens_details":{"cached_tokens":600,"cache_write_tokens":100,"audio_tokens":0},
+            "completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0}}"#;
+        let fast = read_in_place(obj.as_bytes()).map(|u| u.to_usage());
+        assert!(fast.is_some(), "left to serde");
+        assert_eq!(fast, usage_by_serde(obj));
+        assert_eq!(
+            fast.map(|u| (u.input, u.cache_read, u.cache_write, u.output)),
+            Some((300, 600, 100, 20))
+        );
+        // `null` counts are serde's `None` here, read in place too.
+        let nulls = r#"{"prompt_tokens":null,"completion_tokens":2,"prompt_tokens_details":null}"#;
+        assert!(read_in_place(nulls.as_bytes()).is_some());
+        assert_eq!(
+            read_in_place(nulls.as_bytes()).map(|u| u.to_usage()),
+            usage_by_serde(nulls)
+        );
+        for obj in [
+            r#"{"prompt_tokens":-1}"#,
+            r#"{"prompt_tokens_details":[1]}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}"#,
+        ] {
+            assert!(read_in_place(obj.as_bytes()).is_none(), "{obj}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn what_is_read_in_place_serde_reads_alike(
+            obj in crate::usage::flat::shapes::object(
+                &["prompt_tokens", "completion_tokens"],
+                "prompt_tokens_details",
+                &["cached_tokens", "cache_write_tokens"],
+            )
+        ) {
+            // Members it does not want are not validated: the claim is for valid JSON.
+            let valid = serde_json::from_str::<serde_json::Value>(&obj).is_ok();
+            if let (Some(fast), true) = (read_in_place(obj.as_bytes()), valid) {
+                proptest::prop_assert_eq!(Some(fast.to_usage()), usage_by_serde(&obj), "{}", obj);
+            }
+        }
+    }
     use crate::api::ApiKind;
     use crate::usage::of_stream;
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use crate::api::{StreamEventKind, has_usage_object};
 use crate::meter::Usage;
 use crate::sse::SseEvent;
-use crate::usage::usage_object;
+use crate::usage::{flat, usage_object};
 
 /// The event's type: the `event:` name, else the data's `type` (borrowed from the event when
 /// it can be: this runs for every event of every Responses stream).
@@ -84,15 +84,36 @@ impl Reported {
 /// Usage of a response object (a JSON answer): only its top-level `usage` member is decoded,
 /// the walk to it skips the rest unparsed (as for the other APIs).
 pub(super) fn usage_of_body(body: &[u8]) -> Option<Usage> {
-    usage_object::<Reported>(body).map(|u| u.to_usage())
+    usage_object(body, read_in_place).map(|u| u.to_usage())
 }
 
 /// Usage from the text of a response object's `usage` member (found by a walk over the
 /// object's members that reads others too); None when it is null or unreadable.
 pub(crate) fn usage_of_member(value: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<Option<Reported>>(value)
-        .ok()?
-        .map(|u| u.to_usage())
+    crate::usage::decode(value, read_in_place).map(|u| u.to_usage())
+}
+
+/// [`Reported`] read without serde ([`flat`]): the counts in place and the one nested object's
+/// member; None for anything it does not read exactly as serde would, which serde then decides.
+fn read_in_place(obj: &[u8]) -> Option<Reported> {
+    let [input, output, details] = flat::members(
+        obj,
+        ["input_tokens", "output_tokens", "input_tokens_details"],
+    )?;
+    let input_tokens_details = if flat::absent_or_null(obj, &details) {
+        None
+    } else {
+        let details = &obj[details?];
+        let [cached] = flat::members(details, ["cached_tokens"])?;
+        Some(InputDetails {
+            cached_tokens: flat::required(details, cached)?,
+        })
+    };
+    Some(Reported {
+        input_tokens: flat::required(obj, input)?,
+        output_tokens: flat::required(obj, output)?,
+        input_tokens_details,
+    })
 }
 
 /// Usage of a stream: the terminal event's `response.usage` (completed, incomplete, failed).
@@ -110,6 +131,59 @@ pub(super) fn usage_of_event(ev: &SseEvent) -> Option<Usage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn usage_by_serde(obj: &str) -> Option<Usage> {
+        serde_json::from_str::<Option<Reported>>(obj)
+            .ok()
+            .flatten()
+            .map(|u| u.to_usage())
+    }
+
+    #[test]
+    fn a_usage_object_as_providers_send_it_is_read_in_place() {
+        let obj = r#"{"input_tokens":1200,"input_tokens_details":{"cached_tokens":1000},
+            "output_tokens":70,"output_tokens_details":{"reasoning_tokens":64},"total_tokens":1270}"#;
+        let fast = read_in_place(obj.as_bytes()).map(|u| u.to_usage());
+        assert!(fast.is_some(), "left to serde");
+        assert_eq!(fast, usage_by_serde(obj));
+        assert_eq!(
+            fast.map(|u| (u.input, u.cache_read, u.output)),
+            Some((200, 1000, 70))
+        );
+        // What serde refuses or reads otherwise is left to it.
+        for obj in [
+            r#"{"input_tokens":null}"#,
+            r#"{"input_tokens_details":{"cached_tokens":null}}"#,
+            r#"{"input_tokens_details":7}"#,
+            r#"{"output_tokens":1,"output_tokens":2}"#,
+            r#"null"#,
+        ] {
+            assert!(read_in_place(obj.as_bytes()).is_none(), "{obj}");
+        }
+        assert_eq!(usage_of_member(b"null"), None);
+        assert_eq!(
+            usage_of_member(br#"{"input_tokens_details":null,"output_tokens":3}"#)
+                .map(|u| u.output),
+            Some(3)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn what_is_read_in_place_serde_reads_alike(
+            obj in crate::usage::flat::shapes::object(
+                &["input_tokens", "output_tokens"],
+                "input_tokens_details",
+                &["cached_tokens"],
+            )
+        ) {
+            // Members it does not want are not validated: the claim is for valid JSON.
+            let valid = serde_json::from_str::<serde_json::Value>(&obj).is_ok();
+            if let (Some(fast), true) = (read_in_place(obj.as_bytes()), valid) {
+                proptest::prop_assert_eq!(Some(fast.to_usage()), usage_by_serde(&obj), "{}", obj);
+            }
+        }
+    }
 
     fn kinds(wire: &str) -> Vec<StreamEventKind> {
         crate::sse::events_of(wire).iter().map(classify).collect()
