@@ -30,19 +30,20 @@ fn main() {
     }
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
     let target = std::env::var("TARGET").unwrap_or_default();
-    if release && target == "x86_64-unknown-linux-gnu" && links_with_lld() {
-        let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-        let order = Path::new(&dir).join(ORDER_FILE);
-        if order.is_file() {
-            println!(
-                "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
-                order.display()
-            );
-            println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
-        }
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
+    let order = Path::new(&dir).join(ORDER_FILE);
+    if release && target == "x86_64-unknown-linux-gnu" && links_with_lld() && order.is_file() {
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+            order.display()
+        );
+        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
     }
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed={ORDER_FILE}");
+    // The list's absolute path, as the link argument names it: a second checkout sharing the
+    // target directory finds this path gone (or another file) and runs the script again,
+    // instead of linking with the first checkout's list.
+    println!("cargo:rerun-if-changed={}", order.display());
 }
 
 /// Whether rustc links this target with its bundled lld by default (1.90 and later), unless
