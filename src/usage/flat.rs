@@ -134,6 +134,24 @@ pub(crate) mod shapes {
             .boxed()
     }
 
+    /// Whether `in_place`, where it takes `obj` and `obj` is valid JSON, reads what serde reads
+    /// (compared through `to`). Members a reader does not want are not validated, so the claim
+    /// is for valid JSON; where `in_place` declines, serde decides and there is nothing to compare.
+    pub(crate) fn reads_as_serde<R: serde::de::DeserializeOwned, U: PartialEq>(
+        obj: &str,
+        in_place: impl Fn(&[u8]) -> Option<R>,
+        to: impl Fn(&R) -> U,
+    ) -> bool {
+        let Some(fast) = in_place(obj.as_bytes()) else {
+            return true;
+        };
+        if serde_json::from_str::<serde_json::Value>(obj).is_err() {
+            return true;
+        }
+        let by_serde: Option<R> = crate::usage::decode(obj.as_bytes(), |_| None);
+        by_serde.map(|r| to(&r)) == Some(to(&fast))
+    }
+
     /// An object whose members are drawn from `keys` (plus an unknown and an escaped one);
     /// the member named `nested`, when there is one, may hold an object drawn from `inner`.
     pub(crate) fn object(
