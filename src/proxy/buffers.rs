@@ -77,16 +77,19 @@ pub enum Collect {
 }
 
 /// Reads `body` whole, within `limit` bytes for itself; bytes beyond what `share` already
-/// holds are taken from the global budget as they arrive. With `share_one_frame` (HTTP/1), a
-/// body that came in one frame is kept as that frame, a view of the connection's read buffer
-/// (which the request's headers hold anyway), instead of being copied.
+/// holds are taken from the global budget as they arrive. With `h1` (HTTP/1), a body that came
+/// in one frame is kept as that frame, a view of the connection's read buffer (which the
+/// request's headers hold anyway), instead of being copied, and it is read through
+/// [`Hushed`](crate::hush::Hushed), so that taking its last chunk does not wake the connection's
+/// task for nothing.
 pub async fn collect(
     body: &mut hyper::body::Incoming,
     limit: usize,
     share: &mut BufferShare,
     max: usize,
-    share_one_frame: bool,
+    h1: bool,
 ) -> Result<Bytes, Collect> {
+    let mut body = crate::hush::Hushed::new(body, h1);
     // The first frame waits until a second comes: only then is a buffer needed.
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
@@ -103,7 +106,7 @@ pub async fn collect(
         if need > 0 && !share.take(need, max) {
             return Err(Collect::Full);
         }
-        if share_one_frame && first.is_none() && buf.is_empty() {
+        if h1 && first.is_none() && buf.is_empty() {
             first = Some(data);
             continue;
         }

@@ -10,6 +10,8 @@ use bytes::Bytes;
 use http::response::Parts;
 use http::{Method, Response, StatusCode, header};
 use hyper::body::Incoming;
+
+use crate::hush::Hushed;
 use tokio::time::Instant;
 
 use crate::api::{self, ApiKind, Operation};
@@ -281,7 +283,8 @@ fn received(call: &Call<'_>, resp: Response<Incoming>) -> (Parts, Raw) {
         && call.up.cloud.as_ref().is_some_and(|c| c.event_stream())
         && content_type.starts_with(crate::cloud::eventstream::CONTENT_TYPE);
     if !event_stream {
-        return (parts, Raw::Http(incoming));
+        let h1 = parts.version != http::Version::HTTP_2;
+        return (parts, Raw::Http(Hushed::new(incoming, h1)));
     }
     parts.headers.insert(
         header::CONTENT_TYPE,

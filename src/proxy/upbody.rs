@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 
 use crate::api::ApiKind;
 use crate::cloud::eventstream::EventStreamSse;
+use crate::hush::Hushed;
 use crate::sse::SseParser;
 use crate::translate::StreamTranslator;
 use crate::usage::{StreamUsage, Usage};
@@ -39,7 +40,8 @@ impl EventTranslator for StreamTranslator {
 
 /// The provider's bytes: as they came, or a Bedrock event stream already read as SSE.
 pub enum Raw {
-    Http(Incoming),
+    /// Read through [`Hushed`]: see `crate::hush`.
+    Http(Hushed<Incoming>),
     EventStream(Box<EventStreamSse>),
 }
 

@@ -8,8 +8,10 @@
 //! `header_read_timeout` (a new connection from its accept), and is closed after
 //! `connection_idle_timeout` without one. A request in flight is bounded by its own timeouts.
 
+use std::future::Future;
 use std::io;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -46,6 +48,8 @@ struct State {
 pub struct ConnWatch {
     limits: ConnLimits,
     state: Mutex<State>,
+    /// [`watched`] is polling the connection, and polls the watchdog right after it.
+    serving: AtomicBool,
 }
 
 impl ConnWatch {
@@ -61,6 +65,7 @@ impl ConnWatch {
                 changed: false,
                 waker: None,
             }),
+            serving: AtomicBool::new(false),
         })
     }
 
@@ -89,15 +94,29 @@ impl ConnWatch {
         let mut s = self.lock();
         if s.inflight == 0 && s.head_started.is_none() {
             s.head_started = Some(Instant::now());
-            self.wake_if_sooner(&mut s);
+            // Read while [`watched`] polls the connection (as the socket always is): the
+            // watchdog is polled next, in the same poll of the task, and finds the change
+            // then. Waking it would cost the task another poll, once per request.
+            if self.serving.load(Ordering::Relaxed) {
+                self.note_if_sooner(&mut s);
+            } else {
+                self.wake_if_sooner(&mut s);
+            }
         }
+    }
+
+    /// Marks the deadline for the watchdog to look at again if it is now earlier than the
+    /// instant it sleeps until; whether it did.
+    fn note_if_sooner(&self, s: &mut State) -> bool {
+        let sooner = self.sooner_than_armed(s);
+        s.changed |= sooner;
+        sooner
     }
 
     /// Wakes the watchdog when the deadline is now earlier than the instant it sleeps until:
     /// only then must it look again. A later deadline, or none, it finds when it wakes.
     fn wake_if_sooner(&self, s: &mut State) {
-        if self.sooner_than_armed(s) {
-            s.changed = true;
+        if self.note_if_sooner(s) {
             // A tokio waker only schedules its task; nothing runs under this lock.
             if let Some(w) = &s.waker {
                 w.wake_by_ref();
@@ -185,6 +204,24 @@ impl ConnWatch {
             self.lock().changed = true;
         }
     }
+}
+
+/// Serves `conn` until it ends (`Some` of its output) or overstays its deadlines (`None`: the
+/// caller then drops it). The connection is polled first and the watchdog right after it, so
+/// that what the connection's reads tell the watch is seen in the same poll of the task.
+pub async fn watched<C: Future>(watch: &ConnWatch, conn: C) -> Option<C::Output> {
+    let mut conn = pin!(conn);
+    let mut expired = pin!(watch.expired());
+    std::future::poll_fn(|cx| {
+        watch.serving.store(true, Ordering::Relaxed);
+        let served = conn.as_mut().poll(cx);
+        watch.serving.store(false, Ordering::Relaxed);
+        match served {
+            Poll::Ready(out) => Poll::Ready(Some(out)),
+            Poll::Pending => expired.as_mut().poll(cx).map(|()| None),
+        }
+    })
+    .await
 }
 
 /// One request in flight on a watched connection.
@@ -355,6 +392,62 @@ mod tests {
         // Asleep until then, it must be woken for the new head's deadline.
         w.on_bytes();
         let head = Instant::now();
+        let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(at - head, LIMITS.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_read_while_serving_re_arms_the_watchdog_in_the_same_poll() {
+        use std::sync::atomic::AtomicUsize;
+        let w = ConnWatch::new(LIMITS);
+        // A connection whose socket read happens when the test says, inside its own poll, as
+        // hyper's does.
+        let read_now = Arc::new(AtomicBool::new(false));
+        let conn_waker: Arc<Mutex<Option<Waker>>> = Arc::default();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (w2, r2, cw2, p2) = (
+            w.clone(),
+            read_now.clone(),
+            conn_waker.clone(),
+            polls.clone(),
+        );
+        let conn = std::future::poll_fn(move |cx| {
+            p2.fetch_add(1, Ordering::SeqCst);
+            *cw2.lock().unwrap() = Some(cx.waker().clone());
+            if r2.swap(false, Ordering::SeqCst) {
+                w2.on_bytes();
+            }
+            Poll::<()>::Pending
+        });
+        let w3 = w.clone();
+        let fired = tokio::spawn(async move {
+            assert!(watched(&w3, conn).await.is_none());
+            Instant::now()
+        });
+        tokio::task::yield_now().await;
+        // One request served; then idle past the first head's deadline, so that the watchdog
+        // sleeps until the idle timeout.
+        drop(w.begin());
+        let idle = Instant::now();
+        tokio::time::advance(Duration::from_secs(20)).await;
+        for _ in 0..10 {
+            if w.lock().armed == Some(idle + LIMITS.connection_idle_timeout) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(w.lock().armed, Some(idle + LIMITS.connection_idle_timeout));
+        // The socket turns readable: the connection's task is woken once and reads a head.
+        let before = polls.load(Ordering::SeqCst);
+        read_now.store(true, Ordering::SeqCst);
+        let head = Instant::now();
+        conn_waker.lock().unwrap().take().unwrap().wake();
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        // Re-armed for the head's sooner deadline within that one poll: no second wake-up.
+        assert_eq!(polls.load(Ordering::SeqCst), before + 1);
+        assert_eq!(w.lock().armed, Some(head + LIMITS.header_read_timeout));
         let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(at - head, LIMITS.header_read_timeout);
     }

@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo};
+use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo, watched};
 use super::workers::Workers;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -99,7 +99,8 @@ pub async fn serve<H, F, B, L>(
                 let open = Open::new(&plane.gauge);
                 // Built where it runs: the socket's readiness then comes from that worker's own
                 // I/O driver, not from this thread's (which would wake the worker per read).
-                let serve_one = move |stream: TcpStream| async move {
+                // Polled through `hush::quieted`: see `crate::hush`.
+                let serve_one = move |stream: TcpStream| crate::hush::quieted(async move {
                     let watch = ConnWatch::new(limits);
                     let w = watch.clone();
                     let svc = service_fn(move |req| {
@@ -117,20 +118,19 @@ pub async fn serve<H, F, B, L>(
                     });
                     let io = TokioIo::new(WatchedIo::new(stream, watch.clone()));
                     let conn = watcher.watch(builder.serve_connection(io, svc).into_owned());
-                    tokio::select! {
-                        r = conn => {
-                            if let Err(e) = r {
-                                tracing::debug!(error = %e, "connection ended with an error");
-                            }
+                    match watched(&watch, conn).await {
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "connection ended with an error");
                         }
                         // Dropping the connection closes it: nothing is in flight on it.
-                        _ = watch.expired() => {
+                        None => {
                             tracing::debug!(peer = %peer, "connection closed: no request within its deadline");
                         }
                     }
                     drop(open);
                     drop(slot);
-                };
+                });
                 match &plane.workers {
                     Some(w) => w.spawn_conn(stream, serve_one),
                     None => drop(tokio::spawn(serve_one(stream))),

@@ -96,11 +96,13 @@ fn drive<C>(conn: C, version: &'static str)
 where
     C: std::future::Future<Output = Result<(), hyper::Error>> + Send + 'static,
 {
-    tokio::spawn(async move {
+    // Polled through `hush::quieted`, so that reading an answer's last chunk does not wake it
+    // for nothing (see `crate::hush`).
+    tokio::spawn(crate::hush::quieted(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, version, "upstream connection ended");
         }
-    });
+    }));
 }
 
 /// What one upstream connection has done: enough to tell whether a request that failed on it
