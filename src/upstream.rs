@@ -90,7 +90,8 @@ pub struct Upstream {
 /// resizes them in place instead of starting from zero.
 pub struct Lanes {
     pub(crate) metrics: Arc<Metrics>,
-    map: std::sync::Mutex<std::collections::HashMap<String, Lane>>,
+    /// Keyed by configured provider names (Fx-hashed: nothing a caller sends is inserted).
+    map: std::sync::Mutex<rustc_hash::FxHashMap<String, Lane>>,
 }
 
 /// One provider's gate and pacer.

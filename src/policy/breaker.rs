@@ -5,7 +5,9 @@
 //! twice as long (up to `max_open_for`). Only provider-side failures count; callers' mistakes,
 //! 429s and disconnects are neutral.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -268,6 +270,8 @@ impl Window {
 
 /// Breakers of configured models, and a bounded set of the others.
 struct Map {
+    /// Fx-hashed: only configured `provider:model` pairs are inserted here (callers' other
+    /// names go to the bounded, SipHash-keyed `others`).
     configured: HashMap<String, Arc<Breaker>>,
     others: Lru<String, Arc<Breaker>>,
     /// Where `provider:model` is written for a lookup: reused, so that finding an existing
@@ -290,7 +294,7 @@ impl Breakers {
         Breakers {
             cfg: Arc::new(ArcSwap::from_pointee(cfg)),
             map: Mutex::new(Map {
-                configured: HashMap::new(),
+                configured: HashMap::default(),
                 others: Lru::new(MAX_UNCONFIGURED_BREAKERS),
                 key: String::new(),
             }),

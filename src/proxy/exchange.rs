@@ -161,14 +161,15 @@ pub(crate) async fn run(
         Ok(p) => p,
         Err(refused) => return refused,
     };
-    spent.outside += waited.elapsed();
+    // One clock read ends the wait for a turn and starts the upstream call.
+    let sent = Instant::now();
+    spent.outside += sent.saturating_duration_since(waited);
     let metrics = &proxy.metrics;
     // Decremented on every path, a dropped future (the caller went away) included.
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
     // Counted here, once the request is really about to leave.
     spent.attempts += 1;
-    let sent = Instant::now();
-    let result = upread::send(up, req, rebuild, inb.deadline).await;
+    let result = upread::send(up, req, rebuild, sent, inb.deadline).await;
     call.series
         .upstream_duration(metrics)
         .observe(sent.elapsed().as_secs_f64());

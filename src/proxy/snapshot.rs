@@ -1,7 +1,7 @@
 //! What a request sees of the process's state at its start: one loaded config with the
 //! upstreams built from it (swapped whole on reload), and the request ids.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,6 +13,8 @@ use crate::upstream::{Lanes, Upstream};
 /// consistent config from start to end.
 pub struct Snapshot {
     pub cfg: Arc<Config>,
+    /// Keyed by configured provider names only: Fx-hashed, as nothing a caller sends is ever
+    /// inserted.
     pub upstreams: HashMap<String, Arc<Upstream>>,
     pub labels: Labels,
     pub hash: String,
@@ -20,7 +22,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn new(cfg: Arc<Config>, lanes: &Lanes) -> Result<Self, String> {
-        let mut upstreams = HashMap::new();
+        let mut upstreams = HashMap::default();
         for (name, p) in &cfg.providers {
             let up = Upstream::new(p, &cfg.shedding, lanes, cfg.server.worker_threads)
                 .map_err(|e| format!("providers.{name}: {e}"))?;

@@ -145,15 +145,16 @@ pub(super) async fn read_small(incoming: UpstreamBody, idle: Duration, deadline:
     }
 }
 
-/// One upstream call up to its response headers, bounded by the first-byte timeout and the
-/// request's deadline, whichever comes first.
+/// One upstream call (sent at `now`) up to its response headers, bounded by the first-byte
+/// timeout and the request's deadline, whichever comes first.
 pub(super) async fn send(
     up: &Upstream,
     req: http::Request<Full<Bytes>>,
     rebuild: Option<&crate::upstream::Rebuild<'_>>,
+    now: Instant,
     deadline: Instant,
 ) -> Result<Response<Incoming>, ProxyError> {
-    let first_byte = Instant::now() + up.first_byte_timeout;
+    let first_byte = now + up.first_byte_timeout;
     let limit = first_byte.min(deadline);
     let call = up.client().request_or_rebuild(req, rebuild);
     match tokio::time::timeout_at(limit, call).await {
