@@ -8,10 +8,14 @@ difference of the counts is the cost of one request, start-up and shutdown cance
 
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
-                                 [--stream]
+                                 [--stream] [--nginx] [--floor [BIN]]
 
 `--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
-count what a streamed request costs instead of a whole answer.
+count what a streamed request costs instead of a whole answer. callgrind also reports the code a
+request runs through (see footprint.py). `--nginx` counts nginx the same way (the benchmark's
+proxy configuration, one worker, no master process) in front of the same mock, when installed;
+`--floor` counts examples/hyper_floor.rs, a bare hyper-to-hyper proxy with nothing of legate's
+own (build it first: `cargo build --release --example hyper_floor`).
 """
 
 import argparse
@@ -19,11 +23,15 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+import footprint
 
 MESSAGE = {"model": "claude-sonnet-4-5", "max_tokens": 256,
            "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
@@ -98,7 +106,7 @@ def one(args, tool, count, mock_url, workdir):
     config = os.path.join(workdir, "legate.toml")
     with open(config, "w") as f:
         f.write(CONFIG.format(mock=mock_url))
-    opts = {"callgrind": [f"--callgrind-out-file={out}"],
+    opts = {"callgrind": [f"--callgrind-out-file={out}", "--dump-instr=yes"],
             "dhat": [f"--dhat-out-file={out}"]}[tool]
     cmd = ["valgrind", f"--tool={tool}", *opts, args.bin, "serve", "--config", config]
     proc, rest = start(cmd, "legate listening on ", ENV)
@@ -112,6 +120,99 @@ def one(args, tool, count, mock_url, workdir):
     return sum(pp["tb"] for pp in dhat["pps"]), sum(pp["tbk"] for pp in dhat["pps"])
 
 
+# bench/nginx.rs's proxy configuration; syscalls.py runs it as the benchmark does (a master
+# and two workers), `--nginx` here as one process, so that valgrind sees all of it.
+NGINX_CONFIG = """daemon off;
+master_process {master};
+worker_processes {workers};
+pid {r}/nginx.pid;
+error_log {r}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {r}/client_body;
+    proxy_temp_path {r}/proxy;
+    fastcgi_temp_path {r}/fastcgi;
+    uwsgi_temp_path {r}/uwsgi;
+    scgi_temp_path {r}/scgi;
+    upstream mock {{
+        server {mock};
+        keepalive 256;
+        keepalive_requests 100000000;
+    }}
+    server {{
+        listen {addr};
+        keepalive_requests 100000000;
+        location / {{
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            tcp_nodelay on;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_one(args, count, mock_url, workdir):
+    """Total instructions of nginx under callgrind serving `count` requests."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(nginx):
+        sys.exit("--nginx: nginx is not installed (apt-get install nginx)")
+    out = os.path.join(workdir, f"nginx.{count}.out")
+    config = os.path.join(workdir, "nginx.conf")
+    # nginx takes a port, not 0: one the kernel just handed out, released at once.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(config, "w") as f:
+        f.write(NGINX_CONFIG.format(master="off", workers=1, r=workdir,
+                                    mock=mock_url.removeprefix("http://"),
+                                    addr=f"127.0.0.1:{port}"))
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                             "--dump-instr=yes", nginx, "-c", config, "-p", workdir],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + STARTUP_LIMIT
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                sys.exit("nginx did not start under valgrind")
+            time.sleep(0.1)
+    drive(("127.0.0.1", port), args.api, count, args.stream)
+    # SIGQUIT: graceful stop, after which callgrind writes its profile.
+    proc.send_signal(signal.SIGQUIT)
+    proc.wait(timeout=STARTUP_LIMIT)
+    return int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+
+
+def floor_one(args, count, mock_url, workdir):
+    """Total instructions of examples/hyper_floor.rs under callgrind serving `count` requests."""
+    if not os.path.exists(args.floor):
+        sys.exit(f"--floor: {args.floor} is missing (cargo build --release --example hyper_floor)")
+    out = os.path.join(workdir, f"floor.{count}.out")
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=yes",
+           args.floor, "127.0.0.1:0", mock_url]
+    proc, rest = start(cmd, "hyper floor listening on ", {})
+    drive(host_port(rest), args.api, count, args.stream)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=STARTUP_LIMIT)
+    return int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+
+
+def report(label, name, few, many, args, what, workdir):
+    """Prints instructions and code touched per request from the two runs' profiles."""
+    n = args.many - args.few
+    print(f"{label}instructions per request ({what}): {(many - few) / n:,.0f}")
+    touched = footprint.per_request(
+        *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
+    print(f"{label}code touched per request ({what}): {footprint.describe(*touched)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin", default="target/release/legate")
@@ -120,6 +221,10 @@ def main():
     parser.add_argument("--many", type=int, default=1200)
     parser.add_argument("--tool", default="both", choices=["callgrind", "dhat", "both"])
     parser.add_argument("--keep", help="directory to keep valgrind's output files in")
+    parser.add_argument("--floor", nargs="?", const="target/release/examples/hyper_floor",
+                        help="count examples/hyper_floor.rs (bare hyper proxy) too (callgrind)")
+    parser.add_argument("--nginx", action="store_true",
+                        help="count nginx in front of the same mock too (callgrind)")
     parser.add_argument("--stream", action="store_true",
                         help="streamed requests (\"stream\": true) instead of whole answers")
     args = parser.parse_args()
@@ -140,10 +245,16 @@ def main():
                 few = one(args, tool, args.few, mock_url, workdir)
                 many = one(args, tool, args.many, mock_url, workdir)
                 if tool == "callgrind":
-                    print(f"instructions per request ({what}): {(many - few) / n:,.0f}")
+                    report("", "callgrind", few, many, args, what, workdir)
                 else:
                     print(f"allocations per request ({what}): {(many[1] - few[1]) / n:,.1f}"
                           f"; bytes allocated per request: {(many[0] - few[0]) / n:,.0f}")
+            for wanted, name, run, label in ((args.floor, "floor", floor_one, "hyper floor "),
+                                             (args.nginx, "nginx", nginx_one, "nginx ")):
+                if wanted:
+                    few = run(args, args.few, mock_url, workdir)
+                    many = run(args, args.many, mock_url, workdir)
+                    report(label, name, few, many, args, what, workdir)
     finally:
         mock.kill()
         mock.wait()

@@ -41,38 +41,6 @@ WARMUP = 200
 FAILED = "(of which failed)"
 # perf needs a moment to attach to every thread before the counted requests start.
 PERF_SETTLE = 1.0
-# bench/nginx.rs's configuration.
-NGINX_CONF = """daemon off;
-master_process on;
-worker_processes 2;
-pid {r}/nginx.pid;
-error_log {r}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {r}/client_body;
-    proxy_temp_path {r}/proxy;
-    fastcgi_temp_path {r}/fastcgi;
-    uwsgi_temp_path {r}/uwsgi;
-    scgi_temp_path {r}/scgi;
-    upstream mock {{
-        server {mock};
-        keepalive 256;
-        keepalive_requests 100000000;
-    }}
-    server {{
-        listen {addr};
-        keepalive_requests 100000000;
-        location / {{
-            proxy_pass http://mock;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            tcp_nodelay on;
-        }}
-    }}
-}}
-"""
 
 
 def tasks(pids):
@@ -214,8 +182,9 @@ def start_nginx(workdir, mock_url):
         addr = s.getsockname()
     conf = os.path.join(root, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(NGINX_CONF.format(r=root, addr=f"{addr[0]}:{addr[1]}",
-                                  mock=mock_url.removeprefix("http://")))
+        f.write(per_request.NGINX_CONFIG.format(master="on", workers=2, r=root,
+                                                addr=f"{addr[0]}:{addr[1]}",
+                                                mock=mock_url.removeprefix("http://")))
     proc = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-p", root, "-c", conf,
                              "-e", os.path.join(root, "error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
