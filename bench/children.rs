@@ -107,6 +107,9 @@ pub(crate) async fn start_observing(
     let config_path = dir.join(format!("legate-bench-{}.toml", observe.name()));
     std::fs::write(&config_path, config_text(mock_url, observe))
         .map_err(io(format!("cannot write {}", config_path.display())))?;
+    if let Some(floor) = floor(bin)? {
+        return start_floor(&floor, mock_url).await;
+    }
     let mut command = Command::new(bin);
     command.arg("serve").arg("--config").arg(&config_path);
     if observe == Observe::AccessLog {
@@ -126,6 +129,39 @@ pub(crate) async fn start_observing(
             data.to_owned(),
             Some(admin.trim_end_matches(')').to_owned()),
         ))
+    })
+    .await
+}
+
+/// With `BENCH_FLOOR=1`, the bare hyper proxy `examples/hyper_floor.rs` (built beside the
+/// legate binary by `cargo build --release --example hyper_floor`) takes legate's place, to
+/// show what legate's HTTP stack costs without legate's own work.
+pub(crate) fn floor(bin: &Path) -> Result<Option<std::path::PathBuf>, BenchError> {
+    if std::env::var("BENCH_FLOOR").map_or(true, |v| v != "1") {
+        return Ok(None);
+    }
+    let path = bin.with_file_name("examples").join("hyper_floor");
+    if !path.exists() {
+        return Err(BenchError::Startup {
+            what: "hyper floor",
+            detail: format!(
+                "{} is missing: cargo build --release --example hyper_floor",
+                path.display()
+            ),
+        });
+    }
+    Ok(Some(path))
+}
+
+/// The floor listens on one port and answers `/readyz` there itself: that is its admin plane.
+async fn start_floor(floor: &Path, mock_url: &str) -> Result<Running, BenchError> {
+    let mut command = Command::new(floor);
+    command
+        .args(["127.0.0.1:0", mock_url])
+        .stderr(Stdio::piped());
+    start(command, "hyper floor", |line| {
+        let data = line.strip_prefix("hyper floor listening on ")?;
+        Some((data.to_owned(), Some(data.to_owned())))
     })
     .await
 }

@@ -110,9 +110,14 @@ pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
         .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
         .map_or("unknown CPU", |(_, name)| name.trim());
     let nproc = std::thread::available_parallelism().map_or(0, usize::from);
+    let floor = if std::env::var("BENCH_FLOOR").is_ok_and(|v| v == "1") {
+        "; the legate columns are examples/hyper_floor (BENCH_FLOOR=1), one thread"
+    } else {
+        ""
+    };
     format!(
         "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} at \
-         start; legate worker_threads {}, nginx worker_processes {}",
+         start; legate worker_threads {}, nginx worker_processes {}{floor}",
         utc_now(),
         crate::children::legate_workers(),
         crate::nginx::WORKERS,

@@ -10,7 +10,9 @@
 //!
 //!     cargo run --release --example hyper_floor -- 127.0.0.1:0 http://127.0.0.1:PORT
 //!
-//! It prints `hyper floor listening on http://ADDR` once it accepts connections.
+//! It prints `hyper floor listening on http://ADDR` once it accepts connections, and answers
+//! `GET /readyz` itself. `BENCH_FLOOR=1 cargo bench --bench proxy` puts it in legate's place in
+//! the benchmark.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -86,6 +88,10 @@ async fn relay(
     host: Option<HeaderValue>,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    // Its own readiness probe, so that the benchmark can time its start as it times legate's.
+    if req.uri().path() == "/readyz" {
+        return status(StatusCode::OK);
+    }
     let (mut parts, body) = req.into_parts();
     let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
         return status(StatusCode::BAD_REQUEST);
