@@ -189,7 +189,7 @@ impl Traffic {
     }
 
     async fn normal(&self, i: u64) -> Seen {
-        let r = if i % 2 == 0 {
+        let r = if i.is_multiple_of(2) {
             self.post("/v1/messages", anthropic("claude-soak", false), &[])
                 .await
         } else {
@@ -319,7 +319,7 @@ impl Traffic {
 
     /// Uploads over `max_body_bytes`: declared (refused at once) or found while reading.
     async fn huge(&self, i: u64) -> Seen {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             let Ok(mut sock) = TcpStream::connect(&self.addr).await else {
                 return Err(0);
             };

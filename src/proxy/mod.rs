@@ -202,8 +202,12 @@ impl Proxy {
         // Boxed, once: the request's way through the chain is a future of kilobytes. Inline,
         // it was copied into the instrumented wrapper and into this future, and made this
         // future (which the connection copies into its own box) as large again.
-        let serving =
-            Box::pin(self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs));
+        // The allocation is made first and the future written into it: `Box::pin(f)` builds
+        // the 6 KB future on the stack and then copies all of it into the box.
+        let serving = Box::into_pin(Box::write(
+            Box::new_uninit(),
+            self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
+        ));
         let result = tracing::Instrument::instrument(serving, span.clone()).await;
         let _in = span.enter();
         let mut resp = match result {

@@ -108,7 +108,8 @@ pub async fn serve<H, F, B, L>(
                         // hyper keeps one slot of this future's size per connection for its
                         // whole life; boxed, an idle keep-alive connection holds a pointer
                         // instead of a whole request's state (about 15 KiB).
-                        let fut = Box::pin(h(req, peer));
+                        // Written into its allocation, not built beside it and copied in.
+                        let fut = Box::into_pin(Box::write(Box::new_uninit(), h(req, peer)));
                         async move {
                             let resp = fut.await?;
                             Ok::<_, std::convert::Infallible>(
