@@ -83,7 +83,8 @@ def host_port(url):
     return host, int(port)
 
 
-def drive(addr, api, count, stream):
+def sender(addr, api, stream):
+    """A function that sends one request over one keep-alive connection and reads the answer."""
     path, body, headers = {
         "messages": ("/v1/messages", MESSAGE,
                      {"anthropic-version": "2023-06-01", "x-api-key": "bench-caller-key"}),
@@ -92,13 +93,22 @@ def drive(addr, api, count, stream):
     payload = json.dumps({**body, "stream": True} if stream else body).encode()
     headers = {**headers, "content-type": "application/json"}
     conn = http.client.HTTPConnection(*addr, timeout=60)
-    for _ in range(count):
+
+    def send():
         conn.request("POST", path, payload, headers)
         reply = conn.getresponse()
         reply.read()
         if reply.status != 200:
             sys.exit(f"{path}: status {reply.status}")
-    conn.close()
+    send.close = conn.close
+    return send
+
+
+def drive(addr, api, count, stream):
+    send = sender(addr, api, stream)
+    for _ in range(count):
+        send()
+    send.close()
 
 
 def one(args, tool, count, mock_url, workdir):
