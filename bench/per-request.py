@@ -20,6 +20,7 @@ own (build it first: `cargo build --release --example hyper_floor`).
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -31,7 +32,11 @@ import sys
 import tempfile
 import time
 
-import footprint
+# Loaded by path: link/order.py, syscalls.py and copies.py load this file from elsewhere.
+_spec = importlib.util.spec_from_file_location(
+    "footprint", os.path.join(os.path.dirname(os.path.abspath(__file__)), "footprint.py"))
+footprint = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(footprint)
 
 MESSAGE = {"model": "claude-sonnet-4-5", "max_tokens": 256,
            "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
