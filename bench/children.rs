@@ -103,13 +103,13 @@ pub(crate) async fn start_observing(
     mock_url: &str,
     observe: Observe,
 ) -> Result<Running, BenchError> {
+    if let Some(floor) = floor(bin)? {
+        return start_floor(&floor, mock_url).await;
+    }
     let io = |what: String| move |source| BenchError::Io { what, source };
     let config_path = dir.join(format!("legate-bench-{}.toml", observe.name()));
     std::fs::write(&config_path, config_text(mock_url, observe))
         .map_err(io(format!("cannot write {}", config_path.display())))?;
-    if let Some(floor) = floor(bin)? {
-        return start_floor(&floor, mock_url).await;
-    }
     let mut command = Command::new(bin);
     command.arg("serve").arg("--config").arg(&config_path);
     if observe == Observe::AccessLog {

@@ -10,6 +10,10 @@
 //!
 //!     cargo run --release --example hyper_floor -- 127.0.0.1:0 http://127.0.0.1:PORT
 //!
+//! A measuring stick for loopback only, not a server to run: it has none of legate's bounds
+//! (no connection limit, no timeouts, bodies buffered whatever their size), so a slow or huge
+//! peer holds its memory for as long as it likes.
+//!
 //! It prints `hyper floor listening on http://ADDR` once it accepts connections, and answers
 //! `GET /readyz` itself. `BENCH_FLOOR=1 cargo bench --bench proxy` puts it in legate's place in
 //! the benchmark.
