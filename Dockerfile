@@ -21,6 +21,11 @@ ENV CARGO_PROFILE_RELEASE_STRIP=symbols
 # binary are built; a [[bench]] or [[bin]] declared without `path` must exist for Cargo to
 # load the manifest, and would need a stub here too (tests/deploy/test_dockerfile.py runs
 # this step against the current Cargo.toml).
+# Optimised builds use the committed profile of a serving run (profile-guided optimisation, see
+# link/rustc-pgo): the wrapper cargo runs rustc through and the profile come before the
+# dependency layer, so that the dependencies are built with it too.
+COPY .cargo ./.cargo
+COPY link/rustc-pgo link/legate.profdata link/legate.profdata.llvm ./link/
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir src \
     && echo 'fn main() {}' > src/main.rs \

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::process::Command;
 
 const ORDER_FILE: &str = "link/symbol-order.txt";
+const PROFILE_FILE: &str = "link/legate.profdata";
 
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
@@ -44,6 +45,12 @@ fn main() {
     // target directory finds this path gone (or another file) and runs the script again,
     // instead of linking with the first checkout's list.
     println!("cargo:rerun-if-changed={}", order.display());
+    // The profile optimised builds use (link/rustc-pgo): legate itself is compiled again when
+    // it changes. cargo cannot tell its dependencies were built with another one.
+    println!(
+        "cargo:rerun-if-changed={}",
+        Path::new(&dir).join(PROFILE_FILE).display()
+    );
 }
 
 /// Whether rustc links this target with its bundled lld by default (1.90 and later), unless

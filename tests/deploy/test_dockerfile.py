@@ -121,6 +121,10 @@ def test_files_the_build_includes_are_copied_into_the_builder():
         needed.append(pathlib.Path("build.rs"))
     if (ROOT / "link/symbol-order.txt").exists():
         needed.append(pathlib.Path("link/symbol-order.txt"))
+    # The rustc wrapper cargo is configured with, and the profile it hands to rustc.
+    for rel in (".cargo/config.toml", "link/rustc-pgo", "link/legate.profdata",
+                "link/legate.profdata.llvm"):
+        needed.append(pathlib.Path(rel))
     assert pathlib.Path("config/legate.toml") in needed, "the embedded default config"
     for rel in needed:
         rel = pathlib.PurePosixPath(rel.as_posix())
@@ -136,6 +140,10 @@ def test_dependency_layer_stubs_satisfy_the_manifest(tmp_path):
         pytest.fail("cargo is needed to check the Dockerfile's dependency layer")
     builder = stages()[0]
     index = builder.index(("COPY", "Cargo.toml Cargo.lock ./"))
+    # The dependencies are compiled in that layer: the wrapper and its profile must be there.
+    early = " ".join(args for word, args in builder[:index] if word == "COPY")
+    for rel in (".cargo", "link/rustc-pgo", "link/legate.profdata"):
+        assert rel in early, f"{rel} is copied after the dependency layer"
     word, script = builder[index + 1]
     assert word == "RUN" and "cargo build --release --locked" in script
     for name in ("Cargo.toml", "Cargo.lock"):

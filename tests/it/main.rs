@@ -26,6 +26,7 @@ mod origin;
 mod otlp;
 mod oversize;
 mod passthrough;
+mod pgo_wrapper;
 mod rawup;
 mod reload;
 mod resilience;
