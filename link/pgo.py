@@ -3,10 +3,10 @@
 which optimised builds hand to LLVM (profile-guided optimisation; link/rustc-pgo).
 
 It builds legate instrumented (`-Cprofile-generate`, added by link/rustc-pgo when
-LEGATE_PGO_GENERATE is set, into target/pgo-generate) with the `release` and the `bench` profile,
-runs each in front of `legate mock` on loopback, sends every API's plain and streamed requests (one by one, then
-several connections at once for a while), a few bad requests and the admin endpoints, stops it,
-and merges what it wrote with the `llvm-profdata` of the compiler's own LLVM (the rustup
+LEGATE_PGO_GENERATE is set, into target/pgo-generate) with the `release` and the `bench` cargo
+profile, runs each in front of `legate mock` on loopback, sends every API's plain and streamed
+requests (one by one, then several connections at once for a while), a few bad requests and the
+admin endpoints, stops it, and merges what it wrote with the `llvm-profdata` of the compiler's own LLVM (the rustup
 component `llvm-tools`). link/legate.profdata.llvm records that LLVM's major version: an older
 LLVM cannot read the profile, and link/rustc-pgo builds without it there.
 
@@ -88,11 +88,12 @@ def train(binary, work, name):
     """Serves the traffic; the profile is written when `legate serve` exits."""
     # The mock is the same binary: its counts go to a file of its own, not merged.
     mock_env = {**ORDER.ENV, "LLVM_PROFILE_FILE": os.path.join(work, "mock-%p.ignored")}
-    mock = subprocess.Popen([binary, "mock", "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **mock_env})
+    # Started and awaited as bench/per-request.py does: a bounded wait for its first line.
+    mock, mock_url = PER_REQUEST.start([binary, "mock", "--listen", "127.0.0.1:0"],
+                                       "legate mock listening on ", mock_env)
+    serve = None
     try:
-        mock_addr = ORDER.address(mock.stdout.readline())
+        mock_addr = ORDER.address(mock_url)
         conn = http.client.HTTPConnection(*mock_addr, timeout=ORDER.LIMIT)
         ORDER.send(conn, "PUT", "/_mock/script", json.dumps(PER_REQUEST.SCRIPT).encode(),
                    {"content-type": "application/json"})
@@ -113,11 +114,15 @@ def train(binary, work, name):
         for t in threads:
             t.join()
         ORDER.concurrent(data, 8)
+        # SIGTERM: legate drains and exits, and the profile is written at exit.
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=ORDER.LIMIT)
     finally:
-        mock.kill()
-        mock.wait()
+        # Nothing is left running if the traffic fails half-way.
+        for proc in (serve, mock):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if wrong:
         sys.exit(f"unexpected answers: {wrong[:5]}")
     raws = glob.glob(os.path.join(work, f"{name}-*.profraw"))
@@ -130,6 +135,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin", action="append",
                         help="an instrumented legate already built (repeat for each profile)")
+    parser.add_argument("--out", default=OUT, help="where to write the merged profile")
     args = parser.parse_args()
     host, llvm = rustc_info()
     tool = profdata_tool(host)
@@ -143,10 +149,10 @@ def main():
                 binary = build(cargo_args, os.path.join(work, "build"))
                 raws += train(binary, work, name)
         # Sparse: only functions that ran, a tenth of the size.
-        subprocess.run([tool, "merge", "--sparse", "-o", OUT, *raws], check=True)
-    with open(OUT + ".llvm", "w") as f:
+        subprocess.run([tool, "merge", "--sparse", "-o", args.out, *raws], check=True)
+    with open(args.out + ".llvm", "w") as f:
         f.write(llvm + "\n")
-    print(f"{OUT}: {os.path.getsize(OUT):,} bytes, LLVM {llvm}")
+    print(f"{args.out}: {os.path.getsize(args.out):,} bytes, LLVM {llvm}")
 
 
 if __name__ == "__main__":
