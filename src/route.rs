@@ -83,7 +83,7 @@ pub fn fit(
     model_limit: Option<u64>,
 ) -> Result<Bytes, ProxyError> {
     let mut out: Cow<'_, [u8]> = Cow::Borrowed(body.as_ref());
-    if step.model() != meta.model {
+    if step.model() != &*meta.model {
         let v = splice::json_string(step.model());
         out = Cow::Owned(splice::replace_top_level(&out, "model", &v).ok_or(ProxyError::Internal)?);
     }

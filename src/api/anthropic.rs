@@ -93,7 +93,8 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
         ["model", "messages", "max_tokens", "stream"],
         PROMPT_KEYS,
     )?;
-    let model = model.string("model")?.into_owned();
+    // One allocation, shared from here on (the journal entry takes the same string).
+    let model = std::sync::Arc::<str>::from(model.string("model")?.as_ref());
     messages.array("messages")?;
     let max_tokens = max_tokens.u64("max_tokens")?;
     let stream = stream.opt_bool("stream")?;

@@ -152,7 +152,8 @@ pub fn is_quota_exhaustion(body: &[u8]) -> bool {
 /// What legate reads from a request body, parsed once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestMeta {
-    pub model: String,
+    /// Shared with the request's journal entry instead of copied into it.
+    pub model: std::sync::Arc<str>,
     pub stream: bool,
     /// Anthropic `max_tokens`; OpenAI `max_completion_tokens`, else `max_tokens`.
     pub max_tokens: Option<u64>,

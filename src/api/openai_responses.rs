@@ -118,7 +118,8 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
         ["model", "stream", "max_output_tokens", "input"],
         &["input", "instructions", "tools"],
     )?;
-    let model = model.string("model")?.into_owned();
+    // One allocation, shared from here on (the journal entry takes the same string).
+    let model = std::sync::Arc::<str>::from(model.string("model")?.as_ref());
     let stream = stream.opt_bool("stream")?;
     let max_tokens = max_output.opt_u64("max_output_tokens")?;
     if !matches!(
@@ -146,7 +147,7 @@ mod tests {
         let meta = parse_request(body);
         assert_eq!(
             meta.map(|m| (m.model, m.stream, m.max_tokens, m.approx_input_tokens)),
-            Ok(("gpt-5".to_owned(), true, Some(50), 2))
+            Ok(("gpt-5".into(), true, Some(50), 2))
         );
         assert_eq!(
             parse_request(br#"{"input":"x"}"#),

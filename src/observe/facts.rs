@@ -74,8 +74,8 @@ pub struct Facts {
     /// The usual methods and API paths are borrowed, not copied for every request.
     pub method: Cow<'static, str>,
     pub path: Cow<'static, str>,
-    /// As the caller sent it.
-    pub model: Option<String>,
+    /// As the caller sent it (the request's own parsed name, shared).
+    pub model: Option<Arc<str>>,
     pub max_tokens: Option<u64>,
     pub stream: bool,
     /// The step's own `provider:model`, shared.
@@ -167,7 +167,7 @@ impl Facts {
         put("api", json!(self.api));
         put("method", json!(self.method));
         put("path", json!(self.path));
-        put("model", json!(self.model));
+        put("model", json!(self.model.as_deref()));
         put("served_by", json!(self.served_by.as_deref()));
         put("attempts", json!(self.attempts));
         put("status", json!(self.status()));

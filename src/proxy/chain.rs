@@ -185,7 +185,7 @@ async fn step_body(
     let xl = Xlate::between(inb.endpoint.api, upstream);
     // When legate chose the model (an alias, a fallback, a translated step), max_tokens is
     // capped at what that model accepts; a caller naming the model itself is sent as it asked.
-    let limit = (xl.translating() || step.model() != inb.meta.model)
+    let limit = (xl.translating() || step.model() != &*inb.meta.model)
         .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, step.model()))
         .flatten();
     if !xl.translating() {

@@ -210,14 +210,36 @@ fn direct_request(
         Some(q) if !translating => format!("{upstream_path}?{q}").into(),
         _ => upstream_path.into(),
     };
-    up.build_request(
+    let mut req = up.build_request(
         Method::POST,
         &path,
         &inb.headers,
         call.body.clone(),
         translating,
         true,
-    )
+    )?;
+    set_content_length(req.headers_mut(), &inb.headers, call.body.len());
+    Ok(req)
+}
+
+/// The body's length as the upstream request's `content-length`, set here: left to hyper, it
+/// is written into a new value (two allocations) on every request. The caller's own value is
+/// taken, shared, when it says the same number, as it does whenever the body went through
+/// unchanged. An empty body is left to hyper, as before.
+fn set_content_length(out: &mut http::HeaderMap, inbound: &http::HeaderMap, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(len).as_bytes();
+    let value = match inbound.get(header::CONTENT_LENGTH) {
+        Some(v) if v.as_bytes() == digits => v.clone(),
+        _ => match http::HeaderValue::from_bytes(digits) {
+            Ok(v) => v,
+            Err(_) => return,
+        },
+    };
+    out.insert(header::CONTENT_LENGTH, value);
 }
 
 /// The upstream request: the step's path, or a cloud platform's own request for the model.
@@ -511,5 +533,46 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
         retry_after,
         in_stream: false,
         resp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderValue, header::CONTENT_LENGTH};
+
+    use super::set_content_length;
+
+    #[test]
+    fn the_callers_length_is_shared_when_the_body_kept_its_length() {
+        let mut inbound = HeaderMap::new();
+        let callers = HeaderValue::from_maybe_shared(bytes::Bytes::from(b"1234".to_vec()))
+            .expect("digits are a valid value");
+        inbound.insert(CONTENT_LENGTH, callers.clone());
+        let mut out = HeaderMap::new();
+        set_content_length(&mut out, &inbound, 1234);
+        let set = out.get(CONTENT_LENGTH).expect("a length is set");
+        assert_eq!(set, "1234");
+        // The same bytes, not a copy of them.
+        assert_eq!(set.as_bytes().as_ptr(), callers.as_bytes().as_ptr());
+    }
+
+    #[test]
+    fn a_changed_body_gets_its_own_length() {
+        let mut inbound = HeaderMap::new();
+        inbound.insert(CONTENT_LENGTH, HeaderValue::from_static("1234"));
+        let mut out = HeaderMap::new();
+        set_content_length(&mut out, &inbound, 1240);
+        assert_eq!(out.get(CONTENT_LENGTH).expect("a length is set"), "1240");
+        // No caller's value at all (a body legate made): written too.
+        let mut out = HeaderMap::new();
+        set_content_length(&mut out, &HeaderMap::new(), 7);
+        assert_eq!(out.get(CONTENT_LENGTH).expect("a length is set"), "7");
+    }
+
+    #[test]
+    fn an_empty_body_is_left_to_hyper() {
+        let mut out = HeaderMap::new();
+        set_content_length(&mut out, &HeaderMap::new(), 0);
+        assert!(out.get(CONTENT_LENGTH).is_none());
     }
 }

@@ -239,7 +239,7 @@ fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
             message: format!("the request body is not a JSON object with a string `model`: {e}"),
         })?;
     Ok(RequestMeta {
-        model: parsed.model.into_owned(),
+        model: std::sync::Arc::from(parsed.model.as_ref()),
         stream: false,
         max_tokens: None,
         include_usage: false,

@@ -100,6 +100,18 @@ pub struct Inbound {
     pub(crate) obs: crate::observe::RequestObs,
 }
 
+/// What `Proxy::serve` hands back: the outcome, and what it owned on the way.
+struct Served {
+    proxy: Arc<Proxy>,
+    snap: Arc<Snapshot>,
+    rid: String,
+    obs: crate::observe::RequestObs,
+    /// Still here unless an upstream body took it over.
+    record: Option<RequestRecord>,
+    stats: exchange::Spent,
+    result: Result<Response<ProxyBody>, ProxyError>,
+}
+
 impl Proxy {
     pub fn new(
         snapshot: Snapshot,
@@ -157,10 +169,16 @@ impl Proxy {
         self
     }
 
-    pub async fn handle(
+    /// Serves one request. The work up to the answer (policies, the chain) is one boxed
+    /// future written into its allocation; what is returned around it is a few words (the
+    /// box, the span, what stamping the answer needs), so hyper keeps that small slot per
+    /// connection and no second box is made per request.
+    pub fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
-    ) -> Result<Response<ProxyBody>, Infallible> {
+    ) -> impl std::future::Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static
+    {
+        use futures_util::future::Either;
         let started = Instant::now();
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
@@ -189,55 +207,64 @@ impl Proxy {
             req.uri().path(),
             req.headers(),
         );
-        // The record lives in this future until an upstream body takes it over: if the caller
-        // goes away first, dropping the future records 499.
+        // The record lives in the serving future until an upstream body takes it over: if the
+        // caller goes away first, dropping the future records 499.
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
         if websocket {
-            return Ok(responses::refuse_websocket(rec, &obs, &rid));
+            let refused = responses::refuse_websocket(rec, &obs, &rid);
+            return Either::Left(std::future::ready(Ok(refused)));
         }
-        let mut record = Some(rec);
-        let mut stats = exchange::Spent::default();
         let span = obs.span().clone();
-        // Boxed, once: the request's way through the chain is a future of kilobytes. Inline,
-        // it was copied into the instrumented wrapper and into this future, and made this
-        // future (which the connection copies into its own box) as large again.
-        // The allocation is made first and the future written into it: `Box::pin(f)` builds
-        // the 6 KB future on the stack and then copies all of it into the box.
+        // Boxed, once: the request's way through the chain is a future of kilobytes. The
+        // allocation is made first and the future written into it: `Box::pin(f)` builds the
+        // 6 KB future on the stack and then copies all of it into the box.
         let serving = Box::into_pin(Box::write(
             Box::new_uninit(),
-            self.serve(&snap, endpoint, req, &rid, &mut record, &mut stats, &obs),
+            self.serve(snap, endpoint, req, rid, Some(rec), obs),
         ));
-        let result = tracing::Instrument::instrument(serving, span.clone()).await;
-        let _in = span.enter();
-        let mut resp = match result {
-            Ok(resp) => resp,
-            Err(err) => {
-                obs.update(|f| f.error_type = Some(err.kind()));
-                if err.source() != crate::error::Source::Client {
-                    tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
-                } else {
-                    tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
+        let serving = tracing::Instrument::instrument(serving, span.clone());
+        Either::Right(async move {
+            let Served {
+                proxy,
+                snap,
+                rid,
+                obs,
+                mut record,
+                stats,
+                result,
+            } = serving.await;
+            let _in = span.enter();
+            let mut resp = match result {
+                Ok(resp) => resp,
+                Err(err) => {
+                    obs.update(|f| f.error_type = Some(err.kind()));
+                    if err.source() != crate::error::Source::Client {
+                        tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
+                    } else {
+                        tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
+                    }
+                    let mut r = err.render(api, &rid);
+                    if http1 && err.leaves_body_unread() {
+                        // hyper closes a connection whose request body was left unread; saying
+                        // so keeps a client's pool from sending its next request into the
+                        // closing socket.
+                        r.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    let (parts, body) = r.into_parts();
+                    Response::from_parts(parts, ProxyBody::full(body))
                 }
-                let mut r = err.render(api, &rid);
-                if http1 && err.leaves_body_unread() {
-                    // hyper closes a connection whose request body was left unread; saying so
-                    // keeps a client's pool from sending its next request into the closing socket.
-                    r.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
-                }
-                let (parts, body) = r.into_parts();
-                Response::from_parts(parts, ProxyBody::full(body))
+            };
+            proxy.stamp(&mut resp, stats, started, api_label, &obs);
+            if let Some(rec) = record.take() {
+                rec.finish(resp.status().as_u16());
             }
-        };
-        self.stamp(&mut resp, stats, started, api_label, &obs);
-        if let Some(rec) = record.take() {
-            rec.finish(resp.status().as_u16());
-        }
-        response::set_header_owned(&mut resp, "x-legate-request-id", rid);
-        Ok(crate::observe::capture::wrap(resp, obs, &snap))
+            response::set_header_owned(&mut resp, "x-legate-request-id", rid);
+            Ok(crate::observe::capture::wrap(resp, obs, &snap))
+        })
     }
 
     /// legate's own response headers, stamped here only, on answers and errors alike, and the
@@ -291,34 +318,51 @@ impl Proxy {
     }
 
     /// The request's way through legate's policies, in their fixed order (the numbered steps
-    /// here and in `screen` and `take_in`).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the request's parts and its per-request sinks, each used once"
-    )]
+    /// here and in `screen` and `take_in`). It owns what the request needs on the way and
+    /// hands it back with the outcome: borrowed from the future around it, it could not be
+    /// boxed before that future exists.
     async fn serve(
-        &self,
-        snap: &Snapshot,
+        self: Arc<Self>,
+        snap: Arc<Snapshot>,
         endpoint: Option<Endpoint>,
         req: Request<Incoming>,
-        rid: &str,
-        record: &mut Option<RequestRecord>,
-        stats: &mut exchange::Spent,
-        obs: &crate::observe::RequestObs,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let (endpoint, tenant) = self.screen(snap, endpoint, &req, record)?;
-        // What is answered without a body: from config, or the conversation store.
-        if let Some(answered) = self.answer_locally(snap, endpoint, &req).await {
-            return answered;
+        rid: String,
+        mut record: Option<RequestRecord>,
+        obs: crate::observe::RequestObs,
+    ) -> Served {
+        let mut stats = exchange::Spent::default();
+        // A block, not a nested future: its steps' futures are this one's, not moved into it.
+        let result = 'served: {
+            let (endpoint, tenant) = match self.screen(&snap, endpoint, &req, &mut record) {
+                Ok(screened) => screened,
+                Err(e) => break 'served Err(e),
+            };
+            // What is answered without a body: from config, or the conversation store.
+            if let Some(answered) = self.answer_locally(&snap, endpoint, &req).await {
+                break 'served answered;
+            }
+            let inbound = match self
+                .take_in(&snap, endpoint, &tenant, req, &rid, &mut record, &obs)
+                .await
+            {
+                Ok(inbound) => inbound,
+                Err(e) => break 'served Err(e),
+            };
+            if endpoint.op == Operation::InputTokens {
+                break 'served responses::input_tokens(&snap, &inbound).await;
+            }
+            // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
+            chain::run(&self, &snap, inbound, &mut record, &mut stats).await
+        };
+        Served {
+            proxy: self,
+            snap,
+            rid,
+            obs,
+            record,
+            stats,
+            result,
         }
-        let inbound = self
-            .take_in(snap, endpoint, &tenant, req, rid, record, obs)
-            .await?;
-        if endpoint.op == Operation::InputTokens {
-            return responses::input_tokens(snap, &inbound).await;
-        }
-        // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
-        chain::run(self, snap, inbound, record, stats).await
     }
 
     /// Steps 0 to 3, everything decided from the request line and headers alone, so that a

@@ -106,10 +106,11 @@ pub async fn serve<H, F, B, L>(
                     let svc = service_fn(move |req| {
                         let inflight = w.begin();
                         // hyper keeps one slot of this future's size per connection for its
-                        // whole life; boxed, an idle keep-alive connection holds a pointer
-                        // instead of a whole request's state (about 15 KiB).
-                        // Written into its allocation, not built beside it and copied in.
-                        let fut = Box::into_pin(Box::write(Box::new_uninit(), h(req, peer)));
+                        // whole life, so a handler's future must be small: the handlers box
+                        // their request's state themselves (`Proxy::handle` in the one box
+                        // it needs anyway), and an idle keep-alive connection holds a few
+                        // words instead of a whole request's state.
+                        let fut = h(req, peer);
                         async move {
                             let resp = fut.await?;
                             Ok::<_, std::convert::Infallible>(

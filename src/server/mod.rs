@@ -136,7 +136,12 @@ pub async fn start_reloadable(
 
     let stop_admin = CancellationToken::new();
     let a = admin.clone();
-    let admin_handler = Arc::new(move |req, peer| a.clone().handle(req, peer));
+    // Boxed: the listener keeps a handler's future inline in each connection (see
+    // `listener::serve`); the admin plane's is kilobytes, and a scrape's cost is not per
+    // request on the data plane.
+    let admin_handler = Arc::new(move |req, peer| {
+        Box::into_pin(Box::write(Box::new_uninit(), a.clone().handle(req, peer)))
+    });
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
         admin_handler,
