@@ -224,8 +224,9 @@ fn direct_request(
 
 /// The body's length as the upstream request's `content-length`, set here: left to hyper, it
 /// is written into a new value (two allocations) on every request. The caller's own value is
-/// taken, shared, when it says the same number, as it does whenever the body went through
-/// unchanged. An empty body is left to hyper, as before.
+/// taken, shared, when it is the same number written the plain way (as an HTTP/1 caller's is
+/// for a body that went through unchanged); any other (absent, chunked, `012`) gets a value
+/// of its own. An empty body is left to hyper, as before.
 fn set_content_length(out: &mut http::HeaderMap, inbound: &http::HeaderMap, len: usize) {
     if len == 0 {
         return;

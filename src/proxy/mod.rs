@@ -2,7 +2,7 @@
 //! policies below and returns the response. The order is the design; each step says why it
 //! sits where it does.
 //!
-//! Why an async function and not a stack of tower / tower-http layers: the request id is
+//! Why one function (its work one future) and not a stack of tower / tower-http layers: the request id is
 //! written into legate's error bodies, the Responses ids and the journal, and the request's
 //! span and access record are filled in step by step (`observe::RequestObs`), so
 //! `SetRequestId` and `TraceLayer` would add a second place for what `handle` does in a few
@@ -170,9 +170,12 @@ impl Proxy {
     }
 
     /// Serves one request. The work up to the answer (policies, the chain) is one boxed
-    /// future written into its allocation; what is returned around it is a few words (the
-    /// box, the span, what stamping the answer needs), so hyper keeps that small slot per
-    /// connection and no second box is made per request.
+    /// future written into its allocation; what is returned around it is 184 bytes (the box,
+    /// the span, what stamping the answer needs, or the rare websocket refusal's response),
+    /// so hyper keeps that small slot per connection and no second box is made per request.
+    /// The work before the box (request id, journal entry, accounting record) runs when hyper
+    /// calls this, not at the first poll: a future dropped unpolled still counts its request,
+    /// as a 499.
     pub fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
