@@ -2,9 +2,9 @@
 //! policies below and returns the response. The order is the design; each step says why it
 //! sits where it does.
 //!
-//! Why one function (its work one future) and not a stack of tower / tower-http layers: the request id is
-//! written into legate's error bodies, the Responses ids and the journal, and the request's
-//! span and access record are filled in step by step (`observe::RequestObs`), so
+//! Why one function (its work one future) and not a stack of tower / tower-http layers: the
+//! request id is written into legate's error bodies, the Responses ids and the journal, and the
+//! request's span and access record are filled in step by step (`observe::RequestObs`), so
 //! `SetRequestId` and `TraceLayer` would add a second place for what `handle` does in a few
 //! lines; the policies below share the parsed body and the tenant, which layers would pass
 //! through request extensions; compression would buffer event streams, and a timeout layer

@@ -108,8 +108,8 @@ pub async fn serve<H, F, B, L>(
                         // hyper keeps one slot of this future's size per connection for its
                         // whole life, so a handler's future must be small: the handlers box
                         // their request's state themselves (`Proxy::handle` in the one box
-                        // it needs anyway), and an idle keep-alive connection holds a few
-                        // words instead of a whole request's state.
+                        // it needs anyway, leaving a 184-byte slot), and an idle keep-alive
+                        // connection holds that instead of a whole request's state.
                         let fut = h(req, peer);
                         async move {
                             let resp = fut.await?;

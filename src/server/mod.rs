@@ -136,9 +136,9 @@ pub async fn start_reloadable(
 
     let stop_admin = CancellationToken::new();
     let a = admin.clone();
-    // Boxed: the listener keeps a handler's future inline in each connection (see
-    // `listener::serve`); the admin plane's is kilobytes, and a scrape's cost is not per
-    // request on the data plane.
+    // Boxed, as the listener used to box every handler's future: it keeps a handler's future
+    // inline in each connection (see `listener::serve`), and the admin plane's is not made
+    // small; a box per scrape or admin call costs the data plane nothing.
     let admin_handler = Arc::new(move |req, peer| {
         Box::into_pin(Box::write(Box::new_uninit(), a.clone().handle(req, peer)))
     });
