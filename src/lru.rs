@@ -2,6 +2,7 @@
 //! most `cap` entries, the least recently used one evicted to make room. Touching and
 //! inserting are O(log n): the order is a tree of use ticks.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
 pub struct Lru<K, V> {
@@ -36,40 +37,47 @@ impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
-        self.tick += 1;
-        let tick = self.tick;
         let (value, used) = self.map.get_mut(key)?;
-        let old = std::mem::replace(used, tick);
-        if let Some(k) = self.order.remove(&old) {
-            self.order.insert(tick, k);
-        }
+        Self::mark(&mut self.order, &mut self.tick, used);
         Some(value)
     }
 
     /// The entry of `key`, marked as just used; created by `make` if absent, evicting the
     /// least recently used entry first when full (returned to the caller).
     pub fn entry(&mut self, key: &K, make: impl FnOnce() -> V) -> (&mut V, Option<(K, V)>) {
-        self.tick += 1;
-        let tick = self.tick;
         let mut evicted = None;
-        if let Some((_, used)) = self.map.get_mut(key) {
-            let old = std::mem::replace(used, tick);
-            if let Some(k) = self.order.remove(&old) {
-                self.order.insert(tick, k);
+        if self.map.len() >= self.cap && !self.map.contains_key(key) {
+            if let Some((_, oldest)) = self.order.pop_first() {
+                evicted = self.map.remove(&oldest).map(|(v, _)| (oldest, v));
             }
-        } else {
-            if self.map.len() >= self.cap {
-                if let Some((_, oldest)) = self.order.pop_first() {
-                    evicted = self.map.remove(&oldest).map(|(v, _)| (oldest, v));
-                }
-            }
-            self.order.insert(tick, key.clone());
         }
-        let (value, _) = self
-            .map
-            .entry(key.clone())
-            .or_insert_with(|| (make(), tick));
+        let value = match self.map.entry(key.clone()) {
+            Entry::Occupied(o) => {
+                let (value, used) = o.into_mut();
+                Self::mark(&mut self.order, &mut self.tick, used);
+                value
+            }
+            Entry::Vacant(v) => {
+                self.tick += 1;
+                self.order.insert(self.tick, key.clone());
+                &mut v.insert((make(), self.tick)).0
+            }
+        };
         (value, evicted)
+    }
+
+    /// Moves an entry last used at `used` to the end of the order. An entry that is already
+    /// the most recently used (the usual case: the same model asked for again and again)
+    /// stays where it is, without the two tree operations.
+    fn mark(order: &mut BTreeMap<u64, K>, tick: &mut u64, used: &mut u64) {
+        if *used == *tick {
+            return;
+        }
+        *tick += 1;
+        let old = std::mem::replace(used, *tick);
+        if let Some(k) = order.remove(&old) {
+            order.insert(*tick, k);
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
@@ -146,6 +154,23 @@ mod tests {
         let mut keys: Vec<_> = lru.iter().map(|(k, v)| (k.clone(), *v)).collect();
         keys.sort();
         assert_eq!(keys, vec![("a".into(), 2), ("c".into(), 7)]);
+    }
+
+    #[test]
+    fn the_most_recent_entry_touched_again_keeps_the_order() {
+        let mut lru: Lru<String, u32> = Lru::new(2);
+        lru.entry(&"a".into(), || 1);
+        lru.entry(&"b".into(), || 2);
+        for _ in 0..3 {
+            assert_eq!(lru.touch("b").copied(), Some(2));
+        }
+        *lru.entry(&"b".into(), || 0).0 += 1;
+        let (_, evicted) = lru.entry(&"c".into(), || 3);
+        assert_eq!(evicted, Some(("a".to_string(), 1)));
+        // Now "b" is the oldest, even though it was touched many times before "c" came.
+        assert_eq!(lru.touch("c").copied(), Some(3));
+        let (_, evicted) = lru.entry(&"d".into(), || 4);
+        assert_eq!(evicted, Some(("b".to_string(), 3)));
     }
 
     #[test]

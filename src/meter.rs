@@ -157,7 +157,7 @@ impl Usage {
 /// `MAX_LEDGER_ENTRIES` the least recently used one is folded into its tenant's
 /// `provider:other` entry, so the totals stay exact while the document stays small.
 pub struct Ledger {
-    entries: std::sync::Mutex<Entries>,
+    entries: parking_lot::Mutex<Entries>,
 }
 
 /// `(tenant, provider:model)` entries in use order, and the folded `provider:other` totals
@@ -173,7 +173,7 @@ const MAX_LEDGER_ENTRIES: usize = 1024;
 impl Default for Ledger {
     fn default() -> Self {
         Ledger {
-            entries: std::sync::Mutex::new(Entries {
+            entries: parking_lot::Mutex::new(Entries {
                 recent: crate::lru::Lru::new(MAX_LEDGER_ENTRIES),
                 folded: Default::default(),
             }),
@@ -217,10 +217,7 @@ impl Ledger {
             usage,
             cost_pico,
         };
-        let mut map = match self.entries.lock() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut map = self.entries.lock();
         // The usual case, a pair seen before, copies neither string.
         let pair: &dyn crate::lru::StrPair = &(tenant, target);
         if let Some(e) = map.recent.touch(pair) {
@@ -240,10 +237,7 @@ impl Ledger {
     }
 
     pub fn snapshot(&self) -> Vec<(String, String, LedgerEntry)> {
-        let map = match self.entries.lock() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let map = self.entries.lock();
         let mut out: BTreeMap<(String, String), LedgerEntry> = map.folded.clone();
         for (k, e) in map.recent.iter() {
             out.entry(k.clone()).or_default().add(e);

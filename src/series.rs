@@ -12,7 +12,9 @@
 //! groups, past which a group is built for one use and not kept (a reload may bring new names).
 
 use std::hash::Hasher;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
 
 use hashbrown::HashTable;
 use prometheus::{Counter, Histogram, IntCounter, IntGauge};
@@ -46,15 +48,10 @@ impl<V: Clone> Cache<V> {
         let same = |(k, _): &Entry<V>| {
             k.len() == labels.len() && k.iter().zip(labels).all(|(a, b)| **a == **b)
         };
-        if let Some((_, v)) = self
-            .table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .find(hash, same)
-        {
+        if let Some((_, v)) = self.table.read().find(hash, same) {
             return v.clone();
         }
-        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut table = self.table.write();
         if let Some((_, v)) = table.find(hash, same) {
             return v.clone();
         }
@@ -68,7 +65,7 @@ impl<V: Clone> Cache<V> {
 
     /// Groups kept.
     pub fn len(&self) -> usize {
-        self.table.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.table.read().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -91,7 +91,7 @@ pub struct Upstream {
 pub struct Lanes {
     pub(crate) metrics: Arc<Metrics>,
     /// Keyed by configured provider names (Fx-hashed: nothing a caller sends is inserted).
-    map: std::sync::Mutex<rustc_hash::FxHashMap<String, Lane>>,
+    map: parking_lot::Mutex<rustc_hash::FxHashMap<String, Lane>>,
 }
 
 /// One provider's gate and pacer.
@@ -106,10 +106,7 @@ impl Lanes {
     }
 
     fn get(&self, provider: &str, max: usize, queue_limit: usize) -> Lane {
-        let mut map = match self.map.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
+        let mut map = self.map.lock();
         if let Some((gate, pacer)) = map.get(provider) {
             gate.resize(max, queue_limit);
             return (gate.clone(), pacer.clone());

@@ -8,7 +8,9 @@
 //! and allocations than the rest of the bookkeeping together (and more memory per entry).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 
@@ -94,7 +96,7 @@ impl Journal {
     }
 
     fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Entry>>> {
-        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+        self.ring.lock()
     }
 
     /// Keeps a finished request, forgetting the oldest beyond the size.

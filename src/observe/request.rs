@@ -4,7 +4,9 @@
 //! facts learnt at the very end of a stream (its finish reason, the last bytes) are included.
 
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
 use http::{HeaderMap, HeaderValue};
@@ -37,7 +39,7 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let _in = self.span.enter();
-        let entry = self.entry.get_mut().unwrap_or_else(|p| p.into_inner());
+        let entry = self.entry.get_mut();
         if let Some(entry) = entry.take() {
             self.observer.report_entry(entry);
         }
@@ -58,8 +60,7 @@ impl Inner {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Facts are plain data: a panic elsewhere while holding the lock leaves them usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock()
 }
 
 /// Methods and paths nearly every request has: its facts borrow these instead of copying.

@@ -10,8 +10,10 @@
 //! its permit lives as long as the answer's body, not the service call.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use prometheus::{IntCounterVec, IntGaugeVec};
 use tokio::sync::oneshot;
@@ -83,10 +85,7 @@ impl Gate {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.state.lock()
     }
 
     fn gauge(&self, p: Priority, delta: i64) {

@@ -8,7 +8,9 @@
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -131,10 +133,7 @@ impl Breaker {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        match self.inner.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        self.inner.lock()
     }
 
     fn set(&self, inner: &mut Inner, state: State) {
@@ -310,10 +309,7 @@ impl Breakers {
 
     /// The breaker of `provider:model`; `model_label` is the bounded metric label.
     pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
-        let mut map = match self.map.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
+        let mut map = self.map.lock();
         let Map {
             configured,
             others,
@@ -346,10 +342,7 @@ impl Breakers {
     }
 
     pub fn snapshot(&self) -> Vec<(String, State)> {
-        let map = match self.map.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
+        let map = self.map.lock();
         let mut out: Vec<(String, State)> = map
             .configured
             .iter()

@@ -7,7 +7,9 @@
 //! from every answer (what remains, until when) and applies only to some priorities; what is
 //! left is one division and the next free slot.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue};
@@ -99,11 +101,8 @@ impl Pacer {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Reads an upstream answer's rate-limit headers (if any). One pass over the headers picks

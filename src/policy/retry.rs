@@ -14,7 +14,7 @@
 //! (a ratio becomes one retry per ⌊1/ratio⌋ requests) and cannot change its ratio on reload
 //! without forgetting the window.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
@@ -148,10 +148,7 @@ impl RetryBudget {
 
     fn with_slots<R>(&self, f: impl FnOnce(&mut [Slot; WINDOW_SECS], u64) -> R) -> R {
         let now = self.epoch.elapsed().as_secs();
-        let mut slots = match self.slots.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
+        let mut slots = self.slots.lock();
         let slot = &mut slots[(now % WINDOW_SECS as u64) as usize];
         if slot.second != now {
             *slot = Slot {

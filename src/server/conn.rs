@@ -11,8 +11,10 @@
 use std::future::Future;
 use std::io;
 use std::pin::{Pin, pin};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -69,11 +71,8 @@ impl ConnWatch {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        }
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// A request reached the service; it is in flight until the guard drops (with the
@@ -413,7 +412,7 @@ mod tests {
         );
         let conn = std::future::poll_fn(move |cx| {
             p2.fetch_add(1, Ordering::SeqCst);
-            *cw2.lock().unwrap() = Some(cx.waker().clone());
+            *cw2.lock() = Some(cx.waker().clone());
             if r2.swap(false, Ordering::SeqCst) {
                 w2.on_bytes();
             }
@@ -441,7 +440,7 @@ mod tests {
         let before = polls.load(Ordering::SeqCst);
         read_now.store(true, Ordering::SeqCst);
         let head = Instant::now();
-        conn_waker.lock().unwrap().take().unwrap().wake();
+        conn_waker.lock().take().unwrap().wake();
         for _ in 0..3 {
             tokio::task::yield_now().await;
         }

@@ -15,7 +15,9 @@
 //! provider's `max_concurrency`): a connection that would overflow it is closed after its answer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -126,10 +128,7 @@ impl Conns {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Conn>> {
-        match self.list.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        }
+        self.list.lock()
     }
 
     /// An idle connection to `key`, the most recently used first; closed and expired ones met
