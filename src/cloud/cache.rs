@@ -3,7 +3,9 @@
 //! and expiry — never its value.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 /// A credential is refreshed once less than this is left of its life…
@@ -61,10 +63,7 @@ impl<T> Cached<T> {
     }
 
     pub fn state(&self) -> CredentialState {
-        match self.state.lock() {
-            Ok(s) => s.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        self.state.lock().clone()
     }
 
     /// The held credential if it needs no refresh at `now`.
@@ -83,7 +82,7 @@ impl<T> Cached<T> {
         now: SystemTime,
         until: fn(&Held<T>) -> Option<SystemTime>,
     ) -> Option<Arc<T>> {
-        let held = self.held.lock().ok()?;
+        let held = self.held.lock();
         let h = held.as_ref()?;
         match until(h) {
             Some(at) if now >= at => None,
@@ -117,14 +116,16 @@ impl<T> Cached<T> {
                     exp.checked_sub(margin).unwrap_or(exp)
                 });
                 let value = Arc::new(f.value);
-                if let Ok(mut held) = self.held.lock() {
+                {
+                    let mut held = self.held.lock();
                     *held = Some(Held {
                         value: value.clone(),
                         expires: f.expires,
                         refresh_at,
                     });
                 }
-                if let Ok(mut s) = self.state.lock() {
+                {
+                    let mut s = self.state.lock();
                     s.expires_at = f.expires.and_then(epoch);
                     s.refreshed_at = epoch(fetched_at);
                     s.last_error = None;
@@ -133,7 +134,8 @@ impl<T> Cached<T> {
             }
             Err(e) => {
                 refreshed(false);
-                if let Ok(mut s) = self.state.lock() {
+                {
+                    let mut s = self.state.lock();
                     s.last_error = Some(e.clone());
                 }
                 match self.usable(SystemTime::now()) {
@@ -171,7 +173,8 @@ mod tests {
         assert_eq!((*a.unwrap(), *b.unwrap()), (0, 0));
         assert!(cell.state().expires_at.is_some());
         // Force staleness: a credential that is already inside its refresh margin.
-        if let Ok(mut h) = cell.held.lock() {
+        {
+            let mut h = cell.held.lock();
             if let Some(h) = h.as_mut() {
                 h.refresh_at = Some(SystemTime::now() - Duration::from_secs(1));
             }
@@ -203,7 +206,8 @@ mod tests {
             )
             .await;
         assert_eq!(*ok.unwrap(), 7);
-        if let Ok(mut h) = cell.held.lock() {
+        {
+            let mut h = cell.held.lock();
             if let Some(h) = h.as_mut() {
                 h.refresh_at = Some(SystemTime::now() - Duration::from_secs(1));
             }

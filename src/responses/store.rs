@@ -13,7 +13,9 @@
 //! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -199,7 +201,7 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     pub fn get(&self, id: &str) -> Option<Stored> {

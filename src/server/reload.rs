@@ -5,7 +5,9 @@
 //! bound once: changing them needs a restart, which the reload reports.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tokio::task::JoinHandle;
 
@@ -72,10 +74,7 @@ impl Reloader {
     }
 
     pub fn reload(&self) -> ReloadOutcome {
-        let _busy = match self.busy.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let _busy = self.busy.lock();
         let outcome = self.try_reload();
         let result = match &outcome {
             ReloadOutcome::Applied { .. } => "ok",
@@ -159,10 +158,7 @@ impl Reloader {
         self.proxy.budget.set_ratio(ratio);
         self.proxy.snapshot.store(Arc::new(snapshot));
         let old = {
-            let mut w = match self.watchers.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            let mut w = self.watchers.lock();
             std::mem::replace(&mut *w, fresh)
         };
         for h in old {
@@ -179,10 +175,7 @@ impl Reloader {
     }
 
     pub fn stop_watchers(&self) {
-        let handles = match self.watchers.lock() {
-            Ok(mut g) => std::mem::take(&mut *g),
-            Err(p) => std::mem::take(&mut *p.into_inner()),
-        };
+        let handles = std::mem::take(&mut *self.watchers.lock());
         for h in handles {
             h.abort();
         }

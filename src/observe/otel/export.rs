@@ -7,7 +7,7 @@
 //! behind `opentelemetry_http::HttpClient`: no second HTTP stack. Requests run on the server's
 //! Tokio runtime even when the SDK's metrics thread asks for them.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -137,7 +137,7 @@ impl SpanProcessor for QueueProcessor {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self.tx.lock();
         let queued = tx.as_ref().is_some_and(|t| t.try_send(span).is_ok());
         if !queued {
             self.dropped.inc();
@@ -150,7 +150,7 @@ impl SpanProcessor for QueueProcessor {
 
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
         // Closing the queue lets the task export what is left and end.
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.tx.lock().take();
         Ok(())
     }
 }

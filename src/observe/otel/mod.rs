@@ -26,7 +26,7 @@ use crate::config::observe::TelemetryConfig;
 
 pub struct Otel {
     traces: Option<(SdkTracerProvider, SdkTracer)>,
-    span_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    span_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     metrics: Option<(SdkMeterProvider, Instruments)>,
 }
 
@@ -134,7 +134,7 @@ impl Otel {
         };
         Ok(Otel {
             traces,
-            span_task: std::sync::Mutex::new(span_task),
+            span_task: parking_lot::Mutex::new(span_task),
             metrics,
         })
     }
@@ -158,11 +158,7 @@ impl Otel {
         if let Some((p, _)) = &self.traces {
             let _ = p.shutdown();
         }
-        let task = self
-            .span_task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let task = self.span_task.lock().take();
         if let Some(t) = task {
             let _ = tokio::time::timeout(wait, t).await;
         }

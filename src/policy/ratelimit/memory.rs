@@ -1,8 +1,8 @@
 //! The in-process store: one mutex-guarded map of tenant buckets. Used alone (`store =
 //! "memory"`) and as the fallback while the shared store is unreachable.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use super::bucket::Bucket;
 use super::{Ask, BoxFuture, Decision, Limit, Now, Settlement, Store, StoreError};
@@ -21,11 +21,8 @@ struct TenantState {
 }
 
 impl MemoryStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TenantState>> {
-        match self.tenants.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, TenantState>> {
+        self.tenants.lock()
     }
 
     pub fn admit_now(&self, ask: &Ask, now: Now) -> Result<Decision, StoreError> {
