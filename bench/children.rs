@@ -304,7 +304,18 @@ pub(crate) fn cpu_time(pids: &[u32]) -> Duration {
     let ticks: u64 = pids
         .iter()
         .filter_map(|&pid| stat_fields(pid))
-        .map(|f| f.1)
+        .map(|f| f.1 + f.2)
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The part of [`cpu_time`] spent in the kernel (system time): what a process's system calls
+/// and the socket work they start cost, as against its own code.
+pub(crate) fn system_time(pids: &[u32]) -> Duration {
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|&pid| stat_fields(pid))
+        .map(|f| f.2)
         .sum();
     Duration::from_millis(ticks * 10)
 }
@@ -319,9 +330,9 @@ pub(crate) fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// (parent pid, utime + stime in ticks) from `/proc/PID/stat`. The command name may contain
+/// (parent pid, utime, stime in ticks) from `/proc/PID/stat`. The command name may contain
 /// spaces and parentheses, so the fields are counted from the last `)`.
-fn stat_fields(pid: u32) -> Option<(u32, u64)> {
+fn stat_fields(pid: u32) -> Option<(u32, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -329,7 +340,7 @@ fn stat_fields(pid: u32) -> Option<(u32, u64)> {
     let ppid = fields.get(1)?.parse().ok()?;
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((ppid, utime + stime))
+    Some((ppid, utime, stime))
 }
 
 /// Time from starting `legate serve` to its first `/readyz` 200, once per start; each

@@ -8,10 +8,12 @@ difference of the counts is the cost of one request, start-up and shutdown cance
 
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
-                                 [--stream] [--nginx] [--floor [BIN]]
+                                 [--stream [--blocks N]] [--nginx] [--floor [BIN]]
 
 `--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
-count what a streamed request costs instead of a whole answer. callgrind also reports the code a
+count what a streamed request costs instead of a whole answer; `--blocks N` makes every answer N
+text blocks instead of one (the mock streams each as its start, three deltas and its end), so
+that two runs tell what one more event costs in a long stream. callgrind also reports the code a
 request runs through (see footprint.py). `--nginx` counts nginx the same way (the benchmark's
 proxy configuration, one worker, no master process) in front of the same mock, when installed;
 `--floor` counts examples/hyper_floor.rs, a bare hyper-to-hyper proxy with nothing of legate's
@@ -242,17 +244,22 @@ def main():
                         help="count nginx in front of the same mock too (callgrind)")
     parser.add_argument("--stream", action="store_true",
                         help="streamed requests (\"stream\": true) instead of whole answers")
+    parser.add_argument("--blocks", type=int, default=1,
+                        help="text blocks per answer (default 1): more make longer streams")
     args = parser.parse_args()
     tools = ["callgrind", "dhat"] if args.tool == "both" else [args.tool]
     mock, mock_url = start([args.bin, "mock", "--listen", "127.0.0.1:0"],
                            "legate mock listening on ", ENV)
     try:
         conn = http.client.HTTPConnection(*host_port(mock_url), timeout=10)
-        conn.request("PUT", "/_mock/script", json.dumps(SCRIPT).encode(),
+        script = {"default": {"content": SCRIPT["default"]["content"] * args.blocks}}
+        conn.request("PUT", "/_mock/script", json.dumps(script).encode(),
                      {"content-type": "application/json"})
         assert conn.getresponse().status == 200
         n = args.many - args.few
         what = f"{args.api}, streamed" if args.stream else args.api
+        if args.blocks != 1:
+            what += f", {args.blocks} text blocks"
         with tempfile.TemporaryDirectory() as scratch:
             workdir = args.keep or scratch
             os.makedirs(workdir, exist_ok=True)

@@ -31,6 +31,8 @@ pub(crate) struct Throughput {
     pub elapsed: Duration,
     /// CPU of the side's own process over its slices, lead-ins included.
     pub cpu: Duration,
+    /// The system (kernel) part of `cpu`.
+    pub system: Duration,
     /// Every request of those slices, lead-ins included (what `cpu` was spent on).
     pub all_requests: u64,
 }
@@ -296,12 +298,14 @@ async fn throughput(
         for side in order(round, sides) {
             let conns = std::mem::take(&mut pools[side]);
             let cpu_before = children::cpu_time(&procs[side]);
+            let system_before = children::system_time(&procs[side]);
             let (lead_in, length) = (plan.lead_in, plan.throughput_slice);
             let (slice, elapsed, back) =
                 load::closed_loop(&targets[side], conns, lead_in, length).await?;
             pools[side] = back;
             let total = &mut result[side];
             total.cpu += children::cpu_time(&procs[side]).saturating_sub(cpu_before);
+            total.system += children::system_time(&procs[side]).saturating_sub(system_before);
             total.all_requests += slice.lead_in.ok + slice.measured.ok;
             requests += slice.lead_in.ok + slice.measured.ok;
             let measured = tally.split(side, slice);

@@ -297,7 +297,22 @@ impl Results {
             cpu,
             true,
         );
-        vec![throughput, cpu]
+        // Which side of the system-call boundary the CPU went: the proxy's own code (user), or
+        // the kernel's work for its system calls and sockets (system).
+        let split = |system: bool| {
+            move |s: &Sample, side: usize| {
+                let t = &s.throughput[side];
+                let part = if system {
+                    t.system
+                } else {
+                    t.cpu.saturating_sub(t.system)
+                };
+                ms(part) / t.all_requests.max(1) as f64
+            }
+        };
+        let user = self.cpu_row(plan, "of which user time".to_owned(), split(false), false);
+        let system = self.cpu_row(plan, "of which system time".to_owned(), split(true), false);
+        vec![throughput, cpu, user, system]
     }
 
     fn memory_rows(&self, plan: Plan) -> Vec<Row> {

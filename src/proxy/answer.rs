@@ -76,7 +76,7 @@ pub(crate) fn commit(
                     tap.mode,
                     tap.held,
                     up.idle_timeout,
-                    proxy.abort_streams.clone().cancelled_owned(),
+                    proxy.abort_streams.clone(),
                     acct,
                     Some(tap.permit),
                 )

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use prometheus::Histogram;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::WaitForCancellationFutureOwned;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::api::{ApiKind, ErrorClass, LocalError};
 use crate::meter::Usage;
@@ -25,6 +25,9 @@ use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
 
 pub use crate::server::listener::BoxError;
+
+/// Why a stream still open when shutdown's grace ran out ends.
+const SHUTDOWN: &str = "legate is shutting down and the stream outlived shutdown_grace";
 
 /// Non-streaming bodies larger than this are forwarded but not parsed for usage.
 const JSON_USAGE_CAP: usize = 8 << 20;
@@ -69,7 +72,16 @@ pub struct TapBody {
     /// Bytes read before the response was committed (a stream's preamble and first content).
     held: Option<Bytes>,
     idle: Duration,
+    /// When the upstream last gave a frame (or the body began): the idle timeout counts from it.
+    last_frame: Instant,
+    /// Set for `last_frame + idle` as it was when the timer was last armed: a frame moves
+    /// `last_frame` only, and the timer, when it fires early, is armed again for the new due
+    /// time. Resetting a tokio timer on every frame costs a clock conversion and an update of
+    /// its entry per event; a stream's frames come much more often than its idle timeout.
     timer: Pin<Box<Sleep>>,
+    /// Shutdown's signal: read (one atomic load) on every poll, waited on (a waker registered
+    /// under its lock) only when the upstream has nothing to give.
+    stop: CancellationToken,
     abort: Pin<Box<WaitForCancellationFutureOwned>>,
     acct: Option<Accounting>,
     /// Held for the life of the upstream exchange: `max_concurrency` counts streams too.
@@ -90,7 +102,7 @@ impl TapBody {
         mode: Mode,
         held: Option<Bytes>,
         idle: Duration,
-        abort: WaitForCancellationFutureOwned,
+        stop: CancellationToken,
         acct: Accounting,
         permit: Option<crate::policy::admission::Permit>,
     ) -> Self {
@@ -101,8 +113,10 @@ impl TapBody {
             state: State::Streaming,
             held,
             idle,
+            last_frame: Instant::now(),
             timer: Box::pin(tokio::time::sleep(idle)),
-            abort: Box::pin(abort),
+            abort: Box::pin(stop.clone().cancelled_owned()),
+            stop,
             acct: Some(acct),
             _permit: permit,
             failed_json: false,
@@ -301,15 +315,13 @@ impl Body for TapBody {
                 }
                 State::Streaming => {}
             }
-            if this.abort.as_mut().poll(cx).is_ready() {
-                this.state =
-                    this.fail("legate is shutting down and the stream outlived shutdown_grace");
+            if this.stop.is_cancelled() {
+                this.state = this.fail(SHUTDOWN);
                 continue;
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    let deadline = Instant::now() + this.idle;
-                    this.timer.as_mut().reset(deadline);
+                    this.last_frame = Instant::now();
                     match frame.into_data() {
                         Ok(data) => {
                             let out = this.observe(data);
@@ -341,7 +353,12 @@ impl Body for TapBody {
                 }
                 Poll::Ready(None) => this.state = this.on_end(),
                 Poll::Pending => {
-                    if this.timer.as_mut().poll(cx).is_ready() {
+                    if this.abort.as_mut().poll(cx).is_ready() {
+                        this.state = this.fail(SHUTDOWN);
+                        continue;
+                    }
+                    let due = this.last_frame + this.idle;
+                    if crate::proxy::upread::passed(this.timer.as_mut(), due, cx) {
                         this.state =
                             this.fail("the upstream sent nothing for longer than idle_timeout");
                         continue;

@@ -3,13 +3,16 @@
 //! and the call itself up to its response headers. Each chunk must come within the provider's
 //! `idle_timeout`, and all of it before the request's deadline.
 
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::Response;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::error::ProxyError;
 use crate::proxy::upbody::UpstreamBody;
@@ -21,6 +24,37 @@ const ERROR_BODY_LIMIT: usize = 1 << 20;
 /// A preamble larger than this is forwarded without waiting for content (a misbehaving
 /// upstream must not make legate buffer without bound).
 const PREAMBLE_LIMIT: usize = 256 << 10;
+
+/// Whether `due` has passed, by `timer`, which is armed for `due` or for an earlier time: if it
+/// fires before `due`, it is armed again for `due` (and the task's waker registered with it).
+///
+/// One timer thus serves a whole body read, each chunk's time limit only moved in the
+/// reader's own state: a timer per chunk (`timeout_at`) entered the runtime's timer wheel and
+/// left it again for every chunk not there at once, which is most of them (hyper hands a body
+/// over chunk by chunk, each after a turn of the connection's task), and resetting one timer
+/// per chunk updates its entry per chunk; limits come far apart compared with chunks.
+pub(super) fn passed(mut timer: Pin<&mut Sleep>, due: Instant, cx: &mut Context<'_>) -> bool {
+    while timer.as_mut().poll(cx).is_ready() {
+        if due <= Instant::now() {
+            return true;
+        }
+        timer.as_mut().reset(due);
+    }
+    false
+}
+
+/// `fut`'s output, or None if `due` passes first (see [`passed`]; `timer` is armed for `due` or
+/// earlier).
+async fn by<F: Future>(timer: Pin<&mut Sleep>, due: Instant, fut: F) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    let mut timer = timer;
+    poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(out) => Poll::Ready(Some(out)),
+        Poll::Pending if passed(timer.as_mut(), due, cx) => Poll::Ready(None),
+        Poll::Pending => Poll::Pending,
+    })
+    .await
+}
 
 /// Why a stream failed before its commit point.
 pub(super) enum PreCommit {
@@ -38,6 +72,10 @@ pub(super) async fn read_to_commit(
     deadline: Instant,
 ) -> Result<Bytes, PreCommit> {
     let mut held = BytesMut::new();
+    // Each chunk's limit is later than the one before: one timer, armed for the first.
+    let mut timer = pin!(tokio::time::sleep_until(
+        (Instant::now() + idle).min(deadline)
+    ));
     loop {
         if let Some(d) = &watch.error_data {
             return Err(PreCommit::ErrorEvent(d.clone()));
@@ -51,14 +89,14 @@ pub(super) async fn read_to_commit(
             return Ok(held.freeze());
         }
         let limit = (Instant::now() + idle).min(deadline);
-        match tokio::time::timeout_at(limit, incoming.frame()).await {
-            Err(_) => {
+        match by(timer.as_mut(), limit, incoming.frame()).await {
+            None => {
                 return Err(PreCommit::Broken(
                     "no content within idle_timeout or the deadline",
                 ));
             }
-            Ok(Some(Err(_))) => return Err(PreCommit::Broken("the connection broke")),
-            Ok(None) => {
+            Some(Some(Err(_))) => return Err(PreCommit::Broken("the connection broke")),
+            Some(None) => {
                 if let Some(rest) = watch.finish() {
                     held.extend_from_slice(&rest);
                 }
@@ -72,7 +110,7 @@ pub(super) async fn read_to_commit(
                     "the stream ended before its first content",
                 ));
             }
-            Ok(Some(Ok(frame))) => {
+            Some(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     if let (Some(out), _) = watch.feed(data) {
                         held.extend_from_slice(&out);
@@ -106,13 +144,16 @@ pub(super) async fn read_whole(
     // a buffer that both are copied into.
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
+    let mut timer = pin!(tokio::time::sleep_until(
+        (Instant::now() + idle).min(deadline)
+    ));
     loop {
         let limit = (Instant::now() + idle).min(deadline);
-        match tokio::time::timeout_at(limit, incoming.frame()).await {
-            Err(_) => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
-            Ok(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
-            Ok(None) => return Whole::Complete(first.unwrap_or_else(|| buf.freeze())),
-            Ok(Some(Ok(frame))) => {
+        match by(timer.as_mut(), limit, incoming.frame()).await {
+            None => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
+            Some(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
+            Some(None) => return Whole::Complete(first.unwrap_or_else(|| buf.freeze())),
+            Some(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };

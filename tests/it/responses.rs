@@ -315,3 +315,34 @@ async fn a_relayed_answer_whole_or_streamed_is_kept_for_a_translated_next_turn()
         assert_eq!(msgs[2]["role"], "user");
     }
 }
+
+/// Events closer together than `idle_timeout` keep a stream alive however long it runs: before
+/// its first content (four preamble events, held back) and after it.
+#[tokio::test]
+async fn a_stream_paced_within_the_idle_timeout_runs_past_it_before_and_after_its_content() {
+    let mock = harness::start_mock(
+        Script::from_json(
+            r#"{"default":{"event_gap_ms":150,"content":[{"type":"text","text":"one two three"}]}}"#,
+        )
+        .unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml(&mock.base_url(), MODELS)
+        .replace("idle_timeout = \"5s\"", "idle_timeout = \"450ms\"");
+    let env = harness::start_toml(mock, &toml).await;
+    let started = Instant::now();
+    let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
+    assert_eq!(resp.status(), 200);
+    let evs = events(resp).await;
+    let first = evs
+        .iter()
+        .position(|e| e.1 == "response.output_text.delta")
+        .unwrap();
+    // Longer than the idle timeout before the first content, and twice that after it.
+    assert!(evs[first].0 - started > Duration::from_millis(450));
+    assert!(evs.last().unwrap().0 - evs[first].0 > Duration::from_millis(900));
+    let names: Vec<&str> = evs.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(names.last(), Some(&"response.completed"), "{names:?}");
+    assert!(!names.contains(&"error"), "{names:?}");
+    assert_eq!(env.mock.requests().len(), 1, "nothing was retried");
+}
