@@ -10,7 +10,11 @@ gdb attaches, a breakpoint on libc's memcpy records each call's size and caller 
 stopping, N more requests go through the same connection, and gdb detaches.
 
     python3 bench/copies.py [--bin target/release/legate] [--api messages|responses]
-                            [--requests 20]
+                            [--requests 20] [--lines]
+
+`--lines` names each copy's source line (the innermost function inlined at the call, and its
+file and line) instead of the function it was compiled into: it needs a build with line
+tables, `RUSTFLAGS="-Cdebuginfo=line-tables-only -Cstrip=none"`.
 
 Needs gdb (`apt-get install gdb`) and permission to attach (root, or ptrace_scope 0).
 """
@@ -42,11 +46,19 @@ GDB_SCRIPT = """
 import gdb, collections
 calls = collections.Counter()
 copied = collections.Counter()
+BY_LINE = @BY_LINE@
+
+def site(frame):
+    name = (frame.name() if frame else None) or "?"
+    if BY_LINE and frame:
+        sal = frame.find_sal()
+        if sal.symtab:
+            name = f"{sal.symtab.filename.split('/src/')[-1]}:{sal.line} {name}"
+    return name
 
 class Copy(gdb.Breakpoint):
     def stop(self):
-        older = gdb.selected_frame().older()
-        name = (older.name() if older else None) or "?"
+        name = site(gdb.selected_frame().older())
         calls[name] += 1
         copied[name] += int(gdb.parse_and_eval("$rdx"))
         return False
@@ -78,6 +90,8 @@ def main():
     parser.add_argument("--bin", default="target/release/legate")
     parser.add_argument("--api", default="messages", choices=["messages", "responses"])
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--lines", action="store_true",
+                        help="name each copy's source line (needs a build with line tables)")
     args = parser.parse_args()
     env = {**per_request.ENV, "TOKIO_WORKER_THREADS": "1"}
     mock, mock_url = per_request.start([args.bin, "mock", "--listen", "127.0.0.1:0"],
@@ -101,7 +115,7 @@ def main():
             script = os.path.join(scratch, "copies.py")
             commands = os.path.join(scratch, "copies.gdb")
             with open(script, "w") as f:
-                f.write(GDB_SCRIPT)
+                f.write(GDB_SCRIPT.replace("@BY_LINE@", str(args.lines)))
             with open(commands, "w") as f:
                 f.write(GDB_COMMANDS.format(script=script, armed=ARMED))
             gdb = subprocess.Popen(["gdb", "-p", str(serve.pid), "-batch", "-x", commands],
@@ -130,8 +144,8 @@ def main():
         count = sum(r[1] for r in rows)
         per = args.requests
         print(f"memcpy per request ({args.api}): {total / per:,.0f} bytes in {count / per:.1f} calls")
-        for size, n, name in sorted(rows, reverse=True)[:15]:
-            print(f"  {size / per:8,.0f} B in {n / per:5.1f} calls  {name[:110]}")
+        for size, n, name in sorted(rows, reverse=True)[:40 if args.lines else 15]:
+            print(f"  {size / per:8,.0f} B in {n / per:5.1f} calls  {name[:150]}")
     finally:
         for p in reversed(procs):
             if p.poll() is None:

@@ -108,6 +108,7 @@ impl Facts {
         api: &'static str,
         method: Cow<'static, str>,
         path: Cow<'static, str>,
+        started: Instant,
     ) -> Self {
         Facts {
             request_id,
@@ -123,7 +124,7 @@ impl Facts {
             status: None,
             error_type: None,
             priority: None,
-            started: Instant::now(),
+            started,
             started_wall: SystemTime::now(),
             duration: None,
             ttft: None,

@@ -209,7 +209,13 @@ mod tests {
     use super::*;
 
     fn rec(id: &str, status: u16, tenant: &str) -> Facts {
-        let mut f = Facts::new(id.into(), "anthropic", "POST".into(), "/v1/messages".into());
+        let mut f = Facts::new(
+            id.into(),
+            "anthropic",
+            "POST".into(),
+            "/v1/messages".into(),
+            std::time::Instant::now(),
+        );
         f.status = Some(status);
         f.tenant = tenant.to_owned().into();
         f

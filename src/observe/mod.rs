@@ -123,6 +123,7 @@ mod tests {
                 "anthropic",
                 "POST".into(),
                 "/v1/messages".into(),
+                std::time::Instant::now(),
             );
             f.status = Some(200);
             observer.report(f, (None, None));

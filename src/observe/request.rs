@@ -92,6 +92,7 @@ impl RequestObs {
         method: &http::Method,
         path: &str,
         headers: &HeaderMap,
+        started: std::time::Instant,
     ) -> Self {
         let span = tracing::info_span!("request", request_id = %request_id);
         let mut facts = Facts::new(
@@ -104,6 +105,7 @@ impl RequestObs {
                 Some((end, _)) => path[..end].to_string().into(),
                 None => borrowed_or_copied(path, API_PATHS),
             },
+            started,
         );
         facts.client_retry = headers
             .get("x-stainless-retry-count")

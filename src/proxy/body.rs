@@ -72,13 +72,16 @@ pub struct TapBody {
     /// Bytes read before the response was committed (a stream's preamble and first content).
     held: Option<Bytes>,
     idle: Duration,
-    /// When the upstream last gave a frame (or the body began): the idle timeout counts from it.
-    last_frame: Instant,
-    /// Set for `last_frame + idle` as it was when the timer was last armed: a frame moves
-    /// `last_frame` only, and the timer, when it fires early, is armed again for the new due
-    /// time. Resetting a tokio timer on every frame costs a clock conversion and an update of
-    /// its entry per event; a stream's frames come much more often than its idle timeout.
-    timer: Pin<Box<Sleep>>,
+    /// When the upstream was first found with nothing to give since its last frame (`None`
+    /// while frames keep coming): the idle timeout counts from it. Noted at that first wait,
+    /// not per frame, so that frames that are there at once (a burst) cost no clock read.
+    idle_from: Option<Instant>,
+    /// Set for `idle_from + idle` as it was when the timer was last armed: a wait after a frame
+    /// moves `idle_from` only, and the timer, when it fires early, is armed again for the new
+    /// due time. Resetting a tokio timer on every frame costs a clock conversion and an update
+    /// of its entry per event; a stream's frames come much more often than its idle timeout.
+    /// Made at the body's first wait.
+    timer: Option<Pin<Box<Sleep>>>,
     /// Shutdown's signal: read (one atomic load) on every poll, waited on (a waker registered
     /// under its lock) only when the upstream has nothing to give.
     stop: CancellationToken,
@@ -113,8 +116,8 @@ impl TapBody {
             state: State::Streaming,
             held,
             idle,
-            last_frame: Instant::now(),
-            timer: Box::pin(tokio::time::sleep(idle)),
+            idle_from: None,
+            timer: None,
             abort: Box::pin(stop.clone().cancelled_owned()),
             stop,
             acct: Some(acct),
@@ -321,7 +324,7 @@ impl Body for TapBody {
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    this.last_frame = Instant::now();
+                    this.idle_from = None;
                     match frame.into_data() {
                         Ok(data) => {
                             let out = this.observe(data);
@@ -357,8 +360,11 @@ impl Body for TapBody {
                         this.state = this.fail(SHUTDOWN);
                         continue;
                     }
-                    let due = this.last_frame + this.idle;
-                    if crate::proxy::upread::passed(this.timer.as_mut(), due, cx) {
+                    let due = *this.idle_from.get_or_insert_with(Instant::now) + this.idle;
+                    let timer = this
+                        .timer
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+                    if crate::proxy::upread::passed(timer.as_mut(), due, cx) {
                         this.state =
                             this.fail("the upstream sent nothing for longer than idle_timeout");
                         continue;

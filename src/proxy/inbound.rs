@@ -245,9 +245,12 @@ pub async fn read_body(
     if !share.take(declared, max_buffered) {
         return refuse(body, BodyError::Full);
     }
+    // The limit starts when the read first waits: a body that came with its head is taken
+    // without a timer or a clock read.
     let read =
-        tokio::time::timeout(timeout, collect(&mut body, limit, share, max_buffered, !h2)).await;
-    let Ok(read) = read else {
+        crate::proxy::within::within(timeout, collect(&mut body, limit, share, max_buffered, !h2))
+            .await;
+    let Some(read) = read else {
         return Err(BodyError::TimedOut);
     };
     let body = match read {

@@ -146,7 +146,11 @@ impl Proxy {
             f.max_tokens = meta.max_tokens;
             f.stream = meta.stream;
         });
-        let deadline = deadline(&parts.headers, cfg.server.default_deadline);
+        // From the request's arrival, as its record counts it (one clock read per request).
+        let arrived = record
+            .as_ref()
+            .map_or_else(tokio::time::Instant::now, |r| r.started().into());
+        let deadline = deadline(&parts.headers, cfg.server.default_deadline, arrived);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(tenant);
         let priority = requested_priority(&parts.headers)
@@ -248,12 +252,16 @@ fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
 }
 
 /// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
-pub(super) fn deadline(headers: &HeaderMap, default: Duration) -> tokio::time::Instant {
+pub(super) fn deadline(
+    headers: &HeaderMap,
+    default: Duration,
+    arrived: tokio::time::Instant,
+) -> tokio::time::Instant {
     let asked = headers
         .get(&DEADLINE_MS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_millis);
     let d = asked.map_or(default, |a| a.min(default));
-    tokio::time::Instant::now() + d
+    arrived + d
 }

@@ -28,6 +28,7 @@ mod snapshot;
 pub mod upbody;
 pub mod upread;
 pub mod watch;
+pub mod within;
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -209,6 +210,7 @@ impl Proxy {
             req.method(),
             req.uri().path(),
             req.headers(),
+            started,
         );
         // The record lives in the serving future until an upstream body takes it over: if the
         // caller goes away first, dropping the future records 499.

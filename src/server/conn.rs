@@ -161,8 +161,8 @@ impl ConnWatch {
     /// a request needs to wake it only when that brings the deadline forward.
     ///
     /// It is polled with its connection, each time the connection's task wakes (several times
-    /// per request): such a poll only compares the clock with the instant armed, since the
-    /// timer and the state hold the task's waker already. Re-arming happens only when the
+    /// per request): such a poll only asks the timer whether it fired, since the timer and the
+    /// state hold the task's waker already. Re-arming happens only when the
     /// deadline came forward or the timer fired.
     pub async fn expired(&self) {
         let sleep = tokio::time::sleep_until(Instant::now() + self.limits.connection_idle_timeout);
@@ -177,9 +177,12 @@ impl ConnWatch {
                 s.waker = Some(cx.waker().clone());
             }
             match s.armed {
-                Some(at) if !s.changed => {
+                Some(_) if !s.changed => {
                     drop(s);
-                    if Instant::now() < at {
+                    // The timer is armed for that instant and holds the task's waker: until
+                    // it has fired, the instant has not come (asking the timer is cheaper
+                    // than reading the clock, once per poll of the connection).
+                    if !sleep.is_elapsed() {
                         return Poll::Pending;
                     }
                 }
