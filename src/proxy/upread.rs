@@ -43,11 +43,6 @@ pub(super) fn passed(mut timer: Pin<&mut Sleep>, due: Instant, cx: &mut Context<
     false
 }
 
-/// A timer for [`by`]: armed for the deadline, moved earlier only once a read has to wait.
-pub(super) fn timer(deadline: Instant) -> Sleep {
-    tokio::time::sleep_until(deadline)
-}
-
 /// `fut`'s output, or None if `idle` passes first, counted from when `fut` first has to wait
 /// (and never past `deadline`; see [`passed`]).
 ///
@@ -100,8 +95,9 @@ pub(super) async fn read_to_commit(
     deadline: Instant,
 ) -> Result<Bytes, PreCommit> {
     let mut held = BytesMut::new();
-    // Each chunk's limit is later than the one before: one timer, armed for the first.
-    let mut timer = pin!(timer(deadline));
+    // Each chunk's limit is later than the one before: one timer for the whole read,
+    // armed for the deadline; `by` moves it earlier once a read has to wait.
+    let mut timer = pin!(tokio::time::sleep_until(deadline));
     loop {
         if let Some(d) = &watch.error_data {
             return Err(PreCommit::ErrorEvent(d.clone()));
@@ -169,7 +165,8 @@ pub(super) async fn read_whole(
     // a buffer that both are copied into.
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
-    let mut timer = pin!(timer(deadline));
+    // Armed for the deadline; `by` moves it earlier once a read has to wait.
+    let mut timer = pin!(tokio::time::sleep_until(deadline));
     loop {
         match by(timer.as_mut(), idle, deadline, incoming.frame()).await {
             None => return Whole::Broken("the body stalled past idle_timeout or the deadline"),

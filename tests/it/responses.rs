@@ -52,6 +52,13 @@ async fn events(resp: reqwest::Response) -> Vec<(Instant, String, Value)> {
     out
 }
 
+/// Where the stream's content begins: its first text delta.
+fn first_delta(evs: &[(Instant, String, Value)]) -> usize {
+    evs.iter()
+        .position(|e| e.1 == "response.output_text.delta")
+        .expect("a text delta")
+}
+
 async fn start(script: &str) -> Env {
     harness::start_with(Script::from_json(script).unwrap(), MODELS).await
 }
@@ -94,10 +101,7 @@ async fn passthrough_stream_arrives_event_by_event_and_is_metered() {
     let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
     assert_eq!(resp.status(), 200);
     let evs = events(resp).await;
-    let first = evs
-        .iter()
-        .position(|e| e.1 == "response.output_text.delta")
-        .unwrap();
+    let first = first_delta(&evs);
     for pair in evs[first..].windows(2) {
         let gap = pair[1].0 - pair[0].0;
         assert!(
@@ -334,10 +338,7 @@ async fn a_stream_paced_within_the_idle_timeout_runs_past_it_before_and_after_it
     let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
     assert_eq!(resp.status(), 200);
     let evs = events(resp).await;
-    let first = evs
-        .iter()
-        .position(|e| e.1 == "response.output_text.delta")
-        .unwrap();
+    let first = first_delta(&evs);
     // Longer than the idle timeout before the first content, and twice that after it.
     assert!(evs[first].0 - started > Duration::from_millis(450));
     assert!(evs.last().unwrap().0 - evs[first].0 > Duration::from_millis(900));
