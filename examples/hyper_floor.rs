@@ -14,20 +14,27 @@
 //! (no connection limit, no timeouts, bodies buffered whatever their size), so a slow or huge
 //! peer holds its memory for as long as it likes.
 //!
+//! With `HYPER_FLOOR_INLINE=1` each upstream connection is polled inside the request's own
+//! future (its caller connection's task) instead of running as a task of its own: what handing
+//! a request over between two tasks costs.
+//!
 //! It prints `hyper floor listening on http://ADDR` once it accepts connections, and answers
 //! `GET /readyz` itself. `BENCH_FLOOR=1 cargo bench --bench proxy` puts it in legate's place in
 //! the benchmark.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, HOST, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -42,20 +49,21 @@ fn main() -> std::io::Result<()> {
         .trim_end_matches('/')
         .parse()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let inline = std::env::var("HYPER_FLOOR_INLINE").is_ok_and(|v| v == "1");
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(serve(listen, upstream))
+        .block_on(serve(listen, upstream, inline))
 }
 
-async fn serve(listen: String, upstream: SocketAddr) -> std::io::Result<()> {
+async fn serve(listen: String, upstream: SocketAddr, inline: bool) -> std::io::Result<()> {
     let listener = TcpListener::bind(&listen).await?;
     println!("hyper floor listening on http://{}", listener.local_addr()?);
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
         tokio::spawn(async move {
-            let Ok(sender) = dial(upstream).await else {
+            let Ok(sender) = dial(upstream, inline).await else {
                 return;
             };
             let host = HeaderValue::from_str(&upstream.to_string()).ok();
@@ -71,21 +79,53 @@ async fn serve(listen: String, upstream: SocketAddr) -> std::io::Result<()> {
     }
 }
 
-/// One upstream connection for one caller connection; its driver runs as its own task.
-async fn dial(upstream: SocketAddr) -> std::io::Result<Shared> {
+/// One upstream connection for one caller connection; its driver runs as its own task, or
+/// with `inline` is kept beside the sender for the requests to poll.
+async fn dial(upstream: SocketAddr, inline: bool) -> std::io::Result<Shared> {
     let stream = TcpStream::connect(upstream).await?;
     stream.set_nodelay(true)?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(std::io::Error::other)?;
-    tokio::spawn(conn);
-    Ok(Shared(Arc::new(Mutex::new(Some(sender)))))
+    let driver = if inline {
+        Some(Box::new(conn))
+    } else {
+        tokio::spawn(conn);
+        None
+    };
+    Ok(Shared(Arc::new(Mutex::new(Some((sender, driver))))))
 }
 
-/// The caller connection's upstream sender, taken out for a request and put back after its
-/// answer's head: HTTP/1 serves one request at a time per connection, so it is always there.
+/// Boxed, so that taking it out for a request and putting it back moves a pointer.
+type Driver = Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>;
+
+/// The caller connection's upstream sender (and inline driver), taken out for a request and put
+/// back after its answer: HTTP/1 serves one request at a time per connection, so it is always
+/// there.
 #[derive(Clone)]
-struct Shared(Arc<Mutex<Option<SendRequest<Full<Bytes>>>>>);
+struct Shared(Arc<Mutex<Option<Taken>>>);
+
+/// What a request takes out of [`Shared`].
+type Taken = (SendRequest<Full<Bytes>>, Option<Driver>);
+
+/// Awaits `f`, polling the connection's driver (if inline) in the same poll: the driver is
+/// polled with the task's waker (its socket wakes the task), `f` with a waker that does nothing,
+/// since only the driver's progress can make `f` ready.
+async fn driven<F: Future>(driver: &mut Option<Driver>, f: F) -> F::Output {
+    let Some(conn) = driver else {
+        return f.await;
+    };
+    let mut f = pin!(f);
+    std::future::poll_fn(|cx| {
+        let mut quiet = Context::from_waker(Waker::noop());
+        if let Poll::Ready(v) = f.as_mut().poll(&mut quiet) {
+            return Poll::Ready(v);
+        }
+        let _ = Pin::new(&mut **conn).poll(cx);
+        f.as_mut().poll(&mut quiet)
+    })
+    .await
+}
 
 async fn relay(
     sender: &mut Shared,
@@ -106,22 +146,47 @@ async fn relay(
     parts
         .headers
         .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-    let Some(mut taken) = sender.0.lock().ok().and_then(|mut s| s.take()) else {
+    let Some((mut taken, mut driver)) = sender.0.lock().ok().and_then(|mut s| s.take()) else {
         return status(StatusCode::BAD_GATEWAY);
     };
-    let answer = taken
-        .send_request(Request::from_parts(parts, Full::new(body)))
-        .await;
-    if let Ok(mut slot) = sender.0.lock() {
-        *slot = Some(taken);
+    // An inline driver has to reach its idle state (asking for the next request) before the
+    // sender takes one; a spawned one has, by the time its last answer was read.
+    if driver.is_some() && driven(&mut driver, taken.ready()).await.is_err() {
+        return status(StatusCode::BAD_GATEWAY);
     }
-    let Ok(answer) = answer else {
-        return status(StatusCode::BAD_GATEWAY);
-    };
-    let (parts, body) = answer.into_parts();
-    match body.collect().await {
-        Ok(body) => Response::from_parts(parts, Full::new(body.to_bytes())),
+    let answer = driven(
+        &mut driver,
+        taken.send_request(Request::from_parts(parts, Full::new(body))),
+    )
+    .await;
+    // A spawned driver reads the body on its own: the sender goes back with the answer's head.
+    // An inline one is needed until the body is read.
+    let mut slot = Some((taken, driver));
+    if slot.as_ref().is_some_and(|(_, d)| d.is_none()) {
+        sender.put_back(&mut slot);
+    }
+    let answer = match answer {
+        Ok(answer) => {
+            let (parts, body) = answer.into_parts();
+            let mut none = None;
+            let driver = slot.as_mut().map_or(&mut none, |(_, d)| d);
+            match driven(driver, body.collect()).await {
+                Ok(body) => Response::from_parts(parts, Full::new(body.to_bytes())),
+                Err(_) => status(StatusCode::BAD_GATEWAY),
+            }
+        }
         Err(_) => status(StatusCode::BAD_GATEWAY),
+    };
+    sender.put_back(&mut slot);
+    answer
+}
+
+impl Shared {
+    /// Puts the taken sender (and driver) back, if `slot` still holds them.
+    fn put_back(&self, slot: &mut Option<Taken>) {
+        if let (Some(taken), Ok(mut s)) = (slot.take(), self.0.lock()) {
+            *s = Some(taken);
+        }
     }
 }
 

@@ -216,8 +216,16 @@ pub(super) async fn send(
 ) -> Result<Response<Incoming>, ProxyError> {
     let first_byte = now + up.first_byte_timeout;
     let limit = first_byte.min(deadline);
-    let call = up.client().request_or_rebuild(req, rebuild);
-    match tokio::time::timeout_at(limit, call).await {
+    // Pinned where it is made and polled beside its timer, rather than moved into
+    // `tokio::time::timeout_at` and that moved again by its `.await`: the call's future is the
+    // largest of the request's (about 1.8 KB), and each move was a copy of all of it.
+    let mut call = pin!(up.client().request_or_rebuild(req, rebuild));
+    let mut timer = pin!(tokio::time::sleep_until(limit));
+    let within = poll_fn(|cx| match call.as_mut().poll(cx) {
+        Poll::Ready(r) => Poll::Ready(Ok(r)),
+        Poll::Pending => timer.as_mut().poll(cx).map(Err),
+    });
+    match within.await {
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => {
             tracing::debug!(provider = %up.name, connect = e.is_connect(), error = %e, "upstream request failed");
