@@ -116,6 +116,55 @@ async fn unknown_paths_are_404_in_the_callers_shape() {
 }
 
 #[tokio::test]
+async fn a_refusal_before_the_body_is_read_closes_the_connection_and_says_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = harness::start("").await;
+    // The head alone: the unknown route is refused without waiting for the declared body, so
+    // the connection cannot carry another request, and the answer must say it closes.
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    sock.write_all(b"POST /v1/nope HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        sock.read_to_end(&mut got),
+    )
+    .await
+    .expect("legate closes the connection after the answer")
+    .unwrap();
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 404"), "{text}");
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+
+    // Through a client: with a body the answer says close; without one, or once the body was
+    // read, the connection stays open.
+    let bodied = env
+        .http
+        .post(env.url("/v1/nope"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bodied.status(), 404);
+    assert_eq!(bodied.headers()["connection"], "close");
+    let bare = env.http.get(env.url("/v1/nope")).send().await.unwrap();
+    assert_eq!(bare.status(), 404);
+    assert!(bare.headers().get("connection").is_none());
+    let read = env.messages("{not json").await;
+    assert_eq!(read.status(), 400);
+    assert!(read.headers().get("connection").is_none());
+    let ok = env
+        .messages(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(ok.status(), 200);
+    assert!(ok.headers().get("connection").is_none());
+    assert_eq!(env.mock.stats().requests, 1);
+}
+
+#[tokio::test]
 async fn unknown_client_keys_are_401_when_clients_are_configured() {
     use sha2::Digest;
     let key_hash = hex::encode(sha2::Sha256::digest(b"team-a-secret"));
