@@ -110,19 +110,26 @@ type Taken = (SendRequest<Full<Bytes>>, Option<Driver>);
 
 /// Awaits `f`, polling the connection's driver (if inline) in the same poll: the driver is
 /// polled with the task's waker (its socket wakes the task), `f` with a waker that does nothing,
-/// since only the driver's progress can make `f` ready.
+/// since only the driver's progress can make `f` ready. A driver that has finished (the
+/// upstream closed the connection) is dropped at once, which fails what is queued on it and
+/// marks its sender closed; `f` is then polled with the task's waker.
 async fn driven<F: Future>(driver: &mut Option<Driver>, f: F) -> F::Output {
-    let Some(conn) = driver else {
+    if driver.is_none() {
         return f.await;
-    };
+    }
     let mut f = pin!(f);
     std::future::poll_fn(|cx| {
-        let mut quiet = Context::from_waker(Waker::noop());
-        if let Poll::Ready(v) = f.as_mut().poll(&mut quiet) {
-            return Poll::Ready(v);
+        if let Some(conn) = driver.as_mut() {
+            let mut quiet = Context::from_waker(Waker::noop());
+            if let Poll::Ready(v) = f.as_mut().poll(&mut quiet) {
+                return Poll::Ready(v);
+            }
+            if Pin::new(&mut **conn).poll(cx).is_pending() {
+                return f.as_mut().poll(&mut quiet);
+            }
+            *driver = None;
         }
-        let _ = Pin::new(&mut **conn).poll(cx);
-        f.as_mut().poll(&mut quiet)
+        f.as_mut().poll(cx)
     })
     .await
 }
