@@ -9,6 +9,7 @@ difference of the counts is the cost of one request, start-up and shutdown cance
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
                                  [--stream [--blocks N]] [--nginx] [--floor [BIN]]
+                                 [--by-file ROWS]
 
 `--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
 count what a streamed request costs instead of a whole answer; `--blocks N` makes every answer N
@@ -17,7 +18,9 @@ that two runs tell what one more event costs in a long stream. callgrind also re
 request runs through (see footprint.py). `--nginx` counts nginx the same way (the benchmark's
 proxy configuration, one worker, no master process) in front of the same mock, when installed;
 `--floor` counts examples/hyper_floor.rs, a bare hyper-to-hyper proxy with nothing of legate's
-own (build it first: `cargo build --release --example hyper_floor`).
+own (build it first: `cargo build --release --example hyper_floor`). `--by-file ROWS` lists
+where the instructions come from by source file and crate (see byfile.py; it needs a build with
+line tables).
 """
 
 import argparse
@@ -39,6 +42,10 @@ _spec = importlib.util.spec_from_file_location(
     "footprint", os.path.join(os.path.dirname(os.path.abspath(__file__)), "footprint.py"))
 footprint = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(footprint)
+_spec = importlib.util.spec_from_file_location(
+    "byfile", os.path.join(os.path.dirname(os.path.abspath(__file__)), "byfile.py"))
+byfile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(byfile)
 
 MESSAGE = {"model": "claude-sonnet-4-5", "max_tokens": 256,
            "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
@@ -228,6 +235,11 @@ def report(label, name, few, many, args, what, workdir):
     touched = footprint.per_request(
         *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
     print(f"{label}code touched per request ({what}): {footprint.describe(*touched)}")
+    if args.by_file:
+        rows = byfile.per_request(
+            *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
+        print(f"{label}instructions per request by source ({what}):")
+        print(byfile.describe(rows, args.by_file))
 
 
 def main():
@@ -246,6 +258,10 @@ def main():
                         help="streamed requests (\"stream\": true) instead of whole answers")
     parser.add_argument("--blocks", type=int, default=1,
                         help="text blocks per answer (default 1): more make longer streams")
+    parser.add_argument("--by-file", type=int, metavar="ROWS",
+                        help="also list instructions per request by source file or crate, the "
+                             "largest ROWS (callgrind; needs a build with line tables, see "
+                             "byfile.py)")
     args = parser.parse_args()
     tools = ["callgrind", "dhat"] if args.tool == "both" else [args.tool]
     mock, mock_url = start([args.bin, "mock", "--listen", "127.0.0.1:0"],
