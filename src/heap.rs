@@ -17,8 +17,8 @@
 //!
 //! Bounds: only threads that asked for it keep blocks ([`keep_blocks_on_this_thread`]: the
 //! data-plane workers, which live as long as the process); each keeps at most [`SLOTS`]
-//! blocks of at most [`LARGEST`] bytes (128 KiB), the oldest given back to malloc when a
-//! newer one needs its slot, so a size that stops coming back leaves the cache. A block kept
+//! blocks of at most [`LARGEST`] bytes, 128 KiB a worker, the oldest given back to malloc
+//! when a newer one needs its slot, so a size that stops coming back leaves the cache. A block kept
 //! by one thread may have been allocated by another: every block is a plain `malloc` block,
 //! which glibc frees from any thread.
 //!
@@ -39,10 +39,15 @@ const TCACHE_LARGEST: usize = 1032;
 /// The largest block kept.
 pub const LARGEST: usize = 16 * 1024;
 
-/// What `malloc` aligns every block to (16 bytes on 64-bit Linux): `System` allocates any
-/// layout aligned to at most this with plain `malloc`, so blocks of one size are
-/// interchangeable.
-const MALLOC_ALIGN: usize = std::mem::align_of::<libc::max_align_t>();
+/// The largest alignment for which `System` allocates with plain `malloc` (the standard
+/// library's `MIN_ALIGN` on Unix: 16 on x86_64 and aarch64, 8 on the other targets, where it
+/// trusts malloc for no more), so that blocks of one size kept from layouts aligned to at most
+/// this are interchangeable.
+const MALLOC_ALIGN: usize = if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+    16
+} else {
+    8
+};
 
 /// The global allocator of the `legate` binary.
 pub struct Recycling;
@@ -50,8 +55,7 @@ pub struct Recycling;
 struct Kept {
     on: Cell<bool>,
     len: Cell<usize>,
-    /// The next slot to give back to malloc when all are taken (round robin: oldest first).
-    evict: Cell<usize>,
+    /// `(size, block)`, oldest first: `blocks[..len]` are kept.
     blocks: [Cell<(usize, *mut u8)>; SLOTS],
 }
 
@@ -60,7 +64,6 @@ thread_local! {
         Kept {
             on: Cell::new(false),
             len: Cell::new(0),
-            evict: Cell::new(0),
             blocks: [const { Cell::new((0, ptr::null_mut())) }; SLOTS],
         }
     };
@@ -77,21 +80,21 @@ fn keepable(layout: &Layout) -> bool {
 }
 
 impl Kept {
+    /// The most recently kept block of `size` (its memory the likeliest still in a cache).
     fn take(&self, size: usize) -> Option<*mut u8> {
         let len = self.len.get();
-        for i in 0..len {
-            let (s, p) = self.blocks[i].get();
-            if s == size {
-                // The last kept block fills the hole: order does not matter for lookup.
-                self.blocks[i].set(self.blocks[len - 1].get());
-                self.len.set(len - 1);
-                return Some(p);
-            }
+        let i = (0..len).rev().find(|&i| self.blocks[i].get().0 == size)?;
+        let (_, block) = self.blocks[i].get();
+        // The newer ones move down a slot: the order stays oldest first.
+        for j in i..len - 1 {
+            self.blocks[j].set(self.blocks[j + 1].get());
         }
-        None
+        self.len.set(len - 1);
+        Some(block)
     }
 
-    /// Keeps `(size, ptr)`; returns a block to give back to malloc, if one had to go.
+    /// Keeps `(size, block)` as the newest; returns the oldest block when it had to make
+    /// room, to be given back to malloc.
     fn keep(&self, size: usize, block: *mut u8) -> Option<*mut u8> {
         let len = self.len.get();
         if len < SLOTS {
@@ -99,10 +102,12 @@ impl Kept {
             self.len.set(len + 1);
             return None;
         }
-        let victim = self.evict.get();
-        self.evict.set((victim + 1) % SLOTS);
-        let (_, old) = self.blocks[victim].replace((size, block));
-        Some(old)
+        let (_, oldest) = self.blocks[0].get();
+        for j in 0..SLOTS - 1 {
+            self.blocks[j].set(self.blocks[j + 1].get());
+        }
+        self.blocks[SLOTS - 1].set((size, block));
+        Some(oldest)
     }
 }
 
@@ -280,16 +285,81 @@ mod tests {
 
     #[test]
     fn a_kept_block_is_writable_whole_and_resizable() {
-        let ok = on_thread(true, || unsafe {
+        let (same, ok) = on_thread(true, || unsafe {
             let p = Recycling.alloc(layout(4000));
             Recycling.dealloc(p, layout(4000));
             let q = Recycling.alloc(layout(4000));
             std::ptr::write_bytes(q, 0xA5, 4000);
             let r = Recycling.realloc(q, layout(4000), 12_000);
-            let ok = (0..4000).all(|i| *r.add(i) == 0xA5);
+            let ok = !r.is_null() && (0..4000).all(|i| *r.add(i) == 0xA5);
             Recycling.dealloc(r, layout(12_000));
-            ok
+            (p == q, ok)
         });
+        assert!(same);
         assert!(ok);
+    }
+
+    #[test]
+    fn a_zeroed_allocation_is_zeroed_even_when_a_block_of_its_size_is_kept() {
+        let (kept_before, zeroed) = on_thread(true, || unsafe {
+            let p = Recycling.alloc(layout(5000));
+            std::ptr::write_bytes(p, 0xFF, 5000);
+            Recycling.dealloc(p, layout(5000));
+            let kept_before = kept();
+            let z = Recycling.alloc_zeroed(layout(5000));
+            let zeroed = !z.is_null() && (0..5000).all(|i| *z.add(i) == 0);
+            Recycling.dealloc(z, layout(5000));
+            (kept_before, zeroed)
+        });
+        assert_eq!(kept_before, 1);
+        assert!(zeroed);
+    }
+
+    #[test]
+    fn the_smallest_kept_size_and_malloc_alignment_are_kept_and_reused_aligned() {
+        let (counts, reused, aligned) = on_thread(true, || unsafe {
+            let smallest = layout(TCACHE_LARGEST + 1);
+            let p = Recycling.alloc(smallest);
+            Recycling.dealloc(p, smallest);
+            let after_smallest = kept();
+            let q = Recycling.alloc(smallest);
+            Recycling.dealloc(q, smallest);
+            // Freed with alignment 8, asked again with malloc's own alignment.
+            let strict = Layout::from_size_align(TCACHE_LARGEST + 1, MALLOC_ALIGN).unwrap();
+            let r = Recycling.alloc(strict);
+            let aligned = (r as usize).is_multiple_of(MALLOC_ALIGN);
+            Recycling.dealloc(r, strict);
+            ([after_smallest, kept()], p == q && q == r, aligned)
+        });
+        assert_eq!(counts, [1, 1]);
+        assert!(reused);
+        assert!(aligned);
+    }
+
+    #[test]
+    fn the_oldest_kept_block_makes_room_whatever_was_taken_in_between() {
+        let sizes = on_thread(true, || unsafe {
+            let size = |i: usize| 2048 + 16 * i;
+            // Eight kept (sizes 0..8, 0 the oldest), two taken out of the middle and the end,
+            // four more kept: the two oldest left (0 and 1) must be the ones given back.
+            let blocks: Vec<*mut u8> = (0..12).map(|i| Recycling.alloc(layout(size(i)))).collect();
+            for (i, &p) in blocks.iter().enumerate().take(8) {
+                Recycling.dealloc(p, layout(size(i)));
+            }
+            let a = Recycling.alloc(layout(size(3)));
+            let b = Recycling.alloc(layout(size(7)));
+            for (i, &p) in blocks.iter().enumerate().skip(8) {
+                Recycling.dealloc(p, layout(size(i)));
+            }
+            let sizes: Vec<usize> = KEPT.with(|k| {
+                (0..k.len.get())
+                    .map(|i| (k.blocks[i].get().0 - 2048) / 16)
+                    .collect()
+            });
+            Recycling.dealloc(a, layout(size(3)));
+            Recycling.dealloc(b, layout(size(7)));
+            sizes
+        });
+        assert_eq!(sizes, [2, 4, 5, 6, 8, 9, 10, 11]);
     }
 }
