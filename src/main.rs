@@ -7,10 +7,6 @@ use clap::Parser;
 use legate::cli::{Cli, Command};
 use legate::config;
 
-/// glibc malloc, with the data plane's large blocks kept per worker (see `legate::heap`).
-#[global_allocator]
-static ALLOCATOR: legate::heap::Recycling = legate::heap::Recycling;
-
 /// sysexits EX_CONFIG-style code for a config that does not validate (`serve`).
 const EXIT_BAD_CONFIG: u8 = 64;
 
@@ -80,8 +76,6 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
     let explicit = path.map(std::path::Path::to_path_buf);
     let source: legate::server::ConfigSource =
         std::sync::Arc::new(move || config::load(explicit.as_deref()).map(|(cfg, _)| cfg));
-    // This thread is the data plane's worker 0 for the life of the process.
-    legate::heap::keep_blocks_on_this_thread();
     let rt = match serve_runtime() {
         Ok(rt) => rt,
         Err(e) => {

@@ -149,7 +149,6 @@ impl Extra {
             .name(format!("legate-worker-{index}"))
             .spawn(move || {
                 INDEX.set(index);
-                crate::heap::keep_blocks_on_this_thread();
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .max_blocking_threads(BLOCKING_THREADS)
                     .thread_keep_alive(Duration::from_secs(2))
