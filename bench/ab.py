@@ -22,10 +22,17 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+
+# One full run takes about two minutes; one that is still going after this is stuck.
+RUN_LIMIT_S = 1800
+
+# The most runs of each build one call makes (each is a full benchmark).
+PAIRS_MAX = 50
 
 # The table rows compared, and the column of legate's figure in each (0 = the metric's name):
 # the ratio to nginx where the row has one, legate's own value where it does not.
@@ -82,6 +89,20 @@ def summary(runs):
         print(f"| {label} | {cells[0]} | {cells[1]} | {above} of {pairs} |")
 
 
+def bench_once(bench):
+    """One full run: (exit status, stdout, stderr). The run gets a process group of its own, so
+    that one past RUN_LIMIT_S is stopped with the legate, mock and nginx it started."""
+    child = subprocess.Popen([bench, "--bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=RUN_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        err += f"\nab.py: stopped after {RUN_LIMIT_S} s\n"
+    return child.returncode, out, err
+
+
 def run(args):
     target = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.bench))), "legate")
     if not os.path.exists(target):
@@ -95,15 +116,14 @@ def run(args):
         for i in range(args.pairs):
             for build, binary in (("a", args.a), ("b", args.b)):
                 shutil.copy2(binary, target)
-                done = subprocess.run([args.bench, "--bench"], capture_output=True, text=True,
-                                      timeout=1800)
+                code, out, err = bench_once(args.bench)
                 path = os.path.join(logs, f"{i + 1:02d}-{build}.log")
                 with open(path, "w") as f:
-                    f.write(done.stdout + done.stderr)
-                if done.returncode != 0:
-                    print(f"ab.py: run {i + 1} of {build.upper()} exited {done.returncode} ({path})",
+                    f.write(out + err)
+                if code != 0:
+                    print(f"ab.py: run {i + 1} of {build.upper()} exited {code} ({path})",
                           file=sys.stderr)
-                runs.append((build, figures(done.stdout)))
+                runs.append((build, figures(out)))
                 print(f"run {i + 1} {build.upper()}: {path}", file=sys.stderr)
     finally:
         shutil.move(saved, target)
@@ -132,6 +152,11 @@ def main():
         return
     if not (args.bench and args.a and args.b):
         p.error("--bench, --a and --b are needed (or --parse)")
+    if not 1 <= args.pairs <= PAIRS_MAX:
+        p.error(f"--pairs is 1 to {PAIRS_MAX}")
+    for binary in (args.a, args.b):
+        if not os.access(binary, os.X_OK):
+            p.error(f"{binary} is not an executable")
     run(args)
 
 
