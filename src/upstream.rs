@@ -1,9 +1,12 @@
-//! One upstream provider: its pooled HTTP client (hyper over hyper-rustls, see [`pool`]),
+//! One upstream provider: its pooled HTTP client (legate's own HTTP/1.1 and hyper's HTTP/2,
+//! over hyper-rustls's connector, see [`pool`]),
 //! its live credential, its concurrency cap, and how a request to it is built. The per-attempt
 //! timeouts are applied by the caller (`proxy::exchange`), which knows the request's deadline.
 
+mod body;
 mod conns;
 mod dial;
+mod h1;
 mod pool;
 
 use std::sync::Arc;
@@ -22,8 +25,9 @@ use crate::policy::admission::Gate;
 use crate::policy::pacer::Pacer;
 use crate::telemetry::Metrics;
 
+pub use body::{BodyError, ResponseBody};
 pub use dial::SendError;
-pub use pool::{PooledClient as HttpClient, Rebuild};
+pub use pool::PooledClient as HttpClient;
 
 /// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
 /// credentials (consumed here; the provider key is injected instead), headers legate recomputes,

@@ -11,13 +11,13 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::upstream::{BodyError, ResponseBody};
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder, write_message_to};
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 /// A frame that does not complete within this many buffered bytes is not a Bedrock frame.
 const FRAME_LIMIT: usize = 1 << 20;
@@ -104,7 +104,7 @@ fn to_sse(msg: &Message) -> Result<Option<Bytes>, Bytes> {
 
 /// The upstream body of a Bedrock stream, read as Anthropic SSE.
 pub struct EventStreamSse {
-    inner: Incoming,
+    inner: ResponseBody,
     dec: Decoder,
 }
 
@@ -118,7 +118,7 @@ struct Decoder {
 }
 
 impl EventStreamSse {
-    pub fn new(inner: Incoming) -> Self {
+    pub fn new(inner: ResponseBody) -> Self {
         EventStreamSse {
             inner,
             dec: Decoder::default(),
@@ -165,12 +165,12 @@ impl Decoder {
 
 impl Body for EventStreamSse {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         loop {
             if this.dec.ended {

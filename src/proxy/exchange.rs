@@ -9,9 +9,7 @@ use std::time::{Duration, Instant as StdInstant, SystemTime};
 use bytes::Bytes;
 use http::response::Parts;
 use http::{Method, Response, StatusCode, header};
-use hyper::body::Incoming;
 
-use crate::hush::Hushed;
 use tokio::time::Instant;
 
 use crate::api::{self, ApiKind, Operation};
@@ -30,7 +28,7 @@ use crate::proxy::upread::{self, PreCommit, Whole};
 use crate::proxy::watch::SseWatch;
 use crate::proxy::{Inbound, Proxy, Snapshot};
 use crate::translate::Xlate;
-use crate::upstream::Upstream;
+use crate::upstream::{ResponseBody, Upstream};
 
 /// What one exchange needs.
 pub(crate) struct Call<'a> {
@@ -142,20 +140,6 @@ pub(crate) async fn run(
         // The attempt's span is the provider's parent (W3C Trace Context).
         req.headers_mut().insert("traceparent", tp.clone());
     }
-    // Should the keep-alive race need the request again, a direct provider's is made again
-    // (cheap, and almost never), rather than copied up front for every request; a cloud
-    // platform's (signed, maybe after a token refresh) is copied.
-    let again = || {
-        let mut r = direct_request(call, spoken, xl.translating()).ok()?;
-        if let Some(tp) = &call.traceparent {
-            r.headers_mut().insert("traceparent", tp.clone());
-        }
-        Some(r)
-    };
-    let rebuild: Option<&crate::upstream::Rebuild<'_>> = match up.cloud {
-        None => Some(&again),
-        Some(_) => None,
-    };
     let waited = Instant::now();
     let permit = match turn(call).await {
         Ok(p) => p,
@@ -169,7 +153,7 @@ pub(crate) async fn run(
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
     // Counted here, once the request is really about to leave.
     spent.attempts += 1;
-    let result = upread::send(up, req, rebuild, sent, inb.deadline).await;
+    let result = upread::send(up, req, sent, inb.deadline).await;
     call.series
         .upstream_duration(metrics)
         .observe(sent.elapsed().as_secs_f64());
@@ -295,7 +279,7 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
 
 /// The answer's head and body; Bedrock's binary event stream is read as the SSE it carries
 /// from here on.
-fn received(call: &Call<'_>, resp: Response<Incoming>) -> (Parts, Raw) {
+fn received(call: &Call<'_>, resp: Response<ResponseBody>) -> (Parts, Raw) {
     let (mut parts, incoming) = resp.into_parts();
     let content_type = parts
         .headers
@@ -307,8 +291,7 @@ fn received(call: &Call<'_>, resp: Response<Incoming>) -> (Parts, Raw) {
         && call.up.cloud.as_ref().is_some_and(|c| c.event_stream())
         && content_type.starts_with(crate::cloud::eventstream::CONTENT_TYPE);
     if !event_stream {
-        let h1 = parts.version != http::Version::HTTP_2;
-        return (parts, Raw::Http(Hushed::new(incoming, h1)));
+        return (parts, Raw::Http(incoming));
     }
     parts.headers.insert(
         header::CONTENT_TYPE,

@@ -8,13 +8,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use crate::api::ApiKind;
 use crate::cloud::eventstream::EventStreamSse;
-use crate::hush::Hushed;
 use crate::sse::SseParser;
 use crate::translate::StreamTranslator;
+use crate::upstream::{BodyError, ResponseBody};
 use crate::usage::{StreamUsage, Usage};
 
 pub enum UpstreamBody {
@@ -40,19 +39,18 @@ impl EventTranslator for StreamTranslator {
 
 /// The provider's bytes: as they came, or a Bedrock event stream already read as SSE.
 pub enum Raw {
-    /// Read through [`Hushed`]: see `crate::hush`.
-    Http(Hushed<Incoming>),
+    Http(ResponseBody),
     EventStream(Box<EventStreamSse>),
 }
 
 impl Body for Raw {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Raw::Http(b) => Pin::new(b).poll_frame(cx),
             Raw::EventStream(b) => Pin::new(b.as_mut()).poll_frame(cx),
@@ -116,12 +114,12 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             UpstreamBody::Plain(inner) => Pin::new(inner).poll_frame(cx),
             UpstreamBody::Translated(t) => t.poll_translated(cx),
@@ -147,7 +145,7 @@ impl Translated {
     fn poll_translated(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         loop {
             if self.ended {
                 return Poll::Ready(None);

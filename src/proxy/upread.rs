@@ -11,13 +11,12 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::Response;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ProxyError;
 use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
-use crate::upstream::Upstream;
+use crate::upstream::{ResponseBody, Upstream};
 
 /// Error bodies read to classify a retryable status are small; larger ones are cut here.
 const ERROR_BODY_LIMIT: usize = 1 << 20;
@@ -210,16 +209,15 @@ pub(super) async fn read_small(incoming: UpstreamBody, idle: Duration, deadline:
 pub(super) async fn send(
     up: &Upstream,
     req: http::Request<Full<Bytes>>,
-    rebuild: Option<&crate::upstream::Rebuild<'_>>,
     now: Instant,
     deadline: Instant,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<Response<ResponseBody>, ProxyError> {
     let first_byte = now + up.first_byte_timeout;
     let limit = first_byte.min(deadline);
     // Pinned where it is made and polled beside its timer, rather than moved into
     // `tokio::time::timeout_at` and that moved again by its `.await`: the call's future is the
     // largest of the request's (about 1.8 KB), and each move was a copy of all of it.
-    let mut call = pin!(up.client().request_or_rebuild(req, rebuild));
+    let mut call = pin!(up.client().request(req));
     let mut timer = pin!(tokio::time::sleep_until(limit));
     let within = poll_fn(|cx| match call.as_mut().poll(cx) {
         Poll::Ready(r) => Poll::Ready(Ok(r)),

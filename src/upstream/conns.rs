@@ -1,11 +1,10 @@
 //! The open connections of one upstream, and which one a request takes.
 //!
 //! An HTTP/1 connection carries one request at a time: a request takes an idle one out of the
-//! list, and puts it back as soon as its response head arrived — hyper's connection task then
-//! reads the body, and the connection reports itself ready again once it has (a busy one is
-//! passed over). No task is spawned per request to hand it back, and a request never opens a
-//! connection while an idle one is there: the list holds about as many connections as requests
-//! were ever in flight at once. The most recently used idle one is taken first, so that a quiet
+//! list, and its answer's body puts it back once it was read to its end (see
+//! [`h1`](super::h1)). No task is spawned per request to hand it back, and a request never
+//! opens a connection while an idle one is there: the list holds about as many connections as
+//! requests were ever in flight at once. The most recently used idle one is taken first, so that a quiet
 //! spell lets the others age out. An HTTP/2 connection stays in the list and is shared.
 //!
 //! A connection idle for `pool_idle_timeout` is closed: checked when requests pass over it, and
@@ -24,37 +23,50 @@ use bytes::Bytes;
 use http::Uri;
 use http::uri::Authority;
 use http_body_util::Full;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 
 use super::dial::ConnCount;
+use super::h1::H1Conn;
 
-/// A connection's sending half.
+/// A connection's sending half: an HTTP/1 connection itself (listed only while idle), or a
+/// handle on hyper's HTTP/2 connection task.
 pub(super) enum Sender {
-    H1(http1::SendRequest<Full<Bytes>>),
+    H1(Box<H1Conn>),
     H2(http2::SendRequest<Full<Bytes>>),
 }
 
 impl Sender {
     fn is_ready(&self) -> bool {
         match self {
-            Sender::H1(s) => s.is_ready(),
+            Sender::H1(_) => true,
             Sender::H2(s) => s.is_ready(),
         }
     }
 
+    /// An idle HTTP/1 connection the provider closed is found out when it is next used (the
+    /// keep-alive race in [`pool`](super::pool) sends again), or by the idle sweep.
     fn is_closed(&self) -> bool {
         match self {
-            Sender::H1(s) => s.is_closed(),
+            Sender::H1(_) => false,
             Sender::H2(s) => s.is_closed(),
         }
     }
 }
 
 /// Where a connection leads: the scheme and authority it was opened for.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, Eq, Debug)]
 pub(super) struct Key {
     https: bool,
     authority: Authority,
+}
+
+/// Byte for byte rather than `Authority`'s case-insensitive comparison (a few hundred
+/// instructions per checkout): the keys compared come from the same configured base URL, and
+/// two spellings of one host would only keep separate connections.
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.https == other.https && self.authority.as_str() == other.authority.as_str()
+    }
 }
 
 impl Key {
@@ -89,8 +101,19 @@ impl Conn {
         }
     }
 
-    pub(super) fn is_h2(&self) -> bool {
-        matches!(self.sender, Sender::H2(_))
+    /// The HTTP/1 connection (`None` for an HTTP/2 handle).
+    pub(super) fn h1(&self) -> Option<&H1Conn> {
+        match &self.sender {
+            Sender::H1(h) => Some(h),
+            Sender::H2(_) => None,
+        }
+    }
+
+    pub(super) fn h1_mut(&mut self) -> Option<&mut H1Conn> {
+        match &mut self.sender {
+            Sender::H1(h) => Some(h),
+            Sender::H2(_) => None,
+        }
     }
 
     /// A handle on a shared (HTTP/2) connection; `None` for an HTTP/1 one.
@@ -161,7 +184,7 @@ impl Conns {
         None
     }
 
-    /// Puts an HTTP/1 connection back once its response head arrived, or a new HTTP/2 one in.
+    /// Puts an HTTP/1 connection back once its answer was read, or a new HTTP/2 one in.
     pub(super) fn put(self: &Arc<Self>, mut conn: Conn) {
         if self.idle_timeout.is_zero() {
             return;

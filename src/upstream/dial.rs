@@ -1,7 +1,7 @@
-//! Opening one upstream connection: TCP (and TLS) through hyper-rustls's connector, then the
-//! HTTP handshake in the version the TLS handshake settled (HTTP/2 when the provider chose `h2`
-//! over ALPN, HTTP/1.1 otherwise), the connection's task spawned, and every plaintext byte it
-//! reads counted (see [`ConnCount`]).
+//! Opening one upstream connection: TCP (and TLS) through hyper-rustls's connector, then, in the
+//! version the TLS handshake settled, legate's own HTTP/1.1 connection (see [`h1`](super::h1)),
+//! or hyper's HTTP/2 handshake and its connection's task spawned (when the provider chose `h2`
+//! over ALPN); every plaintext byte it reads is counted (see [`ConnCount`]).
 
 use std::io;
 use std::pin::Pin;
@@ -12,13 +12,14 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::Uri;
 use http_body_util::Full;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conns::Sender;
+use super::h1::{H1Conn, H1Error};
 
 pub(super) type Connector = HttpsConnector<HttpConnector>;
 type Stream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
@@ -28,8 +29,10 @@ type Stream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 pub enum SendError {
     /// TCP connect, TLS handshake or the HTTP handshake failed.
     Connect(Box<dyn std::error::Error + Send + Sync>),
-    /// The request or its response head failed on an open connection.
+    /// The request or its response head failed on an open HTTP/2 connection.
     Http(hyper::Error),
+    /// The request or its response head failed on an open HTTP/1 connection.
+    H1(H1Error),
     /// The request's URI has no scheme or authority (a bug in the caller).
     NotAbsolute,
 }
@@ -46,6 +49,7 @@ impl std::fmt::Display for SendError {
         match self {
             SendError::Connect(e) => write!(f, "connecting: {e}"),
             SendError::Http(e) => write!(f, "{e}"),
+            SendError::H1(e) => write!(f, "{e}"),
             SendError::NotAbsolute => f.write_str("the request URI is not absolute"),
         }
     }
@@ -53,7 +57,7 @@ impl std::fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
-/// Opens a connection to `uri`'s scheme and authority; `max_buf` bounds an HTTP/1 read buffer.
+/// Opens a connection to `uri`'s scheme and authority; `max_buf` bounds an HTTP/1 response head.
 pub(super) async fn dial(
     connector: &Connector,
     uri: &Uri,
@@ -65,44 +69,24 @@ pub(super) async fn dial(
         .map_err(SendError::Connect)?;
     let h2 = stream.connected().is_negotiated_h2();
     let count = ConnCount::new();
-    let io = CountedIo(TokioIo::new(Counted {
+    let counted = Counted {
         inner: TokioIo::new(stream),
         count: count.clone(),
-    }));
-    let connect_err = |e: hyper::Error| SendError::Connect(Box::new(e));
-    let sender = if h2 {
-        let (tx, conn) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .handshake::<_, Full<Bytes>>(io)
-            .await
-            .map_err(connect_err)?;
-        drive(conn, "HTTP/2");
-        Sender::H2(tx)
-    } else {
-        let (tx, conn) = http1::Builder::new()
-            .max_buf_size(max_buf)
-            .handshake::<_, Full<Bytes>>(io)
-            .await
-            .map_err(connect_err)?;
-        drive(conn, "HTTP/1");
-        Sender::H1(tx)
     };
-    Ok((sender, count))
-}
-
-/// Runs a connection's task until the peer or legate closes it (legate does by dropping every
-/// sender of it).
-fn drive<C>(conn: C, version: &'static str)
-where
-    C: std::future::Future<Output = Result<(), hyper::Error>> + Send + 'static,
-{
-    // Polled through `hush::quieted`, so that reading an answer's last chunk does not wake it
-    // for nothing (see `crate::hush`).
-    tokio::spawn(crate::hush::quieted(async move {
+    if !h2 {
+        return Ok((Sender::H1(Box::new(H1Conn::new(counted, max_buf))), count));
+    }
+    let (tx, conn) = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .handshake::<_, Full<Bytes>>(CountedIo(TokioIo::new(counted)))
+        .await
+        .map_err(|e| SendError::Connect(Box::new(e)))?;
+    tokio::spawn(async move {
         if let Err(e) = conn.await {
-            tracing::debug!(error = %e, version, "upstream connection ended");
+            tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
         }
-    }));
+    });
+    Ok((Sender::H2(tx), count))
 }
 
 /// What one upstream connection has done: enough to tell whether a request that failed on it
@@ -148,7 +132,7 @@ impl ConnCount {
 /// are bridged to tokio's and back, whose read buffer tells how much each read filled.
 struct CountedIo(TokioIo<Counted>);
 
-struct Counted {
+pub(super) struct Counted {
     inner: TokioIo<Stream>,
     count: Arc<ConnCount>,
 }

@@ -6,12 +6,13 @@
 //! That failure is the keep-alive race: the provider closed (or reset) an idle connection just
 //! as legate wrote a request on it. A server closing an idle connection does not run what
 //! arrives on it, so sending the request again does not run it twice; any byte of an answer
-//! means the provider took it, and then it is never sent again here. A request hyper hands back
-//! unwritten (the connection closed before it was written) is sent again the same way.
+//! means the provider took it, and then it is never sent again here. The request is written
+//! from a borrow, so it is still at hand to send again.
 //!
 //! Only HTTP/1 connections qualify for the first case. On an HTTP/2 connection requests share
-//! the bytes, so "no response byte" cannot be told per request; its failures stay ordinary
-//! attempts.
+//! the bytes, so "no response byte" cannot be told per request; only a request hyper hands back
+//! unwritten (the connection closed before it was written) is sent again the same way, and
+//! other failures stay ordinary attempts.
 //!
 //! The pool is legate's own rather than hyper-util's pooled client: that one races every
 //! request that finds no idle connection against a new connection and keeps whichever comes
@@ -25,14 +26,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use std::sync::Arc;
 
+use super::body::ResponseBody;
 use super::conns::{Conn, Conns, Key, Sender};
 use super::dial::{Connector, SendError, dial};
-
-/// Makes an upstream request again (None if it cannot be made).
-pub type Rebuild<'a> = dyn Fn() -> Option<Request<Full<Bytes>>> + Send + Sync + 'a;
+use super::h1::body::H1Body;
 
 /// How an upstream's connections are kept.
 pub struct PoolOptions {
@@ -75,20 +74,8 @@ impl PooledClient {
     /// connection that failed before any response byte, sends it once more on a fresh one.
     pub async fn request(
         &self,
-        req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, SendError> {
-        self.request_or_rebuild(req, None).await
-    }
-
-    /// [`PooledClient::request`], with `rebuild` making the request again should the keep-alive
-    /// race need it. Without one, every request on a reused HTTP/1 connection is copied before
-    /// it is sent (its header map cloned and then dropped: about a thousand instructions and
-    /// two allocations) for a replay that almost never happens.
-    pub async fn request_or_rebuild(
-        &self,
         mut req: Request<Full<Bytes>>,
-        rebuild: Option<&Rebuild<'_>>,
-    ) -> Result<Response<Incoming>, SendError> {
+    ) -> Result<Response<ResponseBody>, SendError> {
         let key = Key::of(req.uri()).ok_or(SendError::NotAbsolute)?;
         let uri = req.uri().clone();
         let mut conn = match self.conns().checkout(&key) {
@@ -96,40 +83,40 @@ impl PooledClient {
             None => Box::pin(self.open(&key, &uri)).await?,
         };
         loop {
-            let h1 = !conn.is_h2();
-            if h1 {
-                self.to_http1(&mut req, &key);
-            }
-            let replay = (h1 && conn.reused && rebuild.is_none()).then(|| copy(&req));
-            let sent = match &mut conn.sender {
-                Sender::H1(s) => s.try_send_request(req).await,
-                Sender::H2(s) => s.try_send_request(req).await,
-            };
-            let mut err = match sent {
-                Ok(resp) => {
-                    if h1 {
-                        self.conns().put(conn);
+            let h1 = match &mut conn.sender {
+                Sender::H1(h1) => h1,
+                Sender::H2(s) => match s.try_send_request(req).await {
+                    Ok(resp) => return Ok(resp.map(ResponseBody::H2)),
+                    Err(mut err) => {
+                        let Some(unsent) = err.take_message().filter(|_| conn.reused) else {
+                            return Err(SendError::Http(err.into_error()));
+                        };
+                        tracing::debug!(
+                            error = %err.error(),
+                            "a reused upstream connection closed before the request was written; sending it on a fresh one"
+                        );
+                        req = unsent;
+                        *req.uri_mut() = uri.clone();
+                        conn = Box::pin(self.open(&key, &uri)).await?;
+                        continue;
                     }
-                    return Ok(resp);
+                },
+            };
+            self.to_http1(&mut req, &key);
+            let err = match h1.send(&req).await {
+                Ok(head) => {
+                    let home = self.conns().clone();
+                    let (parts, framing, keep_alive) = (head.parts, head.framing, head.keep_alive);
+                    let body = H1Body::new(conn, framing, keep_alive, home);
+                    return Ok(Response::from_parts(parts, ResponseBody::H1(body)));
                 }
                 Err(e) => e,
             };
-            if !conn.reused {
-                return Err(SendError::Http(err.into_error()));
+            if !conn.reused || !conn.count.silent_since_request() {
+                return Err(SendError::H1(err));
             }
-            let again = match (err.take_message(), replay) {
-                (Some(unsent), _) => Some(unsent),
-                (None, replay) if h1 && conn.count.silent_since_request() => {
-                    replay.or_else(|| rebuild.and_then(|r| r()))
-                }
-                _ => None,
-            };
-            let Some(again) = again else {
-                return Err(SendError::Http(err.into_error()));
-            };
-            req = again;
             tracing::debug!(
-                error = %err.error(),
+                error = %err,
                 "a reused upstream connection failed before answering; sending once more on a fresh one"
             );
             *req.uri_mut() = uri.clone();
@@ -180,7 +167,7 @@ impl PooledClient {
 
     /// How many connections are listed, for tests.
     #[cfg(test)]
-    fn listed(&self) -> usize {
+    pub(super) fn listed(&self) -> usize {
         self.conns.iter().map(|c| c.len()).sum()
     }
 }
@@ -199,15 +186,4 @@ fn host_value(uri: &Uri) -> Option<HeaderValue> {
         _ => host.to_string(),
     };
     HeaderValue::from_str(&value).ok()
-}
-
-/// The same request again (the original is consumed by the send). The body is shared bytes,
-/// the headers mostly shared values: a cheap copy.
-fn copy(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
-    let mut r = Request::new(req.body().clone());
-    *r.method_mut() = req.method().clone();
-    *r.uri_mut() = req.uri().clone();
-    *r.version_mut() = req.version();
-    *r.headers_mut() = req.headers().clone();
-    r
 }

@@ -1,0 +1,62 @@
+//! An upstream answer's body, whichever connection it came on: legate's own HTTP/1 one (see
+//! [`h1`](super::h1)) or hyper's HTTP/2 one.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use super::h1::body::H1Body;
+
+pub enum ResponseBody {
+    H1(H1Body),
+    H2(Incoming),
+}
+
+/// Why an upstream body could not be read to its end.
+#[derive(Debug)]
+pub struct BodyError(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let boxed = |e: Box<dyn std::error::Error + Send + Sync>| BodyError(e);
+        match self.get_mut() {
+            ResponseBody::H1(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(|e| boxed(Box::new(e))))),
+            ResponseBody::H2(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(|e| boxed(Box::new(e))))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::H1(b) => b.is_end_stream(),
+            ResponseBody::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::H1(b) => b.size_hint(),
+            ResponseBody::H2(b) => b.size_hint(),
+        }
+    }
+}

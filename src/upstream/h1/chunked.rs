@@ -1,0 +1,181 @@
+//! The chunked transfer coding read off a connection's buffer (RFC 9112 §7.1), in any split of
+//! the bytes. Chunk extensions and trailer fields are read past and dropped; a size line or
+//! the trailer section beyond its bound is an error, so a hostile peer cannot make it buffer.
+
+use bytes::{Bytes, BytesMut};
+
+/// The longest chunk-size line (with extensions) accepted.
+const MAX_LINE: usize = 4 << 10;
+/// The most trailer bytes accepted.
+const MAX_TRAILERS: usize = 16 << 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers(usize),
+    Done,
+}
+
+/// What one step of decoding gave.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Chunk data, a view of the buffer.
+    Data(Bytes),
+    /// The body is complete.
+    Done,
+    /// The buffer holds no further step: read more.
+    More,
+}
+
+#[derive(Debug)]
+pub(crate) struct Decoder {
+    state: State,
+}
+
+impl Decoder {
+    pub(crate) fn new() -> Self {
+        Decoder { state: State::Size }
+    }
+
+    /// Takes what it can from the front of `buf`.
+    pub(crate) fn step(&mut self, buf: &mut BytesMut) -> Result<Step, &'static str> {
+        loop {
+            match self.state {
+                State::Done => return Ok(Step::Done),
+                State::Size => {
+                    let Some(line) = take_line(buf, MAX_LINE)? else {
+                        return Ok(Step::More);
+                    };
+                    let size = chunk_size(&line)?;
+                    self.state = if size == 0 {
+                        State::Trailers(0)
+                    } else {
+                        State::Data(size)
+                    };
+                }
+                State::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(Step::More);
+                    }
+                    let n = left.min(buf.len() as u64);
+                    let data = buf.split_to(n as usize).freeze();
+                    self.state = match left - n {
+                        0 => State::DataEnd,
+                        rest => State::Data(rest),
+                    };
+                    return Ok(Step::Data(data));
+                }
+                State::DataEnd => match buf.first() {
+                    None => return Ok(Step::More),
+                    Some(b'\n') => {
+                        let _ = buf.split_to(1);
+                        self.state = State::Size;
+                    }
+                    Some(b'\r') if buf.len() < 2 => return Ok(Step::More),
+                    Some(b'\r') if buf[1] == b'\n' => {
+                        let _ = buf.split_to(2);
+                        self.state = State::Size;
+                    }
+                    Some(_) => return Err("chunk data longer than its size"),
+                },
+                State::Trailers(seen) => {
+                    let Some(line) = take_line(buf, MAX_TRAILERS.saturating_sub(seen))? else {
+                        return Ok(Step::More);
+                    };
+                    self.state = if line.is_empty() {
+                        State::Done
+                    } else {
+                        State::Trailers(seen + line.len() + 2)
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The next line (without its CRLF or LF) off the front of `buf`; `None` until it is whole.
+fn take_line(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, &'static str> {
+    match memchr::memchr(b'\n', buf) {
+        Some(i) if i > max => Err("chunked line too long"),
+        Some(i) => {
+            let mut line = buf.split_to(i + 1);
+            line.truncate(i);
+            if line.last() == Some(&b'\r') {
+                line.truncate(i - 1);
+            }
+            Ok(Some(line))
+        }
+        None if buf.len() > max => Err("chunked line too long"),
+        None => Ok(None),
+    }
+}
+
+/// The hex size at the start of a chunk-size line (extensions after `;` ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, &'static str> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = line[digits..].trim_ascii_start();
+    if digits == 0 || digits > 15 || !(rest.is_empty() || rest[0] == b';') {
+        return Err("invalid chunk size");
+    }
+    let mut n = 0u64;
+    for &d in &line[..digits] {
+        n = n * 16 + u64::from((d as char).to_digit(16).unwrap_or(0));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `raw` fed in pieces of `split` bytes; the data, and whether it completed.
+    fn decode(raw: &[u8], split: usize) -> Result<(Vec<u8>, bool), &'static str> {
+        let mut dec = Decoder::new();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in raw.chunks(split) {
+            buf.extend_from_slice(piece);
+            loop {
+                match dec.step(&mut buf)? {
+                    Step::Data(d) => out.extend_from_slice(&d),
+                    Step::Done => return Ok((out, true)),
+                    Step::More => break,
+                }
+            }
+        }
+        Ok((out, false))
+    }
+
+    #[test]
+    fn any_split_decodes_the_same() {
+        let raw = b"5;ext=1\r\nhello\r\nA\r\n0123456789\r\n0\r\nx-trailer: t\r\n\r\n";
+        for split in 1..raw.len() {
+            let (data, done) = decode(raw, split).unwrap();
+            assert_eq!(data, b"hello0123456789", "split {split}");
+            assert!(done);
+        }
+    }
+
+    #[test]
+    fn a_cut_body_is_not_complete() {
+        let (data, done) = decode(b"5\r\nhel", 64).unwrap();
+        assert_eq!(data, b"hel");
+        assert!(!done);
+        let (_, done) = decode(b"5\r\nhello\r\n0\r\n", 64).unwrap();
+        assert!(!done, "no end of trailers yet");
+    }
+
+    #[test]
+    fn bad_and_oversize_input_is_an_error() {
+        assert!(decode(b"zz\r\n", 64).is_err());
+        assert!(decode(b"5\r\nhelloXX", 64).is_err());
+        assert!(decode(b"ffffffffffffffff\r\n", 64).is_err());
+        let long = vec![b'1'; MAX_LINE + 2];
+        assert!(decode(&long, 1024).is_err());
+        let mut trailers = b"0\r\n".to_vec();
+        trailers.extend(std::iter::repeat_n(b"x: y\r\n".as_slice(), 4000).flatten());
+        assert!(decode(&trailers, 512).is_err());
+    }
+}

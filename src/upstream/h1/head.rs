@@ -1,0 +1,307 @@
+//! An HTTP/1.1 request head written, a response head read (RFC 9112 §3–§6).
+
+use std::mem::MaybeUninit;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version, header};
+
+/// More header lines than this in one response head is an error (hyper's limit too).
+const MAX_HEADERS: usize = 100;
+
+/// How the response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body: a `HEAD` request, 204, 304, or a length of 0.
+    Empty,
+    /// `content-length` bytes.
+    Length(u64),
+    /// `transfer-encoding: chunked`.
+    Chunked,
+    /// Everything until the server closes the connection.
+    Close,
+}
+
+/// A response head: its parts, how its body is delimited, and whether the connection can carry
+/// another request once that body is read.
+pub(crate) struct Head {
+    pub parts: http::response::Parts,
+    pub framing: Framing,
+    pub keep_alive: bool,
+}
+
+/// Why a response head could not be read.
+#[derive(Debug)]
+pub enum HeadError {
+    /// Not HTTP, or not what RFC 9112 allows.
+    Malformed(&'static str),
+    /// More bytes, or more header lines, than the limits.
+    TooLarge,
+}
+
+impl std::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeadError::Malformed(why) => write!(f, "malformed response head: {why}"),
+            HeadError::TooLarge => f.write_str("response head too large"),
+        }
+    }
+}
+
+/// Appends `req`'s head (origin-form target, the headers as they are, a `content-length` for
+/// `body_len` unless one is set) to `out`.
+pub(crate) fn encode<B>(req: &Request<B>, body_len: usize, out: &mut Vec<u8>) {
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    match req.uri().path_and_query() {
+        Some(p) if !p.as_str().is_empty() => out.extend_from_slice(p.as_str().as_bytes()),
+        _ => out.push(b'/'),
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let bodiless = matches!(*req.method(), Method::GET | Method::HEAD) && body_len == 0;
+    if !bodiless && !req.headers().contains_key(header::CONTENT_LENGTH) {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Parses a response head of at most `max` bytes from the front of `buf`, taking it out when
+/// complete; `Ok(None)` when more bytes are needed. Interim (1xx) responses are taken out and
+/// skipped.
+pub(crate) fn parse(
+    buf: &mut BytesMut,
+    method: &Method,
+    max: usize,
+) -> Result<Option<Head>, HeadError> {
+    loop {
+        // Left uninitialised: httparse writes as many as the head has (zeroing all of them was
+        // 3 KiB of stores per answer).
+        let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut lines)
+        {
+            Ok(httparse::Status::Complete(n)) if n <= max => n,
+            Ok(httparse::Status::Complete(_)) => return Err(HeadError::TooLarge),
+            Ok(httparse::Status::Partial) if buf.len() >= max => return Err(HeadError::TooLarge),
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+            Err(_) => return Err(HeadError::Malformed("not an HTTP/1 response")),
+        };
+        let code = resp.code.unwrap_or(0);
+        let status =
+            StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
+        if status.is_informational() {
+            if code == 101 {
+                return Err(HeadError::Malformed("an upgrade nobody asked for"));
+            }
+            let _ = buf.split_to(len);
+            continue;
+        }
+        let version = match resp.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        // Offsets into the head, taken before it is frozen: names and values become views of
+        // it, without a list on the heap. A head is at most `max_head` (well under 4 GiB).
+        let base = buf.as_ptr() as usize;
+        let mut spans = [[0u32; 4]; MAX_HEADERS];
+        let count = resp.headers.len();
+        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+            let name = (h.name.as_ptr() as usize - base) as u32;
+            let value = (h.value.as_ptr() as usize - base) as u32;
+            *span = [
+                name,
+                name + h.name.len() as u32,
+                value,
+                value + h.value.len() as u32,
+            ];
+        }
+        let head: Bytes = buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(count);
+        for [ns, ne, vs, ve] in spans.into_iter().take(count).map(|s| s.map(|o| o as usize)) {
+            let name = HeaderName::from_bytes(&head[ns..ne])
+                .map_err(|_| HeadError::Malformed("invalid header name"))?;
+            // Checked again although httparse let through only what a header value may hold:
+            // the unchecked constructor is `unsafe`, which legate keeps out.
+            let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
+                .map_err(|_| HeadError::Malformed("invalid header value"))?;
+            headers.append(name, value);
+        }
+        let framing = framing(status, method, &headers)?;
+        let keep_alive = version == Version::HTTP_11
+            && framing != Framing::Close
+            && !has_token(&headers, header::CONNECTION, "close");
+        let (mut parts, ()) = http::Response::new(()).into_parts();
+        parts.status = status;
+        parts.version = version;
+        parts.headers = headers;
+        return Ok(Some(Head {
+            parts,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// RFC 9112 §6.3: how a response to `method` with `status` and `headers` ends.
+fn framing(status: StatusCode, method: &Method, headers: &HeaderMap) -> Result<Framing, HeadError> {
+    if *method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Empty);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        // A final encoding other than chunked: the body runs until the connection closes.
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        return Ok(match last {
+            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+            _ => Framing::Close,
+        });
+    }
+    let mut length: Option<u64> = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let n = parse_length(part.trim_ascii())
+                .ok_or(HeadError::Malformed("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(HeadError::Malformed("conflicting content-length"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+        None => Framing::Close,
+    })
+}
+
+fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// Whether a comma-separated header lists `token`.
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(raw: &str) -> Result<Option<Head>, HeadError> {
+        parse(&mut BytesMut::from(raw), &Method::POST, 64 << 10)
+    }
+
+    #[test]
+    fn a_request_head_is_origin_form_with_a_length() {
+        let req = Request::post("http://p.example/v1/messages?beta=true")
+            .header("host", "p.example")
+            .header("x-api-key", "k")
+            .body(())
+            .unwrap();
+        let mut out = Vec::new();
+        encode(&req, 12, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/messages?beta=true HTTP/1.1\r\nhost: p.example\r\nx-api-key: k\r\ncontent-length: 12\r\n\r\n"
+        );
+        let get = Request::get("/v1/models").body(()).unwrap();
+        let mut out = Vec::new();
+        encode(&get, 0, &mut out);
+        assert_eq!(out, b"GET /v1/models HTTP/1.1\r\n\r\n");
+    }
+
+    #[test]
+    fn a_response_head_is_taken_off_the_buffer() {
+        let mut buf =
+            BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello");
+        let head = parse(&mut buf, &Method::POST, 64 << 10).unwrap().unwrap();
+        assert_eq!(head.parts.status, 200);
+        assert_eq!(head.framing, Framing::Length(5));
+        assert!(head.keep_alive);
+        assert_eq!(head.parts.headers.get_all("x-a").iter().count(), 2);
+        assert_eq!(&buf[..], b"hello");
+    }
+
+    #[test]
+    fn partial_heads_wait_and_interim_responses_are_skipped() {
+        assert!(parsed("HTTP/1.1 200 OK\r\ncontent-le").unwrap().is_none());
+        let head =
+            parsed("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 529 x\r\ncontent-length: 0\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert_eq!(head.parts.status, 529);
+        assert_eq!(head.framing, Framing::Empty);
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let f = |raw: &str| parsed(raw).unwrap().unwrap();
+        let chunked =
+            f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n");
+        assert_eq!(chunked.framing, Framing::Chunked);
+        let gz = f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
+        assert_eq!(gz.framing, Framing::Close);
+        assert!(!gz.keep_alive);
+        let none = f("HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(none.framing, Framing::Close);
+        let closing =
+            f("HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 2\r\n\r\n");
+        assert!(!closing.keep_alive);
+        let old = f("HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n");
+        assert!(!old.keep_alive);
+        let empty = f("HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n");
+        assert_eq!(empty.framing, Framing::Empty);
+        let same = f("HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\ncontent-length: 4\r\n\r\n");
+        assert_eq!(same.framing, Framing::Length(4));
+        let head = parse(
+            &mut BytesMut::from("HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n"),
+            &Method::HEAD,
+            64 << 10,
+        );
+        assert_eq!(head.unwrap().unwrap().framing, Framing::Empty);
+    }
+
+    #[test]
+    fn bad_heads_are_errors() {
+        for raw in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 4\r\ncontent-length: 5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            "SSH-2.0-OpenSSH\r\n\r\n",
+            // What `HeaderValue` refuses.
+            "HTTP/1.1 200 OK\r\nx-a: a\x7fb\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nx-a: a\x00b\r\n\r\n",
+        ] {
+            assert!(parsed(raw).is_err(), "{raw:?}");
+        }
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: v\r\n")).collect();
+        let raw = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        assert!(matches!(parsed(&raw), Err(HeadError::TooLarge)));
+    }
+}
