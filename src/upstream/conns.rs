@@ -43,11 +43,11 @@ impl Sender {
         }
     }
 
-    /// An idle HTTP/1 connection the provider closed is found out when it is next used (the
-    /// keep-alive race in [`pool`](super::pool) sends again), or by the idle sweep.
-    fn is_closed(&self) -> bool {
+    /// An idle HTTP/1 connection is not watched by a task of its own: it is asked when it is
+    /// about to be taken and at each sweep (see [`H1Conn::idle_unusable`]).
+    fn is_closed(&mut self) -> bool {
         match self {
-            Sender::H1(_) => false,
+            Sender::H1(h) => h.idle_unusable(),
             Sender::H2(s) => s.is_closed(),
         }
     }

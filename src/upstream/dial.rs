@@ -137,6 +137,25 @@ pub(super) struct Counted {
     count: Arc<ConnCount>,
 }
 
+impl Counted {
+    /// A plain TCP connection's, for tests.
+    #[cfg(test)]
+    pub(super) fn plain(tcp: tokio::net::TcpStream) -> Counted {
+        Counted {
+            inner: TokioIo::new(MaybeHttpsStream::Http(TokioIo::new(tcp))),
+            count: ConnCount::new(),
+        }
+    }
+
+    /// The TCP socket under the TLS, if any.
+    pub(super) fn tcp(&self) -> &tokio::net::TcpStream {
+        match self.inner.inner() {
+            MaybeHttpsStream::Http(s) => s.inner(),
+            MaybeHttpsStream::Https(s) => s.inner().get_ref().0.inner().inner(),
+        }
+    }
+}
+
 impl AsyncRead for Counted {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -119,6 +119,24 @@ impl H1Conn {
         }
     }
 
+    /// Whether an idle connection can no longer carry a request: the provider closed it, or
+    /// sent something nobody asked for (a `408` before closing, say), which must not be read as
+    /// the next request's answer. The socket's readiness, as the runtime last saw it, is asked
+    /// first, so a quiet connection costs no system call; only one that became readable is
+    /// read (a TLS record with no data in it, such as a session ticket, leaves it usable).
+    pub(super) fn idle_unusable(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        if !self.buf.is_empty() {
+            return true;
+        }
+        match self.io.tcp().poll_read_ready(&mut cx) {
+            Poll::Pending => return false,
+            Poll::Ready(Err(_)) => return true,
+            Poll::Ready(Ok(())) => {}
+        }
+        !matches!(self.poll_fill(&mut cx), Poll::Pending)
+    }
+
     /// Reads more into the buffer; `Ok(0)` at the end of the stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < MIN_READ {

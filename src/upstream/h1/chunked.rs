@@ -116,11 +116,14 @@ fn take_line(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, &'stati
 fn chunk_size(line: &[u8]) -> Result<u64, &'static str> {
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     let rest = line[digits..].trim_ascii_start();
-    if digits == 0 || digits > 15 || !(rest.is_empty() || rest[0] == b';') {
+    // Leading zeros do not count towards the 15 digits a size may have.
+    let zeros = line[..digits].iter().take_while(|b| **b == b'0').count();
+    let significant = &line[zeros..digits];
+    if digits == 0 || significant.len() > 15 || !(rest.is_empty() || rest[0] == b';') {
         return Err("invalid chunk size");
     }
     let mut n = 0u64;
-    for &d in &line[..digits] {
+    for &d in significant {
         n = n * 16 + u64::from((d as char).to_digit(16).unwrap_or(0));
     }
     Ok(n)
@@ -150,7 +153,8 @@ mod tests {
 
     #[test]
     fn any_split_decodes_the_same() {
-        let raw = b"5;ext=1\r\nhello\r\nA\r\n0123456789\r\n0\r\nx-trailer: t\r\n\r\n";
+        let raw =
+            b"5;ext=1\r\nhello\r\n000000000000000000A\r\n0123456789\r\n0\r\nx-trailer: t\r\n\r\n";
         for split in 1..raw.len() {
             let (data, done) = decode(raw, split).unwrap();
             assert_eq!(data, b"hello0123456789", "split {split}");

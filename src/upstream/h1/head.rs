@@ -7,6 +7,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Vers
 
 /// More header lines than this in one response head is an error (hyper's limit too).
 const MAX_HEADERS: usize = 100;
+/// More interim (1xx) responses than this before the answer is an error.
+const MAX_INTERIM: usize = 8;
 
 /// How the response body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +82,7 @@ pub(crate) fn parse(
     method: &Method,
     max: usize,
 ) -> Result<Option<Head>, HeadError> {
+    let mut interim = 0;
     loop {
         // Left uninitialised: httparse writes as many as the head has (zeroing all of them was
         // 3 KiB of stores per answer).
@@ -101,6 +104,10 @@ pub(crate) fn parse(
         if status.is_informational() {
             if code == 101 {
                 return Err(HeadError::Malformed("an upgrade nobody asked for"));
+            }
+            interim += 1;
+            if interim > MAX_INTERIM {
+                return Err(HeadError::Malformed("too many interim responses"));
             }
             let _ = buf.split_to(len);
             continue;
@@ -136,8 +143,11 @@ pub(crate) fn parse(
             headers.append(name, value);
         }
         let framing = framing(status, method, &headers)?;
+        // Both a transfer coding and a length is how a response is split (RFC 9112 §6.3): the
+        // answer is read by its coding, and the connection not trusted again.
         let keep_alive = version == Version::HTTP_11
             && framing != Framing::Close
+            && !(framing == Framing::Chunked && headers.contains_key(header::CONTENT_LENGTH))
             && !has_token(&headers, header::CONNECTION, "close");
         let (mut parts, ()) = http::Response::new(()).into_parts();
         parts.status = status;
@@ -264,6 +274,12 @@ mod tests {
         let chunked =
             f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n");
         assert_eq!(chunked.framing, Framing::Chunked);
+        assert!(
+            !chunked.keep_alive,
+            "a coding and a length: not trusted again"
+        );
+        let plain = f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert!(plain.keep_alive);
         let gz = f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
         assert_eq!(gz.framing, Framing::Close);
         assert!(!gz.keep_alive);
@@ -300,6 +316,9 @@ mod tests {
         ] {
             assert!(parsed(raw).is_err(), "{raw:?}");
         }
+        let interim = "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM + 1);
+        let raw = format!("{interim}HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+        assert!(parsed(&raw).is_err(), "too many interim responses");
         let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: v\r\n")).collect();
         let raw = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
         assert!(matches!(parsed(&raw), Err(HeadError::TooLarge)));

@@ -270,3 +270,28 @@ async fn a_body_dropped_before_its_end_closes_the_connection() -> TestResult {
     assert_eq!(server.accepted.load(Ordering::SeqCst), 2);
     Ok(())
 }
+
+/// An idle connection and its peer, the connection as legate keeps it.
+async fn idle_pair() -> std::io::Result<(super::H1Conn, TcpStream)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let tcp = TcpStream::connect(listener.local_addr()?).await?;
+    let (peer, _) = listener.accept().await?;
+    Ok((super::H1Conn::new(super::Counted::plain(tcp), 1024), peer))
+}
+
+#[tokio::test]
+async fn an_idle_connection_that_was_closed_or_spoken_on_is_not_taken() -> TestResult {
+    let (mut quiet, _peer) = idle_pair().await?;
+    assert!(!quiet.idle_unusable());
+    // A 408 sent unasked before closing must not become the next request's answer.
+    let (mut spoken, mut peer) = idle_pair().await?;
+    peer.write_all(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n")
+        .await?;
+    spoken.io.tcp().readable().await?;
+    assert!(spoken.idle_unusable());
+    let (mut closed, peer) = idle_pair().await?;
+    drop(peer);
+    closed.io.tcp().readable().await?;
+    assert!(closed.idle_unusable());
+    Ok(())
+}
