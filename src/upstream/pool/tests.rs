@@ -172,8 +172,10 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn an_h2_connection_over_tls_is_shared_by_concurrent_requests() -> TestResult {
+/// A TLS server offering `alpn`, and a client trusting its certificate.
+async fn over_tls(
+    alpn: &[&[u8]],
+) -> Result<(Server, PooledClient, String), Box<dyn std::error::Error + Send + Sync>> {
     let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])?;
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -181,7 +183,7 @@ async fn an_h2_connection_over_tls_is_shared_by_concurrent_requests() -> TestRes
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(vec![certified.cert.der().clone()], key)?;
-    server_cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    server_cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let server = serve(Some(Arc::new(server_cfg)), 1).await?;
 
     let mut roots = rustls::RootCertStore::empty();
@@ -199,6 +201,12 @@ async fn an_h2_connection_over_tls_is_shared_by_concurrent_requests() -> TestRes
     let base: Uri = format!("https://{}", server.addr).parse()?;
     let client = PooledClient::new(connector, Some(&base), options(Duration::from_secs(60), 8));
     let url = format!("https://{}/v1/messages", server.addr);
+    Ok((server, client, url))
+}
+
+#[tokio::test]
+async fn an_h2_connection_over_tls_is_shared_by_concurrent_requests() -> TestResult {
+    let (server, client, url) = over_tls(&[b"h2", b"http/1.1"]).await?;
     // The first request lists the connection; the next three go out on it together.
     assert_eq!(text_of(&client, &url).await?, "HTTP/2.0 -");
     let (a, b, c) = tokio::join!(
@@ -210,6 +218,22 @@ async fn an_h2_connection_over_tls_is_shared_by_concurrent_requests() -> TestRes
         assert_eq!(
             t?, "HTTP/2.0 -",
             "HTTP/2 carries :authority, no host header"
+        );
+    }
+    assert_eq!(server.accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(client.listed(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_http1_connection_over_tls_is_reused() -> TestResult {
+    // legate's own HTTP/1 client through rustls: the session tickets the server sends after
+    // the handshake must not make the idle connection look spoken on.
+    let (server, client, url) = over_tls(&[b"http/1.1"]).await?;
+    for _ in 0..4 {
+        assert_eq!(
+            text_of(&client, &url).await?,
+            format!("HTTP/1.1 {}", server.addr)
         );
     }
     assert_eq!(server.accepted.load(Ordering::SeqCst), 1);
