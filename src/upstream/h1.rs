@@ -87,6 +87,21 @@ impl H1Conn {
 
     /// Writes `req` (origin-form URI, `host` set) and reads its response head.
     pub(super) async fn send(&mut self, req: &Request<Full<Bytes>>) -> Result<Head, H1Error> {
+        if let Err(e) = self.write(req).await {
+            // A provider may answer before it read the whole request (a 413, say) and close:
+            // that answer, if it came, is the answer, and the connection is done.
+            return match self.read_head(req.method()).await {
+                Ok(mut head) => {
+                    head.keep_alive = false;
+                    Ok(head)
+                }
+                Err(_) => Err(H1Error::Io(e)),
+            };
+        }
+        self.read_head(req.method()).await
+    }
+
+    async fn write(&mut self, req: &Request<Full<Bytes>>) -> io::Result<()> {
         let body = whole(req.body());
         self.out.clear();
         head::encode(req, body.len(), &mut self.out);
@@ -94,17 +109,21 @@ impl H1Conn {
         if inline {
             self.out.extend_from_slice(&body);
         }
-        self.io.write_all(&self.out).await.map_err(H1Error::Io)?;
+        self.io.write_all(&self.out).await?;
         if !inline {
-            self.io.write_all(&body).await.map_err(H1Error::Io)?;
+            self.io.write_all(&body).await?;
         }
-        self.io.flush().await.map_err(H1Error::Io)?;
+        self.io.flush().await?;
         if self.out.capacity() > 4 * INLINE_BODY {
             self.out = Vec::new();
         }
+        Ok(())
+    }
+
+    async fn read_head(&mut self, method: &http::Method) -> Result<Head, H1Error> {
         loop {
             if !self.buf.is_empty() {
-                let parsed = head::parse(&mut self.buf, req.method(), self.max_head);
+                let parsed = head::parse(&mut self.buf, method, self.max_head);
                 if let Some(head) = parsed.map_err(H1Error::Head)? {
                     return Ok(head);
                 }

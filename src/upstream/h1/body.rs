@@ -29,6 +29,8 @@ pub struct H1Body {
     keep_alive: bool,
     /// The list it goes back to.
     home: Arc<Conns>,
+    /// An error ended it: it is over, but not complete.
+    broken: bool,
 }
 
 impl H1Body {
@@ -49,6 +51,7 @@ impl H1Body {
             reading,
             keep_alive,
             home,
+            broken: false,
         };
         if framing == Framing::Empty {
             body.ended(true);
@@ -70,6 +73,7 @@ impl H1Body {
 
     fn failed(&mut self, e: H1Error) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
         self.ended(false);
+        self.broken = true;
         Poll::Ready(Some(Err(e)))
     }
 }
@@ -125,12 +129,13 @@ impl Body for H1Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.conn.is_none()
+        self.conn.is_none() && !self.broken
     }
 
     fn size_hint(&self) -> SizeHint {
         match (&self.conn, &self.reading) {
-            (None, _) => SizeHint::with_exact(0),
+            (None, _) if !self.broken => SizeHint::with_exact(0),
+            (None, _) => SizeHint::default(),
             (Some(_), Reading::Length(left)) => SizeHint::with_exact(*left),
             _ => SizeHint::default(),
         }

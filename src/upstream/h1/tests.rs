@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Uri};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -293,5 +294,60 @@ async fn an_idle_connection_that_was_closed_or_spoken_on_is_not_taken() -> TestR
     drop(peer);
     closed.io.tcp().readable().await?;
     assert!(closed.idle_unusable());
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_answer_sent_before_the_body_was_read_is_the_answer() -> TestResult {
+    // The provider reads the head only, answers 413 and closes with the body unread (a reset):
+    // the write of the body fails, and the 413 that came before is what the caller gets.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let uri: Uri = format!("http://{}/v1/messages", listener.local_addr()?).parse()?;
+    tokio::spawn(async move {
+        let Ok((mut tcp, _)) = listener.accept().await else {
+            return;
+        };
+        let mut head = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tcp.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let answer = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\n\r\ntoo large";
+        let _ = tcp.write_all(answer).await;
+    });
+    let client = client(Duration::from_secs(60));
+    let mut req = post(&uri);
+    *req.body_mut() = Full::new(Bytes::from(vec![b'x'; 32 << 20]));
+    let resp = client.request(req).await?;
+    assert_eq!(resp.status(), 413);
+    let body = resp.into_body().collect().await?.to_bytes();
+    assert_eq!(&body[..], b"too large");
+    assert_eq!(client.listed(), 0, "the connection is not kept");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cut_body_ends_in_an_error_and_does_not_look_complete() -> TestResult {
+    let server = serve(vec![close(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello",
+    )])
+    .await?;
+    let client = client(Duration::from_secs(60));
+    let mut body = client.request(post(&server.uri)).await?.into_body();
+    let mut data = Vec::new();
+    let err = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => data.extend_from_slice(&frame.into_data().map_err(|_| "trailers")?),
+            Some(Err(e)) => break e,
+            None => return Err("the body ended without an error".into()),
+        }
+    };
+    assert_eq!(data, b"hello");
+    assert!(err.to_string().contains("closed before"), "{err}");
+    assert!(!body.is_end_stream(), "a cut body is over, not complete");
+    assert!(body.frame().await.is_none());
     Ok(())
 }
