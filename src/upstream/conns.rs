@@ -4,14 +4,17 @@
 //! list, and its answer's body puts it back once it was read to its end (see
 //! [`h1`](super::h1)). No task is spawned per request to hand it back, and a request never
 //! opens a connection while an idle one is there: the list holds about as many connections as
-//! requests were ever in flight at once. The most recently used idle one is taken first, so that a quiet
-//! spell lets the others age out. An HTTP/2 connection stays in the list and is shared.
+//! requests were ever in flight at once. The most recently used idle one is taken first, so
+//! that a quiet spell lets the others age out. An HTTP/2 connection stays in the list and is
+//! shared.
 //!
 //! A connection idle for `pool_idle_timeout` is closed: checked when requests pass over it, and
 //! by a sweep every quarter of that time while the list is not empty (the sweep task ends when
-//! the list does, and with the pool). Idle time is counted from the connection's last request,
-//! or from the last sweep that saw it still reading an answer. The list is bounded (`cap`, the
-//! provider's `max_concurrency`): a connection that would overflow it is closed after its answer.
+//! the list does, and with the pool). The same two moments drop an idle HTTP/1 connection the
+//! provider closed or spoke on unasked (no task watches it). Idle time is counted from the
+//! connection's last request, or, for an HTTP/2 one, from the last sweep that saw it still
+//! carrying one. The list is bounded (`cap`, the provider's `max_concurrency`): a connection
+//! that would overflow it is closed after its answer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
