@@ -7,7 +7,6 @@ pub mod cli;
 pub mod cloud;
 pub mod config;
 pub mod error;
-pub mod hush;
 #[cfg(test)]
 mod json_gen;
 pub mod limits;

@@ -6,7 +6,7 @@
 mod body;
 mod conns;
 mod dial;
-mod h1;
+pub(crate) mod h1;
 mod pool;
 
 use std::sync::Arc;

@@ -79,17 +79,14 @@ pub enum Collect {
 /// Reads `body` whole, within `limit` bytes for itself; bytes beyond what `share` already
 /// holds are taken from the global budget as they arrive. With `h1` (HTTP/1), a body that came
 /// in one frame is kept as that frame, a view of the connection's read buffer (which the
-/// request's headers hold anyway), instead of being copied, and it is read through
-/// [`Hushed`](crate::hush::Hushed), so that taking its last chunk does not wake the connection's
-/// task for nothing.
+/// request's headers hold anyway), instead of being copied.
 pub async fn collect(
-    body: &mut hyper::body::Incoming,
+    body: &mut crate::server::CallerBody,
     limit: usize,
     share: &mut BufferShare,
     max: usize,
     h1: bool,
 ) -> Result<Bytes, Collect> {
-    let mut body = crate::hush::Hushed::new(body, h1);
     // The first frame waits until a second comes: only then is a buffer needed.
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
@@ -138,8 +135,9 @@ const DISCARD_MAX_BYTES: usize = 128 << 20;
 /// protocol allows but which some clients (curl among them) report as a failed transfer without
 /// showing the answer. A client allowed to finish its upload reads the 413 like any other
 /// answer; the bytes are counted, not kept, so this costs no memory. (HTTP/1 needs none of
-/// this: hyper closes a connection whose request body was left unread.)
-pub fn discard(mut body: hyper::body::Incoming, within: std::time::Duration) {
+/// this: its connection closes after an answer whose request body was left unread, reading
+/// and dropping what the caller still sends for a moment first.)
+pub fn discard(mut body: crate::server::CallerBody, within: std::time::Duration) {
     tokio::spawn(async move {
         let drain = async {
             let mut seen = 0usize;

@@ -218,7 +218,7 @@ pub enum BodyError {
 /// [`crate::proxy::buffers::discard`]).
 pub async fn read_body(
     headers: &HeaderMap,
-    mut body: hyper::body::Incoming,
+    mut body: crate::server::CallerBody,
     h2: bool,
     limit: usize,
     timeout: std::time::Duration,

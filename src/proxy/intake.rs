@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use crate::server::CallerBody;
 use bytes::Bytes;
 use http::{HeaderMap, Request};
-use hyper::body::Incoming;
 
 use super::conversation::Conversation;
 use super::inbound::{self, BodyError, Endpoint};
@@ -74,7 +74,7 @@ impl Proxy {
         cfg: &Config,
         headers: &HeaderMap,
         h2: bool,
-        body: Incoming,
+        body: CallerBody,
         share: &mut buffers::BufferShare,
         record: &mut Option<RequestRecord>,
     ) -> Result<Bytes, ProxyError> {
@@ -123,7 +123,7 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Endpoint,
         tenant: &str,
-        req: Request<Incoming>,
+        req: Request<CallerBody>,
         rid: &str,
         record: &mut Option<RequestRecord>,
         obs: &RequestObs,

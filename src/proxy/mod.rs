@@ -36,10 +36,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::server::CallerBody;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiKind, Operation, RequestMeta};
@@ -182,7 +182,7 @@ impl Proxy {
     /// as a 499.
     pub fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<CallerBody>,
     ) -> impl std::future::Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static
     {
         use futures_util::future::Either;
@@ -337,7 +337,7 @@ impl Proxy {
         self: Arc<Self>,
         snap: Arc<Snapshot>,
         endpoint: Option<Endpoint>,
-        req: Request<Incoming>,
+        req: Request<CallerBody>,
         rid: String,
         mut record: Option<RequestRecord>,
         obs: crate::observe::RequestObs,
@@ -387,7 +387,7 @@ impl Proxy {
         &self,
         snap: &Snapshot,
         endpoint: Option<Endpoint>,
-        req: &Request<Incoming>,
+        req: &Request<CallerBody>,
         record: &mut Option<RequestRecord>,
     ) -> Result<(Endpoint, Cow<'static, str>), ProxyError> {
         let cfg = &snap.cfg;
@@ -444,7 +444,7 @@ impl Proxy {
         &self,
         snap: &Snapshot,
         endpoint: Endpoint,
-        req: &Request<Incoming>,
+        req: &Request<CallerBody>,
     ) -> Option<Result<Response<ProxyBody>, ProxyError>> {
         let cfg = &snap.cfg;
         match endpoint.op {

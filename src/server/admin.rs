@@ -9,10 +9,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::server::CallerBody;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use prometheus::Registry;
 
 use crate::proxy::Proxy;
@@ -28,7 +28,7 @@ pub struct Admin {
 impl Admin {
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<CallerBody>,
         peer: std::net::SocketAddr,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
         if crate::proxy::inbound::check_origin(req.headers()).is_err() {

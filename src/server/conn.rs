@@ -89,6 +89,12 @@ impl ConnWatch {
         InFlight(self.clone())
     }
 
+    /// Bytes of a next request were read while the last one was served: its head is held
+    /// to the header read timeout from now.
+    pub fn head_begun(&self) {
+        self.on_bytes();
+    }
+
     fn on_bytes(&self) {
         let mut s = self.lock();
         if s.inflight == 0 && s.head_started.is_none() {

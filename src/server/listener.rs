@@ -1,5 +1,5 @@
-//! Accept loops: one per listener, HTTP/1.1 and HTTP/2 (hyper-util auto), every connection
-//! watched for graceful shutdown. Stopping the loop drops the listener, so new connections are
+//! Accept loops: one per listener, HTTP/1.1 (legate's own connection) and HTTP/2 (hyper's),
+//! every connection watched for graceful shutdown. Stopping the loop drops the listener, so new connections are
 //! refused at once while the watched ones finish.
 //!
 //! Each plane has its own cap on open connections (SPEC §14): a connection is accepted only
@@ -11,16 +11,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::caller::{CallerBody, Rewind};
 use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo, watched};
+use super::h1;
 use super::workers::Workers;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -45,6 +47,11 @@ pub struct Plane<L> {
 /// Serves `listener` with `handler` until `stop` fires; then waits for open connections to
 /// finish, up to `grace`, calling `on_grace_expired` if they have not (so open streams can be
 /// ended with an error event), and giving them a short final moment to flush it.
+///
+/// HTTP/1 is legate's own connection ([`super::h1`]); a connection that opens with the HTTP/2
+/// preface is handed to hyper's HTTP/2 server. Both stop taking requests when `stop` fires:
+/// an idle HTTP/1 connection closes at once, a busy one after its answer, and HTTP/2 sends
+/// GOAWAY and finishes its open streams.
 pub async fn serve<H, F, B, L>(
     listener: TcpListener,
     handler: Arc<H>,
@@ -53,23 +60,15 @@ pub async fn serve<H, F, B, L>(
     grace: impl FnOnce() -> Duration,
     on_grace_expired: impl FnOnce(),
 ) where
-    H: Fn(http::Request<Incoming>, std::net::SocketAddr) -> F + Send + Sync + 'static,
+    H: Fn(http::Request<CallerBody>, std::net::SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
     L: Fn() -> ConnLimits,
 {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // The connection watch bounds the head, protocol detection and HTTP/2 alike; hyper's own
-    // head timer would also run on idle keep-alive connections and cut them early.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .header_read_timeout(None)
-        .max_buf_size(HTTP1_MAX_BUF);
-    let builder = Arc::new(builder);
+    // The connection watch bounds the preface and every request's head; hyper's HTTP/2
+    // settings are its defaults.
+    let h2 = Arc::new(http2::Builder::new(TokioExecutor::new()));
     let slots = Arc::new(Semaphore::new(plane.max_connections));
     loop {
         // A free slot first: beyond the cap, peers wait in the backlog, not on a descriptor.
@@ -94,32 +93,29 @@ pub async fn serve<H, F, B, L>(
                 let _ = stream.set_nodelay(true);
                 let limits = (plane.limits)();
                 let h = handler.clone();
-                let builder = builder.clone();
-                let watcher = graceful.watcher();
+                let h2 = h2.clone();
+                let stop = stop.clone();
                 let open = Open::new(&plane.gauge);
                 // Built where it runs: the socket's readiness then comes from that worker's own
                 // I/O driver, not from this thread's (which would wake the worker per read).
-                // Polled through `hush::quieted`: see `crate::hush`.
-                let serve_one = move |stream: TcpStream| crate::hush::quieted(async move {
+                let serve_one = move |stream: TcpStream| async move {
                     let watch = ConnWatch::new(limits);
-                    let w = watch.clone();
-                    let svc = service_fn(move |req| {
-                        let inflight = w.begin();
-                        // hyper keeps one slot of this future's size per connection for its
-                        // whole life, so a handler's future must be small: the handlers box
-                        // their request's state themselves (`Proxy::handle` in the one box
-                        // it needs anyway, leaving a 184-byte slot), and an idle keep-alive
-                        // connection holds that instead of a whole request's state.
-                        let fut = h(req, peer);
-                        async move {
-                            let resp = fut.await?;
-                            Ok::<_, std::convert::Infallible>(
-                                resp.map(|b| Guarded::new(b, inflight)),
-                            )
+                    let mut io = WatchedIo::new(stream, watch.clone());
+                    let conn = async {
+                        let mut first = BytesMut::new();
+                        match h1::start(&mut io, &mut first, &stop).await {
+                            h1::Start::Gone => Ok(()),
+                            h1::Start::H1 => {
+                                h1::serve(io, first, &*h, peer, &watch, &stop, HTTP1_MAX_BUF)
+                                    .await
+                                    .map_err(BoxError::from)
+                            }
+                            h1::Start::H2 => {
+                                let io = Rewind::new(first.freeze(), io);
+                                serve_h2(&h2, io, h, peer, &watch, &stop).await
+                            }
                         }
-                    });
-                    let io = TokioIo::new(WatchedIo::new(stream, watch.clone()));
-                    let conn = watcher.watch(builder.serve_connection(io, svc).into_owned());
+                    };
                     match watched(&watch, conn).await {
                         Some(Ok(())) => {}
                         Some(Err(e)) => {
@@ -132,7 +128,7 @@ pub async fn serve<H, F, B, L>(
                     }
                     drop(open);
                     drop(slot);
-                });
+                };
                 match &plane.workers {
                     Some(w) => w.spawn_conn(stream, serve_one),
                     None => drop(tokio::spawn(serve_one(stream))),
@@ -142,13 +138,54 @@ pub async fn serve<H, F, B, L>(
         }
     }
     drop(listener);
-    let all_done = graceful.shutdown();
+    // Every open connection holds a slot: all of them free means all connections are done.
+    let all = u32::try_from(plane.max_connections).unwrap_or(u32::MAX);
+    let all_done = slots.acquire_many(all);
     tokio::pin!(all_done);
     tokio::select! {
         _ = &mut all_done => {}
         _ = tokio::time::sleep(grace()) => {
             on_grace_expired();
             let _ = tokio::time::timeout(Duration::from_secs(2), &mut all_done).await;
+        }
+    }
+}
+
+/// Serves an HTTP/2 connection with hyper's server until it ends; `stop` sends GOAWAY and
+/// lets the open streams finish.
+async fn serve_h2<H, F, B, T>(
+    builder: &http2::Builder<TokioExecutor>,
+    io: T,
+    handler: Arc<H>,
+    peer: std::net::SocketAddr,
+    watch: &Arc<ConnWatch>,
+    stop: &CancellationToken,
+) -> Result<(), BoxError>
+where
+    H: Fn(http::Request<CallerBody>, std::net::SocketAddr) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let w = watch.clone();
+    let svc = service_fn(move |req: http::Request<Incoming>| {
+        let inflight = w.begin();
+        // hyper keeps one slot of this future's size per stream: the handlers box their
+        // request's state themselves, so it stays small.
+        let fut = handler(req.map(CallerBody::H2), peer);
+        async move {
+            let resp = fut.await?;
+            Ok::<_, std::convert::Infallible>(resp.map(|b| Guarded::new(b, inflight)))
+        }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r.map_err(Into::into),
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await.map_err(Into::into)
         }
     }
 }

@@ -3,7 +3,9 @@
 //! finish within `shutdown_grace`, streams still open then end with an error event.
 
 pub mod admin;
+pub mod caller;
 pub mod conn;
+pub(crate) mod h1;
 pub mod listener;
 pub mod release;
 pub mod reload;
@@ -23,6 +25,7 @@ use crate::meter::Ledger;
 use crate::proxy::{Proxy, Snapshot};
 use crate::telemetry::Metrics;
 use admin::Admin;
+pub use caller::CallerBody;
 pub use reload::{ConfigSource, ReloadOutcome, Reloader};
 
 /// A running legate: its bound addresses and the handle to stop it.

@@ -15,8 +15,8 @@
 //! provider can make a request fail but not make legate hold more.
 
 pub(crate) mod body;
-mod chunked;
-mod head;
+pub(crate) mod chunked;
+pub(crate) mod head;
 
 use std::future::poll_fn;
 use std::io;

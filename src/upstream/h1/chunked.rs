@@ -8,6 +8,9 @@ use bytes::{Bytes, BytesMut};
 const MAX_LINE: usize = 4 << 10;
 /// The most trailer bytes accepted.
 const MAX_TRAILERS: usize = 16 << 10;
+/// The most chunk-extension bytes accepted over a whole body: beyond it a peer is making
+/// legate parse more than it sends data.
+const MAX_EXTENSIONS: usize = 16 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -32,11 +35,16 @@ pub(crate) enum Step {
 #[derive(Debug)]
 pub(crate) struct Decoder {
     state: State,
+    /// Chunk-extension bytes seen so far.
+    extensions: usize,
 }
 
 impl Decoder {
     pub(crate) fn new() -> Self {
-        Decoder { state: State::Size }
+        Decoder {
+            state: State::Size,
+            extensions: 0,
+        }
     }
 
     /// Takes what it can from the front of `buf`.
@@ -49,6 +57,11 @@ impl Decoder {
                         return Ok(Step::More);
                     };
                     let size = chunk_size(&line)?;
+                    self.extensions +=
+                        line.len() - line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+                    if self.extensions > MAX_EXTENSIONS {
+                        return Err("too many chunk extensions");
+                    }
                     self.state = if size == 0 {
                         State::Trailers(0)
                     } else {
@@ -181,5 +194,13 @@ mod tests {
         let mut trailers = b"0\r\n".to_vec();
         trailers.extend(std::iter::repeat_n(b"x: y\r\n".as_slice(), 4000).flatten());
         assert!(decode(&trailers, 512).is_err());
+        let mut chatty = Vec::new();
+        for _ in 0..20 {
+            chatty.extend_from_slice(format!("1;{}\r\na\r\n", "x".repeat(1000)).as_bytes());
+        }
+        assert_eq!(
+            decode(&chatty, 4096).err(),
+            Some("too many chunk extensions")
+        );
     }
 }

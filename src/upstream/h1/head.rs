@@ -201,7 +201,7 @@ fn framing(status: StatusCode, method: &Method, headers: &HeaderMap) -> Result<F
     })
 }
 
-fn parse_length(digits: &[u8]) -> Option<u64> {
+pub(crate) fn parse_length(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
@@ -209,7 +209,7 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
 }
 
 /// Whether a comma-separated header lists `token`.
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+pub(crate) fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
     headers
         .get_all(name)
         .iter()

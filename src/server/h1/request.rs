@@ -1,0 +1,264 @@
+//! A caller's HTTP/1 request head read (RFC 9112 §2–§6): its parts, how its body is delimited,
+//! and what the connection owes it (a `100 Continue`, closing after the answer).
+
+use std::mem::MaybeUninit;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version, header};
+
+use crate::upstream::h1::head::{has_token, parse_length};
+
+/// More header lines than this in one request head is refused with 431 (hyper's limit too).
+const MAX_HEADERS: usize = 100;
+
+/// How the request body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    Length(u64),
+    Chunked,
+}
+
+/// A request head and what the connection must do about it.
+pub(super) struct Head {
+    pub parts: http::request::Parts,
+    pub framing: Framing,
+    /// The caller allows another request on the connection after this one's answer.
+    pub keep_alive: bool,
+    /// The caller waits for `100 Continue` before it sends the body.
+    pub expects_continue: bool,
+}
+
+/// Why a request head is refused; the connection answers with the status and closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// 400: not an HTTP/1 request, or framing RFC 9112 does not allow.
+    Malformed,
+    /// 431: more bytes, or more header lines, than the limits.
+    TooLarge,
+    /// 505: a version other than 1.0 and 1.1.
+    Version,
+}
+
+/// Parses a request head of at most `max` bytes from the front of `buf`, taking it out when
+/// complete; `Ok(None)` when more bytes are needed. Empty lines before a request are skipped
+/// (RFC 9112 §2.2).
+pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refused> {
+    let blank = buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count();
+    if blank > 0 {
+        let _ = buf.split_to(blank);
+    }
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    // Left uninitialised: httparse writes as many as the head has.
+    let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, buf, &mut lines)
+    {
+        Ok(httparse::Status::Complete(n)) if n <= max => n,
+        Ok(httparse::Status::Complete(_)) => return Err(Refused::TooLarge),
+        Ok(httparse::Status::Partial) if buf.len() >= max => return Err(Refused::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Refused::TooLarge),
+        Err(httparse::Error::Version) if names_other_version(buf) => return Err(Refused::Version),
+        Err(_) => return Err(Refused::Malformed),
+    };
+    let version = match req.version {
+        Some(1) => Version::HTTP_11,
+        Some(0) => Version::HTTP_10,
+        _ => return Err(Refused::Version),
+    };
+    let method =
+        Method::from_bytes(req.method.unwrap_or("").as_bytes()).map_err(|_| Refused::Malformed)?;
+    // Offsets into the head, taken before it is frozen: the target, names and values become
+    // views of it. A head is at most `max` (well under 4 GiB).
+    let base = buf.as_ptr() as usize;
+    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+    let path = req.path.unwrap_or("").as_bytes();
+    let target = [offset(path), offset(path) + path.len() as u32];
+    let mut spans = [[0u32; 4]; MAX_HEADERS];
+    let count = req.headers.len();
+    for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
+        let (name, value) = (offset(h.name.as_bytes()), offset(h.value));
+        *span = [
+            name,
+            name + h.name.len() as u32,
+            value,
+            value + h.value.len() as u32,
+        ];
+    }
+    let head: Bytes = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target[0] as usize..target[1] as usize))
+        .map_err(|_| Refused::Malformed)?;
+    let mut headers = HeaderMap::with_capacity(count);
+    for [ns, ne, vs, ve] in spans.into_iter().take(count).map(|s| s.map(|o| o as usize)) {
+        let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Refused::Malformed)?;
+        // Checked again although httparse let through only what a header value may hold: the
+        // unchecked constructor is `unsafe`, which legate keeps out.
+        let value =
+            HeaderValue::from_maybe_shared(head.slice(vs..ve)).map_err(|_| Refused::Malformed)?;
+        headers.append(name, value);
+    }
+    let framing = framing(version, &headers)?;
+    let keep_alive = match version {
+        Version::HTTP_11 => !has_token(&headers, header::CONNECTION, "close"),
+        _ => has_token(&headers, header::CONNECTION, "keep-alive"),
+    };
+    let expects_continue = version == Version::HTTP_11
+        && headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
+    Ok(Some(Head {
+        parts,
+        framing,
+        keep_alive,
+        expects_continue,
+    }))
+}
+
+/// Whether the request line ends in a well-formed version other than HTTP/1.x (505), rather
+/// than in something that is no version at all (400).
+fn names_other_version(buf: &[u8]) -> bool {
+    let line = buf.split(|b| *b == b'\n').next().unwrap_or(&[]);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    match line.rsplit(|b| *b == b' ').next() {
+        Some([b'H', b'T', b'T', b'P', b'/', major, b'.', minor]) => {
+            major.is_ascii_digit() && minor.is_ascii_digit() && *major != b'1'
+        }
+        _ => false,
+    }
+}
+
+/// RFC 9112 §6.3 for requests: chunked if a transfer coding is named (and it must end in
+/// chunked), else the content length, else no body. A request naming both a coding and a
+/// length is how requests are smuggled past proxies: it is refused, as are codings over
+/// HTTP/1.0 and conflicting lengths.
+fn framing(version: Version, headers: &HeaderMap) -> Result<Framing, Refused> {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version != Version::HTTP_11 || headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(Refused::Malformed);
+        }
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        return match last {
+            Some(t) if t.eq_ignore_ascii_case("chunked") => Ok(Framing::Chunked),
+            _ => Err(Refused::Malformed),
+        };
+    }
+    let mut length: Option<u64> = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let n = parse_length(part.trim_ascii()).ok_or(Refused::Malformed)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Refused::Malformed);
+            }
+            length = Some(n);
+        }
+    }
+    Ok(Framing::Length(length.unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(raw: &str) -> Result<Option<Head>, Refused> {
+        parse(&mut BytesMut::from(raw), 64 << 10)
+    }
+
+    #[test]
+    fn a_request_head_becomes_its_parts_and_leaves_the_body_in_the_buffer() {
+        let mut buf = BytesMut::from(
+            "\r\nPOST /v1/messages?beta=true HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\ncontent-length: 2\r\n\r\n{}",
+        );
+        let head = parse(&mut buf, 64 << 10).unwrap().unwrap();
+        assert_eq!(head.parts.method, Method::POST);
+        assert_eq!(head.parts.uri.path(), "/v1/messages");
+        assert_eq!(head.parts.uri.query(), Some("beta=true"));
+        assert_eq!(head.parts.version, Version::HTTP_11);
+        assert_eq!(head.parts.headers["x-api-key"], "k");
+        assert_eq!(head.framing, Framing::Length(2));
+        assert!(head.keep_alive);
+        assert!(!head.expects_continue);
+        assert_eq!(&buf[..], b"{}");
+    }
+
+    #[test]
+    fn keep_alive_and_continue_follow_the_version_and_the_connection_header() {
+        let h = parsed("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(!h.keep_alive);
+        assert_eq!(h.framing, Framing::Length(0));
+        let h = parsed("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.keep_alive);
+        let h = parsed("GET / HTTP/1.1\r\nconnection: te, close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        let h = parsed("POST / HTTP/1.1\r\nexpect: 100-Continue\r\ncontent-length: 5\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.expects_continue);
+    }
+
+    #[test]
+    fn framing_is_chunked_or_a_single_length_and_never_both() {
+        let h = parsed("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Chunked);
+        let h = parsed("POST / HTTP/1.1\r\ncontent-length: 7, 7\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(7));
+        for bad in [
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\ncontent-length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "NOT HTTP\r\n\r\n",
+            "GET /a b HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(parsed(bad).err(), Some(Refused::Malformed), "{bad}");
+        }
+        assert_eq!(
+            parsed("GET / HTTP/2.0\r\n\r\n").err(),
+            Some(Refused::Version)
+        );
+    }
+
+    #[test]
+    fn a_partial_head_waits_and_an_oversize_one_is_refused() {
+        assert!(
+            parsed("POST /v1/messages HTTP/1.1\r\nhost: a\r\n")
+                .unwrap()
+                .is_none()
+        );
+        assert!(parsed("\r\n\r\n").unwrap().is_none());
+        let long = format!("GET / HTTP/1.1\r\nx: {}\r\n", "a".repeat(100));
+        assert_eq!(
+            parse(&mut BytesMut::from(long.as_str()), 64).err(),
+            Some(Refused::TooLarge)
+        );
+        let many: String = (0..101).map(|i| format!("x{i}: y\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(parsed(&many).err(), Some(Refused::TooLarge));
+    }
+}

@@ -1,0 +1,408 @@
+//! The connection driven through an in-memory socket by a test handler: exact bytes on the
+//! wire, what the handler saw, and when the request is cancelled.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, StreamBody};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::{mpsc, oneshot};
+
+use super::*;
+use crate::server::conn::ConnLimits;
+
+type TestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+#[derive(Default)]
+struct Seen {
+    /// Method, path and body of each request the handler read.
+    requests: Mutex<Vec<(String, String, String)>>,
+    /// The stream a `/stream` answer sends.
+    stream: Mutex<Option<mpsc::Receiver<Bytes>>>,
+    /// Told when a `/hang` request is dropped.
+    dropped: Mutex<Option<oneshot::Sender<()>>>,
+    /// Told what a `/handoff` body's reader on another task got.
+    handoff: Mutex<Option<oneshot::Sender<Result<Bytes, BoxError>>>>,
+}
+
+struct OnDrop(Option<oneshot::Sender<()>>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn full(s: &str) -> TestBody {
+    Full::new(Bytes::from(s.to_string()))
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+async fn handle(seen: Arc<Seen>, req: Request<CallerBody>) -> Response<TestBody> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    match path.as_str() {
+        "/refuse" => Response::builder().status(413).body(full("no")).unwrap(),
+        "/handoff" => {
+            let tx = seen.handoff.lock().unwrap().take().unwrap();
+            tokio::spawn(async move {
+                let _ = tx.send(body.collect().await.map(|b| b.to_bytes()));
+            });
+            Response::new(full("handed off"))
+        }
+        "/hang" => {
+            let _guard = OnDrop(seen.dropped.lock().unwrap().take());
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+        "/stream" => {
+            let rx = seen.stream.lock().unwrap().take().unwrap();
+            let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, BoxError>(http_body::Frame::data(b)), rx))
+            });
+            Response::new(StreamBody::new(frames).boxed_unsync())
+        }
+        _ => {
+            let text = match body.collect().await {
+                Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+                Err(e) => format!("error: {e}"),
+            };
+            let answer = format!("{} {}", parts.method, text);
+            seen.requests
+                .lock()
+                .unwrap()
+                .push((parts.method.to_string(), path, text));
+            Response::new(full(&answer))
+        }
+    }
+}
+
+/// Starts a connection; returns the caller's end, what the handler saw, the stop token and
+/// the connection's task.
+fn open() -> (
+    DuplexStream,
+    Arc<Seen>,
+    CancellationToken,
+    tokio::task::JoinHandle<io::Result<()>>,
+) {
+    let (caller, server) = tokio::io::duplex(1 << 20);
+    let seen = Arc::new(Seen::default());
+    let stop = CancellationToken::new();
+    let (s, st) = (seen.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        let watch = ConnWatch::new(ConnLimits {
+            header_read_timeout: Duration::from_secs(10),
+            connection_idle_timeout: Duration::from_secs(10),
+        });
+        let handler = move |req, _peer| handle(s.clone(), req).map(Ok::<_, Infallible>);
+        let peer: SocketAddr = ([127, 0, 0, 1], 1).into();
+        serve(
+            server,
+            BytesMut::new(),
+            &handler,
+            peer,
+            &watch,
+            &st,
+            64 << 10,
+        )
+        .await
+    });
+    (caller, seen, stop, task)
+}
+
+use futures_util::FutureExt;
+
+/// Reads until `n` complete responses (by their heads' framing) are in; returns the text.
+async fn read_answers(caller: &mut DuplexStream, n: usize) -> String {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if count_answers(&got) >= n {
+            return String::from_utf8(got).unwrap();
+        }
+        let k = tokio::time::timeout(Duration::from_secs(10), caller.read(&mut chunk))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        assert!(k > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..k]);
+    }
+}
+
+/// Complete responses with a content-length at the front of `raw`.
+fn count_answers(raw: &[u8]) -> usize {
+    let text = String::from_utf8_lossy(raw);
+    let mut rest: &str = &text;
+    let mut n = 0;
+    while let Some(end) = rest.find("\r\n\r\n") {
+        let head = &rest[..end];
+        if head.starts_with("HTTP/1.1 100 ") {
+            rest = &rest[end + 4..];
+            continue;
+        }
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.parse().unwrap());
+        if rest.len() < end + 4 + len {
+            break;
+        }
+        rest = &rest[end + 4 + len..];
+        n += 1;
+    }
+    n
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let (mut caller, seen, _stop, task) = open();
+    caller
+        .write_all(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 2).await;
+    let answers: Vec<&str> = text.split("HTTP/1.1 ").filter(|s| !s.is_empty()).collect();
+    assert_eq!(answers.len(), 2, "{text}");
+    assert!(
+        answers[0].starts_with("200 OK\r\ncontent-length: 10\r\ndate: "),
+        "{text}"
+    );
+    assert!(answers[0].ends_with("\r\n\r\nPOST hello"), "{text}");
+    assert!(answers[1].ends_with("\r\n\r\nGET "), "{text}");
+    assert!(!text.contains("connection:"), "{text}");
+    assert_eq!(seen.requests.lock().unwrap().len(), 2);
+    // The caller closing between requests ends the connection cleanly.
+    drop(caller);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_chunked_body_in_pieces_is_read_whole_after_a_100_continue() {
+    let (mut caller, seen, _stop, _task) = open();
+    caller
+        .write_all(b"POST /up HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ntransfer-encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    let mut interim = [0u8; 25];
+    caller.read_exact(&mut interim).await.unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    for piece in [
+        "3\r\nabc\r\n",
+        "4;ext=1\r\ndefg",
+        "\r\n0\r\n",
+        "x-trailer: 1\r\n\r\n",
+    ] {
+        caller.write_all(piece.as_bytes()).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let text = read_answers(&mut caller, 1).await;
+    assert!(text.ends_with("\r\n\r\nPOST abcdefg"), "{text}");
+    assert_eq!(
+        seen.requests.lock().unwrap()[0],
+        ("POST".into(), "/up".into(), "abcdefg".into())
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_off_is_an_error_to_the_handler() {
+    let (mut caller, seen, _stop, task) = open();
+    caller
+        .write_all(b"POST /up HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    caller.shutdown().await.unwrap();
+    let mut rest = String::new();
+    caller.read_to_string(&mut rest).await.unwrap();
+    assert!(rest.contains("connection: close\r\n"), "{rest}");
+    task.await.unwrap().unwrap();
+    let (_, _, body) = seen.requests.lock().unwrap()[0].clone();
+    assert!(body.starts_with("error: "), "{body}");
+}
+
+#[tokio::test]
+async fn an_answer_without_reading_the_body_closes_the_connection_and_says_so() {
+    let (mut caller, _seen, _stop, task) = open();
+    caller
+        .write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(
+        text.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    // What the caller still sends is read and dropped, then the connection ends.
+    caller.write_all(&[b'x'; 1000]).await.unwrap();
+    drop(caller);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_streamed_answer_goes_out_chunk_by_chunk_as_it_comes() {
+    let (mut caller, seen, _stop, _task) = open();
+    let (tx, rx) = mpsc::channel(4);
+    *seen.stream.lock().unwrap() = Some(rx);
+    caller
+        .write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tx.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !got.ends_with(b"9\r\ndata: 1\n\n\r\n") {
+        let k = caller.read(&mut chunk).await.unwrap();
+        assert!(k > 0);
+        got.extend_from_slice(&chunk[..k]);
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        text.starts_with("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ndate: "),
+        "{text}"
+    );
+    // A chunk larger than the copy limit goes out from where it is, framed the same.
+    tx.send(Bytes::from(vec![b'y'; 20_000])).await.unwrap();
+    drop(tx);
+    let mut rest = Vec::new();
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let k = caller.read(&mut chunk).await.unwrap();
+        assert!(k > 0);
+        rest.extend_from_slice(&chunk[..k]);
+    }
+    let mut want = b"4e20\r\n".to_vec();
+    want.extend_from_slice(&[b'y'; 20_000]);
+    want.extend_from_slice(b"\r\n0\r\n\r\n");
+    assert_eq!(rest, want);
+}
+
+#[tokio::test]
+async fn the_caller_leaving_cancels_the_request_at_once() {
+    let (mut caller, seen, _stop, task) = open();
+    let (tx, rx) = oneshot::channel();
+    *seen.dropped.lock().unwrap() = Some(tx);
+    caller
+        .write_all(b"POST /hang HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    // Let the handler start, then leave.
+    tokio::task::yield_now().await;
+    drop(caller);
+    tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("the handler is dropped")
+        .unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_or_oversize_head_gets_its_status_and_the_connection_closes() {
+    for (raw, status) in [
+        (b"GARBAGE\r\n\r\n".to_vec(), "400 Bad Request"),
+        (
+            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n".to_vec(),
+            "400 Bad Request",
+        ),
+        (
+            format!("GET / HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(70_000)).into_bytes(),
+            "431 Request Header Fields Too Large",
+        ),
+    ] {
+        let (mut caller, seen, _stop, task) = open();
+        caller.write_all(&raw).await.unwrap();
+        let mut text = String::new();
+        caller.read_to_string(&mut text).await.unwrap();
+        assert!(
+            text.starts_with(&format!(
+                "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n"
+            )),
+            "{text}"
+        );
+        // The connection reads what the caller still sends until it closes too.
+        drop(caller);
+        task.await.unwrap().unwrap();
+        assert!(seen.requests.lock().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn http10_without_keep_alive_is_answered_and_closed() {
+    let (mut caller, _seen, _stop, task) = open();
+    caller.write_all(b"GET /x HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    caller.read_to_string(&mut text).await.unwrap();
+    assert!(
+        text.starts_with("HTTP/1.1 200 OK\r\ncontent-length: 4\r\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("\r\n\r\nGET "), "{text}");
+    assert!(!text.contains("connection:"), "{text}");
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn stop_closes_an_idle_connection_and_lets_a_busy_one_finish_with_close() {
+    let (mut caller, _seen, stop, task) = open();
+    caller
+        .write_all(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nhello")
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    stop.cancel();
+    caller.write_all(b"world").await.unwrap();
+    let mut text = String::new();
+    caller.read_to_string(&mut text).await.unwrap();
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    assert!(text.ends_with("POST helloworld"), "{text}");
+    task.await.unwrap().unwrap();
+
+    let (mut idle, _seen, stop, task) = open();
+    stop.cancel();
+    let mut text = String::new();
+    idle.read_to_string(&mut text).await.unwrap();
+    assert_eq!(text, "");
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_body_read_on_another_task_ends_in_an_error_once_the_connection_moves_on() {
+    let (mut caller, seen, _stop, _task) = open();
+    let (tx, rx) = oneshot::channel();
+    *seen.handoff.lock().unwrap() = Some(tx);
+    caller
+        .write_all(b"POST /handoff HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    let got = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("the reader is not left waiting")
+        .unwrap();
+    assert!(got.is_err(), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_connection_that_sent_nothing_is_done_when_stop_fires() {
+    let (_caller, mut server) = tokio::io::duplex(64);
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let mut buf = BytesMut::new();
+    assert!(matches!(
+        super::start(&mut server, &mut buf, &stop).await,
+        Start::Gone
+    ));
+    let (mut caller, mut server) = tokio::io::duplex(64);
+    caller.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    caller.write_all(b"\r\nSM\r\n\r\n").await.unwrap();
+    let mut buf = BytesMut::new();
+    assert!(matches!(
+        super::start(&mut server, &mut buf, &CancellationToken::new()).await,
+        Start::H2
+    ));
+    assert_eq!(&buf[..], PREFACE);
+}
