@@ -53,6 +53,8 @@ const READ_SIZE: usize = 8 << 10;
 const MIN_READ: usize = 1 << 10;
 /// Room made in the read buffer for a body still on its way.
 const BODY_READ: usize = 64 << 10;
+/// The most of each buffer an idle connection keeps.
+const KEEP: usize = 16 << 10;
 /// After answering a request whose body was not read, the connection reads and drops what the
 /// caller still sends, up to this much and this long, before closing: a close with unread
 /// bytes is a reset, which can destroy the answer before the caller reads it.
@@ -190,7 +192,9 @@ where
         };
         drop(body);
         drop(inflight);
-        if !conn.buf.is_empty() {
+        if conn.buf.is_empty() {
+            conn.trim();
+        } else {
             // Part of the next head came while this request was served: its deadline runs
             // from now, as if its first byte came now.
             watch.head_begun();
@@ -503,10 +507,18 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             self.after_big = b"";
             return self.poll_write_out(cx);
         }
-        if self.out.capacity() > FLUSH_AT + COPY_MAX {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    /// Between requests, an idle connection keeps no more than [`KEEP`] of either buffer: one
+    /// large upload or answer must not stay allocated for the connection's life.
+    fn trim(&mut self) {
+        if self.out.capacity() > KEEP {
             self.out = Vec::new();
         }
-        Pin::new(&mut self.io).poll_flush(cx)
+        if self.buf.capacity() > KEEP {
+            self.buf = BytesMut::new();
+        }
     }
 
     /// Reads more of a body into the buffer: room for up to [`BODY_READ`] at once, so that a

@@ -27,11 +27,11 @@ use super::workers::Workers;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The most an HTTP/1 connection's read buffer grows to (hyper's default is about 400 KiB),
-/// on both sides. hyper doubles the buffer while reads fill it, so a large body grows it to
-/// the maximum, and the connection keeps that allocation for its whole life: a hundred agents
-/// that each sent one long prompt would hold 40 MiB of empty buffers. 64 KiB reads still move
-/// a large body in few system calls; it also bounds a request or response head.
+/// The most an HTTP/1 connection's read buffer holds, on both sides: a request or response
+/// head, and what a caller sends ahead of its next request. (hyper's default was about
+/// 400 KiB, and a buffer grown for one long prompt stayed that large for the connection's
+/// life: a hundred agents would hold 40 MiB of empty buffers.) 64 KiB reads still move a
+/// large body in few system calls.
 pub const HTTP1_MAX_BUF: usize = 64 << 10;
 
 /// How one plane holds its connections: the deadlines (read at each accept, so a reload
