@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version, header};
 
-use crate::upstream::h1::head::{has_token, parse_length};
+use crate::upstream::h1::head::parse_length;
 
 /// More header lines than this in one request head is refused with 431 (hyper's limit too).
 const MAX_HEADERS: usize = 100;
@@ -95,23 +95,24 @@ pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refu
     let uri = Uri::from_maybe_shared(head.slice(target[0] as usize..target[1] as usize))
         .map_err(|_| Refused::Malformed)?;
     let mut headers = HeaderMap::with_capacity(count);
+    // What the connection needs from the head is noted as the lines are added, instead of
+    // looked up in the map after.
+    let mut seen = Framed::default();
     for [ns, ne, vs, ve] in spans.into_iter().take(count).map(|s| s.map(|o| o as usize)) {
         let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Refused::Malformed)?;
         // Checked again although httparse let through only what a header value may hold: the
         // unchecked constructor is `unsafe`, which legate keeps out.
         let value =
             HeaderValue::from_maybe_shared(head.slice(vs..ve)).map_err(|_| Refused::Malformed)?;
+        seen.note(&name, value.as_bytes())?;
         headers.append(name, value);
     }
-    let framing = framing(version, &headers)?;
+    let framing = seen.framing(version)?;
     let keep_alive = match version {
-        Version::HTTP_11 => !has_token(&headers, header::CONNECTION, "close"),
-        _ => has_token(&headers, header::CONNECTION, "keep-alive"),
+        Version::HTTP_11 => !seen.close,
+        _ => seen.keep_alive,
     };
-    let expects_continue = version == Version::HTTP_11
-        && headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let expects_continue = version == Version::HTTP_11 && seen.expects_continue;
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = method;
     parts.uri = uri;
@@ -138,38 +139,58 @@ fn names_other_version(buf: &[u8]) -> bool {
     }
 }
 
-/// RFC 9112 §6.3 for requests: chunked if a transfer coding is named (and it must end in
-/// chunked), else the content length, else no body. A request naming both a coding and a
-/// length is how requests are smuggled past proxies: it is refused, as are codings over
-/// HTTP/1.0 and conflicting lengths.
-fn framing(version: Version, headers: &HeaderMap) -> Result<Framing, Refused> {
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        if version != Version::HTTP_11 || headers.contains_key(header::CONTENT_LENGTH) {
-            return Err(Refused::Malformed);
-        }
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return match last {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => Ok(Framing::Chunked),
-            _ => Err(Refused::Malformed),
-        };
-    }
-    let mut length: Option<u64> = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let n = parse_length(part.trim_ascii()).ok_or(Refused::Malformed)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Refused::Malformed);
+/// The header lines that decide framing and keep-alive, as they were read.
+#[derive(Default)]
+struct Framed {
+    length: Option<u64>,
+    /// Whether the last transfer coding named so far is chunked (`None`: none named).
+    chunked_last: Option<bool>,
+    close: bool,
+    keep_alive: bool,
+    expects_continue: bool,
+}
+
+impl Framed {
+    fn note(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), Refused> {
+        if name == header::CONTENT_LENGTH {
+            for part in value.split(|b| *b == b',') {
+                let n = parse_length(part.trim_ascii()).ok_or(Refused::Malformed)?;
+                if self.length.is_some_and(|l| l != n) {
+                    return Err(Refused::Malformed);
+                }
+                self.length = Some(n);
             }
-            length = Some(n);
+        } else if name == header::TRANSFER_ENCODING {
+            let last = value
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .rfind(|t| !t.is_empty());
+            // A line with no coding in it still says a coding applies.
+            self.chunked_last = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
+        } else if name == header::CONNECTION {
+            for token in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                self.close |= token.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name == header::EXPECT {
+            self.expects_continue = value.eq_ignore_ascii_case(b"100-continue");
+        }
+        Ok(())
+    }
+
+    /// RFC 9112 §6.3 for requests: chunked if a transfer coding is named (and it must end in
+    /// chunked), else the content length, else no body. A request naming both a coding and a
+    /// length is how requests are smuggled past proxies: it is refused, as are codings over
+    /// HTTP/1.0 and conflicting lengths.
+    fn framing(&self, version: Version) -> Result<Framing, Refused> {
+        match self.chunked_last {
+            None => Ok(Framing::Length(self.length.unwrap_or(0))),
+            Some(true) if version == Version::HTTP_11 && self.length.is_none() => {
+                Ok(Framing::Chunked)
+            }
+            Some(_) => Err(Refused::Malformed),
         }
     }
-    Ok(Framing::Length(length.unwrap_or(0)))
 }
 
 #[cfg(test)]

@@ -133,6 +133,8 @@ pub(crate) fn parse(
         }
         let head: Bytes = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(count);
+        // What framing needs is noted as the lines are added, not looked up in the map after.
+        let mut seen = Framed::default();
         for [ns, ne, vs, ve] in spans.into_iter().take(count).map(|s| s.map(|o| o as usize)) {
             let name = HeaderName::from_bytes(&head[ns..ne])
                 .map_err(|_| HeadError::Malformed("invalid header name"))?;
@@ -140,15 +142,16 @@ pub(crate) fn parse(
             // the unchecked constructor is `unsafe`, which legate keeps out.
             let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
                 .map_err(|_| HeadError::Malformed("invalid header value"))?;
+            seen.note(&name, value.as_bytes())?;
             headers.append(name, value);
         }
-        let framing = framing(status, method, &headers)?;
+        let framing = seen.framing(status, method);
         // Both a transfer coding and a length is how a response is split (RFC 9112 §6.3): the
         // answer is read by its coding, and the connection not trusted again.
         let keep_alive = version == Version::HTTP_11
             && framing != Framing::Close
-            && !(framing == Framing::Chunked && headers.contains_key(header::CONTENT_LENGTH))
-            && !has_token(&headers, header::CONNECTION, "close");
+            && !(framing == Framing::Chunked && seen.length.is_some())
+            && !seen.close;
         let (mut parts, ()) = http::Response::new(()).into_parts();
         parts.status = status;
         parts.version = version;
@@ -161,44 +164,61 @@ pub(crate) fn parse(
     }
 }
 
-/// RFC 9112 §6.3: how a response to `method` with `status` and `headers` ends.
-fn framing(status: StatusCode, method: &Method, headers: &HeaderMap) -> Result<Framing, HeadError> {
-    if *method == Method::HEAD
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(Framing::Empty);
-    }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        // A final encoding other than chunked: the body runs until the connection closes.
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked,
-            _ => Framing::Close,
-        });
-    }
-    let mut length: Option<u64> = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let n = parse_length(part.trim_ascii())
-                .ok_or(HeadError::Malformed("invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(HeadError::Malformed("conflicting content-length"));
+/// The header lines that decide a response's framing and keep-alive, as they were read.
+#[derive(Default)]
+struct Framed {
+    length: Option<u64>,
+    /// Whether the last transfer coding named so far is chunked (`None`: none named).
+    chunked_last: Option<bool>,
+    close: bool,
+}
+
+impl Framed {
+    fn note(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), HeadError> {
+        if name == header::CONTENT_LENGTH {
+            for part in value.split(|b| *b == b',') {
+                let n = parse_length(part.trim_ascii())
+                    .ok_or(HeadError::Malformed("invalid content-length"))?;
+                if self.length.is_some_and(|l| l != n) {
+                    return Err(HeadError::Malformed("conflicting content-length"));
+                }
+                self.length = Some(n);
             }
-            length = Some(n);
+        } else if name == header::TRANSFER_ENCODING {
+            let last = value
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .rfind(|t| !t.is_empty());
+            if let Some(t) = last {
+                self.chunked_last = Some(t.eq_ignore_ascii_case(b"chunked"));
+            } else if self.chunked_last.is_none() {
+                self.chunked_last = Some(false);
+            }
+        } else if name == header::CONNECTION {
+            self.close |= value
+                .split(|b| *b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+        Ok(())
+    }
+
+    /// RFC 9112 §6.3: how a response to `method` with `status` ends.
+    fn framing(&self, status: StatusCode, method: &Method) -> Framing {
+        if *method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Framing::Empty;
+        }
+        // A final encoding other than chunked: the body runs until the connection closes.
+        match (self.chunked_last, self.length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::Close,
+            (None, Some(0)) => Framing::Empty,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
         }
     }
-    Ok(match length {
-        Some(0) => Framing::Empty,
-        Some(n) => Framing::Length(n),
-        None => Framing::Close,
-    })
 }
 
 pub(crate) fn parse_length(digits: &[u8]) -> Option<u64> {
@@ -206,16 +226,6 @@ pub(crate) fn parse_length(digits: &[u8]) -> Option<u64> {
         return None;
     }
     Some(digits.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
-}
-
-/// Whether a comma-separated header lists `token`.
-pub(crate) fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]
