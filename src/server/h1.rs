@@ -125,6 +125,7 @@ where
         big: Bytes::new(),
         after_big: b"",
         max_buf,
+        head_seen: 0,
     };
     let mut stopped = pin!(stop.cancelled());
     loop {
@@ -252,6 +253,8 @@ struct Conn<T> {
     big: Bytes,
     after_big: &'static [u8],
     max_buf: usize,
+    /// How much of `buf` a parse found to be a head without its end (0: none yet).
+    head_seen: usize,
 }
 
 /// Where the writing of one response is.
@@ -270,8 +273,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         mut stopped: Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
     ) -> Poll<Result<Option<request::Head>, Refused>> {
         loop {
-            if let Some(head) = request::parse(&mut self.buf, self.max_buf)? {
-                return Poll::Ready(Ok(Some(head)));
+            // A head is parsed again only once its end may be in: a caller that sends its head
+            // a byte at a time must not make each byte cost a parse of all before it.
+            let from = self.head_seen.saturating_sub(3);
+            if self.head_seen == 0 || self.buf.len() >= self.max_buf || ends_head(&self.buf[from..])
+            {
+                if let Some(head) = request::parse(&mut self.buf, self.max_buf)? {
+                    self.head_seen = 0;
+                    return Poll::Ready(Ok(Some(head)));
+                }
+                self.head_seen = self.buf.len();
             }
             // A head begun is awaited (within the header read timeout); none is not.
             if self.buf.is_empty() && stopped.as_mut().poll(cx).is_ready() {
@@ -562,6 +573,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         }
         Ok(())
     }
+}
+
+/// Whether `bytes` hold the blank line that ends a head.
+fn ends_head(bytes: &[u8]) -> bool {
+    memchr::memmem::find(bytes, b"\n\r\n").is_some()
+        || memchr::memmem::find(bytes, b"\n\n").is_some()
 }
 
 #[cfg(test)]

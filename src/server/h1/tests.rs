@@ -406,3 +406,26 @@ async fn a_connection_that_sent_nothing_is_done_when_stop_fires() {
     ));
     assert_eq!(&buf[..], PREFACE);
 }
+
+#[tokio::test]
+async fn a_head_sent_a_byte_at_a_time_is_read_once_it_is_whole() {
+    let (mut caller, seen, _stop, _task) = open();
+    let raw = b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok";
+    for b in raw {
+        caller.write_all(&[*b]).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let text = read_answers(&mut caller, 1).await;
+    assert!(text.ends_with("\r\n\r\nPOST ok"), "{text}");
+    assert_eq!(
+        seen.requests.lock().unwrap()[0],
+        ("POST".into(), "/slow".into(), "ok".into())
+    );
+}
+
+#[test]
+fn the_end_of_a_head_is_found_across_reads() {
+    assert!(ends_head(b"x: y\r\n\r\n"));
+    assert!(ends_head(b"x: y\n\n"));
+    assert!(!ends_head(b"x: y\r\nz: w\r\n"));
+}
