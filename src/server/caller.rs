@@ -6,45 +6,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::listener::BoxError;
-
-/// A caller's request body: legate's own HTTP/1 connection's, or hyper's HTTP/2 stream's.
-pub enum CallerBody {
-    H1(super::h1::body::RequestBody),
-    H2(hyper::body::Incoming),
-}
-
-impl Body for CallerBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            CallerBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            CallerBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            CallerBody::H1(b) => b.is_end_stream(),
-            CallerBody::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            CallerBody::H1(b) => b.size_hint(),
-            CallerBody::H2(b) => b.size_hint(),
-        }
-    }
-}
+/// A caller's request body: legate's own HTTP/1 connection's (left), or hyper's HTTP/2
+/// stream's (right); errors of either side come boxed.
+pub type CallerBody = http_body_util::Either<super::h1::body::RequestBody, hyper::body::Incoming>;
 
 /// A socket whose first bytes were already read (to tell HTTP/2 from HTTP/1): they are read
 /// again first.

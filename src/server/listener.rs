@@ -173,7 +173,7 @@ where
         let inflight = w.begin();
         // hyper keeps one slot of this future's size per stream: the handlers box their
         // request's state themselves, so it stays small.
-        let fut = handler(req.map(CallerBody::H2), peer);
+        let fut = handler(req.map(CallerBody::Right), peer);
         async move {
             let resp = fut.await?;
             Ok::<_, std::convert::Infallible>(resp.map(|b| Guarded::new(b, inflight)))
