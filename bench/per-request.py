@@ -9,7 +9,7 @@ difference of the counts is the cost of one request, start-up and shutdown cance
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
                                  [--stream [--blocks N]] [--nginx] [--floor [BIN]]
-                                 [--by-file ROWS]
+                                 [--by-file ROWS] [--sdk-headers]
 
 `--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
 count what a streamed request costs instead of a whole answer; `--blocks N` makes every answer N
@@ -20,7 +20,9 @@ proxy configuration, one worker, no master process) in front of the same mock, w
 `--floor` counts examples/hyper_floor.rs, a bare hyper-to-hyper proxy with nothing of legate's
 own (build it first: `cargo build --release --example hyper_floor`). `--by-file ROWS` lists
 where the instructions come from by source file and crate (see byfile.py; it needs a build with
-line tables).
+line tables). `--sdk-headers` sends the headers an official SDK sends (the Anthropic Python
+SDK's set, wire-protocol §C3: `user-agent`, `accept`, and eight `X-Stainless-*` telemetry
+lines) instead of the few the benchmark's load generator sends.
 """
 
 import argparse
@@ -97,6 +99,17 @@ def host_port(url):
     return host, int(port)
 
 
+# The Anthropic Python SDK's own request headers (wire-protocol §C3), in its spelling.
+SDK_HEADERS = {"Accept": "application/json", "User-Agent": "Anthropic/Python 2.14.0",
+               "X-Stainless-Lang": "python", "X-Stainless-Package-Version": "2.14.0",
+               "X-Stainless-OS": "Linux", "X-Stainless-Arch": "x64",
+               "X-Stainless-Runtime": "CPython", "X-Stainless-Runtime-Version": "3.12.3",
+               "X-Stainless-Async": "false", "x-stainless-retry-count": "0",
+               "x-stainless-read-timeout": "600"}
+# Set by --sdk-headers.
+WITH_SDK_HEADERS = False
+
+
 def sender(addr, api, stream):
     """A function that sends one request over one keep-alive connection and reads the answer."""
     path, body, headers = {
@@ -106,6 +119,8 @@ def sender(addr, api, stream):
     }[api]
     payload = json.dumps({**body, "stream": True} if stream else body).encode()
     headers = {**headers, "content-type": "application/json"}
+    if WITH_SDK_HEADERS:
+        headers = {**SDK_HEADERS, **headers}
     conn = http.client.HTTPConnection(*addr, timeout=60)
 
     def send():
@@ -262,7 +277,12 @@ def main():
                         help="also list instructions per request by source file or crate, the "
                              "largest ROWS (callgrind; needs a build with line tables, see "
                              "byfile.py)")
+    parser.add_argument("--sdk-headers", action="store_true",
+                        help="send an official SDK's request headers (user-agent, accept, "
+                             "X-Stainless-*) too")
     args = parser.parse_args()
+    global WITH_SDK_HEADERS
+    WITH_SDK_HEADERS = args.sdk_headers
     tools = ["callgrind", "dhat"] if args.tool == "both" else [args.tool]
     mock, mock_url = start([args.bin, "mock", "--listen", "127.0.0.1:0"],
                            "legate mock listening on ", ENV)
@@ -276,6 +296,8 @@ def main():
         what = f"{args.api}, streamed" if args.stream else args.api
         if args.blocks != 1:
             what += f", {args.blocks} text blocks"
+        if args.sdk_headers:
+            what += ", an SDK's headers"
         with tempfile.TemporaryDirectory() as scratch:
             workdir = args.keep or scratch
             os.makedirs(workdir, exist_ok=True)

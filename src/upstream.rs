@@ -281,11 +281,9 @@ impl Upstream {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
-        // hyper keeps this map, emptied, to parse the answer into, and the caller's response
-        // is made of that map (`response::for_caller`): sized once for a request's forwarded
-        // headers, or a short answer's with legate's own, instead of growing (a rehash each
-        // time) on the way.
-        *req.headers_mut() = HeaderMap::with_capacity(UPSTREAM_HEADERS);
+        // Sized once for the caller's lines and the few legate adds, instead of growing (a
+        // rehash each time) on the way: an SDK sends a dozen and more.
+        *req.headers_mut() = HeaderMap::with_capacity(inbound.len() + ADDED_HEADERS);
         let headers = req.headers_mut();
         copy_forwardable(inbound, headers);
         if translated {
@@ -370,20 +368,32 @@ impl Upstream {
     }
 }
 
+/// The most headers `build_request` and the exchange add to the caller's: `accept-encoding`,
+/// the credential, `content-length`, `traceparent` (and a translated step's
+/// `anthropic-version`).
+const ADDED_HEADERS: usize = 5;
+
 /// Copies every end-to-end header, dropping hop-by-hop ones (including any named in
 /// `Connection`), credentials and legate's own `x-legate-*` controls.
-/// Room in the upstream request's header map (see `build_request`).
-const UPSTREAM_HEADERS: usize = 12;
-
 fn copy_forwardable(inbound: &HeaderMap, out: &mut HeaderMap) {
-    let connection_named: Vec<String> = inbound
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
+    // What an SDK's `Connection` says (`keep-alive`, or `close`) names no header: the names
+    // are collected only when it names more.
+    let tokens = || {
+        inbound
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    };
+    let names_more =
+        tokens().any(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"));
+    let connection_named: Vec<String> = if names_more {
+        tokens().map(str::to_ascii_lowercase).collect()
+    } else {
+        Vec::new()
+    };
     for (name, value) in inbound {
         let n = name.as_str();
         if dropped_request_header(n) || connection_named.iter().any(|c| c == n) {
@@ -458,7 +468,7 @@ mod tests {
         let mut inbound = HeaderMap::new();
         inbound.insert(
             "connection",
-            HeaderValue::from_static("keep-alive, x-secret-hop"),
+            HeaderValue::from_static("Keep-Alive, X-Secret-Hop"),
         );
         inbound.insert("x-secret-hop", HeaderValue::from_static("1"));
         inbound.insert("x-api-key", HeaderValue::from_static("client-key"));

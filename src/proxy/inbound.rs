@@ -113,13 +113,13 @@ pub fn check_target(
         return Ok(());
     }
     let host = match headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
-        Some(h) => h.to_string(),
+        Some(h) => h,
         None => match uri.authority() {
-            Some(a) => a.as_str().to_string(),
+            Some(a) => a.as_str(),
             None => return Ok(()),
         },
     };
-    if host_is_local(&host, listen_ip) {
+    if host_is_local(host, listen_ip) {
         Ok(())
     } else {
         Err(ProxyError::ForbiddenTarget)

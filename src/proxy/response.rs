@@ -71,7 +71,7 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// The most headers legate itself adds to an upstream answer: `x-legate-served-by`,
 /// `-attempts`, `-overhead-ms`, `-request-id`, `x-should-retry` and a `content-type`.
-const OWN_HEADERS: usize = 6;
+pub(crate) const OWN_HEADERS: usize = 6;
 
 /// The caller's response headers made from the upstream's own map: its end-to-end headers
 /// (request ids, retry-after, every rate-limit header including ones legate does not know
@@ -90,8 +90,8 @@ pub fn for_caller(mut upstream: HeaderMap, drop_length: bool) -> HeaderMap {
     if drop_length {
         upstream.remove(http::header::CONTENT_LENGTH);
     }
-    // Not reserved for all of legate's own headers: most answers get four of them, and the
-    // map parsed into usually has room for those (`Upstream::build_request` sizes it).
+    // Not reserved here: the map was parsed with room for legate's own headers
+    // (`upstream::h1::head::parse`).
     upstream
 }
 

@@ -17,6 +17,7 @@
 pub(crate) mod body;
 pub(crate) mod chunked;
 pub(crate) mod head;
+pub(crate) mod lines;
 
 use std::future::poll_fn;
 use std::io;

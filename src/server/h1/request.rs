@@ -4,12 +4,10 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version, header};
+use http::{HeaderName, Method, Uri, Version, header};
 
 use crate::upstream::h1::head::parse_length;
-
-/// More header lines than this in one request head is refused with 431 (hyper's limit too).
-const MAX_HEADERS: usize = 100;
+use crate::upstream::h1::lines::{MAX_HEADERS, Spans};
 
 /// How the request body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,39 +72,18 @@ pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refu
     };
     let method =
         Method::from_bytes(req.method.unwrap_or("").as_bytes()).map_err(|_| Refused::Malformed)?;
-    // Offsets into the head, taken before it is frozen: the target, names and values become
-    // views of it. A head is at most `max` (well under 4 GiB).
+    // The target's offsets, taken before the head is frozen, as the lines' are: all become
+    // views of it.
     let base = buf.as_ptr() as usize;
-    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
     let path = req.path.unwrap_or("").as_bytes();
-    let target = [offset(path), offset(path) + path.len() as u32];
-    let mut spans = [[0u32; 4]; MAX_HEADERS];
-    let count = req.headers.len();
-    for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
-        let (name, value) = (offset(h.name.as_bytes()), offset(h.value));
-        *span = [
-            name,
-            name + h.name.len() as u32,
-            value,
-            value + h.value.len() as u32,
-        ];
-    }
+    let target = (path.as_ptr() as usize - base)..(path.as_ptr() as usize - base + path.len());
+    let spans = Spans::of(buf, req.headers);
     let head: Bytes = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target[0] as usize..target[1] as usize))
-        .map_err(|_| Refused::Malformed)?;
-    let mut headers = HeaderMap::with_capacity(count);
+    let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| Refused::Malformed)?;
     // What the connection needs from the head is noted as the lines are added, instead of
     // looked up in the map after.
     let mut seen = Framed::default();
-    for [ns, ne, vs, ve] in spans.into_iter().take(count).map(|s| s.map(|o| o as usize)) {
-        let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Refused::Malformed)?;
-        // Checked again although httparse let through only what a header value may hold: the
-        // unchecked constructor is `unsafe`, which legate keeps out.
-        let value =
-            HeaderValue::from_maybe_shared(head.slice(vs..ve)).map_err(|_| Refused::Malformed)?;
-        seen.note(&name, value.as_bytes())?;
-        headers.append(name, value);
-    }
+    let headers = spans.to_map(&head, 0, |n, v| seen.note(n, v), |_| Refused::Malformed)?;
     let framing = seen.framing(version)?;
     let keep_alive = match version {
         Version::HTTP_11 => !seen.close,

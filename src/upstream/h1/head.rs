@@ -3,10 +3,10 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version, header};
+use http::{HeaderName, Method, Request, StatusCode, Version, header};
 
-/// More header lines than this in one response head is an error (hyper's limit too).
-const MAX_HEADERS: usize = 100;
+use super::lines::{Bad, MAX_HEADERS, Spans};
+
 /// More interim (1xx) responses than this before the answer is an error.
 const MAX_INTERIM: usize = 8;
 
@@ -116,35 +116,21 @@ pub(crate) fn parse(
             Some(1) => Version::HTTP_11,
             _ => Version::HTTP_10,
         };
-        // Offsets into the head, taken before it is frozen: names and values become views of
-        // it, without a list on the heap. A head is at most `max_head` (well under 4 GiB).
-        let base = buf.as_ptr() as usize;
-        let mut spans = [[0u32; 4]; MAX_HEADERS];
-        let count = resp.headers.len();
-        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
-            let name = (h.name.as_ptr() as usize - base) as u32;
-            let value = (h.value.as_ptr() as usize - base) as u32;
-            *span = [
-                name,
-                name + h.name.len() as u32,
-                value,
-                value + h.value.len() as u32,
-            ];
-        }
+        let spans = Spans::of(buf, resp.headers);
         let head: Bytes = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(count);
         // What framing needs is noted as the lines are added, not looked up in the map after.
         let mut seen = Framed::default();
-        for [ns, ne, vs, ve] in spans.into_iter().take(count).map(|s| s.map(|o| o as usize)) {
-            let name = HeaderName::from_bytes(&head[ns..ne])
-                .map_err(|_| HeadError::Malformed("invalid header name"))?;
-            // Checked again although httparse let through only what a header value may hold:
-            // the unchecked constructor is `unsafe`, which legate keeps out.
-            let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
-                .map_err(|_| HeadError::Malformed("invalid header value"))?;
-            seen.note(&name, value.as_bytes())?;
-            headers.append(name, value);
-        }
+        // Room for the headers legate adds to the answer on its way to the caller: a map that
+        // grows rehashes every line.
+        let headers = spans.to_map(
+            &head,
+            crate::proxy::response::OWN_HEADERS,
+            |n, v| seen.note(n, v),
+            |bad| match bad {
+                Bad::Name => HeadError::Malformed("invalid header name"),
+                Bad::Value => HeadError::Malformed("invalid header value"),
+            },
+        )?;
         let framing = seen.framing(status, method);
         // Both a transfer coding and a length is how a response is split (RFC 9112 §6.3): the
         // answer is read by its coding, and the connection not trusted again.

@@ -1,0 +1,250 @@
+//! The header lines of an HTTP/1 head, as httparse found them, made into a `HeaderMap` whose
+//! values are views of the head's bytes. Both sides read heads this way: a caller's request
+//! (`server::h1::request`) and an upstream's answer (`head`).
+//!
+//! Names the APIs' peers send on nearly every message — the SDKs' `x-api-key`,
+//! `anthropic-version` and `x-stainless-*` telemetry, the providers' request ids and rate-limit
+//! headers — are not among the standard names `http` knows without an allocation: each would
+//! be copied into a string of its own, per line, per message. They are looked up here in a
+//! table of names made at compile time, in any case the peer wrote them in, and only a name
+//! the table does not hold goes through `HeaderName::from_bytes`.
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue};
+
+/// More header lines than this in one head is refused (hyper's limit too).
+pub(crate) const MAX_HEADERS: usize = 100;
+
+/// Which part of a line was not HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bad {
+    Name,
+    Value,
+}
+
+/// Where each line's name and value sit in the head: offsets taken before the head is frozen
+/// (a head is at most its limit, well under 4 GiB), so that no list of them goes on the heap.
+pub(crate) struct Spans {
+    at: [[u32; 4]; MAX_HEADERS],
+    count: usize,
+}
+
+impl Spans {
+    /// The lines httparse found in `buf`, which they point into.
+    pub(crate) fn of(buf: &[u8], lines: &[httparse::Header<'_>]) -> Spans {
+        let base = buf.as_ptr() as usize;
+        let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+        let mut spans = Spans {
+            at: [[0; 4]; MAX_HEADERS],
+            count: lines.len().min(MAX_HEADERS),
+        };
+        for (span, h) in spans.at.iter_mut().zip(lines) {
+            let (name, value) = (offset(h.name.as_bytes()), offset(h.value));
+            *span = [
+                name,
+                name + h.name.len() as u32,
+                value,
+                value + h.value.len() as u32,
+            ];
+        }
+        spans
+    }
+
+    /// The lines as a map over `head` (the bytes `of` was given, frozen), with room for
+    /// `room` more; `note` sees each line as it is added, for what the connection must know of
+    /// the head (framing, keep-alive).
+    pub(crate) fn to_map<E>(
+        &self,
+        head: &Bytes,
+        room: usize,
+        mut note: impl FnMut(&HeaderName, &[u8]) -> Result<(), E>,
+        bad: impl Fn(Bad) -> E,
+    ) -> Result<HeaderMap, E> {
+        let mut headers = HeaderMap::with_capacity(self.count + room);
+        for &[ns, ne, vs, ve] in self.at.iter().take(self.count) {
+            let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
+            let name = name(&head[ns..ne]).ok_or_else(|| bad(Bad::Name))?;
+            // Checked again although httparse let through only what a header value may hold:
+            // the unchecked constructor is `unsafe`, which legate keeps out.
+            let value =
+                HeaderValue::from_maybe_shared(head.slice(vs..ve)).map_err(|_| bad(Bad::Value))?;
+            note(&name, value.as_bytes())?;
+            headers.append(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+/// A header line's name: from the table when it is there (no allocation), else parsed.
+pub(crate) fn name(raw: &[u8]) -> Option<HeaderName> {
+    known(raw).or_else(|| HeaderName::from_bytes(raw).ok())
+}
+
+/// The table's name spelled `raw` in any case, if it has it: compared in place, byte by byte,
+/// with the few names of its length (most differ at their first byte).
+fn known(raw: &[u8]) -> Option<HeaderName> {
+    bucket(raw.len())
+        .iter()
+        .find(|n| n.as_str().as_bytes().eq_ignore_ascii_case(raw))
+        .cloned()
+}
+
+/// A bucket of the table: a static array of the names (a `const` one may not hold their shared
+/// bytes).
+macro_rules! bucket {
+    ($($name:expr),+ $(,)?) => {{
+        static NAMES: [HeaderName; [$(stringify!($name)),+].len()] = [$($name),+];
+        &NAMES
+    }};
+}
+
+/// The names in the table, by length: a lookup compares a few names of its length only.
+fn bucket(len: usize) -> &'static [HeaderName] {
+    match len {
+        4 => bucket![header::HOST, header::DATE],
+        6 => bucket![header::ACCEPT, header::SERVER, header::ORIGIN],
+        7 => bucket![header::TRAILER],
+        9 => bucket![X_API_KEY],
+        10 => bucket![header::USER_AGENT, header::CONNECTION, REQUEST_ID],
+        11 => bucket![header::RETRY_AFTER, TRACEPARENT],
+        12 => bucket![header::CONTENT_TYPE, X_REQUEST_ID],
+        13 => bucket![header::AUTHORIZATION, header::CACHE_CONTROL],
+        14 => bucket![
+            header::CONTENT_LENGTH,
+            ANTHROPIC_BETA,
+            OPENAI_PROJECT,
+            X_STAINLESS_OS,
+            SEC_FETCH_MODE,
+            X_SHOULD_RETRY,
+            OPENAI_VERSION
+        ],
+        15 => bucket![header::ACCEPT_ENCODING, header::ACCEPT_LANGUAGE],
+        16 => bucket![header::CONTENT_ENCODING, X_STAINLESS_LANG, X_STAINLESS_ARCH],
+        17 => bucket![
+            header::TRANSFER_ENCODING,
+            ANTHROPIC_VERSION,
+            X_STAINLESS_ASYNC
+        ],
+        18 => bucket![X_STAINLESS_HELPER],
+        19 => bucket![
+            OPENAI_ORGANIZATION,
+            X_STAINLESS_RUNTIME,
+            X_STAINLESS_TIMEOUT
+        ],
+        20 => bucket![OPENAI_PROCESSING_MS],
+        23 => bucket![X_STAINLESS_RETRY_COUNT],
+        24 => bucket![
+            X_STAINLESS_READ_TIMEOUT,
+            X_STAINLESS_RAW_RESPONSE,
+            X_RATELIMIT_LIMIT_TOKENS,
+            X_RATELIMIT_RESET_TOKENS
+        ],
+        25 => bucket![
+            header::STRICT_TRANSPORT_SECURITY,
+            X_STAINLESS_HELPER_METHOD,
+            X_STAINLESS_STREAM_HELPER,
+            ANTHROPIC_ORGANIZATION_ID
+        ],
+        26 => bucket![X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_RESET_REQUESTS],
+        27 => bucket![X_STAINLESS_PACKAGE_VERSION, X_STAINLESS_RUNTIME_VERSION],
+        28 => bucket![X_RATELIMIT_REMAINING_TOKENS],
+        30 => bucket![X_RATELIMIT_REMAINING_REQUESTS],
+        32 => bucket![
+            ANTHROPIC_RATELIMIT_TOKENS_LIMIT,
+            ANTHROPIC_RATELIMIT_TOKENS_RESET
+        ],
+        34 => bucket![
+            ANTHROPIC_RATELIMIT_REQUESTS_LIMIT,
+            ANTHROPIC_RATELIMIT_REQUESTS_RESET
+        ],
+        36 => bucket![ANTHROPIC_RATELIMIT_TOKENS_REMAINING],
+        38 => bucket![
+            ANTHROPIC_RATELIMIT_REQUESTS_REMAINING,
+            ANTHROPIC_RATELIMIT_INPUT_TOKENS_LIMIT,
+            ANTHROPIC_RATELIMIT_INPUT_TOKENS_RESET
+        ],
+        39 => bucket![
+            ANTHROPIC_RATELIMIT_OUTPUT_TOKENS_LIMIT,
+            ANTHROPIC_RATELIMIT_OUTPUT_TOKENS_RESET
+        ],
+        41 => bucket![ANTHROPIC_DANGEROUS_DIRECT_BROWSER_ACCESS],
+        42 => bucket![ANTHROPIC_RATELIMIT_INPUT_TOKENS_REMAINING],
+        43 => bucket![ANTHROPIC_RATELIMIT_OUTPUT_TOKENS_REMAINING],
+        _ => &[],
+    }
+}
+
+// The SDKs' own (wire-protocol §C3): the credential, the API version and the telemetry every
+// request carries.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+const ANTHROPIC_DANGEROUS_DIRECT_BROWSER_ACCESS: HeaderName =
+    HeaderName::from_static("anthropic-dangerous-direct-browser-access");
+const OPENAI_ORGANIZATION: HeaderName = HeaderName::from_static("openai-organization");
+const OPENAI_PROJECT: HeaderName = HeaderName::from_static("openai-project");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const X_STAINLESS_LANG: HeaderName = HeaderName::from_static("x-stainless-lang");
+const X_STAINLESS_PACKAGE_VERSION: HeaderName =
+    HeaderName::from_static("x-stainless-package-version");
+const X_STAINLESS_OS: HeaderName = HeaderName::from_static("x-stainless-os");
+const X_STAINLESS_ARCH: HeaderName = HeaderName::from_static("x-stainless-arch");
+const X_STAINLESS_RUNTIME: HeaderName = HeaderName::from_static("x-stainless-runtime");
+const X_STAINLESS_RUNTIME_VERSION: HeaderName =
+    HeaderName::from_static("x-stainless-runtime-version");
+const X_STAINLESS_ASYNC: HeaderName = HeaderName::from_static("x-stainless-async");
+const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
+const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
+const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
+const X_STAINLESS_HELPER_METHOD: HeaderName = HeaderName::from_static("x-stainless-helper-method");
+const X_STAINLESS_HELPER: HeaderName = HeaderName::from_static("x-stainless-helper");
+const X_STAINLESS_STREAM_HELPER: HeaderName = HeaderName::from_static("x-stainless-stream-helper");
+const X_STAINLESS_RAW_RESPONSE: HeaderName = HeaderName::from_static("x-stainless-raw-response");
+// Node's fetch (undici) adds it to the SDKs' requests there.
+const SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+
+// The providers' answers (wire-protocol §B, §D): request ids, retry advice and rate limits.
+const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+const OPENAI_VERSION: HeaderName = HeaderName::from_static("openai-version");
+const OPENAI_PROCESSING_MS: HeaderName = HeaderName::from_static("openai-processing-ms");
+const ANTHROPIC_ORGANIZATION_ID: HeaderName = HeaderName::from_static("anthropic-organization-id");
+const X_RATELIMIT_LIMIT_REQUESTS: HeaderName =
+    HeaderName::from_static("x-ratelimit-limit-requests");
+const X_RATELIMIT_LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
+const X_RATELIMIT_REMAINING_REQUESTS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-requests");
+const X_RATELIMIT_REMAINING_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-tokens");
+const X_RATELIMIT_RESET_REQUESTS: HeaderName =
+    HeaderName::from_static("x-ratelimit-reset-requests");
+const X_RATELIMIT_RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
+const ANTHROPIC_RATELIMIT_REQUESTS_LIMIT: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-requests-limit");
+const ANTHROPIC_RATELIMIT_REQUESTS_REMAINING: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-requests-remaining");
+const ANTHROPIC_RATELIMIT_REQUESTS_RESET: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-requests-reset");
+const ANTHROPIC_RATELIMIT_TOKENS_LIMIT: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-tokens-limit");
+const ANTHROPIC_RATELIMIT_TOKENS_REMAINING: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-tokens-remaining");
+const ANTHROPIC_RATELIMIT_TOKENS_RESET: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-tokens-reset");
+const ANTHROPIC_RATELIMIT_INPUT_TOKENS_LIMIT: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-input-tokens-limit");
+const ANTHROPIC_RATELIMIT_INPUT_TOKENS_REMAINING: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining");
+const ANTHROPIC_RATELIMIT_INPUT_TOKENS_RESET: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-input-tokens-reset");
+const ANTHROPIC_RATELIMIT_OUTPUT_TOKENS_LIMIT: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-output-tokens-limit");
+const ANTHROPIC_RATELIMIT_OUTPUT_TOKENS_REMAINING: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining");
+const ANTHROPIC_RATELIMIT_OUTPUT_TOKENS_RESET: HeaderName =
+    HeaderName::from_static("anthropic-ratelimit-output-tokens-reset");
+
+#[cfg(test)]
+mod tests;

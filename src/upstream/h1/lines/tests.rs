@@ -1,0 +1,100 @@
+use bytes::Bytes;
+use http::HeaderName;
+
+use super::{Bad, Spans, name};
+
+#[test]
+fn every_name_in_the_table_is_the_name_http_makes_of_it_in_any_case() {
+    let mut names = 0;
+    for len in 0..64 {
+        for n in super::bucket(len) {
+            names += 1;
+            let s = n.as_str();
+            assert_eq!(s.len(), len, "{s} is in the bucket of its length");
+            assert_eq!(name(s.as_bytes()).as_ref(), Some(n));
+            assert_eq!(name(s.to_ascii_uppercase().as_bytes()).as_ref(), Some(n));
+        }
+    }
+    assert!(names > 50, "the table holds the names ({names})");
+    let spelled = [
+        "host",
+        "Content-Type",
+        "X-Stainless-Retry-Count",
+        "x-api-key",
+        "Anthropic-Version",
+        "request-id",
+        "anthropic-ratelimit-output-tokens-remaining",
+        "X-RateLimit-Remaining-Requests",
+        "traceparent",
+    ];
+    for raw in spelled {
+        let from_table =
+            super::known(raw.as_bytes()).unwrap_or_else(|| panic!("{raw} is in the table"));
+        let parsed = HeaderName::from_bytes(raw.as_bytes()).expect("a valid name");
+        assert_eq!(from_table, parsed);
+        assert_eq!(name(raw.as_bytes()), Some(parsed));
+    }
+}
+
+#[test]
+fn a_name_the_table_lacks_is_parsed_and_a_bad_one_refused() {
+    assert_eq!(
+        name(b"X-Custom-Thing"),
+        Some(HeaderName::from_static("x-custom-thing"))
+    );
+    // Longer than any name in the table.
+    let long = "x-".repeat(40) + "z";
+    assert_eq!(
+        name(long.as_bytes()),
+        HeaderName::from_bytes(long.as_bytes()).ok()
+    );
+    assert_eq!(name(b"bad name"), None);
+    assert_eq!(name(b""), None);
+    // Same length as a name in the table, one byte off.
+    assert_eq!(name(b"x-api-ke\xff"), None);
+}
+
+fn lines_of(head: &'static [u8]) -> (Bytes, Spans) {
+    let mut lines = [httparse::EMPTY_HEADER; 8];
+    let mut resp = httparse::Response::new(&mut lines);
+    assert!(resp.parse(head).expect("a head").is_complete());
+    (Bytes::from_static(head), Spans::of(head, resp.headers))
+}
+
+#[test]
+fn values_are_views_of_the_head_and_each_line_is_noted() {
+    let (head, spans) =
+        lines_of(b"HTTP/1.1 200 OK\r\nRequest-Id: req_1\r\nx-other: a\r\nx-other: b\r\n\r\n");
+    let mut noted = Vec::new();
+    let map = spans
+        .to_map(
+            &head,
+            0,
+            |n, v| {
+                noted.push((n.as_str().to_owned(), v.to_vec()));
+                Ok::<(), Bad>(())
+            },
+            |b| b,
+        )
+        .expect("valid lines");
+    assert_eq!(map["request-id"], "req_1");
+    let others: Vec<_> = map.get_all("x-other").iter().collect();
+    assert_eq!(others, ["a", "b"]);
+    assert_eq!(noted.len(), 3);
+    assert_eq!(noted[0], ("request-id".to_owned(), b"req_1".to_vec()));
+    let value = map["request-id"].as_bytes().as_ptr() as usize;
+    let start = head.as_ptr() as usize;
+    assert!((start..start + head.len()).contains(&value));
+}
+
+#[test]
+fn what_note_refuses_stops_the_map() {
+    let (head, spans) = lines_of(b"HTTP/1.1 200 OK\r\na: 1\r\nb: 2\r\n\r\n");
+    let out = spans.to_map(
+        &head,
+        0,
+        |n, _| if n == "b" { Err(Bad::Value) } else { Ok(()) },
+        |b| b,
+    );
+    assert_eq!(out.err(), Some(Bad::Value));
+}
