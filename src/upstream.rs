@@ -37,6 +37,8 @@ fn dropped_request_header(name: &str) -> bool {
     matches!(
         name,
         "connection"
+            // Reserved (RFC 9110 §7.6.1): never a field to pass on, listed or not.
+            | "close"
             | "keep-alive"
             | "proxy-connection"
             | "proxy-authenticate"
@@ -484,6 +486,7 @@ mod tests {
         let mut all = HeaderMap::new();
         for n in [
             "connection",
+            "close",
             "keep-alive",
             "proxy-connection",
             "proxy-authenticate",
