@@ -21,7 +21,7 @@ proxy configuration, one worker, no master process) in front of the same mock, w
 own (build it first: `cargo build --release --example hyper_floor`). `--by-file ROWS` lists
 where the instructions come from by source file and crate (see byfile.py; it needs a build with
 line tables). `--sdk-headers` sends the headers an official SDK sends (the Anthropic Python
-SDK's set, wire-protocol §C3: `user-agent`, `accept`, and eight `X-Stainless-*` telemetry
+SDK's set, wire-protocol §C3: `user-agent`, `accept`, and nine `X-Stainless-*` telemetry
 lines) instead of the few the benchmark's load generator sends.
 """
 
