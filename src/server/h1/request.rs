@@ -41,6 +41,10 @@ pub(super) enum Refused {
 /// complete; `Ok(None)` when more bytes are needed. Empty lines before a request are skipped
 /// (RFC 9112 §2.2).
 pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refused> {
+    Spans::with(|spans| parse_with(buf, max, spans))
+}
+
+fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Option<Head>, Refused> {
     let blank = buf
         .iter()
         .take_while(|b| matches!(b, b'\r' | b'\n'))
@@ -77,7 +81,7 @@ pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refu
     let base = buf.as_ptr() as usize;
     let path = req.path.unwrap_or("").as_bytes();
     let target = (path.as_ptr() as usize - base)..(path.as_ptr() as usize - base + path.len());
-    let spans = Spans::of(buf, req.headers);
+    spans.fill(buf, req.headers);
     let head: Bytes = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| Refused::Malformed)?;
     // What the connection needs from the head is noted as the lines are added, instead of

@@ -82,6 +82,15 @@ pub(crate) fn parse(
     method: &Method,
     max: usize,
 ) -> Result<Option<Head>, HeadError> {
+    Spans::with(|spans| parse_with(buf, method, max, spans))
+}
+
+fn parse_with(
+    buf: &mut BytesMut,
+    method: &Method,
+    max: usize,
+    spans: &mut Spans,
+) -> Result<Option<Head>, HeadError> {
     let mut interim = 0;
     loop {
         // Left uninitialised: httparse writes as many as the head has (zeroing all of them was
@@ -116,7 +125,7 @@ pub(crate) fn parse(
             Some(1) => Version::HTTP_11,
             _ => Version::HTTP_10,
         };
-        let spans = Spans::of(buf, resp.headers);
+        spans.fill(buf, resp.headers);
         let head: Bytes = buf.split_to(len).freeze();
         // What framing needs is noted as the lines are added, not looked up in the map after.
         let mut seen = Framed::default();

@@ -58,7 +58,9 @@ fn lines_of(head: &'static [u8]) -> (Bytes, Spans) {
     let mut lines = [httparse::EMPTY_HEADER; 8];
     let mut resp = httparse::Response::new(&mut lines);
     assert!(resp.parse(head).expect("a head").is_complete());
-    (Bytes::from_static(head), Spans::of(head, resp.headers))
+    let mut spans = Spans::EMPTY;
+    spans.fill(head, resp.headers);
+    (Bytes::from_static(head), spans)
 }
 
 #[test]
@@ -97,4 +99,70 @@ fn what_note_refuses_stops_the_map() {
         |b| b,
     );
     assert_eq!(out.err(), Some(Bad::Value));
+}
+
+fn map_of(head: &'static [u8]) -> http::HeaderMap {
+    let mut lines = [httparse::EMPTY_HEADER; 8];
+    let mut resp = httparse::Response::new(&mut lines);
+    assert!(resp.parse(head).expect("a head").is_complete());
+    Spans::with(|spans| {
+        spans.fill(head, resp.headers);
+        spans.to_map(&Bytes::from_static(head), 0, |_, _| Ok(()), |b| b)
+    })
+    .expect("valid lines")
+}
+
+#[test]
+fn the_thread_list_holds_only_the_last_head_and_serves_a_head_read_inside_another() {
+    let long = map_of(b"HTTP/1.1 200 OK\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n");
+    assert_eq!(long.len(), 3);
+    let short = map_of(b"HTTP/1.1 200 OK\r\nd: 4\r\n\r\n");
+    assert_eq!(short.len(), 1);
+    assert_eq!(short["d"], "4");
+    // The list is in use: the inner read gets one of its own and both maps are whole.
+    let (outer, inner) = Spans::with(|spans| {
+        let head = b"HTTP/1.1 200 OK\r\ne: 5\r\nf: 6\r\n\r\n";
+        let mut lines = [httparse::EMPTY_HEADER; 8];
+        let mut resp = httparse::Response::new(&mut lines);
+        assert!(resp.parse(head).expect("a head").is_complete());
+        spans.fill(head, resp.headers);
+        let inner = map_of(b"HTTP/1.1 200 OK\r\ng: 7\r\n\r\n");
+        let outer = spans.to_map(&Bytes::from_static(head), 0, |_, _| Ok(()), |b: Bad| b);
+        (outer.expect("valid lines"), inner)
+    });
+    assert_eq!((outer.len(), outer["f"].as_bytes()), (2, &b"6"[..]));
+    assert_eq!((inner.len(), inner["g"].as_bytes()), (1, &b"7"[..]));
+}
+
+#[test]
+fn names_compare_as_eq_ignore_ascii_case_for_every_byte_in_every_place() {
+    let mut compared = 0;
+    for len in 0..64 {
+        for n in super::bucket(len) {
+            let lower = n.as_str().as_bytes();
+            assert!(
+                lower
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-'),
+                "{} holds only what the comparison folds",
+                n.as_str()
+            );
+            for at in 0..lower.len() {
+                let mut raw = lower.to_vec();
+                for b in 0..=255u8 {
+                    raw[at] = b;
+                    assert_eq!(
+                        super::same_name(lower, &raw),
+                        lower.eq_ignore_ascii_case(&raw),
+                        "{} with byte {b:#04x} at {at}",
+                        n.as_str()
+                    );
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(compared > 100_000);
+    assert!(super::same_name(b"x-api-key", b"X-API-KEY"));
+    assert!(!super::same_name(b"x-api-key", b"x-api-ke"));
 }
