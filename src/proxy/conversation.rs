@@ -47,11 +47,11 @@ impl Conversation {
     /// silent miss would answer without the conversation).
     pub async fn load(
         store: Arc<ConversationStore>,
-        body: &[u8],
+        body: &Bytes,
         request_id: &str,
     ) -> Result<Self, ProxyError> {
         // One walk over the body for all three of its members the store needs.
-        let turn = responses::Turn::read(body);
+        let turn = responses::Turn::read_shared(body);
         let prior_id = turn.previous_response_id;
         let prior = match &prior_id {
             Some(id) => store.get(id).await.map_err(|e| {
@@ -97,7 +97,7 @@ impl Conversation {
     pub(crate) async fn for_call(
         store: &Arc<ConversationStore>,
         endpoint: Endpoint,
-        body: &[u8],
+        body: &Bytes,
         request_id: &str,
     ) -> Result<Option<Arc<Self>>, ProxyError> {
         if endpoint.api != ApiKind::Responses || endpoint.op != Operation::Generate {

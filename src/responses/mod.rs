@@ -50,6 +50,7 @@ pub mod stream;
 #[cfg(test)]
 mod tests;
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -155,7 +156,7 @@ fn items_of(input: Option<Value>) -> Vec<Value> {
 pub enum Items {
     /// The request's own `input` array, its JSON text as the caller sent it: a first turn's
     /// items go into the store as they came, never built into values and written out again.
-    Text(Box<[u8]>),
+    Text(Bytes),
     Values(Vec<Value>),
 }
 
@@ -198,6 +199,16 @@ impl Turn {
     /// built); only a string `input` or a `previous_response_id` is decoded. A body the walk
     /// cannot read is read as JSON values instead, with the same outcome.
     pub fn read(body: &[u8]) -> Turn {
+        Turn::read_with(body, Bytes::copy_from_slice)
+    }
+
+    /// [`Turn::read`] of a body held in shared bytes: an `input` array is a view of the body,
+    /// not a copy.
+    pub fn read_shared(body: &Bytes) -> Turn {
+        Turn::read_with(body, |text| body.slice_ref(text))
+    }
+
+    fn read_with(body: &[u8], keep: impl FnOnce(&[u8]) -> Bytes) -> Turn {
         let (mut prior, mut input, mut store) = (None, None, None);
         let mut members = crate::splice::top_level_members(body);
         for m in members.by_ref() {
@@ -215,7 +226,7 @@ impl Turn {
             return Turn::read_values(body);
         }
         let input = match input.map(|span| &body[span]) {
-            Some(text) if text.starts_with(b"[") => Items::Text(text.into()),
+            Some(text) if text.starts_with(b"[") => Items::Text(keep(text)),
             Some(text) if text.starts_with(b"\"") => {
                 Items::Values(items_of(serde_json::from_slice(text).ok()))
             }

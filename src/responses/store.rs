@@ -12,6 +12,7 @@
 //! failed call drops the connection and the next one reconnects, every call has a short
 //! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
 
+use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -239,27 +240,27 @@ impl MemoryStore {
             return;
         }
         let now = Instant::now();
+        let max = self.max_bytes;
+        let Inner {
+            map,
+            order,
+            bytes: total,
+            ..
+        } = &mut *inner;
         // Entries share one TTL, so insertion order is expiry order: expired ones are at the
-        // front. Then evict the oldest until the new entry fits.
-        while let Some((old_id, generation)) = inner.order.front().cloned() {
-            let expired_or_stale = match inner.map.get(&old_id) {
-                Some(e) if e.generation == generation => {
-                    e.expires <= now || inner.bytes + bytes > self.max_bytes
-                }
-                _ => true,
-            };
-            if !expired_or_stale {
-                break;
-            }
-            inner.order.pop_front();
-            if inner
-                .map
-                .get(&old_id)
-                .is_some_and(|e| e.generation == generation)
-                && let Some(e) = inner.map.remove(&old_id)
+        // front. Then evict the oldest until the new entry fits. Each place looked at costs one
+        // lookup of its id (ids are hashed with SipHash, as they come from providers and
+        // callers): its entry is evicted, found stale and skipped, or ends the walk.
+        while let Some((old_id, generation)) = order.front() {
+            if let Slot::Occupied(e) = map.entry(old_id.clone())
+                && e.get().generation == *generation
             {
-                inner.bytes -= e.bytes;
+                if e.get().expires > now && *total + bytes <= max {
+                    break;
+                }
+                *total -= e.remove().bytes;
             }
+            order.pop_front();
         }
         let generation = inner.next_generation;
         inner.next_generation += 1;

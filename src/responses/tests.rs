@@ -386,6 +386,14 @@ fn a_first_turns_input_array_is_kept_as_its_text() {
         Items::Text(br#"[ {"type":"x", "n": 1} ]"#.to_vec().into())
     );
     assert!(!turn.store);
+    // Read from shared bytes, the same text is a view of the body, not a copy.
+    let shared = bytes::Bytes::from_static(body);
+    let Items::Text(view) = Turn::read_shared(&shared).input else {
+        panic!("an input array is kept as its text");
+    };
+    assert_eq!(view, br#"[ {"type":"x", "n": 1} ]"#[..]);
+    let start = shared.as_ptr() as usize;
+    assert!((start..start + shared.len()).contains(&(view.as_ptr() as usize)));
     // Written into the store as it came, it reads back as the same items.
     let entry = Stored::serialise(&turn.input, br#"{"id":"r","output":[]}"#, true);
     let stored: Stored = serde_json::from_slice(&entry).unwrap();
