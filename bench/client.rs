@@ -23,6 +23,47 @@ const STREAM_RESPONSE: &str = r#"{"model":"gpt-4.1-mini","max_output_tokens":256
 /// model answer, so the proxy has a realistic body to carry.
 pub(crate) const MOCK_SCRIPT: &str = r#"{"default":{"content":[{"type":"text","text":"Hello! legate is a model ambassador: a small proxy that sits beside an agent on localhost and owns the connection to the model providers, with their keys, timeouts, streaming, usage metering and metrics. This reply is padded to a few hundred bytes so that the benchmark carries a body about the size of a short real answer."}]}}"#;
 
+/// Whether the load generator sends an official SDK's whole header set (`BENCH_SDK_HEADERS=1`)
+/// besides the lines each API requires: an SDK sends about nineteen lines where the default
+/// requests have five, and every line costs a proxy its parse, its copy and its write.
+pub(crate) fn sdk_headers() -> bool {
+    std::env::var("BENCH_SDK_HEADERS").is_ok_and(|v| v == "1")
+}
+
+/// The Anthropic Python SDK's own request headers, in its spelling (wire-protocol §C3).
+const ANTHROPIC_SDK: [(&str, &str); 13] = [
+    ("Accept-Encoding", "gzip, deflate"),
+    ("Connection", "keep-alive"),
+    ("Accept", "application/json"),
+    ("User-Agent", "Anthropic/Python 2.14.0"),
+    ("X-Stainless-Lang", "python"),
+    ("X-Stainless-Package-Version", "2.14.0"),
+    ("X-Stainless-OS", "Linux"),
+    ("X-Stainless-Arch", "x64"),
+    ("X-Stainless-Runtime", "CPython"),
+    ("X-Stainless-Runtime-Version", "3.12.3"),
+    ("X-Stainless-Async", "false"),
+    ("x-stainless-retry-count", "0"),
+    ("x-stainless-read-timeout", "600"),
+];
+
+/// The OpenAI Python SDK's own request headers, in its spelling (wire-protocol §C3).
+const OPENAI_SDK: [(&str, &str); 13] = [
+    ("Accept-Encoding", "gzip, deflate"),
+    ("Connection", "keep-alive"),
+    ("accept", "application/json"),
+    ("user-agent", "OpenAI/Python 3.57.0"),
+    ("X-Stainless-Lang", "python"),
+    ("X-Stainless-Package-Version", "3.57.0"),
+    ("X-Stainless-OS", "Linux"),
+    ("X-Stainless-Arch", "x64"),
+    ("X-Stainless-Runtime", "CPython"),
+    ("X-Stainless-Runtime-Version", "3.12.3"),
+    ("x-stainless-async", "false"),
+    ("x-stainless-retry-count", "0"),
+    ("x-stainless-read-timeout", "600"),
+];
+
 /// The API a request speaks: which endpoint, body and headers the load generator sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
@@ -58,16 +99,20 @@ impl Target {
     pub(crate) fn new(label: &'static str, base_url: &str) -> Result<Target, BenchError> {
         let addr = wire::address(base_url)?;
         let host = addr.to_string();
-        let anthropic = [
+        let mut anthropic = vec![
             ("content-type", "application/json"),
             ("anthropic-version", "2023-06-01"),
             // legate consumes and never forwards the caller's key; the mock checks none.
             ("x-api-key", "bench-caller-key"),
         ];
-        let openai = [
+        let mut openai = vec![
             ("content-type", "application/json"),
             ("authorization", "Bearer bench-caller-key"),
         ];
+        if sdk_headers() {
+            anthropic.extend(ANTHROPIC_SDK);
+            openai.extend(OPENAI_SDK);
+        }
         let messages = |body| wire::request("POST", Api::Messages.path(), &host, &anthropic, body);
         let responses = |body| wire::request("POST", Api::Responses.path(), &host, &openai, body);
         Ok(Target {

@@ -115,9 +115,14 @@ pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
     } else {
         ""
     };
+    let sdk = if crate::client::sdk_headers() {
+        "; requests carry an SDK's headers (BENCH_SDK_HEADERS=1)"
+    } else {
+        ""
+    };
     format!(
         "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} at \
-         start; legate worker_threads {}, nginx worker_processes {}{floor}",
+         start; legate worker_threads {}, nginx worker_processes {}{floor}{sdk}",
         utc_now(),
         crate::children::legate_workers(),
         crate::nginx::WORKERS,
