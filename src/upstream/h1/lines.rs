@@ -73,7 +73,7 @@ impl Spans {
         }
     }
 
-    /// The lines as a map over `head` (the bytes `of` was given, frozen), with room for
+    /// The lines as a map over `head` (the bytes `fill` was given, frozen), with room for
     /// `room` more; `note` sees each line as it is added, for what the connection must know of
     /// the head (framing, keep-alive).
     pub(crate) fn to_map<E>(
@@ -126,7 +126,8 @@ fn same_name(lower: &[u8], raw: &[u8]) -> bool {
         lw.copy_from_slice(l);
         rw.copy_from_slice(r);
         let (l, r) = (u64::from_le_bytes(lw), u64::from_le_bytes(rw));
-        // Exact for "some byte is below 0x20" (no borrow reaches a byte that is not).
+        // Exact as a yes/no for "some byte is below 0x20": a borrow may flag a byte above one
+        // that is, never a word that holds none.
         let control = r.wrapping_sub(FOLD) & !r & HIGH;
         r | FOLD == l && control == 0
     };
