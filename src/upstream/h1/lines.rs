@@ -118,29 +118,55 @@ fn known(raw: &[u8]) -> Option<HeaderName> {
 /// as they are; the only other bytes it folds onto those are below 0x20 (CR onto `-`,
 /// 0x10–0x19 onto the digits), so a word holding one of those is no match. A byte by byte
 /// comparison ignoring case cost about as much per line as the rest of its parse.
+///
+/// The bytes past the last whole word are compared as the name's last eight (or, in a name of
+/// four to seven, as its first and last four), overlapping what was compared already, instead
+/// of one at a time: a byte compared twice is the same answer twice.
 fn same_name(lower: &[u8], raw: &[u8]) -> bool {
-    const FOLD: u64 = 0x2020_2020_2020_2020;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let same_word = |l: &[u8], r: &[u8]| {
-        let (mut lw, mut rw) = ([0u8; 8], [0u8; 8]);
-        lw.copy_from_slice(l);
-        rw.copy_from_slice(r);
-        let (l, r) = (u64::from_le_bytes(lw), u64::from_le_bytes(rw));
-        // Exact as a yes/no for "some byte is below 0x20": a borrow may flag a byte above one
-        // that is, never a word that holds none.
-        let control = r.wrapping_sub(FOLD) & !r & HIGH;
-        r | FOLD == l && control == 0
-    };
     if lower.len() != raw.len() {
         return false;
     }
-    let (ls, rs) = (lower.chunks_exact(8), raw.chunks_exact(8));
-    let (lt, rt) = (ls.remainder(), rs.remainder());
-    ls.zip(rs).all(|(l, r)| same_word(l, r))
-        && lt
+    let n = raw.len();
+    if n >= 8 {
+        let whole = lower
+            .chunks_exact(8)
+            .zip(raw.chunks_exact(8))
+            .all(|(l, r)| same_word(l, r));
+        whole && same_word(&lower[n - 8..], &raw[n - 8..])
+    } else if n >= 4 {
+        same_half(&lower[..4], &raw[..4]) && same_half(&lower[n - 4..], &raw[n - 4..])
+    } else {
+        lower
             .iter()
-            .zip(rt)
+            .zip(raw)
             .all(|(l, r)| *r | 0x20 == *l && *r >= 0x20)
+    }
+}
+
+/// `same_name` for eight bytes of each (`l` from the table).
+fn same_word(l: &[u8], r: &[u8]) -> bool {
+    const FOLD: u64 = 0x2020_2020_2020_2020;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let (mut lw, mut rw) = ([0u8; 8], [0u8; 8]);
+    lw.copy_from_slice(l);
+    rw.copy_from_slice(r);
+    let (l, r) = (u64::from_le_bytes(lw), u64::from_le_bytes(rw));
+    // Exact as a yes/no for "some byte is below 0x20": a borrow may flag a byte above one
+    // that is, never a word that holds none.
+    let control = r.wrapping_sub(FOLD) & !r & HIGH;
+    r | FOLD == l && control == 0
+}
+
+/// `same_name` for four bytes of each.
+fn same_half(l: &[u8], r: &[u8]) -> bool {
+    const FOLD: u32 = 0x2020_2020;
+    const HIGH: u32 = 0x8080_8080;
+    let (mut lw, mut rw) = ([0u8; 4], [0u8; 4]);
+    lw.copy_from_slice(l);
+    rw.copy_from_slice(r);
+    let (l, r) = (u32::from_le_bytes(lw), u32::from_le_bytes(rw));
+    let control = r.wrapping_sub(FOLD) & !r & HIGH;
+    r | FOLD == l && control == 0
 }
 
 /// A bucket of the table: a static array of the names (a `const` one may not hold their shared

@@ -137,28 +137,38 @@ fn the_thread_list_holds_only_the_last_head_and_serves_a_head_read_inside_anothe
 #[test]
 fn names_compare_as_eq_ignore_ascii_case_for_every_byte_in_every_place() {
     let mut compared = 0;
-    for len in 0..64 {
-        for n in super::bucket(len) {
-            let lower = n.as_str().as_bytes();
-            assert!(
-                lower
-                    .iter()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-'),
-                "{} holds only what the comparison folds",
-                n.as_str()
-            );
-            for at in 0..lower.len() {
-                let mut raw = lower.to_vec();
-                for b in 0..=255u8 {
-                    raw[at] = b;
-                    assert_eq!(
-                        super::same_name(lower, &raw),
-                        lower.eq_ignore_ascii_case(&raw),
-                        "{} with byte {b:#04x} at {at}",
-                        n.as_str()
-                    );
-                    compared += 1;
-                }
+    // Beside the table's names, one of each length the word and half-word paths split at.
+    let extra = [
+        "t",
+        "te",
+        "x-1",
+        "ab-c",
+        "abcd5",
+        "abcdefg",
+        "abcdefgh",
+        "abcdefghi",
+    ];
+    let names = (0..64)
+        .flat_map(|len| super::bucket(len).iter().map(|n| n.as_str()))
+        .chain(extra);
+    for name in names {
+        let lower = name.as_bytes();
+        assert!(
+            lower
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-'),
+            "{name} holds only what the comparison folds"
+        );
+        for at in 0..lower.len() {
+            let mut raw = lower.to_vec();
+            for b in 0..=255u8 {
+                raw[at] = b;
+                assert_eq!(
+                    super::same_name(lower, &raw),
+                    lower.eq_ignore_ascii_case(&raw),
+                    "{name} with byte {b:#04x} at {at}"
+                );
+                compared += 1;
             }
         }
     }
