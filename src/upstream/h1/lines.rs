@@ -134,7 +134,14 @@ fn same_name(lower: &[u8], raw: &[u8]) -> bool {
             .all(|(l, r)| same_word(l, r));
         whole && same_word(&lower[n - 8..], &raw[n - 8..])
     } else if n >= 4 {
-        same_half(&lower[..4], &raw[..4]) && same_half(&lower[n - 4..], &raw[n - 4..])
+        // The first four bytes and the last four (overlapping below eight) as one word.
+        let ends = |s: &[u8]| {
+            let mut w = [0u8; 8];
+            w[..4].copy_from_slice(&s[..4]);
+            w[4..].copy_from_slice(&s[n - 4..]);
+            w
+        };
+        same_word(&ends(lower), &ends(raw))
     } else {
         lower
             .iter()
@@ -153,18 +160,6 @@ fn same_word(l: &[u8], r: &[u8]) -> bool {
     let (l, r) = (u64::from_le_bytes(lw), u64::from_le_bytes(rw));
     // Exact as a yes/no for "some byte is below 0x20": a borrow may flag a byte above one
     // that is, never a word that holds none.
-    let control = r.wrapping_sub(FOLD) & !r & HIGH;
-    r | FOLD == l && control == 0
-}
-
-/// `same_name` for four bytes of each.
-fn same_half(l: &[u8], r: &[u8]) -> bool {
-    const FOLD: u32 = 0x2020_2020;
-    const HIGH: u32 = 0x8080_8080;
-    let (mut lw, mut rw) = ([0u8; 4], [0u8; 4]);
-    lw.copy_from_slice(l);
-    rw.copy_from_slice(r);
-    let (l, r) = (u32::from_le_bytes(lw), u32::from_le_bytes(rw));
     let control = r.wrapping_sub(FOLD) & !r & HIGH;
     r | FOLD == l && control == 0
 }
