@@ -6,7 +6,9 @@
 //! the requests that reach the service (through [`ConnWatch::begin`]). While no request is in
 //! flight the connection must, from its first unanswered byte, deliver a request within
 //! `header_read_timeout` (a new connection from its accept), and is closed after
-//! `connection_idle_timeout` without one. A request in flight is bounded by its own timeouts.
+//! `connection_idle_timeout` without one. A request in flight is bounded by its own timeouts,
+//! and its answer, over HTTP/1, by the same `connection_idle_timeout` for a caller that stops
+//! taking it (`h1`).
 
 use std::future::Future;
 use std::io;
@@ -69,6 +71,12 @@ impl ConnWatch {
             }),
             serving: AtomicBool::new(false),
         })
+    }
+
+    /// `connection_idle_timeout`, which also bounds how long a caller may take none of its
+    /// answer (`h1`).
+    pub fn idle_timeout(&self) -> Duration {
+        self.limits.connection_idle_timeout
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, State> {

@@ -198,3 +198,96 @@ async fn under_a_low_descriptor_limit_silent_peers_do_not_starve_either_plane() 
     drop(peers);
     child.kill().await.ok();
 }
+
+/// An upstream that answers the first request with an Anthropic stream that never ends: text
+/// deltas of about 1 KiB, written until the connection breaks. Resolves with the bytes it wrote
+/// once legate has dropped the connection.
+async fn endless_stream() -> (String, tokio::task::JoinHandle<usize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let writer = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if sock.read(&mut byte).await.unwrap_or(0) == 0 {
+                return 0;
+            }
+            head.push(byte[0]);
+        }
+        let start = r#"{"type":"message_start","message":{"id":"msg_s","type":"message","role":"assistant","model":"claude-c","content":[],"stop_reason":null,"usage":{"input_tokens":7,"output_tokens":1}}}"#;
+        let first = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+             event: message_start\ndata: {start}\n\n\
+             event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n"
+        );
+        let delta = format!(
+            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{}\"}}}}\n\n",
+            "x".repeat(1000)
+        );
+        let mut written = 0;
+        if sock.write_all(first.as_bytes()).await.is_err() {
+            return written;
+        }
+        // Bounded: far more than the socket buffers on the way hold, far less than memory.
+        while written < 1 << 30 {
+            if sock.write_all(delta.as_bytes()).await.is_err() {
+                break;
+            }
+            written += delta.len();
+        }
+        written
+    });
+    (url, writer)
+}
+
+/// A caller that stops reading a stream is held to `connection_idle_timeout` (SPEC §14): once
+/// its socket takes nothing for that long, legate closes the connection, drops the upstream
+/// stream and records the request as the caller's leaving — instead of holding both
+/// connections for as long as the provider streams.
+#[tokio::test]
+async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_released() {
+    let (url, upstream) = endless_stream().await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&url, "connection_idle_timeout = \"1s\"\n", "", "");
+    let env = harness::start_toml(unused, &toml).await;
+
+    // A small receive window, so that the caller's side fills soon; then not one read.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut caller = sock.connect(env.legate.data_addr).await.unwrap();
+    let body = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    caller.write_all(req.as_bytes()).await.unwrap();
+
+    // The upstream's writes fail only once legate has let its connection go.
+    let written = tokio::time::timeout(Duration::from_secs(20), upstream)
+        .await
+        .expect("legate drops the upstream stream of a caller that stopped reading")
+        .unwrap();
+    assert!(written > 0 && written < 1 << 30, "wrote {written} bytes");
+    let gone = async {
+        while env
+            .metric("legate_requests_total", &[("status", "499")])
+            .await
+            != Some(1.0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the request is recorded as the caller's leaving (499)");
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "200")])
+            .await,
+        None
+    );
+    // The caller's connection is closed: what was sent before the stall, then its end.
+    let (got, _) = until_closed(&mut caller).await;
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    wait_gauge(&env, "data", 0.0).await;
+}
