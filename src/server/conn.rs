@@ -7,8 +7,13 @@
 //! flight the connection must, from its first unanswered byte, deliver a request within
 //! `header_read_timeout` (a new connection from its accept), and is closed after
 //! `connection_idle_timeout` without one. A request in flight is bounded by its own timeouts,
-//! and its answer, over HTTP/1, by the same `connection_idle_timeout` for a caller that stops
-//! taking it (`h1`).
+//! and its answer by the socket (through [`WatchedIo`]'s writes): once a write waits on a full
+//! socket, the caller must take some of it within `connection_idle_timeout`. A caller that
+//! stops reading would otherwise hold its connection, and through backpressure the upstream
+//! call and a provider concurrency slot, for as long as the provider kept the stream open.
+//! Over HTTP/2 that covers a caller that stops reading the socket; one that reads it but
+//! withholds flow-control credit from one stream stalls only that stream, inside hyper, and is
+//! not seen here.
 
 use std::future::Future;
 use std::io;
@@ -40,6 +45,8 @@ struct State {
     head_started: Option<Instant>,
     /// Whether any request reached the service yet.
     served: bool,
+    /// Since when a write has waited on a full socket, if one does.
+    write_stalled: Option<Instant>,
     /// The instant the watchdog sleeps until (`None` before it first looked).
     armed: Option<Instant>,
     /// The deadline may have come before `armed`: the watchdog must look again.
@@ -65,18 +72,13 @@ impl ConnWatch {
                 idle_since: Instant::now(),
                 head_started: None,
                 served: false,
+                write_stalled: None,
                 armed: None,
                 changed: false,
                 waker: None,
             }),
             serving: AtomicBool::new(false),
         })
-    }
-
-    /// `connection_idle_timeout`, which also bounds how long a caller may take none of its
-    /// answer (`h1`).
-    pub fn idle_timeout(&self) -> Duration {
-        self.limits.connection_idle_timeout
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
@@ -118,6 +120,25 @@ impl ConnWatch {
         }
     }
 
+    /// A write found the socket full: the caller must take some of it within
+    /// `connection_idle_timeout`, whatever is in flight.
+    fn write_waits(&self) {
+        let mut s = self.lock();
+        s.write_stalled = Some(Instant::now());
+        // As for a head's first bytes: seen in this poll of the task, or woken for.
+        if self.serving.load(Ordering::Relaxed) {
+            self.note_if_sooner(&mut s);
+        } else {
+            self.wake_if_sooner(&mut s);
+        }
+    }
+
+    /// The socket took bytes again. The deadline only moves later: the watchdog finds that
+    /// out when it wakes.
+    fn write_moved(&self) {
+        self.lock().write_stalled = None;
+    }
+
     /// Marks the deadline for the watchdog to look at again if it is now earlier than the
     /// instant it sleeps until; whether it did.
     fn note_if_sooner(&self, s: &mut State) -> bool {
@@ -148,14 +169,17 @@ impl ConnWatch {
     }
 
     /// When the connection must be closed if nothing changes, or `None` while a request is
-    /// in flight.
+    /// in flight and the socket takes what is written.
     fn deadline(&self) -> Option<Instant> {
         self.deadline_of(&self.lock())
     }
 
     fn deadline_of(&self, s: &State) -> Option<Instant> {
+        let stalled = s
+            .write_stalled
+            .map(|t| t + self.limits.connection_idle_timeout);
         if s.inflight > 0 {
-            return None;
+            return stalled;
         }
         let head = if s.served {
             s.head_started
@@ -164,10 +188,11 @@ impl ConnWatch {
             Some(s.idle_since)
         };
         let idle = s.idle_since + self.limits.connection_idle_timeout;
-        Some(match head {
+        let due = match head {
             Some(h) => idle.min(h + self.limits.header_read_timeout),
             None => idle,
-        })
+        };
+        Some(stalled.map_or(due, |t| t.min(due)))
     }
 
     /// Resolves when the connection has overstayed: the caller then drops it. While a
@@ -255,15 +280,39 @@ impl Drop for InFlight {
     }
 }
 
-/// The socket of a watched connection: every read is reported to the watch.
+/// The socket of a watched connection: every read is reported to the watch, and so is a
+/// write that waits on a full socket, and the first one after it that moves bytes.
 pub struct WatchedIo<T> {
     inner: T,
     watch: Arc<ConnWatch>,
+    /// A write waits on the socket (kept here, so that a write that goes through, the usual
+    /// case, costs no lock).
+    stalled: bool,
 }
 
 impl<T> WatchedIo<T> {
     pub fn new(inner: T, watch: Arc<ConnWatch>) -> Self {
-        WatchedIo { inner, watch }
+        WatchedIo {
+            inner,
+            watch,
+            stalled: false,
+        }
+    }
+
+    /// Reports what a write's outcome says of the socket: full, or taking bytes again. (A
+    /// flush is not one: the socket's is a no-op, ready whether or not it is full.)
+    fn wrote(&mut self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Pending if !self.stalled => {
+                self.stalled = true;
+                self.watch.write_waits();
+            }
+            Poll::Ready(Ok(n)) if self.stalled && *n > 0 => {
+                self.stalled = false;
+                self.watch.write_moved();
+            }
+            _ => {}
+        }
     }
 }
 
@@ -289,7 +338,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(&r);
+        r
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -305,7 +357,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -481,6 +536,75 @@ mod tests {
         let done = Instant::now();
         let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(at - done, LIMITS.connection_idle_timeout);
+    }
+
+    /// A request in flight whose answer the caller stops taking: the deadline counts from the
+    /// last write the socket took, so a reader taking 1 KiB every 100 s of a 120 s limit is
+    /// served for as long as it reads, and one that stops is closed 120 s after its last read.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_stops_taking_its_answer_is_closed_idle_timeout_after_its_last_read() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let w = ConnWatch::new(LIMITS);
+        let (mut caller, server) = tokio::io::duplex(1024);
+        let mut io = WatchedIo::new(server, w.clone());
+        let req = w.begin();
+        let conn = async move {
+            let chunk = [b'z'; 4096];
+            while io.write_all(&chunk).await.is_ok() {}
+        };
+        let w2 = w.clone();
+        let closed = tokio::spawn(async move {
+            assert!(watched(&w2, conn).await.is_none(), "the writer never ends");
+            Instant::now()
+        });
+        let mut buf = [0u8; 1024];
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            assert!(caller.read(&mut buf).await.unwrap() > 0);
+        }
+        assert!(!closed.is_finished(), "closed while the caller still reads");
+        let last_read = Instant::now();
+        // An hour of the paused clock: without the deadline the connection would stay.
+        let at = tokio::time::timeout(Duration::from_secs(3600), closed)
+            .await
+            .expect("the connection is closed")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(at - last_read, LIMITS.connection_idle_timeout);
+        drop(req);
+    }
+
+    /// Once the caller has taken all that was written, a request in flight is bounded by its
+    /// own timeouts again: a stream waiting on its provider is not cut for a write that once
+    /// waited.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_waited_and_went_through_leaves_no_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let w = ConnWatch::new(LIMITS);
+        let (mut caller, server) = tokio::io::duplex(1024);
+        let mut io = WatchedIo::new(server, w.clone());
+        let req = w.begin();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let conn = async move {
+            io.write_all(&[b'z'; 8192]).await.unwrap();
+            // Then nothing to write for a long time, as while a provider thinks.
+            let _ = rx.await;
+        };
+        let w2 = w.clone();
+        let served = tokio::spawn(async move { watched(&w2, conn).await.is_some() });
+        let mut got = 0;
+        let mut buf = [0u8; 1024];
+        while got < 8192 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            got += caller.read(&mut buf).await.unwrap();
+        }
+        tokio::time::sleep(LIMITS.connection_idle_timeout * 3).await;
+        assert!(
+            !served.is_finished(),
+            "closed while nothing waited to be written"
+        );
+        tx.send(()).unwrap();
+        assert!(served.await.unwrap(), "the connection ended on its own");
+        drop(req);
     }
 
     #[tokio::test(start_paused = true)]

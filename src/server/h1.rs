@@ -14,12 +14,8 @@
 //! Every buffer has a bound: the head at `max_buf` (431 beyond it), the bytes read ahead of
 //! the next request at `max_buf`, a chunk-size line and the trailers in the chunked decoder,
 //! and the bytes written ahead at [`FLUSH_AT`]; a caller that sends the body slowly is held to
-//! `body_read_timeout` by the handler, and one that sends nothing to the connection's own
-//! deadlines by [`super::conn`]. A caller that stops reading its answer is held to
-//! `connection_idle_timeout` too: once the socket takes no byte of what is queued for that
-//! long, the connection is closed and the request ends as the caller's leaving (499). Without
-//! it, a stream whose caller stopped reading held its connection, its upstream connection and
-//! their buffers for as long as the provider kept the stream open.
+//! `body_read_timeout` by the handler, and one that sends nothing, or stops taking its answer,
+//! to the connection's own deadlines by [`super::conn`].
 
 pub(crate) mod body;
 mod request;
@@ -130,8 +126,6 @@ where
         after_big: b"",
         max_buf,
         head_seen: 0,
-        stall_limit: watch.idle_timeout(),
-        stall: None,
     };
     let mut stopped = pin!(stop.cancelled());
     loop {
@@ -261,11 +255,6 @@ struct Conn<T> {
     max_buf: usize,
     /// How much of `buf` a parse found to be a head without its end (0: none yet).
     head_seen: usize,
-    /// How long the socket may take none of the bytes queued for it.
-    stall_limit: Duration,
-    /// Armed while a write waits on a full socket (made only then: an answer the socket
-    /// takes at once costs no timer).
-    stall: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// Where the writing of one response is.
@@ -508,54 +497,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         }
     }
 
-    /// Writes everything queued; an error once the socket has taken none of it for
-    /// `stall_limit`.
+    /// Writes everything queued.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut moved = false;
-        match self.poll_write_queued(cx, &mut moved) {
-            Poll::Pending => self.poll_stall(cx, moved),
-            done => {
-                self.stall = None;
-                done
-            }
-        }
-    }
-
-    /// A write waits on the socket: `Pending` until the stall deadline, counted from the last
-    /// byte the socket took (`moved`: some did in this call), has passed.
-    fn poll_stall(&mut self, cx: &mut Context<'_>, moved: bool) -> Poll<io::Result<()>> {
-        let deadline = tokio::time::Instant::now() + self.stall_limit;
-        let stall = match &mut self.stall {
-            Some(stall) => {
-                if moved {
-                    stall.as_mut().reset(deadline);
-                }
-                stall
-            }
-            None => self
-                .stall
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
-        };
-        ready!(stall.as_mut().poll(cx));
-        self.stall = None;
-        Poll::Ready(Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "the caller took none of its answer within connection_idle_timeout",
-        )))
-    }
-
-    /// Writes everything queued, noting in `moved` whether the socket took any of it.
-    fn poll_write_queued(
-        &mut self,
-        cx: &mut Context<'_>,
-        moved: &mut bool,
-    ) -> Poll<io::Result<()>> {
         while !self.out.is_empty() {
             let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            *moved = true;
             self.out.drain(..n);
         }
         while !self.big.is_empty() {
@@ -563,13 +511,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            *moved = true;
             let _ = self.big.split_to(n);
         }
         if !self.after_big.is_empty() {
             self.out.extend_from_slice(self.after_big);
             self.after_big = b"";
-            return self.poll_write_queued(cx, moved);
+            return self.poll_write_out(cx);
         }
         Pin::new(&mut self.io).poll_flush(cx)
     }

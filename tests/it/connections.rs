@@ -291,3 +291,110 @@ async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_release
     assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
     wait_gauge(&env, "data", 0.0).await;
 }
+
+/// A socket whose reads stop for good once `shut` is set, as a caller process that has stopped
+/// reading (hung, or stopped) but keeps its connection open.
+struct Valve {
+    inner: TcpStream,
+    shut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Valve {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.shut.load(std::sync::atomic::Ordering::SeqCst) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Valve {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The same over HTTP/2: an HTTP/2 caller that stops reading its socket mid-stream has its
+/// connection closed once legate's writes have waited `connection_idle_timeout`, and the
+/// upstream stream is released.
+#[tokio::test]
+async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstream_released() {
+    let (url, upstream) = endless_stream().await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&url, "connection_idle_timeout = \"1s\"\n", "", "");
+    let env = harness::start_toml(unused, &toml).await;
+
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let shut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let valve = Valve {
+        inner: sock.connect(env.legate.data_addr).await.unwrap(),
+        shut: shut.clone(),
+    };
+    // Flow-control windows far larger than the socket buffers: what stops legate's writes is
+    // the socket, not HTTP/2's credit (a stream withheld credit is hyper's to hold).
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(1 << 30)
+            .initial_connection_window_size(1 << 30)
+            .handshake(hyper_util::rt::TokioIo::new(valve))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let body = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = http::Request::post("http://127.0.0.1/v1/messages")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            body.as_bytes(),
+        )))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("the answer's head in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The answer streams; the caller stops reading its socket.
+    shut.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let written = tokio::time::timeout(Duration::from_secs(20), upstream)
+        .await
+        .expect("legate drops the upstream stream of a caller that stopped reading")
+        .unwrap();
+    assert!(written > 0 && written < 1 << 30, "wrote {written} bytes");
+    let gone = async {
+        while env
+            .metric("legate_requests_total", &[("status", "499")])
+            .await
+            != Some(1.0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the request is recorded as the caller's leaving (499)");
+    wait_gauge(&env, "data", 0.0).await;
+    drop(resp);
+}
