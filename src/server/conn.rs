@@ -109,14 +109,20 @@ impl ConnWatch {
         let mut s = self.lock();
         if s.inflight == 0 && s.head_started.is_none() {
             s.head_started = Some(Instant::now());
-            // Read while [`watched`] polls the connection (as the socket always is): the
-            // watchdog is polled next, in the same poll of the task, and finds the change
-            // then. Waking it would cost the task another poll, once per request.
-            if self.serving.load(Ordering::Relaxed) {
-                self.note_if_sooner(&mut s);
-            } else {
-                self.wake_if_sooner(&mut s);
-            }
+            self.deadline_moved(&mut s);
+        }
+    }
+
+    /// The deadline may have come forward, from the connection's own socket: seen by the
+    /// watchdog in this poll of the task, or woken for.
+    fn deadline_moved(&self, s: &mut State) {
+        // Seen while [`watched`] polls the connection (as the socket always is): the
+        // watchdog is polled next, in the same poll of the task, and finds the change then.
+        // Waking it would cost the task another poll, once per request.
+        if self.serving.load(Ordering::Relaxed) {
+            self.note_if_sooner(s);
+        } else {
+            self.wake_if_sooner(s);
         }
     }
 
@@ -125,12 +131,7 @@ impl ConnWatch {
     fn write_waits(&self) {
         let mut s = self.lock();
         s.write_stalled = Some(Instant::now());
-        // As for a head's first bytes: seen in this poll of the task, or woken for.
-        if self.serving.load(Ordering::Relaxed) {
-            self.note_if_sooner(&mut s);
-        } else {
-            self.wake_if_sooner(&mut s);
-        }
+        self.deadline_moved(&mut s);
     }
 
     /// The socket took bytes again. The deadline only moves later: the watchdog finds that
@@ -538,16 +539,28 @@ mod tests {
         assert_eq!(at - done, LIMITS.connection_idle_timeout);
     }
 
+    /// A watched connection with a request in flight, over a socket that holds 1 KiB: the
+    /// watch, the caller's end, the connection's end and the request.
+    fn answering() -> (
+        Arc<ConnWatch>,
+        tokio::io::DuplexStream,
+        WatchedIo<tokio::io::DuplexStream>,
+        InFlight,
+    ) {
+        let w = ConnWatch::new(LIMITS);
+        let (caller, server) = tokio::io::duplex(1024);
+        let io = WatchedIo::new(server, w.clone());
+        let req = w.begin();
+        (w, caller, io, req)
+    }
+
     /// A request in flight whose answer the caller stops taking: the deadline counts from the
     /// last write the socket took, so a reader taking 1 KiB every 100 s of a 120 s limit is
     /// served for as long as it reads, and one that stops is closed 120 s after its last read.
     #[tokio::test(start_paused = true)]
     async fn a_caller_that_stops_taking_its_answer_is_closed_idle_timeout_after_its_last_read() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let w = ConnWatch::new(LIMITS);
-        let (mut caller, server) = tokio::io::duplex(1024);
-        let mut io = WatchedIo::new(server, w.clone());
-        let req = w.begin();
+        let (w, mut caller, mut io, req) = answering();
         let conn = async move {
             let chunk = [b'z'; 4096];
             while io.write_all(&chunk).await.is_ok() {}
@@ -579,10 +592,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_write_that_waited_and_went_through_leaves_no_deadline() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let w = ConnWatch::new(LIMITS);
-        let (mut caller, server) = tokio::io::duplex(1024);
-        let mut io = WatchedIo::new(server, w.clone());
-        let req = w.begin();
+        let (w, mut caller, mut io, req) = answering();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let conn = async move {
             io.write_all(&[b'z'; 8192]).await.unwrap();

@@ -241,34 +241,29 @@ async fn endless_stream() -> (String, tokio::task::JoinHandle<usize>) {
     (url, writer)
 }
 
-/// A caller that stops reading a stream is held to `connection_idle_timeout` (SPEC §14): once
-/// its socket takes nothing for that long, legate closes the connection, drops the upstream
-/// stream and records the request as the caller's leaving — instead of holding both
-/// connections for as long as the provider streams.
-#[tokio::test]
-async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_released() {
+/// legate (`connection_idle_timeout` 1 s) in front of [`endless_stream`], and an unconnected
+/// caller socket with a small receive window, so that the caller's side fills soon.
+async fn stalling() -> (Env, tokio::task::JoinHandle<usize>, tokio::net::TcpSocket) {
     let (url, upstream) = endless_stream().await;
     let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(&url, "connection_idle_timeout = \"1s\"\n", "", "");
     let env = harness::start_toml(unused, &toml).await;
-
-    // A small receive window, so that the caller's side fills soon; then not one read.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
-    let mut caller = sock.connect(env.legate.data_addr).await.unwrap();
-    let body = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let req = format!(
-        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    caller.write_all(req.as_bytes()).await.unwrap();
+    (env, upstream, sock)
+}
 
-    // The upstream's writes fail only once legate has let its connection go.
+/// Waits for the endless upstream's writes to fail: legate has let its connection go.
+async fn released(upstream: tokio::task::JoinHandle<usize>) {
     let written = tokio::time::timeout(Duration::from_secs(20), upstream)
         .await
         .expect("legate drops the upstream stream of a caller that stopped reading")
         .unwrap();
     assert!(written > 0 && written < 1 << 30, "wrote {written} bytes");
+}
+
+/// Waits until exactly one request is recorded as the caller's leaving (499).
+async fn gone_once(env: &Env) {
     let gone = async {
         while env
             .metric("legate_requests_total", &[("status", "499")])
@@ -281,6 +276,26 @@ async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_release
     tokio::time::timeout(Duration::from_secs(10), gone)
         .await
         .expect("the request is recorded as the caller's leaving (499)");
+}
+
+/// A caller that stops reading a stream is held to `connection_idle_timeout` (SPEC §14): once
+/// its socket takes nothing for that long, legate closes the connection, drops the upstream
+/// stream and records the request as the caller's leaving — instead of holding both
+/// connections for as long as the provider streams.
+#[tokio::test]
+async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_released() {
+    let (env, upstream, sock) = stalling().await;
+    let mut caller = sock.connect(env.legate.data_addr).await.unwrap();
+    let body = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    caller.write_all(req.as_bytes()).await.unwrap();
+
+    // The upstream's writes fail only once legate has let its connection go.
+    released(upstream).await;
+    gone_once(&env).await;
     assert_eq!(
         env.metric("legate_requests_total", &[("status", "200")])
             .await,
@@ -341,13 +356,7 @@ impl tokio::io::AsyncWrite for Valve {
 /// upstream stream is released.
 #[tokio::test]
 async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstream_released() {
-    let (url, upstream) = endless_stream().await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&url, "connection_idle_timeout = \"1s\"\n", "", "");
-    let env = harness::start_toml(unused, &toml).await;
-
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
+    let (env, upstream, sock) = stalling().await;
     let shut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let valve = Valve {
         inner: sock.connect(env.legate.data_addr).await.unwrap(),
@@ -378,23 +387,8 @@ async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstrea
     // The answer streams; the caller stops reading its socket.
     shut.store(true, std::sync::atomic::Ordering::SeqCst);
 
-    let written = tokio::time::timeout(Duration::from_secs(20), upstream)
-        .await
-        .expect("legate drops the upstream stream of a caller that stopped reading")
-        .unwrap();
-    assert!(written > 0 && written < 1 << 30, "wrote {written} bytes");
-    let gone = async {
-        while env
-            .metric("legate_requests_total", &[("status", "499")])
-            .await
-            != Some(1.0)
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), gone)
-        .await
-        .expect("the request is recorded as the caller's leaving (499)");
+    released(upstream).await;
+    gone_once(&env).await;
     wait_gauge(&env, "data", 0.0).await;
     drop(resp);
 }
