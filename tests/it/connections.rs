@@ -199,21 +199,31 @@ async fn under_a_low_descriptor_limit_silent_peers_do_not_starve_either_plane() 
     child.kill().await.ok();
 }
 
+/// Reads a request head off `sock` a byte at a time (nothing past it); false if the peer
+/// closed first.
+async fn read_head(sock: &mut TcpStream) -> bool {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if sock.read(&mut byte).await.unwrap_or(0) == 0 {
+            return false;
+        }
+        head.push(byte[0]);
+    }
+    true
+}
+
 /// An upstream that answers the first request with an Anthropic stream that never ends: text
 /// deltas of about 1 KiB, written until the connection breaks. Resolves with the bytes it wrote
-/// once legate has dropped the connection.
+/// once legate has dropped the connection; from then on it answers each new connection's
+/// request with a short message.
 async fn endless_stream() -> (String, tokio::task::JoinHandle<usize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let writer = tokio::spawn(async move {
         let (mut sock, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if sock.read(&mut byte).await.unwrap_or(0) == 0 {
-                return 0;
-            }
-            head.push(byte[0]);
+        if !read_head(&mut sock).await {
+            return 0;
         }
         let start = r#"{"type":"message_start","message":{"id":"msg_s","type":"message","role":"assistant","model":"claude-c","content":[],"stop_reason":null,"usage":{"input_tokens":7,"output_tokens":1}}}"#;
         let first = format!(
@@ -236,17 +246,35 @@ async fn endless_stream() -> (String, tokio::task::JoinHandle<usize>) {
             }
             written += delta.len();
         }
+        tokio::spawn(async move {
+            let reply = r#"{"id":"msg_after","type":"message","role":"assistant","model":"claude-c","content":[{"type":"text","text":"after"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":1}}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+            while let Ok((mut sock, _)) = listener.accept().await {
+                if read_head(&mut sock).await {
+                    let _ = sock.write_all(answer.as_bytes()).await;
+                }
+            }
+        });
         written
     });
     (url, writer)
 }
 
-/// legate (`connection_idle_timeout` 1 s) in front of [`endless_stream`], and an unconnected
-/// caller socket with a small receive window, so that the caller's side fills soon.
+/// legate (`connection_idle_timeout` 1 s, one request at a time to the provider) in front of
+/// [`endless_stream`], and an unconnected caller socket with a small receive window, so that
+/// the caller's side fills soon.
 async fn stalling() -> (Env, tokio::task::JoinHandle<usize>, tokio::net::TcpSocket) {
     let (url, upstream) = endless_stream().await;
     let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&url, "connection_idle_timeout = \"1s\"\n", "", "");
+    let toml = harness::config_toml_with(
+        &url,
+        "connection_idle_timeout = \"1s\"\n",
+        "max_concurrency = 1\n",
+        "",
+    );
     let env = harness::start_toml(unused, &toml).await;
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
@@ -260,6 +288,16 @@ async fn released(upstream: tokio::task::JoinHandle<usize>) {
         .expect("legate drops the upstream stream of a caller that stopped reading")
         .unwrap();
     assert!(written > 0 && written < 1 << 30, "wrote {written} bytes");
+}
+
+/// The provider's one concurrency slot was given back with the stalled stream: the next call
+/// is served at once.
+async fn served_after(env: &Env) {
+    let resp = tokio::time::timeout(Duration::from_secs(10), env.messages(BODY))
+        .await
+        .expect("the next call is not left waiting for the slot");
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("after"));
 }
 
 /// Waits until exactly one request is recorded as the caller's leaving (499).
@@ -301,6 +339,7 @@ async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_release
             .await,
         None
     );
+    served_after(&env).await;
     // The caller's connection is closed: what was sent before the stall, then its end.
     let (got, _) = until_closed(&mut caller).await;
     assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
@@ -389,6 +428,7 @@ async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstrea
 
     released(upstream).await;
     gone_once(&env).await;
+    served_after(&env).await;
     wait_gauge(&env, "data", 0.0).await;
     drop(resp);
 }
