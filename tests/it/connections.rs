@@ -13,20 +13,9 @@ use crate::harness::{self, Env};
 const BODY: &str =
     r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
 
-/// Waits (up to 10 s) until the sample of `name` with `labels` reads `want`.
-async fn wait_metric(env: &Env, name: &str, labels: &[(&str, &str)], want: f64) {
-    let wait = async {
-        while env.metric(name, labels).await != Some(want) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .unwrap_or_else(|_| panic!("{name}{labels:?} never reached {want}"));
-}
-
 async fn wait_gauge(env: &Env, plane: &str, want: f64) {
-    wait_metric(env, "legate_connections", &[("plane", plane)], want).await;
+    env.wait_metric("legate_connections", &[("plane", plane)], want)
+        .await;
 }
 
 /// Reads until legate closes the connection; returns what it sent and how long it took.
@@ -307,7 +296,8 @@ async fn served_after(env: &Env) {
 
 /// Waits until exactly one request is recorded as the caller's leaving (499).
 async fn gone_once(env: &Env) {
-    wait_metric(env, "legate_requests_total", &[("status", "499")], 1.0).await;
+    env.wait_metric("legate_requests_total", &[("status", "499")], 1.0)
+        .await;
 }
 
 /// A caller that stops reading a stream is held to `connection_idle_timeout` (SPEC §14): once

@@ -168,6 +168,19 @@ impl Env {
         let text = self.metrics_text().await;
         metric_value(&text, name, labels)
     }
+
+    /// Waits (up to 10 s) until the sample of `name` with `labels` reads `want`: a poll of
+    /// the condition itself, pausing 10 ms between looks.
+    pub(crate) async fn wait_metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
+        let wait = async {
+            while self.metric(name, labels).await != Some(want) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .unwrap_or_else(|_| panic!("{name}{labels:?} never reached {want}"));
+    }
 }
 
 pub(crate) fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

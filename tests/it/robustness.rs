@@ -5,21 +5,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::harness::{self, Env};
+use crate::harness;
 
 const BODY: &str =
     r#"{"model":"claude-r","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
-
-async fn wait_metric(env: &Env, name: &str, labels: &[(&str, &str)], want: f64) {
-    let wait = async {
-        while env.metric(name, labels).await != Some(want) {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .unwrap_or_else(|_| panic!("{name}{labels:?} never reached {want}"));
-}
 
 #[tokio::test]
 async fn callers_leaving_before_the_answer_leave_no_inflight_count_behind() {
@@ -41,7 +30,8 @@ async fn callers_leaving_before_the_answer_leave_no_inflight_count_behind() {
         call.abort();
     }
     env.mock.wait_cancelled(3).await;
-    wait_metric(&env, "legate_requests_total", &[("status", "499")], 3.0).await;
+    env.wait_metric("legate_requests_total", &[("status", "499")], 3.0)
+        .await;
     assert_eq!(
         env.metric("legate_inflight_requests", &[("provider", "anthropic")])
             .await,
@@ -61,7 +51,8 @@ async fn a_caller_leaving_mid_upload_is_a_499_not_a_400() {
     sock.shutdown().await.unwrap();
     let mut rest = Vec::new();
     let _ = sock.read_to_end(&mut rest).await;
-    wait_metric(&env, "legate_requests_total", &[("status", "499")], 1.0).await;
+    env.wait_metric("legate_requests_total", &[("status", "499")], 1.0)
+        .await;
     assert_eq!(
         env.metric("legate_requests_total", &[("status", "400")])
             .await,
