@@ -122,13 +122,11 @@ impl ProxyError {
         }
     }
 
-    /// True when legate answers before reading the request body to its end (too large, too
-    /// slow, no buffer room): over HTTP/1 the connection cannot carry another request after it.
-    pub fn leaves_body_unread(&self) -> bool {
-        matches!(
-            self,
-            ProxyError::TooLarge { .. } | ProxyError::BodyTimeout | ProxyError::BuffersFull { .. }
-        )
+    /// True when the rest of the caller's body is not worth waiting for: it did not come
+    /// within `body_read_timeout`. Over HTTP/1 the connection then closes after the answer;
+    /// after any other refusal it reads the rest and drops it, and goes on (`server::h1`).
+    pub fn ends_connection(&self) -> bool {
+        matches!(self, ProxyError::BodyTimeout)
     }
 
     /// Short label for metrics and logs.

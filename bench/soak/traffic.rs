@@ -90,8 +90,9 @@ pub(crate) fn mock_script() -> String {
 
 pub(crate) struct Traffic {
     pub(crate) http: reqwest::Client,
-    /// A client of its own for the uploads legate refuses unread: legate then closes the
-    /// connection, and a pooled connection shared with the others might be reused as it does.
+    /// A client of its own for the uploads legate refuses unread: legate reads their rest
+    /// after the answer, and closes the connection when that rest is too large or too slow; a
+    /// pooled connection shared with the others might then be reused as it does.
     pub(crate) rough: reqwest::Client,
     pub(crate) url: String,
     pub(crate) addr: String,

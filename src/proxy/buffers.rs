@@ -125,26 +125,22 @@ pub async fn collect(
     })
 }
 
-/// At most this much of a refused HTTP/2 body is read and thrown away.
-const DISCARD_MAX_BYTES: usize = 128 << 20;
-
 /// Reads and throws away the rest of a refused HTTP/2 request body, in the background, up to
-/// `DISCARD_MAX_BYTES` and within `within`.
+/// [`REFUSED_BODY_MAX`](crate::server::REFUSED_BODY_MAX) and within `within`.
 ///
 /// An HTTP/2 stream answered before its body is in ends with RST_STREAM(NO_ERROR), which the
 /// protocol allows but which some clients (curl among them) report as a failed transfer without
 /// showing the answer. A client allowed to finish its upload reads the 413 like any other
-/// answer; the bytes are counted, not kept, so this costs no memory. (HTTP/1 needs none of
-/// this: its connection closes after an answer whose request body was left unread, reading
-/// and dropping what the caller still sends for a moment first.)
+/// answer; the bytes are counted, not kept, so this costs no memory. (Over HTTP/1 the
+/// connection does the same itself, after the answer: `server::h1`.)
 pub fn discard(mut body: crate::server::CallerBody, within: std::time::Duration) {
     tokio::spawn(async move {
         let drain = async {
-            let mut seen = 0usize;
+            let mut seen = 0u64;
             while let Some(Ok(frame)) = body.frame().await {
                 if let Ok(data) = frame.into_data() {
-                    seen += data.len();
-                    if seen > DISCARD_MAX_BYTES {
+                    seen += data.len() as u64;
+                    if seen > crate::server::REFUSED_BODY_MAX {
                         return;
                     }
                 }

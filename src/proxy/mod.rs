@@ -110,9 +110,6 @@ struct Served {
     /// Still here unless an upstream body took it over.
     record: Option<RequestRecord>,
     stats: exchange::Spent,
-    /// Answered before the body was read: refused from its line and headers, or answered
-    /// locally.
-    body_unread: bool,
     result: Result<Response<ProxyBody>, ProxyError>,
 }
 
@@ -199,8 +196,6 @@ impl Proxy {
             req.version(),
             http::Version::HTTP_10 | http::Version::HTTP_11
         );
-        // A body declared (a length above zero, or chunked): hyper knows from the head.
-        let bodied = !hyper::body::Body::is_end_stream(req.body());
         let websocket =
             responses::is_websocket_upgrade(req.method(), req.uri().path(), req.headers());
         let api_label = if websocket {
@@ -242,14 +237,9 @@ impl Proxy {
                 obs,
                 mut record,
                 stats,
-                body_unread,
                 result,
             } = serving.await;
             let _in = span.enter();
-            // hyper closes a connection whose request body was left unread unless the whole
-            // body came with the head; saying so keeps a client's pool from sending its next
-            // request into the closing socket.
-            let mut close = http1 && bodied && body_unread;
             let mut resp = match result {
                 Ok(resp) => resp,
                 Err(err) => {
@@ -259,17 +249,21 @@ impl Proxy {
                     } else {
                         tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
                     }
-                    close |= http1 && err.leaves_body_unread();
+                    let close = http1 && err.ends_connection();
                     let (parts, body) = err.render(api, &rid).into_parts();
-                    Response::from_parts(parts, ProxyBody::full(body))
+                    let mut resp = Response::from_parts(parts, ProxyBody::full(body));
+                    // The rest of a body left unread is read and dropped by the HTTP/1
+                    // connection after the answer, which then goes on; only one too slow to
+                    // wait for ends the connection.
+                    if close {
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    resp
                 }
             };
-            if close {
-                resp.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
-            }
             proxy.stamp(&mut resp, stats, started, api_label, &obs);
             if let Some(rec) = record.take() {
                 rec.finish(resp.status().as_u16());
@@ -343,7 +337,6 @@ impl Proxy {
         obs: crate::observe::RequestObs,
     ) -> Served {
         let mut stats = exchange::Spent::default();
-        let mut body_unread = true;
         // A block, not a nested future: its steps' futures are this one's, not moved into it.
         let result = 'served: {
             let (endpoint, tenant) = match self.screen(&snap, endpoint, &req, &mut record) {
@@ -354,8 +347,6 @@ impl Proxy {
             if let Some(answered) = self.answer_locally(&snap, endpoint, &req).await {
                 break 'served answered;
             }
-            // From here the body is read, or its read's error says it was not.
-            body_unread = false;
             let inbound = match self
                 .take_in(&snap, endpoint, &tenant, req, &rid, &mut record, &obs)
                 .await
@@ -376,7 +367,6 @@ impl Proxy {
             obs,
             record,
             stats,
-            body_unread,
             result,
         }
     }

@@ -35,6 +35,9 @@ use tokio::time::{Instant, Sleep};
 pub struct ConnLimits {
     pub header_read_timeout: Duration,
     pub connection_idle_timeout: Duration,
+    /// How long the rest of a request body left unread is read and dropped for, after its
+    /// answer, so that the connection can carry the next request (HTTP/1).
+    pub body_read_timeout: Duration,
 }
 
 struct State {
@@ -79,6 +82,11 @@ impl ConnWatch {
             }),
             serving: AtomicBool::new(false),
         })
+    }
+
+    /// The deadlines this connection is held to.
+    pub fn limits(&self) -> ConnLimits {
+        self.limits
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
@@ -414,6 +422,7 @@ mod tests {
     const LIMITS: ConnLimits = ConnLimits {
         header_read_timeout: Duration::from_secs(10),
         connection_idle_timeout: Duration::from_secs(120),
+        body_read_timeout: Duration::from_secs(60),
     };
 
     /// Starts the watchdog and lets it arm; returns when it fires.

@@ -16,6 +16,16 @@
 //! and the bytes written ahead at [`FLUSH_AT`]; a caller that sends the body slowly is held to
 //! `body_read_timeout` by the handler, and one that sends nothing, or stops taking its answer,
 //! to the connection's own deadlines by [`super::conn`].
+//!
+//! A request answered before its body was read (a refusal: a bad key, an unknown route, a body
+//! over the limit) leaves the rest of that body on its way. Closing then would reset the
+//! connection under a client still writing it, which most clients (Node's `fetch` among them)
+//! report as a failed connection without reading the answer, and retry. So the connection
+//! reads the rest after the answer and throws it away, as HTTP/2 does for a stream
+//! (`proxy::buffers::discard`): up to [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) and within
+//! `body_read_timeout`, and then carries the next request. A rest larger than that, a body
+//! never asked for (`Expect: 100-continue` unanswered), or a handler that says
+//! `connection: close` ends the connection instead.
 
 pub(crate) mod body;
 mod request;
@@ -175,7 +185,8 @@ where
             pipe.abandon();
             inbound.abandoned = true;
         }
-        keep_alive &= inbound.complete() && !stop.is_cancelled();
+        // The rest of a body left unread is read after the answer, if it may be.
+        keep_alive &= (inbound.complete() || inbound.drainable()) && !stop.is_cancelled();
         let (parts, mut body) = resp.into_parts();
         let length = body.size_hint().exact();
         let out = response::encode(
@@ -192,6 +203,11 @@ where
             poll_fn(|cx| conn.poll_response(cx, &mut writer, &mut body, &mut inbound)).await
         };
         drop(body);
+        if keep_alive && matches!(written, Ok(false)) && !inbound.complete() {
+            // Still in flight meanwhile: the drain's own bound holds it, not the idle one.
+            let within = watch.limits().body_read_timeout;
+            keep_alive = conn.drain(&mut inbound, within, stop).await;
+        }
         drop(inflight);
         if conn.buf.is_empty() {
             conn.trim();
@@ -241,6 +257,20 @@ impl Drop for Inbound {
 impl Inbound {
     fn complete(&self) -> bool {
         self.pipe.is_none() && !self.broken && !self.abandoned
+    }
+
+    /// Whether the rest of a body the handler left unread may be read and dropped after the
+    /// answer: the caller was asked for it (no `100 Continue` still owed) and it did not break
+    /// off, and a declared rest is within [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) (a
+    /// chunked one is counted as it comes).
+    fn drainable(&self) -> bool {
+        self.abandoned
+            && !self.broken
+            && !self.continue_due
+            && match self.framing {
+                Left::Bytes(n) => n <= super::REFUSED_BODY_MAX,
+                Left::Chunked(_) => true,
+            }
     }
 }
 
@@ -551,6 +581,59 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             self.buf.reserve(READ_SIZE);
         }
         tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// Reads and drops the rest of a body its handler left unread (see the module's doc),
+    /// within `within`; whether it ended there, so that the connection can go on. Bytes after
+    /// it are the next request's, and stay in the buffer.
+    async fn drain(
+        &mut self,
+        inbound: &mut Inbound,
+        within: Duration,
+        stop: &CancellationToken,
+    ) -> bool {
+        let mut seen = 0;
+        let rest = poll_fn(|cx| self.poll_drain(cx, &mut inbound.framing, &mut seen));
+        let drained = tokio::select! {
+            drained = tokio::time::timeout(within, rest) => drained.unwrap_or(false),
+            () = stop.cancelled() => false,
+        };
+        // Nothing of the body is left unread now.
+        inbound.abandoned &= !drained;
+        drained
+    }
+
+    /// [`Self::drain`]'s reads: `Ready(false)` if the caller left, the chunked coding broke or
+    /// its data went past [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) (`seen` counts it).
+    fn poll_drain(&mut self, cx: &mut Context<'_>, left: &mut Left, seen: &mut u64) -> Poll<bool> {
+        loop {
+            match left {
+                Left::Bytes(0) => return Poll::Ready(true),
+                Left::Bytes(n) if !self.buf.is_empty() => {
+                    let k = (*n).min(self.buf.len() as u64);
+                    *n -= k;
+                    bytes::Buf::advance(&mut self.buf, k as usize);
+                    continue;
+                }
+                Left::Bytes(_) => {}
+                Left::Chunked(decoder) => match decoder.step(&mut self.buf) {
+                    Ok(Step::Data(data)) => {
+                        *seen += data.len() as u64;
+                        if *seen > super::REFUSED_BODY_MAX {
+                            return Poll::Ready(false);
+                        }
+                        continue;
+                    }
+                    Ok(Step::Done) => return Poll::Ready(true),
+                    Ok(Step::More) => {}
+                    Err(_) => return Poll::Ready(false),
+                },
+            }
+            match ready!(self.poll_fill_body(cx, left)) {
+                Ok(0) | Err(_) => return Poll::Ready(false),
+                Ok(_) => {}
+            }
+        }
     }
 
     /// Ends the connection after its last answer. With `linger`, what the caller still sends

@@ -28,6 +28,11 @@ use admin::Admin;
 pub use caller::CallerBody;
 pub use reload::{ConfigSource, ReloadOutcome, Reloader};
 
+/// At most this much of a request body that was answered without being read (a refusal) is
+/// read and thrown away afterwards, over either protocol, so that a client still sending it
+/// gets to read the answer: a larger rest ends the connection (HTTP/1) or the stream (HTTP/2).
+pub const REFUSED_BODY_MAX: u64 = 128 << 20;
+
 /// A running legate: its bound addresses and the handle to stop it.
 pub struct RunningServer {
     pub data_addr: SocketAddr,
@@ -106,6 +111,7 @@ pub async fn start_reloadable(
         conn::ConnLimits {
             header_read_timeout: l.header_read_timeout,
             connection_idle_timeout: l.connection_idle_timeout,
+            body_read_timeout: l.body_read_timeout,
         }
     };
     let data_workers = match cfg.server.worker_threads {

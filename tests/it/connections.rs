@@ -100,6 +100,8 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_an_idle_connection_is_
     let text = String::from_utf8_lossy(&got);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("body_read_timeout"), "{text}");
+    // A body too slow to wait for is not read after the answer: the connection ends.
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
     assert!(took < Duration::from_secs(5), "answered after {took:?}");
     assert_eq!(env.mock.stats().requests, 0);
 

@@ -62,8 +62,8 @@ async fn oversize_bodies_are_413_declared_or_streamed() {
     let declared = env.messages(big.clone()).await;
     assert_eq!(declared.status(), 413);
     // The body came whole with its head, so the HTTP/1 connection has nothing left to read
-    // and stays open (one refused before its body arrived closes: see
-    // `a_refusal_before_the_body_is_read_closes_the_connection_and_says_so`).
+    // and stays open (one refused before its body arrived is read after the answer: see
+    // `a_refused_upload_is_read_to_its_end_and_its_connection_serves_the_next_request`).
     assert!(declared.headers().get("connection").is_none());
     let v = json(declared).await;
     assert_eq!(v["error"]["type"], "request_too_large");
@@ -81,7 +81,8 @@ async fn oversize_bodies_are_413_declared_or_streamed() {
         .await
         .unwrap();
     assert_eq!(streamed.status(), 413);
-    assert_eq!(streamed.headers()["connection"], "close");
+    // The rest of the body is read after the answer: the connection stays open.
+    assert!(streamed.headers().get("connection").is_none());
     let v = json(streamed).await;
     assert_eq!(v["error"]["code"], "request_too_large");
     assert_eq!(env.mock.stats().requests, 0);
@@ -120,18 +121,106 @@ async fn unknown_paths_are_404_in_the_callers_shape() {
     assert_eq!(env.mock.stats().requests, 0);
 }
 
+/// Writes a request's head and then its whole body before reading anything, as Node's
+/// `fetch` does, and reads the answer: legate must take the body for this to end.
+async fn upload_then_read(
+    sock: &mut tokio::net::TcpStream,
+    head: &str,
+    body: &[u8],
+) -> (String, Vec<u8>) {
+    use tokio::io::AsyncWriteExt;
+    let send = async {
+        sock.write_all(head.as_bytes()).await.unwrap();
+        sock.write_all(body).await.unwrap();
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), send)
+        .await
+        .expect("legate reads the whole upload");
+    let mut buf = Vec::new();
+    let (head, body) = harness::read_message(sock, &mut buf)
+        .await
+        .expect("an answer");
+    assert!(buf.is_empty(), "nothing after the answer");
+    (head.to_ascii_lowercase(), body)
+}
+
 #[tokio::test]
-async fn a_refusal_before_the_body_is_read_closes_the_connection_and_says_so() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let env = harness::start("").await;
-    // The head alone: the unknown route is refused without waiting for the declared body, so
-    // the connection cannot carry another request, and the answer must say it closes.
+async fn a_refused_upload_is_read_to_its_end_and_its_connection_serves_the_next_request() {
+    let key_hash = harness::sha256_hex(b"team-a-secret");
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let clients = format!("[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{key_hash}\"\n");
+    let toml =
+        harness::config_toml_with(&mock.base_url(), "max_body_bytes = 1000000", "", &clients);
+    let env = harness::start_toml(mock, &toml).await;
     let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
         .await
         .unwrap();
-    sock.write_all(b"POST /v1/nope HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\n\r\n")
+    // Refused from its headers (a wrong key, an unknown route) or its declared size, each
+    // before its body was read: far more than the sockets hold, so the upload only ends if
+    // legate reads it.
+    let big = vec![b'x'; 8 << 20];
+    for (head, status) in [
+        (
+            "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: wrong\r\n",
+            "401",
+        ),
+        (
+            "POST /v1/nope HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: team-a-secret\r\n",
+            "404",
+        ),
+        (
+            "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: team-a-secret\r\n",
+            "413",
+        ),
+    ] {
+        let head = format!("{head}content-length: {}\r\n\r\n", big.len());
+        let (answer, body) = upload_then_read(&mut sock, &head, &big).await;
+        assert!(
+            answer.starts_with(&format!("http/1.1 {status} ")),
+            "{answer}"
+        );
+        assert!(!answer.contains("\r\nconnection:"), "{answer}");
+        assert!(!body.is_empty());
+    }
+    // A chunked upload over the limit, refused while it was read: the rest is read too.
+    let mut chunked = Vec::new();
+    for _ in 0..64 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 1 << 16).as_bytes());
+        chunked.extend_from_slice(&[b'y'; 1 << 16]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let head = "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: team-a-secret\r\ntransfer-encoding: chunked\r\n\r\n";
+    let (answer, _) = upload_then_read(&mut sock, head, &chunked).await;
+    assert!(answer.starts_with("http/1.1 413 "), "{answer}");
+    assert!(!answer.contains("\r\nconnection:"), "{answer}");
+
+    // The same connection then carries a request that is served.
+    let ok = r#"{"model":"m","max_tokens":1,"messages":[]}"#;
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: team-a-secret\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        ok.len()
+    );
+    let (answer, _) = upload_then_read(&mut sock, &head, ok.as_bytes()).await;
+    assert!(answer.starts_with("http/1.1 200 "), "{answer}");
+    assert_eq!(env.mock.stats().requests, 1);
+    assert_eq!(env.legate.proxy.buffers.used(), 0);
+}
+
+#[tokio::test]
+async fn a_refused_upload_beyond_what_is_read_after_it_closes_the_connection_and_says_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = harness::start("").await;
+    // A declared rest beyond what legate reads after a refusal (128 MiB): the answer says the
+    // connection closes, and it does.
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
         .await
         .unwrap();
+    let head = format!(
+        "POST /v1/nope HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n",
+        legate::server::REFUSED_BODY_MAX + 1
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
     let mut got = Vec::new();
     tokio::time::timeout(
         std::time::Duration::from_secs(10),
@@ -144,8 +233,7 @@ async fn a_refusal_before_the_body_is_read_closes_the_connection_and_says_so() {
     assert!(text.starts_with("http/1.1 404"), "{text}");
     assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
 
-    // Without a body, or once the body was read, the connection stays open (with a body, see
-    // `unknown_paths_are_404_in_the_callers_shape`).
+    // Without a body, or once the body was read, the connection stays open.
     let bare = env.http.get(env.url("/v1/nope")).send().await.unwrap();
     assert_eq!(bare.status(), 404);
     assert!(bare.headers().get("connection").is_none());

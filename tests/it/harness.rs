@@ -333,3 +333,43 @@ pub(crate) fn sigterm(child: &Child) {
         .unwrap();
     assert!(status.success());
 }
+
+/// One HTTP/1 message off `sock` (a request or an answer, its body framed by its
+/// `content-length`, none meaning empty): its head as text and its body. What came after it
+/// stays in `buf` for the next one; `None` if the peer closed first.
+pub(crate) async fn read_message(
+    sock: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = sock.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < end + len {
+        let n = sock.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[end..end + len].to_vec();
+    buf.drain(..end + len);
+    Some((head, body))
+}

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::harness;
+
 /// One request as it arrived.
 pub(crate) struct RawRequest {
     /// Which connection (0-based, in accept order) and which request on it (0-based).
@@ -74,7 +76,7 @@ where
 {
     let mut buf = Vec::new();
     for on_conn in 0.. {
-        let Some((head, body)) = read_request(&mut sock, &mut buf).await else {
+        let Some((head, body)) = harness::read_message(&mut sock, &mut buf).await else {
             return;
         };
         count.fetch_add(1, Ordering::SeqCst);
@@ -116,39 +118,6 @@ where
             }
         }
     }
-}
-
-async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
-    let mut chunk = [0u8; 8192];
-    let end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = sock.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..end]).to_string();
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    while buf.len() < end + len {
-        let n = sock.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let body = buf[end..end + len].to_vec();
-    buf.drain(..end + len);
-    Some((head, body))
 }
 
 /// An event-stream response head (no length: the body runs until the connection ends).

@@ -21,7 +21,7 @@ pub(super) enum Out {
 
 /// Appends the head of a response to `method` to `out`, and says how its body is framed.
 /// `length` is the body's exact size if known; `keep_alive` is cleared when the framing needs
-/// the connection to close.
+/// the connection to close, or the handler's `connection` header says `close`.
 pub(super) fn encode(
     parts: &http::response::Parts,
     method: &Method,
@@ -46,8 +46,16 @@ pub(super) fn encode(
     // RFC 9110 §8.6: no length on a 1xx or a 204.
     let lengthless = status.is_informational() || status == StatusCode::NO_CONTENT;
     for (name, value) in &parts.headers {
-        // The connection frames the body and decides on keep-alive itself.
-        if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
+        // The connection frames the body and decides on keep-alive itself, but a handler may
+        // end it (the caller's body too slow to wait for): `close` is the one token it takes.
+        if name == header::CONNECTION {
+            *keep_alive &= !value
+                .as_bytes()
+                .split(|b| *b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            continue;
+        }
+        if name == header::TRANSFER_ENCODING {
             continue;
         }
         if lengthless && name == header::CONTENT_LENGTH {

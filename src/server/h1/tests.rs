@@ -46,6 +46,10 @@ async fn handle(seen: Arc<Seen>, req: Request<CallerBody>) -> Response<TestBody>
     let path = parts.uri.path().to_string();
     match path.as_str() {
         "/refuse" => Response::builder().status(413).body(full("no")).unwrap(),
+        "/close" => Response::builder()
+            .header("connection", "x-other, Close")
+            .body(full("bye"))
+            .unwrap(),
         "/handoff" => {
             let tx = seen.handoff.lock().unwrap().take().unwrap();
             tokio::spawn(async move {
@@ -90,7 +94,19 @@ fn open() -> (
     CancellationToken,
     tokio::task::JoinHandle<io::Result<()>>,
 ) {
-    let (caller, server) = tokio::io::duplex(1 << 20);
+    open_with(1 << 20)
+}
+
+/// [`open`] with the in-memory socket holding at most `window` bytes each way.
+fn open_with(
+    window: usize,
+) -> (
+    DuplexStream,
+    Arc<Seen>,
+    CancellationToken,
+    tokio::task::JoinHandle<io::Result<()>>,
+) {
+    let (caller, server) = tokio::io::duplex(window);
     let seen = Arc::new(Seen::default());
     let stop = CancellationToken::new();
     let (s, st) = (seen.clone(), stop.clone());
@@ -98,6 +114,7 @@ fn open() -> (
         let watch = ConnWatch::new(ConnLimits {
             header_read_timeout: Duration::from_secs(10),
             connection_idle_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
         });
         let handler = move |req, _peer| handle(s.clone(), req).map(Ok::<_, Infallible>);
         let peer: SocketAddr = ([127, 0, 0, 1], 1).into();
@@ -225,8 +242,10 @@ async fn a_body_that_breaks_off_is_an_error_to_the_handler() {
 }
 
 #[tokio::test]
-async fn an_answer_without_reading_the_body_closes_the_connection_and_says_so() {
-    let (mut caller, _seen, _stop, task) = open();
+async fn the_rest_of_a_body_left_unread_is_read_and_dropped_and_the_connection_goes_on() {
+    // A socket window smaller than the body: the caller can only finish writing it if the
+    // connection reads it after the answer.
+    let (mut caller, seen, _stop, _task) = open_with(16 << 10);
     caller
         .write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
         .await
@@ -236,10 +255,103 @@ async fn an_answer_without_reading_the_body_closes_the_connection_and_says_so() 
         text.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
         "{text}"
     );
+    assert!(!text.contains("connection:"), "{text}");
+    caller.write_all(&[b'x'; 100_000]).await.unwrap();
+    caller
+        .write_all(b"POST /next HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(text.ends_with("\r\n\r\nPOST ok"), "{text}");
+    assert_eq!(
+        *seen.requests.lock().unwrap(),
+        [("POST".into(), "/next".into(), "ok".into())]
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_body_left_unread_is_read_to_its_end_and_the_connection_goes_on() {
+    let (mut caller, seen, _stop, _task) = open();
+    caller
+        .write_all(
+            b"POST /refuse HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
+        )
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(!text.contains("connection:"), "{text}");
+    caller
+        .write_all(b"lo\r\n3\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\nGET /after HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(text.ends_with("\r\n\r\nGET "), "{text}");
+    assert_eq!(seen.requests.lock().unwrap()[0].1, "/after");
+}
+
+#[tokio::test]
+async fn a_body_left_unread_beyond_what_is_drained_or_never_asked_for_closes_the_connection() {
+    for head in [
+        format!(
+            "POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+            crate::server::REFUSED_BODY_MAX + 1
+        ),
+        // The body waits for a `100 Continue` that never came: it may never be sent.
+        "POST /refuse HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n"
+            .to_string(),
+    ] {
+        let (mut caller, _seen, _stop, task) = open();
+        caller.write_all(head.as_bytes()).await.unwrap();
+        let text = read_answers(&mut caller, 1).await;
+        assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+        assert!(!text.contains("100 Continue"), "{text}");
+        // What the caller still sends is read and dropped for a moment, then the connection
+        // ends.
+        caller.write_all(&[b'x'; 1000]).await.unwrap();
+        drop(caller);
+        task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_stops_sending_a_body_left_unread_is_closed_after_the_body_read_timeout() {
+    let (mut caller, seen, _stop, task) = open();
+    caller
+        .write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\nabc")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(!text.contains("connection:"), "{text}");
+    let answered = tokio::time::Instant::now();
+    // The caller sends no more; the connection waits for the rest for `body_read_timeout`.
+    let mut rest = Vec::new();
+    caller.read_to_end(&mut rest).await.unwrap();
+    assert_eq!(rest, b"");
+    assert!(answered.elapsed() >= Duration::from_secs(60));
+    assert!(answered.elapsed() < Duration::from_secs(62));
+    task.await.unwrap().unwrap();
+    assert!(seen.requests.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_handler_that_says_connection_close_ends_the_connection() {
+    let (mut caller, _seen, _stop, task) = open();
+    caller
+        .write_all(b"GET /close HTTP/1.1\r\nhost: x\r\n\r\nGET /never HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), caller.read_to_string(&mut text))
+        .await
+        .expect("the connection ends after the answer")
+        .unwrap();
+    assert!(
+        text.starts_with("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n"),
+        "{text}"
+    );
+    assert_eq!(text.matches("connection:").count(), 1, "{text}");
     assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
-    // What the caller still sends is read and dropped, then the connection ends.
-    caller.write_all(&[b'x'; 1000]).await.unwrap();
-    drop(caller);
+    assert!(text.ends_with("\r\n\r\nbye"), "{text}");
     task.await.unwrap().unwrap();
 }
 
@@ -378,12 +490,19 @@ async fn a_body_read_on_another_task_ends_in_an_error_once_the_connection_moves_
         .await
         .unwrap();
     let text = read_answers(&mut caller, 1).await;
-    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
     let got = tokio::time::timeout(Duration::from_secs(10), rx)
         .await
         .expect("the reader is not left waiting")
         .unwrap();
     assert!(got.is_err(), "{got:?}");
+    // The rest of the body is read and dropped, and the connection goes on.
+    assert!(!text.contains("connection:"), "{text}");
+    caller
+        .write_all(b"defghijGET /after HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(text.ends_with("\r\n\r\nGET "), "{text}");
 }
 
 #[tokio::test]
