@@ -13,7 +13,7 @@
 //! call and a provider concurrency slot, for as long as the provider kept the stream open.
 //! Over HTTP/2 that covers a caller that stops reading the socket; one that reads it but
 //! withholds flow-control credit from one stream stalls only that stream, inside hyper, and is
-//! not seen here.
+//! not seen here: that stream's body watches itself ([`super::stall`]).
 
 use std::future::Future;
 use std::io;

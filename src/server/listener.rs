@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::caller::{CallerBody, Rewind};
 use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo, watched};
 use super::h1;
+use super::stall::StallWatched;
 use super::workers::Workers;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -169,6 +170,7 @@ where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let w = watch.clone();
+    let limit = watch.limits().connection_idle_timeout;
     let svc = service_fn(move |req: http::Request<Incoming>| {
         let inflight = w.begin();
         // hyper keeps one slot of this future's size per stream: the handlers box their
@@ -176,6 +178,8 @@ where
         let fut = handler(req.map(CallerBody::Right), peer);
         async move {
             let resp = fut.await?;
+            // A stream the caller gives no credit is held to the idle timeout too.
+            let resp = resp.map(|b| StallWatched::new(b, limit));
             Ok::<_, std::convert::Infallible>(resp.map(|b| Guarded::new(b, inflight)))
         }
     });

@@ -418,3 +418,58 @@ async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstrea
     wait_gauge(&env, "data", 0.0).await;
     drop(resp);
 }
+
+/// An HTTP/2 caller that keeps reading its socket but gives one stream no flow-control credit:
+/// that stream alone is cut once hyper has not asked for its next frame within
+/// `connection_idle_timeout`; its upstream stream is released, and the connection's other
+/// streams go on.
+#[tokio::test]
+async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released() {
+    let (env, upstream, _) = stalling().await;
+    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    // The stream's window is the protocol's default; the connection's is far larger, so that
+    // only the one stream runs out of credit.
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(1 << 30)
+            .handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let post = |body: &'static str| {
+        http::Request::post("http://127.0.0.1/v1/messages")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                body.as_bytes(),
+            )))
+            .unwrap()
+    };
+    let streamed = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(post(streamed)))
+        .await
+        .expect("the answer's head in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Its body is never read: the stream's window fills and stays full.
+
+    released(upstream).await;
+    gone_once(&env).await;
+    // The same connection serves the next call, and the provider's slot came back for it.
+    let next = tokio::time::timeout(Duration::from_secs(10), send.send_request(post(BODY)))
+        .await
+        .expect("the connection's other streams go on")
+        .unwrap();
+    assert_eq!(next.status(), 200);
+    let text = http_body_util::BodyExt::collect(next.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&text).contains("after"), "{text:?}");
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "200")])
+            .await,
+        Some(1.0)
+    );
+    drop(resp);
+}

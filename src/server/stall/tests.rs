@@ -1,0 +1,126 @@
+//! The stall watch on a paused clock: a body fed through a channel, whose drop is seen.
+
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::mpsc;
+
+use super::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// An endless answer: frames as the test sends them, and a flag set when it is dropped (as
+/// an upstream stream is released).
+struct Feed {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Body for Feed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.get_mut()
+            .rx
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn feed() -> (
+    StallWatched<Feed>,
+    mpsc::UnboundedSender<Bytes>,
+    Arc<AtomicBool>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let body = Feed {
+        rx,
+        dropped: dropped.clone(),
+    };
+    (StallWatched::new(body, LIMIT), tx, dropped)
+}
+
+/// One poll of the body, as hyper makes it when the stream has credit.
+async fn next(body: &mut StallWatched<Feed>) -> Option<Result<Frame<Bytes>, BoxError>> {
+    poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_not_asked_for_again_within_the_limit_drops_the_body() {
+    let (mut body, tx, dropped) = feed();
+    tx.send(Bytes::from_static(b"a")).unwrap();
+    assert!(next(&mut body).await.unwrap().is_ok());
+    let handed = Instant::now();
+    // hyper asks for nothing more (the stream has no credit): the body goes at the limit.
+    tokio::time::sleep(LIMIT - Duration::from_secs(1)).await;
+    assert!(!dropped.load(Ordering::SeqCst));
+    while !dropped.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = handed.elapsed();
+    assert!(
+        took >= LIMIT && took <= LIMIT + Duration::from_millis(100),
+        "{took:?}"
+    );
+    // Asked again later (credit came), the stream ends in an error.
+    let err = next(&mut body).await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("flow-control credit"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_polled_in_time_or_waiting_on_its_provider_is_never_cut() {
+    let (mut body, tx, dropped) = feed();
+    // Frames taken every 100 s of a 120 s limit, for ten times the limit.
+    for _ in 0..12 {
+        tx.send(Bytes::from_static(b"a")).unwrap();
+        assert!(next(&mut body).await.unwrap().is_ok());
+        tokio::time::sleep(Duration::from_secs(100)).await;
+    }
+    // Then the provider is slow: the body waits on it (Pending) for three times the limit.
+    let waiting = tokio::spawn(async move {
+        let frame = next(&mut body).await;
+        (body, frame)
+    });
+    tokio::time::sleep(LIMIT * 3).await;
+    assert!(!dropped.load(Ordering::SeqCst));
+    tx.send(Bytes::from_static(b"late")).unwrap();
+    let (_body, frame) = waiting.await.unwrap();
+    let data = frame.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&data[..], b"late");
+    assert!(!dropped.load(Ordering::SeqCst));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_ends_or_is_dropped_leaves_no_watcher_behind() {
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    for end in [true, false] {
+        let (mut body, tx, _dropped) = feed();
+        tx.send(Bytes::from_static(b"a")).unwrap();
+        assert!(next(&mut body).await.unwrap().is_ok());
+        assert_eq!(alive(), 1, "a watcher once a frame is out");
+        if end {
+            drop(tx);
+            assert!(next(&mut body).await.is_none());
+        } else {
+            drop(body);
+        }
+        // An aborted task is gone at the runtime's next turn, long before its limit.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(alive(), 0, "ended: {end}");
+    }
+}
