@@ -22,9 +22,10 @@
 //! connection under a client still writing it, which most clients (Node's `fetch` among them)
 //! report as a failed connection without reading the answer, and retry. So the connection
 //! reads the rest after the answer and throws it away, as HTTP/2 does for a stream
-//! (`proxy::buffers::discard`): up to [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) and within
-//! `body_read_timeout`, and then carries the next request. A rest larger than that, a body
-//! never asked for (`Expect: 100-continue` unanswered), or a handler that says
+//! (`proxy::buffers::discard`): up to [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) bytes on
+//! the wire (a chunked rest's size lines and extensions count) and within `body_read_timeout`,
+//! a shutdown meanwhile included, and then carries the next request. A rest larger than that,
+//! a body never asked for (`Expect: 100-continue` unanswered), or a handler that says
 //! `connection: close` ends the connection instead.
 
 pub(crate) mod body;
@@ -206,7 +207,7 @@ where
         if keep_alive && matches!(written, Ok(false)) && !inbound.complete() {
             // Still in flight meanwhile: the drain's own bound holds it, not the idle one.
             let within = watch.limits().body_read_timeout;
-            keep_alive = conn.drain(&mut inbound, within, stop).await;
+            keep_alive = conn.drain(&mut inbound, within).await;
         }
         drop(inflight);
         if conn.buf.is_empty() {
@@ -585,26 +586,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
 
     /// Reads and drops the rest of a body its handler left unread (see the module's doc),
     /// within `within`; whether it ended there, so that the connection can go on. Bytes after
-    /// it are the next request's, and stay in the buffer.
-    async fn drain(
-        &mut self,
-        inbound: &mut Inbound,
-        within: Duration,
-        stop: &CancellationToken,
-    ) -> bool {
+    /// it are the next request's, and stay in the buffer. A shutdown does not cut it short:
+    /// its answer went out without `connection: close`, so the caller may still be writing,
+    /// and closing under it would reset that answer away (the shutdown's grace bounds it).
+    async fn drain(&mut self, inbound: &mut Inbound, within: Duration) -> bool {
         let mut seen = 0;
         let rest = poll_fn(|cx| self.poll_drain(cx, &mut inbound.framing, &mut seen));
-        let drained = tokio::select! {
-            drained = tokio::time::timeout(within, rest) => drained.unwrap_or(false),
-            () = stop.cancelled() => false,
-        };
+        let drained = tokio::time::timeout(within, rest).await.unwrap_or(false);
         // Nothing of the body is left unread now.
         inbound.abandoned &= !drained;
         drained
     }
 
     /// [`Self::drain`]'s reads: `Ready(false)` if the caller left, the chunked coding broke or
-    /// its data went past [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) (`seen` counts it).
+    /// the bytes it took went past [`REFUSED_BODY_MAX`](super::REFUSED_BODY_MAX) (`seen`
+    /// counts them).
     fn poll_drain(&mut self, cx: &mut Context<'_>, left: &mut Left, seen: &mut u64) -> Poll<bool> {
         loop {
             match left {
@@ -616,18 +612,22 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                     continue;
                 }
                 Left::Bytes(_) => {}
-                Left::Chunked(decoder) => match decoder.step(&mut self.buf) {
-                    Ok(Step::Data(data)) => {
-                        *seen += data.len() as u64;
-                        if *seen > super::REFUSED_BODY_MAX {
-                            return Poll::Ready(false);
-                        }
-                        continue;
+                Left::Chunked(decoder) => {
+                    // Counted on the wire, not as data: size lines, extensions and trailers
+                    // are bytes the caller makes legate read too.
+                    let before = self.buf.len();
+                    let step = decoder.step(&mut self.buf);
+                    *seen += (before - self.buf.len()) as u64;
+                    if *seen > super::REFUSED_BODY_MAX {
+                        return Poll::Ready(false);
                     }
-                    Ok(Step::Done) => return Poll::Ready(true),
-                    Ok(Step::More) => {}
-                    Err(_) => return Poll::Ready(false),
-                },
+                    match step {
+                        Ok(Step::Data(_)) => continue,
+                        Ok(Step::Done) => return Poll::Ready(true),
+                        Ok(Step::More) => {}
+                        Err(_) => return Poll::Ready(false),
+                    }
+                }
             }
             match ready!(self.poll_fill_body(cx, left)) {
                 Ok(0) | Err(_) => return Poll::Ready(false),

@@ -318,6 +318,78 @@ async fn a_body_left_unread_beyond_what_is_drained_or_never_asked_for_closes_the
     }
 }
 
+/// The bound on a refused chunked rest counts the bytes read, not the data they carry: size
+/// lines and their padding cost the connection as much to read.
+#[tokio::test]
+async fn a_chunked_rest_left_unread_is_bounded_by_its_bytes_on_the_wire() {
+    let (mut caller, seen, _stop, task) = open();
+    caller
+        .write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(!text.contains("connection:"), "{text}");
+    // 64 bytes of data in 84 on the wire (a size written at a fixed width of 16 digits): 160
+    // MiB on the wire is past the bound, while its 122 MiB of data are not.
+    let mut chunk = b"0000000000000040\r\n".to_vec();
+    chunk.extend_from_slice(&[b'y'; 64]);
+    chunk.extend_from_slice(b"\r\n");
+    let block = chunk.repeat((64 << 10) / chunk.len());
+    let wire: usize = 160 << 20;
+    assert!(wire as u64 > crate::server::REFUSED_BODY_MAX);
+    assert!(((wire / chunk.len()) * 64) as u64 <= crate::server::REFUSED_BODY_MAX);
+    let (mut rd, mut wr) = tokio::io::split(caller);
+    let writer = tokio::spawn(async move {
+        let mut sent = 0;
+        while sent < wire {
+            if wr.write_all(&block).await.is_err() {
+                return sent;
+            }
+            sent += block.len();
+        }
+        let _ = wr.write_all(b"0\r\n\r\nGET /after HTTP/1.1\r\n\r\n").await;
+        sent
+    });
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), rd.read_to_end(&mut rest))
+        .await
+        .expect("the connection closes")
+        .unwrap();
+    assert_eq!(rest, b"", "nothing after the refusal");
+    task.await.unwrap().unwrap();
+    drop(rd);
+    let sent = writer.await.unwrap();
+    assert!(
+        sent < wire,
+        "the connection closed under the rest ({sent} bytes sent)"
+    );
+    assert!(seen.requests.lock().unwrap().is_empty());
+}
+
+/// A shutdown that comes while a refused rest is read does not cut the read short: the answer
+/// went out without `connection: close`, so the caller is still writing, and a close under it
+/// would reset the answer away. The connection ends once the rest is in.
+#[tokio::test]
+async fn a_stop_during_the_read_of_a_refused_rest_lets_it_finish_then_closes() {
+    let rest = 4usize << 20;
+    let (mut caller, seen, stop, task) = open_with(16 << 10);
+    let head = format!("POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: {rest}\r\n\r\n");
+    caller.write_all(head.as_bytes()).await.unwrap();
+    let text = read_answers(&mut caller, 1).await;
+    assert!(!text.contains("connection:"), "{text}");
+    stop.cancel();
+    // Four times what a close would still have read after the answer.
+    caller.write_all(&vec![b'z'; rest]).await.unwrap();
+    let mut after = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), caller.read_to_end(&mut after))
+        .await
+        .expect("the connection ends once the rest is in")
+        .unwrap();
+    assert_eq!(after, b"");
+    task.await.unwrap().unwrap();
+    assert!(seen.requests.lock().unwrap().is_empty());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_stops_sending_a_body_left_unread_is_closed_after_the_body_read_timeout() {
     let (mut caller, seen, _stop, task) = open();

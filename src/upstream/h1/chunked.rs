@@ -8,9 +8,14 @@ use bytes::{Bytes, BytesMut};
 const MAX_LINE: usize = 4 << 10;
 /// The most trailer bytes accepted.
 const MAX_TRAILERS: usize = 16 << 10;
-/// The most chunk-extension bytes accepted over a whole body: beyond it a peer is making
-/// legate parse more than it sends data.
+/// The most chunk-extension bytes accepted over a whole body, size digits beyond
+/// [`FREE_DIGITS`] on a line included: beyond it a peer is making legate parse more than it
+/// sends data.
 const MAX_EXTENSIONS: usize = 16 << 10;
+/// Size digits a line may have without counting as extension bytes: a size written at a fixed
+/// width (up to a 64-bit value's 16) is a sender's habit, while thousands of leading zeros
+/// before each byte of data are a way to make a body cost far more to read than it holds.
+const FREE_DIGITS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -57,8 +62,8 @@ impl Decoder {
                         return Ok(Step::More);
                     };
                     let size = chunk_size(&line)?;
-                    self.extensions +=
-                        line.len() - line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+                    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+                    self.extensions += line.len() - digits.min(FREE_DIGITS);
                     if self.extensions > MAX_EXTENSIONS {
                         return Err("too many chunk extensions");
                     }
@@ -200,6 +205,27 @@ mod tests {
         }
         assert_eq!(
             decode(&chatty, 4096).err(),
+            Some("too many chunk extensions")
+        );
+    }
+
+    #[test]
+    fn sizes_padded_past_sixteen_digits_count_as_extensions() {
+        // A fixed-width size (16 digits) costs nothing, however many chunks carry one.
+        let mut fixed = Vec::new();
+        for _ in 0..5000 {
+            fixed.extend_from_slice(b"0000000000000001\r\na\r\n");
+        }
+        fixed.extend_from_slice(b"0\r\n\r\n");
+        let (data, done) = decode(&fixed, 4096).unwrap();
+        assert_eq!((data.len(), done), (5000, true));
+        // 4,000 zeros before each byte: a few lines in, the body is refused.
+        let mut padded = Vec::new();
+        for _ in 0..20 {
+            padded.extend_from_slice(format!("{}1\r\na\r\n", "0".repeat(4000)).as_bytes());
+        }
+        assert_eq!(
+            decode(&padded, 4096).err(),
             Some("too many chunk extensions")
         );
     }
