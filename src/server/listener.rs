@@ -178,9 +178,13 @@ where
         let fut = handler(req.map(CallerBody::Right), peer);
         async move {
             let resp = fut.await?;
-            // A stream the caller gives no credit is held to the idle timeout too.
-            let resp = resp.map(|b| StallWatched::new(b, limit));
-            Ok::<_, std::convert::Infallible>(resp.map(|b| Guarded::new(b, inflight)))
+            // A stream the caller gives no credit is held to the idle timeout too. The request
+            // counts in flight inside the watch, so that a stream cut there no longer does:
+            // hyper keeps the cut stream's shell until credit comes, which may be never, and
+            // the connection must then fall under its idle deadline like any other.
+            Ok::<_, std::convert::Infallible>(
+                resp.map(|b| StallWatched::new(Guarded::new(b, inflight), limit)),
+            )
         }
     });
     let conn = builder.serve_connection(TokioIo::new(io), svc);

@@ -7,18 +7,23 @@
 //! streams are healthy. Left alone, the stalled stream would hold its upstream stream, the
 //! provider connection and a `max_concurrency` slot for as long as the provider streams.
 //!
-//! So the body watches itself. Once it has handed hyper a frame (and is not at its end), hyper
-//! must ask for the next one within `connection_idle_timeout`, the bound a caller that stops
-//! reading its socket gets. If it does not, a watcher task drops the body, and with it the
-//! upstream stream; the request is recorded as the caller's leaving (499), as when a
-//! connection goes. If hyper polls it again later, the body ends in an error, which resets the
-//! stream. Time the body spends waiting on its provider (it returned `Pending`) is not a stall.
+//! So the body watches itself. Once it has handed hyper a frame, hyper must ask for the next
+//! one, or drop the body, within `connection_idle_timeout`, the bound a caller that stops
+//! reading its socket gets. (hyper keeps a frame it cannot send yet, and with it the body,
+//! until the stream has credit, and drops the body once its last frame is sent; so a whole
+//! answer, one frame, is watched until then too.) If it does not, a watcher task drops the
+//! body, and with it the upstream stream and the request's count in flight, so that a
+//! connection left with nothing but such streams falls under its idle deadline. A request cut
+//! before its answer's end is recorded as the caller's leaving (499), as when a connection
+//! goes; a whole answer already handed over keeps the status it was recorded with. If hyper polls it again
+//! later, the body ends in an error, which resets the stream. Time the body spends waiting on
+//! its provider (it returned `Pending`) is not a stall.
 //!
-//! The watcher is one task per stream that ever hands a frame out before its end (a streamed
-//! answer), spawned at that first frame; it sleeps until the earliest instant the stream could
-//! be overdue, and is aborted when the body ends or is dropped, so that a finished stream
-//! leaves no task sleeping out its limit. tower's timeouts bound a service's
-//! answer, not how soon hyper polls a body, so none of them fits here.
+//! The watcher is one task per stream, spawned at its first frame; it sleeps until the
+//! earliest instant the stream could be overdue, and is aborted when the body ends or is
+//! dropped, so that a finished stream leaves no task sleeping out its limit. Only HTTP/2
+//! answers pay for it (a spawn and an abort). tower's timeouts bound a service's answer, not
+//! how soon hyper polls a body, so none of them fits here.
 
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -114,12 +119,13 @@ where
                 return Poll::Ready(end.map(|r| r.map_err(Into::into)));
             }
         };
-        if !body.is_end_stream() {
-            s.handed = Some(Instant::now());
-            if this.watcher.is_none() {
-                let watcher = tokio::spawn(watch(Arc::downgrade(&this.state), this.limit));
-                this.watcher = Some(watcher.abort_handle());
-            }
+        // The last frame too: hyper holds it, and the body, until the stream has credit to
+        // send it, and drops the body once it is sent.
+        s.handed = Some(Instant::now());
+        drop(s);
+        if this.watcher.is_none() {
+            let watcher = tokio::spawn(watch(Arc::downgrade(&this.state), this.limit));
+            this.watcher = Some(watcher.abort_handle());
         }
         Poll::Ready(Some(Ok(frame)))
     }

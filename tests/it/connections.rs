@@ -473,3 +473,93 @@ async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released(
     );
     drop(resp);
 }
+
+/// A whole (not streamed) answer whose stream the caller never gives credit: hyper holds the
+/// answer, waiting to send it, and with it the request's count in flight. Past
+/// `connection_idle_timeout` that count goes, and the connection, with nothing else to do, is
+/// closed after its idle deadline, freeing what hyper held, instead of living as long as the
+/// caller likes.
+#[tokio::test]
+async fn an_http2_whole_answer_never_given_credit_lets_its_connection_close() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(
+        &mock.base_url(),
+        "connection_idle_timeout = \"1s\"\n",
+        "",
+        "",
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post("http://127.0.0.1/v1/messages")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            BODY.as_bytes(),
+        )))
+        .unwrap();
+    // The head needs no credit; the body does, and none is ever given.
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("the answer's head in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    wait_gauge(&env, "data", 0.0).await;
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("legate ended the connection")
+        .unwrap()
+        .ok();
+    assert_eq!(env.mock.stats().requests, 1);
+    drop(resp);
+}
+
+/// The stream cut for want of credit no longer counts in flight: hyper keeps its shell until
+/// credit comes, which may be never, and a connection with nothing else to do must still fall
+/// under `connection_idle_timeout` instead of being held for as long as the caller likes.
+#[tokio::test]
+async fn an_http2_connection_whose_only_stream_was_cut_is_closed_when_idle() {
+    let (env, upstream, _) = stalling().await;
+    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(1 << 30)
+            .handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut send = send;
+    let streamed = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = http::Request::post("http://127.0.0.1/v1/messages")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            streamed.as_bytes(),
+        )))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("the answer's head in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Nothing more is read or sent on this connection.
+    released(upstream).await;
+    gone_once(&env).await;
+    wait_gauge(&env, "data", 0.0).await;
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("legate ended the connection")
+        .unwrap()
+        .ok();
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "499")])
+            .await,
+        Some(1.0)
+    );
+    drop(resp);
+}

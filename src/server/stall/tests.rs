@@ -124,3 +124,68 @@ async fn a_stream_that_ends_or_is_dropped_leaves_no_watcher_behind() {
         assert_eq!(alive(), 0, "ended: {end}");
     }
 }
+
+/// A whole answer: one frame, after which it is at its end; a flag set when it is dropped.
+struct Whole {
+    data: Option<Bytes>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl Drop for Whole {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Body for Whole {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.get_mut().data.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_held_for_credit_past_the_limit_is_dropped_and_one_sent_is_not() {
+    for sent in [false, true] {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let whole = Whole {
+            data: Some(Bytes::from_static(b"the answer")),
+            dropped: dropped.clone(),
+        };
+        let mut body = StallWatched::new(whole, LIMIT);
+        let frame = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        assert_eq!(
+            &frame.unwrap().unwrap().into_data().unwrap()[..],
+            b"the answer"
+        );
+        assert!(body.is_end_stream());
+        if sent {
+            // Credit was there: hyper sends the frame and drops the body, and the watcher goes.
+            drop(body);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(
+                tokio::runtime::Handle::current()
+                    .metrics()
+                    .num_alive_tasks(),
+                0
+            );
+            continue;
+        }
+        // hyper holds the frame, and the body, waiting for credit that does not come: the
+        // body (and with it the request's count in flight) goes at the limit.
+        tokio::time::sleep(LIMIT - Duration::from_secs(1)).await;
+        assert!(!dropped.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(dropped.load(Ordering::SeqCst));
+        drop(body);
+    }
+}
