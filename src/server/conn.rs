@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -48,6 +48,9 @@ struct State {
     head_started: Option<Instant>,
     /// Whether any request reached the service yet.
     served: bool,
+    /// The connection speaks HTTP/2: bytes read while nothing is in flight are frames
+    /// (window updates, pings, settings), not the head of a next request.
+    frames: bool,
     /// Since when a write has waited on a full socket, if one does.
     write_stalled: Option<Instant>,
     /// The instant the watchdog sleeps until (`None` before it first looked).
@@ -64,6 +67,9 @@ pub struct ConnWatch {
     state: Mutex<State>,
     /// [`watched`] is polling the connection, and polls the watchdog right after it.
     serving: AtomicBool,
+    /// Cancelled when an HTTP/2 connection is idle past its deadline: it is to say GOAWAY
+    /// and end, rather than be dropped under a request the caller may be sending.
+    goaway: tokio_util::sync::CancellationToken,
 }
 
 impl ConnWatch {
@@ -75,13 +81,41 @@ impl ConnWatch {
                 idle_since: Instant::now(),
                 head_started: None,
                 served: false,
+                frames: false,
                 write_stalled: None,
                 armed: None,
                 changed: false,
                 waker: None,
             }),
             serving: AtomicBool::new(false),
+            goaway: tokio_util::sync::CancellationToken::new(),
         })
+    }
+
+    /// The connection is HTTP/2 from here on (see [`State::frames`]).
+    pub fn speaks_frames(&self) {
+        self.lock().frames = true;
+    }
+
+    /// Resolves when an HTTP/2 connection has been idle past its deadline: it should send
+    /// GOAWAY and end once its streams are done.
+    pub fn goaway_due(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.goaway.cancelled()
+    }
+
+    /// An HTTP/2 connection overstayed: asks it to say GOAWAY (see [`watched`]), and gives
+    /// it its deadlines afresh from now, so that a stream that raced the GOAWAY is served,
+    /// and a caller that holds the connection open after it is still bounded. Whether it
+    /// had not been asked yet.
+    fn ask_goaway(&self) -> bool {
+        if self.goaway.is_cancelled() || !self.lock().frames {
+            return false;
+        }
+        self.goaway.cancel();
+        let mut s = self.lock();
+        s.idle_since = Instant::now();
+        s.changed = true;
+        true
     }
 
     /// The deadlines this connection is held to.
@@ -115,7 +149,7 @@ impl ConnWatch {
 
     fn on_bytes(&self) {
         let mut s = self.lock();
-        if s.inflight == 0 && s.head_started.is_none() {
+        if s.inflight == 0 && s.head_started.is_none() && !s.frames {
             s.head_started = Some(Instant::now());
             self.deadline_moved(&mut s);
         }
@@ -259,16 +293,28 @@ impl ConnWatch {
 /// Serves `conn` until it ends (`Some` of its output) or overstays its deadlines (`None`: the
 /// caller then drops it). The connection is polled first and the watchdog right after it, so
 /// that what the connection's reads tell the watch is seen in the same poll of the task.
+///
+/// An HTTP/2 connection that overstays is first asked to end itself with GOAWAY
+/// ([`ConnWatch::goaway_due`]), which tells the caller which of its streams were taken, so
+/// that one sent at that moment is known unserved and can be sent again elsewhere; it is
+/// dropped only if it overstays its deadlines once more.
 pub async fn watched<C: Future>(watch: &ConnWatch, conn: C) -> Option<C::Output> {
     let mut conn = pin!(conn);
     let mut expired = pin!(watch.expired());
     std::future::poll_fn(|cx| {
-        watch.serving.store(true, Ordering::Relaxed);
-        let served = conn.as_mut().poll(cx);
-        watch.serving.store(false, Ordering::Relaxed);
-        match served {
-            Poll::Ready(out) => Poll::Ready(Some(out)),
-            Poll::Pending => expired.as_mut().poll(cx).map(|()| None),
+        loop {
+            watch.serving.store(true, Ordering::Relaxed);
+            let served = conn.as_mut().poll(cx);
+            watch.serving.store(false, Ordering::Relaxed);
+            if let Poll::Ready(out) = served {
+                return Poll::Ready(Some(out));
+            }
+            ready!(expired.as_mut().poll(cx));
+            if !watch.ask_goaway() {
+                return Poll::Ready(None);
+            }
+            // The connection's next poll sends the GOAWAY; the watchdog starts again.
+            expired.set(watch.expired());
         }
     })
     .await

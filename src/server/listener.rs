@@ -187,11 +187,18 @@ where
             )
         }
     });
+    watch.speaks_frames();
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => r.map_err(Into::into),
-        _ = stop.cancelled() => {
+        // Stopping, or idle past the connection's deadline: GOAWAY, then the streams taken
+        // are finished.
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await.map_err(Into::into)
+        }
+        () = watch.goaway_due() => {
             conn.as_mut().graceful_shutdown();
             conn.await.map_err(Into::into)
         }

@@ -474,6 +474,53 @@ async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released(
     drop(resp);
 }
 
+/// An HTTP/2 connection between requests is held to `connection_idle_timeout`, not to the
+/// header read timeout: the frames its caller sends meanwhile (pings here, window updates)
+/// are not the head of a request. At its deadline it is ended with GOAWAY, which tells the
+/// caller that no stream it may be sending was taken, rather than dropped under it.
+#[tokio::test]
+async fn an_idle_http2_connection_is_held_to_the_idle_timeout_and_ended_with_goaway() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(
+        &mock.base_url(),
+        "header_read_timeout = \"1s\"\nconnection_idle_timeout = \"3s\"\n",
+        "",
+        "",
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_millis(300))
+            .keep_alive_while_idle(true)
+            .handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post("http://127.0.0.1/v1/messages")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            BODY.as_bytes(),
+        )))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    let answered = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("legate ends the idle connection")
+        .unwrap();
+    let idle = answered.elapsed();
+    // Pings every 300 ms: a header read deadline would have ended it after about 1.3 s.
+    assert!(idle >= Duration::from_millis(2500), "ended after {idle:?}");
+    assert!(ended.is_ok(), "ended without GOAWAY: {ended:?}");
+    assert!(send.is_closed());
+}
+
 /// A whole (not streamed) answer whose stream the caller never gives credit: hyper holds the
 /// answer, waiting to send it, and with it the request's count in flight. Past
 /// `connection_idle_timeout` that count goes, and the connection, with nothing else to do, is
