@@ -322,3 +322,26 @@ async fn a_refused_reload_does_not_echo_a_credential() {
     assert!(logs.contains("http://***@127.0.0.1:9"), "{logs}");
     assert!(!logs.contains("CANARY"), "{logs}");
 }
+
+/// A reader that stops early (`legate check | head`) does not turn a valid config into a
+/// crash: stdout is closed before `check` writes, and the exit code still says "valid".
+#[test]
+fn check_with_its_output_closed_early_still_exits_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "legate.toml",
+        "[providers.anthropic]\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:9\"\n\
+         [providers.openai]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9\"\n",
+    );
+    let (read, write_end) = std::io::pipe().unwrap();
+    drop(read);
+    let status = std::process::Command::new(BIN)
+        .args(["check", "--config", cfg.to_str().unwrap()])
+        .env_remove("LEGATE_CONFIG")
+        .stdout(write_end)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
