@@ -65,6 +65,12 @@ pub enum ProxyError {
     NeverFits { tokens: u64, tokens_per_minute: u64 },
     /// The admission queue shed this lower-priority request.
     Shed { retry_after: std::time::Duration },
+    /// A request head HTTP/1.1 does not allow (400), over the head limits (431), or of
+    /// another HTTP version (505), refused by the connection before any route is known.
+    BadHead {
+        status: StatusCode,
+        message: &'static str,
+    },
     /// Anything unexpected; details go to the log only.
     Internal,
 }
@@ -94,6 +100,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            ProxyError::BadHead { status, .. } => *status,
         }
     }
 
@@ -108,7 +115,8 @@ impl ProxyError {
             | ProxyError::ForbiddenOrigin
             | ProxyError::BodyTimeout
             | ProxyError::RateLimited { .. }
-            | ProxyError::NeverFits { .. } => Source::Client,
+            | ProxyError::NeverFits { .. }
+            | ProxyError::BadHead { .. } => Source::Client,
             ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
             ProxyError::NoProviderKey { .. }
             | ProxyError::CredentialUnavailable { .. }
@@ -152,6 +160,7 @@ impl ProxyError {
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::NeverFits { .. } => "never_fits",
             ProxyError::Shed { .. } => "shed",
+            ProxyError::BadHead { .. } => "bad_head",
             ProxyError::Internal => "internal",
         }
     }
@@ -165,6 +174,12 @@ impl ProxyError {
             | ProxyError::ForbiddenTarget
             | ProxyError::BodyTimeout
             | ProxyError::NeverFits { .. } => ErrorClass::InvalidRequest,
+            ProxyError::BadHead { status, .. }
+                if *status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE =>
+            {
+                ErrorClass::TooLarge
+            }
+            ProxyError::BadHead { .. } => ErrorClass::InvalidRequest,
             ProxyError::ForbiddenOrigin => ErrorClass::Permission,
             ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => ErrorClass::NotFound,
             ProxyError::TooLarge { .. } => ErrorClass::TooLarge,
@@ -272,6 +287,7 @@ impl ProxyError {
                 "every upstream for this model is failing and resting (circuit breakers open); retry in {}s",
                 retry_after.as_secs_f64().ceil()
             ),
+            ProxyError::BadHead { message, .. } => (*message).to_string(),
             ProxyError::Internal => "legate hit an internal error; see its log for the request id".to_string(),
         }
     }

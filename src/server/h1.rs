@@ -42,7 +42,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, Version};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -52,7 +52,7 @@ use super::conn::ConnWatch;
 use super::listener::BoxError;
 use crate::upstream::h1::chunked::{Decoder, Step};
 use body::{Pipe, RequestBody, Want};
-use request::{Framing, Refused};
+use request::{Framing, Refusal};
 use response::Out;
 
 /// Written bytes are sent once this many are queued, or when the body has nothing ready.
@@ -144,12 +144,11 @@ where
             Ok(Some(head)) => head,
             Ok(None) => return Ok(()),
             Err(refused) => {
-                let status = match refused {
-                    Refused::Malformed => StatusCode::BAD_REQUEST,
-                    Refused::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    Refused::Version => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
-                };
-                response::refusal(status, &mut conn.out);
+                // In the caller's API shape, as every refusal (SPEC §5), though no route is
+                // known yet: the shape is read off what there is of the head.
+                let error = refused.why.error();
+                let body = error.render(refused.api, "").into_body();
+                response::refusal(error.status(), &body, &mut conn.out);
                 poll_fn(|cx| conn.poll_write_out(cx)).await?;
                 // The caller may still be sending the head: read it away, so the close does
                 // not reset the answer.
@@ -302,7 +301,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         &mut self,
         cx: &mut Context<'_>,
         mut stopped: Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
-    ) -> Poll<Result<Option<request::Head>, Refused>> {
+    ) -> Poll<Result<Option<request::Head>, Refusal>> {
         loop {
             // A head is parsed again only once its end may be in: a caller that sends its head
             // a byte at a time must not make each byte cost a parse of all before it.

@@ -73,7 +73,12 @@ fn detail(e: LocalError<'_>) -> serde_json::Value {
 }
 
 pub(crate) fn body(e: LocalError<'_>, request_id: &str) -> Bytes {
-    let v = serde_json::json!({"type": "error", "error": detail(e), "request_id": request_id});
+    // A refusal made before any request existed (a head legate could not read) has no id.
+    let v = if request_id.is_empty() {
+        serde_json::json!({"type": "error", "error": detail(e)})
+    } else {
+        serde_json::json!({"type": "error", "error": detail(e), "request_id": request_id})
+    };
     Bytes::from(v.to_string())
 }
 

@@ -4,8 +4,10 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, Method, Uri, Version, header};
+use http::{HeaderName, Method, StatusCode, Uri, Version, header};
 
+use crate::api::ApiKind;
+use crate::error::ProxyError;
 use crate::upstream::h1::head::parse_length;
 use crate::upstream::h1::lines::{MAX_HEADERS, Spans};
 
@@ -37,14 +39,65 @@ pub(super) enum Refused {
     Version,
 }
 
+impl Refused {
+    /// The refusal as the caller is told it.
+    pub(super) fn error(&self) -> ProxyError {
+        let (status, message) = match self {
+            Refused::Malformed => (
+                StatusCode::BAD_REQUEST,
+                "the request is not valid HTTP/1.1: a malformed request line or header line, or a body whose framing RFC 9112 does not allow (content-length and transfer-encoding together, conflicting lengths, a coding other than chunked); the connection is closed",
+            ),
+            Refused::TooLarge => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "the request head is larger than legate reads: at most 64 KiB and 100 header lines; the connection is closed",
+            ),
+            Refused::Version => (
+                StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                "legate speaks HTTP/1.0, HTTP/1.1 and HTTP/2; the connection is closed",
+            ),
+        };
+        ProxyError::BadHead { status, message }
+    }
+}
+
+/// The API whose error shape a head legate could not read gets: the Anthropic API's for a
+/// `/v1/messages` target or an `anthropic-version` line (which Anthropic SDKs always send and
+/// OpenAI SDKs never do), else the OpenAI APIs'. Only the first 64 KiB are looked at.
+pub(super) fn api_of(head: &[u8]) -> ApiKind {
+    let head = &head[..head.len().min(64 << 10)];
+    let target = head.splitn(3, |b| *b == b' ').nth(1).unwrap_or_default();
+    if target.starts_with(b"/v1/messages") {
+        return ApiKind::Anthropic;
+    }
+    if target.starts_with(b"/v1/chat/") || target.starts_with(b"/v1/responses") {
+        return ApiKind::OpenAi;
+    }
+    let named = head
+        .split(|b| *b == b'\n')
+        .any(|line| line.len() > 18 && line[..18].eq_ignore_ascii_case(b"anthropic-version:"));
+    if named {
+        ApiKind::Anthropic
+    } else {
+        ApiKind::OpenAi
+    }
+}
+
 /// Parses a request head of at most `max` bytes from the front of `buf`, taking it out when
 /// complete; `Ok(None)` when more bytes are needed. Empty lines before a request are skipped
 /// (RFC 9112 §2.2).
-pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refused> {
+pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refusal> {
     Spans::with(|spans| parse_with(buf, max, spans))
 }
 
-fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Option<Head>, Refused> {
+/// A head refused, and the API whose shape the refusal takes ([`api_of`], read off the head's
+/// bytes only once it is refused).
+#[derive(Debug)]
+pub(super) struct Refusal {
+    pub why: Refused,
+    pub api: ApiKind,
+}
+
+fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Option<Head>, Refusal> {
     let blank = buf
         .iter()
         .take_while(|b| matches!(b, b'\r' | b'\n'))
@@ -55,6 +108,31 @@ fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Optio
     if buf.is_empty() {
         return Ok(None);
     }
+    let (len, method, version, target) = match locate(buf, max, spans) {
+        Ok(Some(found)) => found,
+        Ok(None) => return Ok(None),
+        Err(why) => {
+            return Err(Refusal {
+                why,
+                api: api_of(buf),
+            });
+        }
+    };
+    let head: Bytes = buf.split_to(len).freeze();
+    finish(&head, method, version, target, spans)
+        .map(Some)
+        .map_err(|why| Refusal {
+            why,
+            api: api_of(&head),
+        })
+}
+
+/// Where a complete head is: its length, method, version and target (as offsets into it).
+type Located = (usize, Method, Version, std::ops::Range<usize>);
+
+/// The head's length, method, version and target, its lines noted in `spans`; `None` while
+/// it is incomplete.
+fn locate(buf: &BytesMut, max: usize, spans: &mut Spans) -> Result<Option<Located>, Refused> {
     // Left uninitialised: httparse writes as many as the head has.
     let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
@@ -82,12 +160,22 @@ fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Optio
     let path = req.path.unwrap_or("").as_bytes();
     let target = (path.as_ptr() as usize - base)..(path.as_ptr() as usize - base + path.len());
     spans.fill(buf, req.headers);
-    let head: Bytes = buf.split_to(len).freeze();
+    Ok(Some((len, method, version, target)))
+}
+
+/// The request made of a whole head taken off the buffer.
+fn finish(
+    head: &Bytes,
+    method: Method,
+    version: Version,
+    target: std::ops::Range<usize>,
+    spans: &mut Spans,
+) -> Result<Head, Refused> {
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| Refused::Malformed)?;
     // What the connection needs from the head is noted as the lines are added, instead of
     // looked up in the map after.
     let mut seen = Framed::default();
-    let headers = spans.to_map(&head, 0, |n, v| seen.note(n, v), |_| Refused::Malformed)?;
+    let headers = spans.to_map(head, 0, |n, v| seen.note(n, v), |_| Refused::Malformed)?;
     let framing = seen.framing(version)?;
     let keep_alive = match version {
         Version::HTTP_11 => !seen.close,
@@ -99,12 +187,12 @@ fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Optio
     parts.uri = uri;
     parts.version = version;
     parts.headers = headers;
-    Ok(Some(Head {
+    Ok(Head {
         parts,
         framing,
         keep_alive,
         expects_continue,
-    }))
+    })
 }
 
 /// Whether the request line ends in a well-formed version other than HTTP/1.x (505), rather
@@ -179,7 +267,7 @@ mod tests {
     use super::*;
 
     fn parsed(raw: &str) -> Result<Option<Head>, Refused> {
-        parse(&mut BytesMut::from(raw), 64 << 10)
+        parse(&mut BytesMut::from(raw), 64 << 10).map_err(|r| r.why)
     }
 
     #[test]
@@ -256,7 +344,9 @@ mod tests {
         assert!(parsed("\r\n\r\n").unwrap().is_none());
         let long = format!("GET / HTTP/1.1\r\nx: {}\r\n", "a".repeat(100));
         assert_eq!(
-            parse(&mut BytesMut::from(long.as_str()), 64).err(),
+            parse(&mut BytesMut::from(long.as_str()), 64)
+                .err()
+                .map(|r| r.why),
             Some(Refused::TooLarge)
         );
         let many: String = (0..101).map(|i| format!("x{i}: y\r\n")).collect();

@@ -488,18 +488,34 @@ async fn the_caller_leaving_cancels_the_request_at_once() {
     task.await.unwrap().unwrap();
 }
 
+/// A head legate cannot read is refused with its status, in the caller's API shape read off
+/// what there is of the head (SPEC §5), and the connection closes.
 #[tokio::test]
-async fn a_bad_or_oversize_head_gets_its_status_and_the_connection_closes() {
-    for (raw, status) in [
-        (b"GARBAGE\r\n\r\n".to_vec(), "400 Bad Request"),
+async fn a_bad_or_oversize_head_gets_its_status_in_the_callers_shape_and_the_connection_closes() {
+    for (raw, status, anthropic) in [
+        (b"GARBAGE\r\n\r\n".to_vec(), "400 Bad Request", false),
         (
-            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n".to_vec(),
+            b"POST /v1/messages HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"
+                .to_vec(),
             "400 Bad Request",
+            true,
         ),
         (
-            format!("GET / HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(70_000)).into_bytes(),
-            "431 Request Header Fields Too Large",
+            b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n"
+                .to_vec(),
+            "400 Bad Request",
+            false,
         ),
+        (
+            format!(
+                "POST /v2/x HTTP/1.1\r\nAnthropic-Version: 2023-06-01\r\nx: {}\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
+            "431 Request Header Fields Too Large",
+            true,
+        ),
+        (b"GET / HTTP/3.0\r\n\r\n".to_vec(), "505 HTTP Version Not Supported", false),
     ] {
         let (mut caller, seen, _stop, task) = open();
         caller.write_all(&raw).await.unwrap();
@@ -507,10 +523,21 @@ async fn a_bad_or_oversize_head_gets_its_status_and_the_connection_closes() {
         caller.read_to_string(&mut text).await.unwrap();
         assert!(
             text.starts_with(&format!(
-                "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n"
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: "
             )),
             "{text}"
         );
+        assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+        let (_, body) = text.split_once("\r\n\r\n").unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        let message = if anthropic {
+            assert_eq!(v["type"], "error", "{body}");
+            &v["error"]["message"]
+        } else {
+            assert!(v["error"]["type"].is_string(), "{body}");
+            &v["error"]["message"]
+        };
+        assert!(message.as_str().unwrap().contains("connection is closed"), "{body}");
         // The connection reads what the caller still sends until it closes too.
         drop(caller);
         task.await.unwrap().unwrap();
