@@ -45,7 +45,7 @@ impl Refused {
         let (status, message) = match self {
             Refused::Malformed => (
                 StatusCode::BAD_REQUEST,
-                "the request is not valid HTTP/1.1: a malformed request line or header line, or a body whose framing RFC 9112 does not allow (content-length and transfer-encoding together, conflicting lengths, a coding other than chunked); the connection is closed",
+                "the request is not valid HTTP/1.1: a malformed request line or header line, a missing or repeated host line, or a body whose framing RFC 9112 does not allow (content-length and transfer-encoding together, conflicting lengths, a coding other than chunked); the connection is closed",
             ),
             Refused::TooLarge => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -176,6 +176,7 @@ fn finish(
     // looked up in the map after.
     let mut seen = Framed::default();
     let headers = spans.to_map(head, 0, |n, v| seen.note(n, v), |_| Refused::Malformed)?;
+    seen.host(version)?;
     let framing = seen.framing(version)?;
     let keep_alive = match version {
         Version::HTTP_11 => !seen.close,
@@ -217,6 +218,8 @@ struct Framed {
     close: bool,
     keep_alive: bool,
     expects_continue: bool,
+    /// `Host` lines seen.
+    hosts: u8,
 }
 
 impl Framed {
@@ -243,8 +246,20 @@ impl Framed {
             }
         } else if name == header::EXPECT {
             self.expects_continue = value.eq_ignore_ascii_case(b"100-continue");
+        } else if name == header::HOST {
+            self.hosts = self.hosts.saturating_add(1);
         }
         Ok(())
+    }
+
+    /// RFC 9112 §3.2: an HTTP/1.1 request has exactly one `Host` line, and no request has
+    /// more than one. legate's Host check (DNS rebinding, `proxy::inbound`) reads the first:
+    /// a second one must not be there to mean something else to anyone.
+    fn host(&self, version: Version) -> Result<(), Refused> {
+        match (self.hosts, version) {
+            (0, Version::HTTP_10) | (1, _) => Ok(()),
+            _ => Err(Refused::Malformed),
+        }
     }
 
     /// RFC 9112 §6.3 for requests: chunked if a transfer coding is named (and it must end in
@@ -289,6 +304,7 @@ mod tests {
 
     #[test]
     fn keep_alive_and_continue_follow_the_version_and_the_connection_header() {
+        // HTTP/1.0 may leave Host out.
         let h = parsed("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
         assert!(!h.keep_alive);
         assert_eq!(h.framing, Framing::Length(0));
@@ -296,35 +312,41 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(h.keep_alive);
-        let h = parsed("GET / HTTP/1.1\r\nconnection: te, close\r\n\r\n")
+        let h = parsed("GET / HTTP/1.1\r\nhost: a\r\nconnection: te, close\r\n\r\n")
             .unwrap()
             .unwrap();
         assert!(!h.keep_alive);
-        let h = parsed("POST / HTTP/1.1\r\nexpect: 100-Continue\r\ncontent-length: 5\r\n\r\n")
-            .unwrap()
-            .unwrap();
+        let h = parsed(
+            "POST / HTTP/1.1\r\nhost: a\r\nexpect: 100-Continue\r\ncontent-length: 5\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
         assert!(h.expects_continue);
     }
 
     #[test]
     fn framing_is_chunked_or_a_single_length_and_never_both() {
-        let h = parsed("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n")
+        let h = parsed("POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip, chunked\r\n\r\n")
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Framing::Chunked);
-        let h = parsed("POST / HTTP/1.1\r\ncontent-length: 7, 7\r\n\r\n")
+        let h = parsed("POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 7, 7\r\n\r\n")
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Framing::Length(7));
         for bad in [
-            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
-            "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip\r\n\r\n",
             "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
-            "POST / HTTP/1.1\r\ncontent-length: -1\r\n\r\n",
-            "POST / HTTP/1.1\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 99999999999999999999\r\n\r\n",
             "NOT HTTP\r\n\r\n",
-            "GET /a b HTTP/1.1\r\n\r\n",
+            "GET /a b HTTP/1.1\r\nhost: a\r\n\r\n",
+            // RFC 9112 §3.2: HTTP/1.1 needs its one Host line; no request may have two.
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nhost: localhost\r\nHost: evil.example\r\n\r\n",
+            "GET / HTTP/1.0\r\nhost: localhost\r\nhost: evil.example\r\n\r\n",
         ] {
             assert_eq!(parsed(bad).err(), Some(Refused::Malformed), "{bad}");
         }

@@ -247,7 +247,7 @@ async fn goes_on_after(caller: &mut DuplexStream, answer: &str, rest: &[u8]) {
     assert!(!answer.contains("connection:"), "{answer}");
     caller.write_all(rest).await.unwrap();
     caller
-        .write_all(b"GET /after HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
     let text = read_answers(caller, 1).await;
@@ -347,7 +347,9 @@ async fn a_chunked_rest_left_unread_is_bounded_by_its_bytes_on_the_wire() {
             }
             sent += block.len();
         }
-        let _ = wr.write_all(b"0\r\n\r\nGET /after HTTP/1.1\r\n\r\n").await;
+        let _ = wr
+            .write_all(b"0\r\n\r\nGET /after HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await;
         sent
     });
     let mut rest = Vec::new();
