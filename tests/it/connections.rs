@@ -12,6 +12,30 @@ use crate::harness::{self, Env};
 
 const BODY: &str =
     r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+const STREAMED: &str = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// `POST /v1/messages` with `body`, for hyper's HTTP/2 client.
+fn h2_post(body: &'static str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::post("http://127.0.0.1/v1/messages")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            body.as_bytes(),
+        )))
+        .unwrap()
+}
+
+/// The head of the answer to [`h2_post`] of `body` on `send`: a 200, in time.
+async fn answered(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    body: &'static str,
+) -> http::Response<hyper::body::Incoming> {
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(h2_post(body)))
+        .await
+        .expect("the answer's head in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp
+}
 
 async fn wait_gauge(env: &Env, plane: &str, want: f64) {
     env.wait_metric("legate_connections", &[("plane", plane)], want)
@@ -310,7 +334,7 @@ async fn gone_once(env: &Env) {
 async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_released() {
     let (env, upstream, sock) = stalling().await;
     let mut caller = sock.connect(env.legate.data_addr).await.unwrap();
-    let body = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let body = STREAMED;
     let req = format!(
         "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -397,18 +421,7 @@ async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstrea
             .await
             .unwrap();
     tokio::spawn(conn);
-    let body = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let req = http::Request::post("http://127.0.0.1/v1/messages")
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            body.as_bytes(),
-        )))
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
-        .await
-        .expect("the answer's head in time")
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = answered(&mut send, STREAMED).await;
     // The answer streams; the caller stops reading its socket.
     shut.store(true, std::sync::atomic::Ordering::SeqCst);
 
@@ -419,16 +432,17 @@ async fn an_http2_caller_that_stops_reading_its_socket_is_closed_and_the_upstrea
     drop(resp);
 }
 
-/// An HTTP/2 caller that keeps reading its socket but gives one stream no flow-control credit:
-/// that stream alone is cut once hyper has not asked for its next frame within
-/// `connection_idle_timeout`; its upstream stream is released, and the connection's other
-/// streams go on.
-#[tokio::test]
-async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released() {
-    let (env, upstream, _) = stalling().await;
+/// An HTTP/2 connection whose one streamed answer has its head in and will get no credit: the
+/// stream's window is the protocol's default and the connection's far larger, so that only
+/// that stream runs out. Returns the connection's sender, its task and the answer.
+async fn starved_stream(
+    env: &Env,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+    http::Response<hyper::body::Incoming>,
+) {
     let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
-    // The stream's window is the protocol's default; the connection's is far larger, so that
-    // only the one stream runs out of credit.
     let (mut send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .initial_stream_window_size(65_535)
@@ -436,27 +450,25 @@ async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released(
             .handshake(hyper_util::rt::TokioIo::new(sock))
             .await
             .unwrap();
-    tokio::spawn(conn);
-    let post = |body: &'static str| {
-        http::Request::post("http://127.0.0.1/v1/messages")
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                body.as_bytes(),
-            )))
-            .unwrap()
-    };
-    let streamed = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(post(streamed)))
-        .await
-        .expect("the answer's head in time")
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let conn = tokio::spawn(conn);
+    let resp = answered(&mut send, STREAMED).await;
+    (send, conn, resp)
+}
+
+/// An HTTP/2 caller that keeps reading its socket but gives one stream no flow-control credit:
+/// that stream alone is cut once hyper has not asked for its next frame within
+/// `connection_idle_timeout`; its upstream stream is released, and the connection's other
+/// streams go on.
+#[tokio::test]
+async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released() {
+    let (env, upstream, _) = stalling().await;
+    let (mut send, _conn, resp) = starved_stream(&env).await;
     // Its body is never read: the stream's window fills and stays full.
 
     released(upstream).await;
     gone_once(&env).await;
     // The same connection serves the next call, and the provider's slot came back for it.
-    let next = tokio::time::timeout(Duration::from_secs(10), send.send_request(post(BODY)))
+    let next = tokio::time::timeout(Duration::from_secs(10), send.send_request(h2_post(BODY)))
         .await
         .expect("the connection's other streams go on")
         .unwrap();
@@ -480,14 +492,7 @@ async fn an_http2_stream_given_no_credit_is_cut_alone_and_the_upstream_released(
 /// caller that no stream it may be sending was taken, rather than dropped under it.
 #[tokio::test]
 async fn an_idle_http2_connection_is_held_to_the_idle_timeout_and_ended_with_goaway() {
-    let mock = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(
-        &mock.base_url(),
-        "header_read_timeout = \"1s\"\nconnection_idle_timeout = \"3s\"\n",
-        "",
-        "",
-    );
-    let env = harness::start_toml(mock, &toml).await;
+    let env = start("header_read_timeout = \"1s\"\nconnection_idle_timeout = \"3s\"\n").await;
     let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -498,12 +503,7 @@ async fn an_idle_http2_connection_is_held_to_the_idle_timeout_and_ended_with_goa
             .await
             .unwrap();
     let conn = tokio::spawn(conn);
-    let req = http::Request::post("http://127.0.0.1/v1/messages")
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            BODY.as_bytes(),
-        )))
-        .unwrap();
+    let req = h2_post(BODY);
     let resp = send.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
     http_body_util::BodyExt::collect(resp.into_body())
@@ -528,14 +528,7 @@ async fn an_idle_http2_connection_is_held_to_the_idle_timeout_and_ended_with_goa
 /// caller likes.
 #[tokio::test]
 async fn an_http2_whole_answer_never_given_credit_lets_its_connection_close() {
-    let mock = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(
-        &mock.base_url(),
-        "connection_idle_timeout = \"1s\"\n",
-        "",
-        "",
-    );
-    let env = harness::start_toml(mock, &toml).await;
+    let env = start("connection_idle_timeout = \"1s\"\n").await;
     let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -544,18 +537,8 @@ async fn an_http2_whole_answer_never_given_credit_lets_its_connection_close() {
             .await
             .unwrap();
     let conn = tokio::spawn(conn);
-    let req = http::Request::post("http://127.0.0.1/v1/messages")
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            BODY.as_bytes(),
-        )))
-        .unwrap();
     // The head needs no credit; the body does, and none is ever given.
-    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
-        .await
-        .expect("the answer's head in time")
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = answered(&mut send, BODY).await;
     wait_gauge(&env, "data", 0.0).await;
     tokio::time::timeout(Duration::from_secs(10), conn)
         .await
@@ -572,28 +555,7 @@ async fn an_http2_whole_answer_never_given_credit_lets_its_connection_close() {
 #[tokio::test]
 async fn an_http2_connection_whose_only_stream_was_cut_is_closed_when_idle() {
     let (env, upstream, _) = stalling().await;
-    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
-    let (send, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(65_535)
-            .initial_connection_window_size(1 << 30)
-            .handshake(hyper_util::rt::TokioIo::new(sock))
-            .await
-            .unwrap();
-    let conn = tokio::spawn(conn);
-    let mut send = send;
-    let streamed = r#"{"model":"claude-c","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let req = http::Request::post("http://127.0.0.1/v1/messages")
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            streamed.as_bytes(),
-        )))
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
-        .await
-        .expect("the answer's head in time")
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let (_send, conn, resp) = starved_stream(&env).await;
     // Nothing more is read or sent on this connection.
     released(upstream).await;
     gone_once(&env).await;
