@@ -51,6 +51,8 @@ struct State {
     /// The connection speaks HTTP/2: bytes read while nothing is in flight are frames
     /// (window updates, pings, settings), not the head of a next request.
     frames: bool,
+    /// It was asked to end with GOAWAY ([`ConnWatch::ask_goaway`]).
+    goaway: bool,
     /// Since when a write has waited on a full socket, if one does.
     write_stalled: Option<Instant>,
     /// The instant the watchdog sleeps until (`None` before it first looked).
@@ -82,6 +84,7 @@ impl ConnWatch {
                 head_started: None,
                 served: false,
                 frames: false,
+                goaway: false,
                 write_stalled: None,
                 armed: None,
                 changed: false,
@@ -103,18 +106,21 @@ impl ConnWatch {
         self.goaway.cancelled()
     }
 
-    /// An HTTP/2 connection overstayed: asks it to say GOAWAY (see [`watched`]), and gives
-    /// it its deadlines afresh from now, so that a stream that raced the GOAWAY is served,
-    /// and a caller that holds the connection open after it is still bounded. Whether it
-    /// had not been asked yet.
+    /// An HTTP/2 connection overstayed: asks it to say GOAWAY (see [`watched`]). A stream
+    /// that raced the GOAWAY is in flight, and served; with nothing in flight, what hyper
+    /// still holds (streams cut for want of credit, whose answers wait for it) is given
+    /// `header_read_timeout` more, not another idle timeout, before the connection is
+    /// dropped. Whether it had not been asked yet.
     fn ask_goaway(&self) -> bool {
-        if self.goaway.is_cancelled() || !self.lock().frames {
+        let mut s = self.lock();
+        if s.goaway || !s.frames {
             return false;
         }
-        self.goaway.cancel();
-        let mut s = self.lock();
+        s.goaway = true;
         s.idle_since = Instant::now();
         s.changed = true;
+        drop(s);
+        self.goaway.cancel();
         true
     }
 
@@ -230,7 +236,14 @@ impl ConnWatch {
             // A new connection owes its first request from the accept on.
             Some(s.idle_since)
         };
-        let idle = s.idle_since + self.limits.connection_idle_timeout;
+        let idle = s.idle_since
+            + if s.goaway {
+                self.limits
+                    .header_read_timeout
+                    .min(self.limits.connection_idle_timeout)
+            } else {
+                self.limits.connection_idle_timeout
+            };
         let due = match head {
             Some(h) => idle.min(h + self.limits.header_read_timeout),
             None => idle,
@@ -592,6 +605,30 @@ mod tests {
         let done = Instant::now();
         let at = fired.await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(at - done, LIMITS.connection_idle_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_http2_connection_is_asked_for_goaway_then_dropped_after_the_header_timeout() {
+        let w = ConnWatch::new(LIMITS);
+        w.speaks_frames();
+        drop(w.begin());
+        let idle = Instant::now();
+        // Frames between requests (a ping) begin no head.
+        w.on_bytes();
+        let (w2, w3) = (w.clone(), w.clone());
+        let asked = tokio::spawn(async move {
+            w2.goaway_due().await;
+            Instant::now()
+        });
+        // A connection that never ends itself (its streams wait for credit forever).
+        let dropped = tokio::spawn(async move {
+            assert!(watched(&w3, std::future::pending::<()>()).await.is_none());
+            Instant::now()
+        });
+        let asked = asked.await.unwrap();
+        assert_eq!(asked - idle, LIMITS.connection_idle_timeout);
+        let dropped = dropped.await.unwrap();
+        assert_eq!(dropped - asked, LIMITS.header_read_timeout);
     }
 
     /// A watched connection with a request in flight, over a socket that holds 1 KiB: the
