@@ -37,6 +37,9 @@ pub(super) enum Refused {
     TooLarge,
     /// 505: a version other than 1.0 and 1.1.
     Version,
+    /// 501: a chunked body in another transfer coding too (gzip, …), which legate does not
+    /// decode (RFC 9112 §6.1).
+    Coding,
 }
 
 impl Refused {
@@ -50,6 +53,10 @@ impl Refused {
             Refused::TooLarge => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "the request head is larger than legate reads: at most 64 KiB and 100 header lines; the connection is closed",
+            ),
+            Refused::Coding => (
+                StatusCode::NOT_IMPLEMENTED,
+                "legate reads a request body as it is or chunked, in no other transfer coding: send it uncompressed; the connection is closed",
             ),
             Refused::Version => (
                 StatusCode::HTTP_VERSION_NOT_SUPPORTED,
@@ -215,6 +222,9 @@ struct Framed {
     length: Option<u64>,
     /// Whether the last transfer coding named so far is chunked (`None`: none named).
     chunked_last: Option<bool>,
+    /// Transfer codings named: chunked ones, and others.
+    chunked: u8,
+    other_codings: bool,
     close: bool,
     keep_alive: bool,
     expects_continue: bool,
@@ -233,10 +243,17 @@ impl Framed {
                 self.length = Some(n);
             }
         } else if name == header::TRANSFER_ENCODING {
-            let last = value
-                .split(|b| *b == b',')
-                .map(<[u8]>::trim_ascii)
-                .rfind(|t| !t.is_empty());
+            let mut last = None;
+            for coding in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                if coding.eq_ignore_ascii_case(b"chunked") {
+                    self.chunked = self.chunked.saturating_add(1);
+                } else if !coding.is_empty() {
+                    self.other_codings = true;
+                }
+                if !coding.is_empty() {
+                    last = Some(coding);
+                }
+            }
             // A line with no coding in it still says a coding applies.
             self.chunked_last = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
         } else if name == header::CONNECTION {
@@ -263,14 +280,21 @@ impl Framed {
     }
 
     /// RFC 9112 §6.3 for requests: chunked if a transfer coding is named (and it must end in
-    /// chunked), else the content length, else no body. A request naming both a coding and a
-    /// length is how requests are smuggled past proxies: it is refused, as are codings over
-    /// HTTP/1.0 and conflicting lengths.
+    /// chunked, applied once), else the content length, else no body. A request naming both a
+    /// coding and a length is how requests are smuggled past proxies: it is refused, as are
+    /// codings over HTTP/1.0 and conflicting lengths. A well-framed chunked body in another
+    /// coding too is 501 (§6.1): legate would pass its bytes on undecoded.
     fn framing(&self, version: Version) -> Result<Framing, Refused> {
         match self.chunked_last {
             None => Ok(Framing::Length(self.length.unwrap_or(0))),
-            Some(true) if version == Version::HTTP_11 && self.length.is_none() => {
-                Ok(Framing::Chunked)
+            Some(true)
+                if version == Version::HTTP_11 && self.length.is_none() && self.chunked == 1 =>
+            {
+                if self.other_codings {
+                    Err(Refused::Coding)
+                } else {
+                    Ok(Framing::Chunked)
+                }
             }
             Some(_) => Err(Refused::Malformed),
         }
@@ -326,10 +350,17 @@ mod tests {
 
     #[test]
     fn framing_is_chunked_or_a_single_length_and_never_both() {
-        let h = parsed("POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip, chunked\r\n\r\n")
+        let h = parsed("POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: Chunked\r\n\r\n")
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Framing::Chunked);
+        // A coding legate does not decode, under chunked: 501 (RFC 9112 §6.1).
+        for coded in [
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(parsed(coded).err(), Some(Refused::Coding), "{coded}");
+        }
         let h = parsed("POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 7, 7\r\n\r\n")
             .unwrap()
             .unwrap();
@@ -346,6 +377,9 @@ mod tests {
             // RFC 9112 §3.2: HTTP/1.1 needs its one Host line; no request may have two.
             "GET / HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nhost: localhost\r\nHost: evil.example\r\n\r\n",
+            // Chunked applied twice (RFC 9112 §6.1: never more than once).
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
             "GET / HTTP/1.0\r\nhost: localhost\r\nhost: evil.example\r\n\r\n",
         ] {
             assert_eq!(parsed(bad).err(), Some(Refused::Malformed), "{bad}");

@@ -518,6 +518,12 @@ async fn a_bad_or_oversize_head_gets_its_status_in_the_callers_shape_and_the_con
             true,
         ),
         (b"GET / HTTP/3.0\r\n\r\n".to_vec(), "505 HTTP Version Not Supported", false),
+        (
+            b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+                .to_vec(),
+            "501 Not Implemented",
+            true,
+        ),
     ] {
         let (mut caller, seen, _stop, task) = open();
         caller.write_all(&raw).await.unwrap();
