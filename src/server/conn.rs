@@ -30,6 +30,13 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+/// Bytes that HTTP/2 streams cut for want of credit may leave with hyper on one connection
+/// (see [`super::stall`]) before it is asked to end with GOAWAY: one whole answer at the most
+/// legate holds (`proxy::upread`'s 16 MiB), so that one such stream, or a few small ones, cost
+/// a caller nothing, and a caller that keeps starving streams of whole answers has its
+/// connection ended after the second.
+pub const CUT_HELD_MAX: u64 = 16 << 20;
+
 /// The deadlines a connection is held to.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
@@ -53,6 +60,8 @@ struct State {
     frames: bool,
     /// It was asked to end with GOAWAY ([`ConnWatch::ask_goaway`]).
     goaway: bool,
+    /// Bytes its HTTP/2 streams cut for want of credit left with hyper.
+    cut_held: u64,
     /// Since when a write has waited on a full socket, if one does.
     write_stalled: Option<Instant>,
     /// The instant the watchdog sleeps until (`None` before it first looked).
@@ -85,6 +94,7 @@ impl ConnWatch {
                 served: false,
                 frames: false,
                 goaway: false,
+                cut_held: 0,
                 write_stalled: None,
                 armed: None,
                 changed: false,
@@ -122,6 +132,26 @@ impl ConnWatch {
         drop(s);
         self.goaway.cancel();
         true
+    }
+
+    /// An HTTP/2 stream of this connection was cut for want of credit, leaving `held` bytes
+    /// with hyper until credit comes or the connection ends. Past [`CUT_HELD_MAX`] the
+    /// connection is asked for GOAWAY, whatever else it has in flight: those streams finish,
+    /// new ones go to a new connection, and once nothing is in flight it is dropped
+    /// `header_read_timeout` later if the starved streams still hold it.
+    pub fn stream_cut(&self, held: u64) {
+        let mut s = self.lock();
+        s.cut_held = s.cut_held.saturating_add(held);
+        let total = s.cut_held;
+        drop(s);
+        if total > CUT_HELD_MAX && self.ask_goaway() {
+            tracing::warn!(
+                held_bytes = total,
+                "HTTP/2 caller starves its streams of more answer bytes than legate holds for it: the connection is ended with GOAWAY"
+            );
+            // The connection's task waits on the GOAWAY's token; the watchdog looks at the
+            // deadline again when that task polls it.
+        }
     }
 
     /// The deadlines this connection is held to.

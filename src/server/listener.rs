@@ -170,9 +170,9 @@ where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let w = watch.clone();
-    let limit = watch.limits().connection_idle_timeout;
     let svc = service_fn(move |req: http::Request<Incoming>| {
         let inflight = w.begin();
+        let conn = w.clone();
         // hyper keeps one slot of this future's size per stream: the handlers box their
         // request's state themselves, so it stays small.
         let fut = handler(req.map(CallerBody::Right), peer);
@@ -183,7 +183,7 @@ where
             // hyper keeps the cut stream's shell until credit comes, which may be never, and
             // the connection must then fall under its idle deadline like any other.
             Ok::<_, std::convert::Infallible>(
-                resp.map(|b| StallWatched::new(Guarded::new(b, inflight), limit)),
+                resp.map(|b| StallWatched::new(Guarded::new(b, inflight), conn)),
             )
         }
     });

@@ -19,6 +19,14 @@
 //! later, the body ends in an error, which resets the stream. Time the body spends waiting on
 //! its provider (it returned `Pending`) is not a stall.
 //!
+//! A cut stream's last frame stays with hyper until credit comes or the connection ends, and
+//! the stream's slot with it. A caller that keeps another stream busy keeps the connection out
+//! of its idle deadline, and could so keep up to hyper's 200 streams' answers held (each up to
+//! a 16 MiB whole answer) for as long as it opens new streams. So each cut reports the bytes it
+//! leaves behind to the connection's watch, which asks the connection for GOAWAY once they
+//! pass [`CUT_HELD_MAX`](super::conn::CUT_HELD_MAX): its streams in flight finish, new ones go
+//! to a new connection, and it ends when they are done (see [`super::conn`]).
+//!
 //! The watcher is one task per stream, spawned at its first frame; it sleeps until the
 //! earliest instant the stream could be overdue, and is aborted when the body ends or is
 //! dropped, so that a finished stream leaves no task sleeping out its limit. Only HTTP/2
@@ -28,7 +36,6 @@
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -36,6 +43,7 @@ use parking_lot::Mutex;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::conn::ConnWatch;
 use super::listener::BoxError;
 
 /// A response body cut off because its stream took nothing for too long.
@@ -58,23 +66,27 @@ struct State<B> {
     body: Option<B>,
     /// When the last frame was handed to hyper, while the next has not been asked for.
     handed: Option<Instant>,
+    /// That frame's data bytes: what hyper holds of the stream if it is cut.
+    handed_bytes: u64,
 }
 
-/// A response body held to being polled again within `limit` of each frame it hands out.
+/// A response body held to being polled again within its connection's
+/// `connection_idle_timeout` of each frame it hands out.
 pub struct StallWatched<B> {
     state: Arc<Mutex<State<B>>>,
-    limit: Duration,
+    conn: Arc<ConnWatch>,
     watcher: Option<AbortHandle>,
 }
 
 impl<B> StallWatched<B> {
-    pub fn new(body: B, limit: Duration) -> Self {
+    pub fn new(body: B, conn: Arc<ConnWatch>) -> Self {
         StallWatched {
             state: Arc::new(Mutex::new(State {
                 body: Some(body),
                 handed: None,
+                handed_bytes: 0,
             })),
-            limit,
+            conn,
             watcher: None,
         }
     }
@@ -122,9 +134,10 @@ where
         // The last frame too: hyper holds it, and the body, until the stream has credit to
         // send it, and drops the body once it is sent.
         s.handed = Some(Instant::now());
+        s.handed_bytes = frame.data_ref().map_or(0, |d| d.len() as u64);
         drop(s);
         if this.watcher.is_none() {
-            let watcher = tokio::spawn(watch(Arc::downgrade(&this.state), this.limit));
+            let watcher = tokio::spawn(watch(Arc::downgrade(&this.state), this.conn.clone()));
             this.watcher = Some(watcher.abort_handle());
         }
         Poll::Ready(Some(Ok(frame)))
@@ -147,9 +160,11 @@ where
     }
 }
 
-/// Drops the body once a frame it handed out has waited `limit` for the next poll; returns
-/// when the body is done, dropped, or cut.
-async fn watch<B>(state: Weak<Mutex<State<B>>>, limit: Duration) {
+/// Drops the body once a frame it handed out has waited `connection_idle_timeout` for the
+/// next poll, and tells the connection what the cut left with hyper; returns when the body is
+/// done, dropped, or cut.
+async fn watch<B>(state: Weak<Mutex<State<B>>>, conn: Arc<ConnWatch>) {
+    let limit = conn.limits().connection_idle_timeout;
     let mut at = Instant::now() + limit;
     loop {
         tokio::time::sleep_until(at).await;
@@ -161,12 +176,14 @@ async fn watch<B>(state: Weak<Mutex<State<B>>>, limit: Duration) {
         match s.handed {
             Some(t) if t + limit <= Instant::now() => {
                 let body = s.body.take();
+                let held = s.handed_bytes;
                 drop(s);
                 tracing::debug!(
                     "HTTP/2 stream given no credit within connection_idle_timeout: its answer is dropped"
                 );
                 // Outside the lock: dropping the body releases the upstream stream.
                 drop(body);
+                conn.stream_cut(held);
                 return;
             }
             Some(t) => at = t + limit,

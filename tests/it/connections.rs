@@ -283,19 +283,24 @@ async fn endless_stream() -> (String, tokio::task::JoinHandle<usize>) {
     (url, writer)
 }
 
+/// legate with `server` and `provider` settings in front of a stand-in upstream at `url`.
+async fn in_front_of(url: &str, server: &str, provider: &str) -> Env {
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(url, server, provider, "");
+    harness::start_toml(unused, &toml).await
+}
+
 /// legate (`connection_idle_timeout` 1 s, one request at a time to the provider) in front of
 /// [`endless_stream`], and an unconnected caller socket with a small receive window, so that
 /// the caller's side fills soon.
 async fn stalling() -> (Env, tokio::task::JoinHandle<usize>, tokio::net::TcpSocket) {
     let (url, upstream) = endless_stream().await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(
+    let env = in_front_of(
         &url,
         "connection_idle_timeout = \"1s\"\n",
         "max_concurrency = 1\n",
-        "",
-    );
-    let env = harness::start_toml(unused, &toml).await;
+    )
+    .await;
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
     (env, upstream, sock)
@@ -521,6 +526,24 @@ async fn an_idle_http2_connection_is_held_to_the_idle_timeout_and_ended_with_goa
     assert!(send.is_closed());
 }
 
+/// An HTTP/2 connection to legate whose caller gives its streams no credit at all (an
+/// initial stream window of 0): the answers' heads come, their bodies never do.
+async fn creditless(
+    env: &Env,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    (send, tokio::spawn(conn))
+}
+
 /// A whole (not streamed) answer whose stream the caller never gives credit: hyper holds the
 /// answer, waiting to send it, and with it the request's count in flight. Past
 /// `connection_idle_timeout` that count goes, and the connection, with nothing else to do, is
@@ -529,14 +552,7 @@ async fn an_idle_http2_connection_is_held_to_the_idle_timeout_and_ended_with_goa
 #[tokio::test]
 async fn an_http2_whole_answer_never_given_credit_lets_its_connection_close() {
     let env = start("connection_idle_timeout = \"1s\"\n").await;
-    let sock = TcpStream::connect(env.legate.data_addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(0)
-            .handshake(hyper_util::rt::TokioIo::new(sock))
-            .await
-            .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut send, conn) = creditless(&env).await;
     // The head needs no credit; the body does, and none is ever given.
     let resp = answered(&mut send, BODY).await;
     wait_gauge(&env, "data", 0.0).await;
@@ -571,4 +587,99 @@ async fn an_http2_connection_whose_only_stream_was_cut_is_closed_when_idle() {
         Some(1.0)
     );
     drop(resp);
+}
+
+const BIG: &str =
+    r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"big"}]}"#;
+const HOLD: &str =
+    r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"hold"}]}"#;
+
+/// An upstream that answers a request whose prompt is `big` with a 9 MiB message, holds one
+/// whose prompt is `hold` until `release` is notified, and answers any other with a short
+/// message; one request per connection.
+async fn sized_upstream() -> (String, std::sync::Arc<tokio::sync::Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let held = held.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The head and the body, which is JSON and ends the request.
+                let text = loop {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                    let text = String::from_utf8_lossy(&got).into_owned();
+                    if text.contains("\r\n\r\n") && text.ends_with('}') {
+                        break text;
+                    }
+                };
+                let said = if text.contains("\"big\"") {
+                    "x".repeat(9 << 20)
+                } else {
+                    if text.contains("\"hold\"") {
+                        held.notified().await;
+                    }
+                    "short".to_string()
+                };
+                let reply = format!(
+                    r#"{{"id":"msg_s","type":"message","role":"assistant","model":"claude-c","content":[{{"type":"text","text":"{said}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{{"input_tokens":3,"output_tokens":1}}}}"#
+                );
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+                let _ = sock.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, release)
+}
+
+/// A caller that keeps a request in flight keeps its connection out of the idle deadline,
+/// and could so keep hyper holding the answers of every stream it starved of credit. What cut
+/// streams leave with hyper is bounded per connection: past 16 MiB (here two 9 MiB answers)
+/// the connection is ended with GOAWAY. New streams are then refused, the one in flight is
+/// still answered, and the connection ends after it.
+#[tokio::test]
+async fn an_http2_caller_starving_streams_of_large_answers_gets_goaway() {
+    let (url, release) = sized_upstream().await;
+    let server = "connection_idle_timeout = \"1s\"\nheader_read_timeout = \"1s\"\n";
+    let env = in_front_of(&url, server, "").await;
+    let (mut send, conn) = creditless(&env).await;
+    let busy = tokio::spawn(send.send_request(h2_post(HOLD)));
+    // Two whole answers whose heads come and whose bodies never get credit.
+    let first = answered(&mut send, BIG).await;
+    let second = answered(&mut send, BIG).await;
+    // Both are cut 1 s later, which takes what they hold past the cap. Until then the caller
+    // goes on using the connection (a poll every 100 ms, each a short starved answer).
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(resp) = send.send_request(h2_post(BODY)).await {
+            assert_eq!(resp.status(), 200);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("legate ends the connection with GOAWAY once cut streams hold over 16 MiB");
+    // The request in flight when the GOAWAY went out is still served.
+    release.notify_one();
+    let busy = tokio::time::timeout(Duration::from_secs(10), busy)
+        .await
+        .expect("the busy stream's answer in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(busy.status(), 200);
+    // Then nothing is in flight, and the connection, still holding the cut streams, ends.
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("legate ended the connection")
+        .unwrap()
+        .ok();
+    wait_gauge(&env, "data", 0.0).await;
+    drop((first, second));
 }

@@ -2,12 +2,24 @@
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
+
+/// The watch of an HTTP/2 connection idle-bounded at [`LIMIT`].
+fn conn() -> Arc<ConnWatch> {
+    let watch = ConnWatch::new(super::super::conn::ConnLimits {
+        header_read_timeout: Duration::from_secs(10),
+        connection_idle_timeout: LIMIT,
+        body_read_timeout: Duration::from_secs(60),
+    });
+    watch.speaks_frames();
+    watch
+}
 
 /// An endless answer: frames as the test sends them, and a flag set when it is dropped (as
 /// an upstream stream is released).
@@ -48,7 +60,7 @@ fn feed() -> (
         rx,
         dropped: dropped.clone(),
     };
-    (StallWatched::new(body, LIMIT), tx, dropped)
+    (StallWatched::new(body, conn()), tx, dropped)
 }
 
 /// One poll of the body, as hyper makes it when the stream has credit.
@@ -161,7 +173,7 @@ async fn a_whole_answer_held_for_credit_past_the_limit_is_dropped_and_one_sent_i
             data: Some(Bytes::from_static(b"the answer")),
             dropped: dropped.clone(),
         };
-        let mut body = StallWatched::new(whole, LIMIT);
+        let mut body = StallWatched::new(whole, conn());
         let frame = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
         assert_eq!(
             &frame.unwrap().unwrap().into_data().unwrap()[..],
@@ -188,4 +200,72 @@ async fn a_whole_answer_held_for_credit_past_the_limit_is_dropped_and_one_sent_i
         assert!(dropped.load(Ordering::SeqCst));
         drop(body);
     }
+}
+
+/// Whether the connection was asked to end with GOAWAY.
+fn goaway_asked(watch: &ConnWatch) -> bool {
+    let mut due = std::pin::pin!(watch.goaway_due());
+    due.as_mut()
+        .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        .is_ready()
+}
+
+/// A whole answer of `len` bytes, handed to hyper and never asked for again.
+async fn starved_whole(
+    watch: &Arc<ConnWatch>,
+    len: usize,
+) -> (StallWatched<Whole>, Arc<AtomicBool>) {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let whole = Whole {
+        data: Some(Bytes::from(vec![b'x'; len])),
+        dropped: dropped.clone(),
+    };
+    let mut body = StallWatched::new(whole, watch.clone());
+    assert!(next_whole(&mut body).await.unwrap().is_ok());
+    (body, dropped)
+}
+
+async fn next_whole(body: &mut StallWatched<Whole>) -> Option<Result<Frame<Bytes>, BoxError>> {
+    poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+}
+
+/// What cut streams leave with hyper is counted per connection: under `CUT_HELD_MAX` the
+/// connection goes on; past it, it is asked for GOAWAY, with another request still in flight.
+#[tokio::test(start_paused = true)]
+async fn cut_streams_holding_more_than_the_cap_ask_their_connection_for_goaway() {
+    use super::super::conn::CUT_HELD_MAX;
+    let watch = conn();
+    let _busy = watch.begin();
+    // Small streamed frames: a hundred cut streams of 1 KiB each stay far under the cap.
+    let mut small = Vec::new();
+    for _ in 0..100 {
+        let (mut body, tx, dropped) = {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let dropped = Arc::new(AtomicBool::new(false));
+            let feed = Feed {
+                rx,
+                dropped: dropped.clone(),
+            };
+            (StallWatched::new(feed, watch.clone()), tx, dropped)
+        };
+        tx.send(Bytes::from(vec![b'x'; 1024])).unwrap();
+        assert!(next(&mut body).await.unwrap().is_ok());
+        small.push((body, tx, dropped));
+    }
+    tokio::time::sleep(LIMIT + Duration::from_secs(1)).await;
+    assert!(small.iter().all(|(_, _, d)| d.load(Ordering::SeqCst)));
+    assert!(!goaway_asked(&watch), "100 KiB held is under the cap");
+    // A whole answer of half the cap: still under it.
+    let half = (CUT_HELD_MAX / 2) as usize;
+    let (_first, dropped) = starved_whole(&watch, half).await;
+    tokio::time::sleep(LIMIT + Duration::from_secs(1)).await;
+    assert!(dropped.load(Ordering::SeqCst));
+    assert!(!goaway_asked(&watch), "half the cap held is under it");
+    // A second one passes it: the connection is asked to end, its request in flight or not.
+    let (_second, dropped) = starved_whole(&watch, half).await;
+    tokio::time::sleep(LIMIT - Duration::from_secs(1)).await;
+    assert!(!goaway_asked(&watch), "not before the second stream is cut");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(dropped.load(Ordering::SeqCst));
+    assert!(goaway_asked(&watch), "past the cap: GOAWAY");
 }
