@@ -32,10 +32,14 @@ use tokio::time::{Instant, Sleep};
 
 /// Bytes that HTTP/2 streams cut for want of credit may leave with hyper on one connection
 /// (see [`super::stall`]) before it is asked to end with GOAWAY: one whole answer at the most
-/// legate holds (`proxy::upread`'s 16 MiB), so that one such stream, or a few small ones, cost
-/// a caller nothing, and a caller that keeps starving streams of whole answers has its
-/// connection ended after the second.
+/// legate holds (`proxy::upread`'s 16 MiB). One such stream, or a few streams cut with
+/// [`H2_SEND_BUF`] queued each, cost a caller nothing; a caller that keeps starving streams
+/// has its connection ended after the second whole answer, or about the fortieth stream.
 pub const CUT_HELD_MAX: u64 = 16 << 20;
+
+/// Bytes of a stream's answer the HTTP/2 layer queues ahead of the caller's credit, before the
+/// frame hyper keeps: a cut stream is counted as holding these besides that frame.
+pub const H2_SEND_BUF: usize = 400 << 10;
 
 /// The deadlines a connection is held to.
 #[derive(Debug, Clone, Copy)]
@@ -134,14 +138,18 @@ impl ConnWatch {
         true
     }
 
-    /// An HTTP/2 stream of this connection was cut for want of credit, leaving `held` bytes
-    /// with hyper until credit comes or the connection ends. Past [`CUT_HELD_MAX`] the
+    /// An HTTP/2 stream of this connection was cut for want of credit, leaving the `held`
+    /// bytes of its last frame with hyper, and up to [`H2_SEND_BUF`] queued before it, until
+    /// credit comes or the connection ends. Past [`CUT_HELD_MAX`] the
     /// connection is asked for GOAWAY, whatever else it has in flight: those streams finish,
     /// new ones go to a new connection, and once nothing is in flight it is dropped
     /// `header_read_timeout` later if the starved streams still hold it.
     pub fn stream_cut(&self, held: u64) {
         let mut s = self.lock();
-        s.cut_held = s.cut_held.saturating_add(held);
+        s.cut_held = s
+            .cut_held
+            .saturating_add(held)
+            .saturating_add(H2_SEND_BUF as u64);
         let total = s.cut_held;
         drop(s);
         if total > CUT_HELD_MAX && self.ask_goaway() {

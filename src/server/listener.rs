@@ -68,8 +68,11 @@ pub async fn serve<H, F, B, L>(
     L: Fn() -> ConnLimits,
 {
     // The connection watch bounds the preface and every request's head; hyper's HTTP/2
-    // settings are its defaults.
-    let h2 = Arc::new(http2::Builder::new(TokioExecutor::new()));
+    // settings are its defaults but for the send buffer per stream, set to the size the watch
+    // counts a stream cut for want of credit as holding (hyper's default too).
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.max_send_buf_size(super::conn::H2_SEND_BUF);
+    let h2 = Arc::new(h2);
     let slots = Arc::new(Semaphore::new(plane.max_connections));
     loop {
         // A free slot first: beyond the cap, peers wait in the backlog, not on a descriptor.

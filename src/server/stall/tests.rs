@@ -229,16 +229,17 @@ async fn next_whole(body: &mut StallWatched<Whole>) -> Option<Result<Frame<Bytes
     poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
 }
 
-/// What cut streams leave with hyper is counted per connection: under `CUT_HELD_MAX` the
-/// connection goes on; past it, it is asked for GOAWAY, with another request still in flight.
+/// What cut streams leave with hyper is counted per connection, each as its last frame and
+/// the HTTP/2 layer's send buffer: up to `CUT_HELD_MAX` the connection goes on; past it, it is
+/// asked for GOAWAY, with another request still in flight.
 #[tokio::test(start_paused = true)]
 async fn cut_streams_holding_more_than_the_cap_ask_their_connection_for_goaway() {
-    use super::super::conn::CUT_HELD_MAX;
+    use super::super::conn::{CUT_HELD_MAX, H2_SEND_BUF};
     let watch = conn();
     let _busy = watch.begin();
-    // Small streamed frames: a hundred cut streams of 1 KiB each stay far under the cap.
+    // Thirty streams cut with a 1 KiB frame out: about 12 MiB counted, under the cap.
     let mut small = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..30 {
         let (mut body, tx, dropped) = {
             let (tx, rx) = mpsc::unbounded_channel();
             let dropped = Arc::new(AtomicBool::new(false));
@@ -254,17 +255,21 @@ async fn cut_streams_holding_more_than_the_cap_ask_their_connection_for_goaway()
     }
     tokio::time::sleep(LIMIT + Duration::from_secs(1)).await;
     assert!(small.iter().all(|(_, _, d)| d.load(Ordering::SeqCst)));
-    assert!(!goaway_asked(&watch), "100 KiB held is under the cap");
-    // A whole answer of half the cap: still under it.
-    let half = (CUT_HELD_MAX / 2) as usize;
-    let (_first, dropped) = starved_whole(&watch, half).await;
+    assert!(
+        !goaway_asked(&watch),
+        "30 small cut streams are under the cap"
+    );
+    // A whole answer that brings the count to the cap exactly: still not past it.
+    let counted = 30 * (1024 + H2_SEND_BUF as u64);
+    let fill = (CUT_HELD_MAX - counted - H2_SEND_BUF as u64) as usize;
+    let (_first, dropped) = starved_whole(&watch, fill).await;
     tokio::time::sleep(LIMIT + Duration::from_secs(1)).await;
     assert!(dropped.load(Ordering::SeqCst));
-    assert!(!goaway_asked(&watch), "half the cap held is under it");
-    // A second one passes it: the connection is asked to end, its request in flight or not.
-    let (_second, dropped) = starved_whole(&watch, half).await;
+    assert!(!goaway_asked(&watch), "at the cap is not past it");
+    // Any further cut passes it: the connection is asked to end, a request in flight or not.
+    let (_second, dropped) = starved_whole(&watch, 1).await;
     tokio::time::sleep(LIMIT - Duration::from_secs(1)).await;
-    assert!(!goaway_asked(&watch), "not before the second stream is cut");
+    assert!(!goaway_asked(&watch), "not before the stream is cut");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(dropped.load(Ordering::SeqCst));
     assert!(goaway_asked(&watch), "past the cap: GOAWAY");
