@@ -116,10 +116,15 @@ pub fn format_usd_per_mtok(pico_per_token: u64) -> String {
     format!("{whole}.{}", frac.trim_end_matches('0'))
 }
 
+/// The most tokens of one kind one answer is counted for: 2^24, above the largest context
+/// windows offered (10 million tokens) and far above any output limit.
+pub const MAX_REPORTED_TOKENS: u64 = 1 << 24;
+
 /// Token usage of one answer, normalised across APIs (SPEC §6): the four kinds never
 /// overlap. `input` is uncached input only, `cache_read` and `cache_write` are the cached
 /// parts, `output` is everything generated (reasoning included). Each dialect reads its
 /// API's usage into this shape.
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input: u64,
@@ -140,6 +145,33 @@ impl Usage {
         .iter()
         .map(|&(tokens, per_token)| u128::from(tokens) * u128::from(per_token))
         .fold(0u128, u128::saturating_add)
+    }
+
+    /// The usage as legate accounts it: each count at most [`MAX_REPORTED_TOKENS`]. A provider
+    /// that reports more (2^64 − 1, say, from a bug or a hostile stand-in) would otherwise
+    /// drive a tenant's token bucket and daily budget so far below zero that it stayed locked
+    /// out until a restart, and add a fortune to the cost counters; such a report is logged.
+    pub fn bounded(self, upstream: &str) -> Usage {
+        let counts = [self.input, self.output, self.cache_read, self.cache_write];
+        if counts.iter().all(|&n| n <= MAX_REPORTED_TOKENS) {
+            return self;
+        }
+        tracing::warn!(
+            upstream,
+            input = self.input,
+            output = self.output,
+            cache_read = self.cache_read,
+            cache_write = self.cache_write,
+            max = MAX_REPORTED_TOKENS,
+            "upstream reported more tokens than any model takes or writes; counted as the maximum"
+        );
+        let cap = |n: u64| n.min(MAX_REPORTED_TOKENS);
+        Usage {
+            input: cap(self.input),
+            output: cap(self.output),
+            cache_read: cap(self.cache_read),
+            cache_write: cap(self.cache_write),
+        }
     }
 
     /// All tokens of the four kinds (what a tokens-per-minute bucket is charged for).

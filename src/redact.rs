@@ -83,9 +83,26 @@ impl Redactor {
     }
 
     /// Replaces the key in every header value; a header whose value cannot be rebuilt is
-    /// removed rather than passed on.
+    /// removed rather than passed on, and so is one whose name holds the key (names are
+    /// passed on lower-cased, so it is looked for in any case there: an upstream's
+    /// `x-ratelimit-remaining-<key>` would otherwise carry it).
     pub fn headers(&self, headers: &mut HeaderMap) {
         let finder = self.finder();
+        let key = finder.needle();
+        let named: Vec<http::HeaderName> = headers
+            .keys()
+            .filter(|n| {
+                n.as_str().len() >= key.len()
+                    && n.as_str()
+                        .as_bytes()
+                        .windows(key.len())
+                        .any(|w| w.eq_ignore_ascii_case(key))
+            })
+            .cloned()
+            .collect();
+        for name in named {
+            headers.remove(&name);
+        }
         let mut tainted = Vec::new();
         for (name, value) in headers.iter() {
             if finder.find(value.as_bytes()).is_some() {

@@ -252,6 +252,7 @@ impl TapBody {
         let mut acct = self.acct.take()?;
         match usage {
             Some(u) => {
+                let u = u.bounded(&acct.sink.target);
                 let cost = acct.sink.record(u);
                 acct.record.settle(u, cost, &acct.sink);
             }

@@ -303,6 +303,9 @@ fn received(call: &Call<'_>, resp: Response<ResponseBody>) -> (Parts, Raw) {
 }
 
 async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
+    if crate::proxy::response::opaque_coding(&got.parts.headers) {
+        return Exchanged::Broken(crate::proxy::response::opaque_answer(&call.up.name));
+    }
     let status = got.parts.status;
     let is_sse = got
         .parts
@@ -339,6 +342,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
         // Anthropic message_start): metered on this attempt's provider and model.
         let usage = incoming.upstream_usage().or_else(|| watch.usage());
         if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
+            let u = u.bounded(&up.name);
             let cost = answer::sink(call, rec).record_unserved(u);
             rec.charge_attempt(u, cost);
         }
@@ -423,6 +427,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                     usage_read.unwrap_or_else(|| inb.endpoint.api.dialect().usage_of_body(&body));
                 match usage {
                     Some(u) => {
+                        let u = u.bounded(&up.name);
                         let sink = answer::sink(call, rec);
                         let cost = sink.record(u);
                         rec.settle(u, cost, &sink);

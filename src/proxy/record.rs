@@ -91,7 +91,10 @@ impl RequestRecord {
     /// Settles the reservation with what the provider reported to `sink`.
     pub fn settle(&mut self, usage: Usage, cost_pico: u128, sink: &UsageSink) {
         let estimated = self.reservation.as_ref().map(|r| r.estimated_input);
-        let input = usage.input + usage.cache_read + usage.cache_write;
+        let input = usage
+            .input
+            .saturating_add(usage.cache_read)
+            .saturating_add(usage.cache_write);
         if let Some(o) = &self.obs {
             o.update(|f| {
                 f.usage = Some(usage);

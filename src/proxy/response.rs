@@ -111,6 +111,35 @@ pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: 
     }
 }
 
+/// Whether an upstream answer comes in a coding legate did not ask for: a `content-encoding`
+/// other than `identity` (legate sends `accept-encoding: identity`), or a transfer coding other
+/// than `chunked`. Such a body is opaque: its usage cannot be metered, nor the provider key
+/// removed from it (SPEC §14), so it is not passed on.
+pub fn opaque_coding(upstream: &HeaderMap) -> bool {
+    let named = |name, allowed: &[u8]| {
+        upstream.get_all(name).iter().any(|v| {
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .any(|t| !t.is_empty() && !t.eq_ignore_ascii_case(allowed))
+        })
+    };
+    named(http::header::CONTENT_ENCODING, b"identity")
+        || named(http::header::TRANSFER_ENCODING, b"chunked")
+}
+
+/// The error for an answer in an [`opaque_coding`].
+pub fn opaque_answer(provider: &str) -> crate::error::ProxyError {
+    tracing::warn!(
+        provider,
+        "upstream answered in a content or transfer coding legate did not ask for: not passed on"
+    );
+    crate::error::ProxyError::UpstreamAnswerUnusable {
+        provider: provider.to_owned(),
+        reason: "it came compressed or in another coding legate did not ask for (it asks for identity), so legate can neither meter it nor clear the provider key from it".to_owned(),
+    }
+}
+
 /// legate's own response headers, validated once at compile time instead of per request.
 const X_LEGATE_ATTEMPTS: HeaderName = HeaderName::from_static("x-legate-attempts");
 const X_LEGATE_OVERHEAD_MS: HeaderName = HeaderName::from_static("x-legate-overhead-ms");

@@ -184,6 +184,9 @@ pub async fn forward(
         }
     };
     let (parts, incoming) = resp.into_parts();
+    if crate::proxy::response::opaque_coding(&parts.headers) {
+        return Err(crate::proxy::response::opaque_answer(&up.name));
+    }
     let limited = Limited::new(incoming, 32 << 20).collect();
     let body = match tokio::time::timeout(up.idle_timeout, limited).await {
         Ok(Ok(c)) => c.to_bytes(),
@@ -193,9 +196,18 @@ pub async fn forward(
             });
         }
     };
+    // An upstream that echoes the key it was sent must not hand it to the caller.
+    let redact = up.redactor();
+    let body = match &redact {
+        Some(r) => r.bytes(body),
+        None => body,
+    };
     let mut out = Response::new(ProxyBody::full(body));
     *out.status_mut() = parts.status;
     crate::proxy::response::copy_upstream_headers(&parts.headers, out.headers_mut(), true);
+    if let Some(r) = redact {
+        r.headers(out.headers_mut());
+    }
     crate::proxy::response::set_header(&mut out, "x-legate-served-by", &up.name);
     Ok(out)
 }

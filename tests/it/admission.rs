@@ -312,3 +312,37 @@ async fn a_low_upstream_rate_limit_spaces_batch_calls_but_not_interactive_ones()
         interactive.1
     );
 }
+
+/// A provider reporting absurd usage (2^64 − 1 output tokens) is counted as 2^24 tokens, and
+/// the tenant's bucket is charged at most a minute's worth beyond the reservation: the
+/// tenant waits about a minute, not until the end of time.
+#[tokio::test]
+async fn absurd_reported_usage_is_bounded_and_cannot_lock_a_tenant_out() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"usage":{"input_tokens":10,"output_tokens":18446744073709551615}}}"#,
+        )
+        .unwrap(),
+        "[tenants.default]\ntokens_per_minute = 1000\n",
+    )
+    .await;
+    let body =
+        r#"{"model":"claude-t","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let first = env.messages(body).await;
+    assert_eq!(first.status(), 200);
+    let _ = first.bytes().await.unwrap();
+    assert_eq!(
+        env.metric("legate_tokens_total", &[("kind", "output")])
+            .await,
+        Some(16_777_216.0)
+    );
+    let second = env.messages(body).await;
+    assert_eq!(second.status(), 429);
+    let wait: f64 = second.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(wait > 0.0 && wait <= 120.0, "retry-after {wait}");
+    assert_eq!(env.mock.stats().requests, 1);
+}

@@ -112,3 +112,95 @@ async fn a_key_split_across_chunks_of_a_large_answer_is_redacted() {
     );
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// legate in front of a raw upstream answering every request with `reply`, retries fast.
+async fn behind(reply: Vec<u8>) -> (harness::Env, rawup::RawUpstream) {
+    let up = rawup::start(move |_req| {
+        let action = Action::Reply(reply.clone());
+        async move { action }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let retry = "[retry]\nbase_delay = \"1ms\"\nmax_delay = \"2ms\"\n";
+    let toml = harness::config_toml_with(&up.url, "", "", retry);
+    (harness::start_toml(unused, &toml).await, up)
+}
+
+const ASK: &str =
+    r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// legate asks for `accept-encoding: identity`. An answer compressed anyway (an error that
+/// echoes the key, gzipped) could be neither metered nor cleared of the key, so it is not
+/// passed on: after the retries, 502 `upstream_answer_unusable`, and none of its bytes. The
+/// same for a body in a transfer coding besides chunked.
+#[tokio::test]
+async fn answers_in_a_coding_legate_did_not_ask_for_are_not_passed_on() {
+    let opaque = format!("\x1f\x08 compressed bytes around {ANTHROPIC_KEY}");
+    let cases = [
+        format!(
+            "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\n\r\n{opaque}",
+            opaque.len()
+        ),
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: gzip, chunked\r\n\r\n{:x}\r\n{opaque}\r\n0\r\n\r\n",
+            opaque.len()
+        ),
+    ];
+    for reply in cases {
+        let (env, up) = behind(reply.into_bytes()).await;
+        let resp = env.messages(ASK).await;
+        assert_eq!(resp.status(), 502);
+        let body = resp.text().await.unwrap();
+        assert!(body.contains("compressed or in another coding"), "{body}");
+        assert!(!body.contains("compressed bytes"), "{body}");
+        assert_clean("the body", &body);
+        assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+}
+
+/// A header whose name holds the key (an upstream's rate-limit header named after it) is not
+/// passed on: names reach the caller lower-cased, so the key is looked for in any case.
+#[tokio::test]
+async fn a_key_in_a_passed_back_header_name_is_not_passed_on() {
+    let body = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-c","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}"#;
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nanthropic-ratelimit-requests-remaining: 7\r\nx-ratelimit-remaining-{ANTHROPIC_KEY}: 1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (env, _up) = behind(reply.into_bytes()).await;
+    let resp = env.messages(ASK).await;
+    assert_eq!(resp.status(), 200);
+    let lower = ANTHROPIC_KEY.to_ascii_lowercase();
+    for name in resp.headers().keys() {
+        assert!(!name.as_str().contains(&lower), "{name} passed on");
+    }
+    assert_eq!(
+        resp.headers()["anthropic-ratelimit-requests-remaining"],
+        "7",
+        "the other rate-limit headers still are"
+    );
+}
+
+/// The small endpoints forwarded as they are (a stored response fetched from the provider)
+/// are cleared of the key too, in the body and in header values.
+#[tokio::test]
+async fn a_key_echoed_by_a_forwarded_responses_endpoint_is_redacted() {
+    let k = OPENAI_KEY;
+    let body = format!(
+        r#"{{"error":{{"message":"no response for key {k}","type":"invalid_request_error"}}}}"#
+    );
+    let reply = format!(
+        "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nx-echo: Bearer {k}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (env, up) = behind(reply.into_bytes()).await;
+    let resp = env
+        .http
+        .get(env.url("/v1/responses/resp_elsewhere"))
+        .send()
+        .await
+        .unwrap();
+    let text = check(resp, 404).await;
+    assert!(text.contains("no response for key [redacted]"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -265,8 +265,13 @@ impl Reservation {
         if self.tpm == 0 && self.budget_pico == 0 {
             return;
         }
-        let refund = i64::try_from(self.reserved).unwrap_or(i64::MAX)
-            - i64::try_from(used_tokens).unwrap_or(i64::MAX);
+        // Use beyond the reservation is charged, but at most one minute's worth: a report far
+        // above what the request could use (a provider's bug) then holds the tenant back for
+        // about a minute, not for as long as its bucket takes to refill the excess.
+        let tpm = i64::try_from(self.tpm).unwrap_or(i64::MAX);
+        let refund = (i64::try_from(self.reserved).unwrap_or(i64::MAX)
+            - i64::try_from(used_tokens).unwrap_or(i64::MAX))
+        .max(-tpm);
         self.limiter.settle_detached(Settlement {
             tenant: self.tenant.to_string(),
             tpm: self.tpm,
