@@ -173,6 +173,7 @@ pub(crate) async fn run(
         }
         Err(ProxyError::DeadlineExceeded) => Exchanged::Deadline { in_flight: true },
         Err(e @ ProxyError::UpstreamTimeout { .. }) => Exchanged::TimedOut(e),
+        Err(e @ ProxyError::UpstreamAnswerUnusable { .. }) => Exchanged::Broken(e),
         Err(e) => Exchanged::Unreachable(e),
     };
     spent.outside += sent.elapsed();

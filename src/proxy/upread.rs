@@ -16,6 +16,8 @@ use tokio::time::{Instant, Sleep};
 use crate::error::ProxyError;
 use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
+use crate::upstream::SendError;
+use crate::upstream::h1::H1Error;
 use crate::upstream::{ResponseBody, Upstream};
 
 /// Error bodies read to classify a retryable status are small; larger ones are cut here.
@@ -225,6 +227,16 @@ pub(super) async fn send(
     });
     match within.await {
         Ok(Ok(resp)) => Ok(resp),
+        // A head that is not HTTP is the provider's fault, not the network's: said so, to the
+        // caller and in the log at the default level, where "could not connect" would send an
+        // operator after the wrong thing. (The reasons are fixed texts, never the head's bytes.)
+        Ok(Err(SendError::H1(H1Error::Head(e)))) => {
+            tracing::warn!(provider = %up.name, error = %e, "upstream answered with a response head that is not HTTP/1.1");
+            Err(ProxyError::UpstreamAnswerUnusable {
+                provider: up.name.clone(),
+                reason: format!("the response head could not be read as HTTP/1.1 ({e})"),
+            })
+        }
         Ok(Err(e)) => {
             tracing::debug!(provider = %up.name, connect = e.is_connect(), error = %e, "upstream request failed");
             Err(ProxyError::UpstreamUnreachable {

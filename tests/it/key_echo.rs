@@ -113,19 +113,6 @@ async fn a_key_split_across_chunks_of_a_large_answer_is_redacted() {
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
-/// legate in front of a raw upstream answering every request with `reply`, retries fast.
-async fn behind(reply: Vec<u8>) -> (harness::Env, rawup::RawUpstream) {
-    let up = rawup::start(move |_req| {
-        let action = Action::Reply(reply.clone());
-        async move { action }
-    })
-    .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let retry = "[retry]\nbase_delay = \"1ms\"\nmax_delay = \"2ms\"\n";
-    let toml = harness::config_toml_with(&up.url, "", "", retry);
-    (harness::start_toml(unused, &toml).await, up)
-}
-
 const ASK: &str =
     r#"{"model":"claude-c","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -147,7 +134,7 @@ async fn answers_in_a_coding_legate_did_not_ask_for_are_not_passed_on() {
         ),
     ];
     for reply in cases {
-        let (env, up) = behind(reply.into_bytes()).await;
+        let (env, up) = rawup::behind(reply.into_bytes()).await;
         let resp = env.messages(ASK).await;
         assert_eq!(resp.status(), 502);
         let body = resp.text().await.unwrap();
@@ -167,7 +154,7 @@ async fn a_key_in_a_passed_back_header_name_is_not_passed_on() {
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nanthropic-ratelimit-requests-remaining: 7\r\nx-ratelimit-remaining-{ANTHROPIC_KEY}: 1\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let (env, _up) = behind(reply.into_bytes()).await;
+    let (env, _up) = rawup::behind(reply.into_bytes()).await;
     let resp = env.messages(ASK).await;
     assert_eq!(resp.status(), 200);
     let lower = ANTHROPIC_KEY.to_ascii_lowercase();
@@ -193,7 +180,7 @@ async fn a_key_echoed_by_a_forwarded_responses_endpoint_is_redacted() {
         "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nx-echo: Bearer {k}\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let (env, up) = behind(reply.into_bytes()).await;
+    let (env, up) = rawup::behind(reply.into_bytes()).await;
     let resp = env
         .http
         .get(env.url("/v1/responses/resp_elsewhere"))

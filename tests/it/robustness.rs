@@ -213,3 +213,35 @@ async fn a_reload_never_lets_more_than_max_concurrency_through() {
     assert_eq!(second.await.unwrap(), 200);
     assert_eq!(env.mock.stats().requests, 2);
 }
+
+/// A provider whose answer head is not HTTP/1.1 (a bad status line, a head past the limit)
+/// is not "unreachable": after the retries the caller is told its answer could not be read,
+/// 502 `upstream_answer_unusable` naming the reason, not that legate could not connect.
+#[tokio::test]
+async fn a_malformed_upstream_head_is_named_as_such_not_as_a_connect_failure() {
+    let huge = format!(
+        "HTTP/1.1 200 OK\r\nx-pad: {}\r\ncontent-length: 0\r\n\r\n",
+        "p".repeat(200 << 10)
+    );
+    let cases = [
+        (
+            "HTTP/1.1 2000 OK\r\ncontent-length: 0\r\n\r\n".to_string(),
+            "malformed",
+        ),
+        (huge, "too large"),
+    ];
+    for (reply, why) in cases {
+        let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
+        let resp = env.messages(BODY).await;
+        assert_eq!(resp.status(), 502);
+        let v: serde_json::Value = resp.json().await.unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("response head could not be read"),
+            "{message}"
+        );
+        assert!(message.contains(why), "{message}");
+        assert!(!message.contains("could not connect"), "{message}");
+        assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+}
