@@ -316,6 +316,15 @@ async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> 
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
     match (status.is_success(), is_sse) {
         (true, true) => stream(call, got, record).await,
+        // A caller that asked for a stream reads events: a whole body handed to it would read
+        // as a stream that ended cleanly with nothing in it (SPEC §7), so it is a failure.
+        (true, false) if call.inb.meta.stream => {
+            tracing::warn!(provider = %call.up.name, "upstream answered a stream request with a whole body");
+            Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
+                provider: call.up.name.clone(),
+                reason: "a stream was asked for, and it answered with a whole body instead of an event stream".to_owned(),
+            })
+        }
         (true, false) => whole(call, got, record).await,
         (false, _) => error(call, got).await,
     }

@@ -245,3 +245,23 @@ async fn a_malformed_upstream_head_is_named_as_such_not_as_a_connect_failure() {
         assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 }
+
+/// A caller that asked for a stream and got a whole JSON body would read a stream that ended
+/// cleanly with nothing in it. The answer is a failure instead: retried, then 502 saying why,
+/// and the caller sees an error, never an empty success.
+#[tokio::test]
+async fn a_whole_body_answering_a_stream_request_is_a_failure_not_an_empty_stream() {
+    let message = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-r","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}"#;
+    let (env, up) = crate::rawup::behind(crate::rawup::json_reply(message)).await;
+    let stream = r#"{"model":"claude-r","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = env.messages(stream).await;
+    assert_eq!(resp.status(), 502);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let text = v["error"]["message"].as_str().unwrap();
+    assert!(text.contains("a stream was asked for"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // Asked without a stream, the same answer is served.
+    let whole = env.messages(BODY).await;
+    assert_eq!(whole.status(), 200);
+    assert!(whole.text().await.unwrap().contains("msg_1"));
+}
