@@ -80,6 +80,7 @@ pub(crate) fn commit(
                     acct,
                     Some(tap.permit),
                 )
+                .with_deadline(inb.deadline)
                 .with_redactor(redact.clone()),
             ))
         }

@@ -28,6 +28,7 @@ pub use crate::server::listener::BoxError;
 
 /// Why a stream still open when shutdown's grace ran out ends.
 const SHUTDOWN: &str = "legate is shutting down and the stream outlived shutdown_grace";
+const PAST_DEADLINE: &str = "the answer did not come within the request deadline (server.default_deadline or x-legate-deadline-ms)";
 
 /// Non-streaming bodies larger than this are forwarded but not parsed for usage.
 const JSON_USAGE_CAP: usize = 8 << 20;
@@ -91,6 +92,10 @@ pub struct TapBody {
     _permit: Option<crate::policy::admission::Permit>,
     /// A non-stream body failed: the next poll returns an error so hyper aborts the connection.
     failed_json: bool,
+    /// The request's deadline, to obtain an answer: it still bounds a whole answer passed
+    /// through before its end (too large to hold) until that end, and a stream committed
+    /// before its first content (a long preamble) until that content.
+    deadline: Option<Instant>,
     /// Removes the provider key from every forwarded chunk.
     redact: Option<crate::redact::Redactor>,
     /// The forwarded tail that may be the start of a key split across chunks (held back).
@@ -123,8 +128,25 @@ impl TapBody {
             acct: Some(acct),
             _permit: permit,
             failed_json: false,
+            deadline: None,
             redact: None,
             carry: Vec::new(),
+        }
+    }
+
+    /// Bounded by the request's deadline until it has delivered what that deadline is for
+    /// (see [`TapBody::deadline`]).
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// The deadline, while it still applies: until a whole answer's end, or a stream's first
+    /// content.
+    fn deadline_due(&self) -> Option<Instant> {
+        match &self.mode {
+            Mode::Sse(w) if w.saw_content => None,
+            _ => self.deadline,
         }
     }
 
@@ -323,6 +345,10 @@ impl Body for TapBody {
                 this.state = this.fail(SHUTDOWN);
                 continue;
             }
+            if this.deadline_due().is_some_and(|d| d <= Instant::now()) {
+                this.state = this.fail(PAST_DEADLINE);
+                continue;
+            }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle_from = None;
@@ -361,13 +387,17 @@ impl Body for TapBody {
                         this.state = this.fail(SHUTDOWN);
                         continue;
                     }
-                    let due = *this.idle_from.get_or_insert_with(Instant::now) + this.idle;
+                    let idle_due = *this.idle_from.get_or_insert_with(Instant::now) + this.idle;
+                    let due = this.deadline_due().map_or(idle_due, |d| d.min(idle_due));
                     let timer = this
                         .timer
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
                     if crate::proxy::upread::passed(timer.as_mut(), due, cx) {
-                        this.state =
-                            this.fail("the upstream sent nothing for longer than idle_timeout");
+                        this.state = this.fail(if due < idle_due {
+                            PAST_DEADLINE
+                        } else {
+                            "the upstream sent nothing for longer than idle_timeout"
+                        });
                         continue;
                     }
                     return Poll::Pending;

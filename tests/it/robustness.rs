@@ -265,3 +265,120 @@ async fn a_whole_body_answering_a_stream_request_is_a_failure_not_an_empty_strea
     assert_eq!(whole.status(), 200);
     assert!(whole.text().await.unwrap().contains("msg_1"));
 }
+
+/// An upstream that answers the first request with `head` and `first`, then writes `chunk`
+/// every `every` (at once when zero) until legate lets the connection go or `cap` bytes are
+/// written. Resolves with the bytes written.
+async fn endless_answer(
+    head: &'static str,
+    first: Vec<u8>,
+    chunk: Vec<u8>,
+    every: Duration,
+    cap: usize,
+) -> (String, tokio::task::JoinHandle<usize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let writer = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).ends_with('}') {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return 0,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(&first).await.is_err() {
+            return 0;
+        }
+        let mut written = 0;
+        while written < cap {
+            if !every.is_zero() {
+                tokio::time::sleep(every).await;
+            }
+            if sock.write_all(&chunk).await.is_err() {
+                break;
+            }
+            written += chunk.len();
+        }
+        written
+    });
+    (url, writer)
+}
+
+/// legate in front of `url`, the request's deadline 2 s; the caller's answer, read to its end
+/// or its break, and how long that took.
+async fn read_within_deadline(url: &str, body: &str) -> (u16, Vec<u8>, Duration) {
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let env = harness::start_toml(unused, &harness::config_toml_with(url, "", "", "")).await;
+    let started = std::time::Instant::now();
+    let mut resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("content-type", "application/json")
+        .header("x-legate-deadline-ms", "2000")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(c)) = resp.chunk().await {
+            got.extend_from_slice(&c);
+        }
+    });
+    read.await
+        .expect("the answer ends or breaks by the deadline");
+    (status, got, started.elapsed())
+}
+
+/// A whole answer too large to hold (over 16 MiB) is passed on as it comes, its status
+/// already sent; the request's deadline still bounds it: a body that never ends is cut there,
+/// instead of flowing for as long as the upstream writes.
+#[tokio::test]
+async fn a_whole_answer_passed_through_is_still_bounded_by_the_deadline() {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+    let mut chunk = format!("{:x}\r\n", 1 << 20).into_bytes();
+    chunk.extend(std::iter::repeat_n(b'x', 1 << 20));
+    chunk.extend_from_slice(b"\r\n");
+    let (url, upstream) = endless_answer(head, Vec::new(), chunk, Duration::ZERO, 64 << 30).await;
+    let (status, got, took) = read_within_deadline(&url, BODY).await;
+    assert_eq!(status, 200);
+    assert!(
+        got.len() > 16 << 20,
+        "passed on past the hold: {}",
+        got.len()
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let written = upstream.await.unwrap();
+    assert!(written < 64 << 30, "the upstream was let go: {written}");
+}
+
+/// A stream whose preamble (pings before any content) outgrows what legate holds back is
+/// committed before its first content; the deadline for that content still holds, and the
+/// caller gets an error event then, not pings for as long as the upstream sends them.
+#[tokio::test]
+async fn a_stream_committed_before_its_content_is_still_held_to_the_deadline() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+    let ping = format!(
+        "event: ping\ndata: {{\"type\":\"ping\",\"pad\":\"{}\"}}\n\n",
+        "p".repeat(4000)
+    );
+    // 300 KiB of pings at once (past the 256 KiB held), then one every 50 ms for up to 40 s.
+    let burst = ping.repeat(75).into_bytes();
+    let every = Duration::from_millis(50);
+    let (url, upstream) = endless_answer(head, burst, ping.into_bytes(), every, 800 << 10).await;
+    let stream = r#"{"model":"claude-r","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, got, took) = read_within_deadline(&url, stream).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.contains("request deadline"),
+        "{}",
+        &text[text.len().saturating_sub(400)..]
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    drop(upstream);
+}
