@@ -492,7 +492,9 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
         up.idle_timeout,
         inb.deadline,
     );
-    let body = body.await;
+    let body = body
+        .await
+        .unwrap_or_else(|| unread_error(up, got.spoken, status));
     // The slot and the in-flight count are the upstream call's: it is over.
     drop((got.permit, got.inflight));
     // A platform's error answer is read to be put in the caller's shape.
@@ -533,6 +535,28 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
         in_stream: false,
         resp,
     }
+}
+
+/// An error body that could not be read whole (over 1 MiB, cut, or late) stands in for by one
+/// of legate's, in the API the step speaks (so that it is read and translated like the
+/// provider's own), naming the status: the caller learns what happened instead of getting an
+/// empty body under a JSON content type.
+fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
+    tracing::warn!(provider = %up.name, status = status.as_u16(), "upstream error body not read whole (over 1 MiB, cut, or late): replaced");
+    let dialect = spoken.dialect();
+    let message = format!(
+        "provider `{}` answered {} with an error body legate could not read whole (over 1 MiB, cut off, or late)",
+        up.name,
+        status.as_u16()
+    );
+    dialect.error_body(
+        api::LocalError {
+            class: dialect.errors().class_for_status(status.as_u16()),
+            code: "upstream_error_unreadable",
+            message: &message,
+        },
+        "",
+    )
 }
 
 #[cfg(test)]

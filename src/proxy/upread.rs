@@ -198,11 +198,15 @@ pub(super) async fn read_whole(
 }
 
 /// Reads a small error body (bounded in size and time); a body that cannot be read is empty.
-pub(super) async fn read_small(incoming: UpstreamBody, idle: Duration, deadline: Instant) -> Bytes {
+pub(super) async fn read_small(
+    incoming: UpstreamBody,
+    idle: Duration,
+    deadline: Instant,
+) -> Option<Bytes> {
     let limit = (Instant::now() + idle).min(deadline);
     match tokio::time::timeout_at(limit, Limited::new(incoming, ERROR_BODY_LIMIT).collect()).await {
-        Ok(Ok(c)) => c.to_bytes(),
-        _ => Bytes::new(),
+        Ok(Ok(c)) => Some(c.to_bytes()),
+        _ => None,
     }
 }
 

@@ -382,3 +382,26 @@ async fn a_stream_committed_before_its_content_is_still_held_to_the_deadline() {
     assert!(took < Duration::from_secs(15), "{took:?}");
     drop(upstream);
 }
+
+/// An error body over the 1 MiB legate reads is not passed on as an empty body under a JSON
+/// content type: the status stays, and the body says, in the caller's shape, what happened.
+#[tokio::test]
+async fn an_error_body_too_large_to_read_is_replaced_by_one_that_says_so() {
+    let huge = format!(
+        r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"{}"}}}}"#,
+        "m".repeat(2 << 20)
+    );
+    let reply = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{huge}",
+        huge.len()
+    );
+    let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
+    let resp = env.messages(BODY).await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let text = v["error"]["message"].as_str().unwrap();
+    assert!(text.contains("could not read whole"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
