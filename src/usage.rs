@@ -56,7 +56,35 @@ pub(crate) fn decode<R: serde::de::DeserializeOwned>(
     obj: &[u8],
     in_place: impl FnOnce(&[u8]) -> Option<R>,
 ) -> Option<R> {
-    in_place(obj).or_else(|| serde_json::from_slice::<Option<R>>(obj).ok().flatten())
+    in_place(obj).or_else(|| match serde_json::from_slice::<Option<R>>(obj) {
+        Ok(r) => r,
+        Err(_) => {
+            unreadable();
+            None
+        }
+    })
+}
+
+/// A usage object that is there but not counts (a count negative, fractional, a string or
+/// past 2^64) leaves its answer unmetered: said at `warn`, at most once a minute, since a
+/// broken provider may send one per event. The reason is a fixed text: serde's would quote the
+/// object, which an upstream controls.
+fn unreadable() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    if (last == 0 || now >= last + 60)
+        && LAST
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            "an upstream usage object is not counts legate can read (negative, fractional, a string or past 2^64): that answer is not metered (its reservation is kept); said at most once a minute"
+        );
+    }
 }
 
 /// The usage the dialect of `api` reads from the recorded stream `wire`.
