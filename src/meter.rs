@@ -124,7 +124,6 @@ pub const MAX_REPORTED_TOKENS: u64 = 1 << 24;
 /// overlap. `input` is uncached input only, `cache_read` and `cache_write` are the cached
 /// parts, `output` is everything generated (reasoning included). Each dialect reads its
 /// API's usage into this shape.
-
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input: u64,

@@ -65,8 +65,8 @@ pub(crate) fn decode<R: serde::de::DeserializeOwned>(
     })
 }
 
-/// A usage object that is there but not counts (a count negative, fractional, a string or
-/// past 2^64) leaves its answer unmetered: said at `warn`, at most once a minute, since a
+/// A usage object whose counts cannot be read (one negative, fractional, a string or past
+/// 2^64) leaves its answer unmetered: said at `warn`, at most once a minute, since a
 /// broken provider may send one per event. The reason is a fixed text: serde's would quote the
 /// object, which an upstream controls.
 fn unreadable() {

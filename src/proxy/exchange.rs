@@ -492,15 +492,21 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
         up.idle_timeout,
         inb.deadline,
     );
-    let body = body
-        .await
-        .unwrap_or_else(|| unread_error(up, got.spoken, status));
+    let (body, replaced) = match body.await {
+        Some(b) => (b, false),
+        None => (unread_error(up, got.spoken, status), true),
+    };
     // The slot and the in-flight count are the upstream call's: it is over.
     drop((got.permit, got.inflight));
     // A platform's error answer is read to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
     if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {
-        let ct = headers.get(header::CONTENT_TYPE).cloned();
+        // The upstream's content type stays with its own body (an HTML page stays one), not
+        // with legate's JSON in its place.
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .filter(|_| !replaced)
+            .cloned();
         let mut resp = answer::buffered(call, status, headers, body);
         if let Some(ct) = ct {
             resp.headers_mut().insert(header::CONTENT_TYPE, ct);
@@ -537,10 +543,10 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     }
 }
 
-/// An error body that could not be read whole (over 1 MiB, cut, or late) stands in for by one
-/// of legate's, in the API the step speaks (so that it is read and translated like the
-/// provider's own), naming the status: the caller learns what happened instead of getting an
-/// empty body under a JSON content type.
+/// The body that replaces an error body legate could not read whole (over 1 MiB, cut, or
+/// late): legate's own error, in the API the step speaks (so that it is judged and translated
+/// like the provider's), naming the status, so that the caller learns what happened instead of
+/// getting an empty body under a JSON content type.
 fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
     tracing::warn!(provider = %up.name, status = status.as_u16(), "upstream error body not read whole (over 1 MiB, cut, or late): replaced");
     let dialect = spoken.dialect();

@@ -197,7 +197,8 @@ pub(super) async fn read_whole(
     }
 }
 
-/// Reads a small error body (bounded in size and time); a body that cannot be read is empty.
+/// Reads a small error body (bounded in size and time); `None` when it cannot be read whole
+/// (over the limit, cut, or late).
 pub(super) async fn read_small(
     incoming: UpstreamBody,
     idle: Duration,

@@ -392,12 +392,13 @@ async fn an_error_body_too_large_to_read_is_replaced_by_one_that_says_so() {
         "m".repeat(2 << 20)
     );
     let reply = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{huge}",
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{huge}",
         huge.len()
     );
     let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
     let resp = env.messages(BODY).await;
     assert_eq!(resp.status(), 400);
+    assert_eq!(resp.headers()["content-type"], "application/json");
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "invalid_request_error");
