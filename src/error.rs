@@ -36,7 +36,8 @@ pub enum ProxyError {
     ForbiddenOrigin,
     /// The request body did not arrive within `server.body_read_timeout`.
     BodyTimeout,
-    /// Request bodies being read already fill `server.max_buffered_bytes`.
+    /// Bodies held (requests being read, answers held whole) already fill
+    /// `server.max_buffered_bytes`.
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
@@ -243,7 +244,7 @@ impl ProxyError {
                 "the request body did not arrive within server.body_read_timeout; nothing was sent upstream".to_string()
             }
             ProxyError::BuffersFull { retry_after } => format!(
-                "legate is reading as many request bodies as server.max_buffered_bytes allows; retry in {}s",
+                "legate holds as many request and answer bodies as server.max_buffered_bytes allows; retry in {}s",
                 retry_after.as_secs_f64().ceil()
             ),
             ProxyError::NoProviderKey { provider, hint } => format!(

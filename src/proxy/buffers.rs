@@ -1,7 +1,19 @@
-//! The global bound on request bodies held in memory (SPEC §14: `max_buffered_bytes`). Each
-//! body counts from its first byte until its request is done (it is kept for retries and
-//! fallback); a request whose body would pass the bound is refused with 529 instead of
+//! The global bound on bodies held in memory (SPEC §14: `max_buffered_bytes`).
+//!
+//! A request body counts from its first byte until its request is done (it is kept for retries
+//! and fallback); a request whose body would pass the bound is refused with 529 instead of
 //! pushing the process out of memory.
+//!
+//! An upstream answer held whole counts too, once it is larger than [`UNCHARGED`]: from the
+//! read that passes that size until the connection has written its last byte, which can be long
+//! after the request is done (hyper keeps the last frame of a body it has finished polling until
+//! the socket takes it, and a caller that stops reading keeps it for `connection_idle_timeout`).
+//! So the share travels inside the bytes themselves ([`hold`]): it is given back when the last
+//! view of them is dropped, wherever that happens. Without it, callers that ask for large
+//! answers and never read them held 16 MiB each past their request's end, beyond any bound but
+//! the connection count. An answer that would pass the bound is not read further: a success is
+//! passed through as it comes (as one over 16 MiB is), and anything that has to be whole is
+//! refused (`proxy::exchange`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +21,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
-/// Bytes of request bodies held by all requests together.
+/// Answers up to this size are not counted: each connection's write buffer holds as much of any
+/// answer (hyper's, about 400 KiB), streamed ones included, so the connection count bounds them
+/// already, and the common small answer pays one comparison instead of a shared counter.
+pub const UNCHARGED: usize = 64 << 10;
+
+/// Bytes of bodies held by all requests together.
 #[derive(Default)]
 pub struct BufferBudget {
     used: AtomicUsize,
@@ -66,6 +83,83 @@ impl BufferShare {
 impl BufferBudget {
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
+    }
+}
+
+impl BufferShare {
+    /// Counts exactly `bytes`: bytes that are in memory already (a translated answer, the
+    /// part of an answer read before the bound was reached) are counted even past the bound,
+    /// since refusing them would not give the memory back.
+    pub fn resize(&mut self, bytes: usize) {
+        if bytes > self.held {
+            self.budget
+                .used
+                .fetch_add(bytes - self.held, Ordering::AcqRel);
+            self.held = bytes;
+        } else {
+            self.shrink_to(bytes);
+        }
+    }
+}
+
+/// A counted body and its share, given back when the last view of the bytes goes.
+struct Held {
+    bytes: Bytes,
+    _share: BufferShare,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// `bytes`, counted as `share` (resized to their length) until the last view of them is
+/// dropped; without a share (an answer that stayed under [`UNCHARGED`]), as they are.
+pub fn hold(bytes: Bytes, share: Option<BufferShare>) -> Bytes {
+    match share {
+        Some(mut share) => {
+            share.resize(bytes.len());
+            Bytes::from_owner(Held {
+                bytes,
+                _share: share,
+            })
+        }
+        None => bytes,
+    }
+}
+
+/// An answer's share, taken when it is first needed (past [`UNCHARGED`]).
+pub struct AnswerShare<'a> {
+    budget: &'a Arc<BufferBudget>,
+    max: usize,
+    share: Option<BufferShare>,
+}
+
+impl<'a> AnswerShare<'a> {
+    pub fn new(budget: &'a Arc<BufferBudget>, max: usize) -> Self {
+        AnswerShare {
+            budget,
+            max,
+            share: None,
+        }
+    }
+
+    /// Counts an answer now holding `size` bytes; false when that would pass the bound for
+    /// everyone together (what was counted before stays counted).
+    pub fn grow(&mut self, size: usize) -> bool {
+        if size <= UNCHARGED {
+            return true;
+        }
+        let share = self
+            .share
+            .get_or_insert_with(|| BufferShare::new(self.budget.clone()));
+        size <= share.held || share.take(size - share.held, self.max)
+    }
+
+    /// The share, if one was taken, for [`hold`].
+    pub fn into_share(self) -> Option<BufferShare> {
+        self.share
     }
 }
 
@@ -148,4 +242,55 @@ pub fn discard(mut body: crate::server::CallerBody, within: std::time::Duration)
         };
         let _ = tokio::time::timeout(within, drain).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_under_the_free_size_is_not_counted_and_not_wrapped() {
+        let budget = Arc::new(BufferBudget::default());
+        let mut share = AnswerShare::new(&budget, 1);
+        assert!(share.grow(UNCHARGED));
+        let share = share.into_share();
+        assert!(share.is_none());
+        let bytes = Bytes::from(vec![7u8; UNCHARGED]);
+        let ptr = bytes.as_ptr();
+        assert_eq!(hold(bytes, share).as_ptr(), ptr);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_held_answer_counts_until_its_last_view_is_dropped() {
+        let budget = Arc::new(BufferBudget::default());
+        let mut share = AnswerShare::new(&budget, 1 << 20);
+        assert!(share.grow(200_000));
+        assert_eq!(budget.used(), 200_000);
+        // The answer came out shorter (translated): counted at its own length.
+        let held = hold(Bytes::from(vec![1u8; 150_000]), share.into_share());
+        assert_eq!(budget.used(), 150_000);
+        let tail = held.slice(100_000..);
+        drop(held);
+        assert_eq!(budget.used(), 150_000);
+        drop(tail);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn growth_past_the_bound_is_refused_and_what_was_counted_stays() {
+        let budget = Arc::new(BufferBudget::default());
+        let mut other = BufferShare::new(budget.clone());
+        assert!(other.take(600_000, 1_000_000));
+        let mut share = AnswerShare::new(&budget, 1_000_000);
+        assert!(share.grow(300_000));
+        assert!(share.grow(400_000));
+        assert!(!share.grow(400_001));
+        assert_eq!(budget.used(), 1_000_000);
+        // What was read so far goes on, counted, though past the bound.
+        let prefix = hold(Bytes::from(vec![0u8; 450_000]), share.into_share());
+        assert_eq!(budget.used(), 1_050_000);
+        drop(prefix);
+        assert_eq!(budget.used(), 600_000);
+    }
 }

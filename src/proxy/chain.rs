@@ -407,8 +407,9 @@ fn act(
     match verdict.action {
         Action::Commit => commit(call, exchanged, ticket, record).map(Next::Answer),
         Action::GiveUp(GiveUp::Deadline) => Err(ProxyError::DeadlineExceeded),
-        Action::GiveUp(GiveUp::Shed) => Err(ProxyError::Shed {
-            retry_after: Duration::from_secs(1),
+        Action::GiveUp(GiveUp::Shed) => Err(match exchanged {
+            Exchanged::Shed(e) => e,
+            _ => ProxyError::Internal,
         }),
         Action::NextStep => {
             if let Exchanged::Unsendable(e) = &exchanged {
@@ -489,7 +490,7 @@ fn failure(exchanged: Exchanged) -> Failure {
         Exchanged::Error { resp, .. } => Failure::Response(resp),
         Exchanged::Deadline { .. } => Failure::Error(ProxyError::DeadlineExceeded),
         // The judge moves on from failures only; an answer here is legate's own error.
-        Exchanged::Shed
+        Exchanged::Shed(_)
         | Exchanged::Stream(_)
         | Exchanged::Whole(_)
         | Exchanged::WholeStreamed(_) => Failure::Error(ProxyError::Internal),

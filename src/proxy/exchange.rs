@@ -20,6 +20,7 @@ use crate::policy::judge::{self, Happened};
 use crate::policy::retry;
 use crate::proxy::answer::{self, Pending};
 use crate::proxy::body::Mode;
+use crate::proxy::buffers::{self, AnswerShare};
 use crate::proxy::conversation;
 use crate::proxy::record::{InflightGuard, RequestRecord};
 use crate::proxy::response::ProxyBody;
@@ -59,7 +60,9 @@ pub struct Spent {
 /// What happened in one exchange, with what the chain needs to act on it.
 pub(crate) enum Exchanged {
     Unsendable(ProxyError),
-    Shed,
+    /// Shed by the provider's admission gate (`Shed`), or an answer legate cannot hold
+    /// (`BuffersFull`): given up, not retried.
+    Shed(ProxyError),
     Deadline {
         in_flight: bool,
     },
@@ -86,7 +89,7 @@ impl Exchanged {
     pub(crate) fn happened(&self) -> Happened {
         match self {
             Exchanged::Unsendable(_) => Happened::Unsendable,
-            Exchanged::Shed => Happened::Shed,
+            Exchanged::Shed(_) => Happened::Shed,
             Exchanged::Deadline { in_flight } => Happened::Deadline {
                 in_flight: *in_flight,
             },
@@ -273,7 +276,9 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     }
     match tokio::time::timeout_at(inb.deadline, up.gate.acquire(inb.priority)).await {
         Ok(Ok(p)) => Ok(p),
-        Ok(Err(_)) => Err(Exchanged::Shed),
+        Ok(Err(_)) => Err(Exchanged::Shed(ProxyError::Shed {
+            retry_after: Duration::from_secs(1),
+        })),
         Err(_) => Err(Exchanged::Deadline { in_flight: false }),
     }
 }
@@ -407,7 +412,9 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
 async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
     let Call { up, inb, .. } = *call;
     let mut incoming = UpstreamBody::Plain(got.incoming);
-    let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline).await;
+    let max = call.snap.cfg.server.limits.max_buffered_bytes;
+    let mut share = AnswerShare::new(&call.proxy.buffers, max);
+    let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline, &mut share).await;
     // Translated: the caller's API shape, or an answer that cannot be carried across. A
     // Responses passthrough answer is read too: it is kept in the conversation store.
     // Reading the answer for the store reads its usage too.
@@ -428,8 +435,17 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
         Whole::TooLarge(_) if got.xl.translating() => {
             Whole::Broken("the upstream answer is too large to translate")
         }
+        // Retrying would fetch the same answer into the same full memory: the request is
+        // shed, like one whose own body finds the bound reached.
+        Whole::Full(_) if got.xl.translating() => {
+            tracing::warn!(provider = %up.name, "answer refused: server.max_buffered_bytes is reached, and a translated answer must be held whole");
+            return Exchanged::Shed(ProxyError::BuffersFull {
+                retry_after: Duration::from_secs(1),
+            });
+        }
         w => w,
     };
+    let share = share.into_share();
     match read {
         Whole::Complete(body) => {
             if let Some(rec) = record.as_mut() {
@@ -449,21 +465,26 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                 call,
                 got.parts.status,
                 got.parts.headers,
-                body,
+                buffers::hold(body, share),
             ))
         }
-        Whole::TooLarge(prefix) => Exchanged::WholeStreamed(Pending {
-            status: got.parts.status,
-            headers: got.parts.headers,
+        Whole::Full(prefix) => {
+            tracing::warn!(provider = %up.name, "answer passed through as it comes, not held and not metered: server.max_buffered_bytes is reached");
+            passed_through(
+                got.parts,
+                got.permit,
+                got.inflight,
+                incoming,
+                buffers::hold(prefix, share),
+            )
+        }
+        Whole::TooLarge(prefix) => passed_through(
+            got.parts,
+            got.permit,
+            got.inflight,
             incoming,
-            mode: Mode::Json {
-                buf: Vec::new(),
-                overflow: true,
-            },
-            held: Some(prefix),
-            permit: got.permit,
-            inflight: got.inflight,
-        }),
+            buffers::hold(prefix, share),
+        ),
         // The error names what happened: a cut body, or an answer that arrived whole but
         // cannot be carried to the caller.
         Whole::Unusable(reason) => Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
@@ -487,10 +508,12 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     let Call { up, inb, .. } = *call;
     let status = got.parts.status;
     let headers = got.parts.headers;
+    let max = call.snap.cfg.server.limits.max_buffered_bytes;
     let body = upread::read_small(
         UpstreamBody::Plain(got.incoming),
         up.idle_timeout,
         inb.deadline,
+        AnswerShare::new(&call.proxy.buffers, max),
     );
     let (body, replaced) = match body.await {
         Some(b) => (b, false),
@@ -543,15 +566,38 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     }
 }
 
-/// The body that replaces an error body legate could not read whole (over 1 MiB, cut, or
-/// late): legate's own error, in the API the step speaks (so that it is judged and translated
+/// A success answer not held whole: what was read of it goes first, the rest as it comes. Its
+/// usage is not read (`body::JSON_USAGE_CAP`, or the memory bound that stopped the read).
+fn passed_through(
+    parts: Parts,
+    permit: Permit,
+    inflight: InflightGuard,
+    incoming: UpstreamBody,
+    prefix: Bytes,
+) -> Exchanged {
+    Exchanged::WholeStreamed(Pending {
+        status: parts.status,
+        headers: parts.headers,
+        incoming,
+        mode: Mode::Json {
+            buf: Vec::new(),
+            overflow: true,
+        },
+        held: Some(prefix),
+        permit,
+        inflight,
+    })
+}
+
+/// The body that replaces an error body legate could not read whole (over 1 MiB, cut, late,
+/// or past `max_buffered_bytes`): legate's own error, in the API the step speaks (so that it is judged and translated
 /// like the provider's), naming the status, so that the caller learns what happened instead of
 /// getting an empty body under a JSON content type.
 fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
-    tracing::warn!(provider = %up.name, status = status.as_u16(), "upstream error body not read whole (over 1 MiB, cut, or late): replaced");
+    tracing::warn!(provider = %up.name, status = status.as_u16(), "upstream error body not read whole (over 1 MiB, cut, late, or server.max_buffered_bytes reached): replaced");
     let dialect = spoken.dialect();
     let message = format!(
-        "provider `{}` answered {} with an error body legate could not read whole (over 1 MiB, cut off, or late)",
+        "provider `{}` answered {} with an error body legate could not read whole (over 1 MiB, cut off, late, or with server.max_buffered_bytes reached)",
         up.name,
         status.as_u16()
     );

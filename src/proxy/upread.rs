@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::Response;
+use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ProxyError;
+use crate::proxy::buffers::{self, AnswerShare};
 use crate::proxy::upbody::UpstreamBody;
 use crate::proxy::watch::SseWatch;
 use crate::upstream::SendError;
@@ -150,22 +152,30 @@ pub(super) enum Whole {
     Complete(Bytes),
     /// Larger than `WHOLE_BODY_LIMIT`: what was read so far; the rest follows.
     TooLarge(Bytes),
+    /// Holding more would pass `max_buffered_bytes`: what was read so far; the rest follows.
+    Full(Bytes),
     Broken(&'static str),
     /// Complete, but not an answer that can reach the caller (translated: no choices, broken
     /// tool arguments).
     Unusable(String),
 }
 
-/// Reads a whole response body, each chunk within `idle`, all before the deadline.
+/// Reads a whole response body, each chunk within `idle`, all before the deadline, counting
+/// what it holds against `share` of `max_buffered_bytes`.
 pub(super) async fn read_whole(
     incoming: &mut UpstreamBody,
     idle: Duration,
     deadline: Instant,
+    share: &mut AnswerShare<'_>,
 ) -> Whole {
     // Most answers arrive as one frame: it is kept as it came, and only a second frame makes
     // a buffer that both are copied into.
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
+    let declared = incoming
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok());
     // Armed for the deadline; `by` moves it earlier once a read has to wait.
     let mut timer = pin!(tokio::time::sleep_until(deadline));
     loop {
@@ -181,32 +191,53 @@ pub(super) async fn read_whole(
                     if data.len() > WHOLE_BODY_LIMIT {
                         return Whole::TooLarge(data);
                     }
+                    if !share.grow(data.len()) {
+                        return Whole::Full(data);
+                    }
                     first = Some(data);
                     continue;
                 }
                 if let Some(f) = first.take() {
-                    buf.reserve(f.len() + data.len());
+                    // A declared length that can be counted is reserved at once: one
+                    // allocation of the answer's size, instead of a chain of doublings, each
+                    // a copy of all read so far and the last up to twice the answer.
+                    let now = f.len() + data.len();
+                    let room = declared
+                        .filter(|&d| d > now && d <= WHOLE_BODY_LIMIT && share.grow(d))
+                        .unwrap_or(now);
+                    buf.reserve(room);
                     buf.extend_from_slice(&f);
                 }
                 buf.extend_from_slice(&data);
                 if buf.len() > WHOLE_BODY_LIMIT {
                     return Whole::TooLarge(buf.freeze());
                 }
+                // The buffer's allocation is what is held, room to grow included.
+                if !share.grow(buf.capacity()) {
+                    return Whole::Full(buf.freeze());
+                }
             }
         }
     }
 }
 
-/// Reads a small error body (bounded in size and time); `None` when it cannot be read whole
-/// (over the limit, cut, or late).
+/// Reads a small error body (bounded in size and time), counted against `share` of
+/// `max_buffered_bytes` until its last view is dropped; `None` when it cannot be read whole
+/// (over the limit, cut, or late) or held (the bound is reached).
 pub(super) async fn read_small(
     incoming: UpstreamBody,
     idle: Duration,
     deadline: Instant,
+    mut share: AnswerShare<'_>,
 ) -> Option<Bytes> {
     let limit = (Instant::now() + idle).min(deadline);
     match tokio::time::timeout_at(limit, Limited::new(incoming, ERROR_BODY_LIMIT).collect()).await {
-        Ok(Ok(c)) => Some(c.to_bytes()),
+        Ok(Ok(c)) => {
+            let body = c.to_bytes();
+            share
+                .grow(body.len())
+                .then(|| buffers::hold(body, share.into_share()))
+        }
         _ => None,
     }
 }

@@ -59,3 +59,121 @@ async fn bodies_beyond_max_buffered_bytes_are_shed_with_529_until_the_share_come
     assert_eq!(env.messages(small).await.status(), 200);
     assert_eq!(env.legate.proxy.buffers.used(), 0);
 }
+
+/// A whole Anthropic answer of about `len` bytes, with usage.
+fn answer_of(len: usize) -> String {
+    let text = "z".repeat(len);
+    format!(
+        r#"{{"id":"msg_b","type":"message","role":"assistant","model":"claude-b","content":[{{"type":"text","text":"{text}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{{"input_tokens":5,"output_tokens":7}}}}"#
+    )
+}
+
+/// Waits (up to 10 s) until the bodies legate holds come to `want`.
+async fn wait_used(env: &harness::Env, want: impl Fn(usize) -> bool) {
+    let buffers = env.legate.proxy.buffers.clone();
+    let wait = async {
+        while !want(buffers.used()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("held bytes stayed at {}", buffers.used()));
+}
+
+/// An answer held whole counts against the same bound until the caller's connection has
+/// written it: a caller that asks for a large answer and does not read it holds that share
+/// after its request is done. Meanwhile a translated answer, which must be held, is shed with
+/// 529 without a retry; a passthrough answer is passed on as it comes; an error body is
+/// replaced by legate's own. Once the caller reads, the share comes back.
+#[tokio::test]
+async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_written() {
+    // More than the kernel's socket buffers take (4 MiB at most), so that legate holds part.
+    const ANSWER: usize = 6 << 20;
+    let up = crate::rawup::start(|req| {
+        let reply = if String::from_utf8_lossy(&req.body).contains("\"fail\"") {
+            let body = format!(r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"{}"}}}}"#, "e".repeat(900_000));
+            format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        } else {
+            crate::rawup::json_reply(&answer_of(ANSWER))
+        };
+        async move { crate::rawup::Action::Reply(reply) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let models = "[[models]]\nname = \"xl\"\nchain = [\"anthropic:claude-b\"]\n";
+    let toml = harness::config_toml_with(&up.url, "max_buffered_bytes = 7000000\n", "", models);
+    let env = harness::start_toml(unused, &toml).await;
+    let ask = r#"{"model":"claude-b","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+
+    // A caller that takes nothing of its answer (a small receive window, never read).
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut idle = sock.connect(env.legate.data_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\nanthropic-version: 2023-06-01\r\ncontent-length: {}\r\n\r\n{ask}",
+        ask.len()
+    );
+    idle.write_all(head.as_bytes()).await.unwrap();
+    wait_used(&env, |used| used >= ANSWER).await;
+    env.wait_metric(
+        "legate_inflight_requests",
+        &[("provider", "anthropic")],
+        0.0,
+    )
+    .await;
+
+    // A translated answer cannot be held beside it: shed, the upstream called once for it.
+    let xl = r#"{"model":"xl","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = env.chat(xl).await;
+    assert_eq!(resp.status(), 529);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+    let said = v["error"]["message"].as_str().unwrap();
+    assert!(
+        said.contains("answer bodies as server.max_buffered_bytes"),
+        "{said}"
+    );
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // A passthrough answer is passed on as it comes, whole.
+    let resp = env.messages(ask).await;
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["content"][0]["text"].as_str().map(str::len), Some(ANSWER));
+
+    // An error body too large to hold beside it is replaced by legate's own, status kept.
+    let fail =
+        r#"{"model":"claude-b","max_tokens":8,"messages":[{"role":"user","content":"fail"}]}"#;
+    let resp = env.messages(fail).await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let said = v["error"]["message"].as_str().unwrap();
+    assert!(said.contains("could not read whole"), "{said}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 4);
+
+    // The caller reads its answer: all of it arrives, and its share comes back.
+    let mut got = Vec::new();
+    let want = head_len_and(ANSWER);
+    while got.len() < want {
+        let mut buf = vec![0u8; 1 << 16];
+        let n = idle.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the answer was cut after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    wait_used(&env, |used| used == 0).await;
+    let resp = env.chat(xl).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 5);
+}
+
+/// The least an answer of `len` text bytes takes on the wire, head included.
+fn head_len_and(len: usize) -> usize {
+    answer_of(len).len() + "HTTP/1.1 200 OK\r\n\r\n".len()
+}
