@@ -1,17 +1,38 @@
 //! A credential held between refreshes: used while comfortably valid, fetched again before it
-//! expires (one fetch at a time, whoever asks), and described for `/admin/state` by its source
-//! and expiry — never its value.
+//! expires, and described for `/admin/state` by its source and expiry — never its value.
+//!
+//! A fetch runs in its own task, one at a time, and every caller that needs the credential
+//! meanwhile waits on that one fetch, each only as long as its own deadline allows: a hung
+//! endpoint (bounded at 10 s by `fetch`) costs the callers that arrive during it one wait
+//! together, not one each in turn. A refresh never holds a caller up while the credential in
+//! hand still works: the caller uses it and the refresh goes on behind. After a failed fetch
+//! the next one waits a second, doubling up to 30 s while they keep failing, and a caller
+//! without a working credential gets the last failure at once, so that a chain falls back
+//! without first waiting on an endpoint known to be down.
+//!
+//! What an endpoint says of a credential's life is not taken on trust: one that has already
+//! expired is a failed fetch, and one said to last longer than [`MAX_LIFE`] is fetched again
+//! within it, so that a credential the platform refuses does not stay for years.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// A credential is refreshed once less than this is left of its life…
 const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 /// …or, for short-lived ones, once less than this share of its life is left.
 const REFRESH_SHARE: u32 = 4;
+/// The longest life taken from an endpoint (AWS's longest role session).
+pub const MAX_LIFE: Duration = Duration::from_secs(12 * 3600);
+/// The wait before the fetch after a failed one, doubling up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+const ENDED: &str = "the credential fetch ended without an outcome";
 
 /// A fetched credential and when it stops working (`None`: it does not expire).
 pub struct Fetched<T> {
@@ -37,11 +58,33 @@ pub struct CredentialState {
     pub last_error: Option<String>,
 }
 
+/// Why no credential could be had.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The fetch failed (why, with no secret).
+    Failed(String),
+    /// The caller's deadline came first.
+    Deadline,
+}
+
+/// A fetch's outcome, as every caller waiting on it sees it.
+type Outcome<T> = Option<Result<Arc<T>, String>>;
+
+/// The fetch in flight, and the pause after a failed one.
+struct Flight<T> {
+    pending: Option<watch::Receiver<Outcome<T>>>,
+    /// No fetch starts before this (after a failure).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    last_error: Option<String>,
+}
+
 pub struct Cached<T> {
     held: Mutex<Option<Held<T>>>,
-    /// One fetch at a time: callers that find the credential stale wait for it.
-    fetching: tokio::sync::Mutex<()>,
+    flight: Mutex<Flight<T>>,
     state: Mutex<CredentialState>,
+    /// Told of every fetch (`legate_credential_refreshes_total`).
+    refreshed: Box<dyn Fn(bool) + Send + Sync>,
 }
 
 fn epoch(t: SystemTime) -> Option<u64> {
@@ -50,15 +93,21 @@ fn epoch(t: SystemTime) -> Option<u64> {
         .map(|d| d.as_secs())
 }
 
-impl<T> Cached<T> {
-    pub fn new(source: String) -> Self {
+impl<T: Send + Sync + 'static> Cached<T> {
+    pub fn new(source: String, refreshed: impl Fn(bool) + Send + Sync + 'static) -> Self {
         Cached {
             held: Mutex::new(None),
-            fetching: tokio::sync::Mutex::new(()),
+            flight: Mutex::new(Flight {
+                pending: None,
+                retry_at: None,
+                backoff: Duration::ZERO,
+                last_error: None,
+            }),
             state: Mutex::new(CredentialState {
                 source,
                 ..Default::default()
             }),
+            refreshed: Box::new(refreshed),
         }
     }
 
@@ -90,61 +139,123 @@ impl<T> Cached<T> {
         }
     }
 
-    /// The credential, fetched with `fetch` when none is held or its refresh is due. A failed
-    /// refresh keeps using a credential that has not expired yet. `refreshed(ok)` is told of
-    /// every fetch.
-    pub async fn get<F, Fut>(&self, fetch: F, refreshed: impl Fn(bool)) -> Result<Arc<T>, String>
+    /// The credential: the one held while it needs no refresh; when a refresh is due, the
+    /// one held still (the refresh runs behind); with none that works, the outcome of the
+    /// fetch in flight (started with `fetch` if there is none), waited for until `deadline`.
+    pub async fn get<F, Fut>(
+        self: &Arc<Self>,
+        fetch: F,
+        deadline: Instant,
+    ) -> Result<Arc<T>, Unavailable>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Fetched<T>, String>>,
+        Fut: Future<Output = Result<Fetched<T>, String>> + Send + 'static,
     {
-        if let Some(v) = self.fresh(SystemTime::now()) {
+        let now = SystemTime::now();
+        if let Some(v) = self.fresh(now) {
             return Ok(v);
         }
-        let _one = self.fetching.lock().await;
-        // Someone else may have refreshed while this caller waited.
-        if let Some(v) = self.fresh(SystemTime::now()) {
+        let usable = self.usable(now);
+        let mut outcome = {
+            let mut flight = self.flight.lock();
+            // A fetch whose task is gone without an outcome (it panicked) is no longer waited on.
+            let live = flight
+                .pending
+                .as_ref()
+                .filter(|rx| rx.has_changed().is_ok())
+                .cloned();
+            match live {
+                Some(rx) => rx,
+                None if flight.retry_at.is_some_and(|at| Instant::now() < at) => {
+                    return match usable {
+                        Some(v) => Ok(v),
+                        None => Err(Unavailable::Failed(
+                            flight.last_error.clone().unwrap_or_default(),
+                        )),
+                    };
+                }
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    flight.pending = Some(rx.clone());
+                    let this = self.clone();
+                    let fut = fetch();
+                    tokio::spawn(async move {
+                        let fetched_at = SystemTime::now();
+                        let got = this.settle(fut.await, fetched_at);
+                        let _ = tx.send(Some(got));
+                    });
+                    rx
+                }
+            }
+        };
+        if let Some(v) = usable {
             return Ok(v);
         }
-        let fetched_at = SystemTime::now();
-        match fetch().await {
+        let waited = tokio::time::timeout_at(deadline, outcome.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(got)) => match got.as_ref() {
+                Some(Ok(v)) => Ok(v.clone()),
+                Some(Err(e)) => Err(Unavailable::Failed(e.clone())),
+                None => Err(Unavailable::Failed(ENDED.into())),
+            },
+            // The fetch's task ended without an outcome (it panicked).
+            Ok(Err(_)) => Err(Unavailable::Failed(ENDED.into())),
+            Err(_) => Err(Unavailable::Deadline),
+        }
+    }
+
+    /// Keeps a fetch's outcome: the credential, or the failure and the pause before the next
+    /// fetch. A credential the endpoint says has already expired is a failure.
+    fn settle(
+        &self,
+        got: Result<Fetched<T>, String>,
+        fetched_at: SystemTime,
+    ) -> Result<Arc<T>, String> {
+        let got = got.and_then(|f| match f.expires {
+            Some(exp) if exp <= fetched_at => {
+                Err("the endpoint sent a credential that has already expired".to_owned())
+            }
+            _ => Ok(f),
+        });
+        (self.refreshed)(got.is_ok());
+        match got {
             Ok(f) => {
-                refreshed(true);
-                let refresh_at = f.expires.map(|exp| {
+                let expires = f.expires.map(|exp| exp.min(fetched_at + MAX_LIFE));
+                let refresh_at = expires.map(|exp| {
                     let life = exp.duration_since(fetched_at).unwrap_or_default();
                     let margin = REFRESH_MARGIN.min(life / REFRESH_SHARE);
                     exp.checked_sub(margin).unwrap_or(exp)
                 });
                 let value = Arc::new(f.value);
-                {
-                    let mut held = self.held.lock();
-                    *held = Some(Held {
-                        value: value.clone(),
-                        expires: f.expires,
-                        refresh_at,
-                    });
-                }
+                *self.held.lock() = Some(Held {
+                    value: value.clone(),
+                    expires,
+                    refresh_at,
+                });
                 {
                     let mut s = self.state.lock();
-                    s.expires_at = f.expires.and_then(epoch);
+                    s.expires_at = expires.and_then(epoch);
                     s.refreshed_at = epoch(fetched_at);
                     s.last_error = None;
                 }
+                let mut flight = self.flight.lock();
+                flight.pending = None;
+                flight.retry_at = None;
+                flight.backoff = Duration::ZERO;
+                flight.last_error = None;
                 Ok(value)
             }
             Err(e) => {
-                refreshed(false);
-                {
-                    let mut s = self.state.lock();
-                    s.last_error = Some(e.clone());
+                self.state.lock().last_error = Some(e.clone());
+                if self.usable(SystemTime::now()).is_some() {
+                    tracing::warn!(error = %e, "credential refresh failed; the current one is still valid");
                 }
-                match self.usable(SystemTime::now()) {
-                    Some(v) => {
-                        tracing::warn!(error = %e, "credential refresh failed; the current one is still valid");
-                        Ok(v)
-                    }
-                    None => Err(e),
-                }
+                let mut flight = self.flight.lock();
+                flight.pending = None;
+                flight.backoff = (flight.backoff * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
+                flight.retry_at = Some(Instant::now() + flight.backoff);
+                flight.last_error = Some(e.clone());
+                Err(e)
             }
         }
     }
@@ -155,69 +266,207 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    #[tokio::test]
-    async fn valid_credential_is_reused_and_stale_one_refetched() {
-        let cell: Cached<u32> = Cached::new("test".into());
-        let n = AtomicU32::new(0);
-        let fetch = |life: Duration| {
-            let v = n.fetch_add(1, Ordering::SeqCst);
-            async move {
+    fn cell() -> Arc<Cached<u32>> {
+        Arc::new(Cached::new("test".into(), |_| {}))
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    type Fetch = std::pin::Pin<Box<dyn Future<Output = Result<Fetched<u32>, String>> + Send>>;
+
+    /// A fetch that counts itself and gives `value` for `life`.
+    fn giving(n: &Arc<AtomicU32>, value: u32, life: Duration) -> impl FnOnce() -> Fetch {
+        let n = n.clone();
+        move || {
+            n.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
                 Ok(Fetched {
-                    value: v,
+                    value,
                     expires: Some(SystemTime::now() + life),
                 })
-            }
-        };
-        let a = cell.get(|| fetch(Duration::from_secs(3600)), |_| {}).await;
-        let b = cell.get(|| fetch(Duration::from_secs(3600)), |_| {}).await;
-        assert_eq!((*a.unwrap(), *b.unwrap()), (0, 0));
-        assert!(cell.state().expires_at.is_some());
-        // Force staleness: a credential that is already inside its refresh margin.
-        {
-            let mut h = cell.held.lock();
-            if let Some(h) = h.as_mut() {
-                h.refresh_at = Some(SystemTime::now() - Duration::from_secs(1));
-            }
+            })
         }
-        let c = cell.get(|| fetch(Duration::from_secs(3600)), |_| {}).await;
-        assert_eq!(*c.unwrap(), 1);
+    }
+
+    fn refresh_due(cell: &Cached<u32>) {
+        if let Some(h) = cell.held.lock().as_mut() {
+            h.refresh_at = Some(SystemTime::now() - Duration::from_secs(1));
+        }
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[tokio::test]
+    async fn a_due_refresh_runs_behind_while_the_held_credential_is_used() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        assert_eq!(
+            cell.get(giving(&n, 1, HOUR), later()).await,
+            Ok(Arc::new(1))
+        );
+        assert_eq!(
+            cell.get(giving(&n, 9, HOUR), later()).await,
+            Ok(Arc::new(1))
+        );
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        refresh_due(&cell);
+        // The refresh's fetch never ends: the caller still gets the held credential at once.
+        let hung = || std::future::pending::<Result<Fetched<u32>, String>>();
+        assert_eq!(cell.get(hung, later()).await, Ok(Arc::new(1)));
+        // A refresh in flight is not started again.
+        assert_eq!(
+            cell.get(giving(&n, 9, HOUR), later()).await,
+            Ok(Arc::new(1))
+        );
+        assert_eq!(n.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
-    async fn failed_refresh_keeps_a_valid_credential_and_fails_without_one() {
-        let cell: Cached<u32> = Cached::new("test".into());
-        let err = cell
-            .get(
-                || async { Err::<Fetched<u32>, _>("sts answered 403".to_string()) },
-                |_| {},
-            )
-            .await;
-        assert_eq!(err.err().as_deref(), Some("sts answered 403"));
-        assert_eq!(cell.state().last_error.as_deref(), Some("sts answered 403"));
-        let ok = cell
-            .get(
-                || async {
+    async fn a_refresh_behind_replaces_the_credential_once_it_comes() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        cell.get(giving(&n, 1, HOUR), later()).await.unwrap();
+        refresh_due(&cell);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let slow = move || async move {
+            let _ = rx.await;
+            Ok(Fetched {
+                value: 2,
+                expires: Some(SystemTime::now() + HOUR),
+            })
+        };
+        assert_eq!(cell.get(slow, later()).await, Ok(Arc::new(1)));
+        tx.send(()).unwrap();
+        let mut seen = cell.flight.lock().pending.clone().unwrap();
+        seen.wait_for(Option::is_some).await.unwrap();
+        assert_eq!(
+            cell.get(giving(&n, 9, HOUR), later()).await,
+            Ok(Arc::new(2))
+        );
+    }
+
+    #[tokio::test]
+    async fn callers_without_a_credential_share_one_fetch() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let gated = {
+            let n = n.clone();
+            move || {
+                n.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let _ = rx.await;
                     Ok(Fetched {
-                        value: 7,
-                        expires: Some(SystemTime::now() + Duration::from_secs(40)),
+                        value: 5,
+                        expires: Some(SystemTime::now() + HOUR),
                     })
-                },
-                |_| {},
-            )
-            .await;
-        assert_eq!(*ok.unwrap(), 7);
-        {
-            let mut h = cell.held.lock();
-            if let Some(h) = h.as_mut() {
-                h.refresh_at = Some(SystemTime::now() - Duration::from_secs(1));
+                }
             }
+        };
+        let first = tokio::spawn({
+            let cell = cell.clone();
+            async move { cell.get(gated, later()).await }
+        });
+        // The first caller's fetch is in flight once its receiver is stored.
+        while cell.flight.lock().pending.is_none() {
+            tokio::task::yield_now().await;
         }
-        let kept = cell
-            .get(
-                || async { Err::<Fetched<u32>, _>("down".to_string()) },
-                |_| {},
-            )
-            .await;
-        assert_eq!(*kept.unwrap(), 7);
+        let others: Vec<_> = (0..5)
+            .map(|_| {
+                let (cell, n) = (cell.clone(), n.clone());
+                tokio::spawn(async move { cell.get(giving(&n, 9, HOUR), later()).await })
+            })
+            .collect();
+        tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap(), Ok(Arc::new(5)));
+        for o in others {
+            assert_eq!(o.await.unwrap(), Ok(Arc::new(5)));
+        }
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_waits_for_a_fetch_no_longer_than_its_deadline() {
+        let cell = cell();
+        let hung = || std::future::pending::<Result<Fetched<u32>, String>>();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        assert_eq!(cell.get(hung, deadline).await, Err(Unavailable::Deadline));
+        assert_eq!(Instant::now(), deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_failed_fetch_callers_get_the_failure_at_once_until_the_pause_ends() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        let failing = |n: &Arc<AtomicU32>| {
+            let n = n.clone();
+            move || {
+                n.fetch_add(1, Ordering::SeqCst);
+                async { Err::<Fetched<u32>, _>("sts answered 403".to_string()) }
+            }
+        };
+        let down = Err(Unavailable::Failed("sts answered 403".into()));
+        assert_eq!(cell.get(failing(&n), later()).await, down);
+        assert_eq!(cell.state().last_error.as_deref(), Some("sts answered 403"));
+        // Within the first second: no fetch, the same failure.
+        assert_eq!(cell.get(giving(&n, 1, HOUR), later()).await, down);
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        // Then one fetch; failing again doubles the pause.
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert_eq!(cell.get(failing(&n), later()).await, down);
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert_eq!(cell.get(giving(&n, 1, HOUR), later()).await, down);
+        assert_eq!(n.load(Ordering::SeqCst), 2);
+        tokio::time::advance(Duration::from_millis(501)).await;
+        assert_eq!(
+            cell.get(giving(&n, 1, HOUR), later()).await,
+            Ok(Arc::new(1))
+        );
+        assert_eq!(cell.state().last_error, None);
+    }
+
+    #[tokio::test]
+    async fn a_failed_refresh_keeps_a_valid_credential() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        cell.get(giving(&n, 7, Duration::from_secs(40)), later())
+            .await
+            .unwrap();
+        refresh_due(&cell);
+        let down = || async { Err::<Fetched<u32>, _>("down".to_string()) };
+        assert_eq!(cell.get(down, later()).await, Ok(Arc::new(7)));
+        let mut seen = cell.flight.lock().pending.clone().unwrap();
+        seen.wait_for(Option::is_some).await.unwrap();
+        assert_eq!(cell.state().last_error.as_deref(), Some("down"));
+        assert_eq!(
+            cell.get(giving(&n, 9, HOUR), later()).await,
+            Ok(Arc::new(7))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_expired_credential_is_a_failure_and_a_long_life_is_cut_to_the_most() {
+        let cell = cell();
+        let expired = || async {
+            Ok(Fetched {
+                value: 1u32,
+                expires: Some(SystemTime::now() - Duration::from_secs(1)),
+            })
+        };
+        assert_eq!(
+            cell.get(expired, later()).await,
+            Err(Unavailable::Failed(
+                "the endpoint sent a credential that has already expired".into()
+            ))
+        );
+        let cell = self::cell();
+        let n = Arc::new(AtomicU32::new(0));
+        let years = Duration::from_secs(30 * 365 * 86400);
+        cell.get(giving(&n, 1, years), later()).await.unwrap();
+        let most = epoch(SystemTime::now() + MAX_LIFE).unwrap();
+        let said = cell.state().expires_at.unwrap();
+        assert!(said <= most && said + 5 >= most, "{said} vs {most}");
     }
 }

@@ -98,14 +98,17 @@ pub fn oauth_token(
     body: &[u8],
     what: &str,
 ) -> Result<(String, Option<std::time::SystemTime>), String> {
-    let t: OAuthToken =
-        serde_json::from_slice(body).map_err(|_| format!("{what} sent no access_token"))?;
+    let t: OAuthToken = serde_json::from_slice(body).map_err(|_| {
+        format!("{what} sent no token answer that can be read (an access_token, and an expires_in in whole seconds)")
+    })?;
     if t.access_token.is_empty() {
         return Err(format!("{what} sent an empty access_token"));
     }
+    // Any number of seconds may come; no credential is kept longer than `MAX_LIFE` anyway, and
+    // the sum must not overflow.
     let expiry = t
         .expires_in
-        .map(|s| std::time::SystemTime::now() + Duration::from_secs(s));
+        .map(|s| std::time::SystemTime::now() + Duration::from_secs(s).min(super::cache::MAX_LIFE));
     Ok((t.access_token, expiry))
 }
 

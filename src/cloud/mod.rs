@@ -24,12 +24,12 @@ use prometheus::IntCounterVec;
 use crate::config::cloud::{AzureSource, Platform};
 use crate::config::{ProviderConfig, Secret};
 use crate::error::ProxyError;
-use cache::{Cached, CredentialState};
+use cache::{Cached, CredentialState, Unavailable};
 
 /// The live credential of a cloud provider.
 enum Cred {
-    Aws(Cached<aws::AwsCreds>),
-    Token(Cached<Secret>),
+    Aws(Arc<Cached<aws::AwsCreds>>),
+    Token(Arc<Cached<Secret>>),
     /// Azure with an api-key: the provider's ordinary key cell sends it.
     Key,
 }
@@ -39,7 +39,6 @@ pub struct CloudProvider {
     platform: Platform,
     cred: Cred,
     client: fetch::FetchClient,
-    refreshes: IntCounterVec,
 }
 
 /// Characters left as they are in a path segment (RFC 3986 unreserved); everything else,
@@ -61,13 +60,21 @@ impl CloudProvider {
     /// The cloud side of a provider; `None` for a direct (`anthropic` / `openai`) one.
     pub fn new(cfg: &ProviderConfig, refreshes: IntCounterVec) -> Result<Option<Self>, String> {
         let source = cfg.platform.credential_source().unwrap_or_default();
+        let (counter, name) = (refreshes, cfg.name.clone());
+        let counted = move |ok: bool| {
+            counter
+                .with_label_values(&[name.as_str(), if ok { "ok" } else { "error" }])
+                .inc()
+        };
         let cred = match &cfg.platform {
             Platform::Direct => return Ok(None),
-            Platform::Bedrock(_) => Cred::Aws(Cached::new(source)),
-            Platform::Vertex(_) => Cred::Token(Cached::new(source)),
+            Platform::Bedrock(_) => Cred::Aws(Arc::new(Cached::new(source, counted))),
+            Platform::Vertex(_) => Cred::Token(Arc::new(Cached::new(source, counted))),
             Platform::AzureOpenAi(a) => match a.credentials {
                 AzureSource::ApiKey => Cred::Key,
-                AzureSource::WorkloadIdentity { .. } => Cred::Token(Cached::new(source)),
+                AzureSource::WorkloadIdentity { .. } => {
+                    Cred::Token(Arc::new(Cached::new(source, counted)))
+                }
             },
         };
         Ok(Some(CloudProvider {
@@ -75,7 +82,6 @@ impl CloudProvider {
             platform: cfg.platform.clone(),
             cred,
             client: fetch::client()?,
-            refreshes,
         }))
     }
 
@@ -169,39 +175,47 @@ impl CloudProvider {
         }
     }
 
-    fn counter(&self) -> impl Fn(bool) + '_ {
-        move |ok| {
-            self.refreshes
-                .with_label_values(&[self.name.as_str(), if ok { "ok" } else { "error" }])
-                .inc()
+    fn unavailable(&self, why: Unavailable) -> ProxyError {
+        match why {
+            Unavailable::Failed(what) => self.failed(what),
+            Unavailable::Deadline => ProxyError::DeadlineExceeded,
         }
     }
 
     /// Puts the platform credential on `req` (whose body is `body`): SigV4 for Bedrock, a
     /// bearer token for Vertex and Entra-authenticated Azure. Fetches or refreshes it first
-    /// when needed.
+    /// when needed, waiting for a fetch no later than `deadline`.
     pub async fn authorize(
         &self,
         req: &mut Request<Full<Bytes>>,
         body: &[u8],
+        deadline: tokio::time::Instant,
     ) -> Result<(), ProxyError> {
+        // Each fetch runs in its own task (`cache`): it owns what it uses, copied only when a
+        // fetch starts.
+        let client = || self.client.clone();
         match (&self.cred, &self.platform) {
             (Cred::Aws(cell), Platform::Bedrock(b)) => {
+                let fetch = || {
+                    let (client, source) = (client(), b.credentials.clone());
+                    async move { aws::fetch(&client, &source).await }
+                };
                 let creds = cell
-                    .get(|| aws::fetch(&self.client, &b.credentials), self.counter())
+                    .get(fetch, deadline)
                     .await
-                    .map_err(|e| self.failed(e))?;
+                    .map_err(|e| self.unavailable(e))?;
                 aws::sign(req, body, &creds, &b.region, "bedrock", SystemTime::now())
                     .map_err(|e| self.failed(e))
             }
             (Cred::Token(cell), Platform::Vertex(v)) => {
+                let fetch = || {
+                    let (client, source) = (client(), v.credentials.clone());
+                    async move { google::fetch(&client, &source).await }
+                };
                 let token = cell
-                    .get(
-                        || google::fetch(&self.client, &v.credentials),
-                        self.counter(),
-                    )
+                    .get(fetch, deadline)
                     .await
-                    .map_err(|e| self.failed(e))?;
+                    .map_err(|e| self.unavailable(e))?;
                 bearer(req, &token).map_err(|e| self.failed(e))
             }
             (Cred::Token(cell), Platform::AzureOpenAi(a)) => {
@@ -214,13 +228,16 @@ impl CloudProvider {
                 else {
                     return Err(ProxyError::Internal);
                 };
+                let fetch = || {
+                    let client = client();
+                    let (file, id, url) =
+                        (token_file.clone(), client_id.clone(), token_url.clone());
+                    async move { azure::fetch(&client, &file, &id, &url).await }
+                };
                 let token = cell
-                    .get(
-                        || azure::fetch(&self.client, token_file, client_id, token_url),
-                        self.counter(),
-                    )
+                    .get(fetch, deadline)
                     .await
-                    .map_err(|e| self.failed(e))?;
+                    .map_err(|e| self.unavailable(e))?;
                 bearer(req, &token).map_err(|e| self.failed(e))
             }
             _ => Ok(()),

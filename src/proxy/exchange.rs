@@ -137,6 +137,8 @@ pub(crate) async fn run(
     let xl = Xlate::between(inb.endpoint.api, spoken);
     let mut req = match request(call, spoken, xl.translating()).await {
         Ok(r) => r,
+        // The deadline passed waiting for a cloud credential.
+        Err(ProxyError::DeadlineExceeded) => return Exchanged::Deadline { in_flight: false },
         Err(e) => return Exchanged::Unsendable(e),
     };
     if let Some(tp) = &call.traceparent {
@@ -259,6 +261,7 @@ async fn request(
         &inb.headers,
         call.body.clone(),
         translating,
+        inb.deadline,
     ))
     .await
 }
