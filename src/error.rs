@@ -41,6 +41,9 @@ pub enum ProxyError {
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
+    /// The conversation store (Redis) could not be reached to look up `previous_response_id`:
+    /// nothing was sent upstream.
+    StoreUnavailable { retry_after: std::time::Duration },
     /// A cloud provider's credential could not be obtained (`what` says which step failed;
     /// never a secret).
     CredentialUnavailable { provider: String, what: String },
@@ -93,6 +96,7 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamStreamBroken { .. }
             | ProxyError::UpstreamAnswerUnusable { .. }
@@ -121,6 +125,7 @@ impl ProxyError {
             ProxyError::Shed { .. } | ProxyError::BuffersFull { .. } => Source::Proxy,
             ProxyError::NoProviderKey { .. }
             | ProxyError::CredentialUnavailable { .. }
+            | ProxyError::StoreUnavailable { .. }
             | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -152,6 +157,7 @@ impl ProxyError {
             ProxyError::BuffersFull { .. } => "buffers_full",
             ProxyError::NoProviderKey { .. } => "no_provider_key",
             ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
+            ProxyError::StoreUnavailable { .. } => "conversation_store_unavailable",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
@@ -191,6 +197,7 @@ impl ProxyError {
             ProxyError::RateLimited { .. } => ErrorClass::RateLimited,
             ProxyError::NoProviderKey { .. }
             | ProxyError::CredentialUnavailable { .. }
+            | ProxyError::StoreUnavailable { .. }
             | ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamStreamBroken { .. }
@@ -249,6 +256,10 @@ impl ProxyError {
             ),
             ProxyError::NoProviderKey { provider, hint } => format!(
                 "legate has no API key for provider `{provider}`: {hint}"
+            ),
+            ProxyError::StoreUnavailable { retry_after } => format!(
+                "the conversation store (Redis) cannot be reached, so previous_response_id cannot be looked up; nothing was sent upstream. Retry in {}s, or resend the whole conversation without previous_response_id",
+                retry_after.as_secs_f64().ceil()
             ),
             ProxyError::CredentialUnavailable { provider, what } => format!(
                 "legate could not obtain a credential for provider `{provider}`: {what}"
@@ -312,7 +323,8 @@ impl ProxyError {
         if let ProxyError::AllBreakersOpen { retry_after }
         | ProxyError::RateLimited { retry_after, .. }
         | ProxyError::Shed { retry_after }
-        | ProxyError::BuffersFull { retry_after } = self
+        | ProxyError::BuffersFull { retry_after }
+        | ProxyError::StoreUnavailable { retry_after } = self
         {
             // Refused before any upstream attempt: the caller may come back when it would fit
             // (and the SDK may retry it then: nothing is multiplied upstream).

@@ -2,17 +2,33 @@
 //! call connects afresh (after a dead socket, a timeout, or a server that turned replica in a
 //! failover). Construction never connects: legate must start while Redis is down. The
 //! rate-limit store and the conversation store each hold one.
+//!
+//! One connection attempt at a time, and after one fails (or a call fails for want of an
+//! answer: a timeout, a broken socket), none for [`PAUSE`]: callers meanwhile fail at once.
+//! Without the pause, callers of a Redis that does not answer queued on the attempt and waited
+//! its whole timeout each, one after another (16 lookups answered 0.5 s apart, up to 8 s).
 
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// How long a Redis that could not be reached is not tried again.
+pub const PAUSE: Duration = Duration::from_secs(1);
 
 pub struct LazyConnection {
     client: Client,
     config: AsyncConnectionConfig,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    conn: Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    conn: Option<MultiplexedConnection>,
+    /// No attempt before this (after a failed one).
+    paused_until: Option<Instant>,
 }
 
 impl LazyConnection {
@@ -25,26 +41,52 @@ impl LazyConnection {
         LazyConnection {
             client,
             config,
-            conn: Mutex::new(None),
+            conn: Mutex::new(Slot::default()),
         }
     }
 
-    /// The open connection, or a new one.
+    /// The open connection, or a new one (none while paused after a failure).
     pub async fn get(&self) -> Result<MultiplexedConnection, RedisError> {
         let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
+        if let Some(conn) = slot.conn.as_ref() {
             return Ok(conn.clone());
         }
-        let conn = self
+        if slot.paused_until.is_some_and(|at| Instant::now() < at) {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "Redis could not be reached a moment ago; not tried again yet",
+            )));
+        }
+        match self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        *slot = Some(conn.clone());
-        Ok(conn)
+            .await
+        {
+            Ok(conn) => {
+                slot.conn = Some(conn.clone());
+                slot.paused_until = None;
+                Ok(conn)
+            }
+            Err(e) => {
+                slot.paused_until = Some(Instant::now() + PAUSE);
+                Err(e)
+            }
+        }
     }
 
-    /// After a failed call: whatever went wrong, the next call starts from a new connection.
-    pub async fn reset(&self) {
-        *self.conn.lock().await = None;
+    /// After a failed call: whatever went wrong, the next call starts from a new connection;
+    /// after one that got no answer (a timeout, a broken socket), not before [`PAUSE`].
+    pub async fn reset(&self, after: &RedisError) {
+        let mut slot = self.conn.lock().await;
+        slot.conn = None;
+        if after.is_timeout() || after.is_io_error() || after.is_connection_dropped() {
+            slot.paused_until = Some(Instant::now() + PAUSE);
+        }
+    }
+
+    /// Ends a pause now, as if it had run out.
+    #[cfg(test)]
+    pub async fn end_pause(&self) {
+        self.conn.lock().await.paused_until = None;
     }
 }

@@ -56,10 +56,8 @@ impl Conversation {
         let prior = match &prior_id {
             Some(id) => store.get(id).await.map_err(|e| {
                 tracing::warn!(error = %e.0, "the conversation store failed");
-                ProxyError::InvalidRequest {
-                    message: "the conversation store is unavailable; retry, or resend the \
-                              whole conversation without previous_response_id"
-                        .to_owned(),
+                ProxyError::StoreUnavailable {
+                    retry_after: crate::redis_conn::PAUSE,
                 }
             })?,
             None => None,
@@ -157,15 +155,26 @@ impl Conversation {
     }
 
     /// The memory store keeps the entry at once (a map insert under a short lock); Redis in
-    /// the background, so the caller does not wait for it.
+    /// the background, so the caller does not wait for it, within a bound on the bytes
+    /// waiting to be written (`[responses] max_bytes`): beyond it the entry is not kept.
     fn keep_entry(&self, id: &str, data: Vec<u8>) {
-        if let Some(memory) = self.store.memory() {
-            memory.put_serialised(id, data);
+        let redis = match &*self.store {
+            ConversationStore::Memory(memory) => {
+                memory.put_serialised(id, data);
+                return;
+            }
+            ConversationStore::Redis(r) => r,
+        };
+        let Some(slot) = redis.reserve_write(data.len()) else {
+            tracing::warn!(
+                "a response was not kept in the conversation store: writes waiting for Redis already hold [responses] max_bytes"
+            );
             return;
-        }
+        };
         let store = self.store.clone();
         let id = id.to_owned();
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = store.put_serialised(&id, data).await {
                 tracing::warn!(error = %e.0, "a response could not be kept in the conversation store");
             }

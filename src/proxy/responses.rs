@@ -27,7 +27,7 @@ pub(crate) fn conversation_store(cfg: &Config) -> ConversationStore {
     use crate::responses::store::{MemoryStore, RedisConversations};
     let rs = &cfg.responses;
     if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
-        match RedisConversations::new(url, rs.ttl) {
+        match RedisConversations::new(url, rs.ttl, rs.max_bytes) {
             Ok(r) => return ConversationStore::Redis(Box::new(r)),
             Err(e) => {
                 tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");

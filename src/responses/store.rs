@@ -15,6 +15,7 @@
 use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -302,6 +303,23 @@ impl MemoryStore {
 pub struct RedisConversations {
     ttl: Duration,
     conn: LazyConnection,
+    /// Bytes of entries waiting to be written (in the background: the caller does not wait),
+    /// at most `max_pending`: a Redis that answers slowly, or not at all, must not make them
+    /// pile up in memory.
+    pending: Arc<AtomicUsize>,
+    max_pending: usize,
+}
+
+/// An entry's place among the bytes waiting to be written, given back when dropped.
+pub struct PendingWrite {
+    pending: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        self.pending.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 fn key(id: &str) -> String {
@@ -309,13 +327,29 @@ fn key(id: &str) -> String {
 }
 
 impl RedisConversations {
-    /// Never connects: legate must start while Redis is down.
-    pub fn new(url: &str, ttl: Duration) -> Result<Self, StoreError> {
+    /// Never connects: legate must start while Redis is down. At most `max_pending` bytes of
+    /// entries wait to be written at any time.
+    pub fn new(url: &str, ttl: Duration, max_pending: usize) -> Result<Self, StoreError> {
         let client = Client::open(url)
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
         Ok(RedisConversations {
             ttl,
             conn: LazyConnection::new(client, REDIS_TIMEOUT),
+            pending: Arc::new(AtomicUsize::new(0)),
+            max_pending,
+        })
+    }
+
+    /// Room for `bytes` more waiting to be written; `None` when the bound is reached.
+    pub fn reserve_write(&self, bytes: usize) -> Option<PendingWrite> {
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&t| t <= self.max_pending)
+            })
+            .ok()?;
+        Some(PendingWrite {
+            pending: self.pending.clone(),
+            bytes,
         })
     }
 
@@ -328,7 +362,7 @@ impl RedisConversations {
         match cmd.query_async(&mut conn).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                self.conn.reset().await;
+                self.conn.reset(&e).await;
                 Err(StoreError(format!("a Redis call failed: {}", e.category())))
             }
         }
@@ -380,6 +414,21 @@ mod tests {
         // The next put sweeps it.
         store.put("b", &stored("x"));
         assert_eq!(store.lock().map.len(), 1);
+    }
+
+    #[test]
+    fn writes_waiting_for_redis_are_bounded_and_give_their_room_back() {
+        let r =
+            RedisConversations::new("redis://127.0.0.1:1/0", Duration::from_secs(60), 100).unwrap();
+        let a = r.reserve_write(60).expect("room for 60 of 100");
+        assert!(r.reserve_write(41).is_none());
+        let b = r.reserve_write(40).expect("room for 40 more");
+        assert!(r.reserve_write(1).is_none());
+        drop(a);
+        assert!(r.reserve_write(60).is_some());
+        drop(b);
+        assert!(r.reserve_write(100).is_some());
+        assert!(r.reserve_write(101).is_none());
     }
 
     #[tokio::test]

@@ -347,3 +347,39 @@ async fn a_stream_paced_within_the_idle_timeout_runs_past_it_before_and_after_it
     assert!(!names.contains(&"error"), "{names:?}");
     assert_eq!(env.mock.requests().len(), 1, "nothing was retried");
 }
+
+/// A conversation store whose Redis takes connections and never answers: a lookup of
+/// `previous_response_id` is a 503 with `retry-after`, nothing is sent upstream, and callers
+/// at the same moment share one connection attempt instead of each waiting out their own in
+/// turn (the attempts are paused after one fails).
+#[tokio::test]
+async fn an_unreachable_conversation_store_is_a_503_and_callers_share_one_attempt() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = silent.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(sock);
+        }
+    });
+    let extra = format!(
+        "{MODELS}\n[ratelimit]\nredis_url = \"redis://127.0.0.1:{port}/0\"\n[responses]\nstore = \"redis\"\n"
+    );
+    let env = harness::start_with(Script::default(), &extra).await;
+    let body = r#"{"model":"agent","previous_response_id":"resp_earlier","input":"hi"}"#;
+    let calls: Vec<_> = (0..8).map(|_| responses(&env, body)).collect();
+    for resp in futures_util::future::join_all(calls).await {
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(
+            err["error"]["code"], "conversation_store_unavailable",
+            "{err}"
+        );
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(env.mock.requests().is_empty());
+}

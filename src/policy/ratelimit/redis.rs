@@ -93,11 +93,14 @@ impl RedisStore {
             Ok(mut conn) => call.invoke_async(&mut conn).await,
             Err(e) => Err(e),
         };
-        let result = result.map_err(|e| StoreError(format!("Redis: {e}")));
-        if result.is_err() {
-            self.conn.reset().await;
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.conn.reset(&e).await;
+                // The kind only: a server's error text may quote what it was sent.
+                Err(StoreError(format!("Redis: {}", e.category())))
+            }
         }
-        result
     }
 
     fn clock_arg(&self) -> String {
