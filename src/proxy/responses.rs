@@ -110,12 +110,20 @@ pub async fn stored_response(
         .rsplit_once("/responses/")
         .map_or("", |(_, r)| r);
     let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
-    let kept = store.get(id).await.ok().flatten();
+    // A store that cannot be reached is said so: forwarding would ask the provider about a
+    // response it may never have seen (one legate translated), and answer for it wrongly.
+    let unavailable = |e: crate::responses::store::StoreError| {
+        tracing::warn!(error = %e.0, "the conversation store failed");
+        ProxyError::StoreUnavailable {
+            retry_after: crate::redis_conn::PAUSE,
+        }
+    };
+    let kept = store.get(id).await.map_err(unavailable)?;
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {
             (&Method::GET, "") => local_json(StatusCode::OK, &kept.response),
             (&Method::DELETE, "") => {
-                let _ = store.delete(id).await;
+                store.delete(id).await.map_err(unavailable)?;
                 local_json(
                     StatusCode::OK,
                     &json!({"id": id, "object": "response.deleted", "deleted": true}),

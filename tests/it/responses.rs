@@ -381,5 +381,16 @@ async fn an_unreachable_conversation_store_is_a_503_and_callers_share_one_attemp
         );
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Reading or deleting a stored response is not forwarded to the provider instead.
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let resp = env
+            .http
+            .request(method, env.url("/v1/responses/resp_earlier"))
+            .header("authorization", "Bearer caller-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 503);
+    }
     assert!(env.mock.requests().is_empty());
 }

@@ -28,6 +28,9 @@ const COMMON_LUA: &str = include_str!("redis/common.lua");
 const ADMIT_LUA: &str = include_str!("redis/admit.lua");
 const SETTLE_LUA: &str = include_str!("redis/settle.lua");
 
+/// The longest wait a refusal names.
+const DAY_MS: u64 = 86_400_000;
+
 /// Bounds the connection and each reply.
 const TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -155,7 +158,9 @@ fn decision(outcome: i64, wait_ms: i64) -> Result<Decision, StoreError> {
             )));
         }
     };
-    let wait = u64::try_from(wait_ms).unwrap_or(0).max(1);
+    // No real wait is longer than the daily budget's, until the next UTC midnight: a reply
+    // beyond it (a server that answers something else) must not tell callers to wait years.
+    let wait = u64::try_from(wait_ms).unwrap_or(0).clamp(1, DAY_MS);
     Ok(Decision::Refuse {
         limit,
         retry_after: Duration::from_millis(wait),

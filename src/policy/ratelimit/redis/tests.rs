@@ -13,8 +13,6 @@ use proptest::test_runner::{Config, TestRunner};
 use super::*;
 use crate::policy::ratelimit::memory::MemoryStore;
 
-const DAY_MS: u64 = 86_400_000;
-
 fn ask(tenant: &str, rpm: u64, tpm: u64, tokens: u64, budget_pico: u128) -> Ask {
     Ask {
         tenant: tenant.to_owned().into(),
@@ -134,6 +132,11 @@ fn script_replies_become_decisions() {
     assert_eq!(decision(2, 0).unwrap(), refused(Limit::Tokens, 1));
     assert_eq!(decision(3, 5).unwrap(), refused(Limit::Budget, 5));
     assert!(decision(7, 1).is_err());
+    // A wait no script computes is cut to a day.
+    assert_eq!(
+        decision(1, i64::MAX).unwrap(),
+        refused(Limit::Requests, DAY_MS)
+    );
 }
 
 /// A `redis-server` child on a free loopback port, killed when dropped.
