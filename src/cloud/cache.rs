@@ -12,7 +12,8 @@
 //!
 //! What an endpoint says of a credential's life is not taken on trust: one that has already
 //! expired is a failed fetch, and one said to last longer than [`MAX_LIFE`] is fetched again
-//! within it, so that a credential the platform refuses does not stay for years.
+//! within it. A credential the platform refuses (401, 403) is refreshed at once, at most once a
+//! minute: it may have been revoked before the expiry it came with.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,6 +27,10 @@ use tokio::time::Instant;
 const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 /// …or, for short-lived ones, once less than this share of its life is left.
 const REFRESH_SHARE: u32 = 4;
+/// A credential the platform refuses is fetched again, unless it is younger than this: a
+/// refusal that a new credential does not cure (a missing permission) costs the endpoint one
+/// fetch a minute, not one per request.
+const REFUSED_REFETCH_AFTER: Duration = Duration::from_secs(60);
 /// The longest life taken from an endpoint (AWS's longest role session).
 pub const MAX_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// The wait before the fetch after a failed one, doubling up to [`BACKOFF_MAX`].
@@ -45,6 +50,7 @@ struct Held<T> {
     expires: Option<SystemTime>,
     /// Refresh from this moment on.
     refresh_at: Option<SystemTime>,
+    fetched_at: SystemTime,
 }
 
 /// What `/admin/state` shows of a credential.
@@ -204,6 +210,19 @@ impl<T: Send + Sync + 'static> Cached<T> {
         }
     }
 
+    /// The platform refused the held credential (401, 403): it may have been revoked before
+    /// its expiry, so it is refreshed now (behind the requests, which go on using it until
+    /// the new one comes), unless it was fetched less than a minute ago.
+    pub fn refused(&self) {
+        let now = SystemTime::now();
+        if let Some(h) = self.held.lock().as_mut() {
+            let age = now.duration_since(h.fetched_at).unwrap_or_default();
+            if age >= REFUSED_REFETCH_AFTER {
+                h.refresh_at = Some(now);
+            }
+        }
+    }
+
     /// Keeps a fetch's outcome: the credential, or the failure and the pause before the next
     /// fetch. A credential the endpoint says has already expired is a failure.
     fn settle(
@@ -231,6 +250,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
                     value: value.clone(),
                     expires,
                     refresh_at,
+                    fetched_at,
                 });
                 {
                     let mut s = self.state.lock();
@@ -468,5 +488,34 @@ mod tests {
         let most = epoch(SystemTime::now() + MAX_LIFE).unwrap();
         let said = cell.state().expires_at.unwrap();
         assert!(said <= most && said + 5 >= most, "{said} vs {most}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_credential_is_refreshed_unless_it_is_under_a_minute_old() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        cell.get(giving(&n, 1, HOUR), later()).await.unwrap();
+        cell.refused();
+        assert_eq!(
+            cell.get(giving(&n, 2, HOUR), later()).await,
+            Ok(Arc::new(1))
+        );
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        if let Some(h) = cell.held.lock().as_mut() {
+            h.fetched_at -= Duration::from_secs(61);
+        }
+        cell.refused();
+        // Refreshed behind: this caller still gets the held one, the next the new one.
+        assert_eq!(
+            cell.get(giving(&n, 2, HOUR), later()).await,
+            Ok(Arc::new(1))
+        );
+        let mut seen = cell.flight.lock().pending.clone().unwrap();
+        seen.wait_for(Option::is_some).await.unwrap();
+        assert_eq!(
+            cell.get(giving(&n, 3, HOUR), later()).await,
+            Ok(Arc::new(2))
+        );
+        assert_eq!(n.load(Ordering::SeqCst), 2);
     }
 }

@@ -264,6 +264,15 @@ impl CloudProvider {
         }
     }
 
+    /// The platform answered 401 or 403 to a call with the held credential.
+    pub fn credential_refused(&self) {
+        match &self.cred {
+            Cred::Aws(c) => c.refused(),
+            Cred::Token(c) => c.refused(),
+            Cred::Key => {}
+        }
+    }
+
     /// The credential's source and expiry for `/admin/state` (never its value).
     pub fn state(&self) -> Option<CredentialState> {
         match &self.cred {

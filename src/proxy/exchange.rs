@@ -524,6 +524,11 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     };
     // The slot and the in-flight count are the upstream call's: it is over.
     drop((got.permit, got.inflight));
+    // A platform that refuses the credential legate sent may have revoked it before the
+    // expiry it was given with: fetched again (behind the requests, at most once a minute).
+    if let (Some(cloud), 401 | 403) = (&up.cloud, status.as_u16()) {
+        cloud.credential_refused();
+    }
     // A platform's error answer is read to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
     if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {
