@@ -41,8 +41,8 @@ pub enum ProxyError {
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
-    /// The conversation store (Redis) could not be reached to look up `previous_response_id`:
-    /// nothing was sent upstream.
+    /// The conversation store (Redis) could not be reached to look up `previous_response_id`
+    /// or a stored response: nothing was sent upstream.
     StoreUnavailable { retry_after: std::time::Duration },
     /// A cloud provider's credential could not be obtained (`what` says which step failed;
     /// never a secret).
@@ -258,7 +258,7 @@ impl ProxyError {
                 "legate has no API key for provider `{provider}`: {hint}"
             ),
             ProxyError::StoreUnavailable { retry_after } => format!(
-                "the conversation store (Redis) cannot be reached, so previous_response_id cannot be looked up; nothing was sent upstream. Retry in {}s, or resend the whole conversation without previous_response_id",
+                "the conversation store (Redis) cannot be reached; nothing was sent upstream. Retry in {}s (or, for a previous_response_id, resend the whole conversation without it)",
                 retry_after.as_secs_f64().ceil()
             ),
             ProxyError::CredentialUnavailable { provider, what } => format!(
