@@ -442,6 +442,11 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
         // shed, like one whose own body finds the bound reached.
         Whole::Full(_) if got.xl.translating() => {
             tracing::warn!(provider = %up.name, "answer refused: server.max_buffered_bytes is reached, and a translated answer must be held whole");
+            // The provider did the work: the tenant pays the reservation, as for any answer
+            // whose usage is unknown.
+            if let Some(rec) = record.as_mut() {
+                rec.keep_reservation();
+            }
             return Exchanged::Shed(ProxyError::BuffersFull {
                 retry_after: Duration::from_secs(1),
             });

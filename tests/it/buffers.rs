@@ -177,3 +177,23 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
 fn head_len_and(len: usize) -> usize {
     answer_of(len).len() + "HTTP/1.1 200 OK\r\n\r\n".len()
 }
+
+/// A translated answer refused for want of memory was still made by the provider: the
+/// tenant's reservation stands (the next request of the same size does not fit its minute),
+/// as for any answer whose usage is unknown.
+#[tokio::test]
+async fn a_translated_answer_refused_for_memory_keeps_its_reservation() {
+    let up = crate::rawup::start(|_req| async {
+        crate::rawup::Action::Reply(crate::rawup::json_reply(&answer_of(200_000)))
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let extra = "[[models]]\nname = \"xl\"\nchain = [\"anthropic:claude-b\"]\n[tenants.default]\ntokens_per_minute = 1000\n";
+    let toml = harness::config_toml_with(&up.url, "max_buffered_bytes = 100000\n", "", extra);
+    let env = harness::start_toml(unused, &toml).await;
+    let xl = r#"{"model":"xl","max_tokens":600,"messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(env.chat(xl).await.status(), 529);
+    assert_eq!(env.chat(xl).await.status(), 429);
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(env.legate.proxy.buffers.used(), 0);
+}
