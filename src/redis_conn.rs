@@ -27,8 +27,16 @@ pub struct LazyConnection {
 #[derive(Default)]
 struct Slot {
     conn: Option<MultiplexedConnection>,
+    /// Counts the connections opened: a failure on an older one leaves a newer one alone.
+    generation: u64,
     /// No attempt before this (after a failed one).
     paused_until: Option<Instant>,
+}
+
+/// An open connection, and which one it is (for [`LazyConnection::reset`]).
+pub struct Leased {
+    pub conn: MultiplexedConnection,
+    generation: u64,
 }
 
 impl LazyConnection {
@@ -46,10 +54,13 @@ impl LazyConnection {
     }
 
     /// The open connection, or a new one (none while paused after a failure).
-    pub async fn get(&self) -> Result<MultiplexedConnection, RedisError> {
+    pub async fn get(&self) -> Result<Leased, RedisError> {
         let mut slot = self.conn.lock().await;
         if let Some(conn) = slot.conn.as_ref() {
-            return Ok(conn.clone());
+            return Ok(Leased {
+                conn: conn.clone(),
+                generation: slot.generation,
+            });
         }
         if slot.paused_until.is_some_and(|at| Instant::now() < at) {
             return Err(RedisError::from((
@@ -63,9 +74,13 @@ impl LazyConnection {
             .await
         {
             Ok(conn) => {
+                slot.generation += 1;
                 slot.conn = Some(conn.clone());
                 slot.paused_until = None;
-                Ok(conn)
+                Ok(Leased {
+                    conn,
+                    generation: slot.generation,
+                })
             }
             Err(e) => {
                 slot.paused_until = Some(Instant::now() + PAUSE);
@@ -74,14 +89,27 @@ impl LazyConnection {
         }
     }
 
-    /// After a failed call: whatever went wrong, the next call starts from a new connection;
-    /// after one that got no answer (a timeout, a broken socket), not before [`PAUSE`].
-    pub async fn reset(&self, after: &RedisError) {
+    /// After a call on `leased` failed: the next call starts from a new connection, and after
+    /// a failure that got no answer (a timeout, a broken socket) not before [`PAUSE`]. A
+    /// failure on a connection already replaced (a call still in flight on the old one when
+    /// Redis came back) leaves the new one alone, and a pause is never extended by a failure
+    /// seen during it.
+    pub async fn reset(&self, leased: &Leased, after: &RedisError) {
         let mut slot = self.conn.lock().await;
+        if slot.generation != leased.generation || slot.conn.is_none() {
+            return;
+        }
         slot.conn = None;
         if after.is_timeout() || after.is_io_error() || after.is_connection_dropped() {
             slot.paused_until = Some(Instant::now() + PAUSE);
         }
+    }
+
+    /// Whether attempts are paused now.
+    #[cfg(test)]
+    pub async fn paused(&self) -> bool {
+        let slot = self.conn.lock().await;
+        slot.paused_until.is_some_and(|at| Instant::now() < at)
     }
 
     /// Ends a pause now, as if it had run out.

@@ -354,15 +354,15 @@ impl RedisConversations {
     }
 
     async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self
+        let mut leased = self
             .conn
             .get()
             .await
             .map_err(|e| StoreError(format!("Redis is unreachable: {}", e.category())))?;
-        match cmd.query_async(&mut conn).await {
+        match cmd.query_async(&mut leased.conn).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                self.conn.reset(&e).await;
+                self.conn.reset(&leased, &e).await;
                 Err(StoreError(format!("a Redis call failed: {}", e.category())))
             }
         }

@@ -92,16 +92,14 @@ impl RedisStore {
     }
 
     async fn run<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let result = match self.conn.get().await {
-            Ok(mut conn) => call.invoke_async(&mut conn).await,
-            Err(e) => Err(e),
-        };
-        match result {
+        // The kind only: a server's error text may quote what it was sent.
+        let failed = |e: redis::RedisError| StoreError(format!("Redis: {}", e.category()));
+        let mut leased = self.conn.get().await.map_err(failed)?;
+        match call.invoke_async(&mut leased.conn).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                self.conn.reset(&e).await;
-                // The kind only: a server's error text may quote what it was sent.
-                Err(StoreError(format!("Redis: {}", e.category())))
+                self.conn.reset(&leased, &e).await;
+                Err(failed(e))
             }
         }
     }
