@@ -10,8 +10,8 @@
 //! without a working credential gets the last failure at once, so that a chain falls back
 //! without first waiting on an endpoint known to be down.
 //!
-//! What an endpoint says of a credential's life is not taken on trust: one that has already
-//! expired is a failed fetch, and one said to last longer than [`MAX_LIFE`] is fetched again
+//! What an endpoint says of a credential's life is not taken on trust: one that has expired,
+//! or expires within a second, is a failed fetch, and one said to last longer than [`MAX_LIFE`] is fetched again
 //! within it. A credential the platform refuses (401, 403) is refreshed at once, at most once a
 //! minute: it may have been revoked before the expiry it came with.
 
@@ -31,6 +31,9 @@ const REFRESH_SHARE: u32 = 4;
 /// refusal that a new credential does not cure (a missing permission) costs the endpoint one
 /// fetch a minute, not one per request.
 const REFUSED_REFETCH_AFTER: Duration = Duration::from_secs(60);
+/// A credential with less life than this is taken as expired: using it would mean a fetch
+/// per request.
+const MIN_LIFE: Duration = Duration::from_secs(1);
 /// The longest life taken from an endpoint (AWS's longest role session).
 pub const MAX_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// The wait before the fetch after a failed one, doubling up to [`BACKOFF_MAX`].
@@ -170,6 +173,12 @@ impl<T: Send + Sync + 'static> Cached<T> {
                 .as_ref()
                 .filter(|rx| rx.has_changed().is_ok())
                 .cloned();
+            // A fetch that ended since the look above left a credential: no second one.
+            if live.is_none() {
+                if let Some(v) = self.fresh(SystemTime::now()) {
+                    return Ok(v);
+                }
+            }
             match live {
                 Some(rx) => rx,
                 None if flight.retry_at.is_some_and(|at| Instant::now() < at) => {
@@ -224,16 +233,17 @@ impl<T: Send + Sync + 'static> Cached<T> {
     }
 
     /// Keeps a fetch's outcome: the credential, or the failure and the pause before the next
-    /// fetch. A credential the endpoint says has already expired is a failure.
+    /// fetch. A credential the endpoint says has expired, or expires within `MIN_LIFE`, is a failure.
     fn settle(
         &self,
         got: Result<Fetched<T>, String>,
         fetched_at: SystemTime,
     ) -> Result<Arc<T>, String> {
         let got = got.and_then(|f| match f.expires {
-            Some(exp) if exp <= fetched_at => {
-                Err("the endpoint sent a credential that has already expired".to_owned())
-            }
+            Some(exp) if exp <= fetched_at + MIN_LIFE => Err(format!(
+                "the endpoint sent a credential that has expired or expires within {}s",
+                MIN_LIFE.as_secs()
+            )),
             _ => Ok(f),
         });
         (self.refreshed)(got.is_ok());
@@ -478,7 +488,7 @@ mod tests {
         assert_eq!(
             cell.get(expired, later()).await,
             Err(Unavailable::Failed(
-                "the endpoint sent a credential that has already expired".into()
+                "the endpoint sent a credential that has expired or expires within 1s".into()
             ))
         );
         let cell = self::cell();

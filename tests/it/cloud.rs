@@ -385,14 +385,17 @@ chain = ["broken:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:claude-haiku
             .await,
         None
     );
-    // One fetch: the requests within the pause after a failed one get its failure at once.
-    assert_eq!(
-        env.metric(
+    // Not a fetch per request: those within the pause after a failed fetch (1 s, doubling)
+    // get its failure at once. (Two, should a slow host spread the six past the first pause.)
+    let fetches = env
+        .metric(
             "legate_credential_refreshes_total",
-            &[("provider", "broken"), ("result", "error")]
+            &[("provider", "broken"), ("result", "error")],
         )
-        .await,
-        Some(1.0)
+        .await;
+    assert!(
+        matches!(fetches, Some(f) if (1.0..=2.0).contains(&f)),
+        "{fetches:?}"
     );
     // The next chain step answers, and the breaker of the first never opened.
     let resp = env
