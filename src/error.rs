@@ -36,8 +36,8 @@ pub enum ProxyError {
     ForbiddenOrigin,
     /// The request body did not arrive within `server.body_read_timeout`.
     BodyTimeout,
-    /// Bodies held (requests being read, answers held whole) already fill
-    /// `server.max_buffered_bytes`.
+    /// Request bodies being read, or answers held whole, already fill
+    /// `server.max_buffered_bytes` (each bounded on its own).
     BuffersFull { retry_after: std::time::Duration },
     /// The provider has no key (env var unset or key file unreadable).
     NoProviderKey { provider: String, hint: String },
@@ -251,7 +251,7 @@ impl ProxyError {
                 "the request body did not arrive within server.body_read_timeout; nothing was sent upstream".to_string()
             }
             ProxyError::BuffersFull { retry_after } => format!(
-                "legate holds as many request and answer bodies as server.max_buffered_bytes allows; retry in {}s",
+                "legate holds as many bodies as server.max_buffered_bytes allows; retry in {}s",
                 retry_after.as_secs_f64().ceil()
             ),
             ProxyError::NoProviderKey { provider, hint } => format!(

@@ -1,10 +1,12 @@
-//! The global bound on bodies held in memory (SPEC §14: `max_buffered_bytes`).
+//! The global bounds on bodies held in memory (SPEC §14: `max_buffered_bytes`).
 //!
 //! A request body counts from its first byte until its request is done (it is kept for retries
 //! and fallback); a request whose body would pass the bound is refused with 529 instead of
 //! pushing the process out of memory.
 //!
-//! An upstream answer held whole counts too, once it is larger than [`UNCHARGED`]: from the
+//! Upstream answers held whole are bounded the same way, in a budget of the same size of their
+//! own (SPEC's bound counts request bodies, and answers held for slow readers must not make
+//! new requests 529), once they are larger than [`UNCHARGED`]: from the
 //! read that passes that size until the connection has written its last byte, which can be long
 //! after the request is done (hyper keeps the last frame of a body it has finished polling until
 //! the socket takes it, and a caller that stops reading keeps it for `connection_idle_timeout`).
@@ -112,6 +114,23 @@ impl AsRef<[u8]> for Held {
     fn as_ref(&self) -> &[u8] {
         &self.bytes
     }
+}
+
+/// `vec` as bytes, holding no more than it needs once it is large enough to be counted: a Vec
+/// that grew by doubling can hold up to twice its length, and the share counts the length.
+pub fn exact(mut vec: Vec<u8>) -> Bytes {
+    if vec.len() > UNCHARGED && vec.capacity() - vec.len() > vec.len() / 8 {
+        vec.shrink_to_fit();
+    }
+    Bytes::from(vec)
+}
+
+/// A read buffer frozen, holding no more than it needs (see [`exact`]).
+pub fn exact_buf(buf: BytesMut) -> Bytes {
+    if buf.len() > UNCHARGED && buf.capacity() - buf.len() > buf.len() / 8 {
+        return Bytes::copy_from_slice(&buf);
+    }
+    buf.freeze()
 }
 
 /// `bytes`, counted as `share` (resized to their length) until the last view of them is
@@ -292,5 +311,23 @@ mod tests {
         assert_eq!(budget.used(), 1_050_000);
         drop(prefix);
         assert_eq!(budget.used(), 600_000);
+    }
+
+    #[test]
+    fn a_large_buffer_with_room_to_spare_is_copied_to_its_length_and_others_kept() {
+        let mut roomy = BytesMut::with_capacity(4 * UNCHARGED);
+        roomy.resize(2 * UNCHARGED, 1);
+        let ptr = roomy.as_ptr();
+        let kept = exact_buf(roomy);
+        assert_ne!(kept.as_ptr(), ptr);
+        assert_eq!(kept.len(), 2 * UNCHARGED);
+        let mut tight = BytesMut::with_capacity(2 * UNCHARGED);
+        tight.resize(2 * UNCHARGED, 1);
+        let ptr = tight.as_ptr();
+        assert_eq!(exact_buf(tight).as_ptr(), ptr);
+        let mut small = BytesMut::with_capacity(UNCHARGED);
+        small.extend_from_slice(b"small");
+        let ptr = small.as_ptr();
+        assert_eq!(exact_buf(small).as_ptr(), ptr);
     }
 }

@@ -361,13 +361,15 @@ pub(crate) fn translate_whole(
 ) -> Result<WholeAnswer, String> {
     match (xl, &inb.conversation) {
         (Xlate::Classic(dir), _) => translate::response(dir, body)
-            .map(|b| WholeAnswer::unread(Bytes::from(b)))
+            .map(|b| WholeAnswer::unread(crate::proxy::buffers::exact(b)))
             .map_err(|e| e.0),
         (Xlate::Responses(target), Some(conv)) => {
             let obj =
                 responses::response_for(target, body, &conv.ctx(&inb.body)).map_err(|e| e.0)?;
             conv.save(&obj);
-            Ok(WholeAnswer::unread(Bytes::from(obj.to_string())))
+            Ok(WholeAnswer::unread(crate::proxy::buffers::exact(
+                obj.to_string().into_bytes(),
+            )))
         }
         // Relayed as it came: the caller gets the very bytes, the store keeps them; the one
         // walk that finds the id finds the usage too.

@@ -77,6 +77,9 @@ pub struct Proxy {
     listen_ip: IpAddr,
     /// Request bodies held by all requests together (`max_buffered_bytes`).
     pub buffers: Arc<buffers::BufferBudget>,
+    /// Upstream answers held whole by all requests together, in a bound of the same size of
+    /// their own (`buffers`).
+    pub answers: Arc<buffers::BufferBudget>,
     /// Access log, journal and traces (SPEC §12).
     pub observer: Arc<crate::observe::Observer>,
     /// Local token estimates running at once (CPU work on blocking threads).
@@ -154,6 +157,7 @@ impl Proxy {
             abort_streams: CancellationToken::new(),
             listen_ip,
             buffers: Default::default(),
+            answers: Default::default(),
             observer: Arc::new(crate::observe::Observer::journal_only(0)),
             estimates: Arc::new(tokio::sync::Semaphore::new(estimate::CONCURRENT)),
         }

@@ -182,7 +182,9 @@ pub(super) async fn read_whole(
         match by(timer.as_mut(), idle, deadline, incoming.frame()).await {
             None => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
             Some(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
-            Some(None) => return Whole::Complete(first.unwrap_or_else(|| buf.freeze())),
+            Some(None) => {
+                return Whole::Complete(first.unwrap_or_else(|| buffers::exact_buf(buf)));
+            }
             Some(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
                     continue;
@@ -214,7 +216,7 @@ pub(super) async fn read_whole(
                 }
                 // The buffer's allocation is what is held, room to grow included.
                 if !share.grow(buf.capacity()) {
-                    return Whole::Full(buf.freeze());
+                    return Whole::Full(buffers::exact_buf(buf));
                 }
             }
         }

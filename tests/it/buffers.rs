@@ -68,9 +68,9 @@ fn answer_of(len: usize) -> String {
     )
 }
 
-/// Waits (up to 10 s) until the bodies legate holds come to `want`.
+/// Waits (up to 10 s) until the answers legate holds come to `want`.
 async fn wait_used(env: &harness::Env, want: impl Fn(usize) -> bool) {
-    let buffers = env.legate.proxy.buffers.clone();
+    let buffers = env.legate.proxy.answers.clone();
     let wait = async {
         while !want(buffers.used()) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -81,16 +81,17 @@ async fn wait_used(env: &harness::Env, want: impl Fn(usize) -> bool) {
         .unwrap_or_else(|_| panic!("held bytes stayed at {}", buffers.used()));
 }
 
-/// An answer held whole counts against the same bound until the caller's connection has
-/// written it: a caller that asks for a large answer and does not read it holds that share
-/// after its request is done. Meanwhile a translated answer, which must be held, is shed with
-/// 529 without a retry; a passthrough answer is passed on as it comes; an error body is
-/// replaced by legate's own. Once the caller reads, the share comes back.
+/// An answer held whole counts against a bound of `max_buffered_bytes` of its own until the
+/// caller's connection has written it: a caller that asks for a large answer and does not read
+/// it holds that share after its request is done. Meanwhile a translated answer, which must be
+/// held, is shed with 529 without a retry; a passthrough answer is passed on as it comes; an
+/// error body is replaced by legate's own; request bodies still have the whole bound. Once the
+/// caller reads, the share comes back.
 #[tokio::test]
 async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_written() {
-    // More than the kernel's socket buffers take (4 MiB at most), so that legate holds part.
-    const ANSWER: usize = 6 << 20;
-    let up = crate::rawup::start(|req| {
+    // More than the kernel's socket buffers take, so that legate holds part.
+    let answer = send_buffer_max() + (2 << 20);
+    let up = crate::rawup::start(move |req| {
         let reply = if String::from_utf8_lossy(&req.body).contains("\"fail\"") {
             let body = format!(r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"{}"}}}}"#, "e".repeat(900_000));
             format!(
@@ -99,14 +100,19 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
             )
             .into_bytes()
         } else {
-            crate::rawup::json_reply(&answer_of(ANSWER))
+            crate::rawup::json_reply(&answer_of(answer))
         };
         async move { crate::rawup::Action::Reply(reply) }
     })
     .await;
     let unused = harness::start_mock(legate::mock::Script::default()).await;
     let models = "[[models]]\nname = \"xl\"\nchain = [\"anthropic:claude-b\"]\n";
-    let toml = harness::config_toml_with(&up.url, "max_buffered_bytes = 7000000\n", "", models);
+    let toml = harness::config_toml_with(
+        &up.url,
+        &format!("max_buffered_bytes = {}\n", answer + 700_000),
+        "",
+        models,
+    );
     let env = harness::start_toml(unused, &toml).await;
     let ask = r#"{"model":"claude-b","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -119,7 +125,7 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
         ask.len()
     );
     idle.write_all(head.as_bytes()).await.unwrap();
-    wait_used(&env, |used| used >= ANSWER).await;
+    wait_used(&env, |used| used >= answer).await;
     env.wait_metric(
         "legate_inflight_requests",
         &[("provider", "anthropic")],
@@ -136,16 +142,19 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
     assert_eq!(v["error"]["code"], "overloaded", "{v}");
     let said = v["error"]["message"].as_str().unwrap();
     assert!(
-        said.contains("answer bodies as server.max_buffered_bytes"),
+        said.contains("bodies as server.max_buffered_bytes"),
         "{said}"
     );
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // Request bodies have a bound of their own: a large one is still taken.
+    assert_eq!(env.messages(body_of(800_000)).await.status(), 200);
 
     // A passthrough answer is passed on as it comes, whole.
     let resp = env.messages(ask).await;
     assert_eq!(resp.status(), 200);
     let v: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(v["content"][0]["text"].as_str().map(str::len), Some(ANSWER));
+    assert_eq!(v["content"][0]["text"].as_str().map(str::len), Some(answer));
 
     // An error body too large to hold beside it is replaced by legate's own, status kept.
     let fail =
@@ -155,11 +164,11 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
     let v: serde_json::Value = resp.json().await.unwrap();
     let said = v["error"]["message"].as_str().unwrap();
     assert!(said.contains("could not read whole"), "{said}");
-    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 4);
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 5);
 
     // The caller reads its answer: all of it arrives, and its share comes back.
     let mut got = Vec::new();
-    let want = head_len_and(ANSWER);
+    let want = head_len_and(answer);
     while got.len() < want {
         let mut buf = vec![0u8; 1 << 16];
         let n = idle.read(&mut buf).await.unwrap();
@@ -170,7 +179,15 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
     wait_used(&env, |used| used == 0).await;
     let resp = env.chat(xl).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 5);
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 6);
+}
+
+/// The most a socket's send buffer grows to (`tcp_wmem`'s maximum; 4 MiB if unreadable).
+fn send_buffer_max() -> usize {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(4 << 20)
 }
 
 /// The least an answer of `len` text bytes takes on the wire, head included.
@@ -195,5 +212,5 @@ async fn a_translated_answer_refused_for_memory_keeps_its_reservation() {
     assert_eq!(env.chat(xl).await.status(), 529);
     assert_eq!(env.chat(xl).await.status(), 429);
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert_eq!(env.legate.proxy.buffers.used(), 0);
+    assert_eq!(env.legate.proxy.answers.used(), 0);
 }
