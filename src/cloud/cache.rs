@@ -11,8 +11,8 @@
 //! without first waiting on an endpoint known to be down.
 //!
 //! What an endpoint says of a credential's life is not taken on trust: one that has expired,
-//! or expires within a second, is a failed fetch, and one said to last longer than [`MAX_LIFE`] is fetched again
-//! within it. A credential the platform refuses (401, 403) is refreshed at once, at most once a
+//! or expires within a second, is a failed fetch, and one said to last longer than
+//! [`MAX_LIFE`] is fetched again within it. A credential the platform refuses (401, 403) is refreshed at once, at most once a
 //! minute: it may have been revoked before the expiry it came with.
 
 use std::future::Future;
@@ -233,7 +233,8 @@ impl<T: Send + Sync + 'static> Cached<T> {
     }
 
     /// Keeps a fetch's outcome: the credential, or the failure and the pause before the next
-    /// fetch. A credential the endpoint says has expired, or expires within `MIN_LIFE`, is a failure.
+    /// fetch. A credential the endpoint says has expired, or expires within `MIN_LIFE`, is a
+    /// failure.
     fn settle(
         &self,
         got: Result<Fetched<T>, String>,

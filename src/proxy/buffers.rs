@@ -23,9 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
-/// Answers up to this size are not counted: each connection's write buffer holds as much of any
-/// answer (hyper's, about 400 KiB), streamed ones included, so the connection count bounds them
-/// already, and the common small answer pays one comparison instead of a shared counter.
+/// Answers up to this size are not counted: a connection's write buffers hold about as much of
+/// any answer, streamed ones included (ours for HTTP/1 up to 64 KiB before a flush, hyper's
+/// HTTP/2 send buffer 400 KiB), so the connection count bounds them already, and the common
+/// small answer pays one comparison instead of a shared counter.
 pub const UNCHARGED: usize = 64 << 10;
 
 /// Bytes of bodies held by all requests together.

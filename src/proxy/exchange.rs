@@ -603,9 +603,9 @@ fn passed_through(
 }
 
 /// The body that replaces an error body legate could not read whole (over 1 MiB, cut, late,
-/// or past `max_buffered_bytes`): legate's own error, in the API the step speaks (so that it is judged and translated
-/// like the provider's), naming the status, so that the caller learns what happened instead of
-/// getting an empty body under a JSON content type.
+/// or past `max_buffered_bytes`): legate's own error, in the API the step speaks (so that it
+/// is judged and translated like the provider's), naming the status, so that the caller
+/// learns what happened instead of getting an empty body under a JSON content type.
 fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
     tracing::warn!(provider = %up.name, status = status.as_u16(), "upstream error body not read whole (over 1 MiB, cut, late, or server.max_buffered_bytes reached): replaced");
     let dialect = spoken.dialect();

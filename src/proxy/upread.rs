@@ -190,11 +190,11 @@ pub(super) async fn read_whole(
                     continue;
                 };
                 if first.is_none() && buf.is_empty() {
-                    if data.len() > WHOLE_BODY_LIMIT {
-                        return Whole::TooLarge(data);
-                    }
                     if !share.grow(data.len()) {
                         return Whole::Full(data);
+                    }
+                    if data.len() > WHOLE_BODY_LIMIT {
+                        return Whole::TooLarge(data);
                     }
                     first = Some(data);
                     continue;
@@ -211,12 +211,12 @@ pub(super) async fn read_whole(
                     buf.extend_from_slice(&f);
                 }
                 buf.extend_from_slice(&data);
-                if buf.len() > WHOLE_BODY_LIMIT {
-                    return Whole::TooLarge(buf.freeze());
-                }
                 // The buffer's allocation is what is held, room to grow included.
                 if !share.grow(buf.capacity()) {
                     return Whole::Full(buffers::exact_buf(buf));
+                }
+                if buf.len() > WHOLE_BODY_LIMIT {
+                    return Whole::TooLarge(buffers::exact_buf(buf));
                 }
             }
         }
