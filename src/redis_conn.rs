@@ -7,6 +7,12 @@
 //! answer: a timeout, a broken socket), none for [`PAUSE`]: callers meanwhile fail at once.
 //! Without the pause, callers of a Redis that does not answer queued on the attempt and waited
 //! its whole timeout each, one after another (16 lookups answered 0.5 s apart, up to 8 s).
+//!
+//! Each reply is bounded in size ([`reply_bound`]): a Redis that sends, or declares, a larger
+//! one has its connection dropped, as one that broke off would.
+
+mod connect;
+mod reply_bound;
 
 use std::time::Duration;
 
@@ -15,12 +21,16 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use connect::Target;
+
 /// How long a Redis that could not be reached is not tried again.
 pub const PAUSE: Duration = Duration::from_secs(1);
 
 pub struct LazyConnection {
-    client: Client,
+    target: Target,
     config: AsyncConnectionConfig,
+    timeout: Duration,
+    max_reply: usize,
     conn: Mutex<Slot>,
 }
 
@@ -41,16 +51,17 @@ pub struct Leased {
 
 impl LazyConnection {
     /// `timeout` bounds both the connection and each reply, so a missing Redis costs a
-    /// request little.
-    pub fn new(client: Client, timeout: Duration) -> Self {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout));
-        LazyConnection {
-            client,
+    /// request little; `max_reply` bounds the bytes of each reply. Fails only on an address
+    /// legate does not connect to (`rediss://…#insecure`).
+    pub fn new(client: &Client, timeout: Duration, max_reply: usize) -> Result<Self, RedisError> {
+        let config = AsyncConnectionConfig::new().set_response_timeout(Some(timeout));
+        Ok(LazyConnection {
+            target: Target::new(client.get_connection_info().clone())?,
             config,
+            timeout,
+            max_reply,
             conn: Mutex::new(Slot::default()),
-        }
+        })
     }
 
     /// The open connection, or a new one (none while paused after a failure).
@@ -69,8 +80,8 @@ impl LazyConnection {
             )));
         }
         match self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
+            .target
+            .open(&self.config, self.timeout, self.max_reply)
             .await
         {
             Ok(conn) => {

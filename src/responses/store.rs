@@ -334,7 +334,12 @@ impl RedisConversations {
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
         Ok(RedisConversations {
             ttl,
-            conn: LazyConnection::new(client, REDIS_TIMEOUT),
+            // An entry is written only within `max_bytes` (`reserve_write`), so no reply
+            // of ours is longer than that and its RESP header.
+            conn: LazyConnection::new(&client, REDIS_TIMEOUT, max_pending.saturating_add(64))
+                .map_err(|e| {
+                    StoreError(format!("the Redis URL cannot be used: {}", e.category()))
+                })?,
             pending: Arc::new(AtomicUsize::new(0)),
             max_pending,
         })

@@ -28,6 +28,7 @@ mod oversize;
 mod passthrough;
 mod pgo_wrapper;
 mod rawup;
+mod redis_store;
 mod reload;
 mod resilience;
 mod responses;

@@ -16,7 +16,7 @@ const BODY: &str =
     r#"{"model":"claude-t","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 
 /// A `redis-server` child on a loopback port, killed when dropped.
-struct Redis {
+pub(crate) struct Redis {
     child: Child,
     port: u16,
     dir: tempfile::TempDir,
@@ -24,18 +24,8 @@ struct Redis {
 
 impl Redis {
     /// None when redis-server is not installed and this is not CI.
-    async fn start() -> Option<Self> {
-        let installed = Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .await
-            .is_ok();
-        if !installed {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "redis-server is not installed: `apt-get install -y redis-server` in .ci/run"
-            );
-            eprintln!("redis-server is not installed: skipping the shared rate-limit tests");
+    pub(crate) async fn start() -> Option<Self> {
+        if !redis_installed().await {
             return None;
         }
         let port = {
@@ -47,7 +37,7 @@ impl Redis {
         Some(Redis { child, port, dir })
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
@@ -59,6 +49,23 @@ impl Redis {
     async fn restart(&mut self) {
         self.child = spawn(self.port, self.dir.path()).await;
     }
+}
+
+/// Whether `redis-server` is on the PATH; under `CI` it must be.
+pub(crate) async fn redis_installed() -> bool {
+    let installed = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .await
+        .is_ok();
+    if !installed {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "redis-server is not installed: `apt-get install -y redis-server` in .ci/run"
+        );
+        eprintln!("redis-server is not installed: skipping the Redis tests");
+    }
+    installed
 }
 
 async fn spawn(port: u16, dir: &Path) -> Child {

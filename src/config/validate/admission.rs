@@ -35,13 +35,24 @@ pub(crate) fn check_ratelimit(r: &RateLimitConfig, cx: &mut Cx) {
                 "expected a redis:// or rediss:// URL",
             );
         }
-        Some(url) if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() => {
-            cx.err(
+        Some(url) => match redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+            Err(_) => cx.err(
                 "ratelimit.redis_url",
                 "not a usable Redis URL; expected redis://[:password@]host[:port][/db]",
-            );
-        }
-        Some(_) => {}
+            ),
+            Ok(info)
+                if matches!(
+                    info.addr(),
+                    redis::ConnectionAddr::TcpTls { insecure: true, .. }
+                ) =>
+            {
+                cx.err(
+                    "ratelimit.redis_url",
+                    "rediss:// without certificate verification (#insecure) is not supported",
+                )
+            }
+            Ok(_) => {}
+        },
         None if r.store == StoreKind::Redis => cx.err(
             "ratelimit.redis_url",
             "store = \"redis\" needs redis_url (e.g. \"redis://127.0.0.1:6379/0\")",

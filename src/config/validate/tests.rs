@@ -382,6 +382,17 @@ fn admission_sections_are_read_and_checked() {
 }
 
 #[test]
+fn a_redis_url_without_certificate_verification_is_refused() {
+    let errs =
+        errors_of("[ratelimit]\nredis_url = \"rediss://:pw@cache.internal:6380/0#insecure\"\n");
+    let msg = message_at(&errs, "ratelimit.redis_url");
+    assert!(msg.contains("#insecure"), "{errs}");
+    assert!(!msg.contains("pw@"), "{msg}");
+    let ok = errors_of("[ratelimit]\nredis_url = \"rediss://:pw@cache.internal:6380/0\"\n");
+    assert!(message_at(&ok, "ratelimit.redis_url").is_empty(), "{ok}");
+}
+
+#[test]
 fn every_problem_is_reported_at_once() {
     let errs = errors_of(
         "[retry]\nmax_attempts = 0\n[server]\nlisten = \"0.0.0.0:1\"\nmax_body_bytes = 0\n[providers.anthropic]\nconnect_timeout = \"soon\"\n[providers.openai]\nkind = \"gpt\"\n[[models]]\nname = \"m\"\nchain = [\"nobody:x\"]\n[[prices]]\nmodel = \"anthropic:m\"\ninput = \"x\"\noutput = \"1\"\n",

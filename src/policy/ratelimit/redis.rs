@@ -34,6 +34,10 @@ const DAY_MS: u64 = 86_400_000;
 /// Bounds the connection and each reply.
 const TIMEOUT: Duration = Duration::from_millis(200);
 
+/// The scripts answer a few integers; the connection's set-up, a few short lines. A reply
+/// larger than this is not the store's, and is refused before it is read whole.
+const MAX_REPLY: usize = 64 * 1024;
+
 /// Limits and token counts are clamped to this before they reach a script, so that every value
 /// the script computes is an integer below 2^53 and therefore exact in a Lua double (10^11
 /// tokens are 6 * 10^15 units). Nothing real comes near it.
@@ -71,11 +75,6 @@ impl Keys {
 impl RedisStore {
     /// Checks the URL; does not connect.
     pub fn new(url: &str) -> Result<Self, StoreError> {
-        if url.starts_with("rediss://") {
-            // The Redis client builds its TLS config from the process-wide crypto provider;
-            // make it legate's (ring). An error only says one is installed already.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
         // The error names the problem, never the URL: it may carry a password.
         let client = Client::open(url).map_err(|e| {
             StoreError(format!(
@@ -84,7 +83,12 @@ impl RedisStore {
             ))
         })?;
         Ok(RedisStore {
-            conn: LazyConnection::new(client, TIMEOUT),
+            conn: LazyConnection::new(&client, TIMEOUT, MAX_REPLY).map_err(|e| {
+                StoreError(format!(
+                    "ratelimit.redis_url is not usable: {}",
+                    e.category()
+                ))
+            })?,
             admit: Script::new(&format!("{COMMON_LUA}\n{ADMIT_LUA}")),
             settle: Script::new(&format!("{COMMON_LUA}\n{SETTLE_LUA}")),
             pinned_clock_ms: AtomicU64::new(0),

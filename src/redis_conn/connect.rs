@@ -1,0 +1,126 @@
+//! Opens a Redis connection over a stream legate makes itself, so that the stream can carry
+//! the reply bound ([`super::reply_bound::Capped`]): the Redis client's own connect gives no
+//! way in between its socket and its parser.
+//!
+//! Plain TCP (`redis://`) and TLS (`rediss://`, verified against the system's roots, as the
+//! client's own TLS does) are what legate's configuration accepts. `rediss://…#insecure`,
+//! which skips verification, is refused when the store is built, as the client built without
+//! its insecure feature refused it (at every connect).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use super::reply_bound::Capped;
+
+/// Where and how to connect, checked once.
+pub(super) struct Target {
+    info: ConnectionInfo,
+    host: String,
+    port: u16,
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+impl Target {
+    pub(super) fn new(info: ConnectionInfo) -> Result<Self, RedisError> {
+        let (host, port, tls) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (host.clone(), *port, None),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                ..
+            } => (host.clone(), *port, Some(tls_connector()?)),
+            ConnectionAddr::TcpTls { insecure: true, .. } => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "rediss:// without certificate verification (#insecure) is not supported",
+                )));
+            }
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "only redis:// and rediss:// addresses are supported",
+                )));
+            }
+        };
+        Ok(Target {
+            info,
+            host,
+            port,
+            tls,
+        })
+    }
+
+    /// A new connection, set up (authenticated, database selected) within `timeout`, whose
+    /// replies may each be at most `max_reply` bytes. Its driver runs as a task of the
+    /// current runtime until the last handle to the connection is dropped.
+    pub(super) async fn open(
+        &self,
+        config: &AsyncConnectionConfig,
+        timeout: Duration,
+        max_reply: usize,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        let opened = tokio::time::timeout(timeout, async {
+            let stream = self.stream().await?;
+            MultiplexedConnection::new_with_config(
+                self.info.redis_settings(),
+                Capped::new(stream, max_reply),
+                config.clone(),
+            )
+            .await
+        })
+        .await;
+        let (conn, driver) = match opened {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting to Redis timed out",
+                )));
+            }
+        };
+        tokio::spawn(driver);
+        Ok(conn)
+    }
+
+    async fn stream(&self) -> Result<Box<dyn Io>, RedisError> {
+        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        // Calls are small and each waits for its reply.
+        tcp.set_nodelay(true)?;
+        let Some(tls) = &self.tls else {
+            return Ok(Box::new(tcp));
+        };
+        let name = ServerName::try_from(self.host.clone()).map_err(|_| {
+            RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the Redis host is not a valid TLS server name",
+            ))
+        })?;
+        Ok(Box::new(tls.connect(name, tcp).await?))
+    }
+}
+
+/// TLS verified against the system's roots, as the Redis client's own TLS is.
+fn tls_connector() -> Result<tokio_rustls::TlsConnector, RedisError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A malformed system certificate is skipped, as every TLS client does.
+        let _ = roots.add(cert);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|_| RedisError::from((ErrorKind::InvalidClientConfig, "TLS setup failed")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}

@@ -1,0 +1,332 @@
+//! The conversation store in Redis (SPEC §11): a turn kept there is rebuilt for the next one, by
+//! a real `redis-server`; and a Redis that answers with more than the store ever writes has its
+//! connection dropped before the reply is read whole (SPEC §14: a peer's size never becomes
+//! legate's memory).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use legate::mock::Script;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::harness::{self, Env};
+use crate::shared_limits::Redis;
+
+const MODELS: &str = r#"
+[[models]]
+name = "agent"
+chain = ["anthropic:claude-x"]
+"#;
+
+async fn responses(env: &Env, body: &str) -> reqwest::Response {
+    env.http
+        .post(env.url("/v1/responses"))
+        .header("authorization", "Bearer caller-key")
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+fn store_at(url: &str, max_bytes: usize) -> String {
+    format!(
+        "{MODELS}\n[ratelimit]\nredis_url = \"{url}\"\n[responses]\nstore = \"redis\"\nmax_bytes = {max_bytes}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_turn_kept_in_redis_is_rebuilt_for_the_next_one() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let script = r#"{"replies":[
+        {"content":[{"type":"text","text":"Oslo is wet."}]},
+        {"content":[{"type":"text","text":"Bergen is wetter."}]}]}"#;
+    let env = harness::start_with(
+        Script::from_json(script).unwrap(),
+        &store_at(&redis.url(), 1 << 20),
+    )
+    .await;
+    let first = responses(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
+    assert_eq!(first.status(), 200);
+    let first: Value = first.json().await.unwrap();
+    let id = first["id"].as_str().unwrap().to_owned();
+    // The entry is written behind the answer: wait until Redis holds it.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("legate:resp:{id}");
+    let mut kept = false;
+    for _ in 0..200 {
+        let n: u64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if n == 1 {
+            kept = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(kept, "the first turn was not written to Redis within 5 s");
+    let body =
+        format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"And Bergen?"}}"#);
+    let second = responses(&env, &body).await;
+    assert_eq!(second.status(), 200);
+    let second: Value = second.json().await.unwrap();
+    assert_eq!(
+        second["output"][0]["content"][0]["text"],
+        "Bergen is wetter."
+    );
+    let sent: Value = serde_json::from_slice(&env.mock.requests()[1].body).unwrap();
+    let msgs = sent["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 3, "{sent}");
+    assert_eq!(msgs[0]["content"][0]["text"], "Oslo?");
+    assert!(msgs[1].to_string().contains("Oslo is wet."), "{sent}");
+    // And the stored response is read back from Redis.
+    let got: Value = env
+        .http
+        .get(env.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["output"][0]["content"][0]["text"], "Oslo is wet.");
+}
+
+/// Reads one command (an array of bulk strings) and returns its name; None at the end.
+async fn command<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> Option<String> {
+    let mut line = String::new();
+    r.read_line(&mut line).await.ok().filter(|&n| n > 0)?;
+    let count: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+    let mut name = None;
+    for _ in 0..count {
+        line.clear();
+        r.read_line(&mut line).await.ok()?;
+        let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+        let mut arg = vec![0u8; len + 2];
+        r.read_exact(&mut arg).await.ok()?;
+        arg.truncate(len);
+        name.get_or_insert_with(|| String::from_utf8_lossy(&arg).to_uppercase());
+    }
+    name
+}
+
+/// A stand-in Redis that says `+OK` to everything but `GET`, which it answers with a bulk
+/// string declared 1 GiB long, written as fast as the socket takes it (for at most 256 MiB or
+/// 3 s). Counts the bytes of those answers the socket took, and says when it stopped writing
+/// one (the connection closed, or the limits reached).
+async fn huge_replies() -> (u16, Arc<AtomicU64>, mpsc::UnboundedReceiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let taken = Arc::new(AtomicU64::new(0));
+    let count = taken.clone();
+    let (stopped, stops) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let count = count.clone();
+            let stopped = stopped.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let mut r = BufReader::new(r);
+                while let Some(name) = command(&mut r).await {
+                    if name != "GET" {
+                        if w.write_all(b"+OK\r\n").await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let chunk = vec![b'A'; 1 << 20];
+                    let _ = w.write_all(b"$1073741824\r\n").await;
+                    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+                    for _ in 0..256 {
+                        let wrote = tokio::time::timeout_at(until, w.write_all(&chunk)).await;
+                        if !matches!(wrote, Ok(Ok(()))) {
+                            break;
+                        }
+                        count.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                    }
+                    let _ = stopped.send(());
+                    return;
+                }
+            });
+        }
+    });
+    (port, taken, stops)
+}
+
+#[tokio::test]
+async fn a_redis_reply_larger_than_the_store_writes_is_refused_unread() {
+    let (port, taken, mut stops) = huge_replies().await;
+    let env = harness::start_with(
+        Script::default(),
+        &store_at(&format!("redis://127.0.0.1:{port}/0"), 1 << 20),
+    )
+    .await;
+    let body = r#"{"model":"agent","previous_response_id":"resp_earlier","input":"hi"}"#;
+    let resp = responses(&env, body).await;
+    assert_eq!(resp.status(), 503);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(
+        err["error"]["code"], "conversation_store_unavailable",
+        "{err}"
+    );
+    assert!(env.mock.requests().is_empty());
+    tokio::time::timeout(Duration::from_secs(10), stops.recv())
+        .await
+        .expect("the stand-in stops writing within 10 s");
+    // What the kernel's socket buffers took, not the reply: legate stopped at its header.
+    let taken = taken.load(Ordering::SeqCst);
+    assert!(
+        taken < 32 << 20,
+        "legate took {} MiB of a reply declared 1 GiB",
+        taken >> 20
+    );
+    // legate keeps serving.
+    let resp = responses(&env, r#"{"model":"agent","input":"hi"}"#).await;
+    assert_eq!(resp.status(), 200);
+}
+
+/// `rediss://`: a real `redis-server` serving TLS only, under a certificate of a private CA
+/// that the real binary trusts through `SSL_CERT_FILE` (the system roots' override, which both
+/// Redis stores honour): the rate limiter uses it (not degraded) and a conversation kept there
+/// is read back.
+#[tokio::test]
+async fn both_stores_reach_redis_over_tls() {
+    if !crate::shared_limits::redis_installed().await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut redis = tokio::process::Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--tls-auth-clients", "no"])
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(&key)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-server starts");
+    let mut listening = false;
+    for _ in 0..200 {
+        assert!(redis.try_wait().unwrap().is_none(), "redis-server exited");
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            listening = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(listening, "redis-server did not listen within 5 s");
+
+    let (_mock, mock_url) = harness::spawn_mock(&[]).await;
+    let cfg = dir.path().join("legate.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[providers.anthropic]
+kind = "anthropic"
+base_url = "{mock_url}"
+api_key_env = "ANTHROPIC_API_KEY"
+
+[providers.openai]
+kind = "openai"
+base_url = "{mock_url}"
+api_key_env = "OPENAI_API_KEY"
+{MODELS}
+[tenants.default]
+requests_per_minute = 1000
+
+[ratelimit]
+store = "redis"
+redis_url = "rediss://localhost:{port}/0"
+
+[responses]
+store = "redis"
+"#
+        ),
+    )
+    .unwrap();
+    let ca = cert.display().to_string();
+    let (_legate, line) = harness::spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[
+            ("SSL_CERT_FILE", &ca),
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("OPENAI_API_KEY", "sk-test"),
+        ],
+        None,
+    )
+    .await;
+    let (data, admin) = harness::addrs(&line);
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{data}/v1/responses"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"agent","input":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The entry is written behind the answer: poll until it is read back.
+    let mut read_back = None;
+    for _ in 0..200 {
+        let got = http
+            .get(format!("{data}/v1/responses/{id}"))
+            .send()
+            .await
+            .unwrap();
+        if got.status() == 200 {
+            read_back = Some(got.json::<Value>().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let read_back = read_back.expect("the stored response is read back within 5 s");
+    assert_eq!(read_back["id"], id.as_str());
+    let metrics = http
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        harness::metric_value(&metrics, "legate_ratelimit_store_degraded", &[]),
+        Some(0.0),
+        "the rate limiter reached Redis over TLS"
+    );
+}
