@@ -304,7 +304,13 @@ pub(crate) fn journal_attempt(
             "aborted",
             Some(ProxyError::DeadlineExceeded.kind().to_string()),
         ),
-        Action::GiveUp(GiveUp::Shed) => (None, "aborted", Some("shed".to_string())),
+        Action::GiveUp(GiveUp::Shed) => match exchanged {
+            // The provider answered; legate could not hold the answer.
+            Exchanged::Unheld { status, error } => {
+                (Some(*status), "aborted", Some(error.kind().to_string()))
+            }
+            _ => (None, "aborted", Some("shed".to_string())),
+        },
         Action::NextStep | Action::Retry { .. } => match exchanged {
             Exchanged::Unsendable(e) => (None, "skipped", Some(e.kind().to_string())),
             Exchanged::TimedOut(e) | Exchanged::Unreachable(e) | Exchanged::Broken(e) => {

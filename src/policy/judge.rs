@@ -15,6 +15,11 @@ pub enum Happened {
     Unsendable,
     /// The provider's admission gate shed the call.
     Shed,
+    /// A success answer came that legate could not hold (its memory bound for answers is
+    /// reached, and the answer must be whole to be translated). The provider answered: the
+    /// attempt counts as `ok` and the breaker hears a success; fetching it again would meet
+    /// the same full memory, so nothing more is tried.
+    Unheld,
     /// The request's deadline passed: while waiting for a slot (`in_flight` false) or while
     /// waiting on the upstream.
     Deadline { in_flight: bool },
@@ -110,6 +115,7 @@ pub fn judge(happened: Happened, cx: Context) -> Verdict {
     match happened {
         H::Unsendable => verdict(Action::NextStep, Report::Neutral, None),
         H::Shed => verdict(Action::GiveUp(GiveUp::Shed), Report::Neutral, None),
+        H::Unheld => verdict(Action::GiveUp(GiveUp::Shed), Report::Success, Some("ok")),
         H::Deadline { in_flight } => verdict(
             Action::GiveUp(GiveUp::Deadline),
             // The caller's own deadline says nothing about the provider.
@@ -328,6 +334,10 @@ mod tests {
         );
         assert_eq!(row(H::Unsendable, CX), (NextStep, Neutral, None));
         assert_eq!(row(H::Whole, CX), (Commit, Report::Success, Some("ok")));
+        assert_eq!(
+            row(H::Unheld, CX),
+            (Action::GiveUp(GiveUp::Shed), Report::Success, Some("ok"))
+        );
     }
 
     #[test]

@@ -408,7 +408,7 @@ fn act(
         Action::Commit => commit(call, exchanged, ticket, record).map(Next::Answer),
         Action::GiveUp(GiveUp::Deadline) => Err(ProxyError::DeadlineExceeded),
         Action::GiveUp(GiveUp::Shed) => Err(match exchanged {
-            Exchanged::Shed(e) => e,
+            Exchanged::Shed(e) | Exchanged::Unheld { error: e, .. } => e,
             _ => ProxyError::Internal,
         }),
         Action::NextStep => {
@@ -491,6 +491,7 @@ fn failure(exchanged: Exchanged) -> Failure {
         Exchanged::Deadline { .. } => Failure::Error(ProxyError::DeadlineExceeded),
         // The judge moves on from failures only; an answer here is legate's own error.
         Exchanged::Shed(_)
+        | Exchanged::Unheld { .. }
         | Exchanged::Stream(_)
         | Exchanged::Whole(_)
         | Exchanged::WholeStreamed(_) => Failure::Error(ProxyError::Internal),

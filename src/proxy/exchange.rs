@@ -60,9 +60,14 @@ pub struct Spent {
 /// What happened in one exchange, with what the chain needs to act on it.
 pub(crate) enum Exchanged {
     Unsendable(ProxyError),
-    /// Shed by the provider's admission gate (`Shed`), or an answer legate cannot hold
-    /// (`BuffersFull`): given up, not retried.
+    /// Shed by the provider's admission gate: given up, not retried.
     Shed(ProxyError),
+    /// A success answer legate cannot hold (`BuffersFull`): the provider answered with
+    /// `status`, and fetching it again would meet the same full memory; given up, not retried.
+    Unheld {
+        status: u16,
+        error: ProxyError,
+    },
     Deadline {
         in_flight: bool,
     },
@@ -90,6 +95,7 @@ impl Exchanged {
         match self {
             Exchanged::Unsendable(_) => Happened::Unsendable,
             Exchanged::Shed(_) => Happened::Shed,
+            Exchanged::Unheld { .. } => Happened::Unheld,
             Exchanged::Deadline { in_flight } => Happened::Deadline {
                 in_flight: *in_flight,
             },
@@ -447,9 +453,12 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             if let Some(rec) = record.as_mut() {
                 rec.keep_reservation();
             }
-            return Exchanged::Shed(ProxyError::BuffersFull {
-                retry_after: Duration::from_secs(1),
-            });
+            return Exchanged::Unheld {
+                status: got.parts.status.as_u16(),
+                error: ProxyError::BuffersFull {
+                    retry_after: Duration::from_secs(1),
+                },
+            };
         }
         w => w,
     };

@@ -146,6 +146,18 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
         "{said}"
     );
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // The provider answered: the attempt counts as `ok` (with the idle caller's), not as a
+    // call never made.
+    let attempts = [
+        ("provider", "anthropic"),
+        ("model", "claude-b"),
+        ("outcome", "ok"),
+    ];
+    assert_eq!(
+        env.metric("legate_upstream_attempts_total", &attempts)
+            .await,
+        Some(2.0)
+    );
 
     // Request bodies have a bound of their own: a large one is still taken.
     assert_eq!(env.messages(body_of(800_000)).await.status(), 200);
