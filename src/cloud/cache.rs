@@ -8,7 +8,11 @@
 //! hand still works: the caller uses it and the refresh goes on behind. After a failed fetch
 //! the next one waits a second, doubling up to 30 s while they keep failing, and a caller
 //! without a working credential gets the last failure at once, so that a chain falls back
-//! without first waiting on an endpoint known to be down.
+//! without first waiting on an endpoint known to be down. The fetch that ends such a pause is
+//! a probe of an endpoint that last failed: a caller waits for it at most [`PROBE_WAIT`] (a
+//! healthy endpoint answers well within it), then gets the last failure while the probe goes
+//! on. Otherwise, with an endpoint that hangs, one request per pause would wait out the whole
+//! fetch (10 s) before its chain fell back.
 //!
 //! What an endpoint says of a credential's life is not taken on trust: one that has expired,
 //! or expires within a second, is a failed fetch, and one said to last longer than
@@ -39,6 +43,8 @@ pub const MAX_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// The wait before the fetch after a failed one, doubling up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The longest a caller waits on a fetch made after a failed one.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
 
 const ENDED: &str = "the credential fetch ended without an outcome";
 
@@ -82,6 +88,8 @@ type Outcome<T> = Option<Result<Arc<T>, String>>;
 /// The fetch in flight, and the pause after a failed one.
 struct Flight<T> {
     pending: Option<watch::Receiver<Outcome<T>>>,
+    /// The fetch in flight follows a failed one (see [`PROBE_WAIT`]).
+    probing: bool,
     /// No fetch starts before this (after a failure).
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -108,6 +116,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
             held: Mutex::new(None),
             flight: Mutex::new(Flight {
                 pending: None,
+                probing: false,
                 retry_at: None,
                 backoff: Duration::ZERO,
                 last_error: None,
@@ -165,7 +174,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
             return Ok(v);
         }
         let usable = self.usable(now);
-        let mut outcome = {
+        let (mut outcome, probe) = {
             let mut flight = self.flight.lock();
             // A fetch whose task is gone without an outcome (it panicked) is no longer waited on.
             let live = flight
@@ -179,8 +188,9 @@ impl<T: Send + Sync + 'static> Cached<T> {
                     return Ok(v);
                 }
             }
+            let probe = flight.last_error.clone().filter(|_| usable.is_none());
             match live {
-                Some(rx) => rx,
+                Some(rx) => (rx, probe.filter(|_| flight.probing)),
                 None if flight.retry_at.is_some_and(|at| Instant::now() < at) => {
                     return match usable {
                         Some(v) => Ok(v),
@@ -192,6 +202,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
                 None => {
                     let (tx, rx) = watch::channel(None);
                     flight.pending = Some(rx.clone());
+                    flight.probing = flight.last_error.is_some();
                     let this = self.clone();
                     let fut = fetch();
                     tokio::spawn(async move {
@@ -199,14 +210,19 @@ impl<T: Send + Sync + 'static> Cached<T> {
                         let got = this.settle(fut.await, fetched_at);
                         let _ = tx.send(Some(got));
                     });
-                    rx
+                    (rx, probe)
                 }
             }
         };
         if let Some(v) = usable {
             return Ok(v);
         }
-        let waited = tokio::time::timeout_at(deadline, outcome.wait_for(Option::is_some)).await;
+        // After a failure, the last one stands unless the probe answers soon.
+        let until = match &probe {
+            Some(_) => deadline.min(Instant::now() + PROBE_WAIT),
+            None => deadline,
+        };
+        let waited = tokio::time::timeout_at(until, outcome.wait_for(Option::is_some)).await;
         match waited {
             Ok(Ok(got)) => match got.as_ref() {
                 Some(Ok(v)) => Ok(v.clone()),
@@ -215,7 +231,10 @@ impl<T: Send + Sync + 'static> Cached<T> {
             },
             // The fetch's task ended without an outcome (it panicked).
             Ok(Err(_)) => Err(Unavailable::Failed(ENDED.into())),
-            Err(_) => Err(Unavailable::Deadline),
+            Err(_) => match probe {
+                Some(last) if Instant::now() < deadline => Err(Unavailable::Failed(last)),
+                _ => Err(Unavailable::Deadline),
+            },
         }
     }
 
@@ -456,6 +475,45 @@ mod tests {
             Ok(Arc::new(1))
         );
         assert_eq!(cell.state().last_error, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fetch_after_a_failed_one_is_waited_for_a_second_at_most() {
+        let cell = cell();
+        let failed = || async { Err::<Fetched<u32>, _>("sts answered 503".to_string()) };
+        let down = || Err(Unavailable::Failed("sts answered 503".into()));
+        assert_eq!(cell.get(failed, later()).await, down());
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        // The endpoint now hangs: the probe goes on, the caller has the last failure after a
+        // second (not its whole deadline), and so does one that joins the probe.
+        let hung = || std::future::pending::<Result<Fetched<u32>, String>>();
+        let started = Instant::now();
+        let (a, b) = tokio::join!(cell.get(hung, later()), async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            cell.get(hung, later()).await
+        });
+        assert_eq!((a, b), (down(), down()));
+        assert_eq!(Instant::now() - started, Duration::from_millis(1400));
+        // A caller whose deadline comes first still gets the deadline.
+        let soon = Instant::now() + Duration::from_millis(300);
+        assert_eq!(cell.get(hung, soon).await, Err(Unavailable::Deadline));
+        // A probe that answers within the second is waited for.
+        let cell = self::cell();
+        assert_eq!(cell.get(failed, later()).await, down());
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            Ok(Fetched {
+                value: 5,
+                expires: None,
+            })
+        };
+        assert_eq!(cell.get(slow, later()).await, Ok(Arc::new(5)));
+        // The first fetch of all is waited for as long as the deadline allows.
+        let cell = self::cell();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        assert_eq!(cell.get(hung, deadline).await, Err(Unavailable::Deadline));
+        assert_eq!(Instant::now(), deadline);
     }
 
     #[tokio::test]
