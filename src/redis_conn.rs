@@ -21,7 +21,9 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use connect::Target;
+use std::sync::Arc;
+
+use connect::{Driver, Target};
 
 /// How long a Redis that could not be reached is not tried again.
 pub const PAUSE: Duration = Duration::from_secs(1);
@@ -36,7 +38,8 @@ pub struct LazyConnection {
 
 #[derive(Default)]
 struct Slot {
-    conn: Option<MultiplexedConnection>,
+    /// The connection, and its driver, ended when the slot and every lease let go of it.
+    conn: Option<(MultiplexedConnection, Arc<Driver>)>,
     /// Counts the connections opened: a failure on an older one leaves a newer one alone.
     generation: u64,
     /// No attempt before this (after a failed one).
@@ -47,6 +50,7 @@ struct Slot {
 pub struct Leased {
     pub conn: MultiplexedConnection,
     generation: u64,
+    _driver: Arc<Driver>,
 }
 
 impl LazyConnection {
@@ -67,10 +71,11 @@ impl LazyConnection {
     /// The open connection, or a new one (none while paused after a failure).
     pub async fn get(&self) -> Result<Leased, RedisError> {
         let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.conn.as_ref() {
+        if let Some((conn, driver)) = slot.conn.as_ref() {
             return Ok(Leased {
                 conn: conn.clone(),
                 generation: slot.generation,
+                _driver: driver.clone(),
             });
         }
         if slot.paused_until.is_some_and(|at| Instant::now() < at) {
@@ -84,13 +89,15 @@ impl LazyConnection {
             .open(&self.config, self.timeout, self.max_reply)
             .await
         {
-            Ok(conn) => {
+            Ok((conn, driver)) => {
+                let driver = Arc::new(driver);
                 slot.generation += 1;
-                slot.conn = Some(conn.clone());
+                slot.conn = Some((conn.clone(), driver.clone()));
                 slot.paused_until = None;
                 Ok(Leased {
                     conn,
                     generation: slot.generation,
+                    _driver: driver,
                 })
             }
             Err(e) => {
@@ -101,7 +108,9 @@ impl LazyConnection {
     }
 
     /// After a call on `leased` failed: the next call starts from a new connection, and after
-    /// a failure that got no answer (a timeout, a broken socket) not before [`PAUSE`]. A
+    /// a failure that got no answer (a timeout, a broken socket) not before [`PAUSE`]; a reply
+    /// refused for its size is an answer (one entry too large, say one written by a replica
+    /// with a larger bound), and the next call reconnects at once. A
     /// failure on a connection already replaced (a call still in flight on the old one when
     /// Redis came back) leaves the new one alone, and a pause is never extended by a failure
     /// seen during it.
@@ -111,6 +120,9 @@ impl LazyConnection {
             return;
         }
         slot.conn = None;
+        if reply_bound::too_large(after) {
+            return;
+        }
         if after.is_timeout() || after.is_io_error() || after.is_connection_dropped() {
             slot.paused_until = Some(Instant::now() + PAUSE);
         }

@@ -305,9 +305,10 @@ pub(crate) fn journal_attempt(
             Some(ProxyError::DeadlineExceeded.kind().to_string()),
         ),
         Action::GiveUp(GiveUp::Shed) => match exchanged {
-            // The provider answered; legate could not hold the answer.
+            // The provider answered (the attempt counts as `ok`, as in the metric); legate
+            // could not hold the answer, and the caller is told so.
             Exchanged::Unheld { status, error } => {
-                (Some(*status), "aborted", Some(error.kind().to_string()))
+                (Some(*status), "ok", Some(error.kind().to_string()))
             }
             _ => (None, "aborted", Some("shed".to_string())),
         },

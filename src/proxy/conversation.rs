@@ -156,7 +156,8 @@ impl Conversation {
 
     /// The memory store keeps the entry at once (a map insert under a short lock); Redis in
     /// the background, so the caller does not wait for it, within a bound on the bytes
-    /// waiting to be written (`[responses] max_bytes`): beyond it the entry is not kept.
+    /// waiting to be written (`[responses] max_bytes`): beyond it, or when the write fails,
+    /// the entry is kept in this process's memory instead.
     fn keep_entry(&self, id: &str, data: Vec<u8>) {
         let redis = match &*self.store {
             ConversationStore::Memory(memory) => {
@@ -167,8 +168,9 @@ impl Conversation {
         };
         let Some(slot) = redis.reserve_write(data.len()) else {
             tracing::warn!(
-                "a response was not kept in the conversation store: writes waiting for Redis already hold [responses] max_bytes"
+                "a response is kept in this process's memory, not in Redis: writes waiting for Redis already hold [responses] max_bytes"
             );
+            redis.keep_locally(id, data);
             return;
         };
         let store = self.store.clone();
@@ -176,7 +178,7 @@ impl Conversation {
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(e) = store.put_serialised(&id, data).await {
-                tracing::warn!(error = %e.0, "a response could not be kept in the conversation store");
+                tracing::warn!(error = %e.0, "a response is kept in this process's memory: Redis did not take it");
             }
         });
     }

@@ -18,6 +18,18 @@ use tokio::net::TcpStream;
 
 use super::reply_bound::Capped;
 
+/// Ends a connection's driver task when dropped. The client's own connect ties its driver to
+/// the last handle of the connection; a connection built on a stream of one's own leaves the
+/// task to its maker, and a driver blocked writing to a Redis that stopped reading would
+/// otherwise outlive every handle, with its socket and the bytes it was writing.
+pub(super) struct Driver(tokio::task::AbortHandle);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Where and how to connect, checked once.
 pub(super) struct Target {
     info: ConnectionInfo,
@@ -62,13 +74,13 @@ impl Target {
 
     /// A new connection, set up (authenticated, database selected) within `timeout`, whose
     /// replies may each be at most `max_reply` bytes. Its driver runs as a task of the
-    /// current runtime until the last handle to the connection is dropped.
+    /// current runtime until the [`Driver`] returned with it is dropped.
     pub(super) async fn open(
         &self,
         config: &AsyncConnectionConfig,
         timeout: Duration,
         max_reply: usize,
-    ) -> Result<MultiplexedConnection, RedisError> {
+    ) -> Result<(MultiplexedConnection, Driver), RedisError> {
         let opened = tokio::time::timeout(timeout, async {
             let stream = self.stream().await?;
             MultiplexedConnection::new_with_config(
@@ -88,12 +100,12 @@ impl Target {
                 )));
             }
         };
-        tokio::spawn(driver);
-        Ok(conn)
+        let task = tokio::spawn(driver);
+        Ok((conn, Driver(task.abort_handle())))
     }
 
     async fn stream(&self) -> Result<Box<dyn Io>, RedisError> {
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        let tcp = self.tcp().await?;
         // Calls are small and each waits for its reply.
         tcp.set_nodelay(true)?;
         let Some(tls) = &self.tls else {
@@ -108,6 +120,31 @@ impl Target {
         Ok(Box::new(tls.connect(name, tcp).await?))
     }
 }
+
+impl Target {
+    /// A TCP connection to the first of the host's addresses to answer, all tried at once (as
+    /// the client's own connect does): one address that drops packets must not use up the
+    /// whole connect timeout when another answers.
+    async fn tcp(&self) -> std::io::Result<TcpStream> {
+        let addrs: Vec<_> = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await?
+            .take(MAX_ADDRS)
+            .collect();
+        if addrs.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the Redis host has no address",
+            ));
+        }
+        let tries = addrs.into_iter().map(|a| Box::pin(TcpStream::connect(a)));
+        futures_util::future::select_ok(tries)
+            .await
+            .map(|(tcp, _)| tcp)
+    }
+}
+
+/// The most addresses of one host tried at once.
+const MAX_ADDRS: usize = 8;
 
 /// TLS verified against the system's roots, as the Redis client's own TLS is.
 fn tls_connector() -> Result<tokio_rustls::TlsConnector, RedisError> {

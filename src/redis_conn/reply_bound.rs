@@ -7,6 +7,10 @@
 //! framing (RESP2 and RESP3) as the bytes go by, without copying them, and fails the connection
 //! as soon as one reply is, or is declared to be, larger than its bound: the call then fails as
 //! any broken connection's does, and the next one connects afresh.
+//!
+//! What is measured is what the reply will take once parsed: its bytes, and for each item of an
+//! array, map or set the value the client builds for it (a `_` of 3 bytes becomes a value of
+//! several dozen), charged as soon as the count is read.
 
 use std::io;
 use std::pin::Pin;
@@ -14,11 +18,42 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+const LARGER: &str = "a Redis reply is larger than legate takes";
+const DECLARED_LARGER: &str = "a Redis reply is declared larger than legate takes";
+
+/// What a stream fails with when a reply passes its bound (any other refusal is a plain
+/// `InvalidData` error: the bytes are not RESP).
+#[derive(Debug)]
+pub(super) struct TooLarge(&'static str);
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// Whether a call failed because its connection met a reply past its bound.
+pub(super) fn too_large(e: &redis::RedisError) -> bool {
+    use std::error::Error;
+    type Shared = std::sync::Arc<dyn Error + Send + Sync>;
+    // The client keeps an I/O error behind an `Arc` of its own.
+    let source = e.source();
+    let io = source
+        .and_then(|s| s.downcast_ref::<Shared>())
+        .and_then(|shared| shared.downcast_ref::<io::Error>())
+        .or_else(|| source.and_then(|s| s.downcast_ref::<io::Error>()));
+    io.and_then(io::Error::get_ref)
+        .is_some_and(|inner| inner.is::<TooLarge>())
+}
+
 /// Nesting deeper than this is refused (the client's own parser refuses past 100).
 const MAX_DEPTH: usize = 128;
 
-/// The fewest bytes an item of an aggregate takes (`_\r\n`).
-const MIN_ITEM: u64 = 3;
+/// What each item of an aggregate costs besides its bytes: the client's value for it, and
+/// room for the vector that holds it.
+const ITEM_COST: u64 = std::mem::size_of::<redis::Value>() as u64 + 8;
 
 /// Follows RESP framing across reads and measures each top-level reply.
 #[derive(Debug)]
@@ -36,8 +71,9 @@ enum State {
     /// The next byte starts an item.
     Type,
     /// Inside an item's first line; `len` is its number as read so far, for the types that
-    /// carry one.
-    Line { kind: u8, len: Number },
+    /// carry one; `cr`: the last byte was `\r` (a line ends at CRLF only, as the client's
+    /// parser reads it: a bare `\n` is part of the line).
+    Line { kind: u8, len: Number, cr: bool },
     /// Bytes of a blob still to come, its closing CRLF included.
     Body(u64),
 }
@@ -81,13 +117,22 @@ impl ReplyBound {
                 State::Type => State::Line {
                     kind: b,
                     len: Number::default(),
+                    cr: false,
                 },
-                State::Line { kind, len } if b == b'\n' => self.line_done(kind, len)?,
-                State::Line { kind, mut len } => {
-                    if carries_length(kind) {
+                State::Line {
+                    kind,
+                    len,
+                    cr: true,
+                } if b == b'\n' => self.line_done(kind, len)?,
+                State::Line { kind, mut len, .. } => {
+                    if carries_length(kind) && b != b'\r' {
                         len.push(b)?;
                     }
-                    State::Line { kind, len }
+                    State::Line {
+                        kind,
+                        len,
+                        cr: b == b'\r',
+                    }
                 }
                 State::Body(_) => unreachable!("handled above"),
             };
@@ -98,7 +143,7 @@ impl ReplyBound {
     fn count(&mut self, n: u64) -> Result<(), &'static str> {
         self.used += n;
         if self.used > self.max {
-            return Err("a Redis reply is larger than legate takes");
+            return Err(LARGER);
         }
         Ok(())
     }
@@ -133,7 +178,7 @@ impl ReplyBound {
                 let body = n.checked_add(2).filter(|&b| b <= self.room());
                 match body {
                     Some(b) => Ok(State::Body(b)),
-                    None => Err("a Redis reply is declared larger than legate takes"),
+                    None => Err(DECLARED_LARGER),
                 }
             }
             // Aggregates: -1 (RESP2's nil) and 0 are complete at once.
@@ -151,9 +196,11 @@ impl ReplyBound {
                     self.item_done();
                     return Ok(State::Type);
                 }
-                if items.saturating_mul(MIN_ITEM) > self.room() {
-                    return Err("a Redis reply is declared larger than legate takes");
+                // Each item will be a value, and is at least 3 bytes more on the wire.
+                if items.saturating_mul(ITEM_COST + 3) > self.room() {
+                    return Err(DECLARED_LARGER);
                 }
+                self.count(items * ITEM_COST)?;
                 if self.open.len() >= MAX_DEPTH {
                     return Err("a Redis reply is nested too deep");
                 }
@@ -200,7 +247,7 @@ impl Number {
                 self.digits = true;
             }
             b'-' if !self.digits && !self.negative => self.negative = true,
-            b'\r' | b' ' => {}
+            b' ' => {}
             _ => return Err("a Redis reply's length is not a number"),
         }
         Ok(())
@@ -233,7 +280,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Capped<S> {
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             if let Err(why) = this.bound.feed(&buf.filled()[before..]) {
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
+                let err = if why == LARGER || why == DECLARED_LARGER {
+                    io::Error::new(io::ErrorKind::InvalidData, TooLarge(why))
+                } else {
+                    io::Error::new(io::ErrorKind::InvalidData, why)
+                };
+                return Poll::Ready(Err(err));
             }
         }
         polled

@@ -10,7 +10,8 @@
 //! a request naming an earlier response makes, parses the entry back. `redis`: shared by replicas, one key per
 //! response (`legate:resp:<id>`) with the TTL as its expiry; construction never connects, a
 //! failed call drops the connection and the next one reconnects, every call has a short
-//! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss).
+//! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss), except
+//! of entries it did not take, which this process keeps in memory instead.
 
 use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
@@ -300,9 +301,17 @@ impl MemoryStore {
 }
 
 /// The Redis store, shared by replicas.
+///
+/// An entry that cannot be written to Redis (it is down, slow, or the writes waiting for it
+/// already hold `max_bytes`) is kept in this process's memory instead, under the same bounds
+/// as the memory store, and lookups that Redis cannot answer look there: a conversation
+/// relayed during an outage is not lost to the replica that relayed it (a sidecar's agent
+/// always comes back to it), and lookups of such conversations go on through the outage.
 pub struct RedisConversations {
     ttl: Duration,
     conn: LazyConnection,
+    /// Entries Redis did not take.
+    local: MemoryStore,
     /// Bytes of entries waiting to be written (in the background: the caller does not wait),
     /// at most `max_pending`: a Redis that answers slowly, or not at all, must not make them
     /// pile up in memory.
@@ -334,6 +343,7 @@ impl RedisConversations {
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
         Ok(RedisConversations {
             ttl,
+            local: MemoryStore::new(max_pending, ttl),
             // An entry is written only within `max_bytes` (`reserve_write`), so no reply
             // of ours is longer than that and its RESP header.
             conn: LazyConnection::new(&client, REDIS_TIMEOUT, max_pending.saturating_add(64))
@@ -373,25 +383,58 @@ impl RedisConversations {
         }
     }
 
+    /// Redis's entry, else one kept here when Redis did not take it; an error only when
+    /// Redis cannot be asked and no entry is kept here.
     pub async fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
-        let raw: Option<Vec<u8>> = self.run(redis::cmd("GET").arg(key(id)).clone()).await?;
-        Ok(raw.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+        match self
+            .run::<Option<Vec<u8>>>(redis::cmd("GET").arg(key(id)).clone())
+            .await
+        {
+            Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).ok()),
+            Ok(None) => Ok(self.local.get(id)),
+            Err(e) => self.local.get(id).map(Some).ok_or(e),
+        }
     }
 
+    /// Writes the entry to Redis, or keeps it here when Redis does not take it.
     pub async fn put_serialised(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         let secs = self.ttl.as_secs().max(1);
         let cmd = redis::cmd("SET")
             .arg(key(id))
-            .arg(bytes)
+            .arg(&bytes[..])
             .arg("EX")
             .arg(secs)
             .clone();
-        self.run::<()>(cmd).await
+        let written = self.run::<()>(cmd).await;
+        if written.is_err() {
+            self.keep_locally(id, bytes);
+        }
+        written
     }
 
+    /// Keeps an entry Redis did not take in this process's memory.
+    pub fn keep_locally(&self, id: &str, bytes: Vec<u8>) {
+        self.local.put_serialised(id, bytes);
+    }
+
+    /// Deletes Redis's entry and any kept here; an error only when Redis cannot be asked and
+    /// no entry is kept here (one kept here was never written to Redis).
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let n: u64 = self.run(redis::cmd("DEL").arg(key(id)).clone()).await?;
-        Ok(n > 0)
+        let here = self.local.delete(id);
+        match self
+            .run::<u64>(redis::cmd("DEL").arg(key(id)).clone())
+            .await
+        {
+            Ok(n) => Ok(n > 0 || here),
+            Err(_) if here => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Bytes of entries kept here (for tests).
+    #[cfg(test)]
+    pub fn local_bytes(&self) -> usize {
+        self.local.bytes()
     }
 }
 
@@ -419,6 +462,23 @@ mod tests {
         // The next put sweeps it.
         store.put("b", &stored("x"));
         assert_eq!(store.lock().map.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn entries_redis_does_not_take_are_kept_here_and_found_while_it_is_down() {
+        // Nothing listens on port 1: every call fails at once.
+        let r = RedisConversations::new("redis://127.0.0.1:1/0", Duration::from_secs(60), 1 << 20)
+            .unwrap();
+        let data = serde_json::to_vec(&stored("kept")).unwrap();
+        assert!(r.put_serialised("a", data).await.is_err());
+        assert!(r.local_bytes() > 0);
+        assert_eq!(r.get("a").await, Ok(Some(stored("kept"))));
+        // An id kept nowhere is still an error, not a miss: Redis may hold it.
+        assert!(r.get("b").await.is_err());
+        assert_eq!(r.delete("a").await, Ok(true));
+        assert_eq!(r.local_bytes(), 0);
+        assert!(r.get("a").await.is_err());
+        assert!(r.delete("a").await.is_err());
     }
 
     #[test]

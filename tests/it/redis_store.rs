@@ -101,6 +101,62 @@ async fn a_turn_kept_in_redis_is_rebuilt_for_the_next_one() {
     assert_eq!(got["output"][0]["content"][0]["text"], "Oslo is wet.");
 }
 
+/// Redis down: a turn relayed meanwhile is kept in legate's own memory, so the next turn is
+/// rebuilt from it, and it is still found once Redis is back (empty).
+#[tokio::test]
+async fn a_turn_relayed_while_redis_is_down_is_kept_and_rebuilt() {
+    let Some(mut redis) = Redis::start().await else {
+        return;
+    };
+    let script = r#"{"replies":[
+        {"content":[{"type":"text","text":"Oslo is wet."}]},
+        {"content":[{"type":"text","text":"Bergen is wetter."}]}]}"#;
+    let env = harness::start_with(
+        Script::from_json(script).unwrap(),
+        &store_at(&redis.url(), 1 << 20),
+    )
+    .await;
+    redis.stop().await;
+    let first = responses(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
+    assert_eq!(first.status(), 200);
+    let id = first.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The write fails behind the answer: poll until the entry is found.
+    let mut found = false;
+    for _ in 0..200 {
+        let got = env
+            .http
+            .get(env.url(&format!("/v1/responses/{id}")))
+            .send()
+            .await
+            .unwrap();
+        if got.status() == 200 {
+            found = true;
+            break;
+        }
+        assert_eq!(got.status(), 503, "before it is kept: the store is down");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(found, "the turn was not kept within 5 s");
+    let body =
+        format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"And Bergen?"}}"#);
+    let second = responses(&env, &body).await;
+    assert_eq!(second.status(), 200);
+    let sent: Value = serde_json::from_slice(&env.mock.requests()[1].body).unwrap();
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 3, "{sent}");
+    // Back, and empty: the entry kept here is still found.
+    redis.restart().await;
+    let got = env
+        .http
+        .get(env.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+}
+
 /// Reads one command (an array of bulk strings) and returns its name; None at the end.
 async fn command<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> Option<String> {
     let mut line = String::new();
@@ -182,6 +238,12 @@ async fn a_redis_reply_larger_than_the_store_writes_is_refused_unread() {
     tokio::time::timeout(Duration::from_secs(10), stops.recv())
         .await
         .expect("the stand-in stops writing within 10 s");
+    // A reply refused for its size is an answer, not an outage: the next lookup connects again
+    // at once (no pause), and meets the same refusal.
+    assert_eq!(responses(&env, body).await.status(), 503);
+    tokio::time::timeout(Duration::from_secs(10), stops.recv())
+        .await
+        .expect("the next lookup asked Redis again");
     // What the kernel's socket buffers took, not the reply: legate stopped at its header.
     let taken = taken.load(Ordering::SeqCst);
     assert!(
@@ -329,4 +391,99 @@ store = "redis"
         Some(0.0),
         "the rate limiter reached Redis over TLS"
     );
+}
+
+/// A Redis that stops reading in the middle of a large write: once the write has failed (the
+/// entry is then kept in legate's memory), legate lets go of the connection, socket and
+/// unwritten bytes included, instead of leaving its writer blocked on it for good.
+#[tokio::test]
+async fn a_write_to_a_redis_that_stops_reading_is_given_up_with_its_connection() {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    // Accepted sockets inherit it: the kernel takes little of what legate writes.
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = sock.local_addr().unwrap().port();
+    let listener = sock.listen(8).unwrap();
+    let (resume, resumed) = tokio::sync::oneshot::channel::<()>();
+    let (closed, mut closes) = mpsc::unbounded_channel::<u64>();
+    tokio::spawn(async move {
+        let (sock, _) = listener.accept().await.unwrap();
+        let (r, mut w) = sock.into_split();
+        let mut r = BufReader::new(r);
+        // The set-up's commands are answered; the first line of a SET stops the reading.
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            if line.starts_with('*') {
+                let mut name = String::new();
+                r.read_line(&mut name).await.unwrap();
+                name.clear();
+                r.read_line(&mut name).await.unwrap();
+                if name.trim() == "SET" {
+                    break;
+                }
+                // The rest of a short command, then +OK.
+                let n: usize = line.trim()[1..].parse().unwrap();
+                for _ in 1..n {
+                    let mut l = String::new();
+                    r.read_line(&mut l).await.unwrap();
+                    l.clear();
+                    r.read_line(&mut l).await.unwrap();
+                }
+                w.write_all(b"+OK\r\n").await.unwrap();
+            }
+        }
+        let _ = resumed.await;
+        let mut drained = 0u64;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n as u64,
+            }
+        }
+        let _ = closed.send(drained);
+    });
+    let env = harness::start_with(
+        Script::default(),
+        &store_at(&format!("redis://127.0.0.1:{port}/0"), 64 << 20),
+    )
+    .await;
+    let input = "x".repeat(8 << 20);
+    let first = responses(
+        &env,
+        &serde_json::json!({"model": "agent", "input": input}).to_string(),
+    )
+    .await;
+    assert_eq!(first.status(), 200);
+    let id = first.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The write fails (its timeout) behind the answer; the entry is then found in memory.
+    let mut kept = false;
+    for _ in 0..200 {
+        let got = env
+            .http
+            .get(env.url(&format!("/v1/responses/{id}")))
+            .send()
+            .await
+            .unwrap();
+        if got.status() == 200 {
+            kept = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(kept, "the entry was not kept within 5 s");
+    // Now read: what the kernel held, then the end of the connection.
+    resume.send(()).unwrap();
+    let drained = tokio::time::timeout(Duration::from_secs(10), closes.recv())
+        .await
+        .expect("legate closed the connection within 10 s")
+        .unwrap();
+    assert!(drained < 8 << 20, "{drained} bytes: the write went on");
 }

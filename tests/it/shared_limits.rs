@@ -41,12 +41,12 @@ impl Redis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         self.child.kill().await.unwrap();
     }
 
     /// A fresh, empty server on the same port.
-    async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         self.child = spawn(self.port, self.dir.path()).await;
     }
 }

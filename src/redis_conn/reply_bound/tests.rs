@@ -43,7 +43,7 @@ fn every_kind_of_reply_is_followed_to_its_end() {
     ];
     for reply in replies {
         assert_eq!(
-            feed_split(64, reply),
+            feed_split(4096, reply),
             Ok(()),
             "{}",
             String::from_utf8_lossy(reply)
@@ -63,10 +63,26 @@ fn a_reply_past_its_bound_is_refused_and_the_bound_is_per_reply() {
     let mut endless = ReplyBound::new(1000);
     endless.feed(b"+").unwrap();
     assert!((0..100).any(|_| endless.feed(&[b'a'; 64]).is_err()));
-    // Small items add up within an aggregate.
+    // Small items add up within an aggregate, each with the value it becomes.
     let many = [b"*50\r\n".as_slice(), &b":1\r\n".repeat(50)].concat();
-    assert_eq!(feed_split(many.len(), &many), Ok(()));
-    assert!(feed_split(many.len() - 1, &many).is_err());
+    let cost = many.len() + 50 * ITEM_COST as usize;
+    assert_eq!(feed_split(cost, &many), Ok(()));
+    assert!(feed_split(cost - 1, &many).is_err());
+    // A million nulls are 3 MB on the wire and far more once parsed: refused at the count.
+    let mut nulls = ReplyBound::new(4 << 20);
+    assert!(nulls.feed(b"*1000000\r\n").is_err());
+}
+
+#[test]
+fn a_line_ends_at_crlf_only() {
+    // `+a\n` repeated is one line that never ends, as the client's parser reads it: cut at
+    // the bound, not taken as many small replies.
+    let mut flood = ReplyBound::new(64 * 1024);
+    assert!((0..100_000).any(|_| flood.feed(b"+a\n").is_err()));
+    // A bare `\n` inside a simple string is content; a `\r` alone too.
+    assert_eq!(feed_split(64, b"+a\nb\rc\r\n"), Ok(()));
+    // In a length it is not a number.
+    assert!(ReplyBound::new(64).feed(b"$3\n").is_err());
 }
 
 #[test]
