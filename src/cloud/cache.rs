@@ -9,9 +9,9 @@
 //! the next one waits a second, doubling up to 30 s while they keep failing, and a caller
 //! without a working credential gets the last failure at once, so that a chain falls back
 //! without first waiting on an endpoint known to be down. The fetch that ends such a pause is
-//! a probe of an endpoint that last failed: a caller waits for it at most [`PROBE_WAIT`] (a
-//! healthy endpoint answers well within it), then gets the last failure while the probe goes
-//! on. Otherwise, with an endpoint that hangs, one request per pause would wait out the whole
+//! a probe of an endpoint that last failed: callers wait for it only until [`PROBE_WAIT`] after
+//! it started (a healthy endpoint answers well within it), then get the last failure at once
+//! while the probe goes on. Otherwise, with an endpoint that hangs, one request per pause would wait out the whole
 //! fetch (10 s) before its chain fell back.
 //!
 //! What an endpoint says of a credential's life is not taken on trust: one that has expired,
@@ -88,8 +88,9 @@ type Outcome<T> = Option<Result<Arc<T>, String>>;
 /// The fetch in flight, and the pause after a failed one.
 struct Flight<T> {
     pending: Option<watch::Receiver<Outcome<T>>>,
-    /// The fetch in flight follows a failed one (see [`PROBE_WAIT`]).
-    probing: bool,
+    /// The fetch in flight follows a failed one: callers wait for it until this moment (its
+    /// start and [`PROBE_WAIT`]).
+    probing: Option<Instant>,
     /// No fetch starts before this (after a failure).
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -116,7 +117,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
             held: Mutex::new(None),
             flight: Mutex::new(Flight {
                 pending: None,
-                probing: false,
+                probing: None,
                 retry_at: None,
                 backoff: Duration::ZERO,
                 last_error: None,
@@ -188,9 +189,9 @@ impl<T: Send + Sync + 'static> Cached<T> {
                     return Ok(v);
                 }
             }
-            let probe = flight.last_error.clone().filter(|_| usable.is_none());
+            let last = flight.last_error.clone().filter(|_| usable.is_none());
             match live {
-                Some(rx) => (rx, probe.filter(|_| flight.probing)),
+                Some(rx) => (rx, last.zip(flight.probing)),
                 None if flight.retry_at.is_some_and(|at| Instant::now() < at) => {
                     return match usable {
                         Some(v) => Ok(v),
@@ -202,7 +203,10 @@ impl<T: Send + Sync + 'static> Cached<T> {
                 None => {
                     let (tx, rx) = watch::channel(None);
                     flight.pending = Some(rx.clone());
-                    flight.probing = flight.last_error.is_some();
+                    flight.probing = flight
+                        .last_error
+                        .is_some()
+                        .then(|| Instant::now() + PROBE_WAIT);
                     let this = self.clone();
                     let fut = fetch();
                     tokio::spawn(async move {
@@ -210,7 +214,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
                         let got = this.settle(fut.await, fetched_at);
                         let _ = tx.send(Some(got));
                     });
-                    (rx, probe)
+                    (rx, last.zip(flight.probing))
                 }
             }
         };
@@ -219,7 +223,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
         }
         // After a failure, the last one stands unless the probe answers soon.
         let until = match &probe {
-            Some(_) => deadline.min(Instant::now() + PROBE_WAIT),
+            Some((_, probe_until)) => deadline.min(*probe_until),
             None => deadline,
         };
         let waited = tokio::time::timeout_at(until, outcome.wait_for(Option::is_some)).await;
@@ -232,7 +236,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
             // The fetch's task ended without an outcome (it panicked).
             Ok(Err(_)) => Err(Unavailable::Failed(ENDED.into())),
             Err(_) => match probe {
-                Some(last) if Instant::now() < deadline => Err(Unavailable::Failed(last)),
+                Some((last, _)) if Instant::now() < deadline => Err(Unavailable::Failed(last)),
                 _ => Err(Unavailable::Deadline),
             },
         }
@@ -485,7 +489,8 @@ mod tests {
         assert_eq!(cell.get(failed, later()).await, down());
         tokio::time::advance(Duration::from_millis(1001)).await;
         // The endpoint now hangs: the probe goes on, the caller has the last failure after a
-        // second (not its whole deadline), and so does one that joins the probe.
+        // second (not its whole deadline), and so does one that joins the probe, at the same
+        // moment; one that comes after that second has it at once.
         let hung = || std::future::pending::<Result<Fetched<u32>, String>>();
         let started = Instant::now();
         let (a, b) = tokio::join!(cell.get(hung, later()), async {
@@ -493,8 +498,13 @@ mod tests {
             cell.get(hung, later()).await
         });
         assert_eq!((a, b), (down(), down()));
-        assert_eq!(Instant::now() - started, Duration::from_millis(1400));
-        // A caller whose deadline comes first still gets the deadline.
+        assert_eq!(Instant::now() - started, Duration::from_millis(1000));
+        assert_eq!(cell.get(hung, later()).await, down());
+        assert_eq!(Instant::now() - started, Duration::from_millis(1000));
+        // A caller whose deadline comes before the probe's second still gets the deadline.
+        let cell = self::cell();
+        assert_eq!(cell.get(failed, later()).await, down());
+        tokio::time::advance(Duration::from_millis(1001)).await;
         let soon = Instant::now() + Duration::from_millis(300);
         assert_eq!(cell.get(hung, soon).await, Err(Unavailable::Deadline));
         // A probe that answers within the second is waited for.
