@@ -33,6 +33,20 @@ async fn responses(env: &Env, body: &str) -> reqwest::Response {
         .unwrap()
 }
 
+/// `GET url` until it answers 200 (a stored response read back), for at most 5 s; every other
+/// answer meanwhile must be `other`.
+async fn read_back(http: &reqwest::Client, url: &str, other: u16) -> Option<Value> {
+    for _ in 0..200 {
+        let got = http.get(url).send().await.unwrap();
+        if got.status() == 200 {
+            return Some(got.json().await.unwrap());
+        }
+        assert_eq!(got.status(), other, "{url}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    None
+}
+
 fn store_at(url: &str, max_bytes: usize) -> String {
     format!(
         "{MODELS}\n[ratelimit]\nredis_url = \"{url}\"\n[responses]\nstore = \"redis\"\nmax_bytes = {max_bytes}\n"
@@ -124,22 +138,12 @@ async fn a_turn_relayed_while_redis_is_down_is_kept_and_rebuilt() {
         .unwrap()
         .to_owned();
     // The write fails behind the answer: poll until the entry is found.
-    let mut found = false;
-    for _ in 0..200 {
-        let got = env
-            .http
-            .get(env.url(&format!("/v1/responses/{id}")))
-            .send()
-            .await
-            .unwrap();
-        if got.status() == 200 {
-            found = true;
-            break;
-        }
-        assert_eq!(got.status(), 503, "before it is kept: the store is down");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(found, "the turn was not kept within 5 s");
+    // The write fails behind the answer (the store is down meanwhile: 503).
+    let url = env.url(&format!("/v1/responses/{id}"));
+    assert!(
+        read_back(&env.http, &url, 503).await.is_some(),
+        "the turn was not kept within 5 s"
+    );
     let body =
         format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"And Bergen?"}}"#);
     let second = responses(&env, &body).await;
@@ -362,22 +366,40 @@ store = "redis"
         .as_str()
         .unwrap()
         .to_owned();
-    // The entry is written behind the answer: poll until it is read back.
-    let mut read_back = None;
+    // The entry is written behind the answer (over TLS): poll Redis itself for it, over TLS.
+    let mut written = false;
     for _ in 0..200 {
-        let got = http
-            .get(format!("{data}/v1/responses/{id}"))
-            .send()
+        let out = tokio::process::Command::new("redis-cli")
+            .args([
+                "--tls",
+                "--cacert",
+                &ca,
+                "-h",
+                "localhost",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["EXISTS", &format!("legate:resp:{id}")])
+            .output()
             .await
-            .unwrap();
-        if got.status() == 200 {
-            read_back = Some(got.json::<Value>().await.unwrap());
+            .expect("redis-cli runs");
+        if String::from_utf8_lossy(&out.stdout).trim() == "1" {
+            written = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let read_back = read_back.expect("the stored response is read back within 5 s");
-    assert_eq!(read_back["id"], id.as_str());
+    assert!(written, "the entry was not written to Redis within 5 s");
+    // And read back from there.
+    let next = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"more"}}"#);
+    let resp = http
+        .post(format!("{data}/v1/responses"))
+        .header("content-type", "application/json")
+        .body(next)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
     let metrics = http
         .get(format!("{admin}/metrics"))
         .send()
@@ -464,21 +486,11 @@ async fn a_write_to_a_redis_that_stops_reading_is_given_up_with_its_connection()
         .unwrap()
         .to_owned();
     // The write fails (its timeout) behind the answer; the entry is then found in memory.
-    let mut kept = false;
-    for _ in 0..200 {
-        let got = env
-            .http
-            .get(env.url(&format!("/v1/responses/{id}")))
-            .send()
-            .await
-            .unwrap();
-        if got.status() == 200 {
-            kept = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(kept, "the entry was not kept within 5 s");
+    let url = env.url(&format!("/v1/responses/{id}"));
+    assert!(
+        read_back(&env.http, &url, 503).await.is_some(),
+        "the entry was not kept within 5 s"
+    );
     // Now read: what the kernel held, then the end of the connection.
     resume.send(()).unwrap();
     let drained = tokio::time::timeout(Duration::from_secs(10), closes.recv())
