@@ -116,11 +116,15 @@ impl LazyConnection {
     /// seen during it.
     pub async fn reset(&self, leased: &Leased, after: &RedisError) {
         let mut slot = self.conn.lock().await;
-        if slot.generation != leased.generation || slot.conn.is_none() {
+        if slot.generation != leased.generation {
             return;
         }
-        slot.conn = None;
-        if reply_bound::too_large(after) {
+        let Some((_, driver)) = slot.conn.take() else {
+            return;
+        };
+        // Whichever call saw it first: the one given the size error, or another given a
+        // closed connection.
+        if driver.refused_a_reply() {
             return;
         }
         if after.is_timeout() || after.is_io_error() || after.is_connection_dropped() {
@@ -141,3 +145,9 @@ impl LazyConnection {
         self.conn.lock().await.paused_until = None;
     }
 }
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) mod test_server;

@@ -235,10 +235,16 @@ impl<T: Send + Sync + 'static> Cached<T> {
             },
             // The fetch's task ended without an outcome (it panicked).
             Ok(Err(_)) => Err(Unavailable::Failed(ENDED.into())),
-            Err(_) => match probe {
-                Some((last, _)) if Instant::now() < deadline => Err(Unavailable::Failed(last)),
-                _ => Err(Unavailable::Deadline),
-            },
+            Err(_) => {
+                // A probe that kept its credential just before it sent its outcome.
+                if let (Some(_), Some(v)) = (&probe, self.usable(SystemTime::now())) {
+                    return Ok(v);
+                }
+                match probe {
+                    Some((last, _)) if Instant::now() < deadline => Err(Unavailable::Failed(last)),
+                    _ => Err(Unavailable::Deadline),
+                }
+            }
         }
     }
 

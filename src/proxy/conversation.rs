@@ -170,7 +170,7 @@ impl Conversation {
             tracing::warn!(
                 "a response is kept in this process's memory, not in Redis: writes waiting for Redis already hold [responses] max_bytes"
             );
-            redis.keep_locally(id, data);
+            redis.keep_unsent(id, data);
             return;
         };
         let store = self.store.clone();

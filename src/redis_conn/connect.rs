@@ -8,6 +8,7 @@
 //! its insecure feature refused it (at every connect).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -18,15 +19,25 @@ use tokio::net::TcpStream;
 
 use super::reply_bound::Capped;
 
-/// Ends a connection's driver task when dropped. The client's own connect ties its driver to
-/// the last handle of the connection; a connection built on a stream of one's own leaves the
-/// task to its maker, and a driver blocked writing to a Redis that stopped reading would
-/// otherwise outlive every handle, with its socket and the bytes it was writing.
-pub(super) struct Driver(tokio::task::AbortHandle);
+/// A connection's driver task, ended when this is dropped. The client's own connect ties its
+/// driver to the last handle of the connection; a connection built on a stream of one's own
+/// leaves the task to its maker, and a driver blocked writing to a Redis that stopped reading
+/// would otherwise outlive every handle, with its socket and the bytes it was writing.
+pub(super) struct Driver {
+    task: tokio::task::AbortHandle,
+    too_large: Arc<AtomicBool>,
+}
+
+impl Driver {
+    /// Whether the connection failed on a reply refused for its size.
+    pub(super) fn refused_a_reply(&self) -> bool {
+        self.too_large.load(Ordering::Acquire)
+    }
+}
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -81,11 +92,12 @@ impl Target {
         timeout: Duration,
         max_reply: usize,
     ) -> Result<(MultiplexedConnection, Driver), RedisError> {
+        let too_large = Arc::new(AtomicBool::new(false));
         let opened = tokio::time::timeout(timeout, async {
             let stream = self.stream().await?;
             MultiplexedConnection::new_with_config(
                 self.info.redis_settings(),
-                Capped::new(stream, max_reply),
+                Capped::new(stream, max_reply, too_large.clone()),
                 config.clone(),
             )
             .await
@@ -100,8 +112,8 @@ impl Target {
                 )));
             }
         };
-        let task = tokio::spawn(driver);
-        Ok((conn, Driver(task.abort_handle())))
+        let task = tokio::spawn(driver).abort_handle();
+        Ok((conn, Driver { task, too_large }))
     }
 
     async fn stream(&self) -> Result<Box<dyn Io>, RedisError> {

@@ -14,39 +14,14 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 const LARGER: &str = "a Redis reply is larger than legate takes";
 const DECLARED_LARGER: &str = "a Redis reply is declared larger than legate takes";
-
-/// What a stream fails with when a reply passes its bound (any other refusal is a plain
-/// `InvalidData` error: the bytes are not RESP).
-#[derive(Debug)]
-pub(super) struct TooLarge(&'static str);
-
-impl std::fmt::Display for TooLarge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl std::error::Error for TooLarge {}
-
-/// Whether a call failed because its connection met a reply past its bound.
-pub(super) fn too_large(e: &redis::RedisError) -> bool {
-    use std::error::Error;
-    type Shared = std::sync::Arc<dyn Error + Send + Sync>;
-    // The client keeps an I/O error behind an `Arc` of its own.
-    let source = e.source();
-    let io = source
-        .and_then(|s| s.downcast_ref::<Shared>())
-        .and_then(|shared| shared.downcast_ref::<io::Error>())
-        .or_else(|| source.and_then(|s| s.downcast_ref::<io::Error>()));
-    io.and_then(io::Error::get_ref)
-        .is_some_and(|inner| inner.is::<TooLarge>())
-}
 
 /// Nesting deeper than this is refused (the client's own parser refuses past 100).
 const MAX_DEPTH: usize = 128;
@@ -258,13 +233,18 @@ impl Number {
 pub(super) struct Capped<S> {
     inner: S,
     bound: ReplyBound,
+    /// Set before the stream fails for a reply's size: the client hands that error to one
+    /// waiting call only (the others see a closed connection), and whoever handles the
+    /// failure must tell a refusal from an outage.
+    too_large: Arc<AtomicBool>,
 }
 
 impl<S> Capped<S> {
-    pub(super) fn new(inner: S, max_reply: usize) -> Self {
+    pub(super) fn new(inner: S, max_reply: usize, too_large: Arc<AtomicBool>) -> Self {
         Capped {
             inner,
             bound: ReplyBound::new(max_reply),
+            too_large,
         }
     }
 }
@@ -280,12 +260,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Capped<S> {
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             if let Err(why) = this.bound.feed(&buf.filled()[before..]) {
-                let err = if why == LARGER || why == DECLARED_LARGER {
-                    io::Error::new(io::ErrorKind::InvalidData, TooLarge(why))
-                } else {
-                    io::Error::new(io::ErrorKind::InvalidData, why)
-                };
-                return Poll::Ready(Err(err));
+                if why == LARGER || why == DECLARED_LARGER {
+                    this.too_large.store(true, Ordering::Release);
+                }
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
             }
         }
         polled

@@ -303,15 +303,21 @@ impl MemoryStore {
 /// The Redis store, shared by replicas.
 ///
 /// An entry that cannot be written to Redis (it is down, slow, or the writes waiting for it
-/// already hold `max_bytes`) is kept in this process's memory instead, under the same bounds
-/// as the memory store, and lookups that Redis cannot answer look there: a conversation
-/// relayed during an outage is not lost to the replica that relayed it (a sidecar's agent
-/// always comes back to it), and lookups of such conversations go on through the outage.
+/// already hold `max_bytes`) is kept in this process's memory instead, within `max_bytes` and
+/// `ttl` like the memory store, and lookups that Redis cannot answer look there: a
+/// conversation relayed during an outage is not lost to the replica that relayed it (a
+/// sidecar's agent always comes back to it), and lookups of it go on through the outage.
+///
+/// Kept apart: entries never sent (`unsent`: no connection, or no room to wait), which Redis
+/// cannot hold, and entries whose write was sent but got no answer (`unsure`: a timeout, a
+/// broken connection), which Redis may have applied. Once Redis answers, its word on an unsure
+/// entry is final: a miss drops the copy (another replica may have deleted it), and a delete
+/// that Redis cannot be asked about is an error, not a success.
 pub struct RedisConversations {
     ttl: Duration,
     conn: LazyConnection,
-    /// Entries Redis did not take.
-    local: MemoryStore,
+    unsent: MemoryStore,
+    unsure: MemoryStore,
     /// Bytes of entries waiting to be written (in the background: the caller does not wait),
     /// at most `max_pending`: a Redis that answers slowly, or not at all, must not make them
     /// pile up in memory.
@@ -343,7 +349,9 @@ impl RedisConversations {
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
         Ok(RedisConversations {
             ttl,
-            local: MemoryStore::new(max_pending, ttl),
+            // Half of `max_bytes` each: what is kept here is `max_bytes` at most.
+            unsent: MemoryStore::new(max_pending / 2, ttl),
+            unsure: MemoryStore::new(max_pending / 2, ttl),
             // An entry is written only within `max_bytes` (`reserve_write`), so no reply
             // of ours is longer than that and its RESP header.
             conn: LazyConnection::new(&client, REDIS_TIMEOUT, max_pending.saturating_add(64))
@@ -383,50 +391,78 @@ impl RedisConversations {
         }
     }
 
-    /// Redis's entry, else one kept here when Redis did not take it; an error only when
-    /// Redis cannot be asked and no entry is kept here.
+    /// Redis's entry, else one kept here; an error only when Redis cannot be asked and no
+    /// entry is kept here.
     pub async fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
         match self
             .run::<Option<Vec<u8>>>(redis::cmd("GET").arg(key(id)).clone())
             .await
         {
             Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).ok()),
-            Ok(None) => Ok(self.local.get(id)),
-            Err(e) => self.local.get(id).map(Some).ok_or(e),
+            Ok(None) => {
+                self.unsure.delete(id);
+                Ok(self.unsent.get(id))
+            }
+            Err(e) => self
+                .unsent
+                .get(id)
+                .or_else(|| self.unsure.get(id))
+                .map(Some)
+                .ok_or(e),
         }
     }
 
     /// Writes the entry to Redis, or keeps it here when Redis does not take it.
     pub async fn put_serialised(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         let secs = self.ttl.as_secs().max(1);
+        // The entry's bytes live in the command alone while it waits (and are taken back
+        // from it if Redis does not take them).
         let cmd = redis::cmd("SET")
             .arg(key(id))
-            .arg(&bytes[..])
+            .arg(bytes)
             .arg("EX")
             .arg(secs)
             .clone();
-        let written = self.run::<()>(cmd).await;
-        if written.is_err() {
-            self.keep_locally(id, bytes);
+        let entry = |cmd: &redis::Cmd| match cmd.args_iter().nth(2) {
+            Some(redis::Arg::Simple(b)) => b.to_vec(),
+            _ => Vec::new(),
+        };
+        let mut leased = match self.conn.get().await {
+            Ok(leased) => leased,
+            Err(e) => {
+                self.unsent.put_serialised(id, entry(&cmd));
+                return Err(StoreError(format!(
+                    "Redis is unreachable: {}",
+                    e.category()
+                )));
+            }
+        };
+        match cmd.query_async::<()>(&mut leased.conn).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.conn.reset(&leased, &e).await;
+                self.unsure.put_serialised(id, entry(&cmd));
+                Err(StoreError(format!("a Redis call failed: {}", e.category())))
+            }
         }
-        written
     }
 
-    /// Keeps an entry Redis did not take in this process's memory.
-    pub fn keep_locally(&self, id: &str, bytes: Vec<u8>) {
-        self.local.put_serialised(id, bytes);
+    /// Keeps an entry that was not sent to Redis (no room to wait) in this process's memory.
+    pub fn keep_unsent(&self, id: &str, bytes: Vec<u8>) {
+        self.unsent.put_serialised(id, bytes);
     }
 
-    /// Deletes Redis's entry and any kept here; an error only when Redis cannot be asked and
-    /// no entry is kept here (one kept here was never written to Redis).
+    /// Deletes Redis's entry and any kept here; an error when Redis cannot be asked, unless
+    /// the entry was kept here only because it was never sent.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let here = self.local.delete(id);
+        let unsent = self.unsent.delete(id);
+        let unsure = self.unsure.delete(id);
         match self
             .run::<u64>(redis::cmd("DEL").arg(key(id)).clone())
             .await
         {
-            Ok(n) => Ok(n > 0 || here),
-            Err(_) if here => Ok(true),
+            Ok(n) => Ok(n > 0 || unsent),
+            Err(_) if unsent && !unsure => Ok(true),
             Err(e) => Err(e),
         }
     }
@@ -434,7 +470,7 @@ impl RedisConversations {
     /// Bytes of entries kept here (for tests).
     #[cfg(test)]
     pub fn local_bytes(&self) -> usize {
-        self.local.bytes()
+        self.unsent.bytes() + self.unsure.bytes()
     }
 }
 
@@ -479,6 +515,83 @@ mod tests {
         assert_eq!(r.local_bytes(), 0);
         assert!(r.get("a").await.is_err());
         assert!(r.delete("a").await.is_err());
+    }
+
+    /// A write that timed out may still be applied by Redis: the copy kept here gives way to
+    /// Redis's word once it answers, and deleting it while Redis cannot be asked is an error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unanswered_write_defers_to_redis_once_it_answers() {
+        use crate::redis_conn::test_server::RedisServer;
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let r = RedisConversations::new(&server.url(), Duration::from_secs(60), 1 << 20).unwrap();
+        let client = Client::open(server.url()).unwrap();
+        let mut other = client.get_multiplexed_async_connection().await.unwrap();
+        // Redis busy for 1.5 s (a script that loops on the clock): writes sent meanwhile
+        // time out here, and are applied once it is done.
+        const BUSY: &str = "local s = redis.call('TIME') while true do local n = redis.call('TIME') if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 1500000 then return 0 end end";
+        let mut probe = client.get_multiplexed_async_connection().await.unwrap();
+        // The store's connection is open before: its writes are sent, and go unanswered.
+        assert_eq!(r.get("none").await, Ok(None));
+        let mut busy_conn = other.clone();
+        let busy = tokio::spawn(async move {
+            redis::cmd("EVAL")
+                .arg(BUSY)
+                .arg(0)
+                .query_async::<i64>(&mut busy_conn)
+                .await
+        });
+        let mut blocked = false;
+        for _ in 0..100 {
+            let ping = redis::cmd("PING");
+            let answer = ping.query_async::<String>(&mut probe);
+            if tokio::time::timeout(Duration::from_millis(50), answer)
+                .await
+                .is_err()
+            {
+                blocked = true;
+                break;
+            }
+        }
+        assert!(blocked, "the script did not start");
+        let data = |t: &str| serde_json::to_vec(&stored(t)).unwrap();
+        let (a, b) = tokio::join!(
+            r.put_serialised("a", data("a")),
+            r.put_serialised("b", data("b"))
+        );
+        assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+        assert!(r.local_bytes() > 0);
+        // Redis cannot be asked (it is busy, then paused): the delete is not a success.
+        assert!(r.delete("b").await.is_err());
+        // The client gives up on the script before it ends; wait until Redis answers again.
+        let _ = busy.await;
+        let mut answering = false;
+        for _ in 0..100 {
+            let ping = redis::cmd("PING");
+            if let Ok(Ok(_)) = tokio::time::timeout(
+                Duration::from_millis(100),
+                ping.query_async::<String>(&mut probe),
+            )
+            .await
+            {
+                answering = true;
+                break;
+            }
+        }
+        assert!(answering, "Redis did not answer again within 10 s");
+        r.conn.end_pause().await;
+        // Both writes were applied; another replica deletes one.
+        let n: u64 = redis::cmd("DEL")
+            .arg(key("a"))
+            .query_async(&mut other)
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        // Redis's word: gone, not served from the copy here.
+        assert_eq!(r.get("a").await, Ok(None));
+        assert_eq!(r.get("b").await, Ok(Some(stored("b"))));
+        assert_eq!(r.local_bytes(), 0);
     }
 
     #[test]

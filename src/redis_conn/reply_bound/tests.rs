@@ -131,7 +131,8 @@ fn what_is_not_resp_is_refused() {
 async fn the_stream_fails_once_a_reply_passes_its_bound() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (client, mut server) = tokio::io::duplex(1 << 16);
-    let mut capped = Capped::new(client, 1024);
+    let too_large = Arc::new(AtomicBool::new(false));
+    let mut capped = Capped::new(client, 1024, too_large.clone());
     server.write_all(b"+OK\r\n$2000\r\n").await.unwrap();
     let mut buf = [0u8; 64];
     let err = loop {
@@ -142,6 +143,10 @@ async fn the_stream_fails_once_a_reply_passes_its_bound() {
         }
     };
     assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    assert!(
+        too_large.load(Ordering::Acquire),
+        "a refusal for size is told apart"
+    );
     // Writes pass through untouched.
     capped.write_all(b"PING\r\n").await.unwrap();
     let mut got = [0u8; 6];

@@ -2,9 +2,6 @@
 //! a real `redis-server` (skipped when none is installed, unless `CI` is set), by replaying the
 //! in-memory store's arithmetic on a pinned clock.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use proptest::prelude::*;
@@ -12,6 +9,7 @@ use proptest::test_runner::{Config, TestRunner};
 
 use super::*;
 use crate::policy::ratelimit::memory::MemoryStore;
+use crate::redis_conn::test_server::{RedisServer, free_port};
 
 fn ask(tenant: &str, rpm: u64, tpm: u64, tokens: u64, budget_pico: u128) -> Ask {
     Ask {
@@ -31,11 +29,6 @@ fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlemen
         cost_pico,
         budget_pico: 0,
     }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 #[tokio::test]
@@ -137,85 +130,6 @@ fn script_replies_become_decisions() {
         decision(1, i64::MAX).unwrap(),
         refused(Limit::Requests, DAY_MS)
     );
-}
-
-/// A `redis-server` child on a free loopback port, killed when dropped.
-struct RedisServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    /// None (after saying so) when redis-server is not installed; under CI that is a failure.
-    fn start() -> Option<Self> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "redis-server is not installed (apt-get install -y redis-server); CI needs it"
-            );
-            eprintln!("redis-server is not installed: skipping the Redis store script tests");
-            return None;
-        }
-        Some(Self::start_on(free_port()))
-    }
-
-    fn start_on(port: u16) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut server = RedisServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        server.wait_ready();
-        server
-    }
-
-    fn wait_ready(&mut self) {
-        for _ in 0..200 {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "redis-server exited"
-            );
-            if pong(self.port) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("redis-server did not answer PING within 5 s");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-fn pong(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let mut buf = [0u8; 5];
-    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG"
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A running server, a store on it and a runtime to drive it; None when redis-server is not

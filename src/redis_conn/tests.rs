@@ -1,0 +1,87 @@
+use super::*;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// A stand-in Redis: `GET big` is answered with 5,000 bytes, any other `GET` with one, every
+/// other command with `+OK`, in order.
+async fn stand_in() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let mut r = BufReader::new(r);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let n: usize = line.trim()[1..].parse().unwrap();
+                    let mut args = Vec::new();
+                    for _ in 0..n {
+                        line.clear();
+                        r.read_line(&mut line).await.unwrap();
+                        let len: usize = line.trim()[1..].parse().unwrap();
+                        let mut arg = vec![0u8; len + 2];
+                        r.read_exact(&mut arg).await.unwrap();
+                        arg.truncate(len);
+                        args.push(String::from_utf8(arg).unwrap());
+                    }
+                    let reply = match (args[0].as_str(), args.get(1).map(String::as_str)) {
+                        ("GET", Some("big")) => format!("$5000\r\n{}\r\n", "b".repeat(5000)),
+                        ("GET", _) => "$1\r\nx\r\n".to_string(),
+                        _ => "+OK\r\n".to_string(),
+                    };
+                    if w.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Only one of the calls waiting on a connection is given the size error; the others see the
+/// connection closed, and whichever reaches `reset` first must not pause the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_refused_for_its_size_never_pauses_whoever_reports_it() {
+    let port = stand_in().await;
+    let client = Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
+    let conn = Arc::new(LazyConnection::new(&client, Duration::from_secs(2), 1024).unwrap());
+    for round in 0..40 {
+        let calls = ["big", "small"].map(|key| {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                let mut leased = conn.get().await.unwrap();
+                let got: Result<Option<String>, _> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut leased.conn)
+                    .await;
+                if let Err(e) = &got {
+                    conn.reset(&leased, e).await;
+                }
+                got.is_ok()
+            })
+        });
+        let mut big_failed = false;
+        for (i, call) in calls.into_iter().enumerate() {
+            let ok = call.await.unwrap();
+            if i == 0 {
+                big_failed = !ok;
+            }
+        }
+        assert!(big_failed, "round {round}: the large reply was taken");
+        assert!(!conn.paused().await, "round {round}: the store was paused");
+    }
+    // A small reply alone is taken.
+    let mut leased = conn.get().await.unwrap();
+    let got: Option<String> = redis::cmd("GET")
+        .arg("small")
+        .query_async(&mut leased.conn)
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("x"));
+}
