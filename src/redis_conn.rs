@@ -71,6 +71,11 @@ impl LazyConnection {
     /// The open connection, or a new one (none while paused after a failure).
     pub async fn get(&self) -> Result<Leased, RedisError> {
         let mut slot = self.conn.lock().await;
+        // A connection Redis closed while it was idle is replaced, without a pause: it did not
+        // fail a call.
+        if slot.conn.as_ref().is_some_and(|(_, driver)| driver.ended()) {
+            slot.conn = None;
+        }
         if let Some((conn, driver)) = slot.conn.as_ref() {
             return Ok(Leased {
                 conn: conn.clone(),

@@ -167,10 +167,14 @@ impl Conversation {
             ConversationStore::Redis(r) => r,
         };
         let Some(slot) = redis.reserve_write(data.len()) else {
-            tracing::warn!(
-                "a response is kept in this process's memory, not in Redis: writes waiting for Redis already hold [responses] max_bytes"
-            );
-            redis.keep_unsent(id, data);
+            match redis.keep(id, data, false) {
+                true => tracing::warn!(
+                    "a response is kept in this process's memory, not in Redis: writes waiting for Redis already hold [responses] max_bytes"
+                ),
+                false => {
+                    tracing::warn!("a response was not kept: larger than [responses] max_bytes")
+                }
+            }
             return;
         };
         let store = self.store.clone();
@@ -178,7 +182,7 @@ impl Conversation {
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(e) = store.put_serialised(&id, data).await {
-                tracing::warn!(error = %e.0, "a response is kept in this process's memory: Redis did not take it");
+                tracing::warn!(error = %e.0, "a response was not written to Redis");
             }
         });
     }

@@ -29,6 +29,12 @@ pub(super) struct Driver {
 }
 
 impl Driver {
+    /// Whether the connection has ended (Redis closed it, say after its idle timeout): a
+    /// call on it would fail without being sent.
+    pub(super) fn ended(&self) -> bool {
+        self.task.is_finished()
+    }
+
     /// Whether the connection failed on a reply refused for its size.
     pub(super) fn refused_a_reply(&self) -> bool {
         self.too_large.load(Ordering::Acquire)

@@ -85,3 +85,56 @@ async fn a_reply_refused_for_its_size_never_pauses_whoever_reports_it() {
         .unwrap();
     assert_eq!(got.as_deref(), Some("x"));
 }
+
+/// Redis closes a connection while it is idle (its `timeout`, a restart, a proxy between): the
+/// next call connects again instead of failing on the dead one and pausing the store.
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_replaced_before_a_call() {
+    use crate::redis_conn::test_server::RedisServer;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let client = Client::open(server.url()).unwrap();
+    let conn = LazyConnection::new(&client, Duration::from_secs(2), 1024).unwrap();
+    let ping = || async {
+        let mut leased = conn.get().await?;
+        let got = redis::cmd("PING")
+            .query_async::<String>(&mut leased.conn)
+            .await;
+        if let Err(e) = &got {
+            conn.reset(&leased, e).await;
+        }
+        got
+    };
+    assert_eq!(ping().await.unwrap(), "PONG");
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let mut ended = false;
+    for _ in 0..200 {
+        if conn
+            .conn
+            .lock()
+            .await
+            .conn
+            .as_ref()
+            .is_some_and(|(_, d)| d.ended())
+        {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        ended,
+        "the driver did not see the connection closed within 5 s"
+    );
+    assert_eq!(ping().await.unwrap(), "PONG");
+    assert!(!conn.paused().await);
+}

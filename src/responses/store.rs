@@ -308,16 +308,16 @@ impl MemoryStore {
 /// conversation relayed during an outage is not lost to the replica that relayed it (a
 /// sidecar's agent always comes back to it), and lookups of it go on through the outage.
 ///
-/// Kept apart: entries never sent (`unsent`: no connection, or no room to wait), which Redis
-/// cannot hold, and entries whose write was sent but got no answer (`unsure`: a timeout, a
-/// broken connection), which Redis may have applied. Once Redis answers, its word on an unsure
-/// entry is final: a miss drops the copy (another replica may have deleted it), and a delete
-/// that Redis cannot be asked about is an error, not a success.
+/// Told apart: entries never sent (no connection, or no room to wait), which Redis cannot
+/// hold, and entries whose write was sent but got no answer (a timeout, a broken connection),
+/// which Redis may have applied: these are kept under [`sent_key`]. Once Redis answers, its
+/// word on such an entry is final: a miss drops the copy (another replica may have deleted
+/// it), and a delete that Redis cannot be asked about is an error, not a success. A Redis hit
+/// drops any copy. One store, one copy per id, `max_bytes` in all.
 pub struct RedisConversations {
     ttl: Duration,
     conn: LazyConnection,
-    unsent: MemoryStore,
-    unsure: MemoryStore,
+    local: MemoryStore,
     /// Bytes of entries waiting to be written (in the background: the caller does not wait),
     /// at most `max_pending`: a Redis that answers slowly, or not at all, must not make them
     /// pile up in memory.
@@ -341,6 +341,19 @@ fn key(id: &str) -> String {
     format!("legate:resp:{id}")
 }
 
+fn kept(kept: bool) -> &'static str {
+    match kept {
+        true => "kept in this process's memory instead",
+        false => "not kept: larger than [responses] max_bytes",
+    }
+}
+
+/// Where a copy whose write was sent is kept, apart from one never sent. Response ids come from
+/// legate and the providers as JSON strings, and none begins with a control character.
+fn sent_key(id: &str) -> String {
+    format!("\u{1}sent:{id}")
+}
+
 impl RedisConversations {
     /// Never connects: legate must start while Redis is down. At most `max_pending` bytes of
     /// entries wait to be written at any time.
@@ -349,9 +362,7 @@ impl RedisConversations {
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
         Ok(RedisConversations {
             ttl,
-            // Half of `max_bytes` each: what is kept here is `max_bytes` at most.
-            unsent: MemoryStore::new(max_pending / 2, ttl),
-            unsure: MemoryStore::new(max_pending / 2, ttl),
+            local: MemoryStore::new(max_pending, ttl),
             // An entry is written only within `max_bytes` (`reserve_write`), so no reply
             // of ours is longer than that and its RESP header.
             conn: LazyConnection::new(&client, REDIS_TIMEOUT, max_pending.saturating_add(64))
@@ -398,15 +409,19 @@ impl RedisConversations {
             .run::<Option<Vec<u8>>>(redis::cmd("GET").arg(key(id)).clone())
             .await
         {
-            Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).ok()),
+            Ok(Some(bytes)) => {
+                self.local.delete(id);
+                self.local.delete(&sent_key(id));
+                Ok(serde_json::from_slice(&bytes).ok())
+            }
             Ok(None) => {
-                self.unsure.delete(id);
-                Ok(self.unsent.get(id))
+                self.local.delete(&sent_key(id));
+                Ok(self.local.get(id))
             }
             Err(e) => self
-                .unsent
+                .local
                 .get(id)
-                .or_else(|| self.unsure.get(id))
+                .or_else(|| self.local.get(&sent_key(id)))
                 .map(Some)
                 .ok_or(e),
         }
@@ -430,9 +445,9 @@ impl RedisConversations {
         let mut leased = match self.conn.get().await {
             Ok(leased) => leased,
             Err(e) => {
-                self.unsent.put_serialised(id, entry(&cmd));
+                let kept = kept(self.keep(id, entry(&cmd), false));
                 return Err(StoreError(format!(
-                    "Redis is unreachable: {}",
+                    "Redis is unreachable: {}; {kept}",
                     e.category()
                 )));
             }
@@ -441,22 +456,35 @@ impl RedisConversations {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.conn.reset(&leased, &e).await;
-                self.unsure.put_serialised(id, entry(&cmd));
-                Err(StoreError(format!("a Redis call failed: {}", e.category())))
+                let kept = kept(self.keep(id, entry(&cmd), true));
+                Err(StoreError(format!(
+                    "a Redis call failed: {}; {kept}",
+                    e.category()
+                )))
             }
         }
     }
 
-    /// Keeps an entry that was not sent to Redis (no room to wait) in this process's memory.
-    pub fn keep_unsent(&self, id: &str, bytes: Vec<u8>) {
-        self.unsent.put_serialised(id, bytes);
+    /// Keeps an entry Redis did not take in this process's memory (`sent`: its write was sent
+    /// and got no answer); false when it is larger than the whole bound.
+    pub fn keep(&self, id: &str, bytes: Vec<u8>, sent: bool) -> bool {
+        let (at, other) = match sent {
+            true => (sent_key(id), id.to_owned()),
+            false => (id.to_owned(), sent_key(id)),
+        };
+        self.local.delete(&other);
+        if held(&at, bytes.len()) > self.max_pending {
+            return false;
+        }
+        self.local.put_serialised(&at, bytes);
+        true
     }
 
     /// Deletes Redis's entry and any kept here; an error when Redis cannot be asked, unless
     /// the entry was kept here only because it was never sent.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let unsent = self.unsent.delete(id);
-        let unsure = self.unsure.delete(id);
+        let unsent = self.local.delete(id);
+        let unsure = self.local.delete(&sent_key(id));
         match self
             .run::<u64>(redis::cmd("DEL").arg(key(id)).clone())
             .await
@@ -470,7 +498,7 @@ impl RedisConversations {
     /// Bytes of entries kept here (for tests).
     #[cfg(test)]
     pub fn local_bytes(&self) -> usize {
-        self.unsent.bytes() + self.unsure.bytes()
+        self.local.bytes()
     }
 }
 
@@ -556,11 +584,12 @@ mod tests {
         }
         assert!(blocked, "the script did not start");
         let data = |t: &str| serde_json::to_vec(&stored(t)).unwrap();
-        let (a, b) = tokio::join!(
+        let (a, b, c) = tokio::join!(
             r.put_serialised("a", data("a")),
-            r.put_serialised("b", data("b"))
+            r.put_serialised("b", data("b")),
+            r.put_serialised("c", data("c"))
         );
-        assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+        assert!(a.is_err() && b.is_err() && c.is_err(), "{a:?} {b:?} {c:?}");
         assert!(r.local_bytes() > 0);
         // Redis cannot be asked (it is busy, then paused): the delete is not a success.
         assert!(r.delete("b").await.is_err());
@@ -591,7 +620,26 @@ mod tests {
         // Redis's word: gone, not served from the copy here.
         assert_eq!(r.get("a").await, Ok(None));
         assert_eq!(r.get("b").await, Ok(Some(stored("b"))));
+        // A hit drops the copy: it could otherwise outlive a delete by another replica.
+        assert!(r.local_bytes() > 0);
+        assert_eq!(r.get("c").await, Ok(Some(stored("c"))));
         assert_eq!(r.local_bytes(), 0);
+    }
+
+    #[test]
+    fn one_copy_per_id_within_the_whole_bound() {
+        let r = RedisConversations::new("redis://127.0.0.1:1/0", Duration::from_secs(60), 4000)
+            .unwrap();
+        let data = serde_json::to_vec(&stored("x")).unwrap();
+        assert!(r.keep("a", data.clone(), true));
+        let one = r.local_bytes();
+        // The same id kept again, as never sent: it replaces the copy.
+        assert!(r.keep("a", data.clone(), false));
+        assert_eq!(r.local_bytes(), one - sent_key("a").len() + 1);
+        // An entry more than half the bound is kept (the bound is not split).
+        assert!(r.keep("big", vec![b'0'; 3000], false));
+        // One larger than the whole bound is not, and says so.
+        assert!(!r.keep("huge", vec![b'0'; 4000], true));
     }
 
     #[test]
