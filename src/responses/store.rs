@@ -545,44 +545,82 @@ mod tests {
         assert!(r.delete("a").await.is_err());
     }
 
-    /// A write that timed out may still be applied by Redis: the copy kept here gives way to
-    /// Redis's word once it answers, and deleting it while Redis cannot be asked is an error.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_unanswered_write_defers_to_redis_once_it_answers() {
-        use crate::redis_conn::test_server::RedisServer;
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
-        let r = RedisConversations::new(&server.url(), Duration::from_secs(60), 1 << 20).unwrap();
-        let client = Client::open(server.url()).unwrap();
-        let mut other = client.get_multiplexed_async_connection().await.unwrap();
-        // Redis busy for 1.5 s (a script that loops on the clock): writes sent meanwhile
-        // time out here, and are applied once it is done.
-        const BUSY: &str = "local s = redis.call('TIME') while true do local n = redis.call('TIME') if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 1500000 then return 0 end end";
-        let mut probe = client.get_multiplexed_async_connection().await.unwrap();
-        // The store's connection is open before: its writes are sent, and go unanswered.
-        assert_eq!(r.get("none").await, Ok(None));
-        let mut busy_conn = other.clone();
-        let busy = tokio::spawn(async move {
-            redis::cmd("EVAL")
-                .arg(BUSY)
-                .arg(0)
-                .query_async::<i64>(&mut busy_conn)
-                .await
-        });
-        let mut blocked = false;
-        for _ in 0..100 {
-            let ping = redis::cmd("PING");
-            let answer = ping.query_async::<String>(&mut probe);
-            if tokio::time::timeout(Duration::from_millis(50), answer)
-                .await
-                .is_err()
-            {
-                blocked = true;
-                break;
+    /// A stand-in Redis that applies `SET`, `GET` and `DEL` to `kv`, and answers only while
+    /// `answering`: a write it applied without answering is one whose reply was lost.
+    async fn stand_in(
+        kv: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+        answering: Arc<std::sync::atomic::AtomicBool>,
+    ) -> u16 {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let (kv, answering) = (kv.clone(), answering.clone());
+                tokio::spawn(async move {
+                    let (r, mut w) = sock.into_split();
+                    let mut r = BufReader::new(r);
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let n: usize = line.trim()[1..].parse().unwrap();
+                        let mut args: Vec<Vec<u8>> = Vec::new();
+                        for _ in 0..n {
+                            line.clear();
+                            r.read_line(&mut line).await.unwrap();
+                            let len: usize = line.trim()[1..].parse().unwrap();
+                            let mut arg = vec![0u8; len + 2];
+                            r.read_exact(&mut arg).await.unwrap();
+                            arg.truncate(len);
+                            args.push(arg);
+                        }
+                        let name = String::from_utf8_lossy(&args[0]).to_uppercase();
+                        let key = args.get(1).map(|k| String::from_utf8_lossy(k).into_owned());
+                        let reply = {
+                            let mut kv = kv.lock();
+                            match (name.as_str(), key) {
+                                ("SET", Some(k)) => {
+                                    kv.insert(k, args[2].clone());
+                                    b"+OK\r\n".to_vec()
+                                }
+                                ("GET", Some(k)) => match kv.get(&k) {
+                                    Some(v) => [format!("${}\r\n", v.len()).as_bytes(), v, b"\r\n"]
+                                        .concat(),
+                                    None => b"$-1\r\n".to_vec(),
+                                },
+                                ("DEL", Some(k)) => {
+                                    let n = usize::from(kv.remove(&k).is_some());
+                                    format!(":{n}\r\n").into_bytes()
+                                }
+                                _ => b"+OK\r\n".to_vec(),
+                            }
+                        };
+                        if answering.load(Ordering::SeqCst) && w.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
             }
-        }
-        assert!(blocked, "the script did not start");
+        });
+        port
+    }
+
+    /// A write whose reply is lost may have been applied: the copy kept here gives way to
+    /// Redis's word once it answers (a miss drops it, a hit too), and deleting it while Redis
+    /// cannot be asked is an error.
+    #[tokio::test]
+    async fn an_unanswered_write_defers_to_redis_once_it_answers() {
+        let kv = Arc::new(Mutex::new(HashMap::new()));
+        let answering = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let port = stand_in(kv.clone(), answering.clone()).await;
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let r = RedisConversations::new(&url, Duration::from_secs(60), 1 << 20).unwrap();
+        // The connection is open before the replies stop: the writes are sent.
+        assert_eq!(r.get("none").await, Ok(None));
+        answering.store(false, Ordering::SeqCst);
         let data = |t: &str| serde_json::to_vec(&stored(t)).unwrap();
         let (a, b, c) = tokio::join!(
             r.put_serialised("a", data("a")),
@@ -590,36 +628,14 @@ mod tests {
             r.put_serialised("c", data("c"))
         );
         assert!(a.is_err() && b.is_err() && c.is_err(), "{a:?} {b:?} {c:?}");
-        assert!(r.local_bytes() > 0);
-        // Redis cannot be asked (it is busy, then paused): the delete is not a success.
+        assert_eq!(kv.lock().len(), 3, "the stand-in applied the writes");
+        // Redis cannot be asked (paused after the timeouts): the delete is not a success.
         assert!(r.delete("b").await.is_err());
-        // The client gives up on the script before it ends; wait until Redis answers again.
-        let _ = busy.await;
-        let mut answering = false;
-        for _ in 0..100 {
-            let ping = redis::cmd("PING");
-            if let Ok(Ok(_)) = tokio::time::timeout(
-                Duration::from_millis(100),
-                ping.query_async::<String>(&mut probe),
-            )
-            .await
-            {
-                answering = true;
-                break;
-            }
-        }
-        assert!(answering, "Redis did not answer again within 10 s");
+        answering.store(true, Ordering::SeqCst);
         r.conn.end_pause().await;
-        // Both writes were applied; another replica deletes one.
-        let n: u64 = redis::cmd("DEL")
-            .arg(key("a"))
-            .query_async(&mut other)
-            .await
-            .unwrap();
-        assert_eq!(n, 1);
-        // Redis's word: gone, not served from the copy here.
+        // Another replica deletes `a`: Redis's word, not the copy here.
+        kv.lock().remove(&key("a"));
         assert_eq!(r.get("a").await, Ok(None));
-        assert_eq!(r.get("b").await, Ok(Some(stored("b"))));
         // A hit drops the copy: it could otherwise outlive a delete by another replica.
         assert!(r.local_bytes() > 0);
         assert_eq!(r.get("c").await, Ok(Some(stored("c"))));
