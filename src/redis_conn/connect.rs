@@ -122,24 +122,6 @@ impl Target {
         Ok((conn, Driver { task, too_large }))
     }
 
-    async fn stream(&self) -> Result<Box<dyn Io>, RedisError> {
-        let tcp = self.tcp().await?;
-        // Calls are small and each waits for its reply.
-        tcp.set_nodelay(true)?;
-        let Some(tls) = &self.tls else {
-            return Ok(Box::new(tcp));
-        };
-        let name = ServerName::try_from(self.host.clone()).map_err(|_| {
-            RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "the Redis host is not a valid TLS server name",
-            ))
-        })?;
-        Ok(Box::new(tls.connect(name, tcp).await?))
-    }
-}
-
-impl Target {
     /// A TCP connection to the first of the host's addresses to answer, all tried at once (as
     /// the client's own connect does): one address that drops packets must not use up the
     /// whole connect timeout when another answers.
@@ -158,6 +140,22 @@ impl Target {
         futures_util::future::select_ok(tries)
             .await
             .map(|(tcp, _)| tcp)
+    }
+
+    async fn stream(&self) -> Result<Box<dyn Io>, RedisError> {
+        let tcp = self.tcp().await?;
+        // Calls are small and each waits for its reply.
+        tcp.set_nodelay(true)?;
+        let Some(tls) = &self.tls else {
+            return Ok(Box::new(tcp));
+        };
+        let name = ServerName::try_from(self.host.clone()).map_err(|_| {
+            RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the Redis host is not a valid TLS server name",
+            ))
+        })?;
+        Ok(Box::new(tls.connect(name, tcp).await?))
     }
 }
 
