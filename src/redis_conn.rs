@@ -3,8 +3,9 @@
 //! failover). Construction never connects: legate must start while Redis is down. The
 //! rate-limit store and the conversation store each hold one.
 //!
-//! One connection attempt at a time, and after one fails (or a call fails for want of an
-//! answer: a timeout, a broken socket), none for [`PAUSE`]: callers meanwhile fail at once.
+//! One connection attempt at a time, and after one fails (or a call times out), none for
+//! [`PAUSE`]: callers meanwhile fail at once. A call on a connection that broke is not a reason
+//! to pause: the next call connects afresh, and if Redis is down that attempt fails and pauses.
 //! Without the pause, callers of a Redis that does not answer queued on the attempt and waited
 //! its whole timeout each, one after another (16 lookups answered 0.5 s apart, up to 8 s).
 //!
@@ -113,9 +114,10 @@ impl LazyConnection {
     }
 
     /// After a call on `leased` failed: the next call starts from a new connection, and after
-    /// a failure that got no answer (a timeout, a broken socket) not before [`PAUSE`]; a reply
-    /// refused for its size is an answer (one entry too large, say one written by a replica
-    /// with a larger bound), and the next call reconnects at once. A
+    /// a timeout not before [`PAUSE`]. A broken connection (Redis closed it, even between the
+    /// look for an ended one and the call) or a reply refused for its size (one entry too
+    /// large, say one written by a replica with a larger bound) is no reason to wait: the next
+    /// call connects at once, and pauses if that fails. A
     /// failure on a connection already replaced (a call still in flight on the old one when
     /// Redis came back) leaves the new one alone, and a pause is never extended by a failure
     /// seen during it.
@@ -132,7 +134,7 @@ impl LazyConnection {
         if driver.refused_a_reply() {
             return;
         }
-        if after.is_timeout() || after.is_io_error() || after.is_connection_dropped() {
+        if after.is_timeout() {
             slot.paused_until = Some(Instant::now() + PAUSE);
         }
     }

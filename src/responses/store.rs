@@ -456,7 +456,10 @@ impl RedisConversations {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.conn.reset(&leased, &e).await;
-                let kept = kept(self.keep(id, entry(&cmd), true));
+                // An error reply (`-OOM`, `-READONLY`, `-LOADING`) says the write was not
+                // applied; only a call that got no answer may have been.
+                let unanswered = e.is_timeout() || e.is_io_error() || e.is_connection_dropped();
+                let kept = kept(self.keep(id, entry(&cmd), unanswered));
                 Err(StoreError(format!(
                     "a Redis call failed: {}; {kept}",
                     e.category()
@@ -546,10 +549,12 @@ mod tests {
     }
 
     /// A stand-in Redis that applies `SET`, `GET` and `DEL` to `kv`, and answers only while
-    /// `answering`: a write it applied without answering is one whose reply was lost.
+    /// `answering`: a write it applied without answering is one whose reply was lost. While
+    /// `refusing`, it answers `SET` with `-OOM` and applies nothing.
     async fn stand_in(
         kv: Arc<Mutex<HashMap<String, Vec<u8>>>>,
         answering: Arc<std::sync::atomic::AtomicBool>,
+        refusing: Arc<std::sync::atomic::AtomicBool>,
     ) -> u16 {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -557,6 +562,7 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 let (kv, answering) = (kv.clone(), answering.clone());
+                let refusing = refusing.clone();
                 tokio::spawn(async move {
                     let (r, mut w) = sock.into_split();
                     let mut r = BufReader::new(r);
@@ -582,6 +588,10 @@ mod tests {
                         let reply = {
                             let mut kv = kv.lock();
                             match (name.as_str(), key) {
+                                ("SET", Some(_)) if refusing.load(Ordering::SeqCst) => {
+                                    b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+                                        .to_vec()
+                                }
                                 ("SET", Some(k)) => {
                                     kv.insert(k, args[2].clone());
                                     b"+OK\r\n".to_vec()
@@ -615,7 +625,8 @@ mod tests {
     async fn an_unanswered_write_defers_to_redis_once_it_answers() {
         let kv = Arc::new(Mutex::new(HashMap::new()));
         let answering = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let port = stand_in(kv.clone(), answering.clone()).await;
+        let refusing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let port = stand_in(kv.clone(), answering.clone(), refusing).await;
         let url = format!("redis://127.0.0.1:{port}/0");
         let r = RedisConversations::new(&url, Duration::from_secs(60), 1 << 20).unwrap();
         // The connection is open before the replies stop: the writes are sent.
@@ -640,6 +651,24 @@ mod tests {
         assert!(r.local_bytes() > 0);
         assert_eq!(r.get("c").await, Ok(Some(stored("c"))));
         assert_eq!(r.local_bytes(), 0);
+    }
+
+    /// A write Redis refuses (`-OOM`, `-READONLY`) was certainly not applied: its copy is this
+    /// replica's, and a Redis miss does not drop it.
+    #[tokio::test]
+    async fn a_write_redis_refuses_is_kept_here_and_found() {
+        let kv = Arc::new(Mutex::new(HashMap::new()));
+        let answering = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let port = stand_in(kv.clone(), answering, refusing).await;
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let r = RedisConversations::new(&url, Duration::from_secs(60), 1 << 20).unwrap();
+        let data = serde_json::to_vec(&stored("a")).unwrap();
+        assert!(r.put_serialised("a", data).await.is_err());
+        assert!(kv.lock().is_empty());
+        // Redis answers (a miss): the copy stands.
+        assert_eq!(r.get("a").await, Ok(Some(stored("a"))));
+        assert!(!r.conn.paused().await, "an error reply is an answer");
     }
 
     #[test]
