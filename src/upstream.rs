@@ -439,18 +439,20 @@ fn forwardable(inbound: &HeaderMap, credential: Option<&HeaderName>) -> HeaderMa
     out
 }
 
+/// The system's trusted roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace them).
+pub(crate) fn add_native_roots(roots: &mut rustls::RootCertStore) {
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A malformed system certificate is skipped, as every TLS client does.
+        let _ = roots.add(cert);
+    }
+}
+
 fn tls_config(cfg: &ProviderConfig) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     match cfg.tls_roots {
         TlsRoots::Webpki => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-        TlsRoots::Native => {
-            let found = rustls_native_certs::load_native_certs();
-            for cert in found.certs {
-                // A malformed system certificate is skipped, as every TLS client does.
-                let _ = roots.add(cert);
-            }
-        }
+        TlsRoots::Native => add_native_roots(&mut roots),
     }
     if let Some(path) = &cfg.ca_file {
         for cert in read_certs(path)? {

@@ -165,10 +165,7 @@ const MAX_ADDRS: usize = 8;
 /// TLS verified against the system's roots, as the Redis client's own TLS is.
 fn tls_connector() -> Result<tokio_rustls::TlsConnector, RedisError> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        // A malformed system certificate is skipped, as every TLS client does.
-        let _ = roots.add(cert);
-    }
+    crate::upstream::add_native_roots(&mut roots);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -88,3 +88,51 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// A stand-in Redis on a loopback port: each command it reads (its arguments) is answered, in
+/// order, with what `answer` returns for it, or with nothing when that is None.
+pub(crate) async fn stand_in<F>(answer: F) -> u16
+where
+    F: Fn(&[Vec<u8>]) -> Option<Vec<u8>> + Send + Sync + 'static,
+{
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let answer = std::sync::Arc::new(answer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let mut r = BufReader::new(r);
+                while let Some(args) = read_command(&mut r).await {
+                    if let Some(reply) = answer(&args) {
+                        if w.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// One command: an array of bulk strings. None at the end of the stream, or on anything else.
+async fn read_command<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> Option<Vec<Vec<u8>>> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut line = String::new();
+    r.read_line(&mut line).await.ok().filter(|&n| n > 0)?;
+    let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).await.ok()?;
+        let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+        let mut arg = vec![0u8; len + 2];
+        r.read_exact(&mut arg).await.ok()?;
+        arg.truncate(len);
+        args.push(arg);
+    }
+    Some(args)
+}

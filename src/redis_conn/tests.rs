@@ -1,47 +1,17 @@
 use super::*;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-
 /// A stand-in Redis: `GET big` is answered with 5,000 bytes, any other `GET` with one, every
-/// other command with `+OK`, in order.
+/// other command with `+OK`.
 async fn stand_in() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (r, mut w) = sock.into_split();
-                let mut r = BufReader::new(r);
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let n: usize = line.trim()[1..].parse().unwrap();
-                    let mut args = Vec::new();
-                    for _ in 0..n {
-                        line.clear();
-                        r.read_line(&mut line).await.unwrap();
-                        let len: usize = line.trim()[1..].parse().unwrap();
-                        let mut arg = vec![0u8; len + 2];
-                        r.read_exact(&mut arg).await.unwrap();
-                        arg.truncate(len);
-                        args.push(String::from_utf8(arg).unwrap());
-                    }
-                    let reply = match (args[0].as_str(), args.get(1).map(String::as_str)) {
-                        ("GET", Some("big")) => format!("$5000\r\n{}\r\n", "b".repeat(5000)),
-                        ("GET", _) => "$1\r\nx\r\n".to_string(),
-                        _ => "+OK\r\n".to_string(),
-                    };
-                    if w.write_all(reply.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
+    test_server::stand_in(|args| {
+        let reply = match (&args[0][..], args.get(1).map(Vec::as_slice)) {
+            (b"GET", Some(b"big")) => format!("$5000\r\n{}\r\n", "b".repeat(5000)),
+            (b"GET", _) => "$1\r\nx\r\n".to_string(),
+            _ => "+OK\r\n".to_string(),
+        };
+        Some(reply.into_bytes())
+    })
+    .await
 }
 
 /// Only one of the calls waiting on a connection is given the size error; the others see the

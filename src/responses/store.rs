@@ -556,66 +556,31 @@ mod tests {
         answering: Arc<std::sync::atomic::AtomicBool>,
         refusing: Arc<std::sync::atomic::AtomicBool>,
     ) -> u16 {
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((sock, _)) = listener.accept().await {
-                let (kv, answering) = (kv.clone(), answering.clone());
-                let refusing = refusing.clone();
-                tokio::spawn(async move {
-                    let (r, mut w) = sock.into_split();
-                    let mut r = BufReader::new(r);
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let n: usize = line.trim()[1..].parse().unwrap();
-                        let mut args: Vec<Vec<u8>> = Vec::new();
-                        for _ in 0..n {
-                            line.clear();
-                            r.read_line(&mut line).await.unwrap();
-                            let len: usize = line.trim()[1..].parse().unwrap();
-                            let mut arg = vec![0u8; len + 2];
-                            r.read_exact(&mut arg).await.unwrap();
-                            arg.truncate(len);
-                            args.push(arg);
-                        }
-                        let name = String::from_utf8_lossy(&args[0]).to_uppercase();
-                        let key = args.get(1).map(|k| String::from_utf8_lossy(k).into_owned());
-                        let reply = {
-                            let mut kv = kv.lock();
-                            match (name.as_str(), key) {
-                                ("SET", Some(_)) if refusing.load(Ordering::SeqCst) => {
-                                    b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
-                                        .to_vec()
-                                }
-                                ("SET", Some(k)) => {
-                                    kv.insert(k, args[2].clone());
-                                    b"+OK\r\n".to_vec()
-                                }
-                                ("GET", Some(k)) => match kv.get(&k) {
-                                    Some(v) => [format!("${}\r\n", v.len()).as_bytes(), v, b"\r\n"]
-                                        .concat(),
-                                    None => b"$-1\r\n".to_vec(),
-                                },
-                                ("DEL", Some(k)) => {
-                                    let n = usize::from(kv.remove(&k).is_some());
-                                    format!(":{n}\r\n").into_bytes()
-                                }
-                                _ => b"+OK\r\n".to_vec(),
-                            }
-                        };
-                        if answering.load(Ordering::SeqCst) && w.write_all(&reply).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        port
+        crate::redis_conn::test_server::stand_in(move |args| {
+            let name = String::from_utf8_lossy(&args[0]).to_uppercase();
+            let key = args.get(1).map(|k| String::from_utf8_lossy(k).into_owned());
+            let mut kv = kv.lock();
+            let reply = match (name.as_str(), key) {
+                ("SET", Some(_)) if refusing.load(Ordering::SeqCst) => {
+                    b"-OOM command not allowed when used memory > 'maxmemory'.\r\n".to_vec()
+                }
+                ("SET", Some(k)) => {
+                    kv.insert(k, args[2].clone());
+                    b"+OK\r\n".to_vec()
+                }
+                ("GET", Some(k)) => match kv.get(&k) {
+                    Some(v) => [format!("${}\r\n", v.len()).as_bytes(), v, b"\r\n"].concat(),
+                    None => b"$-1\r\n".to_vec(),
+                },
+                ("DEL", Some(k)) => {
+                    let n = usize::from(kv.remove(&k).is_some());
+                    format!(":{n}\r\n").into_bytes()
+                }
+                _ => b"+OK\r\n".to_vec(),
+            };
+            answering.load(Ordering::SeqCst).then_some(reply)
+        })
+        .await
     }
 
     /// A write whose reply is lost may have been applied: the copy kept here gives way to

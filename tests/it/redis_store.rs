@@ -47,6 +47,14 @@ async fn read_back(http: &reqwest::Client, url: &str, other: u16) -> Option<Valu
     None
 }
 
+/// A turn relayed with 200; its response id.
+async fn turn(env: &Env, body: &str) -> String {
+    let resp = responses(env, body).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
 fn store_at(url: &str, max_bytes: usize) -> String {
     format!(
         "{MODELS}\n[ratelimit]\nredis_url = \"{url}\"\n[responses]\nstore = \"redis\"\nmax_bytes = {max_bytes}\n"
@@ -66,10 +74,7 @@ async fn a_turn_kept_in_redis_is_rebuilt_for_the_next_one() {
         &store_at(&redis.url(), 1 << 20),
     )
     .await;
-    let first = responses(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
-    assert_eq!(first.status(), 200);
-    let first: Value = first.json().await.unwrap();
-    let id = first["id"].as_str().unwrap().to_owned();
+    let id = turn(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
     // The entry is written behind the answer: wait until Redis holds it.
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -131,13 +136,7 @@ async fn a_turn_relayed_while_redis_is_down_is_kept_and_rebuilt() {
     )
     .await;
     redis.stop().await;
-    let first = responses(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
-    assert_eq!(first.status(), 200);
-    let id = first.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    // The write fails behind the answer: poll until the entry is found.
+    let id = turn(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
     // The write fails behind the answer (the store is down meanwhile: 503).
     let url = env.url(&format!("/v1/responses/{id}"));
     assert!(
@@ -482,16 +481,11 @@ async fn a_write_to_a_redis_that_stops_reading_is_given_up_with_its_connection()
     )
     .await;
     let input = "x".repeat(8 << 20);
-    let first = responses(
+    let id = turn(
         &env,
         &serde_json::json!({"model": "agent", "input": input}).to_string(),
     )
     .await;
-    assert_eq!(first.status(), 200);
-    let id = first.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     // The write fails (its timeout) behind the answer; the entry is then found in memory.
     let url = env.url(&format!("/v1/responses/{id}"));
     assert!(
