@@ -17,7 +17,12 @@ async fn start_mock(script: Option<&std::path::Path>) -> (Child, String) {
     }
 }
 
-fn write_config(dir: &std::path::Path, mock_url: &str, extra: &str) -> std::path::PathBuf {
+/// A config for the real binary: both providers at `mock_url`, ports chosen by the system.
+pub(crate) fn write_config(
+    dir: &std::path::Path,
+    mock_url: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     let path = dir.join("legate.toml");
     std::fs::write(
         &path,

@@ -315,38 +315,10 @@ async fn both_stores_reach_redis_over_tls() {
     assert!(listening, "redis-server did not listen within 5 s");
 
     let (_mock, mock_url) = harness::spawn_mock(&[]).await;
-    let cfg = dir.path().join("legate.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[providers.anthropic]
-kind = "anthropic"
-base_url = "{mock_url}"
-api_key_env = "ANTHROPIC_API_KEY"
-
-[providers.openai]
-kind = "openai"
-base_url = "{mock_url}"
-api_key_env = "OPENAI_API_KEY"
-{MODELS}
-[tenants.default]
-requests_per_minute = 1000
-
-[ratelimit]
-store = "redis"
-redis_url = "rediss://localhost:{port}/0"
-
-[responses]
-store = "redis"
-"#
-        ),
-    )
-    .unwrap();
+    let extra = format!(
+        "{MODELS}\n[tenants.default]\nrequests_per_minute = 1000\n\n[ratelimit]\nstore = \"redis\"\nredis_url = \"rediss://localhost:{port}/0\"\n\n[responses]\nstore = \"redis\"\n"
+    );
+    let cfg = crate::binary::write_config(dir.path(), &mock_url, &extra);
     let ca = cert.display().to_string();
     let (_legate, line) = harness::spawn(
         &["serve", "--config", cfg.to_str().unwrap()],
