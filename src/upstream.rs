@@ -206,7 +206,7 @@ impl Upstream {
     }
 
     /// Builds the request to a cloud provider: the model in the URL, the platform's body, and
-    /// its credential (obtained or refreshed here when due, waited for until `deadline`).
+    /// its credential (obtained or refreshed here when due, waited for as `wait` says).
     pub async fn build_cloud_request(
         &self,
         cloud: &CloudProvider,
@@ -214,7 +214,7 @@ impl Upstream {
         inbound: &HeaderMap,
         body: Bytes,
         translated: bool,
-        deadline: tokio::time::Instant,
+        wait: crate::cloud::cache::Wait,
     ) -> Result<Request<Full<Bytes>>, ProxyError> {
         let (model, stream) = target;
         let body = cloud.body(&body, inbound)?;
@@ -262,7 +262,7 @@ impl Upstream {
             req
         };
         if cloud.owns_credential() {
-            cloud.authorize(&mut req, &body, deadline).await?;
+            cloud.authorize(&mut req, &body, wait).await?;
         }
         Ok(req)
     }

@@ -12,7 +12,9 @@
 //! a probe of an endpoint that last failed: callers wait for it only until [`PROBE_WAIT`] after
 //! it started (a healthy endpoint answers well within it), then get the last failure at once
 //! while the probe goes on. Otherwise, with an endpoint that hangs, one request per pause would wait out the whole
-//! fetch (10 s) before its chain fell back.
+//! fetch (10 s) before its chain fell back. A caller whose chain has a step after this one
+//! ([`Wait::brief`]) waits as briefly on any fetch, the first of all too: a hung endpoint at
+//! start-up would otherwise hold every request of its first 10 s before the fallback.
 //!
 //! What an endpoint says of a credential's life is not taken on trust: one that has expired,
 //! or expires within a second, is a failed fetch, and one said to last longer than
@@ -43,7 +45,8 @@ pub const MAX_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// The wait before the fetch after a failed one, doubling up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// The longest a caller waits on a fetch made after a failed one.
+/// The longest a caller waits on a fetch made after a failed one, or on any fetch when it
+/// has somewhere else to go ([`Wait::brief`]).
 const PROBE_WAIT: Duration = Duration::from_secs(1);
 
 const ENDED: &str = "the credential fetch ended without an outcome";
@@ -82,15 +85,50 @@ pub enum Unavailable {
     Deadline,
 }
 
+/// How long a caller without a working credential waits on the fetch in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait {
+    deadline: Instant,
+    /// The caller's chain has a step after this one: it waits on any fetch only until
+    /// [`PROBE_WAIT`] after the fetch started, then falls back.
+    brief: bool,
+}
+
+impl Wait {
+    /// Until the caller's deadline (a probe after a failure still only [`PROBE_WAIT`]).
+    pub fn until(deadline: Instant) -> Self {
+        Wait {
+            deadline,
+            brief: false,
+        }
+    }
+
+    /// Until `deadline`, and on any fetch only [`PROBE_WAIT`] after its start.
+    pub fn brief(deadline: Instant) -> Self {
+        Wait {
+            deadline,
+            brief: true,
+        }
+    }
+}
+
+impl From<Instant> for Wait {
+    fn from(deadline: Instant) -> Self {
+        Wait::until(deadline)
+    }
+}
+
 /// A fetch's outcome, as every caller waiting on it sees it.
 type Outcome<T> = Option<Result<Arc<T>, String>>;
 
 /// The fetch in flight, and the pause after a failed one.
 struct Flight<T> {
     pending: Option<watch::Receiver<Outcome<T>>>,
-    /// The fetch in flight follows a failed one: callers wait for it until this moment (its
-    /// start and [`PROBE_WAIT`]).
-    probing: Option<Instant>,
+    /// When the fetch in flight started: callers wait for a probe, and brief ones for any
+    /// fetch, until [`PROBE_WAIT`] after it.
+    started: Instant,
+    /// The fetch in flight follows a failed one.
+    probing: bool,
     /// No fetch starts before this (after a failure).
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -117,7 +155,8 @@ impl<T: Send + Sync + 'static> Cached<T> {
             held: Mutex::new(None),
             flight: Mutex::new(Flight {
                 pending: None,
-                probing: None,
+                started: Instant::now(),
+                probing: false,
                 retry_at: None,
                 backoff: Duration::ZERO,
                 last_error: None,
@@ -160,11 +199,11 @@ impl<T: Send + Sync + 'static> Cached<T> {
 
     /// The credential: the one held while it needs no refresh; when a refresh is due, the
     /// one held still (the refresh runs behind); with none that works, the outcome of the
-    /// fetch in flight (started with `fetch` if there is none), waited for until `deadline`.
+    /// fetch in flight (started with `fetch` if there is none), waited for as `wait` says.
     pub async fn get<F, Fut>(
         self: &Arc<Self>,
         fetch: F,
-        deadline: Instant,
+        wait: impl Into<Wait>,
     ) -> Result<Arc<T>, Unavailable>
     where
         F: FnOnce() -> Fut,
@@ -174,8 +213,9 @@ impl<T: Send + Sync + 'static> Cached<T> {
         if let Some(v) = self.fresh(now) {
             return Ok(v);
         }
+        let Wait { deadline, brief } = wait.into();
         let usable = self.usable(now);
-        let (mut outcome, probe) = {
+        let (mut outcome, probe, started) = {
             let mut flight = self.flight.lock();
             // A fetch whose task is gone without an outcome (it panicked) is no longer waited on.
             let live = flight
@@ -191,7 +231,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
             }
             let last = flight.last_error.clone().filter(|_| usable.is_none());
             match live {
-                Some(rx) => (rx, last.zip(flight.probing)),
+                Some(rx) => (rx, last.filter(|_| flight.probing), flight.started),
                 None if flight.retry_at.is_some_and(|at| Instant::now() < at) => {
                     return match usable {
                         Some(v) => Ok(v),
@@ -203,10 +243,8 @@ impl<T: Send + Sync + 'static> Cached<T> {
                 None => {
                     let (tx, rx) = watch::channel(None);
                     flight.pending = Some(rx.clone());
-                    flight.probing = flight
-                        .last_error
-                        .is_some()
-                        .then(|| Instant::now() + PROBE_WAIT);
+                    flight.started = Instant::now();
+                    flight.probing = flight.last_error.is_some();
                     let this = self.clone();
                     let fut = fetch();
                     tokio::spawn(async move {
@@ -214,17 +252,20 @@ impl<T: Send + Sync + 'static> Cached<T> {
                         let got = this.settle(fut.await, fetched_at);
                         let _ = tx.send(Some(got));
                     });
-                    (rx, last.zip(flight.probing))
+                    (rx, last.filter(|_| flight.probing), flight.started)
                 }
             }
         };
         if let Some(v) = usable {
             return Ok(v);
         }
-        // After a failure, the last one stands unless the probe answers soon.
-        let until = match &probe {
-            Some((_, probe_until)) => deadline.min(*probe_until),
-            None => deadline,
+        // After a failure, the last one stands unless the probe answers soon; a caller that
+        // can fall back waits as briefly on any fetch.
+        let short = probe.is_some() || brief;
+        let until = if short {
+            deadline.min(started + PROBE_WAIT)
+        } else {
+            deadline
         };
         let waited = tokio::time::timeout_at(until, outcome.wait_for(Option::is_some)).await;
         match waited {
@@ -236,14 +277,19 @@ impl<T: Send + Sync + 'static> Cached<T> {
             // The fetch's task ended without an outcome (it panicked).
             Ok(Err(_)) => Err(Unavailable::Failed(ENDED.into())),
             Err(_) => {
-                // A probe that kept its credential just before it sent its outcome.
-                if let (Some(_), Some(v)) = (&probe, self.usable(SystemTime::now())) {
+                // A fetch that kept its credential just before it sent its outcome.
+                if let (true, Some(v)) = (short, self.usable(SystemTime::now())) {
                     return Ok(v);
                 }
-                match probe {
-                    Some((last, _)) if Instant::now() < deadline => Err(Unavailable::Failed(last)),
-                    _ => Err(Unavailable::Deadline),
+                if !short || Instant::now() >= deadline {
+                    return Err(Unavailable::Deadline);
                 }
+                Err(Unavailable::Failed(probe.unwrap_or_else(|| {
+                    format!(
+                        "the credential endpoint has not answered within {}s (the fetch goes on)",
+                        PROBE_WAIT.as_secs()
+                    )
+                })))
             }
         }
     }
@@ -530,6 +576,54 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(3);
         assert_eq!(cell.get(hung, deadline).await, Err(Unavailable::Deadline));
         assert_eq!(Instant::now(), deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_can_fall_back_waits_a_second_on_any_fetch() {
+        let cell = cell();
+        let hung = || std::future::pending::<Result<Fetched<u32>, String>>();
+        let late = || {
+            Err(Unavailable::Failed(
+                "the credential endpoint has not answered within 1s (the fetch goes on)".into(),
+            ))
+        };
+        // The first fetch of all hangs: a caller with a fallback has a failure after a second
+        // (not its whole deadline), one joining at 600 ms at the same moment.
+        let started = Instant::now();
+        let (a, b) = tokio::join!(cell.get(hung, Wait::brief(later())), async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            cell.get(hung, Wait::brief(later())).await
+        });
+        assert_eq!((a, b), (late(), late()));
+        assert_eq!(Instant::now() - started, Duration::from_millis(1000));
+        // The fetch goes on, not started again; a caller with nowhere else to go waits on it
+        // until its deadline.
+        assert!(cell.flight.lock().pending.is_some());
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let n = Arc::new(AtomicU32::new(0));
+        assert_eq!(
+            cell.get(giving(&n, 1, HOUR), Wait::until(deadline)).await,
+            Err(Unavailable::Deadline)
+        );
+        assert_eq!(Instant::now(), deadline);
+        assert_eq!(n.load(Ordering::SeqCst), 0);
+        // A deadline within the second is still a deadline; a fetch answering within it is
+        // waited for.
+        let cell = self::cell();
+        let soon = Instant::now() + Duration::from_millis(300);
+        assert_eq!(
+            cell.get(hung, Wait::brief(soon)).await,
+            Err(Unavailable::Deadline)
+        );
+        let cell = self::cell();
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            Ok(Fetched {
+                value: 5,
+                expires: None,
+            })
+        };
+        assert_eq!(cell.get(slow, Wait::brief(later())).await, Ok(Arc::new(5)));
     }
 
     #[tokio::test]

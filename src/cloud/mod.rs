@@ -184,12 +184,12 @@ impl CloudProvider {
 
     /// Puts the platform credential on `req` (whose body is `body`): SigV4 for Bedrock, a
     /// bearer token for Vertex and Entra-authenticated Azure. Fetches or refreshes it first
-    /// when needed, waiting for a fetch no later than `deadline`.
+    /// when needed, waiting for a fetch as `wait` says.
     pub async fn authorize(
         &self,
         req: &mut Request<Full<Bytes>>,
         body: &[u8],
-        deadline: tokio::time::Instant,
+        wait: cache::Wait,
     ) -> Result<(), ProxyError> {
         // Each fetch runs in its own task (`cache`): it owns what it uses, copied only when a
         // fetch starts.
@@ -201,7 +201,7 @@ impl CloudProvider {
                     async move { aws::fetch(&client, &source).await }
                 };
                 let creds = cell
-                    .get(fetch, deadline)
+                    .get(fetch, wait)
                     .await
                     .map_err(|e| self.unavailable(e))?;
                 aws::sign(req, body, &creds, &b.region, "bedrock", SystemTime::now())
@@ -213,7 +213,7 @@ impl CloudProvider {
                     async move { google::fetch(&client, &source).await }
                 };
                 let token = cell
-                    .get(fetch, deadline)
+                    .get(fetch, wait)
                     .await
                     .map_err(|e| self.unavailable(e))?;
                 bearer(req, &token).map_err(|e| self.failed(e))
@@ -235,7 +235,7 @@ impl CloudProvider {
                     async move { azure::fetch(&client, &file, &id, &url).await }
                 };
                 let token = cell
-                    .get(fetch, deadline)
+                    .get(fetch, wait)
                     .await
                     .map_err(|e| self.unavailable(e))?;
                 bearer(req, &token).map_err(|e| self.failed(e))

@@ -49,6 +49,8 @@ struct Exec {
     earliest_probe: Option<Instant>,
     /// The chain step being tried, from 1 (for the journal and traces).
     step_no: usize,
+    /// The steps this request may try.
+    steps: usize,
 }
 
 enum StepEnd {
@@ -70,6 +72,7 @@ pub(super) async fn run(
         any_admitted: false,
         earliest_probe: None,
         step_no: 0,
+        steps: 0,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
     *spent = exec.spent;
@@ -94,6 +97,7 @@ async fn execute(
         resolved.steps()
     };
     let requested = snap.labels.model(&inb.meta.model);
+    exec.steps = steps.len();
     proxy.budget.deposit();
     for (i, step) in steps.iter().enumerate() {
         if i > 0 {
@@ -255,6 +259,7 @@ async fn run_step(
         body,
         strip_usage,
         traceparent: None,
+        can_fall_back: exec.step_no < exec.steps,
     };
     attempts(&mut call, breaker.as_ref(), exec, record).await
 }

@@ -13,6 +13,7 @@ use http::{Method, Response, StatusCode, header};
 use tokio::time::Instant;
 
 use crate::api::{self, ApiKind, Operation};
+use crate::cloud::cache::Wait;
 use crate::config::ChainStep;
 use crate::error::ProxyError;
 use crate::policy::admission::Permit;
@@ -47,6 +48,9 @@ pub(crate) struct Call<'a> {
     pub(crate) strip_usage: bool,
     /// `traceparent` for this attempt (export on): the attempt's span is the provider's parent.
     pub(crate) traceparent: Option<http::HeaderValue>,
+    /// A later chain step may answer if this one cannot: a platform credential still being
+    /// fetched is waited for only briefly (`cloud::cache::Wait::brief`).
+    pub(crate) can_fall_back: bool,
 }
 
 /// Upstream attempts made and time spent outside legate (upstream waits, backoff), for the
@@ -267,7 +271,11 @@ async fn request(
         &inb.headers,
         call.body.clone(),
         translating,
-        inb.deadline,
+        if call.can_fall_back {
+            Wait::brief(inb.deadline)
+        } else {
+            Wait::until(inb.deadline)
+        },
     ))
     .await
 }

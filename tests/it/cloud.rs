@@ -416,6 +416,69 @@ chain = ["broken:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:claude-haiku
 }
 
 #[tokio::test]
+async fn a_chain_does_not_wait_out_a_first_credential_fetch_that_hangs() {
+    // An STS that takes connections and never answers: legate's fetch waits on it for its
+    // whole bound (10 s), the caller with a fallback only a second.
+    let sts = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sts_addr = sts.local_addr().unwrap();
+    let (held_tx, mut held) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = sts.accept().await {
+            let _ = held_tx.send(sock);
+        }
+    });
+    let c = start(
+        r#"{"replies":[]}"#,
+        CloudOptions::default(),
+        &format!(
+            r#"
+[providers.stalled]
+kind = "bedrock"
+region = "us-east-1"
+base_url = "{{MOCK}}"
+sts_endpoint = "http://{sts_addr}/sts"
+
+[[models]]
+name = "stalled-then-vertex"
+chain = ["stalled:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:claude-haiku-4-5@20251001"]
+"#
+        ),
+    )
+    .await;
+    let env = &c.env;
+    let body = r#"{"model":"stalled-then-vertex","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..2 {
+        let resp = env.messages(body).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-legate-served-by"],
+            "vertex:claude-haiku-4-5@20251001"
+        );
+    }
+    // Answered while the one fetch was still waiting on STS: it has no outcome yet, and its
+    // connection is open (legate closes it when the fetch gives up).
+    assert_eq!(
+        env.metric(
+            "legate_credential_refreshes_total",
+            &[("provider", "stalled")]
+        )
+        .await,
+        None
+    );
+    let sock = held.recv().await.expect("legate connected to STS");
+    // What legate sent is read past; the end of the connection would read as 0 bytes.
+    let mut buf = [0u8; 4096];
+    loop {
+        match sock.try_read(&mut buf) {
+            Ok(n) if n > 0 => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            other => panic!("the STS connection ended early: {other:?}"),
+        }
+    }
+    assert!(held.try_recv().is_err(), "one fetch, not one per request");
+}
+
+#[tokio::test]
 async fn a_chain_falls_back_from_anthropic_to_bedrock_to_vertex_on_529s() {
     let c = start(
         r#"{"replies":[
