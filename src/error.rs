@@ -47,8 +47,9 @@ pub enum ProxyError {
     /// A cloud provider's credential could not be obtained (`what` says which step failed;
     /// never a secret).
     CredentialUnavailable { provider: String, what: String },
-    /// Connecting to the upstream failed.
-    UpstreamUnreachable { provider: String },
+    /// Connecting to the upstream failed, or (`sent`) the connection failed after the request
+    /// went out and before its answer's head.
+    UpstreamUnreachable { provider: String, sent: bool },
     /// The upstream did not send response headers within `first_byte_timeout`.
     UpstreamTimeout { provider: String },
     /// The request's deadline passed before an answer.
@@ -264,8 +265,17 @@ impl ProxyError {
             ProxyError::CredentialUnavailable { provider, what } => format!(
                 "legate could not obtain a credential for provider `{provider}`: {what}"
             ),
-            ProxyError::UpstreamUnreachable { provider } => format!(
+            ProxyError::UpstreamUnreachable {
+                provider,
+                sent: false,
+            } => format!(
                 "could not connect to provider `{provider}`; legate will keep trying on later requests"
+            ),
+            ProxyError::UpstreamUnreachable {
+                provider,
+                sent: true,
+            } => format!(
+                "the connection to provider `{provider}` closed or failed after legate began sending the request, before any answer came"
             ),
             ProxyError::UpstreamTimeout { provider } => format!(
                 "provider `{provider}` sent no response headers within its first_byte_timeout"
@@ -388,6 +398,7 @@ mod tests {
     fn upstream_failures_forbid_sdk_retries() {
         let resp = ProxyError::UpstreamUnreachable {
             provider: "anthropic".into(),
+            sent: false,
         }
         .render(ApiKind::Anthropic, "x");
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);

@@ -177,12 +177,13 @@ pub async fn forward(
         None => path.to_owned(),
     };
     let req = up.build_request(method, &target, headers, body, false, true)?;
-    let call = up.client().request(req);
+    let call = up.client().request(req, tokio::time::Instant::now());
     let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
         Ok(Ok(r)) => r,
-        Ok(Err(_)) => {
+        Ok(Err(e)) => {
             return Err(ProxyError::UpstreamUnreachable {
                 provider: up.name.clone(),
+                sent: e.was_sent(),
             });
         }
         Err(_) => {

@@ -257,7 +257,7 @@ pub(super) async fn send(
     // Pinned where it is made and polled beside its timer, rather than moved into
     // `tokio::time::timeout_at` and that moved again by its `.await`: the call's future is the
     // largest of the request's (about 1.8 KB), and each move was a copy of all of it.
-    let mut call = pin!(up.client().request(req));
+    let mut call = pin!(up.client().request(req, now));
     let mut timer = pin!(tokio::time::sleep_until(limit));
     let within = poll_fn(|cx| match call.as_mut().poll(cx) {
         Poll::Ready(r) => Poll::Ready(Ok(r)),
@@ -279,6 +279,7 @@ pub(super) async fn send(
             tracing::debug!(provider = %up.name, connect = e.is_connect(), error = %e, "upstream request failed");
             Err(ProxyError::UpstreamUnreachable {
                 provider: up.name.clone(),
+                sent: e.was_sent(),
             })
         }
         Err(_) if deadline <= first_byte => Err(ProxyError::DeadlineExceeded),

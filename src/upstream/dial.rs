@@ -42,6 +42,12 @@ impl SendError {
     pub fn is_connect(&self) -> bool {
         matches!(self, SendError::Connect(_))
     }
+
+    /// Writing the request on an open HTTP/1 connection had begun when it failed (the provider
+    /// may have read it); on HTTP/2 hyper does not say, and it counts as not sent.
+    pub fn was_sent(&self) -> bool {
+        matches!(self, SendError::H1(_))
+    }
 }
 
 impl std::fmt::Display for SendError {

@@ -6,8 +6,14 @@
 //! That failure is the keep-alive race: the provider closed (or reset) an idle connection just
 //! as legate wrote a request on it. A server closing an idle connection does not run what
 //! arrives on it, so sending the request again does not run it twice; any byte of an answer
-//! means the provider took it, and then it is never sent again here. The request is written
-//! from a borrow, so it is still at hand to send again.
+//! means the provider took it, and then it is never sent again here. Nor is a request whose
+//! connection failed more than [`RACE_WINDOW`] after it was sent: the race's close reaches
+//! legate within a round trip of the write (a close that came before it is seen when the
+//! connection is taken from the pool, and the connection is not used), while a provider that
+//! held the request longer may have been running it (a worker that died mid-generation, an
+//! intermediary's timeout) — sent again unseen, it would run twice for one attempt. Such a
+//! failure is an ordinary attempt: counted, and retried or not by the attempt loop. The
+//! request is written from a borrow, so it is still at hand to send again.
 //!
 //! Only HTTP/1 connections qualify for the first case. On an HTTP/2 connection requests share
 //! the bytes, so "no response byte" cannot be told per request; only a request hyper hands back
@@ -23,6 +29,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
@@ -32,6 +40,11 @@ use super::body::ResponseBody;
 use super::conns::{Conn, Conns, Key, Sender};
 use super::dial::{Connector, SendError, dial};
 use super::h1::body::H1Body;
+
+/// The longest a reused connection may take to fail, from the request's sending, for the
+/// failure to be taken for the keep-alive race (see the module doc): a round trip to a
+/// provider across a continent, with room.
+const RACE_WINDOW: Duration = Duration::from_millis(250);
 
 /// How an upstream's connections are kept.
 pub struct PoolOptions {
@@ -70,11 +83,13 @@ impl PooledClient {
         }
     }
 
-    /// Sends `req` (an absolute URI) on an idle connection, or a new one; on a reused
-    /// connection that failed before any response byte, sends it once more on a fresh one.
+    /// Sends `req` (an absolute URI; `sent`, the moment the caller counts it sent from) on an
+    /// idle connection, or a new one; on a reused connection that failed before any response
+    /// byte, within [`RACE_WINDOW`] of `sent`, sends it once more on a fresh one.
     pub async fn request(
         &self,
         mut req: Request<Full<Bytes>>,
+        sent: Instant,
     ) -> Result<Response<ResponseBody>, SendError> {
         let key = Key::of(req.uri()).ok_or(SendError::NotAbsolute)?;
         let uri = req.uri().clone();
@@ -112,7 +127,10 @@ impl PooledClient {
                 }
                 Err(e) => e,
             };
-            if !conn.reused || !conn.count.silent_since_request() {
+            // The clock is read only on this path, which a request rarely takes.
+            let raced =
+                conn.reused && conn.count.silent_since_request() && sent.elapsed() <= RACE_WINDOW;
+            if !raced {
                 return Err(SendError::H1(err));
             }
             tracing::debug!(

@@ -116,6 +116,44 @@ async fn a_reused_connection_reset_after_the_request_is_retried_once_too() {
 }
 
 #[tokio::test]
+async fn a_reused_connection_that_held_the_request_before_closing_is_an_attempt() {
+    // The provider reads the request, works on it longer than the race window (a worker that
+    // died mid-generation), and closes without a byte: it may have run it, so it is not sent
+    // again unseen; the attempt loop's own retry is the only other send, and is counted.
+    let hit = Arc::new(AtomicBool::new(false));
+    let h = hit.clone();
+    let up = rawup::start(move |req: RawRequest| {
+        let fire = req.on_conn > 0 && !h.swap(true, Ordering::SeqCst);
+        async move {
+            if fire {
+                tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+                Action::Close
+            } else {
+                Action::Reply(rawup::json_reply(MESSAGE))
+            }
+        }
+    })
+    .await;
+    let env = legate_against(&up.url, 2).await;
+    let mut sent = 0;
+    let mut last = None;
+    while !hit.load(Ordering::SeqCst) && sent < TRIES {
+        last = Some(env.messages(BODY).await);
+        sent += 1;
+    }
+    assert!(
+        hit.load(Ordering::SeqCst),
+        "no request ever reused a connection"
+    );
+    let last = last.unwrap();
+    assert_eq!(last.status(), 200);
+    assert_eq!(last.headers()["x-legate-attempts"], "2");
+    // The held request once, and once more as the second attempt: not a hidden third.
+    assert_eq!(up.requests.load(Ordering::SeqCst), sent + 1);
+    assert_eq!(metric_or_zero(&env, "legate_retries_total", &[]).await, 1.0);
+}
+
+#[tokio::test]
 async fn the_fresh_connection_is_tried_once_only() {
     // The reused connection closes unanswered, and so does the fresh one after it.
     let fails = Arc::new(AtomicUsize::new(0));
@@ -196,6 +234,13 @@ async fn a_fresh_connection_closed_without_an_answer_is_an_ordinary_attempt() {
     let resp = env.messages(BODY).await;
     assert_eq!(resp.status(), 502);
     assert_eq!(up.requests.load(Ordering::SeqCst), 1);
+    // The provider had the request: the message does not say legate could not connect.
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("closed or failed after legate began sending the request"),
+        "{message}"
+    );
     drop(env);
 
     // With two, the second attempt serves it, and counts as one.

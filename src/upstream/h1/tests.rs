@@ -131,7 +131,10 @@ fn post(uri: &Uri) -> Request<Full<Bytes>> {
 
 /// One request: the status and the whole body, or the error text.
 async fn call(client: &PooledClient, uri: &Uri) -> Result<(u16, Vec<u8>), String> {
-    let resp = client.request(post(uri)).await.map_err(|e| e.to_string())?;
+    let resp = client
+        .request(post(uri), tokio::time::Instant::now())
+        .await
+        .map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let body = resp
         .into_body()
@@ -256,7 +259,9 @@ async fn a_body_dropped_before_its_end_closes_the_connection() -> TestResult {
     ])
     .await?;
     let client = client(Duration::from_secs(60));
-    let resp = client.request(post(&server.uri)).await?;
+    let resp = client
+        .request(post(&server.uri), tokio::time::Instant::now())
+        .await?;
     let mut body = resp.into_body();
     let first = body
         .frame()
@@ -321,7 +326,7 @@ async fn an_answer_sent_before_the_body_was_read_is_the_answer() -> TestResult {
     let client = client(Duration::from_secs(60));
     let mut req = post(&uri);
     *req.body_mut() = Full::new(Bytes::from(vec![b'x'; 32 << 20]));
-    let resp = client.request(req).await?;
+    let resp = client.request(req, tokio::time::Instant::now()).await?;
     assert_eq!(resp.status(), 413);
     let body = resp.into_body().collect().await?.to_bytes();
     assert_eq!(&body[..], b"too large");
@@ -336,7 +341,10 @@ async fn a_cut_body_ends_in_an_error_and_does_not_look_complete() -> TestResult 
     )])
     .await?;
     let client = client(Duration::from_secs(60));
-    let mut body = client.request(post(&server.uri)).await?.into_body();
+    let mut body = client
+        .request(post(&server.uri), tokio::time::Instant::now())
+        .await?
+        .into_body();
     let mut data = Vec::new();
     let err = loop {
         match body.frame().await {

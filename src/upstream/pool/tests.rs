@@ -101,7 +101,7 @@ async fn text_of(
     let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
     *req.method_mut() = http::Method::POST;
     *req.uri_mut() = url.parse()?;
-    let resp = client.request(req).await?;
+    let resp = client.request(req, tokio::time::Instant::now()).await?;
     let body = resp.into_body().collect().await?.to_bytes();
     Ok(String::from_utf8(body.to_vec())?)
 }
