@@ -7,7 +7,10 @@
 //! with `responses = true` speaks it, any other step is reached through `crate::responses`.
 
 mod errors;
+mod lifecycle;
 mod stream;
+
+pub use lifecycle::Lifecycle;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};

@@ -254,7 +254,11 @@ impl TapBody {
             "upstream stream failed after the response started"
         );
         self.complete(Some(502), Outcome::Failure);
-        State::Closing(Some(stream_error_event(self.api, why)))
+        let event = match &self.mode {
+            Mode::Sse(watch) => watch.error_event(stream_failure(why)),
+            Mode::Json { .. } => stream_error_event(self.api, why),
+        };
+        State::Closing(Some(event))
     }
 
     fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
@@ -299,11 +303,16 @@ impl Drop for TapBody {
 /// An error event in the stream format of `api` (Anthropic `event: error`; OpenAI an error
 /// chunk), which the SDKs raise as an exception.
 pub fn stream_error_event(api: ApiKind, message: &str) -> Bytes {
-    api.dialect().stream_error_event(LocalError {
+    api.dialect().stream_error_event(stream_failure(message))
+}
+
+/// A stream that failed under legate, as the error its caller is told.
+fn stream_failure(message: &str) -> LocalError<'_> {
+    LocalError {
         class: ErrorClass::Server,
         code: "upstream_stream_error",
         message,
-    })
+    }
 }
 
 impl Body for TapBody {

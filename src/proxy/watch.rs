@@ -12,7 +12,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::api::openai_chat::unasked::{self, ChunkEdit};
-use crate::api::{ApiKind, StreamEventKind, has_usage_object};
+use crate::api::openai_responses::Lifecycle;
+use crate::api::{ApiKind, LocalError, StreamEventKind, has_usage_object};
 use crate::proxy::conversation::Conversation;
 use crate::sse::SseParser;
 use crate::usage::StreamUsage;
@@ -41,6 +42,9 @@ pub struct SseWatch {
     edits: Vec<Edit>,
     /// A relayed Responses stream: the conversation that keeps its final response.
     keep: Option<Arc<Conversation>>,
+    /// A Responses stream: what an ending legate writes must follow (its numbering, its
+    /// response).
+    lifecycle: Option<Box<Lifecycle>>,
 }
 
 /// One event's edit: its span in the stream, its data as parsed, and what becomes of it.
@@ -68,6 +72,7 @@ impl SseWatch {
             handed: 0,
             edits: Vec::new(),
             keep: None,
+            lifecycle: (api == ApiKind::Responses).then(Box::default),
         }
     }
 
@@ -166,6 +171,9 @@ impl SseWatch {
 
     fn drain_events(&mut self) {
         while let Some(ev) = self.parser.next_event() {
+            if let Some(l) = &mut self.lifecycle {
+                l.observe(&ev);
+            }
             let kind = self.api.dialect().classify(&ev);
             // The usage of a terminal event the store already read (`Some(None)`: none).
             let mut read = None;
@@ -210,6 +218,15 @@ impl SseWatch {
 
     pub fn usage(&self) -> Option<crate::meter::Usage> {
         self.usage.usage()
+    }
+
+    /// The error event that ends this stream when it fails under legate: for a Responses
+    /// stream numbered after, and about, what was relayed.
+    pub fn error_event(&self, e: LocalError<'_>) -> Bytes {
+        match &self.lifecycle {
+            Some(l) => l.failed_events(e),
+            None => self.api.dialect().stream_error_event(e),
+        }
     }
 }
 

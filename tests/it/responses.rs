@@ -122,17 +122,34 @@ async fn passthrough_stream_arrives_event_by_event_and_is_metered() {
 #[tokio::test]
 async fn a_cut_after_content_ends_with_error_then_response_failed() {
     let env = start(r#"{"default":{"cut_after":6}}"#).await;
-    let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
-    let evs = events(resp).await;
-    let names: Vec<&str> = evs.iter().map(|e| e.1.as_str()).collect();
-    assert!(names.contains(&"response.output_text.delta"), "{names:?}");
-    assert_eq!(names[names.len() - 2..], ["error", "response.failed"]);
-    assert_eq!(evs.last().unwrap().2["response"]["status"], "failed");
-    assert_eq!(
-        env.mock.requests().len(),
-        1,
-        "nothing is retried after the commit point"
-    );
+    // Relayed as it is, and translated from an Anthropic stream: legate's ending is numbered
+    // after the last event and names the response the stream opened with (the SDKs' stream
+    // helpers check both).
+    for (n, model) in ["fast", "agent"].into_iter().enumerate() {
+        let body = format!(r#"{{"model":"{model}","input":"hi","stream":true}}"#);
+        let evs = events(responses(&env, &body).await).await;
+        let names: Vec<&str> = evs.iter().map(|e| e.1.as_str()).collect();
+        assert!(names.contains(&"response.output_text.delta"), "{names:?}");
+        assert_eq!(names[names.len() - 2..], ["error", "response.failed"]);
+        let seqs: Vec<u64> = evs
+            .iter()
+            .map(|e| e.2["sequence_number"].as_u64().unwrap())
+            .collect();
+        let want: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
+        assert_eq!(seqs, want, "{model}: numbered in order, without a gap");
+        let (opened, failed) = (&evs[0].2["response"], &evs.last().unwrap().2["response"]);
+        assert_eq!(failed["status"], "failed");
+        assert_eq!(failed["error"]["code"], "upstream_stream_error");
+        for k in ["id", "created_at", "model"] {
+            assert!(!opened[k].is_null(), "{model}: {k}");
+            assert_eq!(failed[k], opened[k], "{model}: {k}");
+        }
+        assert_eq!(
+            env.mock.requests().len(),
+            n + 1,
+            "nothing is retried after the commit point"
+        );
+    }
 }
 
 #[tokio::test]

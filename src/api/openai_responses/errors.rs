@@ -35,8 +35,9 @@ pub(super) fn body(e: LocalError<'_>) -> Bytes {
     chat::body(e)
 }
 
-/// An `error` event, then the terminal `response.failed` the SDKs' stream helpers end on (the
-/// upstream's sequence is not tracked here: both are numbered past it).
+/// An `error` event, then the terminal `response.failed` the SDKs' stream helpers end on, for a
+/// stream nothing was watched of (numbered past any upstream's). A watched stream's ending
+/// follows what was relayed: [`super::Lifecycle`].
 pub(super) fn stream_event(e: LocalError<'_>) -> Bytes {
     let error = json!({
         "type": "error", "code": e.code, "message": e.message, "param": null,
