@@ -83,7 +83,9 @@ pub fn status_for(finish_reason: Option<&str>) -> (&'static str, Value) {
     }
 }
 
-/// Chat usage in Responses terms: both count cached tokens inside the input.
+/// Chat usage in Responses terms: both count cached tokens inside the input. The cache writes
+/// of a chat answer translated from Anthropic (`cache_write_tokens`, legate's own member) are
+/// kept, so that they are metered at their price, not as input.
 pub fn usage_from_chat(usage: Option<&Value>) -> Value {
     let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
     let Some(u) = usage.filter(|u| u.is_object()) else {
@@ -91,11 +93,18 @@ pub fn usage_from_chat(usage: Option<&Value>) -> Value {
     };
     let input = n(u.get("prompt_tokens"));
     let output = n(u.get("completion_tokens"));
+    let mut details = json!({
+        "cached_tokens": n(u.pointer("/prompt_tokens_details/cached_tokens")),
+    });
+    if let Some(w) = u
+        .pointer("/prompt_tokens_details/cache_write_tokens")
+        .and_then(Value::as_u64)
+    {
+        details["cache_write_tokens"] = w.into();
+    }
     json!({
         "input_tokens": input,
-        "input_tokens_details": {
-            "cached_tokens": n(u.pointer("/prompt_tokens_details/cached_tokens")),
-        },
+        "input_tokens_details": details,
         "output_tokens": output,
         "output_tokens_details": {
             "reasoning_tokens": n(u.pointer("/completion_tokens_details/reasoning_tokens")),

@@ -47,9 +47,15 @@ pub(super) fn finish_reason(stop_reason: Option<&str>) -> &'static str {
 
 /// OpenAI `finish_reason` → Anthropic `stop_reason`. `has_tool_calls` repairs servers that
 /// report `stop` for a turn that called tools: an Anthropic agent loop runs tools only on
-/// `tool_use`.
-pub(super) fn stop_reason(finish_reason: Option<&str>, has_tool_calls: bool) -> &'static str {
+/// `tool_use`. An answer that carried `refusal` text (`refused`) and ends with a plain `stop`
+/// (or none) is a refusal, streamed or not.
+pub(super) fn stop_reason(
+    finish_reason: Option<&str>,
+    has_tool_calls: bool,
+    refused: bool,
+) -> &'static str {
     match finish_reason {
+        None | Some("stop") if refused => "refusal",
         Some("length") => "max_tokens",
         Some("tool_calls" | "function_call") => "tool_use",
         Some("content_filter") => "refusal",
@@ -110,11 +116,11 @@ pub(super) fn anthropic_usage(usage: &oa::Usage) -> an::Usage {
     }
 }
 
-/// Whether tool-call arguments can be an Anthropic tool input: a JSON object, or nothing at
-/// all (a call without arguments).
-pub(super) fn is_json_object_or_empty(arguments: &str) -> bool {
-    arguments.trim().is_empty()
-        || serde_json::from_str::<serde_json::Value>(arguments).is_ok_and(|v| v.is_object())
+/// Whether tool-call arguments can be a tool input: a JSON object. Empty arguments are not
+/// one (SPEC §10: never a clean end with `{}` as input; a model cut off before its arguments
+/// leaves them empty too).
+pub(super) fn is_json_object(arguments: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(arguments).is_ok_and(|v| v.is_object())
 }
 
 /// `data:<media>;base64,<data>`.
@@ -180,11 +186,13 @@ mod tests {
             ("refusal", "content_filter"),
         ] {
             assert_eq!(finish_reason(Some(anth)), oai);
-            assert_eq!(stop_reason(Some(oai), anth == "tool_use"), anth);
+            assert_eq!(stop_reason(Some(oai), anth == "tool_use", false), anth);
         }
         assert_eq!(finish_reason(Some("stop_sequence")), "stop");
-        assert_eq!(stop_reason(Some("stop"), true), "tool_use");
-        assert_eq!(stop_reason(None, false), "end_turn");
+        assert_eq!(stop_reason(Some("stop"), true, false), "tool_use");
+        assert_eq!(stop_reason(None, false, false), "end_turn");
+        assert_eq!(stop_reason(Some("stop"), false, true), "refusal");
+        assert_eq!(stop_reason(Some("length"), false, true), "max_tokens");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Whole (non-streaming) responses: an upstream Anthropic message as a `chat.completion`, and
 //! an upstream `chat.completion` as an Anthropic message.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::mapping::{
     anthropic_id, anthropic_tool_id, anthropic_usage, finish_reason, openai_id, openai_usage,
@@ -112,10 +112,7 @@ pub(super) fn anthropic_message(
             cache_control: None,
         });
     }
-    let stop = match choice.finish_reason.as_deref() {
-        None | Some("stop") if refused => "refusal",
-        reason => stop_reason(reason, has_calls),
-    };
+    let stop = stop_reason(choice.finish_reason.as_deref(), has_calls, refused);
     Ok(an::MessageResponse {
         id: anthropic_id(&completion.id),
         kind: "message".to_owned(),
@@ -141,10 +138,9 @@ fn zero_usage() -> an::Usage {
 
 /// A whole response's arguments must form the JSON object an Anthropic tool_use carries;
 /// unlike in a stream, they can be checked before the caller sees anything.
+/// A call's arguments as an Anthropic tool input: a JSON object, or the answer fails (empty
+/// arguments too: SPEC §10, never a clean end with `{}` as input).
 fn tool_input(name: &str, arguments: &str) -> Result<Value, Untranslatable> {
-    if arguments.trim().is_empty() {
-        return Ok(json!({}));
-    }
     match serde_json::from_str::<Value>(arguments) {
         Ok(value @ Value::Object(_)) => Ok(value),
         _ => Err(Untranslatable(format!(
@@ -156,6 +152,7 @@ fn tool_input(name: &str, arguments: &str) -> Result<Value, Untranslatable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn anthropic_message_becomes_a_chat_completion() -> Result<(), Untranslatable> {
@@ -195,7 +192,7 @@ mod tests {
             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": null, "message": {
                 "role": "assistant", "content": null, "refusal": null,
                 "tool_calls": [{"id": "call_1", "type": "function",
-                                "function": {"name": "get", "arguments": ""}}]}}],
+                                "function": {"name": "get", "arguments": "{}"}}]}}],
             "usage": {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55,
                       "prompt_tokens_details": {"cached_tokens": 40}}
         });
@@ -230,6 +227,11 @@ mod tests {
             "content": null, "tool_calls": [{"id": "x", "type": "function",
             "function": {"name": "f", "arguments": "{\"a\":"}}]}}]});
         assert!(to_anthropic(bad_args.to_string().as_bytes()).is_err());
+        // Empty arguments are not an object either: never a clean `{}` input.
+        let empty_args = json!({"id": "c", "model": "m", "choices": [{"index": 0, "message": {
+            "content": null, "tool_calls": [{"id": "x", "type": "function",
+            "function": {"name": "f", "arguments": ""}}]}}]});
+        assert!(to_anthropic(empty_args.to_string().as_bytes()).is_err());
         let no_choice = json!({"id": "c", "model": "m", "choices": []});
         assert!(to_anthropic(no_choice.to_string().as_bytes()).is_err());
         assert!(to_openai(b"<html>", 0).is_err());

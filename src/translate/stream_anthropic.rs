@@ -35,6 +35,8 @@ pub(super) struct ToAnthropic {
     open: Option<Open>,
     calls: Vec<Call>,
     finish_reason: Option<String>,
+    /// Refusal text came: a plain `stop` is then a refusal.
+    refused: bool,
     usage: Option<oa::Usage>,
     /// A content delta has been written: the caller's stream is past its commit point.
     committed: bool,
@@ -118,6 +120,7 @@ impl ToAnthropic {
         // n > 1 is refused at request time: only the first choice exists.
         for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
             let delta = choice.delta;
+            self.refused |= delta.refusal.as_ref().is_some_and(|r| !r.is_empty());
             for text in [delta.content, delta.refusal].into_iter().flatten() {
                 self.text(&text, out);
             }
@@ -322,7 +325,7 @@ impl ToAnthropic {
                 }
                 let args = std::mem::take(&mut self.tool_args);
                 let overflow = std::mem::take(&mut self.tool_args_overflow);
-                if overflow || !super::mapping::is_json_object_or_empty(&args) {
+                if overflow || !super::mapping::is_json_object(&args) {
                     let what = if overflow {
                         "arguments too large to check"
                     } else {
@@ -374,7 +377,9 @@ impl ToAnthropic {
                 ..an::Usage::default()
             });
         let delta = an::MessageDeltaBody {
-            stop_reason: Some(stop_reason(self.finish_reason.as_deref(), has_calls).to_owned()),
+            stop_reason: Some(
+                stop_reason(self.finish_reason.as_deref(), has_calls, self.refused).to_owned(),
+            ),
             stop_sequence: None,
         };
         write_anthropic(

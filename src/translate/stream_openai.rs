@@ -183,7 +183,10 @@ impl ToOpenAi {
         }
     }
 
-    /// A tool_use block ended: its arguments must form a JSON object (or be empty).
+    /// A tool_use block ended: its arguments must form a JSON object. None at all is the
+    /// empty input the block started with (`{}`, and no `input_json_delta`, or only empty
+    /// ones): the call is given `{}`, as a whole answer's is, since OpenAI clients parse the
+    /// arguments as JSON and an empty string is not.
     fn block_stop(&mut self, index: u64, out: &mut Vec<u8>) {
         let Some((block, name, args)) = self.tool.take() else {
             return;
@@ -194,9 +197,13 @@ impl ToOpenAi {
         }
         let problem = match &args {
             None => "arguments too large to check",
-            Some(a) if !super::mapping::is_json_object_or_empty(a) => {
-                "arguments that are not a JSON object"
+            Some(a) if a.trim().is_empty() => {
+                if let Some(&(_, call)) = self.calls.iter().find(|(b, _)| *b == index) {
+                    self.write_calls(out, empty_arguments(call));
+                }
+                return;
             }
+            Some(a) if !super::mapping::is_json_object(a) => "arguments that are not a JSON object",
             Some(_) => return,
         };
         let message = format!("the upstream model called tool `{name}` with {problem}");
@@ -268,5 +275,18 @@ impl ToOpenAi {
             },
         );
         self.done = true;
+    }
+}
+
+/// The arguments delta that gives a call with no input `{}`.
+fn empty_arguments(call: u64) -> oa::ToolCallDelta {
+    oa::ToolCallDelta {
+        index: call,
+        id: None,
+        kind: None,
+        function: Some(oa::FunctionDelta {
+            name: None,
+            arguments: Some("{}".to_owned()),
+        }),
     }
 }

@@ -63,20 +63,28 @@ struct Reported {
 struct InputDetails {
     #[serde(default)]
     cached_tokens: u64,
+    /// Not OpenAI's: legate's own, in a response translated from an Anthropic answer, whose
+    /// cache writes are priced apart (as in its Chat Completions usage).
+    #[serde(default)]
+    cache_write_tokens: u64,
 }
 
 impl Reported {
-    /// `input_tokens` includes the cached tokens; output includes reasoning.
+    /// `input_tokens` includes the cached tokens (and cache writes); output includes
+    /// reasoning.
     fn to_usage(&self) -> Usage {
-        let cached = self
+        let (cached, written) = self
             .input_tokens_details
             .as_ref()
-            .map_or(0, |d| d.cached_tokens);
+            .map_or((0, 0), |d| (d.cached_tokens, d.cache_write_tokens));
         Usage {
-            input: self.input_tokens.saturating_sub(cached),
+            input: self
+                .input_tokens
+                .saturating_sub(cached)
+                .saturating_sub(written),
             output: self.output_tokens,
             cache_read: cached,
-            cache_write: 0,
+            cache_write: written,
         }
     }
 }
@@ -104,9 +112,10 @@ fn read_in_place(obj: &[u8]) -> Option<Reported> {
         None
     } else {
         let details = &obj[details?];
-        let [cached] = flat::members(details, ["cached_tokens"])?;
+        let [cached, written] = flat::members(details, ["cached_tokens", "cache_write_tokens"])?;
         Some(InputDetails {
             cached_tokens: flat::required(details, cached)?,
+            cache_write_tokens: flat::required(details, written)?,
         })
     };
     Some(Reported {
@@ -221,6 +230,18 @@ mod tests {
             kinds("data: {\"type\":\"response.completed\"}\n\n"),
             [Terminal]
         );
+    }
+
+    #[test]
+    fn cache_writes_of_a_translated_answer_are_taken_out_of_input() {
+        let body = br#"{"usage":{"input_tokens":35,"input_tokens_details":{"cached_tokens":20,"cache_write_tokens":4},"output_tokens":7}}"#;
+        let want = Usage {
+            input: 11,
+            output: 7,
+            cache_read: 20,
+            cache_write: 4,
+        };
+        assert_eq!(usage_of_body(body), Some(want));
     }
 
     #[test]

@@ -325,3 +325,58 @@ fn an_anthropic_tool_input_that_is_not_an_object_ends_the_openai_stream_in_an_er
     let view = openai_view(&out).map(|v| (v.error.is_some(), v.done, v.finish_reason));
     assert_eq!(view, Ok((true, false, None)));
 }
+
+#[test]
+fn empty_tool_arguments_end_in_an_error_not_a_clean_empty_input() {
+    let bad = openai_tool_stream(None, ("", ""));
+    let out = translate(Dir::AnthropicToOpenAi, false, bad.as_bytes(), &[]);
+    let view = anthropic_view(&out).map(|v| (v.error, v.stopped));
+    assert_eq!(view, Ok((Some("api_error".to_owned()), false)));
+}
+
+#[test]
+fn an_anthropic_tool_call_without_input_reaches_openai_callers_as_an_empty_object() {
+    // The block starts with `input: {}` and streams nothing more (or only an empty delta):
+    // OpenAI clients parse the arguments as JSON, so they get `{}`, as a whole answer has.
+    for deltas in [0, 1] {
+        let mut input = vec![
+            anthropic_start(),
+            anthropic_event(&json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": "toolu_1", "name": "now", "input": {}}})),
+        ];
+        if deltas == 1 {
+            input.push(anthropic_event(
+                &json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": ""}}),
+            ));
+        }
+        input.push(anthropic_event(
+            &json!({"type": "content_block_stop", "index": 0}),
+        ));
+        input.push(anthropic_end("tool_use"));
+        let view = openai_view_of(&input.concat(), false).unwrap();
+        assert_eq!(
+            view.calls.get(&0).map(|c| c.2.as_str()),
+            Some("{}"),
+            "{deltas} deltas"
+        );
+        assert_eq!(
+            (view.error, view.finish_reason.as_deref(), view.done),
+            (None, Some("tool_calls"), true)
+        );
+    }
+}
+
+#[test]
+fn a_streamed_refusal_ends_with_a_refusal_stop_as_a_whole_answer_does() {
+    let input = [
+        chunk(json!({"role": "assistant", "refusal": "I can't "}), None),
+        chunk(json!({"refusal": "help with that."}), None),
+        chunk(json!({}), Some("stop")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let view = anthropic_view_of(&input).unwrap();
+    assert_eq!(view.text, "I can't help with that.");
+    assert_eq!(view.stop_reason.as_deref(), Some("refusal"));
+}
