@@ -359,7 +359,7 @@ impl Proxy {
                 Err(e) => break 'served Err(e),
             };
             if endpoint.op == Operation::InputTokens {
-                break 'served responses::input_tokens(&snap, &inbound).await;
+                break 'served responses::input_tokens(&snap, &self.answers, &inbound).await;
             }
             // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
             chain::run(&self, &snap, inbound, &mut record, &mut stats).await
@@ -454,6 +454,7 @@ impl Proxy {
                 Box::pin(responses::stored_response(
                     snap,
                     &self.conversations,
+                    &self.answers,
                     req.method(),
                     req.uri().path(),
                     req.uri().query(),

@@ -7,15 +7,17 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 
 use crate::api::ApiKind;
 use crate::config::{Config, StoreKind};
 use crate::error::ProxyError;
 use crate::observe::RequestObs;
+use crate::proxy::buffers::{self, AnswerShare, BufferBudget};
 use crate::proxy::record::RequestRecord;
 use crate::proxy::response::ProxyBody;
+use crate::proxy::upbody::{Raw, UpstreamBody};
+use crate::proxy::upread::{self, Whole};
 use crate::proxy::{Inbound, Snapshot};
 use crate::responses::{self, ConversationStore};
 use crate::translate::Xlate;
@@ -86,7 +88,11 @@ fn responses_provider<'a>(snap: &'a Snapshot, cfg: &Config) -> Option<&'a Arc<Up
 }
 
 fn local_json(status: StatusCode, body: &Value) -> Response<ProxyBody> {
-    let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
+    json_response(status, Bytes::from(body.to_string()))
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -95,11 +101,39 @@ fn local_json(status: StatusCode, body: &Value) -> Response<ProxyBody> {
     resp
 }
 
+/// A stored response (or its input items) as the caller's answer, counted with the upstream
+/// answers held whole (`answers`, bound `max`) until its last byte is written: a caller that
+/// asks for a large one again and again without reading holds one copy per request, so past
+/// the bound it is refused (529, as a translated answer is) rather than copied once more.
+fn held_json(
+    body: &Value,
+    answers: &Arc<BufferBudget>,
+    max: usize,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let bytes = Bytes::from(body.to_string());
+    let mut share = AnswerShare::new(answers, max);
+    if !share.grow(bytes.len()) {
+        tracing::warn!(
+            bytes = bytes.len(),
+            "stored response refused: server.max_buffered_bytes is reached by answers not yet taken"
+        );
+        return Err(ProxyError::BuffersFull {
+            retry_after: std::time::Duration::from_secs(1),
+        });
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        buffers::hold(bytes, share.into_share()),
+    ))
+}
+
 /// `GET`/`DELETE /v1/responses/{id}`, `POST …/cancel`, `GET …/input_items`: answered from the
-/// store for responses legate translated, else forwarded to the Responses provider.
+/// store for responses legate translated, else forwarded to the Responses provider. What is
+/// answered whole is counted in `answers` (bound `max`, `server.max_buffered_bytes`).
 pub async fn stored_response(
     snap: &Snapshot,
     store: &ConversationStore,
+    answers: &Arc<BufferBudget>,
     method: &Method,
     path: &str,
     query: Option<&str>,
@@ -119,9 +153,10 @@ pub async fn stored_response(
         }
     };
     let kept = store.get(id).await.map_err(unavailable)?;
+    let max = snap.cfg.server.limits.max_buffered_bytes;
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {
-            (&Method::GET, "") => local_json(StatusCode::OK, &kept.response),
+            (&Method::GET, "") => held_json(&kept.response, answers, max)?,
             (&Method::DELETE, "") => {
                 store.delete(id).await.map_err(unavailable)?;
                 local_json(
@@ -129,11 +164,12 @@ pub async fn stored_response(
                     &json!({"id": id, "object": "response.deleted", "deleted": true}),
                 )
             }
-            (_, "input_items") => local_json(
-                StatusCode::OK,
+            (_, "input_items") => held_json(
                 &json!({"object": "list", "data": kept.input,
                         "first_id": null, "last_id": null, "has_more": false}),
-            ),
+                answers,
+                max,
+            )?,
             _ => {
                 return Err(ProxyError::InvalidRequest {
                     message: "only background responses can be cancelled; this one has finished"
@@ -154,6 +190,7 @@ pub async fn stored_response(
     let upstream_path = format!("/v1/responses/{rest}");
     forward(
         up,
+        (answers, max),
         method.clone(),
         &upstream_path,
         query,
@@ -163,9 +200,12 @@ pub async fn stored_response(
     .await
 }
 
-/// One plain upstream call for the small endpoints: credential injected, answer passed back.
+/// One plain upstream call for the small endpoints: credential injected, answer passed back,
+/// held whole as the chain's answers are (counted in `answers` with bound `max`, at most
+/// 16 MiB).
 pub async fn forward(
     up: &Upstream,
+    (answers, max): (&Arc<BufferBudget>, usize),
     method: Method,
     path: &str,
     query: Option<&str>,
@@ -196,10 +236,24 @@ pub async fn forward(
     if crate::proxy::response::opaque_coding(&parts.headers) {
         return Err(crate::proxy::response::opaque_answer(&up.name));
     }
-    let limited = Limited::new(incoming, 32 << 20).collect();
-    let body = match tokio::time::timeout(up.idle_timeout, limited).await {
-        Ok(Ok(c)) => c.to_bytes(),
-        _ => {
+    let mut incoming = UpstreamBody::Plain(Raw::Http(incoming));
+    let mut share = AnswerShare::new(answers, max);
+    let deadline = tokio::time::Instant::now() + up.idle_timeout;
+    let body = match upread::read_whole(&mut incoming, up.idle_timeout, deadline, &mut share).await
+    {
+        Whole::Complete(b) => b,
+        Whole::Full(_) => {
+            return Err(ProxyError::BuffersFull {
+                retry_after: std::time::Duration::from_secs(1),
+            });
+        }
+        Whole::TooLarge(_) => {
+            return Err(ProxyError::UpstreamAnswerUnusable {
+                provider: up.name.clone(),
+                reason: "it is larger than the 16 MiB legate holds whole".to_owned(),
+            });
+        }
+        Whole::Broken(_) | Whole::Unusable(_) => {
             return Err(ProxyError::UpstreamStreamBroken {
                 provider: up.name.clone(),
             });
@@ -211,6 +265,7 @@ pub async fn forward(
         Some(r) => r.bytes(body),
         None => body,
     };
+    let body = buffers::hold(body, share.into_share());
     let mut out = Response::new(ProxyBody::full(body));
     *out.status_mut() = parts.status;
     crate::proxy::response::copy_upstream_headers(&parts.headers, out.headers_mut(), true);
@@ -225,6 +280,7 @@ pub async fn forward(
 /// Responses API, else estimated locally as the request would be sent to that step.
 pub async fn input_tokens(
     snap: &Snapshot,
+    answers: &Arc<BufferBudget>,
     inb: &Inbound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let resolved = crate::route::resolve(&snap.cfg, ApiKind::Responses, &inb.meta.model)?;
@@ -239,6 +295,7 @@ pub async fn input_tokens(
             let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::Responses, None)?;
             return forward(
                 up,
+                (answers, snap.cfg.server.limits.max_buffered_bytes),
                 Method::POST,
                 "/v1/responses/input_tokens",
                 None,

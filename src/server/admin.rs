@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::server::CallerBody;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use prometheus::Registry;
 
 use crate::proxy::Proxy;
+use crate::proxy::buffers::{self, AnswerShare, BufferBudget};
 
 pub struct Admin {
     pub proxy: Arc<Proxy>,
@@ -23,7 +24,16 @@ pub struct Admin {
     /// True once the data plane listens; false again when draining.
     pub ready: AtomicBool,
     pub reloader: Arc<crate::server::Reloader>,
+    /// Answers of this plane held until their last byte is written ([`HELD_MAX`]).
+    pub held: Arc<BufferBudget>,
 }
+
+/// The admin plane's answers held at once, over all its connections: past 64 KiB each (a
+/// large journal or usage ledger, a scrape of many series) until the connection has written
+/// its last byte. Over HTTP/2 one connection may ask for the same large answer on a hundred
+/// streams and read none of them; each would be a copy held until the idle timeout. Past this,
+/// an answer is refused with 503 instead.
+const HELD_MAX: usize = 32 << 20;
 
 impl Admin {
     pub async fn handle(
@@ -37,6 +47,12 @@ impl Admin {
                 StatusCode::FORBIDDEN,
                 &serde_json::json!({"error": "requests from web pages (a non-loopback Origin) are refused"}),
             ));
+        }
+        let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+        if !probe && self.held.used() >= HELD_MAX {
+            // Full already: refused before it is rendered (a journal list is megabytes of
+            // transient work), not after.
+            return Ok(held_full());
         }
         let resp = match (req.method(), req.uri().path()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
@@ -96,7 +112,22 @@ impl Admin {
                 &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage, /admin/requests, /admin/requests/{id}; POST /admin/reload"}),
             ),
         };
-        Ok(resp)
+        Ok(self.held(resp).await)
+    }
+
+    /// `resp`, its body counted in [`HELD_MAX`] until the last view of it goes; a 503 when it
+    /// would pass it.
+    async fn held(&self, resp: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+        let (parts, body) = resp.into_parts();
+        let bytes = match body.collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(never) => match never {},
+        };
+        let mut share = AnswerShare::new(&self.held, HELD_MAX);
+        if !share.grow(bytes.len()) {
+            return held_full();
+        }
+        Response::from_parts(parts, Full::new(buffers::hold(bytes, share.into_share())))
     }
 
     /// Reload is a write: only callers on this host may ask for it, even when the admin plane
@@ -190,6 +221,18 @@ impl Admin {
             .collect();
         serde_json::Value::Array(list)
     }
+}
+
+/// The 503 for an answer past [`HELD_MAX`].
+fn held_full() -> Response<Full<Bytes>> {
+    tracing::warn!("admin answer refused: the admin plane holds 32 MiB of answers not yet taken");
+    let mut r = json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &serde_json::json!({"error": "the admin plane holds 32 MiB of answers its callers have not taken yet; read those first, or retry in a second"}),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {

@@ -96,6 +96,7 @@ pub async fn start_reloadable(
         registry,
         ready: Default::default(),
         reloader: reloader.clone(),
+        held: Default::default(),
     });
 
     let stop_data = CancellationToken::new();

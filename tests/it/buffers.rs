@@ -226,3 +226,79 @@ async fn a_translated_answer_refused_for_memory_keeps_its_reservation() {
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(env.legate.proxy.answers.used(), 0);
 }
+
+/// A stored response answered whole counts with the answers held for callers: a caller that
+/// asks for a large one and does not read it holds its share, and past the bound the next is
+/// refused with 529 instead of being copied once more (one copy per request, without bound,
+/// before). Once the caller reads, the share comes back.
+#[tokio::test]
+async fn a_stored_response_read_back_counts_with_the_answers_held() {
+    let answer = send_buffer_max() + (2 << 20);
+    let up = crate::rawup::start(move |_| async move {
+        crate::rawup::Action::Reply(crate::rawup::json_reply(&answer_of(answer)))
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let models = "[[models]]\nname = \"xr\"\nchain = [\"anthropic:claude-b\"]\n";
+    let toml = harness::config_toml_with(
+        &up.url,
+        &format!("max_buffered_bytes = {}\n", answer + 700_000),
+        "",
+        models,
+    );
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"xr","input":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let id = v["id"].as_str().unwrap().to_owned();
+    wait_used(&env, |used| used == 0).await;
+
+    // A caller that takes nothing of the stored response it asked for.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut idle = sock.connect(env.legate.data_addr).await.unwrap();
+    let head = format!("GET /v1/responses/{id} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
+    idle.write_all(head.as_bytes()).await.unwrap();
+    wait_used(&env, |used| used >= answer).await;
+
+    let get = || env.http.get(env.url(&format!("/v1/responses/{id}"))).send();
+    let resp = get().await.unwrap();
+    assert_eq!(resp.status(), 529);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+
+    // The caller reads it: all of it arrives, the share comes back, and the next is served.
+    let mut got = Vec::new();
+    let whole = |got: &[u8]| {
+        let text = String::from_utf8_lossy(got);
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))?
+            .parse()
+            .ok()?;
+        Some(body.len() >= length)
+    };
+    while whole(&got) != Some(true) {
+        let mut buf = vec![0u8; 1 << 16];
+        let n = idle.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the answer was cut after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert!(got.len() > answer);
+    wait_used(&env, |used| used == 0).await;
+    let resp = get().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["id"], id.as_str());
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -195,3 +195,76 @@ async fn a_refused_http2_upload_does_not_disturb_a_stream_in_flight_beside_it() 
     assert_eq!(status, 200, "{text}");
     assert_eq!(env.mock.stats().requests, 1);
 }
+
+/// The admin plane's answers over HTTP/2 are held within one bound: a caller that asks for the
+/// whole journal on many streams of one connection and grants none of them a byte of window
+/// gets 503 once the answers held pass it, instead of a copy per stream (1 GB and more).
+#[tokio::test]
+async fn admin_answers_held_for_streams_that_take_nothing_are_bounded() {
+    let env = start().await;
+    // A journal of a thousand entries with long model names: about a megabyte as a list.
+    let model = format!("claude-{}", "m".repeat(200));
+    let body = format!(
+        r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    for _ in 0..1000 {
+        assert_eq!(env.messages(body.clone()).await.status(), 200);
+    }
+    let tcp = tokio::net::TcpStream::connect(env.legate.admin_addr)
+        .await
+        .unwrap();
+    let (send, conn) = http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for _ in 0..60 {
+        let mut send = send.clone();
+        send.ready().await.unwrap();
+        let req = http::Request::get("http://127.0.0.1/admin/requests?limit=1000")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+            .await
+            .expect("an answer's head, not a hang")
+            .unwrap();
+        statuses.push(resp.status().as_u16());
+        // Kept, unread: its stream grants no window.
+        held.push(resp);
+    }
+    let first_refused = statuses.iter().position(|s| *s == 503);
+    assert!(
+        matches!(first_refused, Some(n) if n >= 16),
+        "answers are held up to the bound, then refused: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
+    // Once the streams go, their share comes back.
+    drop(held);
+    drop(send);
+    let wait = async {
+        loop {
+            let resp = env
+                .http
+                .get(format!(
+                    "http://{}/admin/requests?limit=1000",
+                    env.legate.admin_addr
+                ))
+                .send()
+                .await
+                .unwrap();
+            if resp.status() == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the admin plane answers again once the streams are gone");
+}
