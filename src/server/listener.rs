@@ -95,6 +95,7 @@ pub async fn serve<H, F, B, L>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                bound_unsent(&stream);
                 let limits = (plane.limits)();
                 let h = handler.clone();
                 let h2 = h2.clone();
@@ -253,4 +254,25 @@ fn open_files_limit() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = text.lines().find(|l| l.starts_with("Max open files"))?;
     line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The unsent bytes a caller's socket takes before a write waits: past it, the kernel holds
+/// the writer until the caller's reads let some of them go.
+const NOTSENT_LOWAT: u32 = 128 << 10;
+
+/// Bounds the bytes a caller's socket holds unsent (`TCP_NOTSENT_LOWAT`), so that a caller
+/// reading slowly is seen to read. Without it a full send buffer (megabytes on loopback, where
+/// the kernel grows it) wakes a waiting writer only once a third of it or more has drained: a
+/// reader at tens of KB/s made no write move within `connection_idle_timeout`, and was cut as
+/// one that had stopped reading ([`super::conn`]). With it, each time the caller's reads open
+/// its window the kernel sends, the unsent bytes fall below the mark and the write moves. It
+/// also keeps what a connection parks in the kernel to the caller's window and this mark,
+/// instead of the send buffer's megabytes. Answers under the mark are written as before.
+fn bound_unsent(stream: &TcpStream) {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = socket2::SockRef::from(stream).set_tcp_notsent_lowat(NOTSENT_LOWAT);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = stream;
 }

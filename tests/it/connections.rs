@@ -361,6 +361,45 @@ async fn a_caller_that_stops_reading_a_stream_is_closed_and_the_upstream_release
     wait_gauge(&env, "data", 0.0).await;
 }
 
+/// A caller that keeps reading, slowly, is not one that stopped (README: "a slow reader that
+/// keeps taking bytes is not cut"): it reads an endless stream at about 200 KB/s for twice
+/// `connection_idle_timeout` and its connection stays open. The kernel wakes a writer only
+/// once much of a full send buffer has drained (megabytes on loopback, seconds of such a
+/// reader): without a bound on the unsent bytes, no write moved for the whole idle timeout,
+/// and the connection was cut at exactly 2 s. (Over loopback the kernel sends in 64 KiB
+/// segments, a third of a second of this reader: well within the timeout.)
+#[tokio::test]
+async fn a_caller_that_reads_a_stream_slowly_is_not_cut() {
+    let (url, _upstream) = endless_stream().await;
+    let env = in_front_of(&url, "connection_idle_timeout = \"2s\"\n", "").await;
+    let mut caller = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    let body = STREAMED;
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    caller.write_all(req.as_bytes()).await.unwrap();
+    // 10 KB every 50 ms, for 4 s (the pace of a slow reader, not a wait for legate).
+    let mut read = 0;
+    let mut buf = vec![0u8; 10_000];
+    for _ in 0..80 {
+        let n = caller.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the stream was cut after {read} bytes");
+        read += n;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        env.metric("legate_connections", &[("plane", "data")]).await,
+        Some(1.0),
+        "the slow reader's connection is still open"
+    );
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "499")])
+            .await,
+        None
+    );
+}
+
 /// A socket whose reads stop for good once `shut` is set, as a caller process that has stopped
 /// reading (hung, or stopped) but keeps its connection open.
 struct Valve {
