@@ -291,6 +291,21 @@ impl TapBody {
 
 impl Drop for TapBody {
     fn drop(&mut self) {
+        // A stream whose final event was relayed is complete, whatever follows it: the
+        // OpenAI SDKs close their connection at `[DONE]`, often before the provider's body
+        // has ended behind it, and such a caller has not left early. Recorded as the end
+        // of the stream would have been.
+        if let Mode::Sse(watch) = &self.mode {
+            if self.acct.is_some() && (watch.saw_terminal || watch.error_data.is_some()) {
+                let outcome = if watch.error_data.is_some() {
+                    Outcome::Failure
+                } else {
+                    Outcome::Success
+                };
+                self.complete(None, outcome);
+                return;
+            }
+        }
         // Still accounting means the caller went away before the end: whatever usage was seen
         // is still billed by the provider, so it is recorded, and the request counts as 499.
         // The breaker ticket drops unreported: a disconnect is never a provider failure.

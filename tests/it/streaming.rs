@@ -225,3 +225,52 @@ async fn a_caller_leaving_before_headers_cancels_the_upstream_and_counts_499() {
         .await;
     assert_eq!(failures, None);
 }
+
+/// A caller that closes its connection at the stream's final event (the OpenAI SDKs stop at
+/// `[DONE]`) has its whole answer: the request is recorded as served (200) and the breaker
+/// hears a success, even when the provider's body has not ended behind that event yet.
+#[tokio::test]
+async fn a_caller_that_leaves_at_done_is_served_not_gone() {
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"chatcmpl-d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-d\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let events = [
+        chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
+        chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    // The events in one chunk of a chunked body whose last chunk never comes.
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+        events.len()
+    );
+    let up = crate::rawup::start(move |_| {
+        let head = head.clone().into_bytes();
+        async move { crate::rawup::Action::ReplyAndHang(head) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", "");
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env
+        .chat(r#"{"model":"gpt-d","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut got = Vec::new();
+    while !got.ends_with(b"data: [DONE]\n\n") {
+        got.extend_from_slice(&stream.next().await.unwrap().unwrap());
+    }
+    // The caller is done, and leaves.
+    drop(stream);
+    env.wait_metric("legate_requests_total", &[("status", "200")], 1.0)
+        .await;
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "499")])
+            .await,
+        None
+    );
+}
