@@ -116,9 +116,15 @@ fn is_stored_response(method: &Method, path: &str) -> bool {
 /// Reads `model` (required), `stream`, `max_output_tokens`; the input estimate is the bytes of
 /// `input`, `instructions` and `tools` / 4. `input` may be absent (a stored prompt).
 fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
-    let ([model, stream, max_output, input], approx_input_tokens) = read_fields_sized(
+    let ([model, stream, max_output, input, previous], approx_input_tokens) = read_fields_sized(
         body,
-        ["model", "stream", "max_output_tokens", "input"],
+        [
+            "model",
+            "stream",
+            "max_output_tokens",
+            "input",
+            "previous_response_id",
+        ],
         &["input", "instructions", "tools"],
     )?;
     // One allocation, shared from here on (the journal entry takes the same string).
@@ -130,6 +136,11 @@ fn parse_request(body: &[u8]) -> Result<RequestMeta, MetaError> {
         Field::Absent | Field::Null | Field::Str(_) | Field::Array
     ) {
         return Err(MetaError::WrongType("input"));
+    }
+    // Any other type would be forwarded, or read as no earlier turn: the conversation lost
+    // without a word.
+    if !matches!(previous, Field::Absent | Field::Null | Field::Str(_)) {
+        return Err(MetaError::WrongType("previous_response_id"));
     }
     Ok(RequestMeta {
         model,
@@ -160,6 +171,18 @@ mod tests {
             parse_request(br#"{"model":"m","input":5}"#),
             Err(MetaError::WrongType("input"))
         );
+        for prior in ["5", "{}", "[\"resp_1\"]", "true"] {
+            let body = format!(r#"{{"model":"m","input":"x","previous_response_id":{prior}}}"#);
+            assert_eq!(
+                parse_request(body.as_bytes()),
+                Err(MetaError::WrongType("previous_response_id")),
+                "{prior}"
+            );
+        }
+        for prior in ["null", "\"resp_1\""] {
+            let body = format!(r#"{{"model":"m","input":"x","previous_response_id":{prior}}}"#);
+            assert!(parse_request(body.as_bytes()).is_ok(), "{prior}");
+        }
     }
 
     #[test]
