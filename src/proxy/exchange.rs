@@ -402,6 +402,21 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
                 inflight: got.inflight,
             })
         }
+        // The translator refused what the provider sent (no error of the provider's own): an
+        // answer that cannot reach the caller, as a whole one would be (502, retried or
+        // fallen back), not the error type the translator's event names.
+        Err(PreCommit::ErrorEvent(data)) if incoming.translator_refused() => {
+            let reason = api
+                .dialect()
+                .read_error(data.as_bytes())
+                .and_then(|f| f.message)
+                .unwrap_or_else(|| "the translated stream failed".to_owned());
+            tracing::info!(provider = %up.name, reason = %reason, "translated stream refused before its first content");
+            Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
+                provider: up.name.clone(),
+                reason,
+            })
+        }
         // Nothing reached the caller: the event becomes the error answer it stands for.
         Err(PreCommit::ErrorEvent(data)) => {
             let (status, body) = api.dialect().error_event_response(&data);

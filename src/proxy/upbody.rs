@@ -82,6 +82,10 @@ pub struct Translated {
     usage: StreamUsage,
     /// Largest upstream event (or unterminated line) accepted; beyond it the stream is cut.
     max_event: usize,
+    /// The upstream's API, and whether its own stream carried an error event: an error in
+    /// the translated stream without one was the translator's (an answer it cannot carry).
+    upstream: ApiKind,
+    upstream_error: bool,
 }
 
 impl UpstreamBody {
@@ -100,7 +104,16 @@ impl UpstreamBody {
             parser: SseParser::new(),
             usage: StreamUsage::new(upstream),
             max_event,
+            upstream,
+            upstream_error: false,
         }))
+    }
+
+    /// The stream was translated and the provider's own events held no error: an error event
+    /// in it was the translator's refusal of what the provider sent (arguments that are not
+    /// a JSON object, an event it cannot read), not the provider's.
+    pub fn translator_refused(&self) -> bool {
+        matches!(self, UpstreamBody::Translated(t) if !t.upstream_error)
     }
 
     /// Usage read from the upstream's own events, for a translated stream.
@@ -155,6 +168,10 @@ impl Translated {
                     if let Ok(data) = frame.into_data() {
                         self.parser.push(&data);
                         while let Some(ev) = self.parser.next_event() {
+                            if !self.upstream_error {
+                                self.upstream_error = self.upstream.dialect().classify(&ev)
+                                    == crate::api::StreamEventKind::Error;
+                            }
                             self.usage.observe(&ev);
                         }
                         if self.parser.pending_bytes() > self.max_event {

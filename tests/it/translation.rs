@@ -218,3 +218,50 @@ async fn a_request_a_step_cannot_honour_is_not_sent_to_it() {
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert_eq!(env.mock.stats().requests, 0);
 }
+
+/// A streamed tool call whose arguments are not a JSON object, before any content reached the
+/// caller, is an answer that cannot be carried: retried, then 502 `upstream_answer_unusable`
+/// naming the tool, as the same answer whole is (not the 500 the translator's error event
+/// would stand for).
+#[tokio::test]
+async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries() {
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"chatcmpl-t\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-backend\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let events = [
+        chunk(
+            r#"{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\":"}}]}"#,
+            "null",
+        ),
+        chunk("{}", r#""tool_calls""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
+        events.len()
+    );
+    let up = crate::rawup::start(move |_| {
+        let reply = reply.clone().into_bytes();
+        async move { crate::rawup::Action::Reply(reply) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", CHAINS);
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"write it"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-legate-attempts"], "3");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "api_error", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tool `write`") && message.contains("not a JSON object"),
+        "{message}"
+    );
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
