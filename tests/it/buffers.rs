@@ -105,15 +105,7 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
         async move { crate::rawup::Action::Reply(reply) }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let models = "[[models]]\nname = \"xl\"\nchain = [\"anthropic:claude-b\"]\n";
-    let toml = harness::config_toml_with(
-        &up.url,
-        &format!("max_buffered_bytes = {}\n", answer + 700_000),
-        "",
-        models,
-    );
-    let env = harness::start_toml(unused, &toml).await;
+    let env = room_for_one(&up.url, answer, "xl").await;
     let ask = r#"{"model":"claude-b","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
 
     // A caller that takes nothing of its answer (a small receive window, never read).
@@ -194,6 +186,20 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 6);
 }
 
+/// legate in front of `url` with room for one answer of `answer` bytes held (and some), and
+/// `alias` a model translated to the Anthropic upstream's `claude-b`.
+async fn room_for_one(url: &str, answer: usize, alias: &str) -> harness::Env {
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let models = format!("[[models]]\nname = \"{alias}\"\nchain = [\"anthropic:claude-b\"]\n");
+    let toml = harness::config_toml_with(
+        url,
+        &format!("max_buffered_bytes = {}\n", answer + 700_000),
+        "",
+        &models,
+    );
+    harness::start_toml(unused, &toml).await
+}
+
 /// The most a socket's send buffer grows to (`tcp_wmem`'s maximum; 4 MiB if unreadable).
 fn send_buffer_max() -> usize {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
@@ -238,15 +244,7 @@ async fn a_stored_response_read_back_counts_with_the_answers_held() {
         crate::rawup::Action::Reply(crate::rawup::json_reply(&answer_of(answer)))
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let models = "[[models]]\nname = \"xr\"\nchain = [\"anthropic:claude-b\"]\n";
-    let toml = harness::config_toml_with(
-        &up.url,
-        &format!("max_buffered_bytes = {}\n", answer + 700_000),
-        "",
-        models,
-    );
-    let env = harness::start_toml(unused, &toml).await;
+    let env = room_for_one(&up.url, answer, "xr").await;
     let resp = env
         .http
         .post(env.url("/v1/responses"))

@@ -160,3 +160,11 @@ pub(crate) async fn behind(reply: Vec<u8>) -> (harness::Env, RawUpstream) {
     let toml = harness::config_toml_with(&up.url, "", "", retry);
     (harness::start_toml(unused, &toml).await, up)
 }
+
+/// One OpenAI `chat.completion.chunk` event of model `gpt-x` with `delta` (JSON) and
+/// `finish` (JSON: `null` or a quoted reason).
+pub(crate) fn chat_chunk(delta: &str, finish: &str) -> String {
+    format!(
+        "data: {{\"id\":\"chatcmpl-r\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-x\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+    )
+}

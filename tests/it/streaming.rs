@@ -231,11 +231,7 @@ async fn a_caller_leaving_before_headers_cancels_the_upstream_and_counts_499() {
 /// hears a success, even when the provider's body has not ended behind that event yet.
 #[tokio::test]
 async fn a_caller_that_leaves_at_done_is_served_not_gone() {
-    let chunk = |delta: &str, finish: &str| {
-        format!(
-            "data: {{\"id\":\"chatcmpl-d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-d\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
-        )
-    };
+    let chunk = crate::rawup::chat_chunk;
     let events = [
         chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
         chunk("{}", r#""stop""#),

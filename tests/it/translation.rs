@@ -225,11 +225,7 @@ async fn a_request_a_step_cannot_honour_is_not_sent_to_it() {
 /// would stand for).
 #[tokio::test]
 async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries() {
-    let chunk = |delta: &str, finish: &str| {
-        format!(
-            "data: {{\"id\":\"chatcmpl-t\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-backend\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
-        )
-    };
+    let chunk = crate::rawup::chat_chunk;
     let events = [
         chunk(
             r#"{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\":"}}]}"#,
