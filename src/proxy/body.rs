@@ -237,7 +237,21 @@ impl TapBody {
     /// A failure mid-body: an explicit error event for event streams; for other bodies the
     /// connection is aborted, so the caller sees a broken response rather than a short one.
     fn fail(&mut self, why: &str) -> State {
-        match self.mode {
+        match &self.mode {
+            // The final event was relayed: the answer is whole, and what went wrong behind it
+            // (a body held open past idle_timeout, a cut, shutdown) takes nothing from it. It
+            // ends as the end of the body would have, without an error event after the final
+            // one (which an SDK reading to the end would raise).
+            Mode::Sse(watch) if watch.saw_terminal || watch.error_data.is_some() => {
+                tracing::debug!(reason = why, "upstream stream failed after its final event");
+                let outcome = if watch.error_data.is_some() {
+                    Outcome::Failure
+                } else {
+                    Outcome::Success
+                };
+                self.complete(None, outcome);
+                State::Closing(None)
+            }
             Mode::Sse(_) => self.fail_stream(why),
             Mode::Json { .. } => {
                 tracing::warn!(reason = why, "upstream response failed after it started");

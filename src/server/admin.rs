@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use prometheus::Registry;
 
 use crate::proxy::Proxy;
-use crate::proxy::buffers::{self, AnswerShare, BufferBudget};
+use crate::proxy::buffers::{self, AnswerShare, BufferBudget, BufferShare};
 
 pub struct Admin {
     pub proxy: Arc<Proxy>,
@@ -49,7 +49,7 @@ impl Admin {
             ));
         }
         let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
-        if !probe && self.held.used() >= HELD_MAX {
+        if !probe && self.held.used() + buffers::UNCHARGED > HELD_MAX {
             // Full already: refused before it is rendered (a journal list is megabytes of
             // transient work), not after.
             return Ok(held_full());
@@ -124,10 +124,16 @@ impl Admin {
             Err(never) => match never {},
         };
         let mut share = AnswerShare::new(&self.held, HELD_MAX);
-        if !share.grow(bytes.len()) {
+        let share = if share.grow(bytes.len()) {
+            share.into_share()
+        } else if bytes.len() > HELD_MAX && self.held.used() == 0 {
+            // One answer larger than the whole bound (a journal of many thousand entries) is
+            // served when nothing else is held, counted past the bound until it is written.
+            Some(BufferShare::new(self.held.clone()))
+        } else {
             return held_full();
-        }
-        Response::from_parts(parts, Full::new(buffers::hold(bytes, share.into_share())))
+        };
+        Response::from_parts(parts, Full::new(buffers::hold(bytes, share)))
     }
 
     /// Reload is a write: only callers on this host may ask for it, even when the admin plane

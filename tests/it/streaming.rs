@@ -270,3 +270,47 @@ async fn a_caller_that_leaves_at_done_is_served_not_gone() {
         None
     );
 }
+
+/// A stream whose final event came, and whose provider then holds its body open past
+/// `idle_timeout`, is whole: it ends without an error event after the final one (an SDK
+/// reading to the end would raise on it), counted as served, not 502.
+#[tokio::test]
+async fn a_body_held_open_after_the_final_event_ends_the_stream_cleanly() {
+    let events = [
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_h\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-h\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    ]
+    .concat();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+        events.len()
+    );
+    let up = crate::rawup::start(move |_| {
+        let head = head.clone().into_bytes();
+        async move { crate::rawup::Action::ReplyAndHang(head) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", "")
+        .replace("idle_timeout = \"5s\"", "idle_timeout = \"300ms\"");
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env.messages(STREAM_BODY).await;
+    assert_eq!(resp.status(), 200);
+    let got = resp.text().await.unwrap();
+    assert!(
+        got.ends_with("data: {\"type\":\"message_stop\"}\n\n"),
+        "{got}"
+    );
+    assert!(!got.contains("event: error"), "{got}");
+    env.wait_metric("legate_requests_total", &[("status", "200")], 1.0)
+        .await;
+    assert_eq!(
+        env.metric("legate_requests_total", &[("status", "502")])
+            .await,
+        None
+    );
+}

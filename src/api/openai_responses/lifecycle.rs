@@ -81,11 +81,12 @@ impl Lifecycle {
 
 /// The event's top-level `sequence_number`. Found by its key rather than a parse of the whole
 /// event: every event of a stream passes here. Inside a JSON string a quote is escaped, so the
-/// quoted key followed by a colon only occurs as a member name; the member names of nested
-/// objects (a response's output items) carry no sequence number.
+/// quoted key only occurs as a member name. The last one is taken: the top-level member comes
+/// after the nested objects (OpenAI writes it last, legate's translator in key order, after
+/// `item` and `response`), which may hold a member of that name (a tool schema's property).
 fn sequence_number(data: &str) -> Option<u64> {
     const KEY: &[u8] = b"\"sequence_number\"";
-    let at = memchr::memmem::find(data.as_bytes(), KEY)? + KEY.len();
+    let at = memchr::memmem::rfind(data.as_bytes(), KEY)? + KEY.len();
     let rest = data[at..].trim_start().strip_prefix(':')?.trim_start();
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     rest[..digits].parse().ok()
@@ -173,6 +174,21 @@ mod tests {
             )
         );
         assert_eq!(r["error"]["code"], "upstream_stream_error");
+    }
+
+    #[test]
+    fn a_nested_member_of_the_same_name_is_not_the_events_number() {
+        let mut l = Lifecycle::default();
+        l.observe(&event(
+            Some("response.created"),
+            r#"{"type":"response.created","response":{"id":"resp_3","tools":[{"parameters":{"properties":{"sequence_number":{"type":"integer","default":7}}}}]},"sequence_number":0}"#,
+        ));
+        let v = parsed(&l.failed_events(failure()));
+        assert_eq!(
+            (&v[0]["sequence_number"], &v[1]["sequence_number"]),
+            (&json!(1), &json!(2))
+        );
+        assert_eq!(v[1]["response"]["id"], "resp_3");
     }
 
     #[test]
