@@ -226,6 +226,27 @@ async fn a_caller_leaving_before_headers_cancels_the_upstream_and_counts_499() {
     assert_eq!(failures, None);
 }
 
+/// legate (providers' `idle_timeout` `idle`) in front of a provider that answers every
+/// request with `events` as one chunk of a chunked body whose last chunk never comes.
+async fn held_open(events: String, idle: &str) -> (crate::rawup::RawUpstream, harness::Env) {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+        events.len()
+    );
+    let up = crate::rawup::start(move |_| {
+        let head = head.clone().into_bytes();
+        async move { crate::rawup::Action::ReplyAndHang(head) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", "").replace(
+        "idle_timeout = \"5s\"",
+        &format!("idle_timeout = \"{idle}\""),
+    );
+    let env = harness::start_toml(unused, &toml).await;
+    (up, env)
+}
+
 /// A caller that closes its connection at the stream's final event (the OpenAI SDKs stop at
 /// `[DONE]`) has its whole answer: the request is recorded as served (200) and the breaker
 /// hears a success, even when the provider's body has not ended behind that event yet.
@@ -238,19 +259,7 @@ async fn a_caller_that_leaves_at_done_is_served_not_gone() {
         "data: [DONE]\n\n".to_owned(),
     ]
     .concat();
-    // The events in one chunk of a chunked body whose last chunk never comes.
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
-        events.len()
-    );
-    let up = crate::rawup::start(move |_| {
-        let head = head.clone().into_bytes();
-        async move { crate::rawup::Action::ReplyAndHang(head) }
-    })
-    .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&up.url, "", "", "");
-    let env = harness::start_toml(unused, &toml).await;
+    let (_up, env) = held_open(events, "5s").await;
     let resp = env
         .chat(r#"{"model":"gpt-d","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
         .await;
@@ -285,19 +294,7 @@ async fn a_body_held_open_after_the_final_event_ends_the_stream_cleanly() {
         "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
     ]
     .concat();
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
-        events.len()
-    );
-    let up = crate::rawup::start(move |_| {
-        let head = head.clone().into_bytes();
-        async move { crate::rawup::Action::ReplyAndHang(head) }
-    })
-    .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&up.url, "", "", "")
-        .replace("idle_timeout = \"5s\"", "idle_timeout = \"300ms\"");
-    let env = harness::start_toml(unused, &toml).await;
+    let (_up, env) = held_open(events, "300ms").await;
     let resp = env.messages(STREAM_BODY).await;
     assert_eq!(resp.status(), 200);
     let got = resp.text().await.unwrap();
