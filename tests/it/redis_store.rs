@@ -55,6 +55,14 @@ async fn turn(env: &Env, body: &str) -> String {
     v["id"].as_str().unwrap().to_owned()
 }
 
+/// legate with the Redis store at `url`, before a mock answering two turns about the weather.
+async fn two_turns(url: &str) -> Env {
+    let script = r#"{"replies":[
+        {"content":[{"type":"text","text":"Oslo is wet."}]},
+        {"content":[{"type":"text","text":"Bergen is wetter."}]}]}"#;
+    harness::start_with(Script::from_json(script).unwrap(), &store_at(url, 1 << 20)).await
+}
+
 fn store_at(url: &str, max_bytes: usize) -> String {
     format!(
         "{MODELS}\n[ratelimit]\nredis_url = \"{url}\"\n[responses]\nstore = \"redis\"\nmax_bytes = {max_bytes}\n"
@@ -66,14 +74,7 @@ async fn a_turn_kept_in_redis_is_rebuilt_for_the_next_one() {
     let Some(redis) = Redis::start().await else {
         return;
     };
-    let script = r#"{"replies":[
-        {"content":[{"type":"text","text":"Oslo is wet."}]},
-        {"content":[{"type":"text","text":"Bergen is wetter."}]}]}"#;
-    let env = harness::start_with(
-        Script::from_json(script).unwrap(),
-        &store_at(&redis.url(), 1 << 20),
-    )
-    .await;
+    let env = two_turns(&redis.url()).await;
     let id = turn(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
     // The entry is written behind the answer: wait until Redis holds it.
     let client = redis::Client::open(redis.url()).unwrap();
@@ -108,15 +109,7 @@ async fn a_turn_kept_in_redis_is_rebuilt_for_the_next_one() {
     assert_eq!(msgs[0]["content"][0]["text"], "Oslo?");
     assert!(msgs[1].to_string().contains("Oslo is wet."), "{sent}");
     // And the stored response is read back from Redis.
-    let got: Value = env
-        .http
-        .get(env.url(&format!("/v1/responses/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got = harness::get_json(&env.url(&format!("/v1/responses/{id}"))).await;
     assert_eq!(got["output"][0]["content"][0]["text"], "Oslo is wet.");
 }
 
@@ -127,14 +120,7 @@ async fn a_turn_relayed_while_redis_is_down_is_kept_and_rebuilt() {
     let Some(mut redis) = Redis::start().await else {
         return;
     };
-    let script = r#"{"replies":[
-        {"content":[{"type":"text","text":"Oslo is wet."}]},
-        {"content":[{"type":"text","text":"Bergen is wetter."}]}]}"#;
-    let env = harness::start_with(
-        Script::from_json(script).unwrap(),
-        &store_at(&redis.url(), 1 << 20),
-    )
-    .await;
+    let env = two_turns(&redis.url()).await;
     redis.stop().await;
     let id = turn(&env, r#"{"model":"agent","input":"Oslo?"}"#).await;
     // The write fails behind the answer (the store is down meanwhile: 503).
