@@ -147,6 +147,15 @@ impl Breaker {
         self.lock().state
     }
 
+    /// Whether [`Breaker::admit`] would let a call through now, without taking its probe.
+    pub fn would_admit(&self) -> bool {
+        match self.lock().state {
+            State::Closed | State::HalfOpen { probe_out: false } => true,
+            State::Open { until } => Instant::now() >= until,
+            State::HalfOpen { probe_out: true } => false,
+        }
+    }
+
     pub fn admit(self: &Arc<Self>) -> Admission {
         let now = Instant::now();
         let mut inner = self.lock();

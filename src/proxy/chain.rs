@@ -49,8 +49,6 @@ struct Exec {
     earliest_probe: Option<Instant>,
     /// The chain step being tried, from 1 (for the journal and traces).
     step_no: usize,
-    /// The steps this request may try.
-    steps: usize,
 }
 
 enum StepEnd {
@@ -72,7 +70,6 @@ pub(super) async fn run(
         any_admitted: false,
         earliest_probe: None,
         step_no: 0,
-        steps: 0,
     };
     let result = execute(proxy, snap, inb, record, &mut exec).await;
     *spent = exec.spent;
@@ -97,7 +94,6 @@ async fn execute(
         resolved.steps()
     };
     let requested = snap.labels.model(&inb.meta.model);
-    exec.steps = steps.len();
     proxy.budget.deposit();
     for (i, step) in steps.iter().enumerate() {
         if i > 0 {
@@ -110,7 +106,10 @@ async fn execute(
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }
         exec.step_no = i + 1;
-        if let StepEnd::Answer(resp) = run_step(proxy, snap, &inb, step, exec, record).await? {
+        let later = &steps[i + 1..];
+        if let StepEnd::Answer(resp) =
+            run_step(proxy, snap, &inb, (step, later), exec, record).await?
+        {
             return Ok(resp);
         }
     }
@@ -230,7 +229,7 @@ async fn run_step(
     proxy: &Proxy,
     snap: &Snapshot,
     inb: &Inbound,
-    step: &ChainStep,
+    (step, later): (&ChainStep, &[ChainStep]),
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
 ) -> Result<StepEnd, ProxyError> {
@@ -259,9 +258,22 @@ async fn run_step(
         body,
         strip_usage,
         traceparent: None,
-        can_fall_back: exec.step_no < exec.steps,
+        can_fall_back: up.cloud.is_some() && later_may_serve(proxy, snap, later),
     };
     attempts(&mut call, breaker.as_ref(), exec, record).await
+}
+
+/// Whether a later step's breaker would let a call through now. Only then is a platform
+/// credential still being fetched for this step waited on briefly: with every later step's
+/// breaker open, a slow first fetch is the request's only chance, and is waited for until the
+/// deadline. (Checked once per step, and only for a platform step.)
+fn later_may_serve(proxy: &Proxy, snap: &Snapshot, later: &[ChainStep]) -> bool {
+    later.iter().any(|s| {
+        proxy
+            .breakers
+            .get(s.provider(), s.model(), snap.labels.model(s.model()))
+            .is_none_or(|b| b.would_admit())
+    })
 }
 
 /// Up to `max_attempts` exchanges with the step's upstream, each let through by its breaker,

@@ -478,6 +478,94 @@ chain = ["stalled:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:claude-haik
     assert!(held.try_recv().is_err(), "one fetch, not one per request");
 }
 
+/// A relay to the mock's STS that holds each answer until `hold` after the connection came:
+/// a slow first credential fetch. The mock's address is known only once it has started.
+async fn slow_sts(hold: Duration) -> (std::net::SocketAddr, tokio::sync::watch::Sender<String>) {
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = relay.local_addr().unwrap();
+    let (target_tx, target) = tokio::sync::watch::channel(String::new());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = relay.accept().await {
+            let mut target = target.clone();
+            tokio::spawn(async move {
+                let came = tokio::time::Instant::now();
+                let to = target.wait_for(|t| !t.is_empty()).await.unwrap().clone();
+                let mut up = tokio::net::TcpStream::connect(to).await.unwrap();
+                let (mut sr, mut sw) = sock.split();
+                let (mut ur, mut uw) = up.split();
+                let ask = tokio::io::copy(&mut sr, &mut uw);
+                let answer = async {
+                    // The slow STS itself: its answer leaves `hold` after the connection.
+                    tokio::time::sleep_until(came + hold).await;
+                    tokio::io::copy(&mut ur, &mut sw).await
+                };
+                let _ = tokio::join!(ask, answer);
+            });
+        }
+    });
+    (addr, target_tx)
+}
+
+#[tokio::test]
+async fn a_slow_first_credential_fetch_is_waited_for_when_every_later_step_is_breaker_open() {
+    // The brief wait on a fetch is for a request that a later step can serve. Here the later
+    // step's breaker is open: cutting the wait at a second would fail a request that the
+    // platform serves once its first credential arrives (2 s).
+    let (sts, target) = slow_sts(Duration::from_secs(2)).await;
+    let c = start(
+        r#"{"replies":[{"match":{"model":"claude-sonnet-4-5@20250929"},"times":0,"status":529}]}"#,
+        CloudOptions::default(),
+        &format!(
+            r#"
+[providers.slow]
+kind = "bedrock"
+region = "us-east-1"
+base_url = "{{MOCK}}"
+sts_endpoint = "http://{sts}/sts"
+
+[breaker]
+min_calls = 1
+
+[[models]]
+name = "slow-then-vertex"
+chain = ["slow:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:{VERTEX_MODEL}"]
+"#
+        ),
+    )
+    .await;
+    let env = &c.env;
+    target.send(env.mock.addr().to_string()).unwrap();
+    // Vertex fails once, and its breaker opens.
+    let resp = env
+        .messages(r#"{"model":"v","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 529);
+    assert_eq!(
+        env.metric(
+            "legate_breaker_state",
+            &[("provider", "vertex"), ("model", VERTEX_MODEL)]
+        )
+        .await,
+        Some(1.0)
+    );
+    let resp = env
+        .messages(r#"{"model":"slow-then-vertex","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "slow:anthropic.claude-haiku-4-5-20251001-v1:0"
+    );
+    assert_eq!(
+        env.metric(
+            "legate_credential_refreshes_total",
+            &[("provider", "slow"), ("result", "ok")]
+        )
+        .await,
+        Some(1.0)
+    );
+}
+
 #[tokio::test]
 async fn a_chain_falls_back_from_anthropic_to_bedrock_to_vertex_on_529s() {
     let c = start(
