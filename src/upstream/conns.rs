@@ -91,16 +91,25 @@ pub(super) struct Conn {
     used: Instant,
     /// It has carried a request before the current one.
     pub(super) reused: bool,
+    /// How long after a request's sending a failure on it may still be the keep-alive race
+    /// (scaled by how long the connection took to open; see [`super::pool`]).
+    pub(super) race_window: Duration,
 }
 
 impl Conn {
-    pub(super) fn new(sender: Sender, count: Arc<ConnCount>, key: Key) -> Conn {
+    pub(super) fn new(
+        sender: Sender,
+        count: Arc<ConnCount>,
+        key: Key,
+        race_window: Duration,
+    ) -> Conn {
         Conn {
             sender,
             count,
             key,
             used: Instant::now(),
             reused: false,
+            race_window,
         }
     }
 
@@ -128,6 +137,7 @@ impl Conn {
                 key: self.key.clone(),
                 used: self.used,
                 reused: self.reused,
+                race_window: self.race_window,
             }),
             Sender::H1(_) => None,
         }

@@ -7,9 +7,11 @@
 //! as legate wrote a request on it. A server closing an idle connection does not run what
 //! arrives on it, so sending the request again does not run it twice; any byte of an answer
 //! means the provider took it, and then it is never sent again here. Nor is a request whose
-//! connection failed more than [`RACE_WINDOW`] after it was sent: the race's close reaches
-//! legate within a round trip of the write (a close that came before it is seen when the
-//! connection is taken from the pool, and the connection is not used), while a provider that
+//! connection failed longer after it was sent than the connection's race window: the race's
+//! close reaches legate within a round trip of the write (a close that came before it is seen
+//! when the connection is taken from the pool, and the connection is not used), so the window
+//! is [`RACE_WINDOW`], or one and a half times the time the connection took to open (at least
+//! one round trip) for a provider that far away, at most [`MAX_RACE_WINDOW`]; while a provider that
 //! held the request longer may have been running it (a worker that died mid-generation, an
 //! intermediary's timeout) — sent again unseen, it would run twice for one attempt. Such a
 //! failure is an ordinary attempt: counted, and retried or not by the attempt loop. The
@@ -43,8 +45,18 @@ use super::h1::body::H1Body;
 
 /// The longest a reused connection may take to fail, from the request's sending, for the
 /// failure to be taken for the keep-alive race (see the module doc): a round trip to a
-/// provider across a continent, with room.
+/// provider across a continent, with room. A connection that took longer to open gets more.
 const RACE_WINDOW: Duration = Duration::from_millis(250);
+
+/// The most any connection's race window grows to: its opening's time includes the name
+/// lookup, and a slow resolver is not a far provider.
+const MAX_RACE_WINDOW: Duration = Duration::from_secs(1);
+
+/// The race window of a connection that took `opening` to open (TCP, TLS, HTTP/2 handshake:
+/// at least one round trip to the provider).
+fn race_window(opening: Duration) -> Duration {
+    (opening * 3 / 2).clamp(RACE_WINDOW, MAX_RACE_WINDOW)
+}
 
 /// How an upstream's connections are kept.
 pub struct PoolOptions {
@@ -85,7 +97,7 @@ impl PooledClient {
 
     /// Sends `req` (an absolute URI; `sent`, the moment the caller counts it sent from) on an
     /// idle connection, or a new one; on a reused connection that failed before any response
-    /// byte, within [`RACE_WINDOW`] of `sent`, sends it once more on a fresh one.
+    /// byte, within the connection's race window from `sent`, sends it once more on a fresh one.
     pub async fn request(
         &self,
         mut req: Request<Full<Bytes>>,
@@ -128,8 +140,9 @@ impl PooledClient {
                 Err(e) => e,
             };
             // The clock is read only on this path, which a request rarely takes.
-            let raced =
-                conn.reused && conn.count.silent_since_request() && sent.elapsed() <= RACE_WINDOW;
+            let raced = conn.reused
+                && conn.count.silent_since_request()
+                && sent.elapsed() <= conn.race_window;
             if !raced {
                 return Err(SendError::H1(err));
             }
@@ -146,8 +159,9 @@ impl PooledClient {
     /// it: dialing (TCP, TLS, handshake) is a large future that most requests never run, and
     /// inline it would be carried, and copied, with every request's.
     async fn open(&self, key: &Key, uri: &Uri) -> Result<Conn, SendError> {
+        let began = Instant::now();
         let (sender, count) = dial(&self.connector, uri, self.max_buf).await?;
-        let conn = Conn::new(sender, count, key.clone());
+        let conn = Conn::new(sender, count, key.clone(), race_window(began.elapsed()));
         Ok(match conn.shared_handle() {
             Some(handle) => {
                 self.conns().put(conn);

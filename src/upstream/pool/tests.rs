@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use super::{PoolOptions, PooledClient, host_value};
+use super::{MAX_RACE_WINDOW, PoolOptions, PooledClient, RACE_WINDOW, host_value, race_window};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -276,4 +276,18 @@ fn the_host_header_leaves_out_the_default_port() {
         host_value(&"https://api.example.com".parse::<Uri>().unwrap_or_default()),
         Some(HeaderValue::from_static("api.example.com"))
     );
+}
+
+#[test]
+fn the_race_window_grows_with_a_slow_opening_within_bounds() {
+    // A nearby provider (loopback, a region away) keeps the floor.
+    assert_eq!(race_window(Duration::ZERO), RACE_WINDOW);
+    assert_eq!(race_window(Duration::from_millis(100)), RACE_WINDOW);
+    // A provider 300 ms away takes at least that to open: its race's close can come that late.
+    assert_eq!(
+        race_window(Duration::from_millis(400)),
+        Duration::from_millis(600)
+    );
+    // A resolver that hung is not a far provider.
+    assert_eq!(race_window(Duration::from_secs(5)), MAX_RACE_WINDOW);
 }
