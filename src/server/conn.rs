@@ -64,6 +64,9 @@ struct State {
     frames: bool,
     /// It was asked to end with GOAWAY ([`ConnWatch::ask_goaway`]).
     goaway: bool,
+    /// It was chosen to make room for a new connection ([`ConnWatch::evict_if_idle`]): it
+    /// closes as soon as nothing is in flight on it.
+    evicted: bool,
     /// Bytes its HTTP/2 streams cut for want of credit left with hyper.
     cut_held: u64,
     /// Since when a write has waited on a full socket, if one does.
@@ -98,6 +101,7 @@ impl ConnWatch {
                 served: false,
                 frames: false,
                 goaway: false,
+                evicted: false,
                 cut_held: 0,
                 write_stalled: None,
                 armed: None,
@@ -162,6 +166,36 @@ impl ConnWatch {
         }
     }
 
+    /// How long this connection has waited for a request, for choosing one to close when its
+    /// plane is full: `None` while a request is in flight (or it was chosen already); else
+    /// whether a request's head has begun to arrive, and since when it waited (for that head,
+    /// or since its last request).
+    pub fn idleness(&self) -> Option<(bool, Instant)> {
+        let s = self.lock();
+        if s.inflight > 0 || s.evicted {
+            return None;
+        }
+        Some(match s.head_started {
+            Some(h) => (true, h),
+            None => (false, s.idle_since),
+        })
+    }
+
+    /// Closes the connection now if nothing is in flight on it, else once its requests are
+    /// done (an HTTP/2 one says GOAWAY first); whether it was idle.
+    pub fn evict_if_idle(&self) -> bool {
+        let mut s = self.lock();
+        if s.inflight > 0 || s.evicted {
+            return false;
+        }
+        s.evicted = true;
+        s.changed = true;
+        if let Some(w) = &s.waker {
+            w.wake_by_ref();
+        }
+        true
+    }
+
     /// The deadlines this connection is held to.
     pub fn limits(&self) -> ConnLimits {
         self.limits
@@ -181,6 +215,9 @@ impl ConnWatch {
         s.inflight += 1;
         s.served = true;
         s.head_started = None;
+        // A request that came before the eviction took effect is served, and the
+        // connection is no longer idle: the next full plane may choose it again.
+        s.evicted = false;
         drop(s);
         InFlight(self.clone())
     }
@@ -267,6 +304,10 @@ impl ConnWatch {
             .map(|t| t + self.limits.connection_idle_timeout);
         if s.inflight > 0 {
             return stalled;
+        }
+        if s.evicted {
+            // Due now: `idle_since` is past (a GOAWAY asked for sets it to that moment).
+            return Some(s.idle_since);
         }
         let head = if s.served {
             s.head_started

@@ -2,10 +2,11 @@
 //! every connection watched for graceful shutdown. Stopping the loop drops the listener, so new connections are
 //! refused at once while the watched ones finish.
 //!
-//! Each plane has its own cap on open connections (SPEC §14): a connection is accepted only
-//! once a slot is free, so beyond the cap peers wait in the kernel's backlog instead of using
-//! up descriptors the other plane (and the upstream connections) need. Every connection is
-//! held to the deadlines of [`super::conn`].
+//! Each plane has its own cap on open connections (SPEC §14). At the cap, one more peer is
+//! accepted and the plane's longest-idle connection is closed for it ([`super::roster`]); while
+//! every connection is busy that peer waits for a slot, and the rest wait in the kernel's
+//! backlog instead of using up descriptors the other plane (and the upstream connections)
+//! need. Every connection is held to the deadlines of [`super::conn`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,12 +18,13 @@ use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
 use super::caller::{CallerBody, Rewind};
 use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo, watched};
 use super::h1;
+use super::roster::Roster;
 use super::stall::StallWatched;
 use super::workers::Workers;
 
@@ -74,14 +76,13 @@ pub async fn serve<H, F, B, L>(
     h2.max_send_buf_size(super::conn::H2_SEND_BUF);
     let h2 = Arc::new(h2);
     let slots = Arc::new(Semaphore::new(plane.max_connections));
+    let roster = Arc::new(Roster::new(plane.max_connections));
     loop {
-        // A free slot first: beyond the cap, peers wait in the backlog, not on a descriptor.
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => match s {
-                Ok(s) => s,
-                Err(_) => break,
-            },
-            _ = stop.cancelled() => break,
+        // A free slot, if there is one; a full plane makes room once a peer is waiting.
+        let free = match slots.clone().try_acquire_owned() {
+            Ok(s) => Some(s),
+            Err(TryAcquireError::NoPermits) => None,
+            Err(TryAcquireError::Closed) => break,
         };
         tokio::select! {
             accepted = listener.accept() => {
@@ -94,6 +95,15 @@ pub async fn serve<H, F, B, L>(
                         continue;
                     }
                 };
+                let slot = match free {
+                    Some(s) => s,
+                    // One accepted peer at most waits on its descriptor beyond the cap; the
+                    // others wait in the backlog.
+                    None => match make_room(&slots, &roster, &stop).await {
+                        Some(s) => s,
+                        None => break,
+                    },
+                };
                 let _ = stream.set_nodelay(true);
                 bound_unsent(&stream);
                 let limits = (plane.limits)();
@@ -101,10 +111,12 @@ pub async fn serve<H, F, B, L>(
                 let h2 = h2.clone();
                 let stop = stop.clone();
                 let open = Open::new(&plane.gauge);
+                let roster = roster.clone();
                 // Built where it runs: the socket's readiness then comes from that worker's own
                 // I/O driver, not from this thread's (which would wake the worker per read).
                 let serve_one = move |stream: TcpStream| async move {
                     let watch = ConnWatch::new(limits);
+                    roster.enlist(&watch);
                     let mut io = WatchedIo::new(stream, watch.clone());
                     let conn = async {
                         let mut first = BytesMut::new();
@@ -152,6 +164,33 @@ pub async fn serve<H, F, B, L>(
         _ = tokio::time::sleep(grace()) => {
             on_grace_expired();
             let _ = tokio::time::timeout(Duration::from_secs(2), &mut all_done).await;
+        }
+    }
+}
+
+/// A slot for a peer accepted while the plane was full: the longest-idle connection is closed
+/// for it ([`Roster`]). While every connection has a request in flight, the peer waits for
+/// one to end, and the plane looks again each second for one that has gone idle. `None` when
+/// stopping.
+async fn make_room(
+    slots: &Arc<Semaphore>,
+    roster: &Roster,
+    stop: &CancellationToken,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    loop {
+        // A slot may have come free since the accept began.
+        if let Ok(s) = slots.clone().try_acquire_owned() {
+            return Some(s);
+        }
+        if roster.evict_longest_idle() {
+            tracing::debug!(
+                "connection cap reached: the longest-idle connection is closed for a new one"
+            );
+        }
+        tokio::select! {
+            s = slots.clone().acquire_owned() => return s.ok(),
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.cancelled() => return None,
         }
     }
 }

@@ -9,6 +9,7 @@ pub(crate) mod h1;
 pub mod listener;
 pub mod release;
 pub mod reload;
+pub mod roster;
 pub mod stall;
 pub mod workers;
 

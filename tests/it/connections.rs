@@ -79,7 +79,8 @@ async fn silent_preface_only_and_half_head_connections_are_closed_and_probes_sti
         .unwrap();
     wait_gauge(&env, "data", 3.0).await;
 
-    // The data plane is full: a fourth caller waits in the backlog, the admin plane answers.
+    // The data plane is full: a fourth caller takes the place of the connection that has
+    // waited longest with nothing pending (`silent`), and the admin plane answers.
     let waiting = tokio::spawn({
         let http = env.http.clone();
         let url = env.url("/v1/messages");
@@ -111,6 +112,90 @@ async fn silent_preface_only_and_half_head_connections_are_closed_and_probes_sti
         .unwrap()
         .unwrap();
     assert_eq!(status, 200);
+}
+
+/// Sends [`BODY`] on `sock` (HTTP/1.1, kept alive) and reads its whole answer.
+async fn one_answer(sock: &mut TcpStream) -> String {
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    sock.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .expect("a content-length")
+                .parse()
+                .unwrap();
+            if body.len() >= len {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), sock.read(&mut buf))
+            .await
+            .expect("the answer in time")
+            .unwrap();
+        assert!(n > 0, "closed before the whole answer: {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[tokio::test]
+async fn a_full_plane_closes_its_longest_idle_connection_for_a_new_one() {
+    // Deadlines far away: without room made, the new peers would wait on them.
+    let env = start(
+        "header_read_timeout = \"60s\"\nconnection_idle_timeout = \"60s\"\nmax_connections = 2\nadmin_max_connections = 2\n",
+    )
+    .await;
+    // Admin: two peers that opened connections and sent nothing hold both slots; a probe on
+    // a new connection is answered, and the older of the two is closed for it.
+    let mut admin_old = TcpStream::connect(env.legate.admin_addr).await.unwrap();
+    wait_gauge(&env, "admin", 1.0).await;
+    let admin_new = TcpStream::connect(env.legate.admin_addr).await.unwrap();
+    wait_gauge(&env, "admin", 2.0).await;
+    let probe = reqwest::Client::builder().no_proxy().build().unwrap();
+    let health = probe
+        .get(env.admin_url("/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("/healthz answers while idle peers fill the admin plane");
+    assert_eq!(health.status(), 200);
+    let (got, _) = until_closed(&mut admin_old).await;
+    assert!(got.is_empty(), "{got:?}");
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(admin_new.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "only one connection is closed for the one peer"
+    );
+
+    // Data: a keep-alive connection idle since its answer, and a newer silent one, fill the
+    // plane; a new caller is served, and the one idle longest is closed after its answer.
+    let mut served = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    assert!(one_answer(&mut served).await.starts_with("HTTP/1.1 200"));
+    let silent = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    wait_gauge(&env, "data", 2.0).await;
+    let caller = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = caller
+        .post(env.url("/v1/messages"))
+        .header("content-type", "application/json")
+        .body(BODY)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("a new caller is served while idle connections fill the data plane");
+    assert_eq!(resp.status(), 200);
+    let (got, _) = until_closed(&mut served).await;
+    assert!(got.is_empty(), "{got:?}");
+    assert!(
+        matches!(silent.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    );
+    assert_eq!(env.mock.stats().requests, 2);
 }
 
 #[tokio::test]

@@ -1,0 +1,105 @@
+//! The open connections of one plane, for making room when it is full. A plane at its cap
+//! (SPEC §14) closes its longest-idle connection for a new one, as nginx reuses idle keep-alive
+//! connections when it runs out: otherwise a client that leaks idle connections (a new SDK
+//! client per call, never closed) or a peer that opens them and sends nothing would hold every
+//! slot until `connection_idle_timeout` (or `header_read_timeout`), and requests and health
+//! probes would wait in the backlog behind them. A connection with a request in flight is never
+//! chosen; one with nothing at all pending goes before one whose next head has begun to arrive.
+
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::conn::ConnWatch;
+
+pub struct Roster {
+    watches: Mutex<Vec<Weak<ConnWatch>>>,
+    /// The plane's cap: the list is swept of ended connections when it reaches it, so it
+    /// holds at most about twice as many entries as open connections.
+    cap: usize,
+}
+
+impl Roster {
+    pub fn new(cap: usize) -> Self {
+        Roster {
+            watches: Mutex::new(Vec::new()),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Lists an accepted connection.
+    pub fn enlist(&self, watch: &Arc<ConnWatch>) {
+        let mut watches = self.watches.lock();
+        if watches.len() >= self.cap {
+            watches.retain(|w| w.strong_count() > 0);
+        }
+        watches.push(Arc::downgrade(watch));
+    }
+
+    /// Closes the open connection that has waited longest for a request (one with nothing
+    /// pending first); whether there was one.
+    pub fn evict_longest_idle(&self) -> bool {
+        let mut watches = self.watches.lock();
+        watches.retain(|w| w.strong_count() > 0);
+        let chosen = watches
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|w| w.idleness().map(|key| (key, w)))
+            .min_by_key(|(key, _)| *key);
+        drop(watches);
+        chosen.is_some_and(|(_, w)| w.evict_if_idle())
+    }
+
+    #[cfg(test)]
+    fn listed(&self) -> usize {
+        self.watches.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::server::conn::ConnLimits;
+
+    fn watch() -> Arc<ConnWatch> {
+        ConnWatch::new(ConnLimits {
+            header_read_timeout: Duration::from_secs(10),
+            connection_idle_timeout: Duration::from_secs(120),
+            body_read_timeout: Duration::from_secs(60),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_idle_connection_is_chosen_and_a_busy_one_never() {
+        let roster = Roster::new(8);
+        let busy = watch();
+        roster.enlist(&busy);
+        let _inflight = busy.begin();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let older = watch();
+        roster.enlist(&older);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let newer = watch();
+        roster.enlist(&newer);
+        assert!(roster.evict_longest_idle());
+        assert!(older.idleness().is_none(), "the oldest idle one was chosen");
+        assert!(newer.idleness().is_some());
+        assert!(roster.evict_longest_idle());
+        assert!(newer.idleness().is_none());
+        // Only the busy one is left.
+        assert!(!roster.evict_longest_idle());
+    }
+
+    #[test]
+    fn ended_connections_are_swept_at_the_cap() {
+        let roster = Roster::new(4);
+        let kept = watch();
+        roster.enlist(&kept);
+        for _ in 0..20 {
+            roster.enlist(&watch());
+        }
+        assert!(roster.listed() <= 5, "{}", roster.listed());
+    }
+}
