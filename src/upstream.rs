@@ -358,15 +358,18 @@ impl Upstream {
 
     /// What removes this provider's key from its answers (`None` without a key).
     pub fn redactor(&self) -> Option<crate::redact::Redactor> {
-        if self.keyless {
-            return None;
-        }
-        crate::redact::Redactor::new(self.key.current())
+        crate::redact::Redactor::new(self.current_key())
     }
 
-    /// The key in use now, only so captured payloads can be stripped of it (never shown).
+    /// The secret this provider's requests carry now (its key, or a cloud platform's own
+    /// credential), only so that answers and captured payloads can be stripped of it (never
+    /// shown).
     pub fn current_key(&self) -> Option<Arc<crate::config::Secret>> {
-        self.key.current()
+        match &self.cloud {
+            Some(cloud) if cloud.owns_credential() => cloud.sent_secret(),
+            _ if self.keyless => None,
+            _ => self.key.current(),
+        }
     }
 
     pub fn client(&self) -> &HttpClient {

@@ -6,6 +6,7 @@
 //! from `aws-config`: that crate brings its own HTTP stack, TLS backend and the generated STS
 //! and SSO clients, a build cost out of proportion to three requests.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -22,7 +23,8 @@ use crate::config::cloud::AwsSource;
 pub struct AwsCreds {
     pub access_key_id: Secret,
     pub secret_access_key: Secret,
-    pub session_token: Option<Secret>,
+    /// Shared: it is also what the provider's answers are searched for (`redact`).
+    pub session_token: Option<Arc<Secret>>,
 }
 
 /// Obtains credentials from `source`.
@@ -36,7 +38,7 @@ pub async fn fetch(client: &FetchClient, source: &AwsSource) -> Result<Fetched<A
             value: AwsCreds {
                 access_key_id: access_key_id.clone(),
                 secret_access_key: secret_access_key.clone(),
-                session_token: session_token.clone(),
+                session_token: session_token.clone().map(Arc::new),
             },
             expires: None,
         }),
@@ -118,7 +120,7 @@ fn sts_answer(body: &[u8]) -> Result<Fetched<AwsCreds>, String> {
         value: AwsCreds {
             access_key_id: Secret::new(field("AccessKeyId")?.to_owned()),
             secret_access_key: Secret::new(field("SecretAccessKey")?.to_owned()),
-            session_token: Some(Secret::new(field("SessionToken")?.to_owned())),
+            session_token: Some(Arc::new(Secret::new(field("SessionToken")?.to_owned()))),
         },
         expires: Some(expiry(field("Expiration")?).ok_or("STS sent an unreadable Expiration")?),
     })
@@ -148,7 +150,10 @@ fn container_answer(body: &[u8]) -> Result<Fetched<AwsCreds>, String> {
         value: AwsCreds {
             access_key_id: Secret::new(c.access_key_id),
             secret_access_key: Secret::new(c.secret_access_key),
-            session_token: c.token.filter(|t| !t.is_empty()).map(Secret::new),
+            session_token: c
+                .token
+                .filter(|t| !t.is_empty())
+                .map(|t| Arc::new(Secret::new(t))),
         },
         expires,
     })
@@ -261,7 +266,7 @@ mod tests {
         let creds = AwsCreds {
             access_key_id: Secret::new("AKIDEXAMPLE".into()),
             secret_access_key: Secret::new("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".into()),
-            session_token: Some(Secret::new("session".into())),
+            session_token: Some(Arc::new(Secret::new("session".into()))),
         };
         sign(
             &mut req,

@@ -173,6 +173,11 @@ impl<T: Send + Sync + 'static> Cached<T> {
         self.state.lock().clone()
     }
 
+    /// The credential held now, expired or not: the one requests were last sent with.
+    pub fn held(&self) -> Option<Arc<T>> {
+        self.held.lock().as_ref().map(|h| h.value.clone())
+    }
+
     /// The held credential if it needs no refresh at `now`.
     fn fresh(&self, now: SystemTime) -> Option<Arc<T>> {
         self.held_before(now, |h| h.refresh_at)

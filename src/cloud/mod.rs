@@ -273,6 +273,18 @@ impl CloudProvider {
         }
     }
 
+    /// The secret this provider's requests carry now, to be kept out of what reaches the
+    /// caller (SPEC §13, §14): the bearer token, or Bedrock's session token (its secret key
+    /// is never sent, only a signature made with it for that one request). `None` for an
+    /// Azure api-key provider, whose ordinary key is the secret.
+    pub fn sent_secret(&self) -> Option<Arc<Secret>> {
+        match &self.cred {
+            Cred::Aws(c) => c.held()?.session_token.clone(),
+            Cred::Token(c) => c.held(),
+            Cred::Key => None,
+        }
+    }
+
     /// The credential's source and expiry for `/admin/state` (never its value).
     pub fn state(&self) -> Option<CredentialState> {
         match &self.cred {

@@ -566,6 +566,92 @@ chain = ["slow:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:{VERTEX_MODEL}
     );
 }
 
+/// A platform that answers every call with a 400 echoing the credential it was sent, in its
+/// body and in a header: Bedrock's session token, or a bearer token.
+async fn echoing_platform() -> crate::rawup::RawUpstream {
+    use crate::rawup::{Action, RawRequest};
+    crate::rawup::start(|req: RawRequest| async move {
+        let sent = req
+            .head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                let value = value.trim();
+                match name.to_ascii_lowercase().as_str() {
+                    "x-amz-security-token" => Some(value.to_owned()),
+                    "authorization" => value.strip_prefix("Bearer ").map(str::to_owned),
+                    _ => None,
+                }
+            })
+            .unwrap_or_default();
+        // Bedrock's error shape and Google's, in one.
+        let message = format!("bad token {sent} (Bearer {sent})");
+        let body = format!(
+            r#"{{"message":"{message}","error":{{"code":400,"message":"{message}","status":"INVALID_ARGUMENT"}}}}"#
+        );
+        Action::Reply(
+            format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-echo: {sent}\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes(),
+        )
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_platform_credential_echoed_back_is_redacted_from_the_answer() {
+    let echo = echoing_platform().await;
+    let c = start(
+        r#"{"replies":[]}"#,
+        CloudOptions::default(),
+        &format!(
+            r#"
+[providers.echo-bedrock]
+kind = "bedrock"
+region = "us-east-1"
+base_url = "{url}"
+sts_endpoint = "{{MOCK}}/sts"
+
+[providers.echo-vertex]
+kind = "vertex"
+project = "proj-1"
+region = "us-east5"
+base_url = "{url}"
+metadata_url = "{{MOCK}}"
+
+[[models]]
+name = "eb"
+chain = ["echo-bedrock:{BEDROCK_MODEL}"]
+
+[[models]]
+name = "ev"
+chain = ["echo-vertex:{VERTEX_MODEL}"]
+"#,
+            url = echo.url
+        ),
+    )
+    .await;
+    let env = &c.env;
+    for model in ["eb", "ev"] {
+        let resp = env
+            .messages(format!(
+                r#"{{"model":"{model}","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ))
+            .await;
+        assert_eq!(resp.status(), 400, "{model}");
+        let echoed = resp.headers()["x-echo"].to_str().unwrap().to_owned();
+        let body = resp.text().await.unwrap();
+        assert_eq!(echoed, "[redacted]", "{model}");
+        assert!(
+            body.contains("bad token [redacted] (Bearer [redacted])"),
+            "{model}: {body}"
+        );
+    }
+    assert_eq!(echo.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn a_chain_falls_back_from_anthropic_to_bedrock_to_vertex_on_529s() {
     let c = start(

@@ -94,7 +94,7 @@ pub(super) fn verify(
     let creds = AwsCreds {
         access_key_id: Secret::new(key_id.to_owned()),
         secret_access_key: Secret::new(secret),
-        session_token: token.map(Secret::new),
+        session_token: token.map(|t| std::sync::Arc::new(Secret::new(t))),
     };
     sign(&mut req, body, &creds, region, service, time).map_err(|e| denied(&e))?;
     let expected = req
