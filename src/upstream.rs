@@ -102,6 +102,9 @@ pub struct Lanes {
     pub(crate) metrics: Arc<Metrics>,
     /// Keyed by configured provider names (Fx-hashed: nothing a caller sends is inserted).
     map: parking_lot::Mutex<rustc_hash::FxHashMap<String, Lane>>,
+    /// Cloud providers' credentials, by provider name: a reload that keeps a provider's
+    /// credential source keeps its credential (`cloud::Kept`).
+    clouds: parking_lot::Mutex<rustc_hash::FxHashMap<String, crate::cloud::Kept>>,
 }
 
 /// One provider's gate and pacer.
@@ -112,7 +115,21 @@ impl Lanes {
         Lanes {
             metrics,
             map: Default::default(),
+            clouds: Default::default(),
         }
+    }
+
+    /// The cloud side of provider `cfg`, with the credential its last incarnation held when
+    /// the source is the same.
+    fn cloud(&self, cfg: &ProviderConfig) -> Result<Option<CloudProvider>, String> {
+        let mut clouds = self.clouds.lock();
+        let refreshes = self.metrics.credential_refreshes.clone();
+        let cloud = CloudProvider::new(cfg, refreshes, clouds.get(&cfg.name))?;
+        match &cloud {
+            Some(c) => clouds.insert(cfg.name.clone(), c.kept()),
+            None => clouds.remove(&cfg.name),
+        };
+        Ok(cloud)
     }
 
     fn get(&self, provider: &str, max: usize, queue_limit: usize) -> Lane {
@@ -169,7 +186,7 @@ impl Upstream {
                 max_buf: crate::server::listener::HTTP1_MAX_BUF,
             },
         );
-        let cloud = CloudProvider::new(cfg, lanes.metrics.credential_refreshes.clone())?;
+        let cloud = lanes.cloud(cfg)?;
         let key = Arc::new(KeyCell::from_source(&cfg.key));
         let key_hint = match &cfg.key {
             KeySource::Env { var, .. } => format!("set the environment variable {var}"),

@@ -21,12 +21,13 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use http_body_util::Full;
 use prometheus::IntCounterVec;
 
-use crate::config::cloud::{AzureSource, Platform};
+use crate::config::cloud::{AwsSource, AzureConfig, AzureSource, GoogleSource, Platform};
 use crate::config::{ProviderConfig, Secret};
 use crate::error::ProxyError;
 use cache::{Cached, CredentialState, Unavailable};
 
 /// The live credential of a cloud provider.
+#[derive(Clone)]
 enum Cred {
     Aws(Arc<Cached<aws::AwsCreds>>),
     Token(Arc<Cached<Secret>>),
@@ -34,9 +35,40 @@ enum Cred {
     Key,
 }
 
+/// Where a provider's credential comes from, as configured.
+#[derive(Clone, PartialEq)]
+enum Source {
+    Aws(AwsSource),
+    Google(GoogleSource),
+    Azure(AzureSource),
+}
+
+impl Source {
+    fn of(platform: &Platform) -> Option<Source> {
+        Some(match platform {
+            Platform::Direct => return None,
+            Platform::Bedrock(b) => Source::Aws(b.credentials.clone()),
+            Platform::Vertex(v) => Source::Google(v.credentials.clone()),
+            Platform::AzureOpenAi(a) => Source::Azure(a.credentials.clone()),
+        })
+    }
+}
+
+/// A provider's credential, held or being fetched, with the source it comes from: kept
+/// across config reloads ([`crate::upstream::Lanes`]), so that a reload that leaves the source
+/// as it was keeps the credential in hand (and its refresh schedule and history) instead of
+/// fetching anew — with the endpoint down, a fresh fetch would fail requests the held
+/// credential still serves.
+#[derive(Clone)]
+pub struct Kept {
+    source: Source,
+    cred: Cred,
+}
+
 pub struct CloudProvider {
     name: String,
     platform: Platform,
+    source: Source,
     cred: Cred,
     client: fetch::FetchClient,
 }
@@ -57,8 +89,39 @@ fn segment(s: &str) -> String {
 }
 
 impl CloudProvider {
-    /// The cloud side of a provider; `None` for a direct (`anthropic` / `openai`) one.
-    pub fn new(cfg: &ProviderConfig, refreshes: IntCounterVec) -> Result<Option<Self>, String> {
+    /// The cloud side of a provider; `None` for a direct (`anthropic` / `openai`) one. Its
+    /// credential is `kept`'s when that comes from the same source.
+    pub fn new(
+        cfg: &ProviderConfig,
+        refreshes: IntCounterVec,
+        kept: Option<&Kept>,
+    ) -> Result<Option<Self>, String> {
+        let Some(from) = Source::of(&cfg.platform) else {
+            return Ok(None);
+        };
+        let cred = match kept {
+            Some(k) if k.source == from => k.cred.clone(),
+            _ => Self::new_cred(cfg, refreshes),
+        };
+        Ok(Some(CloudProvider {
+            name: cfg.name.clone(),
+            platform: cfg.platform.clone(),
+            source: from,
+            cred,
+            client: fetch::client()?,
+        }))
+    }
+
+    /// What a reload may carry over to the provider's next incarnation.
+    pub fn kept(&self) -> Kept {
+        Kept {
+            source: self.source.clone(),
+            cred: self.cred.clone(),
+        }
+    }
+
+    /// A credential cell of its own, nothing held yet.
+    fn new_cred(cfg: &ProviderConfig, refreshes: IntCounterVec) -> Cred {
         let source = cfg.platform.credential_source().unwrap_or_default();
         let (counter, name) = (refreshes, cfg.name.clone());
         let counted = move |ok: bool| {
@@ -66,23 +129,17 @@ impl CloudProvider {
                 .with_label_values(&[name.as_str(), if ok { "ok" } else { "error" }])
                 .inc()
         };
-        let cred = match &cfg.platform {
-            Platform::Direct => return Ok(None),
+        match &cfg.platform {
             Platform::Bedrock(_) => Cred::Aws(Arc::new(Cached::new(source, counted))),
-            Platform::Vertex(_) => Cred::Token(Arc::new(Cached::new(source, counted))),
-            Platform::AzureOpenAi(a) => match a.credentials {
-                AzureSource::ApiKey => Cred::Key,
-                AzureSource::WorkloadIdentity { .. } => {
-                    Cred::Token(Arc::new(Cached::new(source, counted)))
-                }
-            },
-        };
-        Ok(Some(CloudProvider {
-            name: cfg.name.clone(),
-            platform: cfg.platform.clone(),
-            cred,
-            client: fetch::client()?,
-        }))
+            Platform::Direct
+            | Platform::AzureOpenAi(AzureConfig {
+                credentials: AzureSource::ApiKey,
+                ..
+            }) => Cred::Key,
+            Platform::Vertex(_) | Platform::AzureOpenAi(_) => {
+                Cred::Token(Arc::new(Cached::new(source, counted)))
+            }
+        }
     }
 
     /// True when the provider sends its credential itself (the ordinary key is not used).

@@ -46,7 +46,7 @@ pub struct BedrockConfig {
 }
 
 /// Where Bedrock's SigV4 credentials come from: the AWS default chain, first match wins.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AwsSource {
     /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (/ `AWS_SESSION_TOKEN`).
     Static {
@@ -82,7 +82,7 @@ pub struct VertexConfig {
 }
 
 /// Where Vertex's OAuth2 access token comes from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GoogleSource {
     /// `GOOGLE_APPLICATION_CREDENTIALS` (or `credentials_file`): a service-account key or an
     /// external account (workload identity federation), read on each refresh. `token_url`
@@ -110,7 +110,7 @@ impl AzureConfig {
 }
 
 /// Where Azure OpenAI's credential comes from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AzureSource {
     /// The `api-key` header, from the provider's `api_key_env` / `api_key_file`.
     ApiKey,

@@ -85,6 +85,15 @@ impl Secret {
     }
 }
 
+/// Two secrets are equal when their values are (a reload compares credential sources).
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl Eq for Secret {}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[redacted]")

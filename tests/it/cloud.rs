@@ -100,7 +100,12 @@ chain = ["azure:gpt-4o"]
     }
     let cfg = legate::config::load_str(&toml, &vars).expect("valid config");
     let registry = prometheus::Registry::new();
-    let legate = legate::server::start(cfg, registry.clone()).await.unwrap();
+    // A reload reads the same config again.
+    let source: legate::server::ConfigSource =
+        std::sync::Arc::new(move || legate::config::load_str(&toml, &vars));
+    let legate = legate::server::start_reloadable(cfg, registry.clone(), Some(source))
+        .await
+        .unwrap();
     let env = Env {
         mock,
         legate,
@@ -650,6 +655,47 @@ chain = ["echo-vertex:{VERTEX_MODEL}"]
         );
     }
     assert_eq!(echo.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_reload_that_keeps_the_credential_source_keeps_the_credential_in_hand() {
+    let c = start(r#"{"replies":[]}"#, CloudOptions::default(), "").await;
+    let env = &c.env;
+    let ask = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    let fetched = |provider: &'static str| async move {
+        env.metric(
+            "legate_credential_refreshes_total",
+            &[("provider", provider), ("result", "ok")],
+        )
+        .await
+    };
+    for model in ["b", "v"] {
+        assert_eq!(env.messages(ask(model)).await.status(), 200);
+    }
+    assert_eq!(fetched("bedrock").await, Some(1.0));
+    assert_eq!(fetched("vertex").await, Some(1.0));
+    let resp = env
+        .http
+        .post(env.admin_url("/admin/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    for model in ["b", "v"] {
+        assert_eq!(env.messages(ask(model)).await.status(), 200);
+    }
+    // Served with the credentials held before the reload: none fetched again.
+    assert_eq!(fetched("bedrock").await, Some(1.0));
+    assert_eq!(fetched("vertex").await, Some(1.0));
+    let state = env.admin_json("/admin/state").await;
+    assert!(
+        state["providers"]["bedrock"]["credential"]["expires_at"].is_number(),
+        "{state}"
+    );
 }
 
 #[tokio::test]
