@@ -182,7 +182,7 @@ async fn step_body(
     snap: &Snapshot,
     inb: &Inbound,
     step: &ChainStep,
-    upstream: ApiKind,
+    (upstream, on_platform): (ApiKind, bool),
     exec: &mut Exec,
 ) -> Result<Result<bytes::Bytes, StepEnd>, ProxyError> {
     let xl = Xlate::between(inb.endpoint.api, upstream);
@@ -191,10 +191,14 @@ async fn step_body(
     let limit = (xl.translating() || step.model() != &*inb.meta.model)
         .then(|| crate::limits::max_output_tokens(&snap.cfg.limits, step.model()))
         .flatten();
-    if !xl.translating() {
+    // A cloud platform serves no count endpoint: its count is estimated, as a translated
+    // step's is.
+    let counting = inb.endpoint.op == Operation::CountTokens;
+    let estimated = counting && on_platform;
+    if !xl.translating() && !estimated {
         return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
     }
-    if inb.endpoint.op == Operation::CountTokens {
+    if counting {
         return Ok(Err(
             match estimate::answer(inb, step, upstream, &proxy.estimates).await? {
                 Ok(resp) => StepEnd::Answer(resp),
@@ -238,7 +242,8 @@ async fn run_step(
         .get(step.provider())
         .ok_or(ProxyError::Internal)?;
     let spoken = up.speaks(inb.endpoint.api);
-    let body = match step_body(proxy, snap, inb, step, spoken, exec).await? {
+    let on_platform = up.cloud.is_some();
+    let body = match step_body(proxy, snap, inb, step, (spoken, on_platform), exec).await? {
         Ok(body) => body,
         Err(end) => return Ok(end),
     };

@@ -1,6 +1,7 @@
-//! `count_tokens` on a route whose step speaks the other API: answered locally, without an
-//! upstream call, with an estimate of the request as that step would receive it (SPEC §3), in
-//! the caller's shape and marked `x-legate-estimate: true`. Never a 400 for being translated.
+//! `count_tokens` on a route whose step speaks the other API, or is a cloud platform (which
+//! serves no count endpoint): answered locally, without an upstream call, with an estimate of
+//! the request as that step would receive it (SPEC §3), in the caller's shape and marked
+//! `x-legate-estimate: true`. Never a 400 for being translated or on a platform.
 //!
 //! Counting is CPU work on blocking threads: at most [`CONCURRENT`] run at once (SPEC §14).
 //! A request waits for its turn up to [`WAIT`] (and its deadline), then is shed with 529
@@ -33,18 +34,20 @@ pub async fn answer(
     upstream: ApiKind,
     gate: &Arc<Semaphore>,
 ) -> Result<Result<Response<ProxyBody>, String>, ProxyError> {
-    let dir = match translate::Dir::between(inb.endpoint.api, upstream) {
-        Some(d) => d,
-        None => {
+    let sent = if inb.endpoint.api == upstream {
+        // A platform step of the caller's own API: the body as the caller sent it.
+        inb.body.to_vec()
+    } else {
+        let Some(dir) = translate::Dir::between(inb.endpoint.api, upstream) else {
             return Ok(Err(format!(
                 "no translation from {} to {upstream}",
                 inb.endpoint.api
             )));
+        };
+        match translate::request(dir, &inb.body, step.model()) {
+            Ok((sent, _)) => sent,
+            Err(e) => return Ok(Err(e.0)),
         }
-    };
-    let sent = match translate::request(dir, &inb.body, step.model()) {
-        Ok((sent, _)) => sent,
-        Err(e) => return Ok(Err(e.0)),
     };
     let permit = turn(gate, (Instant::now() + WAIT).min(inb.deadline)).await?;
     // Off the async workers, so other requests are never held up by it; the permit goes with

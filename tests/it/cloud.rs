@@ -699,6 +699,41 @@ async fn a_reload_that_keeps_the_credential_source_keeps_the_credential_in_hand(
 }
 
 #[tokio::test]
+async fn count_tokens_on_a_platform_step_is_estimated_locally() {
+    // Bedrock and Vertex serve no count endpoint: Claude Code's routine count is answered
+    // with an estimate, as on a translated step, and nothing is sent.
+    let c = start(r#"{"replies":[]}"#, CloudOptions::default(), "").await;
+    let env = &c.env;
+    for (model, target) in [
+        ("b", format!("bedrock:{BEDROCK_MODEL}")),
+        ("v", format!("vertex:{VERTEX_MODEL}")),
+    ] {
+        let resp = env
+            .http
+            .post(env.url("/v1/messages/count_tokens"))
+            .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
+            .body(format!(
+                r#"{{"model":"{model}","messages":[{{"role":"user","content":"What is the weather in Paris today?"}}]}}"#
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{model}");
+        assert_eq!(resp.headers()["x-legate-estimate"], "true");
+        assert_eq!(resp.headers()["x-legate-served-by"], target.as_str());
+        let body: serde_json::Value = resp.json().await.unwrap();
+        let tokens = body["input_tokens"].as_u64().unwrap();
+        assert!((5..100).contains(&tokens), "{body}");
+    }
+    assert_eq!(
+        env.mock.stats().requests,
+        0,
+        "nothing was sent to a platform"
+    );
+}
+
+#[tokio::test]
 async fn a_chain_falls_back_from_anthropic_to_bedrock_to_vertex_on_529s() {
     let c = start(
         r#"{"replies":[
