@@ -19,8 +19,9 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
-/// A frame that does not complete within this many buffered bytes is not a Bedrock frame.
-const FRAME_LIMIT: usize = 1 << 20;
+/// A frame's bytes besides its event's base64: the prelude, the headers, the JSON wrapper
+/// and the checksums (a few hundred in Bedrock's; a generous bound).
+const FRAME_OVERHEAD: usize = 16 << 10;
 
 /// The content type of Bedrock's streaming answer.
 pub const CONTENT_TYPE: &str = "application/vnd.amazon.eventstream";
@@ -46,8 +47,9 @@ pub fn error_event(kind: &str, message: &str) -> Bytes {
     Bytes::from(format!("event: error\ndata: {data}\n\n"))
 }
 
-/// The SSE text of one decoded message; `Err` carries the final error event.
-fn to_sse(msg: &Message) -> Result<Option<Bytes>, Bytes> {
+/// The SSE text of one decoded message, whose event may be at most `max_event` bytes; `Err`
+/// carries the final error event.
+fn to_sse(msg: &Message, max_event: usize) -> Result<Option<Bytes>, Bytes> {
     let header = |name: &str| {
         msg.headers()
             .iter()
@@ -64,8 +66,10 @@ fn to_sse(msg: &Message) -> Result<Option<Bytes>, Bytes> {
         let text = payload["message"]
             .as_str()
             .or_else(|| payload["Message"].as_str())
-            .or_else(|| header(":error-message").as_deref().map(|_| ""))
-            .unwrap_or("");
+            .map(str::to_owned)
+            // An error message (rather than an exception) says what went wrong in a header.
+            .or_else(|| header(":error-message"))
+            .unwrap_or_default();
         let (anthropic_type, _) = exception_meaning(&kind);
         let message = if text.is_empty() {
             format!("Bedrock {kind}")
@@ -88,6 +92,13 @@ fn to_sse(msg: &Message) -> Result<Option<Bytes>, Bytes> {
     let raw = STANDARD
         .decode(payload["bytes"].as_str().ok_or_else(bad)?)
         .map_err(|_| bad())?;
+    if raw.len() > max_event {
+        // Broken as an oversized SSE event is (SPEC §14): ends the stream.
+        return Err(error_event(
+            "api_error",
+            "Bedrock sent an event larger than server.max_event_bytes",
+        ));
+    }
     let event: serde_json::Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
     let name = event["type"].as_str().ok_or_else(bad)?;
     let data = std::str::from_utf8(&raw).map_err(|_| bad())?;
@@ -109,31 +120,52 @@ pub struct EventStreamSse {
 }
 
 /// Frames in, SSE out, without I/O.
-#[derive(Default)]
 struct Decoder {
     decoder: MessageFrameDecoder,
     buf: BytesMut,
+    /// `server.max_event_bytes`: the largest event a frame may carry.
+    max_event: usize,
     /// Set after an exception or a broken frame: nothing follows the error event.
     ended: bool,
 }
 
 impl EventStreamSse {
-    pub fn new(inner: ResponseBody) -> Self {
+    /// `max_event`: `server.max_event_bytes`, the largest event a frame may carry.
+    pub fn new(inner: ResponseBody, max_event: usize) -> Self {
         EventStreamSse {
             inner,
-            dec: Decoder::default(),
+            dec: Decoder::new(max_event),
         }
     }
 }
 
 impl Decoder {
+    fn new(max_event: usize) -> Self {
+        Decoder {
+            decoder: MessageFrameDecoder::new(),
+            buf: BytesMut::new(),
+            max_event,
+            ended: false,
+        }
+    }
+
+    /// The most a frame may take: its event, base64-encoded, and the rest of the frame. Past
+    /// it the buffered bytes cannot be a frame legate accepts, and are not held longer.
+    fn frame_limit(&self) -> usize {
+        self.max_event
+            .saturating_add(2)
+            .saturating_div(3)
+            .saturating_mul(4)
+            .saturating_add(FRAME_OVERHEAD)
+    }
+
     /// Decodes every complete frame in the buffer into SSE text.
     fn drain(&mut self) -> BytesMut {
         let mut out = BytesMut::new();
         while !self.ended {
             match self.decoder.decode_frame(&mut self.buf) {
                 Ok(DecodedFrame::Incomplete) => {
-                    if self.buf.len() > FRAME_LIMIT {
+                    if self.buf.len() > self.frame_limit() {
                         out.extend_from_slice(&error_event(
                             "api_error",
                             "Bedrock sent an oversized event-stream frame",
@@ -142,7 +174,7 @@ impl Decoder {
                     }
                     break;
                 }
-                Ok(DecodedFrame::Complete(msg)) => match to_sse(&msg) {
+                Ok(DecodedFrame::Complete(msg)) => match to_sse(&msg, self.max_event) {
                     Ok(Some(b)) => out.extend_from_slice(&b),
                     Ok(None) => {}
                     Err(e) => {
@@ -256,7 +288,7 @@ mod tests {
     use aws_smithy_eventstream::frame::read_message_from;
 
     fn sse(frame: Bytes) -> Result<Option<Bytes>, Bytes> {
-        to_sse(&read_message_from(frame).unwrap())
+        to_sse(&read_message_from(frame).unwrap(), 4 << 20)
     }
 
     #[test]
@@ -294,7 +326,7 @@ mod tests {
         let mut all = chunk_frame(ev1).to_vec();
         all.extend_from_slice(&chunk_frame(ev2));
         for split in 1..all.len() {
-            let mut s = Decoder::default();
+            let mut s = Decoder::new(4 << 20);
             s.buf.extend_from_slice(&all[..split]);
             let mut out = s.drain();
             s.buf.extend_from_slice(&all[split..]);
@@ -310,11 +342,69 @@ mod tests {
     }
 
     #[test]
+    fn events_are_held_to_max_event_bytes_whatever_the_frame() {
+        let event = |len: usize| {
+            format!(
+                r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{}"}}}}"#,
+                "x".repeat(len)
+            )
+        };
+        // An event of 800 KB (a frame over 1 MiB) under the default 4 MiB: passed on.
+        let big = event(800_000);
+        let mut s = Decoder::new(4 << 20);
+        s.buf.extend_from_slice(&chunk_frame(&big));
+        let out = s.drain();
+        assert_eq!(
+            out.len(),
+            "event: content_block_delta\ndata: \n\n".len() + big.len()
+        );
+        assert!(!s.ended);
+        // An event of 20 KB under a 4 KiB bound: broken, as an SSE event that size would be.
+        let mut s = Decoder::new(4096);
+        s.buf.extend_from_slice(&chunk_frame(&event(20_000)));
+        let out = s.drain();
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            text.contains("larger than server.max_event_bytes"),
+            "{text}"
+        );
+        assert!(s.ended);
+        // A frame that cannot complete within the bound is not waited for.
+        let mut s = Decoder::new(4096);
+        let frame = chunk_frame(&event(40_000));
+        s.buf.extend_from_slice(&frame[..30_000]);
+        let out = s.drain();
+        assert!(std::str::from_utf8(&out).unwrap().contains("oversized"));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn an_error_message_header_is_kept() {
+        let msg = frame(
+            vec![
+                Header::new(":message-type", HeaderValue::String("error".into())),
+                Header::new(":error-code", HeaderValue::String("InternalFailure".into())),
+                Header::new(
+                    ":error-message",
+                    HeaderValue::String("The request processing has failed".into()),
+                ),
+            ],
+            String::new(),
+        );
+        let out = sse(msg).unwrap_err();
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            text.contains("Bedrock InternalFailure: The request processing has failed"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn corrupt_frame_ends_with_an_api_error() {
         let mut bad = chunk_frame(r#"{"type":"ping"}"#).to_vec();
         let last = bad.len() - 1;
         bad[last] ^= 0xff;
-        let mut s = Decoder::default();
+        let mut s = Decoder::new(4 << 20);
         s.buf.extend_from_slice(&bad);
         let out = s.drain();
         assert!(std::str::from_utf8(&out).unwrap().contains("api_error"));

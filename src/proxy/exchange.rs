@@ -321,7 +321,8 @@ fn received(call: &Call<'_>, resp: Response<ResponseBody>) -> (Parts, Raw) {
         http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
     );
     parts.headers.remove(header::CONTENT_LENGTH);
-    let sse = crate::cloud::eventstream::EventStreamSse::new(incoming);
+    let max_event = call.snap.cfg.server.limits.max_event_bytes;
+    let sse = crate::cloud::eventstream::EventStreamSse::new(incoming, max_event);
     (parts, Raw::EventStream(Box::new(sse)))
 }
 

@@ -106,6 +106,22 @@ fn place(s: &Option<String>, path: &str, cx: &mut Cx) -> Option<String> {
     }
 }
 
+/// An Azure deployment: a URL path segment, where names such as `gpt-4.1-mini` are common
+/// (and a model sent without a mapping is its own deployment, dots and all). A name of dots
+/// alone would be read as a path step.
+fn deployment_name(s: &Option<String>, path: &str, cx: &mut Cx) -> Option<String> {
+    let s = s.as_ref()?;
+    let fits = s
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if fits && !s.chars().all(|c| c == '.') {
+        Some(s.clone())
+    } else {
+        cx.err(path, "not a valid name (letters, digits, -, _ and .)");
+        None
+    }
+}
+
 fn url(s: &Option<String>, path: &str, cx: &mut Cx) -> Option<String> {
     let s = s.as_ref()?;
     super::providers::normalize_base_url(s)
@@ -130,8 +146,9 @@ fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
     let credentials_url = url(&p.credentials_url, &format!("{at}.credentials_url"), cx);
     let region = match p.region.is_some() {
         true => region?,
+        // From the environment it is checked as the key is: it goes into host names.
         false => match env(cx, "AWS_REGION").or_else(|| env(cx, "AWS_DEFAULT_REGION")) {
-            Some(r) => r,
+            Some(r) => place(&Some(r), &format!("{at}.region (AWS_REGION)"), cx)?,
             None => {
                 cx.err(
                     &format!("{at}.region"),
@@ -277,7 +294,7 @@ fn deployments(items: &[DeploymentFile], at: &str, cx: &mut Cx) -> BTreeMap<Stri
         let model = cx.required(d.model.clone(), &format!("{p}.model"));
         let deployment = cx.required(d.deployment.as_ref(), &format!("{p}.deployment"));
         let deployment =
-            deployment.and_then(|_| place(&d.deployment, &format!("{p}.deployment"), cx));
+            deployment.and_then(|_| deployment_name(&d.deployment, &format!("{p}.deployment"), cx));
         if let (Some(m), Some(d)) = (model, deployment) {
             if out.insert(m.clone(), d).is_some() {
                 cx.err(&p, format!("model `{m}` is listed twice"));

@@ -98,6 +98,13 @@ fn bedrock_needs_a_region_and_platform_keys_stay_on_platforms() {
         &[("AWS_REGION", "us-west-2")],
     );
     assert!(cfg.providers["br"].base_url.contains("us-west-2"));
+    // From the environment, a region is held to the same rule: it goes into host names.
+    let errs = load_str(
+        &format!("{DIRECT}[providers.br]\nkind = \"bedrock\"\n"),
+        &env_of(&[("AWS_REGION", "evil.example.com/x?")]),
+    )
+    .expect_err("a region that is no name");
+    assert!(errs.to_string().contains("providers.br.region"), "{errs}");
     refused_at(
         "[providers.anthropic]\nregion = \"us-east-1\"\n",
         "providers.anthropic.region",
@@ -154,7 +161,7 @@ fn azure_uses_its_api_key_else_workload_identity() {
         other => panic!("{other:?}"),
     }
     let keyed = format!(
-        "{base}api_key_env = \"AZ_KEY\"\ndeployments = [{{ model = \"gpt-4.1\", deployment = \"prod\" }}]\n"
+        "{base}api_key_env = \"AZ_KEY\"\ndeployments = [{{ model = \"gpt-4.1\", deployment = \"prod\" }}, {{ model = \"mini\", deployment = \"gpt-4.1-mini\" }}]\n"
     );
     let cfg = load(&keyed, &fed);
     assert_eq!(cfg.providers["az"].auth_header, AuthHeader::ApiKey);
@@ -162,6 +169,7 @@ fn azure_uses_its_api_key_else_workload_identity() {
         Platform::AzureOpenAi(a) => {
             assert!(matches!(a.credentials, AzureSource::ApiKey));
             assert_eq!(a.deployment("gpt-4.1"), "prod");
+            assert_eq!(a.deployment("mini"), "gpt-4.1-mini");
             assert_eq!(a.deployment("other"), "other");
         }
         other => panic!("{other:?}"),
@@ -170,6 +178,20 @@ fn azure_uses_its_api_key_else_workload_identity() {
         "[providers.az]\nkind = \"azure-openai\"\n",
         "providers.az.base_url",
     );
+    for bad in ["..", "a/b", "gpt 4"] {
+        let errs = load_str(
+            &format!(
+                "{DIRECT}{base}api_key_env = \"AZ_KEY\"\ndeployments = [{{ model = \"m\", deployment = \"{bad}\" }}]\n"
+            ),
+            &env_of(&fed),
+        )
+        .expect_err(bad);
+        assert!(
+            errs.to_string()
+                .contains("providers.az.deployments[0].deployment"),
+            "{bad}: {errs}"
+        );
+    }
     let _ = no_env();
 }
 
