@@ -191,38 +191,15 @@ impl CloudProvider {
 
     /// The body the platform wants: for the Anthropic platforms, the Messages body without
     /// `model` (and, on Bedrock, without `stream`), with `anthropic_version`, and on Bedrock the
-    /// caller's `anthropic-beta` headers as `anthropic_beta`.
+    /// caller's `anthropic-beta` headers as `anthropic_beta`. Edited in place (SPEC §4): every
+    /// other byte is the caller's, so key order (a tool schema's parameters), large integers
+    /// and escapes reach the model as sent.
     pub fn body(&self, body: &Bytes, inbound: &HeaderMap) -> Result<Bytes, ProxyError> {
-        let (version, bedrock) = match &self.platform {
-            Platform::Direct | Platform::AzureOpenAi(_) => return Ok(body.clone()),
-            Platform::Bedrock(b) => (&b.anthropic_version, true),
-            Platform::Vertex(v) => (&v.anthropic_version, false),
-        };
-        let mut doc: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
-            .map_err(|_| ProxyError::InvalidRequest {
-                message: "the request body is not a JSON object".to_owned(),
-            })?;
-        doc.remove("model");
-        if bedrock {
-            doc.remove("stream");
-            let betas: Vec<serde_json::Value> = inbound
-                .get_all("anthropic-beta")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .map(str::trim)
-                .filter(|b| !b.is_empty())
-                .map(serde_json::Value::from)
-                .collect();
-            if !betas.is_empty() && !doc.contains_key("anthropic_beta") {
-                doc.insert("anthropic_beta".to_owned(), serde_json::Value::Array(betas));
-            }
+        match &self.platform {
+            Platform::Direct | Platform::AzureOpenAi(_) => Ok(body.clone()),
+            Platform::Bedrock(b) => platform_body(body, inbound, &b.anthropic_version, true),
+            Platform::Vertex(v) => platform_body(body, inbound, &v.anthropic_version, false),
         }
-        doc.entry("anthropic_version")
-            .or_insert_with(|| serde_json::Value::from(version.as_str()));
-        serde_json::to_vec(&doc)
-            .map(Bytes::from)
-            .map_err(|_| ProxyError::Internal)
     }
 
     fn failed(&self, what: String) -> ProxyError {
@@ -352,10 +329,78 @@ impl CloudProvider {
     }
 }
 
+/// An Anthropic Messages body as Bedrock (`bedrock`) or Vertex wants it; see
+/// [`CloudProvider::body`].
+fn platform_body(
+    body: &Bytes,
+    inbound: &HeaderMap,
+    version: &str,
+    bedrock: bool,
+) -> Result<Bytes, ProxyError> {
+    use crate::splice::{insert_top_level, json_string, remove_top_level, top_level_value_span};
+    let not_object = || ProxyError::InvalidRequest {
+        message: "the request body is not a JSON object".to_owned(),
+    };
+    let mut out = body.to_vec();
+    let drop_key = |out: &mut Vec<u8>, key: &str| {
+        if let Some(cut) = remove_top_level(out, key) {
+            *out = cut;
+        }
+    };
+    drop_key(&mut out, "model");
+    if bedrock {
+        drop_key(&mut out, "stream");
+        let betas: Vec<String> = inbound
+            .get_all("anthropic-beta")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|b| !b.is_empty())
+            .map(json_string)
+            .collect();
+        if !betas.is_empty() && top_level_value_span(&out, "anthropic_beta").is_none() {
+            let list = format!("[{}]", betas.join(","));
+            out = insert_top_level(&out, "anthropic_beta", &list).ok_or_else(not_object)?;
+        }
+    }
+    if top_level_value_span(&out, "anthropic_version").is_none() {
+        out = insert_top_level(&out, "anthropic_version", &json_string(version))
+            .ok_or_else(not_object)?;
+    }
+    Ok(Bytes::from(out))
+}
+
 fn bearer(req: &mut Request<Full<Bytes>>, token: &Arc<Secret>) -> Result<(), String> {
     let mut v = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
         .map_err(|_| "the access token is not a header value".to_owned())?;
     v.set_sensitive(true);
     req.headers_mut().insert(header::AUTHORIZATION, v);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_platform_body_is_the_callers_edited_in_place() {
+        let body = Bytes::from_static(
+            br#"{"model":"m", "max_tokens":5,"stream":true,"n":12345678901234567890123,"big":1e400,"tools":[{"name":"t","input_schema":{"properties":{"zcity":{},"alpha":{}}}}],"messages":[{"role":"user","content":"caf\u00e9 1e400"}]}"#,
+        );
+        let mut inbound = HeaderMap::new();
+        inbound.insert("anthropic-beta", HeaderValue::from_static("a-1, b-2"));
+        let out = platform_body(&body, &inbound, "bedrock-2023-05-31", true).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"max_tokens":5,"n":12345678901234567890123,"big":1e400,"tools":[{"name":"t","input_schema":{"properties":{"zcity":{},"alpha":{}}}}],"messages":[{"role":"user","content":"caf\u00e9 1e400"}],"anthropic_beta":["a-1","b-2"],"anthropic_version":"bedrock-2023-05-31"}"#
+        );
+        // Vertex keeps `stream`; a version the caller set stays.
+        let body = Bytes::from_static(br#"{"model":"m","stream":true,"anthropic_version":"x"}"#);
+        let out = platform_body(&body, &HeaderMap::new(), "vertex-2023-10-16", false).unwrap();
+        assert_eq!(&out[..], br#"{"stream":true,"anthropic_version":"x"}"#);
+        // Not an object: refused as before.
+        let out = platform_body(&Bytes::from_static(b"[1]"), &HeaderMap::new(), "v", false);
+        assert!(matches!(out, Err(ProxyError::InvalidRequest { .. })));
+    }
 }
