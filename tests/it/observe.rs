@@ -211,6 +211,30 @@ async fn a_dead_collector_drops_and_counts_spans_and_never_holds_a_request() {
 }
 
 #[tokio::test]
+async fn an_export_the_collector_refuses_is_dropped_not_tried_again() {
+    // A retry would wait out its backoff on the thread that serves requests (the exporter's
+    // own sleep): a batch refused with 503 is dropped and counted, sent once.
+    let (sent, url) = otlp::unavailable().await;
+    let extra = format!("[telemetry]\notlp_endpoint = \"{url}\"\nexport_timeout = \"5s\"\n");
+    let env = env(&extra, r#"{"default":{}}"#).await;
+    let resp = env
+        .messages(
+            r#"{"model":"claude-x","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await.unwrap();
+    env.wait_metric(
+        "legate_telemetry_dropped_total",
+        &[("signal", "spans")],
+        2.0,
+    )
+    .await;
+    // The request's span and its attempt's, each sent once.
+    assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
 async fn the_journal_shows_both_steps_of_a_fallback_and_why_the_first_moved_on() {
     let env = env(CHAIN, PRIMARY_DOWN).await;
     let resp = env.messages(LARGE).await;

@@ -111,6 +111,43 @@ pub(crate) async fn dead() -> (TcpListener, String) {
     (listener, url)
 }
 
+/// A collector that answers every export with 503 (a retryable status); it counts the spans
+/// it was sent, each time it was sent one.
+pub(crate) async fn unavailable() -> (Arc<std::sync::atomic::AtomicUsize>, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let s = s.clone();
+            let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                let s = s.clone();
+                async move {
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let msg = ExportTraceServiceRequest::decode(body).unwrap();
+                    let spans: usize = msg
+                        .resource_spans
+                        .iter()
+                        .flat_map(|rs| &rs.scope_spans)
+                        .map(|ss| ss.spans.len())
+                        .sum();
+                    s.fetch_add(spans, std::sync::atomic::Ordering::SeqCst);
+                    let mut resp = http::Response::new(Full::new(Bytes::new()));
+                    *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (sent, url)
+}
+
 pub(crate) fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
     find(&span.attributes, key)
 }

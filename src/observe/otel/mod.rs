@@ -66,6 +66,7 @@ impl Otel {
                     .with_protocol(Protocol::HttpBinary)
                     .with_timeout(cfg.export_timeout)
                     .with_headers(headers.clone())
+                    .with_retry_policy(no_retries())
                     .build()
                     .map_err(|e| format!("telemetry: {e}"))?;
                 let (processor, task) = export::QueueProcessor::start(
@@ -94,6 +95,7 @@ impl Otel {
                     .with_protocol(Protocol::HttpBinary)
                     .with_timeout(cfg.export_timeout)
                     .with_headers(headers)
+                    .with_retry_policy(no_retries())
                     .build()
                     .map_err(|e| format!("telemetry: {e}"))?;
                 let exporter = export::CountingMetrics {
@@ -411,4 +413,13 @@ impl opentelemetry_sdk::trace::IdGenerator for PresetIds {
         PRESET.with(|p| p.set((t, None)));
         s.map_or_else(|| span_id(super::traceparent::new_span_id()), span_id)
     }
+}
+
+/// A failed export is not tried again: the batch is dropped and counted (SPEC §12). The
+/// exporter's own retries wait out their backoff with `std::thread::sleep` unless built with
+/// its `tokio` feature, and export runs on the server's runtime: a collector refusing
+/// connections or answering 503 froze the thread that serves requests and probes for up to
+/// a second per batch.
+fn no_retries() -> opentelemetry_otlp::RetryPolicy {
+    opentelemetry_otlp::RetryPolicy::disabled()
 }
