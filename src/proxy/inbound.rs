@@ -126,7 +126,9 @@ pub fn check_target(
     }
 }
 
-fn host_is_local(host: &str, listen_ip: std::net::IpAddr) -> bool {
+/// Whether `host` (a `Host` header or an authority) names this machine: a loopback name, or
+/// the address legate listens on.
+pub fn host_is_local(host: &str, listen_ip: std::net::IpAddr) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         rest.split(']').next().unwrap_or("")
     } else {

@@ -26,6 +26,9 @@ pub struct Admin {
     pub reloader: Arc<crate::server::Reloader>,
     /// Answers of this plane held until their last byte is written ([`HELD_MAX`]).
     pub held: Arc<BufferBudget>,
+    /// The address the plane listens on: on loopback, a request must name this machine in
+    /// its `Host` ([`foreign_host`]).
+    pub listen_ip: std::net::IpAddr,
 }
 
 /// The admin plane's answers held at once, over all its connections: past 64 KiB each (a
@@ -34,6 +37,24 @@ pub struct Admin {
 /// streams and read none of them; each would be a copy held until the idle timeout. Past this,
 /// an answer is refused with 503 instead.
 const HELD_MAX: usize = 32 << 20;
+
+/// A request to a loopback admin plane whose `Host` names another machine: a web page that
+/// had a browser on this machine resolve its own name to 127.0.0.1 (DNS rebinding), whose
+/// reads count as same-origin and carry no `Origin`; it would read the journal's captured
+/// prompts or reload the config. On a plane listening beyond loopback (the pod network, for
+/// the kubelet's probes and Prometheus, which name the pod's address) any `Host` is served:
+/// the network reaches it anyway.
+fn foreign_host<B>(req: &Request<B>, listen_ip: std::net::IpAddr) -> bool {
+    if !crate::loopback::is_loopback_ip(listen_ip) {
+        return false;
+    }
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    host.is_some_and(|h| !crate::proxy::inbound::host_is_local(h, listen_ip))
+}
 
 impl Admin {
     pub async fn handle(
@@ -46,6 +67,12 @@ impl Admin {
             return Ok(json(
                 StatusCode::FORBIDDEN,
                 &serde_json::json!({"error": "requests from web pages (a non-loopback Origin) are refused"}),
+            ));
+        }
+        if foreign_host(&req, self.listen_ip) {
+            return Ok(json(
+                StatusCode::FORBIDDEN,
+                &serde_json::json!({"error": "the Host header names another machine (DNS rebinding is refused)"}),
             ));
         }
         let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
@@ -271,5 +298,30 @@ async fn off_worker(
             StatusCode::INTERNAL_SERVER_ERROR,
             &serde_json::json!({"error": "the admin request failed inside legate"}),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_host(host: &str) -> Request<()> {
+        Request::builder()
+            .uri("/healthz")
+            .header(header::HOST, host)
+            .body(())
+            .unwrap()
+    }
+
+    #[test]
+    fn only_a_loopback_plane_checks_the_host() {
+        let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(foreign_host(&with_host("evil.example:9787"), loopback));
+        assert!(!foreign_host(&with_host("localhost:9787"), loopback));
+        assert!(!foreign_host(&with_host("[::1]:9787"), loopback));
+        // On the pod network the kubelet and Prometheus name the pod's address.
+        let pod: std::net::IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(!foreign_host(&with_host("10.1.2.3:9787"), pod));
+        assert!(!foreign_host(&with_host("evil.example"), pod));
     }
 }

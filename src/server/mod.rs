@@ -98,6 +98,7 @@ pub async fn start_reloadable(
         ready: Default::default(),
         reloader: reloader.clone(),
         held: Default::default(),
+        listen_ip: admin_addr.ip(),
     });
 
     let stop_data = CancellationToken::new();

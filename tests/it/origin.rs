@@ -90,3 +90,41 @@ async fn an_ipv4_mapped_loopback_admin_address_is_local() {
         .unwrap();
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
 }
+
+#[tokio::test]
+async fn a_loopback_admin_plane_refuses_a_host_naming_another_machine() {
+    // After DNS rebinding a page's reads are same-origin: no Origin, only its own name in
+    // `Host`. The journal (captured prompts) and a reload must not answer it.
+    let env = harness::start("").await;
+    let port = env.legate.admin_addr.port();
+    for (method, path) in [
+        ("GET", "/admin/requests?limit=1"),
+        ("POST", "/admin/reload"),
+        ("GET", "/healthz"),
+    ] {
+        let resp = env
+            .http
+            .request(method.parse().unwrap(), env.admin_url(path))
+            .header("host", format!("evil.example:{port}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{method} {path}");
+    }
+    assert_eq!(
+        env.metric("legate_config_reloads_total", &[("result", "ok")])
+            .await,
+        Some(0.0)
+    );
+    // This machine's names are served.
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let resp = env
+            .http
+            .get(env.admin_url("/healthz"))
+            .header("host", host.as_str())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{host}");
+    }
+}
