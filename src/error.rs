@@ -76,6 +76,8 @@ pub enum ProxyError {
         status: StatusCode,
         message: &'static str,
     },
+    /// legate is shutting down and the request had no answer when `shutdown_grace` ran out.
+    ShuttingDown,
     /// Anything unexpected; details go to the log only.
     Internal,
 }
@@ -97,7 +99,9 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. } | ProxyError::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::StoreUnavailable { .. } | ProxyError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamStreamBroken { .. }
             | ProxyError::UpstreamAnswerUnusable { .. }
@@ -127,6 +131,7 @@ impl ProxyError {
             ProxyError::NoProviderKey { .. }
             | ProxyError::CredentialUnavailable { .. }
             | ProxyError::StoreUnavailable { .. }
+            | ProxyError::ShuttingDown
             | ProxyError::Internal => Source::Proxy,
             ProxyError::UpstreamUnreachable { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -169,6 +174,7 @@ impl ProxyError {
             ProxyError::NeverFits { .. } => "never_fits",
             ProxyError::Shed { .. } => "shed",
             ProxyError::BadHead { .. } => "bad_head",
+            ProxyError::ShuttingDown => "shutting_down",
             ProxyError::Internal => "internal",
         }
     }
@@ -204,6 +210,7 @@ impl ProxyError {
             | ProxyError::UpstreamStreamBroken { .. }
             | ProxyError::UpstreamAnswerUnusable { .. }
             | ProxyError::DeadlineExceeded
+            | ProxyError::ShuttingDown
             | ProxyError::Internal => ErrorClass::Server,
         }
     }
@@ -310,6 +317,9 @@ impl ProxyError {
                 retry_after.as_secs_f64().ceil()
             ),
             ProxyError::BadHead { message, .. } => (*message).to_string(),
+            ProxyError::ShuttingDown => {
+                "legate is shutting down and this request had no answer within server.shutdown_grace; send it again (to the replica taking over)".to_string()
+            }
             ProxyError::Internal => "legate hit an internal error; see its log for the request id".to_string(),
         }
     }
@@ -339,6 +349,10 @@ impl ProxyError {
             // Refused before any upstream attempt: the caller may come back when it would fit
             // (and the SDK may retry it then: nothing is multiplied upstream).
             set_retry_after(headers, *retry_after);
+        } else if *self == ProxyError::ShuttingDown {
+            // Nothing is multiplied when no attempt was under way; when one was, the answer
+            // also says `x-should-retry: false` (the caller's choice, not the SDK's).
+            set_retry_after(headers, std::time::Duration::from_secs(1));
         } else if self.source() != Source::Client {
             // legate owns retries: an error that follows upstream attempts (or that a retry
             // cannot fix) must not be multiplied by the SDK's own retry loop.

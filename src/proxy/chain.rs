@@ -71,7 +71,13 @@ pub(super) async fn run(
         earliest_probe: None,
         step_no: 0,
     };
-    let result = execute(proxy, snap, inb, record, &mut exec).await;
+    // Past `shutdown_grace` a request still without an answer is given one (503), rather
+    // than having its connection dropped; the attempts it made are still reported.
+    let result = tokio::select! {
+        biased;
+        r = execute(proxy, snap, inb, record, &mut exec) => r,
+        () = proxy.abort_streams.cancelled() => Err(ProxyError::ShuttingDown),
+    };
     *spent = exec.spent;
     result
 }

@@ -380,3 +380,76 @@ async fn streams_outliving_shutdown_grace_end_with_an_error_event() {
     assert!(!text.contains("event: message_stop"));
     assert_eq!(legate.wait().await.unwrap().code(), Some(0));
 }
+
+#[tokio::test]
+async fn a_request_without_an_answer_at_shutdown_grace_gets_a_503() {
+    // The provider holds its answer far past the grace: the caller is told legate is going
+    // away, in its API's shape, instead of having its connection dropped unanswered.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, r#"{"default":{"delay_ms":60000}}"#).unwrap();
+    let (_mock, mock_url) = start_mock(Some(&script)).await;
+    let cfg = write_config(dir.path(), &mock_url, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("shutdown_grace = \"10s\"", "shutdown_grace = \"300ms\"");
+    std::fs::write(&cfg, text).unwrap();
+    let (mut legate, line) = spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
+        None,
+    )
+    .await;
+    let (data, _) = addrs(&line);
+    let http = reqwest::Client::new();
+    let pending = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.post(format!("{data}/v1/messages"))
+                .header("anthropic-version", "2023-06-01")
+                .body(r#"{"model":"m","max_tokens":9,"messages":[]}"#)
+                .send()
+                .await
+        }
+    });
+    // The request is with the provider (a bounded wait on the mock's count, not on time).
+    let reached = async {
+        loop {
+            let stats: serde_json::Value = http
+                .get(format!("{mock_url}/_mock/stats"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if stats["requests"] == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), reached)
+        .await
+        .expect("the request reached the provider");
+    sigterm(&legate);
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(10), pending)
+        .await
+        .expect("answered at the grace")
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    assert_eq!(resp.status(), 503);
+    // An attempt was under way: the SDK must not send it again on its own.
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "api_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{body}"
+    );
+    assert_eq!(legate.wait().await.unwrap().code(), Some(0));
+}
