@@ -20,9 +20,10 @@ use tokio::time::Instant;
 use crate::config::BreakerConfig;
 use crate::lru::Lru;
 
-/// Breakers of models that are not configured (callers may send any model name to a default
-/// route) are kept for at most this many upstreams, the least recently used forgotten first.
-/// Configured models' breakers are bounded by the config and never forgotten.
+/// Breakers of models that are not configured by their exact name (callers may send any model
+/// name to a default route, or any snapshot name under a configured `*` pattern) are kept for
+/// at most this many upstreams, the least recently used forgotten first. Exactly configured
+/// models' breakers are bounded by the config and never forgotten.
 const MAX_UNCONFIGURED_BREAKERS: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,10 +277,11 @@ impl Window {
     }
 }
 
-/// Breakers of configured models, and a bounded set of the others.
+/// Breakers of exactly configured models, and a bounded set of the others.
 struct Map {
-    /// Fx-hashed: only configured `provider:model` pairs are inserted here (callers' other
-    /// names go to the bounded, SipHash-keyed `others`).
+    /// Fx-hashed: only `provider:model` pairs whose model the config names exactly are
+    /// inserted here (callers' other names, those a `*` pattern matches included, go to the
+    /// bounded, SipHash-keyed `others`).
     configured: HashMap<String, Arc<Breaker>>,
     others: Lru<String, Arc<Breaker>>,
     /// Where `provider:model` is written for a lookup: reused, so that finding an existing
@@ -318,6 +320,9 @@ impl Breakers {
 
     /// The breaker of `provider:model`; `model_label` is the bounded metric label.
     pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
+        // The label is the model itself only for a name the config spells out; a name that a
+        // `*` pattern matches is the caller's choice, as unbounded as an unknown one.
+        let exact = model_label == model && !crate::names::is_pattern(model);
         let mut map = self.map.lock();
         let Map {
             configured,
@@ -332,7 +337,7 @@ impl Breakers {
         key.push_str(provider);
         key.push(':');
         key.push_str(model);
-        if model_label != "other" {
+        if exact {
             if let Some(b) = configured.get(key.as_str()) {
                 return Some(b.clone());
             }
@@ -346,7 +351,12 @@ impl Breakers {
         if let Some(b) = others.touch(key.as_str()) {
             return Some(b.clone());
         }
-        let (b, _) = others.entry(key, || Arc::new(Breaker::new(self.cfg.clone(), None)));
+        let gauge = (model_label != "other").then(|| {
+            let g = self.gauge.with_label_values(&[provider, model_label]);
+            g.set(0);
+            g
+        });
+        let (b, _) = others.entry(key, || Arc::new(Breaker::new(self.cfg.clone(), gauge)));
         Some(b.clone())
     }
 
