@@ -12,6 +12,7 @@ mod admission;
 mod agents;
 mod binary;
 mod bounded_state;
+mod breaker_metrics;
 mod buffers;
 mod catalog;
 mod check;
