@@ -150,7 +150,8 @@ impl Gate {
         }
     }
 
-    /// Applies a reloaded `max_concurrency` and `queue_limit`; a larger cap lets waiters in.
+    /// Applies a reloaded `max_concurrency` and `queue_limit`; a larger cap lets waiters in, a
+    /// smaller one takes effect as the slots held beyond it are released.
     pub fn resize(&self, max: usize, queue_limit: usize) {
         self.max.store(max.max(1), Ordering::Relaxed);
         self.queue_limit.store(queue_limit, Ordering::Relaxed);
@@ -181,9 +182,14 @@ impl Gate {
         }
     }
 
-    /// Hands the slot to the first live waiter in priority order, or frees it.
+    /// Hands the slot to the first live waiter in priority order, or frees it. After a reload
+    /// lowered `max`, slots are freed, not handed on, until no more than `max` are in flight.
     fn release(&self) {
         let mut st = self.lock();
+        if st.inflight > self.max.load(Ordering::Relaxed) {
+            st.inflight -= 1;
+            return;
+        }
         for p in Priority::ALL {
             while let Some(tx) = st.queues[p as usize].pop_front() {
                 self.gauge(p, -1);
@@ -295,6 +301,38 @@ mod tests {
         }
         drop(_busy);
         assert_eq!(live.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_lowered_cap_holds_once_the_slots_beyond_it_are_released() {
+        let g = gate(3, 10);
+        let held: Vec<Permit> = vec![
+            g.acquire(Priority::Interactive).await.unwrap(),
+            g.acquire(Priority::Interactive).await.unwrap(),
+            g.acquire(Priority::Interactive).await.unwrap(),
+        ];
+        let (tx, mut admitted) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..4 {
+            let (g, tx) = (g.clone(), tx.clone());
+            tokio::spawn(async move {
+                let permit = g.acquire(Priority::Interactive).await.unwrap();
+                let _ = tx.send(permit);
+            });
+        }
+        while g.queued()[0] < 4 {
+            tokio::task::yield_now().await;
+        }
+        g.resize(1, 10);
+        drop(held);
+        // Two of the three released slots are freed, the third handed to one waiter.
+        let first = admitted.recv().await.unwrap();
+        assert_eq!((g.inflight(), g.queued()), (1, [3, 0, 0]));
+        assert!(admitted.try_recv().is_err());
+        // From then on one at a time.
+        drop(first);
+        let second = admitted.recv().await.unwrap();
+        assert_eq!((g.inflight(), g.queued()), (1, [2, 0, 0]));
+        drop(second);
     }
 
     #[tokio::test]

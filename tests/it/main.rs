@@ -28,6 +28,7 @@ mod otlp;
 mod oversize;
 mod passthrough;
 mod pgo_wrapper;
+mod provider_gate;
 mod rawup;
 mod redis_store;
 mod reload;
