@@ -86,3 +86,32 @@ async fn a_cap_lowered_by_reload_holds_once_the_requests_beyond_it_finish() {
         w.abort();
     }
 }
+
+#[tokio::test]
+async fn callers_that_stop_waiting_leave_the_queue_and_its_gauge_at_once() {
+    let mock = harness::start_mock(legate::mock::Script::from_json(HANG).unwrap()).await;
+    let toml = config(&mock.base_url(), 1);
+    let env = harness::start_toml(mock, &toml).await;
+    let _holder = send(&env, &[]);
+    env.mock.wait_requests(1).await;
+    let leavers: Vec<_> = (0..2).map(|_| send(&env, &[])).collect();
+    until_gate(&env, |g| g == (1, 2)).await;
+
+    let timed: Vec<_> = (0..3)
+        .map(|_| send(&env, &[("x-legate-deadline-ms", "300")]))
+        .collect();
+    for t in timed {
+        assert_eq!(t.await.unwrap(), 504);
+    }
+    // Those three left the queue as they were answered; the slot holder has not finished.
+    assert_eq!(gate(&env).await, (1, 2));
+    let depth = &[("priority", "interactive")];
+    assert_eq!(env.metric("legate_queue_depth", depth).await, Some(2.0));
+
+    for l in leavers {
+        l.abort();
+    }
+    until_gate(&env, |g| g == (1, 0)).await;
+    assert_eq!(env.metric("legate_queue_depth", depth).await, Some(0.0));
+    assert_eq!(env.mock.stats().inflight, 1);
+}
