@@ -283,20 +283,31 @@ impl Reservation {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        if self.tpm == 0 && self.budget_pico == 0 {
+        // A tenant with no limit at all was charged in no store, and its spend is not kept:
+        // keeping it would cost each of its requests a store write (a lock here, a script run
+        // in Redis) that nothing reads until a budget is configured. Any limit makes the
+        // request pass a store at admission already, and then its spend is kept whenever a
+        // price is known, budget or not, so that a budget added by a reload counts today's.
+        if self.charged == Charged::Nowhere {
             return;
         }
         // Use beyond the reservation is charged, but at most one minute's worth: a report far
         // above what the request could use (a provider's bug) then holds the tenant back for
         // about a minute, not for as long as its bucket takes to refill the excess.
         let tpm = i64::try_from(self.tpm).unwrap_or(i64::MAX);
-        let refund = (i64::try_from(self.reserved).unwrap_or(i64::MAX)
-            - i64::try_from(used_tokens).unwrap_or(i64::MAX))
-        .max(-tpm);
+        let refund = match self.tpm {
+            0 => 0,
+            _ => (i64::try_from(self.reserved).unwrap_or(i64::MAX)
+                - i64::try_from(used_tokens).unwrap_or(i64::MAX))
+            .max(-tpm),
+        };
+        if refund == 0 && cost_pico == 0 {
+            return;
+        }
         let s = Settlement {
             tenant: std::mem::take(&mut self.tenant),
             tpm: self.tpm,
-            refund: if self.tpm == 0 { 0 } else { refund },
+            refund,
             cost_pico,
             budget_pico: self.budget_pico,
         };
