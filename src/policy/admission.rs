@@ -53,18 +53,26 @@ impl Drop for Permit {
 }
 
 /// A queued caller's receiver. If the caller goes away after its slot was handed over but
-/// before it saw it, the slot is passed on rather than lost.
+/// before it saw it, the slot is passed on rather than lost; if it goes away still queued, it
+/// leaves the queue at once.
 struct Waiting {
     rx: Option<oneshot::Receiver<Grant>>,
     gate: Arc<Gate>,
+    priority: Priority,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
-            if let Ok(Ok(())) = rx.try_recv() {
-                self.gate.release();
+            match rx.try_recv() {
+                Ok(Ok(())) => self.gate.release(),
+                // Shed: its place was taken out of the queue then.
+                Ok(Err(Shed)) => {}
+                // Nothing was sent: its place is (or was until a moment ago) still queued. The
+                // queue and its gauge count the callers waiting, so it is removed now rather
+                // than when a slot next comes free, which may be a long stream later.
+                Err(_) => self.gate.leave(self.priority),
             }
         }
     }
@@ -138,6 +146,7 @@ impl Gate {
         let mut waiting = Waiting {
             rx: Some(rx),
             gate: self.clone(),
+            priority: p,
         };
         let grant = match waiting.rx.as_mut() {
             Some(rx) => rx.await,
@@ -150,7 +159,8 @@ impl Gate {
         }
     }
 
-    /// Applies a reloaded `max_concurrency` and `queue_limit`; a larger cap lets waiters in.
+    /// Applies a reloaded `max_concurrency` and `queue_limit`; a larger cap lets waiters in, a
+    /// smaller one takes effect as the slots held beyond it are released.
     pub fn resize(&self, max: usize, queue_limit: usize) {
         self.max.store(max.max(1), Ordering::Relaxed);
         self.queue_limit.store(queue_limit, Ordering::Relaxed);
@@ -171,19 +181,36 @@ impl Gate {
 
     fn prune(&self, st: &mut State) {
         for p in Priority::ALL {
-            let q = &mut st.queues[p as usize];
-            let before = q.len();
-            q.retain(|tx| !tx.is_closed());
-            let gone = before - q.len();
-            if gone > 0 {
-                self.gauge(p, -(gone as i64));
-            }
+            self.prune_queue(st, p);
         }
     }
 
-    /// Hands the slot to the first live waiter in priority order, or frees it.
+    /// Drops the places of priority `p`'s callers that gave up (their receivers are closed).
+    fn prune_queue(&self, st: &mut State, p: Priority) {
+        let q = &mut st.queues[p as usize];
+        let before = q.len();
+        q.retain(|tx| !tx.is_closed());
+        let gone = before - q.len();
+        if gone > 0 {
+            self.gauge(p, -(gone as i64));
+        }
+    }
+
+    /// A caller of priority `p` stopped waiting (deadline, disconnect) before it was served.
+    /// Only a caller that gives up pays for the scan of its queue.
+    fn leave(&self, p: Priority) {
+        let mut st = self.lock();
+        self.prune_queue(&mut st, p);
+    }
+
+    /// Hands the slot to the first live waiter in priority order, or frees it. After a reload
+    /// lowered `max`, slots are freed, not handed on, until no more than `max` are in flight.
     fn release(&self) {
         let mut st = self.lock();
+        if st.inflight > self.max.load(Ordering::Relaxed) {
+            st.inflight -= 1;
+            return;
+        }
         for p in Priority::ALL {
             while let Some(tx) = st.queues[p as usize].pop_front() {
                 self.gauge(p, -1);
@@ -295,6 +322,55 @@ mod tests {
         }
         drop(_busy);
         assert_eq!(live.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_lowered_cap_holds_once_the_slots_beyond_it_are_released() {
+        let g = gate(3, 10);
+        let held: Vec<Permit> = vec![
+            g.acquire(Priority::Interactive).await.unwrap(),
+            g.acquire(Priority::Interactive).await.unwrap(),
+            g.acquire(Priority::Interactive).await.unwrap(),
+        ];
+        let (tx, mut admitted) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..4 {
+            let (g, tx) = (g.clone(), tx.clone());
+            tokio::spawn(async move {
+                let permit = g.acquire(Priority::Interactive).await.unwrap();
+                let _ = tx.send(permit);
+            });
+        }
+        while g.queued()[0] < 4 {
+            tokio::task::yield_now().await;
+        }
+        g.resize(1, 10);
+        drop(held);
+        // Two of the three released slots are freed, the third handed to one waiter.
+        let first = admitted.recv().await.unwrap();
+        assert_eq!((g.inflight(), g.queued()), (1, [3, 0, 0]));
+        assert!(admitted.try_recv().is_err());
+        // From then on one at a time.
+        drop(first);
+        let second = admitted.recv().await.unwrap();
+        assert_eq!((g.inflight(), g.queued()), (1, [2, 0, 0]));
+        drop(second);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_leaves_the_queue_and_its_gauge_at_once() {
+        let g = gate(1, 10);
+        let _busy = g.acquire(Priority::Interactive).await.unwrap();
+        let mut waiters: Vec<_> = (0..3).map(|_| waiter(&g, Priority::Background)).collect();
+        while g.queued()[1] < 3 {
+            tokio::task::yield_now().await;
+        }
+        let _stays = waiters.pop();
+        for w in waiters {
+            w.abort();
+            let _ = w.await;
+        }
+        assert_eq!(g.queued(), [0, 1, 0]);
+        assert_eq!(g.depth.with_label_values(&["background"]).get(), 1);
     }
 
     #[tokio::test]

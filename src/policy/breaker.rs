@@ -3,27 +3,20 @@
 //! calls are refused without touching the upstream. After `open_for`: exactly one probe passes,
 //! however many callers arrive; its success closes the breaker, its failure reopens it for
 //! twice as long (up to `max_open_for`). Only provider-side failures count; callers' mistakes,
-//! 429s and disconnects are neutral.
+//! 429s and disconnects are neutral. The breakers of a process are kept in `breakers`.
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use prometheus::IntGaugeVec;
+use prometheus::IntGauge;
 use tokio::time::Instant;
 
 use crate::config::BreakerConfig;
-use crate::lru::Lru;
-
-/// Breakers of models that are not configured (callers may send any model name to a default
-/// route) are kept for at most this many upstreams, the least recently used forgotten first.
-/// Configured models' breakers are bounded by the config and never forgotten.
-const MAX_UNCONFIGURED_BREAKERS: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -42,6 +35,65 @@ impl State {
     }
 }
 
+/// Where a breaker shows its state in `legate_breaker_state`.
+pub enum Series {
+    /// A model labelled `other`: no series (its names are the callers' and unbounded).
+    None,
+    /// An exactly configured model: the series is this breaker's alone.
+    Own(IntGauge),
+    /// A name a configured `*` pattern matches: the pattern's series, shared with every other
+    /// breaker under that pattern.
+    Shared(Arc<SharedSeries>),
+}
+
+/// The series of one `(provider, pattern)` label. It shows the worst state among the live
+/// breakers under the pattern: open if any is open, else half-open if any is, else closed. A
+/// series that each breaker set to its own state showed whichever wrote last (a new breaker's
+/// closed hid an open one). The breakers in each state are counted, changed only when a
+/// breaker's state changes or it is dropped, never per call.
+pub struct SharedSeries {
+    gauge: IntGauge,
+    /// Live breakers open, and half-open.
+    counts: Mutex<[u32; 2]>,
+}
+
+impl SharedSeries {
+    pub fn new(gauge: IntGauge) -> Self {
+        gauge.set(0);
+        SharedSeries {
+            gauge,
+            counts: Mutex::new([0, 0]),
+        }
+    }
+
+    /// One breaker under the pattern went from `was` to `now`.
+    fn moved(&self, was: State, now: State) {
+        let slot = |s: State| match s {
+            State::Closed => None,
+            State::Open { .. } => Some(0),
+            State::HalfOpen { .. } => Some(1),
+        };
+        let (from, to) = (slot(was), slot(now));
+        if from == to {
+            return;
+        }
+        let mut counts = self.counts.lock();
+        if let Some(i) = from {
+            counts[i] = counts[i].saturating_sub(1);
+        }
+        if let Some(i) = to {
+            counts[i] += 1;
+        }
+        // The values of `State::gauge`: 1 open, 2 half-open, 0 closed.
+        let worst = match *counts {
+            [open, _] if open > 0 => 1,
+            [_, half_open] if half_open > 0 => 2,
+            _ => 0,
+        };
+        self.gauge.set(worst);
+    }
+}
+
 struct Inner {
     state: State,
     open_for: Duration,
@@ -53,7 +105,17 @@ pub struct Breaker {
     /// Shared by all breakers and swapped on config reload.
     cfg: Arc<ArcSwap<BreakerConfig>>,
     inner: Mutex<Inner>,
-    gauge: Option<prometheus::IntGauge>,
+    series: Series,
+}
+
+impl Drop for Breaker {
+    /// A breaker forgotten (the least recently used of the unconfigured ones) no longer counts
+    /// in its pattern's series.
+    fn drop(&mut self) {
+        if let Series::Shared(s) = &self.series {
+            s.moved(self.inner.get_mut().state, State::Closed);
+        }
+    }
 }
 
 /// The answer to "may I call this upstream now?".
@@ -119,7 +181,7 @@ impl Drop for Ticket {
 }
 
 impl Breaker {
-    pub fn new(cfg: Arc<ArcSwap<BreakerConfig>>, gauge: Option<prometheus::IntGauge>) -> Self {
+    pub fn new(cfg: Arc<ArcSwap<BreakerConfig>>, series: Series) -> Self {
         let open_for = cfg.load().open_for;
         Breaker {
             cfg,
@@ -128,7 +190,7 @@ impl Breaker {
                 open_for,
                 outcomes: Window::default(),
             }),
-            gauge,
+            series,
         }
     }
 
@@ -137,9 +199,11 @@ impl Breaker {
     }
 
     fn set(&self, inner: &mut Inner, state: State) {
-        inner.state = state;
-        if let Some(g) = &self.gauge {
-            g.set(state.gauge());
+        let was = std::mem::replace(&mut inner.state, state);
+        match &self.series {
+            Series::None => {}
+            Series::Own(g) => g.set(state.gauge()),
+            Series::Shared(s) => s.moved(was, state),
         }
     }
 
@@ -276,93 +340,6 @@ impl Window {
     }
 }
 
-/// Breakers of configured models, and a bounded set of the others.
-struct Map {
-    /// Fx-hashed: only configured `provider:model` pairs are inserted here (callers' other
-    /// names go to the bounded, SipHash-keyed `others`).
-    configured: HashMap<String, Arc<Breaker>>,
-    others: Lru<String, Arc<Breaker>>,
-    /// Where `provider:model` is written for a lookup: reused, so that finding an existing
-    /// breaker (every request but the first of an upstream) allocates nothing.
-    key: String,
-}
-
-/// The largest lookup buffer `Map::key` keeps between lookups.
-const MAX_KEPT_KEY: usize = 256;
-
-/// All breakers of the process, keyed by `provider:model`. They outlive config reloads.
-pub struct Breakers {
-    cfg: Arc<ArcSwap<BreakerConfig>>,
-    map: Mutex<Map>,
-    gauge: IntGaugeVec,
-}
-
-impl Breakers {
-    pub fn new(cfg: BreakerConfig, gauge: IntGaugeVec) -> Self {
-        Breakers {
-            cfg: Arc::new(ArcSwap::from_pointee(cfg)),
-            map: Mutex::new(Map {
-                configured: HashMap::default(),
-                others: Lru::new(MAX_UNCONFIGURED_BREAKERS),
-                key: String::new(),
-            }),
-            gauge,
-        }
-    }
-
-    /// Applies a reloaded `[breaker]` to every breaker, existing and future. Their states and
-    /// windows carry over: an upstream's health does not reset with the config.
-    pub fn set_config(&self, cfg: BreakerConfig) {
-        self.cfg.store(Arc::new(cfg));
-    }
-
-    /// The breaker of `provider:model`; `model_label` is the bounded metric label.
-    pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
-        let mut map = self.map.lock();
-        let Map {
-            configured,
-            others,
-            key,
-        } = &mut *map;
-        if key.capacity() > MAX_KEPT_KEY {
-            // A caller's huge model name must not keep its buffer for the process's life.
-            *key = String::new();
-        }
-        key.clear();
-        key.push_str(provider);
-        key.push(':');
-        key.push_str(model);
-        if model_label != "other" {
-            if let Some(b) = configured.get(key.as_str()) {
-                return Some(b.clone());
-            }
-            // Only configured models get their own gauge series; others would be unbounded.
-            let g = self.gauge.with_label_values(&[provider, model_label]);
-            g.set(0);
-            let b = Arc::new(Breaker::new(self.cfg.clone(), Some(g)));
-            configured.insert(key.clone(), b.clone());
-            return Some(b);
-        }
-        if let Some(b) = others.touch(key.as_str()) {
-            return Some(b.clone());
-        }
-        let (b, _) = others.entry(key, || Arc::new(Breaker::new(self.cfg.clone(), None)));
-        Some(b.clone())
-    }
-
-    pub fn snapshot(&self) -> Vec<(String, State)> {
-        let map = self.map.lock();
-        let mut out: Vec<(String, State)> = map
-            .configured
-            .iter()
-            .chain(map.others.iter())
-            .map(|(k, b)| (k.clone(), b.state()))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,7 +356,10 @@ mod tests {
 
     /// A breaker on `cfg()`, with no state gauge.
     fn breaker() -> Arc<Breaker> {
-        Arc::new(Breaker::new(Arc::new(ArcSwap::from_pointee(cfg())), None))
+        Arc::new(Breaker::new(
+            Arc::new(ArcSwap::from_pointee(cfg())),
+            Series::None,
+        ))
     }
 
     fn pass(b: &Arc<Breaker>) -> Ticket {

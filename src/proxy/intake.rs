@@ -16,7 +16,7 @@ use crate::api::{Operation, RequestMeta};
 use crate::config::{Config, Priority};
 use crate::error::ProxyError;
 use crate::observe::RequestObs;
-use crate::policy::ratelimit::{Ask, Decision, Reservation};
+use crate::policy::ratelimit::{Ask, Charged, Decision, Reservation};
 
 impl Proxy {
     /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
@@ -45,8 +45,11 @@ impl Proxy {
                 tokens_per_minute: t.tokens_per_minute,
             });
         }
+        let mut charged = Charged::Nowhere;
         if ask.rpm > 0 || ask.tpm > 0 || ask.budget_pico > 0 {
-            if let Decision::Refuse { limit, retry_after } = self.limiter.admit(&ask).await {
+            let decision;
+            (decision, charged) = self.limiter.admit(&ask).await;
+            if let Decision::Refuse { limit, retry_after } = decision {
                 self.metrics
                     .ratelimit_rejections
                     .with_label_values(&[snap.labels.tenant(tenant), limit.as_str()])
@@ -60,6 +63,7 @@ impl Proxy {
         Ok(Reservation::new(
             self.limiter.clone(),
             &ask,
+            charged,
             meta.approx_input_tokens,
         ))
     }

@@ -46,7 +46,7 @@ use crate::api::{ApiKind, Operation, RequestMeta};
 use crate::config::{Priority, StoreKind};
 use crate::error::ProxyError;
 use crate::meter::Ledger;
-use crate::policy::breaker::Breakers;
+use crate::policy::breakers::Breakers;
 use crate::policy::ratelimit::Limiter;
 use crate::policy::ratelimit::redis::RedisStore;
 use crate::policy::retry::RetryBudget;

@@ -6,22 +6,26 @@ use futures_util::StreamExt;
 
 use crate::harness;
 
-#[tokio::test]
-async fn eleven_hundred_distinct_model_names_leave_bounded_breakers_and_an_exact_ledger() {
-    let env = harness::start("").await;
-    const N: usize = 1100;
-    let statuses: Vec<u16> = futures_util::stream::iter(0..N)
+/// Sends one request for each model name `prefix{i}`, `i` in `0..n`, 16 at a time; all 200.
+async fn one_request_per_name(env: &harness::Env, prefix: &str, n: usize) {
+    let statuses: Vec<u16> = futures_util::stream::iter(0..n)
         .map(|i| {
             let body = format!(
-                r#"{{"model":"claude-made-up-{i}","max_tokens":8,"messages":[{{"role":"user","content":"hi"}}]}}"#
+                r#"{{"model":"{prefix}{i}","max_tokens":8,"messages":[{{"role":"user","content":"hi"}}]}}"#
             );
-            let env = &env;
             async move { env.messages(body).await.status().as_u16() }
         })
         .buffer_unordered(16)
         .collect()
         .await;
     assert!(statuses.iter().all(|s| *s == 200));
+}
+
+#[tokio::test]
+async fn eleven_hundred_distinct_model_names_leave_bounded_breakers_and_an_exact_ledger() {
+    let env = harness::start("").await;
+    const N: usize = 1100;
+    one_request_per_name(&env, "claude-made-up-", N).await;
 
     let state = env.admin_json("/admin/state").await;
     let breakers = state["breakers"].as_array().unwrap().len();
@@ -48,4 +52,31 @@ async fn eleven_hundred_distinct_model_names_leave_bounded_breakers_and_an_exact
         "m".repeat(257)
     );
     assert_eq!(env.messages(long).await.status(), 400);
+}
+
+/// Names a configured `*` pattern matches are as much the caller's choice as unknown ones: their
+/// breakers are bounded too, while an exactly configured model's breaker is never dropped.
+#[tokio::test]
+async fn names_under_a_price_pattern_leave_bounded_breakers() {
+    let env = harness::start(
+        "[[prices]]\nmodel = \"anthropic:claude-sonnet-4-5*\"\ninput = \"3\"\noutput = \"15\"\n\
+         [[prices]]\nmodel = \"anthropic:claude-exact\"\ninput = \"3\"\noutput = \"15\"\n",
+    )
+    .await;
+    one_request_per_name(&env, "claude-exac", 1).await;
+    let exact = r#"{"model":"claude-exact","max_tokens":8,"messages":[]}"#;
+    assert_eq!(env.messages(exact).await.status(), 200);
+    one_request_per_name(&env, "claude-sonnet-4-5-", 1100).await;
+
+    let state = env.admin_json("/admin/state").await;
+    let upstreams: Vec<&str> = state["breakers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["upstream"].as_str().unwrap())
+        .collect();
+    // 1,024 most recent of the 1,101 caller-chosen names, and the configured one.
+    assert_eq!(upstreams.len(), 1025);
+    assert!(upstreams.contains(&"anthropic:claude-exact"));
+    assert!(!upstreams.contains(&"anthropic:claude-exac0"));
 }

@@ -199,3 +199,39 @@ async fn a_rotated_key_file_is_used_by_the_next_requests_without_a_restart() {
         vec!["sk-ant-second-key"]
     );
 }
+
+/// A tenant with a request limit only: its spend is kept all the same, shown by `/admin/state`,
+/// and a daily budget added by reload counts what was spent before it.
+#[tokio::test]
+async fn a_budget_added_by_reload_counts_the_spend_already_made_today() {
+    // 10 input + 5 output tokens at 3 / 15 USD per Mtok: 105 micro-USD per request.
+    let tenant = |budget: &str| {
+        format!(
+            "[tenants.default]\nrequests_per_minute = 100\n{budget}\n\
+             [[prices]]\nmodel = \"anthropic:claude-t\"\ninput = \"3\"\noutput = \"15\"\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    std::fs::write(&path, harness::config_toml(&mock.base_url(), &tenant(""))).unwrap();
+    let env = harness::start_file(mock, &path).await;
+    let body = r#"{"model":"claude-t","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..2 {
+        let resp = env.messages(body).await;
+        assert_eq!(resp.status(), 200);
+        // Read whole: the answer's usage is settled by then.
+        resp.bytes().await.unwrap();
+    }
+    let state = env.admin_json("/admin/state").await;
+    let spent = &state["buckets"]["local"]["default"]["spent_today_pico_usd"];
+    assert_eq!(spent, "210000000");
+
+    // Three requests' worth: the two already spent leave room for one more.
+    let budget = tenant("daily_budget_usd = \"0.000315\"");
+    std::fs::write(&path, harness::config_toml(&env.mock.base_url(), &budget)).unwrap();
+    assert_eq!(reload(&env).await.0, 200);
+    assert_eq!(env.messages(body).await.status(), 200);
+    assert_eq!(env.messages(body).await.status(), 429);
+    assert_eq!(env.mock.stats().requests, 3);
+}

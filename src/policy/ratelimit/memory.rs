@@ -68,7 +68,7 @@ impl MemoryStore {
 
     pub fn settle_now(&self, s: &Settlement, now: Now) {
         let mut map = self.lock();
-        let Some(st) = map.get_mut(&s.tenant) else {
+        let Some(st) = map.get_mut(s.tenant.as_ref()) else {
             return;
         };
         if s.tpm > 0 && s.refund != 0 {

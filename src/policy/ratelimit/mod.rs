@@ -62,10 +62,20 @@ pub enum Decision {
     Refuse { limit: Limit, retry_after: Duration },
 }
 
+/// The store whose buckets charged a request's admission, and where it is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charged {
+    /// No limit applied, so no store was asked.
+    Nowhere,
+    Local,
+    Shared,
+}
+
 /// Settling one admitted request: tokens given back (`refund` > 0) or owed (< 0), and its cost.
 #[derive(Debug, Clone)]
 pub struct Settlement {
-    pub tenant: String,
+    /// Taken from the reservation, not copied: settling allocates no name.
+    pub tenant: Cow<'static, str>,
     pub tpm: u64,
     pub refund: i64,
     pub cost_pico: u128,
@@ -165,49 +175,58 @@ impl Limiter {
         }
     }
 
-    pub async fn admit(&self, ask: &Ask) -> Decision {
+    /// The decision, and which store's buckets made it (its reservation is settled there).
+    pub async fn admit(&self, ask: &Ask) -> (Decision, Charged) {
         let now = Now::wall();
         if let Some(shared) = self.shared_usable(now) {
             match tokio::time::timeout(SHARED_TIMEOUT, shared.admit(ask, now)).await {
                 Ok(Ok(d)) => {
                     self.on_shared_ok();
-                    return d;
+                    return (d, Charged::Shared);
                 }
                 Ok(Err(e)) => self.on_shared_error(now, &e.0),
                 Err(_) => self.on_shared_error(now, "timed out"),
             }
         }
         match self.local.admit_now(ask, now) {
-            Ok(d) => d,
+            Ok(d) => (d, Charged::Local),
             // The local store cannot fail; admitting is the safe answer if it ever did.
-            Err(_) => Decision::Admit,
+            Err(_) => (Decision::Admit, Charged::Local),
         }
     }
 
-    pub async fn settle(&self, s: &Settlement) {
+    /// Settles in the shared store, which charged the request.
+    async fn settle_shared(&self, s: &Settlement) {
         let now = Now::wall();
-        if let Some(shared) = self.shared_usable(now) {
-            match tokio::time::timeout(SHARED_TIMEOUT, shared.settle(s, now)).await {
-                Ok(Ok(())) => {
-                    self.on_shared_ok();
-                    return;
-                }
-                Ok(Err(e)) => self.on_shared_error(now, &e.0),
-                Err(_) => self.on_shared_error(now, "timed out"),
+        // Unreachable now: the settlement is dropped, never applied to the local buckets, which
+        // did not charge this request (a refund there would hand the tenant tokens it never
+        // took from them, up to a whole reservation per request in flight across the outage).
+        // What is lost is bounded by one reservation: a refund not given back leaves the shared
+        // bucket low until it refills (within a minute), and a debt or cost not recorded is
+        // usage the shared store does not see, as it does not see any served on local buckets.
+        let Some(shared) = self.shared_usable(now) else {
+            return;
+        };
+        match tokio::time::timeout(SHARED_TIMEOUT, shared.settle(s, now)).await {
+            Ok(Ok(())) => self.on_shared_ok(),
+            Ok(Err(e)) => self.on_shared_error(now, &e.0),
+            Err(_) => self.on_shared_error(now, "timed out"),
+        }
+    }
+
+    /// Settles in the store that `charged` the request, without waiting: at once for local
+    /// buckets (so the very next request sees the refund), in the background for a shared
+    /// store. A local charge is settled locally even once the shared store is back, and the
+    /// other way round: each store gets back only what it gave.
+    pub fn settle_detached(self: &Arc<Self>, s: Settlement, charged: Charged) {
+        match charged {
+            Charged::Nowhere => {}
+            Charged::Local => self.local.settle_now(&s, Now::wall()),
+            Charged::Shared => {
+                let me = self.clone();
+                tokio::spawn(async move { me.settle_shared(&s).await });
             }
         }
-        self.local.settle_now(s, now);
-    }
-
-    /// Settles without waiting: at once for local buckets (so the very next request sees the
-    /// refund), in the background for a shared store.
-    pub fn settle_detached(self: &Arc<Self>, s: Settlement) {
-        if self.shared.is_none() {
-            self.local.settle_now(&s, Now::wall());
-            return;
-        }
-        let me = self.clone();
-        tokio::spawn(async move { me.settle(&s).await });
     }
 
     /// For `/admin/state`: the local buckets (what is enforced when no shared store is used).
@@ -221,6 +240,7 @@ impl Limiter {
 /// refunded in full.
 pub struct Reservation {
     limiter: Arc<Limiter>,
+    charged: Charged,
     tenant: Cow<'static, str>,
     tpm: u64,
     budget_pico: u128,
@@ -230,9 +250,10 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    pub fn new(limiter: Arc<Limiter>, ask: &Ask, estimated_input: u64) -> Self {
+    pub fn new(limiter: Arc<Limiter>, ask: &Ask, charged: Charged, estimated_input: u64) -> Self {
         Reservation {
             limiter,
+            charged,
             tenant: ask.tenant.clone(),
             tpm: ask.tpm,
             budget_pico: ask.budget_pico,
@@ -262,23 +283,35 @@ impl Reservation {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        if self.tpm == 0 && self.budget_pico == 0 {
+        // A tenant with no limit at all was charged in no store, and its spend is not kept:
+        // keeping it would cost each of its requests a store write (a lock here, a script run
+        // in Redis) that nothing reads until a budget is configured. Any limit makes the
+        // request pass a store at admission already, and then its spend is kept whenever a
+        // price is known, budget or not, so that a budget added by a reload counts today's.
+        if self.charged == Charged::Nowhere {
             return;
         }
         // Use beyond the reservation is charged, but at most one minute's worth: a report far
         // above what the request could use (a provider's bug) then holds the tenant back for
         // about a minute, not for as long as its bucket takes to refill the excess.
         let tpm = i64::try_from(self.tpm).unwrap_or(i64::MAX);
-        let refund = (i64::try_from(self.reserved).unwrap_or(i64::MAX)
-            - i64::try_from(used_tokens).unwrap_or(i64::MAX))
-        .max(-tpm);
-        self.limiter.settle_detached(Settlement {
-            tenant: self.tenant.to_string(),
+        let refund = match self.tpm {
+            0 => 0,
+            _ => (i64::try_from(self.reserved).unwrap_or(i64::MAX)
+                - i64::try_from(used_tokens).unwrap_or(i64::MAX))
+            .max(-tpm),
+        };
+        if refund == 0 && cost_pico == 0 {
+            return;
+        }
+        let s = Settlement {
+            tenant: std::mem::take(&mut self.tenant),
             tpm: self.tpm,
-            refund: if self.tpm == 0 { 0 } else { refund },
+            refund,
             cost_pico,
             budget_pico: self.budget_pico,
-        });
+        };
+        self.limiter.settle_detached(s, self.charged);
     }
 }
 
@@ -287,3 +320,6 @@ impl Drop for Reservation {
         self.settle(0, 0);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,7 +23,7 @@ fn ask(tenant: &str, rpm: u64, tpm: u64, tokens: u64, budget_pico: u128) -> Ask 
 
 fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlement {
     Settlement {
-        tenant: tenant.into(),
+        tenant: tenant.to_owned().into(),
         tpm,
         refund,
         cost_pico,

@@ -1,0 +1,206 @@
+//! All breakers of the process, keyed by `provider:model`, and the `legate_breaker_state`
+//! series each one writes. They outlive config reloads. A model the config names exactly keeps
+//! its breaker for ever, and that breaker owns its series; any other name is the caller's
+//! choice, so its breaker lives in a bounded least-recently-used set (SPEC §14), and under a
+//! `*` pattern it counts towards the pattern's shared series (see `breaker::SharedSeries`).
+
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use prometheus::IntGaugeVec;
+
+use super::breaker::{Breaker, Series, SharedSeries, State};
+use crate::config::BreakerConfig;
+use crate::lru::Lru;
+
+/// Breakers of models that are not configured by their exact name (callers may send any model
+/// name to a default route, or any snapshot name under a configured `*` pattern) are kept for
+/// at most this many upstreams, the least recently used forgotten first. Exactly configured
+/// models' breakers are bounded by the config and never forgotten.
+const MAX_UNCONFIGURED_BREAKERS: usize = 1024;
+
+/// Breakers of exactly configured models, and a bounded set of the others.
+struct Map {
+    /// Fx-hashed: only `provider:model` pairs whose model the config names exactly are
+    /// inserted here (callers' other names, those a `*` pattern matches included, go to the
+    /// bounded, SipHash-keyed `others`).
+    configured: HashMap<String, Arc<Breaker>>,
+    others: Lru<String, Arc<Breaker>>,
+    /// The shared series of each `provider:pattern`: as bounded as the config's patterns.
+    patterns: HashMap<String, Arc<SharedSeries>>,
+    /// Where `provider:model` is written for a lookup: reused, so that finding an existing
+    /// breaker (every request but the first of an upstream) allocates nothing.
+    key: String,
+}
+
+/// The largest lookup buffer `Map::key` keeps between lookups.
+const MAX_KEPT_KEY: usize = 256;
+
+pub struct Breakers {
+    cfg: Arc<ArcSwap<BreakerConfig>>,
+    map: Mutex<Map>,
+    gauge: IntGaugeVec,
+}
+
+impl Breakers {
+    pub fn new(cfg: BreakerConfig, gauge: IntGaugeVec) -> Self {
+        Breakers {
+            cfg: Arc::new(ArcSwap::from_pointee(cfg)),
+            map: Mutex::new(Map {
+                configured: HashMap::default(),
+                others: Lru::new(MAX_UNCONFIGURED_BREAKERS),
+                patterns: HashMap::default(),
+                key: String::new(),
+            }),
+            gauge,
+        }
+    }
+
+    /// Applies a reloaded `[breaker]` to every breaker, existing and future. Their states and
+    /// windows carry over: an upstream's health does not reset with the config.
+    pub fn set_config(&self, cfg: BreakerConfig) {
+        self.cfg.store(Arc::new(cfg));
+    }
+
+    /// The breaker of `provider:model`; `model_label` is the bounded metric label.
+    pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
+        // The label is the model itself only for a name the config spells out; a name that a
+        // `*` pattern matches is the caller's choice, as unbounded as an unknown one.
+        let exact = model_label == model && !crate::names::is_pattern(model);
+        let mut map = self.map.lock();
+        let Map {
+            configured,
+            others,
+            patterns,
+            key,
+        } = &mut *map;
+        if key.capacity() > MAX_KEPT_KEY {
+            // A caller's huge model name must not keep its buffer for the process's life.
+            *key = String::new();
+        }
+        key.clear();
+        key.push_str(provider);
+        key.push(':');
+        key.push_str(model);
+        if exact {
+            if let Some(b) = configured.get(key.as_str()) {
+                return Some(b.clone());
+            }
+            let g = self.gauge.with_label_values(&[provider, model_label]);
+            g.set(0);
+            let b = Arc::new(Breaker::new(self.cfg.clone(), Series::Own(g)));
+            configured.insert(key.clone(), b.clone());
+            return Some(b);
+        }
+        if let Some(b) = others.touch(key.as_str()) {
+            return Some(b.clone());
+        }
+        // A new breaker: the rare path, where its pattern's series is looked up.
+        let series = if model_label == "other" {
+            Series::None
+        } else {
+            let shared = patterns
+                .entry(format!("{provider}:{model_label}"))
+                .or_insert_with(|| {
+                    let g = self.gauge.with_label_values(&[provider, model_label]);
+                    Arc::new(SharedSeries::new(g))
+                });
+            Series::Shared(shared.clone())
+        };
+        let (b, _) = others.entry(key, || Arc::new(Breaker::new(self.cfg.clone(), series)));
+        Some(b.clone())
+    }
+
+    pub fn snapshot(&self) -> Vec<(String, State)> {
+        let map = self.map.lock();
+        let mut out: Vec<(String, State)> = map
+            .configured
+            .iter()
+            .chain(map.others.iter())
+            .map(|(k, b)| (k.clone(), b.state()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::breaker::{Admission, Outcome};
+
+    fn breakers() -> Breakers {
+        let cfg = BreakerConfig {
+            window: Duration::from_secs(30),
+            min_calls: 2,
+            failure_ratio: 0.5,
+            open_for: Duration::from_secs(10),
+            max_open_for: Duration::from_secs(20),
+        };
+        let gauge = IntGaugeVec::new(prometheus::Opts::new("b", "b"), &["provider", "model"]);
+        Breakers::new(cfg, gauge.unwrap())
+    }
+
+    fn report(b: &Arc<Breaker>, outcome: Outcome) {
+        match b.admit() {
+            Admission::Pass(t) => t.report(outcome),
+            Admission::Refused { .. } => panic!("refused"),
+        }
+    }
+
+    fn series(all: &Breakers, model: &str) -> i64 {
+        all.gauge.with_label_values(&["p", model]).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_patterns_series_shows_the_worst_state_of_its_live_breakers() {
+        let all = breakers();
+        let x = all.get("p", "m-x", "m*").unwrap();
+        report(&x, Outcome::Failure);
+        report(&x, Outcome::Failure);
+        assert_eq!(series(&all, "m*"), 1, "x is open");
+        // A new breaker under the pattern, and a success on it, leave x's open state shown.
+        let y = all.get("p", "m-y", "m*").unwrap();
+        report(&y, Outcome::Success);
+        assert_eq!(series(&all, "m*"), 1);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let Admission::Pass(probe) = x.admit() else {
+            panic!("no probe");
+        };
+        assert_eq!(series(&all, "m*"), 2, "x is half-open");
+        probe.report(Outcome::Success);
+        assert_eq!(series(&all, "m*"), 0);
+
+        // An open breaker forgotten (the least recently used) no longer counts.
+        // y's one success and one failure are two calls, half of them failed: it opens.
+        report(&y, Outcome::Failure);
+        assert_eq!(series(&all, "m*"), 1);
+        drop((x, y));
+        for i in 0..MAX_UNCONFIGURED_BREAKERS {
+            all.get("p", &format!("other-{i}"), "other");
+        }
+        assert_eq!(all.snapshot().len(), MAX_UNCONFIGURED_BREAKERS);
+        assert_eq!(series(&all, "m*"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exactly_configured_model_owns_its_series_and_is_never_forgotten() {
+        let all = breakers();
+        let exact = all.get("p", "m-1", "m-1").unwrap();
+        report(&exact, Outcome::Failure);
+        report(&exact, Outcome::Failure);
+        drop(exact);
+        for i in 0..=MAX_UNCONFIGURED_BREAKERS {
+            all.get("p", &format!("m-1-{i}"), "m*");
+        }
+        assert_eq!(series(&all, "m-1"), 1);
+        assert_eq!(series(&all, "m*"), 0);
+        let listed = all.snapshot();
+        assert_eq!(listed.len(), MAX_UNCONFIGURED_BREAKERS + 1);
+        assert!(matches!(listed[0], (ref k, State::Open { .. }) if k == "p:m-1"));
+    }
+}

@@ -1,0 +1,127 @@
+//! The limiter's choice of store: a reservation is settled in the store that charged it,
+//! whichever store is in use by the time the request ends.
+
+use std::sync::atomic::AtomicBool;
+
+use parking_lot::Mutex;
+
+use super::*;
+
+/// A shared store that can be taken down and brought back, recording the settlements it got.
+#[derive(Default)]
+struct Flaky {
+    up: AtomicBool,
+    refunds: Mutex<Vec<i64>>,
+}
+
+struct FlakyStore(Arc<Flaky>);
+
+impl Store for FlakyStore {
+    fn admit<'a>(&'a self, _: &'a Ask, _: Now) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let up = self.0.up.load(Ordering::Relaxed);
+        Box::pin(async move {
+            match up {
+                true => Ok(Decision::Admit),
+                false => Err(StoreError("down".into())),
+            }
+        })
+    }
+
+    fn settle<'a>(&'a self, s: &'a Settlement, _: Now) -> BoxFuture<'a, Result<(), StoreError>> {
+        let up = self.0.up.load(Ordering::Relaxed);
+        if up {
+            self.0.refunds.lock().push(s.refund);
+        }
+        Box::pin(async move {
+            match up {
+                true => Ok(()),
+                false => Err(StoreError("down".into())),
+            }
+        })
+    }
+}
+
+fn limiter() -> (Arc<Limiter>, Arc<Flaky>) {
+    let flaky = Arc::new(Flaky::default());
+    let gauge = IntGauge::new("degraded", "degraded").unwrap();
+    let shared = Box::new(FlakyStore(flaky.clone()));
+    (Arc::new(Limiter::new(Some(shared), gauge)), flaky)
+}
+
+fn ask(tenant: &'static str, tokens: u64) -> Ask {
+    Ask {
+        tenant: Cow::Borrowed(tenant),
+        rpm: 0,
+        tpm: 1000,
+        tokens,
+        budget_pico: 0,
+    }
+}
+
+/// Admits `a` and returns its reservation, checking which store charged it.
+async fn reserve(limiter: &Arc<Limiter>, a: &Ask, want: Charged) -> Reservation {
+    let (decision, charged) = limiter.admit(a).await;
+    assert_eq!((decision, charged), (Decision::Admit, want));
+    Reservation::new(limiter.clone(), a, charged, 0)
+}
+
+/// The tokens `tenant`'s local bucket holds, as `/admin/state` shows them.
+fn local_tokens(limiter: &Limiter, tenant: &str) -> i64 {
+    limiter.local_snapshot()[tenant]["tokens_available"]
+        .as_i64()
+        .unwrap()
+}
+
+/// The shared store answers again, and its pause after the failure is over.
+fn bring_back(limiter: &Limiter, flaky: &Flaky) {
+    flaky.up.store(true, Ordering::Relaxed);
+    limiter.retry_shared_at.store(0, Ordering::Relaxed);
+}
+
+#[tokio::test]
+async fn a_reservation_taken_locally_is_refunded_locally_after_the_shared_store_returns() {
+    let (limiter, flaky) = limiter();
+    let mut r = reserve(&limiter, &ask("t", 900), Charged::Local).await;
+    assert!(limiter.is_degraded());
+    assert_eq!(local_tokens(&limiter, "t"), 100);
+
+    bring_back(&limiter, &flaky);
+    r.settle(100, 0);
+    // The refund of 800 goes back where the 900 were taken, at once.
+    assert!(local_tokens(&limiter, "t") >= 900);
+    let next = reserve(&limiter, &ask("t", 1), Charged::Shared).await;
+    drop(next);
+    // The shared store got back only the reservation it charged itself (1, none used).
+    let settled = async {
+        while flaky.refunds.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), settled)
+        .await
+        .unwrap();
+    assert_eq!(*flaky.refunds.lock(), vec![1]);
+}
+
+#[tokio::test]
+async fn a_reservation_taken_in_the_shared_store_is_not_refunded_into_local_buckets() {
+    let (limiter, flaky) = limiter();
+    // A local bucket for the tenant from an earlier outage, 100 of 1000 tokens used.
+    reserve(&limiter, &ask("t", 100), Charged::Local)
+        .await
+        .keep();
+    assert_eq!(local_tokens(&limiter, "t"), 900);
+
+    bring_back(&limiter, &flaky);
+    let mut r = reserve(&limiter, &ask("t", 500), Charged::Shared).await;
+    flaky.up.store(false, Ordering::Relaxed);
+    // Another request finds the shared store gone: the limiter is degraded.
+    let _ = reserve(&limiter, &ask("u", 1), Charged::Local).await;
+    assert!(limiter.is_degraded());
+
+    r.settle(0, 0);
+    // The 500 tokens the shared store charged are not handed out by the local bucket.
+    let local = local_tokens(&limiter, "t");
+    assert!((900..950).contains(&local), "{local}");
+    assert!(flaky.refunds.lock().is_empty());
+}
