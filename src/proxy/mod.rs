@@ -248,6 +248,13 @@ impl Proxy {
                 Ok(resp) => resp,
                 Err(err) => {
                     obs.update(|f| f.error_type = Some(err.kind()));
+                    if stats.attempts == 0
+                        && matches!(err, ProxyError::CredentialUnavailable { .. })
+                    {
+                        if let Some(rec) = record.as_mut() {
+                            rec.never_sent();
+                        }
+                    }
                     if err.source() != crate::error::Source::Client {
                         tracing::warn!(request_id = %rid, error = err.kind(), "request failed");
                     } else {

@@ -80,6 +80,14 @@ impl RequestRecord {
         self.earlier.1 = self.earlier.1.saturating_add(cost_pico);
     }
 
+    /// Nothing was sent upstream: legate could not obtain the platform credential. The
+    /// request counts against none of the tenant's limits (SPEC §13).
+    pub fn never_sent(&mut self) {
+        if let Some(r) = self.reservation.as_mut() {
+            r.never_sent();
+        }
+    }
+
     /// An answer was served but its usage is unknown: the reservation stands as charged (plus
     /// what earlier attempts reported).
     pub fn keep_reservation(&mut self) {

@@ -343,10 +343,15 @@ async fn a_credential_expiring_mid_run_is_refreshed_without_a_failed_request() {
 
 #[tokio::test]
 async fn a_credential_that_cannot_be_obtained_is_a_502_that_trips_no_breaker() {
+    // Nor does it count against the caller's limits: six such requests under a limit of three
+    // a minute are all told why, none refused for the limit.
     let c = start(
         r#"{"replies":[]}"#,
         CloudOptions::default(),
         r#"
+[tenants.default]
+requests_per_minute = 3
+
 [providers.broken]
 kind = "bedrock"
 region = "us-east-1"

@@ -75,6 +75,12 @@ impl MemoryStore {
             let b = st.tokens.get_or_insert_with(|| Bucket::full(s.tpm, now.ms));
             b.give(s.tpm, s.refund, now.ms);
         }
+        if s.rpm > 0 && s.request_back {
+            let b = st
+                .requests
+                .get_or_insert_with(|| Bucket::full(s.rpm, now.ms));
+            b.give(s.rpm, 1, now.ms);
+        }
         if s.cost_pico > 0 {
             if st.spent.0 != now.day() {
                 st.spent = (now.day(), 0);
@@ -105,7 +111,9 @@ impl MemoryStore {
 fn refuse(limit: Limit, wait_ms: u64) -> Decision {
     Decision::Refuse {
         limit,
-        retry_after: std::time::Duration::from_millis(wait_ms.max(1)),
+        // At most a day, as the shared store answers (a reservation beyond the whole
+        // per-minute limit is refused as never fitting before it gets here).
+        retry_after: std::time::Duration::from_millis(wait_ms.clamp(1, super::DAY_MS)),
     }
 }
 
@@ -175,6 +183,8 @@ mod tests {
             refund: 0,
             cost_pico: cost,
             budget_pico: 1_000,
+            rpm: 0,
+            request_back: false,
         };
         m.settle_now(&settle(999), now);
         assert_eq!(

@@ -44,6 +44,10 @@ impl Limit {
     }
 }
 
+/// A UTC day. No refusal asks for a longer wait: the daily budget's, until the next midnight,
+/// is the longest real one.
+pub(crate) const DAY_MS: u64 = 86_400_000;
+
 /// One admission question: may `tenant` send one request reserving `tokens` now?
 #[derive(Debug, Clone)]
 pub struct Ask {
@@ -80,6 +84,10 @@ pub struct Settlement {
     pub refund: i64,
     pub cost_pico: u128,
     pub budget_pico: u128,
+    /// The tenant's requests-per-minute limit, and whether the request it counted is given
+    /// back (nothing was sent upstream: SPEC §13, a credential that could not be obtained).
+    pub rpm: u64,
+    pub request_back: bool,
 }
 
 #[derive(Debug)]
@@ -243,10 +251,13 @@ pub struct Reservation {
     charged: Charged,
     tenant: Cow<'static, str>,
     tpm: u64,
+    rpm: u64,
     budget_pico: u128,
     reserved: u64,
     pub estimated_input: u64,
     settled: bool,
+    /// The request counted against `rpm` is to be given back when settled.
+    request_back: bool,
 }
 
 impl Reservation {
@@ -256,11 +267,21 @@ impl Reservation {
             charged,
             tenant: ask.tenant.clone(),
             tpm: ask.tpm,
+            rpm: ask.rpm,
             budget_pico: ask.budget_pico,
             reserved: ask.tokens,
             estimated_input,
             settled: false,
+            request_back: false,
         }
+    }
+
+    /// Nothing was sent upstream for this request because legate could not obtain the
+    /// platform credential: it is counted against none of the tenant's limits (SPEC §13), its
+    /// tokens refunded in full and its request given back.
+    pub fn never_sent(&mut self) {
+        self.request_back = self.rpm > 0;
+        self.settle(0, 0);
     }
 
     /// The provider answered but reported no usage (an OpenAI stream cut before its usage chunk):
@@ -301,7 +322,7 @@ impl Reservation {
                 - i64::try_from(used_tokens).unwrap_or(i64::MAX))
             .max(-tpm),
         };
-        if refund == 0 && cost_pico == 0 {
+        if refund == 0 && cost_pico == 0 && !self.request_back {
             return;
         }
         let s = Settlement {
@@ -310,6 +331,8 @@ impl Reservation {
             refund,
             cost_pico,
             budget_pico: self.budget_pico,
+            rpm: self.rpm,
+            request_back: self.request_back,
         };
         self.limiter.settle_detached(s, self.charged);
     }

@@ -21,15 +21,12 @@ use std::time::Duration;
 
 use redis::{Client, FromRedisValue, Script, ScriptInvocation};
 
-use super::{Ask, BoxFuture, Decision, Limit, Now, Settlement, Store, StoreError};
+use super::{Ask, BoxFuture, DAY_MS, Decision, Limit, Now, Settlement, Store, StoreError};
 use crate::redis_conn::LazyConnection;
 
 const COMMON_LUA: &str = include_str!("redis/common.lua");
 const ADMIT_LUA: &str = include_str!("redis/admit.lua");
 const SETTLE_LUA: &str = include_str!("redis/settle.lua");
-
-/// The longest wait a refusal names.
-const DAY_MS: u64 = 86_400_000;
 
 /// Bounds the connection and each reply.
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -137,13 +134,15 @@ fn admit_args(ask: &Ask) -> [String; 4] {
 }
 
 /// ARGV of the settlement script, before the clock.
-fn settle_args(s: &Settlement) -> [String; 3] {
+fn settle_args(s: &Settlement) -> [String; 5] {
     let bound = MAX_SCRIPT_TOKENS as i64;
     [
         clamp_tokens(s.tpm).to_string(),
         s.refund.clamp(-bound, bound).to_string(),
         // HINCRBY takes a signed 64-bit increment; the script saturates the sum there too.
         s.cost_pico.min(i64::MAX as u128).to_string(),
+        clamp_tokens(s.rpm).to_string(),
+        u8::from(s.request_back).to_string(),
     ]
 }
 
@@ -186,7 +185,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let keys = Keys::of(&s.tenant);
             let mut call = self.settle.key(&keys.tokens);
-            call.key(&keys.spent);
+            call.key(&keys.spent).key(&keys.requests);
             call.arg(&settle_args(s)[..]).arg(self.clock_arg());
             let _: i64 = self.run(&call).await?;
             Ok(())

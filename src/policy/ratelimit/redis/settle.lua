@@ -1,10 +1,18 @@
 -- Settlement of one admitted request (memory.rs `settle_now`): tokens refunded or debited, and
 -- the cost added to the UTC day's spend (saturating at the int64 maximum).
--- KEYS: token bucket, daily spend.
+-- KEYS: token bucket, daily spend, request bucket.
 -- ARGV: tpm, refund in tokens (signed), cost in pico-USD (decimal, at most int64),
+--       rpm, 1 to give the request back (nothing was sent upstream) else 0,
 --       clock override ('' = TIME).
 local tpm, refund, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local now = now_ms(ARGV[4])
+local rpm, request_back = tonumber(ARGV[4]), ARGV[5] == '1'
+local now = now_ms(ARGV[6])
+
+if rpm > 0 and request_back then
+  local b = load(KEYS[3], rpm, now)
+  give(b, rpm, 1, now)
+  save(KEYS[3], b, rpm)
+end
 
 if tpm > 0 and refund ~= 0 then
   local b = load(KEYS[1], tpm, now)

@@ -28,6 +28,8 @@ fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlemen
         refund,
         cost_pico,
         budget_pico: 0,
+        rpm: 0,
+        request_back: false,
     }
 }
 
@@ -103,7 +105,7 @@ fn script_arguments_stay_exact_in_lua_doubles_and_int64() {
     assert_eq!(tokens, "100000000000");
     // The budget is compared as a decimal string, so it travels whole.
     assert_eq!(budget, u128::MAX.to_string());
-    let [_, refund, cost] = settle_args(&settlement("t", 1, i64::MIN, u128::MAX));
+    let [_, refund, cost, _, _] = settle_args(&settlement("t", 1, i64::MIN, u128::MAX));
     assert_eq!(
         (refund.as_str(), cost.as_str()),
         ("-100000000000", "9223372036854775807")
@@ -150,14 +152,15 @@ fn runtime() -> tokio::runtime::Runtime {
 #[derive(Debug, Clone)]
 enum Op {
     Admit { tokens: u64 },
-    Settle { refund: i64, cost: u128 },
+    Settle { refund: i64, cost: u128, back: bool },
     Wait { ms: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u64..1_500).prop_map(|tokens| Op::Admit { tokens }),
-        2 => (-800i64..800, 0u128..1_200).prop_map(|(refund, cost)| Op::Settle { refund, cost }),
+        2 => (-800i64..800, 0u128..1_200, any::<bool>())
+            .prop_map(|(refund, cost, back)| Op::Settle { refund, cost, back }),
         2 => (0u64..40_000).prop_map(|ms| Op::Wait { ms }),
     ]
 }
@@ -197,8 +200,12 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
                     let got = rt.block_on(redis.admit(&a, now)).unwrap();
                     prop_assert_eq!(got, expected, "step {}: {:?}", i, op);
                 }
-                Op::Settle { refund, cost } => {
-                    let s = settlement(&tenant, tpm, refund, cost);
+                Op::Settle { refund, cost, back } => {
+                    let s = Settlement {
+                        rpm,
+                        request_back: back,
+                        ..settlement(&tenant, tpm, refund, cost)
+                    };
                     memory.settle_now(&s, now);
                     rt.block_on(redis.settle(&s, now)).unwrap();
                 }
