@@ -468,53 +468,20 @@ pub(crate) fn add_native_roots(roots: &mut rustls::RootCertStore) {
 }
 
 fn tls_config(cfg: &ProviderConfig) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    use crate::config::tls;
     let mut roots = rustls::RootCertStore::empty();
     match cfg.tls_roots {
         TlsRoots::Webpki => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
         TlsRoots::Native => add_native_roots(&mut roots),
     }
     if let Some(path) = &cfg.ca_file {
-        for cert in read_certs(path)? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
-        }
+        tls::add_ca_file(&mut roots, path)?;
     }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup failed: {e}"))?
-        .with_root_certificates(roots);
-    match (&cfg.client_cert_file, &cfg.client_key_file) {
-        (Some(cert), Some(key)) => {
-            let certs = read_certs(cert)?;
-            let key = read_key(key)?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| format!("client certificate rejected: {e}"))
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
-}
-
-fn read_certs(
-    path: &std::path::Path,
-) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
-    use rustls::pki_types::pem::PemObject;
-    let certs: Result<Vec<_>, _> = rustls::pki_types::CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .collect();
-    let certs = certs.map_err(|e| format!("{}: not PEM certificates: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no certificate found", path.display()));
-    }
-    Ok(certs)
-}
-
-fn read_key(path: &std::path::Path) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
-    use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| format!("{}: not a usable PEM private key: {e}", path.display()))
+    let client = match (&cfg.client_cert_file, &cfg.client_key_file) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        _ => None,
+    };
+    tls::client_config(roots, client)
 }
 
 #[cfg(test)]

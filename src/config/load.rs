@@ -331,6 +331,9 @@ mod tests {
         let Ok(providers) = raw.get_table("providers") else {
             return Ok(overrides);
         };
+        // TLS files are read as the upstream client reads them: real PEM, a key that fits.
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])?;
+        let (cert_pem, key_pem) = (made.cert.pem(), made.signing_key.serialize_pem());
         for (name, table) in providers {
             let table = table.into_table()?;
             for key in [
@@ -341,7 +344,12 @@ mod tests {
             ] {
                 if table.contains_key(key) {
                     let stand_in = dir.join(format!("{name}-{key}"));
-                    std::fs::write(&stand_in, "stand-in\n")?;
+                    let content = match key {
+                        "ca_file" | "client_cert_file" => cert_pem.as_str(),
+                        "client_key_file" => key_pem.as_str(),
+                        _ => "stand-in\n",
+                    };
+                    std::fs::write(&stand_in, content)?;
                     overrides.insert(
                         format!(
                             "LEGATE__PROVIDERS__{}__{}",

@@ -94,13 +94,24 @@ fn provider(
             .ok()
     });
     let key = key_source(p, at, cx);
+    let mut files_exist = true;
     for (key_name, file) in [
         ("ca_file", &p.ca_file),
         ("client_cert_file", &p.client_cert_file),
         ("client_key_file", &p.client_key_file),
     ] {
         if let Some(file) = file {
-            existing_file(file, &format!("{at}.{key_name}"), cx);
+            files_exist &= existing_file(file, &format!("{at}.{key_name}"), cx);
+        }
+    }
+    if files_exist {
+        // Read as the upstream client reads them at start: what it would refuse is refused.
+        let client = match (&p.client_cert_file, &p.client_key_file) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            _ => None,
+        };
+        for (key_name, problem) in crate::config::tls::problems(p.ca_file.as_deref(), client) {
+            cx.err(&format!("{at}.{key_name}"), problem);
         }
     }
     // A client certificate is useless without its key and the other way round.

@@ -95,13 +95,43 @@ fn tls_files_must_exist_and_come_in_pairs() -> TestResult {
         &format!("[providers.anthropic]\nclient_key_file = {cert:?}"),
         "providers.anthropic.client_key_file",
     );
-    let both = format!(
-        "[providers.openai]\n[providers.anthropic]\nca_file = {cert:?}\nclient_cert_file = {cert:?}\nclient_key_file = {cert:?}"
-    );
-    let cfg = load_str(&both, &no_env())?;
+    // Files that exist are read as the upstream client reads them.
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])?;
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])?;
+    let (_d1, good_cert) = temp_file("cert.pem", &made.cert.pem())?;
+    let (_d2, good_key) = temp_file("key.pem", &made.signing_key.serialize_pem())?;
+    let (_d3, other_key) = temp_file("other.pem", &other.signing_key.serialize_pem())?;
+    let tls = |ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path| {
+        format!(
+            "[providers.openai]\n[providers.anthropic]\nca_file = {:?}\nclient_cert_file = {:?}\nclient_key_file = {:?}",
+            ca.display().to_string(),
+            cert.display().to_string(),
+            key.display().to_string()
+        )
+    };
+    let cfg = load_str(&tls(&good_cert, &good_cert, &good_key), &no_env())?;
     assert_eq!(
         cfg.providers["anthropic"].client_key_file.as_deref(),
-        Some(std::path::Path::new(&cert))
+        Some(good_key.as_path())
+    );
+    let text = std::path::Path::new(&cert);
+    // Not PEM where a CA is named; a certificate and a key that do not belong together; a key
+    // where the certificate goes.
+    refused_at(
+        &tls(text, &good_cert, &good_key),
+        "providers.anthropic.ca_file",
+    );
+    refused_at(
+        &tls(&good_cert, &good_cert, &other_key),
+        "providers.anthropic.client_cert_file",
+    );
+    refused_at(
+        &tls(&good_cert, &good_key, &good_key),
+        "providers.anthropic.client_cert_file",
+    );
+    refused_at(
+        &tls(&good_cert, &good_cert, &good_cert),
+        "providers.anthropic.client_key_file",
     );
     Ok(())
 }
