@@ -210,16 +210,40 @@ impl<'de> Deserialize<'de> for PerMtok {
     }
 }
 
-/// `scheme://user:password@host/…` with the userinfo shown as `***`; anything else unchanged.
+/// `scheme://user:password@host/…?key=value` with the userinfo and the query's values shown as
+/// `***`; anything else unchanged.
 pub fn mask_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };
     let rest = &url[scheme_end..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    let masked = match rest[..authority_end].rfind('@') {
         Some(at) => format!("{}***{}", &url[..scheme_end], &rest[at..]),
         None => url.to_owned(),
+    };
+    // A query carries keys as often as userinfo does (`?api_key=…`): its values go too.
+    match masked.split_once('?') {
+        Some((base, query)) => {
+            let (query, fragment) = match query.split_once('#') {
+                Some((q, f)) => (q, Some(f)),
+                None => (query, None),
+            };
+            let names: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) => format!("{name}=***"),
+                    None => pair.to_owned(),
+                })
+                .collect();
+            let mut out = format!("{base}?{}", names.join("&"));
+            if let Some(f) = fragment {
+                out.push('#');
+                out.push_str(f);
+            }
+            out
+        }
+        None => masked,
     }
 }
 
@@ -250,5 +274,9 @@ mod tests {
             "http://127.0.0.1:4318/v1"
         );
         assert_eq!(mask_userinfo("not a url @ all"), "not a url @ all");
+        assert_eq!(
+            mask_userinfo("http://127.0.0.1:4318/?api_key=sk-1&debug#top"),
+            "http://127.0.0.1:4318/?api_key=***&debug#top"
+        );
     }
 }

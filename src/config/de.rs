@@ -35,10 +35,11 @@ fn show(path: &[Seg]) -> String {
     let mut out = String::new();
     for seg in path {
         match seg {
-            Seg::Key(k) if out.is_empty() => out.push_str(k),
+            // A key name is the operator's text: a key pasted there is not shown.
+            Seg::Key(k) if out.is_empty() => out.push_str(&super::shown::shown(k)),
             Seg::Key(k) => {
                 out.push('.');
-                out.push_str(k);
+                out.push_str(&super::shown::shown(k));
             }
             Seg::Index(i) => out.push_str(&format!("[{i}]")),
         }

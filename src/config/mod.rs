@@ -15,6 +15,7 @@ pub mod load;
 pub mod observe;
 pub mod render;
 pub mod secret;
+pub(crate) mod shown;
 pub(crate) mod tls;
 pub mod types;
 pub mod validate;

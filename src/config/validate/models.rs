@@ -73,7 +73,11 @@ fn chain(
         if !providers.kinds.contains_key(provider) {
             cx.err(
                 &target_at,
-                format!("unknown provider `{provider}` ({})", providers.names()),
+                format!(
+                    "unknown provider `{}` ({})",
+                    crate::config::shown::shown(provider),
+                    providers.names()
+                ),
             );
         }
         steps.push(ChainStep::new(provider, model, max_tokens, drop_thinking));
@@ -106,7 +110,11 @@ fn route(named: Option<&String>, api: ApiKind, providers: &Providers, cx: &mut C
     match providers.kinds.get(&name) {
         None => cx.err(
             &path,
-            format!("unknown provider `{name}` ({})", providers.names()),
+            format!(
+                "unknown provider `{}` ({})",
+                crate::config::shown::shown(&name),
+                providers.names()
+            ),
         ),
         Some(Some(kind)) if *kind != api => cx.err(
             &path,

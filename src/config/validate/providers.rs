@@ -218,7 +218,8 @@ fn is_env_var_name(s: &str) -> bool {
 /// A path that must name an existing regular file now, so that a typo fails `legate check`
 /// rather than the first request.
 pub(crate) fn existing_file(file: &Path, path: &str, cx: &mut Cx) -> bool {
-    let shown = file.display();
+    let written = file.to_string_lossy();
+    let shown = crate::config::shown::shown(&written);
     let problem = match std::fs::metadata(file) {
         Ok(meta) if meta.is_file() => return true,
         _ if file.as_os_str().is_empty() => "must not be empty".to_owned(),
@@ -236,7 +237,8 @@ pub(crate) fn existing_file(file: &Path, path: &str, cx: &mut Cx) -> bool {
 /// removed so request paths can be appended verbatim. Messages show a URL only with its
 /// userinfo masked, and an unparseable one not at all.
 pub(crate) fn normalize_base_url(s: &str) -> Result<String, String> {
-    let shown = mask_userinfo(s);
+    let masked = mask_userinfo(s);
+    let shown = crate::config::shown::shown(&masked);
     if s.contains('#') || s.contains('?') {
         return Err(format!("`{shown}` must not contain a query or fragment"));
     }

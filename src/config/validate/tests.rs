@@ -542,3 +542,21 @@ fn durations_beyond_a_year_are_refused_everywhere() {
     let errs = errors_of("[server]\ndefault_deadline = \"8760h\"\nshutdown_grace = \"1y\"");
     assert!(errs.0.is_empty(), "{errs}");
 }
+
+#[test]
+fn a_key_pasted_into_a_path_url_name_or_key_is_not_printed_back() {
+    const KEY: &str = "sk-ant-api03-PASTEDSECRETXYZ0123456789";
+    for toml in [
+        format!("[providers.anthropic]\napi_key_file = \"{KEY}\""),
+        format!("[providers.anthropic]\nca_file = \"{KEY}\""),
+        format!("[providers.anthropic]\nbase_url = \"{KEY}\""),
+        format!("[providers.anthropic]\nbase_url = \"https://gw.example/?key={KEY}\""),
+        format!("[routing]\nanthropic = \"{KEY}\""),
+        format!("[server]\n\"{KEY}\" = 1"),
+    ] {
+        let errs = errors_of(&toml);
+        assert!(!errs.0.is_empty(), "refused: {toml}");
+        let text = errs.to_string();
+        assert!(!text.contains("PASTEDSECRET"), "{text}");
+    }
+}

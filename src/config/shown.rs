@@ -1,0 +1,96 @@
+//! What a validation message may show of a value the operator wrote. A key pasted into the
+//! wrong field (a key file's path, a base URL, a provider name in a route, a key name) would
+//! otherwise be printed back by `legate check` and logged by `serve` (SPEC §14: validation
+//! messages never echo a credential). Paths, URLs and names are shown as written; what looks
+//! like a credential is not.
+
+use std::borrow::Cow;
+
+/// Prefixes of the credentials agents' operators handle: provider API keys, cloud access keys
+/// and tokens, JWTs, source-host tokens.
+const PREFIXES: &[&str] = &[
+    "sk-",
+    "sk_",
+    "rk-",
+    "rk_",
+    "pk-",
+    "xai-",
+    "AKIA",
+    "ASIA",
+    "ya29.",
+    "eyJ",
+    "ghp_",
+    "gho_",
+    "github_pat_",
+    "AIza",
+    "glpat-",
+    "xoxb-",
+    "xoxp-",
+    "hf_",
+    "Bearer ",
+];
+
+/// `value` as written, or a note of its length when it looks like a credential.
+pub(crate) fn shown(value: &str) -> Cow<'_, str> {
+    if looks_like_key(value) {
+        Cow::Owned(format!(
+            "<{} characters, not shown: it looks like a key>",
+            value.chars().count()
+        ))
+    } else {
+        Cow::Borrowed(value)
+    }
+}
+
+/// A known credential prefix with more after it, or a long run of letters and digits with no
+/// separator a path, a file name, a host or a model name would have.
+fn looks_like_key(value: &str) -> bool {
+    if PREFIXES
+        .iter()
+        .any(|p| value.len() >= p.len() + 8 && value.starts_with(p))
+    {
+        return true;
+    }
+    let token = value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'+' | b'='));
+    let kinds = [
+        value.bytes().any(|b| b.is_ascii_lowercase()),
+        value.bytes().any(|b| b.is_ascii_uppercase()),
+        value.bytes().any(|b| b.is_ascii_digit()),
+    ];
+    token && value.len() >= 24 && kinds.iter().filter(|k| **k).count() == 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_not_shown_and_paths_names_and_urls_are() {
+        for key in [
+            "sk-ant-api03-PASTEDSECRETXYZ",
+            "sk-proj-abcdef0123456789",
+            "AKIAIOSFODNN7EXAMPLE",
+            "ya29.a0AfH6SMBx3",
+            "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
+            "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MEFCQ0RF",
+        ] {
+            assert!(shown(key).starts_with('<'), "{key}");
+            assert!(!shown(key).contains(&key[3..]), "{key}");
+        }
+        for plain in [
+            "/var/run/secrets/anthropic/key",
+            "anthropic.key",
+            "keys/openai",
+            "https://api.anthropic.com",
+            "claude-sonnet-4-5-20250929",
+            "anthropic",
+            "max_connections",
+            "sk-",
+            "gpt-4.1-mini",
+        ] {
+            assert_eq!(shown(plain), plain);
+        }
+    }
+}
