@@ -76,6 +76,8 @@ pub struct Facts {
     pub path: Cow<'static, str>,
     /// As the caller sent it (the request's own parsed name, shared).
     pub model: Option<Arc<str>>,
+    /// Its bounded metric label (the config's own name or pattern, shared; `None`: `other`).
+    pub model_label: Option<Arc<str>>,
     pub max_tokens: Option<u64>,
     pub stream: bool,
     /// The step's own `provider:model`, shared.
@@ -117,6 +119,7 @@ impl Facts {
             method,
             path,
             model: None,
+            model_label: None,
             max_tokens: None,
             stream: false,
             served_by: None,

@@ -142,11 +142,13 @@ impl Proxy {
             .await?;
         crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;
+        let label = snap.labels.shared_model(&meta.model);
         if let Some(r) = record.as_mut() {
-            r.set_model(snap.labels.shared_model(&meta.model));
+            r.set_model(label.clone());
         }
         obs.update(|f| {
             f.model = Some(meta.model.clone());
+            f.model_label = label;
             f.max_tokens = meta.max_tokens;
             f.stream = meta.stream;
         });

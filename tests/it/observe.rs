@@ -141,6 +141,41 @@ async fn spans_continue_the_callers_trace_with_one_child_per_attempt() {
 }
 
 #[tokio::test]
+async fn exported_metrics_carry_the_bounded_model_label_not_the_callers_name() {
+    let collector = Collector::start().await;
+    let extra = format!(
+        "{CHAIN}\n[telemetry]\notlp_endpoint = \"{}\"\nmetrics_interval = \"1h\"\n",
+        collector.url
+    );
+    let env = env(&extra, r#"{"default":{}}"#).await;
+    for model in ["invented-1", "invented-2", "large"] {
+        let resp = env
+            .messages(format!(
+                r#"{{"model":"{model}","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ))
+            .await;
+        assert_eq!(resp.status(), 200, "{model}");
+        let _ = resp.bytes().await.unwrap();
+    }
+    let Env { legate, .. } = env;
+    legate.shutdown().await;
+    collector
+        .wait_for(|r| {
+            r.metric_names
+                .iter()
+                .any(|m| m == "gen_ai.client.operation.duration")
+        })
+        .await;
+    let got = collector.got.lock().unwrap();
+    let mut models = got.metric_models.clone();
+    models.sort();
+    models.dedup();
+    // Names a caller invents share `other`; a configured alias keeps its name, and its
+    // step's configured model is named as the response model.
+    assert_eq!(models, ["claude-primary", "large", "other"], "{models:?}");
+}
+
+#[tokio::test]
 async fn a_stream_reports_time_to_first_chunk() {
     let collector = Collector::start().await;
     let extra = format!("[telemetry]\notlp_endpoint = \"{}\"\n", collector.url);

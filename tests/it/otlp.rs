@@ -20,6 +20,9 @@ use tokio::net::TcpListener;
 pub(crate) struct Received {
     pub spans: Vec<Span>,
     pub metric_names: Vec<String>,
+    /// Every model attribute (`gen_ai.request.model`, `gen_ai.response.model`) of the
+    /// histogram points exported.
+    pub metric_models: Vec<String>,
     pub content_types: Vec<String>,
 }
 
@@ -67,8 +70,10 @@ impl Collector {
                                 let msg = ExportMetricsServiceRequest::decode(body).unwrap();
                                 for rm in msg.resource_metrics {
                                     for sm in rm.scope_metrics {
-                                        r.metric_names
-                                            .extend(sm.metrics.into_iter().map(|m| m.name));
+                                        for m in sm.metrics {
+                                            r.metric_models.extend(models_of(&m));
+                                            r.metric_names.push(m.name);
+                                        }
                                     }
                                 }
                             }
@@ -146,6 +151,25 @@ pub(crate) async fn unavailable() -> (Arc<std::sync::atomic::AtomicUsize>, Strin
         }
     });
     (sent, url)
+}
+
+/// The model attributes of a histogram's points.
+fn models_of(m: &opentelemetry_proto::tonic::metrics::v1::Metric) -> Vec<String> {
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let Some(Data::Histogram(h)) = &m.data else {
+        return Vec::new();
+    };
+    h.data_points
+        .iter()
+        .flat_map(|p| &p.attributes)
+        .filter(|kv| kv.key == "gen_ai.request.model" || kv.key == "gen_ai.response.model")
+        .filter_map(
+            |kv| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(any_value::Value::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            },
+        )
+        .collect()
 }
 
 pub(crate) fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {

@@ -346,18 +346,27 @@ fn attempt_span(tracer: &SdkTracer, f: &Facts, a: &AttemptFacts, parent: &Contex
     span.end_with_timestamp(a.started_wall + a.duration);
 }
 
+/// Metric attributes carry the model's bounded label, as `/metrics` does (SPEC §8, §14): the
+/// caller's own name would make one series per name a caller invents, kept for the process's
+/// life by cumulative export. Spans, one per request, carry the name as sent.
 fn record_metrics(m: &Instruments, f: &Facts) {
     let served = f.steps.iter().rev().find(|a| a.outcome == "ok");
+    let label = f.model_label.as_deref().unwrap_or("other");
     let mut attrs = vec![
         KeyValue::new("gen_ai.operation.name", "chat"),
-        KeyValue::new("gen_ai.request.model", f.model.clone().unwrap_or_default()),
+        KeyValue::new("gen_ai.request.model", label.to_string()),
     ];
     if let Some(a) = served {
         attrs.push(KeyValue::new("gen_ai.provider.name", a.provider_kind));
-        attrs.push(KeyValue::new(
-            "gen_ai.response.model",
-            a.called.model().to_owned(),
-        ));
+        // A step that calls the caller's own name (a default route) is labelled as the
+        // request is; a configured chain's steps name configured models.
+        let called = a.called.model();
+        let response_model = if f.model.as_deref() == Some(called) {
+            label.to_string()
+        } else {
+            called.to_owned()
+        };
+        attrs.push(KeyValue::new("gen_ai.response.model", response_model));
     }
     let mut with_error = attrs.clone();
     if let Some(e) = f.error_type() {
