@@ -134,10 +134,31 @@ impl Admin {
                 })
                 .await
             }
-            _ => json(
-                StatusCode::NOT_FOUND,
-                &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage, /admin/requests, /admin/requests/{id}; POST /admin/reload"}),
-            ),
+            (method, path) => {
+                // A known path asked with another method is 405 with the one it takes.
+                let allowed = match path {
+                    "/admin/reload" => Some("POST"),
+                    "/healthz" | "/readyz" | "/metrics" | "/admin/state" | "/admin/usage"
+                    | "/admin/requests" => Some("GET"),
+                    p if p.starts_with("/admin/requests/") => Some("GET"),
+                    _ => None,
+                };
+                match allowed {
+                    Some(allow) => {
+                        let mut r = json(
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            &serde_json::json!({"error": format!("{path} takes {allow}, not {method}")}),
+                        );
+                        r.headers_mut()
+                            .insert(header::ALLOW, HeaderValue::from_static(allow));
+                        r
+                    }
+                    None => json(
+                        StatusCode::NOT_FOUND,
+                        &serde_json::json!({"error": "admin endpoints: GET /healthz, /readyz, /metrics, /admin/state, /admin/usage, /admin/requests, /admin/requests/{id}; POST /admin/reload"}),
+                    ),
+                }
+            }
         };
         Ok(self.held(resp).await)
     }

@@ -341,3 +341,34 @@ async fn first_byte_timeout_is_504_and_cancels_the_upstream_call() {
         .await;
     assert_eq!(n, Some(3.0));
 }
+
+#[tokio::test]
+async fn an_admin_path_asked_with_another_method_is_405_with_the_one_it_takes() {
+    let env = harness::start("").await;
+    for (method, path, allow) in [
+        ("GET", "/admin/reload", "POST"),
+        ("POST", "/metrics", "GET"),
+        ("DELETE", "/admin/requests/lgt_1", "GET"),
+    ] {
+        let resp = env
+            .http
+            .request(method.parse().unwrap(), env.admin_url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 405, "{method} {path}");
+        assert_eq!(resp.headers()["allow"], allow);
+    }
+    assert_eq!(
+        env.metric("legate_config_reloads_total", &[("result", "ok")])
+            .await,
+        Some(0.0)
+    );
+    let unknown = env
+        .http
+        .get(env.admin_url("/admin/nothing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+}
