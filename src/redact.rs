@@ -21,27 +21,50 @@ pub const REDACTED: &[u8] = b"[redacted]";
 /// mangle every answer, and no provider issues keys that short.
 const MIN_KEY_LEN: usize = 8;
 
-/// The credential of one upstream exchange, to be removed from its answer.
+/// The credential of one upstream exchange, to be removed from its answer: the key in use,
+/// and the one a key file's rotation replaced (still valid at the provider for a while, and
+/// what an answer to a request sent just before the rotation would echo).
 #[derive(Clone)]
 pub struct Redactor {
     key: Arc<Secret>,
+    previous: Option<Arc<Secret>>,
 }
 
 impl Redactor {
     /// `None` when there is no key worth searching for.
     pub fn new(key: Option<Arc<Secret>>) -> Option<Self> {
         key.filter(|k| k.expose().len() >= MIN_KEY_LEN)
-            .map(|key| Redactor { key })
+            .map(|key| Redactor {
+                key,
+                previous: None,
+            })
     }
 
-    /// The key's searcher, built once per key (not per exchange, header value or chunk).
-    fn finder(&self) -> &Finder<'static> {
-        self.key.finder()
+    /// Also searches for `previous` (a rotated-away key), when there is one worth it.
+    pub fn with_previous(mut self, previous: Option<Arc<Secret>>) -> Self {
+        self.previous = previous.filter(|k| k.expose().len() >= MIN_KEY_LEN);
+        self
+    }
+
+    /// The keys' searchers, each built once per key (not per exchange, header value or chunk).
+    fn finders(&self) -> impl Iterator<Item = &Finder<'static>> {
+        std::iter::once(self.key.finder()).chain(self.previous.as_ref().map(|k| k.finder()))
+    }
+
+    /// `hay` with every occurrence of every key replaced, or `None` if it holds none.
+    fn replace_all(&self, hay: &[u8]) -> Option<Vec<u8>> {
+        let mut cleaned: Option<Vec<u8>> = None;
+        for finder in self.finders() {
+            if let Some(v) = replace(cleaned.as_deref().unwrap_or(hay), finder) {
+                cleaned = Some(v);
+            }
+        }
+        cleaned
     }
 
     /// `data` with every occurrence of the key replaced (the same bytes when there is none).
     pub fn bytes(&self, data: Bytes) -> Bytes {
-        match replace(&data, self.finder()) {
+        match self.replace_all(&data) {
             Some(v) => Bytes::from(v),
             None => data,
         }
@@ -52,10 +75,9 @@ impl Redactor {
     /// and searched again with the next chunk; [`Redactor::flush`] releases it at the end.
     /// The hold is at most the key's length less one byte, so nothing waits for long.
     pub fn chunk(&self, carry: &mut Vec<u8>, data: Bytes) -> Bytes {
-        let needle = self.finder().needle();
         let cleaned: Vec<u8>;
         let out: &[u8] = if carry.is_empty() {
-            match replace(&data, self.finder()) {
+            match self.replace_all(&data) {
                 Some(v) => {
                     cleaned = v;
                     &cleaned
@@ -64,11 +86,17 @@ impl Redactor {
             }
         } else {
             carry.extend_from_slice(&data);
-            cleaned = replace(carry, self.finder()).unwrap_or_else(|| std::mem::take(carry));
+            cleaned = self
+                .replace_all(carry)
+                .unwrap_or_else(|| std::mem::take(carry));
             carry.clear();
             &cleaned
         };
-        let hold = key_prefix_at_end(out, needle);
+        let hold = self
+            .finders()
+            .map(|f| key_prefix_at_end(out, f.needle()))
+            .max()
+            .unwrap_or(0);
         carry.extend_from_slice(&out[out.len() - hold..]);
         let send = out.len() - hold;
         if std::ptr::eq(out.as_ptr(), data.as_ptr()) {
@@ -87,42 +115,47 @@ impl Redactor {
     /// passed on lower-cased, so it is looked for in any case there: an upstream's
     /// `x-ratelimit-remaining-<key>` would otherwise carry it).
     pub fn headers(&self, headers: &mut HeaderMap) {
-        let finder = self.finder();
-        let key = finder.needle();
-        let named: Vec<http::HeaderName> = headers
-            .keys()
-            .filter(|n| {
-                n.as_str().len() >= key.len()
-                    && n.as_str()
-                        .as_bytes()
-                        .windows(key.len())
-                        .any(|w| w.eq_ignore_ascii_case(key))
+        for finder in self.finders() {
+            headers_of(finder, headers);
+        }
+    }
+}
+
+/// [`Redactor::headers`] for one key.
+fn headers_of(finder: &Finder<'_>, headers: &mut HeaderMap) {
+    let key = finder.needle();
+    let named: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|n| {
+            n.as_str().len() >= key.len()
+                && n.as_str()
+                    .as_bytes()
+                    .windows(key.len())
+                    .any(|w| w.eq_ignore_ascii_case(key))
+        })
+        .cloned()
+        .collect();
+    for name in named {
+        headers.remove(&name);
+    }
+    let mut tainted = Vec::new();
+    for (name, value) in headers.iter() {
+        if finder.find(value.as_bytes()).is_some() {
+            tainted.push(name.clone());
+        }
+    }
+    for name in tainted {
+        let values: Vec<HeaderValue> = headers
+            .get_all(&name)
+            .iter()
+            .filter_map(|v| {
+                let clean = replace(v.as_bytes(), finder).unwrap_or_else(|| v.as_bytes().into());
+                HeaderValue::from_bytes(&clean).ok()
             })
-            .cloned()
             .collect();
-        for name in named {
-            headers.remove(&name);
-        }
-        let mut tainted = Vec::new();
-        for (name, value) in headers.iter() {
-            if finder.find(value.as_bytes()).is_some() {
-                tainted.push(name.clone());
-            }
-        }
-        for name in tainted {
-            let values: Vec<HeaderValue> = headers
-                .get_all(&name)
-                .iter()
-                .filter_map(|v| {
-                    let clean =
-                        replace(v.as_bytes(), finder).unwrap_or_else(|| v.as_bytes().into());
-                    HeaderValue::from_bytes(&clean).ok()
-                })
-                .collect();
-            headers.remove(&name);
-            for v in values {
-                headers.append(name.clone(), v);
-            }
+        headers.remove(&name);
+        for v in values {
+            headers.append(name.clone(), v);
         }
     }
 }
@@ -200,6 +233,28 @@ mod tests {
                 assert_eq!(out, want, "cut at {a} and {b}");
             }
         }
+    }
+
+    #[test]
+    fn a_rotated_away_key_is_redacted_beside_the_current_one_across_chunks() {
+        let red = r("sk-secret-1234")
+            .with_previous(Some(Arc::new(Secret::new("sk-before-9876".to_string()))));
+        let body: &[u8] = b"{\"m\":\"sk-before-9876 then sk-secret-1234\"}sk-b";
+        let want: &[u8] = b"{\"m\":\"[redacted] then [redacted]\"}sk-b";
+        assert_eq!(&red.bytes(Bytes::from_static(body))[..], want);
+        for a in 0..=body.len() {
+            let mut carry = Vec::new();
+            let mut out = Vec::new();
+            for part in [&body[..a], &body[a..]] {
+                out.extend_from_slice(&red.chunk(&mut carry, Bytes::copy_from_slice(part)));
+            }
+            out.extend_from_slice(&Redactor::flush(&mut carry).unwrap_or_default());
+            assert_eq!(out, want, "cut at {a}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert("x-echo", HeaderValue::from_static("Bearer sk-before-9876"));
+        red.headers(&mut h);
+        assert_eq!(h["x-echo"], "Bearer [redacted]");
     }
 
     #[test]

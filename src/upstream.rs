@@ -375,7 +375,12 @@ impl Upstream {
 
     /// What removes this provider's key from its answers (`None` without a key).
     pub fn redactor(&self) -> Option<crate::redact::Redactor> {
-        crate::redact::Redactor::new(self.current_key())
+        let r = crate::redact::Redactor::new(self.current_key())?;
+        // A key file's rotation leaves the old key valid at the provider for a while.
+        Some(match &self.cloud {
+            Some(cloud) if cloud.owns_credential() => r,
+            _ => r.with_previous(self.key.previous()),
+        })
     }
 
     /// The secret this provider's requests carry now (its key, or a cloud platform's own

@@ -135,6 +135,10 @@ pub enum KeySource {
 /// The live provider key, cheap to read on every request.
 pub struct KeyCell {
     current: ArcSwapOption<Secret>,
+    /// The key the last rotation replaced: still valid at the provider for a while, and what
+    /// an answer to a request sent just before it would echo, so answers are searched for it
+    /// too (`redact`).
+    previous: ArcSwapOption<Secret>,
     /// Set for file-backed keys only.
     path: Option<PathBuf>,
 }
@@ -158,6 +162,7 @@ impl KeyCell {
         match src {
             KeySource::Env { value, .. } => Self {
                 current: ArcSwapOption::new(value.clone().map(Arc::new)),
+                previous: ArcSwapOption::empty(),
                 path: None,
             },
             KeySource::File { path } => {
@@ -170,11 +175,13 @@ impl KeyCell {
                 };
                 Self {
                     current: ArcSwapOption::new(initial),
+                    previous: ArcSwapOption::empty(),
                     path: Some(path.clone()),
                 }
             }
             KeySource::None => Self {
                 current: ArcSwapOption::empty(),
+                previous: ArcSwapOption::empty(),
                 path: None,
             },
         }
@@ -183,6 +190,11 @@ impl KeyCell {
     /// The key to send now, if any.
     pub fn current(&self) -> Option<Arc<Secret>> {
         self.current.load_full()
+    }
+
+    /// The key the last rotation replaced, if any (never sent again).
+    pub fn previous(&self) -> Option<Arc<Secret>> {
+        self.previous.load_full()
     }
 
     /// For a file-backed key, starts a task that re-reads the file every 250 ms and swaps in a
@@ -204,7 +216,10 @@ impl KeyCell {
             .as_ref()
             .is_some_and(|old| old.expose() == fresh.expose());
         if !unchanged {
-            self.current.store(Some(Arc::new(fresh)));
+            let old = self.current.swap(Some(Arc::new(fresh)));
+            if old.is_some() {
+                self.previous.store(old);
+            }
         }
         !unchanged
     }

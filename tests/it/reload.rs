@@ -198,6 +198,13 @@ async fn a_rotated_key_file_is_used_by_the_next_requests_without_a_restart() {
         harness::header_values(&last.headers, "x-api-key"),
         vec!["sk-ant-second-key"]
     );
+    // The key it replaced is still valid at the provider for a while: an answer echoing it
+    // (a request sent just before the rotation) is cleared of it too.
+    env.script(
+        r#"{"expect_key":"sk-ant-second-key","default":{"content":[{"type":"text","text":"old sk-ant-first-key new sk-ant-second-key"}]}}"#,
+    );
+    let text = env.messages(body).await.text().await.unwrap();
+    assert!(text.contains("old [redacted] new [redacted]"), "{text}");
 }
 
 /// A tenant with a request limit only: its spend is kept all the same, shown by `/admin/state`,
