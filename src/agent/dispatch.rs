@@ -2,6 +2,10 @@
 //! chain, is recorded (and fsynced) with its decision, runs if allowed, and has its result
 //! recorded before the next call starts. The same path answers calls left open by a crash
 //! when a transcript is resumed.
+//!
+//! Once the run is cancelled, no further call of the turn passes the chain or runs: each gets
+//! a recorded 'not run' result instead, so the turn stays answered in the transcript and the
+//! loop stops at the top of the next turn.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -29,17 +33,13 @@ pub(super) enum Mode {
 /// Why answering stopped before every call had its result.
 #[derive(Debug)]
 pub(super) enum Halt {
-    /// Ctrl-C while a human was being asked.
-    Cancelled,
     /// The transcript could not be written: running a tool unrecorded would break its promise.
     Transcript(std::io::Error),
 }
 
-impl From<Cancelled> for Halt {
-    fn from(_: Cancelled) -> Halt {
-        Halt::Cancelled
-    }
-}
+/// The result given to a call that a cancelled run did not start.
+pub(super) const NOT_RUN_CANCELLED: &str =
+    "not run: the run was cancelled (Ctrl-C) before this call started";
 
 pub(super) struct Dispatcher<'a> {
     pub hooks: &'a HookChain,
@@ -68,6 +68,11 @@ impl Dispatcher<'_> {
                 (None, Mode::Truncated) => self.record_only(tool_use, NOT_RUN_TRUNCATED)?,
                 (None, Mode::Resumed) if !is_read_only(&tool_use.name) => {
                     self.record_only(tool_use, INTERRUPTED)?
+                }
+                // Checked before each call, not once per turn: Ctrl-C during one call must
+                // keep every later one from starting.
+                (None, _) if self.tools.cancel.is_cancelled() => {
+                    self.record_only(tool_use, NOT_RUN_CANCELLED)?
                 }
                 (None, _) => {
                     let rerun = mode == Mode::Resumed;
@@ -105,7 +110,11 @@ impl Dispatcher<'_> {
             }),
             None => Call::parse(&tool_use.name, &tool_use.input),
         };
-        let decision = self.hooks.decide(&call, &self.tools.cancel).await?;
+        let decision = match self.hooks.decide(&call, &self.tools.cancel).await {
+            Ok(decision) => decision,
+            // Ctrl-C while a human was asked: nothing was decided, so nothing runs.
+            Err(Cancelled) => return self.record_only(tool_use, NOT_RUN_CANCELLED),
+        };
         self.transcript
             .write(&Record::ToolUse {
                 id: tool_use.id.clone(),
@@ -175,6 +184,10 @@ mod tests {
     }
 
     fn fixture(approve: Approve) -> std::io::Result<Fixture> {
+        fixture_with(approve, Cancel::never())
+    }
+
+    fn fixture_with(approve: Approve, cancel: Cancel) -> std::io::Result<Fixture> {
         let dir = tempfile::tempdir()?;
         let root = dir.path().join("ws");
         std::fs::create_dir(&root)?;
@@ -185,7 +198,7 @@ mod tests {
             hooks: HookChain::new(ws.clone(), approve, Arc::new(TtyPrompter)),
             tools: ToolContext {
                 workspace: ws,
-                cancel: Cancel::never(),
+                cancel,
             },
             root,
             _dir: dir,
@@ -256,6 +269,74 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["use", "result", "use", "result", "use", "result"]);
+        Ok(())
+    }
+
+    /// The shape of a transcript: `use:ID` and `result:ID` for each tool record.
+    fn shape(records: &[Record]) -> Vec<String> {
+        records
+            .iter()
+            .map(|r| match r {
+                Record::ToolUse { id, .. } => format!("use:{id}"),
+                Record::ToolResult { tool_use_id, .. } => format!("result:{tool_use_id}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn no_call_starts_after_ctrl_c_and_each_gets_a_result()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (handle, cancel) = crate::agent::cancel::new();
+        let f = fixture_with(Approve::Auto, cancel)?;
+        let gate = f.root.join("gate");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&gate)
+                .status()?
+                .success()
+        );
+        let uses = [
+            use_(
+                "1",
+                "run_command",
+                json!({"command": "echo up > gate; sleep 30; touch slept.txt"}),
+            ),
+            use_("2", "write_file", json!({"path": "b.txt", "content": "x"})),
+            use_("3", "run_command", json!({"command": "touch ran.txt"})),
+            use_(
+                "4",
+                "edit_file",
+                json!({"path": "a.txt", "old_string": "alpha", "new_string": "edited"}),
+            ),
+        ];
+        // Ctrl-C comes once the first command is running: the test has read its line.
+        let reader = std::thread::spawn(move || std::fs::read(gate));
+        let raise = async {
+            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+            handle.cancel();
+        };
+        let (answered, ()) = tokio::join!(answer(&f, &uses, Mode::Live), raise);
+        let (blocks, records) = answered?;
+        for name in ["slept.txt", "b.txt", "ran.txt"] {
+            assert!(!f.root.join(name).exists(), "{name} was made");
+        }
+        assert_eq!(std::fs::read_to_string(f.root.join("a.txt"))?, "alpha");
+        assert!(
+            blocks[0]["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("cancelled (Ctrl-C) and killed")),
+            "{}",
+            blocks[0]
+        );
+        for block in &blocks[1..] {
+            assert_eq!(block["content"], NOT_RUN_CANCELLED);
+            assert_eq!(block["is_error"], true);
+        }
+        assert_eq!(
+            shape(&records),
+            ["use:1", "result:1", "result:2", "result:3", "result:4"]
+        );
         Ok(())
     }
 

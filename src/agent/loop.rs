@@ -94,7 +94,6 @@ impl fmt::Display for Outcome {
 impl From<Halt> for Outcome {
     fn from(h: Halt) -> Outcome {
         match h {
-            Halt::Cancelled => Outcome::Cancelled,
             Halt::Transcript(e) => Outcome::Transcript(e),
         }
     }

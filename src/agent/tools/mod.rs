@@ -260,6 +260,7 @@ pub(super) enum ToolError {
     Spawn(io::Error),
     TimedOut { secs: u64, output: String },
     Cancelled { output: String },
+    NotStarted,
 }
 
 impl From<PathError> for ToolError {
@@ -300,6 +301,9 @@ impl fmt::Display for ToolError {
             }
             ToolError::Cancelled { output } => {
                 write!(f, "cancelled (Ctrl-C) and killed\n{output}")
+            }
+            ToolError::NotStarted => {
+                f.write_str("not run: the run was cancelled (Ctrl-C) before the command started")
             }
         }
     }
