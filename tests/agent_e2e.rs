@@ -612,6 +612,98 @@ async fn ctrl_c_while_waiting_for_the_model_exits_130() {
     assert_eq!(code(&out), 130, "{}", stderr(&out));
 }
 
+#[tokio::test]
+async fn sigterm_kills_the_running_command_and_exits_143() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("c1", "run_command", json!({"command": "exec 3> gate; echo up >&3; sleep 20; touch survived.txt"})),
+            ("w2", "write_file", json!({"path": "after.txt", "content": "x"})),
+        ]),
+        text_reply("never requested"),
+    ]}))
+    .await;
+    let gate = s.ws().join("gate");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&gate)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let log = s.path("run.jsonl");
+    let child = s
+        .agent(&["run it", "--transcript", log.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    // The command's whole group holds the FIFO open: its first line says it runs, the end of
+    // the stream says every process of the group is gone.
+    let (up_tx, up_rx) = tokio::sync::oneshot::channel();
+    let closed = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut reader = std::io::BufReader::new(std::fs::File::open(gate).unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let _ = up_tx.send(line);
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut reader, &mut rest).unwrap();
+    });
+    let up = tokio::time::timeout(BOUND, up_rx)
+        .await
+        .expect("the command starts in time")
+        .unwrap();
+    assert_eq!(up, "up\n");
+    let pid = child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("the agent stops in time")
+        .unwrap();
+    assert_eq!(code(&out), 143, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cancelled (SIGTERM)"),
+        "{}",
+        stderr(&out)
+    );
+    tokio::task::spawn_blocking(move || closed.join())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !s.ws().join("survived.txt").exists(),
+        "the command outlived the agent"
+    );
+    assert!(!s.ws().join("after.txt").exists());
+    assert_eq!(s.model_requests().await.len(), 1);
+
+    let records = transcript(&log);
+    let tail: Vec<(String, String)> = records[records.len() - 3..]
+        .iter()
+        .map(|r| {
+            (
+                r["type"].as_str().unwrap().to_owned(),
+                r["content"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(tail[0].0, "tool_use");
+    assert_eq!(tail[1].0, "tool_result");
+    assert!(
+        tail[1].1.starts_with("cancelled (SIGTERM) and killed"),
+        "{}",
+        tail[1].1
+    );
+    assert_eq!(tail[2].0, "tool_result");
+    assert!(
+        tail[2]
+            .1
+            .starts_with("not run: the run was cancelled (SIGTERM)"),
+        "{}",
+        tail[2].1
+    );
+}
+
 /// Opens a FIFO for writing on a thread: it returns once the agent has opened the other end.
 fn open_fifo_writer(path: PathBuf) -> tokio::sync::oneshot::Receiver<std::fs::File> {
     let (tx, rx) = tokio::sync::oneshot::channel();

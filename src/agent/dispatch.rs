@@ -12,6 +12,7 @@ use std::io::Write;
 
 use serde_json::Value;
 
+use super::cancel::Signal;
 use super::conversation::{self, ToolUse};
 use super::hooks::{Cancelled, HookChain};
 use super::resume::{INTERRUPTED, NOT_RUN_TRUNCATED, RecordedResult};
@@ -38,8 +39,9 @@ pub(super) enum Halt {
 }
 
 /// The result given to a call that a cancelled run did not start.
-pub(super) const NOT_RUN_CANCELLED: &str =
-    "not run: the run was cancelled (Ctrl-C) before this call started";
+pub(super) fn not_run_cancelled(by: Signal) -> String {
+    format!("not run: the run was cancelled ({by}) before this call started")
+}
 
 pub(super) struct Dispatcher<'a> {
     pub hooks: &'a HookChain,
@@ -60,21 +62,20 @@ impl Dispatcher<'_> {
     ) -> Result<Vec<Value>, Halt> {
         let mut blocks = Vec::with_capacity(uses.len());
         for tool_use in uses {
-            let output = match (answered.get(&tool_use.id), mode) {
-                (Some(done), _) => ToolOutput {
+            // Looked at before each call, not once per turn: a signal during one call must
+            // keep every later one from starting.
+            let stopped = self.tools.cancel.signal();
+            let output = match (answered.get(&tool_use.id), mode, stopped) {
+                (Some(done), _, _) => ToolOutput {
                     content: done.content.clone(),
                     is_error: done.is_error,
                 },
-                (None, Mode::Truncated) => self.record_only(tool_use, NOT_RUN_TRUNCATED)?,
-                (None, Mode::Resumed) if !is_read_only(&tool_use.name) => {
+                (None, Mode::Truncated, _) => self.record_only(tool_use, NOT_RUN_TRUNCATED)?,
+                (None, Mode::Resumed, _) if !is_read_only(&tool_use.name) => {
                     self.record_only(tool_use, INTERRUPTED)?
                 }
-                // Checked before each call, not once per turn: Ctrl-C during one call must
-                // keep every later one from starting.
-                (None, _) if self.tools.cancel.is_cancelled() => {
-                    self.record_only(tool_use, NOT_RUN_CANCELLED)?
-                }
-                (None, _) => {
+                (None, _, Some(by)) => self.record_only(tool_use, &not_run_cancelled(by))?,
+                (None, _, None) => {
                     let rerun = mode == Mode::Resumed;
                     self.run_one(tool_use, input_errors.get(&tool_use.id), rerun)
                         .await?
@@ -112,8 +113,8 @@ impl Dispatcher<'_> {
         };
         let decision = match self.hooks.decide(&call, &self.tools.cancel).await {
             Ok(decision) => decision,
-            // Ctrl-C while a human was asked: nothing was decided, so nothing runs.
-            Err(Cancelled) => return self.record_only(tool_use, NOT_RUN_CANCELLED),
+            // A signal while a human was asked: nothing was decided, so nothing runs.
+            Err(Cancelled(by)) => return self.record_only(tool_use, &not_run_cancelled(by)),
         };
         self.transcript
             .write(&Record::ToolUse {
@@ -330,7 +331,7 @@ mod tests {
             blocks[0]
         );
         for block in &blocks[1..] {
-            assert_eq!(block["content"], NOT_RUN_CANCELLED);
+            assert_eq!(block["content"], not_run_cancelled(Signal::Interrupt));
             assert_eq!(block["is_error"], true);
         }
         assert_eq!(

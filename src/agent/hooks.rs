@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::cancel::Cancel;
+use super::cancel::{Cancel, Signal};
 use super::secrets::{Scan, scan};
 use super::tools::{Call, CallError, ToolKind};
 use super::workspace::Workspace;
@@ -97,9 +97,9 @@ impl Prompter for TtyPrompter {
     }
 }
 
-/// The chain was interrupted by Ctrl-C while waiting for a human.
+/// The chain was interrupted by a signal (Ctrl-C) while waiting for a human.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Cancelled;
+pub(super) struct Cancelled(pub Signal);
 
 pub(super) struct HookChain {
     workspace: Workspace,
@@ -182,7 +182,7 @@ impl HookChain {
         let answer = tokio::task::spawn_blocking(move || prompter.confirm(&question));
         let answer = tokio::select! {
             answer = answer => answer,
-            () = cancel.cancelled() => return Err(Cancelled),
+            signal = cancel.cancelled() => return Err(Cancelled(signal)),
         };
         Ok(match answer {
             Ok(Ok(true)) => Decision::allow("approved on the terminal"),
@@ -224,7 +224,7 @@ mod tests {
         let call = Call::parse(name, &input);
         match chain.decide(&call, &Cancel::never()).await {
             Ok(d) => d,
-            Err(Cancelled) => Decision::deny(Hook::Approval, "cancelled"),
+            Err(Cancelled(_)) => Decision::deny(Hook::Approval, "cancelled"),
         }
     }
 
@@ -328,7 +328,10 @@ mod tests {
         let (handle, cancel) = crate::agent::cancel::new();
         handle.cancel();
         let call = Call::parse("run_command", &json!({"command": "ls"}));
-        assert_eq!(chain.decide(&call, &cancel).await, Err(Cancelled));
+        assert_eq!(
+            chain.decide(&call, &cancel).await,
+            Err(Cancelled(Signal::Interrupt))
+        );
         // Lets the blocked prompt return so the runtime can shut down.
         drop(tx);
         Ok(())

@@ -87,11 +87,12 @@ pub struct AgentArgs {
 }
 
 /// Runs `legate agent` and returns its exit code (SPEC §9: 0 finished, 2 max turns, 3 budget,
-/// 4 truncated reply, 5 upstream error, 130 cancelled; 1 anything else).
+/// 4 truncated reply, 5 upstream error, 130 cancelled by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP;
+/// 1 anything else).
 pub async fn run(args: AgentArgs) -> i32 {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let (handle, cancel) = cancel::new();
-    cancel::on_ctrl_c(handle, agent_loop::EXIT_CANCELLED);
+    cancel::on_signals(handle);
     match start(args, &env, cancel).await {
         Ok(Ended {
             outcome,

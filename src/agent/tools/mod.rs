@@ -18,7 +18,7 @@ use std::io;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::cancel::Cancel;
+use super::cancel::{Cancel, Signal};
 use super::workspace::{PathError, Workspace};
 
 /// What a tool can do, which decides how the approval hook treats it and whether an
@@ -259,8 +259,8 @@ pub(super) enum ToolError {
     BadPattern(regex::Error),
     Spawn(io::Error),
     TimedOut { secs: u64, output: String },
-    Cancelled { output: String },
-    NotStarted,
+    Cancelled { by: Signal, output: String },
+    NotStarted { by: Signal },
 }
 
 impl From<PathError> for ToolError {
@@ -299,12 +299,13 @@ impl fmt::Display for ToolError {
             ToolError::TimedOut { secs, output } => {
                 write!(f, "timed out after {secs} s and was killed\n{output}")
             }
-            ToolError::Cancelled { output } => {
-                write!(f, "cancelled (Ctrl-C) and killed\n{output}")
+            ToolError::Cancelled { by, output } => {
+                write!(f, "cancelled ({by}) and killed\n{output}")
             }
-            ToolError::NotStarted => {
-                f.write_str("not run: the run was cancelled (Ctrl-C) before the command started")
-            }
+            ToolError::NotStarted { by } => write!(
+                f,
+                "not run: the run was cancelled ({by}) before the command started"
+            ),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `run_command`: `sh -c COMMAND` in the workspace root, with a timeout, stdin closed, and
 //! stdout / stderr captured head+tail. The command runs in its own process group so a timeout
-//! or Ctrl-C kills everything it started, not only the shell.
+//! or a signal to the agent (Ctrl-C, SIGTERM, SIGHUP) kills everything it started, not only the
+//! shell.
 //!
 //! A non-zero exit status is a normal result (the model reads the code); only a command that
 //! could not start, timed out or was cancelled is a tool error.
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use super::output::HeadTail;
 use super::{ToolError, ToolKind, ToolSpec};
-use crate::agent::cancel::Cancel;
+use crate::agent::cancel::{Cancel, Signal};
 use crate::agent::workspace::Workspace;
 
 pub(crate) const SPEC: ToolSpec = ToolSpec {
@@ -79,7 +80,7 @@ impl Input {
 enum Ended {
     Exited(ExitStatus),
     TimedOut,
-    Cancelled,
+    Cancelled(Signal),
 }
 
 type Capture = Arc<Mutex<HeadTail>>;
@@ -91,8 +92,8 @@ pub(crate) async fn run(
 ) -> Result<String, ToolError> {
     // The dispatcher checks before each call, but Ctrl-C may land between that check and
     // here; a command spawned now would run for an instant with nobody wanting it.
-    if cancel.is_cancelled() {
-        return Err(ToolError::NotStarted);
+    if let Some(by) = cancel.signal() {
+        return Err(ToolError::NotStarted { by });
     }
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c")
@@ -118,7 +119,7 @@ pub(crate) async fn run(
     let waited = tokio::select! {
         biased;
         status = child.wait() => status.map(Ended::Exited),
-        () = cancel.cancelled() => Ok(Ended::Cancelled),
+        by = cancel.cancelled() => Ok(Ended::Cancelled(by)),
         () = tokio::time::sleep(Duration::from_secs(secs)) => Ok(Ended::TimedOut),
     };
     let ended = match waited {
@@ -137,7 +138,8 @@ pub(crate) async fn run(
             secs,
             output: render(None, &stdout, &stderr),
         }),
-        Ended::Cancelled => Err(ToolError::Cancelled {
+        Ended::Cancelled(by) => Err(ToolError::Cancelled {
+            by,
             output: render(None, &stdout, &stderr),
         }),
     }
@@ -320,7 +322,10 @@ mod tests {
         let (handle, cancel) = crate::agent::cancel::new();
         handle.cancel();
         let result = run(&input("touch ran.txt", None), &ws, &cancel).await;
-        assert!(matches!(result, Err(ToolError::NotStarted)), "{result:?}");
+        assert!(
+            matches!(result, Err(ToolError::NotStarted { .. })),
+            "{result:?}"
+        );
         assert!(!dir.path().join("ran.txt").exists());
         Ok(())
     }
