@@ -369,6 +369,44 @@ async fn path_escapes_are_denied_and_nothing_is_written_outside() {
 }
 
 #[tokio::test]
+async fn the_transcript_in_the_workspace_is_off_limits_to_the_tools() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("w1", "write_file", json!({"path": "fix.jsonl", "content": "{}\n"})),
+            ("e1", "edit_file", json!({"path": "./fix.jsonl", "old_string": "task", "new_string": "x"})),
+        ]),
+        text_reply("Left the log alone."),
+    ]}))
+    .await;
+    let out = s.run(&["fix it", "--transcript", "fix.jsonl"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let results = tool_results(&s.model_requests().await[1]);
+    for result in &results {
+        assert_eq!(result["is_error"], true, "{result}");
+        let text = result["content"].as_str().unwrap();
+        assert!(text.starts_with("denied by path_guard"), "{text}");
+        assert!(text.contains("transcript"), "{text}");
+    }
+    let kinds: Vec<String> = transcript(&s.ws().join("fix.jsonl"))
+        .iter()
+        .map(|r| r["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "task",
+            "user",
+            "assistant",
+            "tool_use",
+            "tool_result",
+            "tool_use",
+            "tool_result",
+            "assistant"
+        ]
+    );
+}
+
+#[tokio::test]
 async fn a_reply_cut_at_max_tokens_inside_a_tool_use_exits_4_without_running_it() {
     let s = stack(json!({"replies": [
         {"content": [

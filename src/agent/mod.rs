@@ -213,10 +213,11 @@ fn build_agent(
                 .map(PathBuf::from)
         })
         .unwrap_or_else(|| PathBuf::from("."));
-    let workspace = Workspace::open(&workspace_dir).map_err(|source| SetupError::Workspace {
-        path: workspace_dir.clone(),
-        source,
-    })?;
+    let mut workspace =
+        Workspace::open(&workspace_dir).map_err(|source| SetupError::Workspace {
+            path: workspace_dir.clone(),
+            source,
+        })?;
     let model = args
         .model
         .clone()
@@ -230,6 +231,15 @@ fn build_agent(
     let key = env("LEGATE_AGENT_KEY").unwrap_or_else(|| DEFAULT_KEY.to_owned());
     let client = Client::new(&url, &key).map_err(SetupError::Client)?;
     let transcript = open_writer(args, resuming)?;
+    let transcript_path = resuming.map(|r| &r.path).or(args.transcript.as_ref());
+    if let Some(path) = transcript_path {
+        workspace
+            .protect_transcript(path)
+            .map_err(|source| SetupError::Transcript {
+                path: path.clone(),
+                source,
+            })?;
+    }
     Ok(Agent {
         client,
         system: agent_loop::system_prompt(workspace.root(), args.approve),
