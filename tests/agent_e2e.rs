@@ -742,6 +742,58 @@ async fn sigterm_kills_the_running_command_and_exits_143() {
     );
 }
 
+/// A transcript of a run whose one reply stopped for `stop_reason`.
+fn one_reply_transcript(path: &Path, ws: &Path, stop_reason: &str) {
+    let records = [
+        json!({"type": "task", "task": "t", "model": "claude-sonnet-4-5", "workspace": ws, "started_at": 0}),
+        json!({"type": "user", "content": [{"type": "text", "text": "t"}]}),
+        json!({"type": "assistant", "content": [{"type": "text", "text": "Working on it"}],
+               "stop_reason": stop_reason, "usage": {"input_tokens": 1, "output_tokens": 1}}),
+    ];
+    let lines: Vec<String> = records.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, lines.concat()).unwrap();
+}
+
+#[tokio::test]
+async fn resuming_an_unfinished_run_resends_or_reports_how_it_stopped() {
+    let s = stack(json!({"replies": [text_reply("Carried on after the pause.")]})).await;
+    let cases = [
+        ("max_tokens", 4, "had stopped without finishing"),
+        ("refusal", 1, "had stopped without finishing"),
+        ("end_turn", 0, "had finished"),
+    ];
+    for (stop, exit, says) in cases {
+        let log = s.path(&format!("{stop}.jsonl"));
+        one_reply_transcript(&log, &s.ws(), stop);
+        let out = s.run(&["--resume", log.to_str().unwrap()]).await;
+        assert_eq!(code(&out), exit, "{stop}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{stop}: {}", stderr(&out));
+    }
+    let empty = s.path("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let out = s.run(&["--resume", empty.to_str().unwrap()]).await;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("holds no conversation"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("finished"), "{}", stderr(&out));
+    assert_eq!(s.model_requests().await.len(), 0, "nothing was sent so far");
+
+    let paused = s.path("paused.jsonl");
+    one_reply_transcript(&paused, &s.ws(), "pause_turn");
+    let out = s.run(&["--resume", paused.to_str().unwrap()]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Carried on after the pause."));
+    let requests = s.model_requests().await;
+    assert_eq!(requests.len(), 1);
+    assert_eq!(
+        requests[0]["messages"][1],
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Working on it"}]})
+    );
+}
+
 /// Opens a FIFO for writing on a thread: it returns once the agent has opened the other end.
 fn open_fifo_writer(path: PathBuf) -> tokio::sync::oneshot::Receiver<std::fs::File> {
     let (tx, rx) = tokio::sync::oneshot::channel();

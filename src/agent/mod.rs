@@ -36,6 +36,7 @@ use hooks::{HookChain, TtyPrompter};
 use resume::Rebuilt;
 use tools::ToolContext;
 use transcript::{Record, TranscriptError, Writer};
+use wire::StopReason;
 use workspace::Workspace;
 
 /// Where legate listens when neither `--url` nor `LEGATE_URL` says otherwise.
@@ -115,6 +116,7 @@ enum SetupError {
     Usage(&'static str),
     TaskFile { path: PathBuf, source: io::Error },
     Resume(TranscriptError),
+    NothingToResume(PathBuf),
     Transcript { path: PathBuf, source: io::Error },
     Workspace { path: PathBuf, source: io::Error },
     Client(ClientError),
@@ -128,6 +130,11 @@ impl fmt::Display for SetupError {
                 write!(f, "cannot read the task file {}: {source}", path.display())
             }
             SetupError::Resume(e) => write!(f, "cannot resume: {e}"),
+            SetupError::NothingToResume(path) => write!(
+                f,
+                "cannot resume: {} holds no conversation; start a new run instead",
+                path.display()
+            ),
             SetupError::Transcript { path, source } => {
                 write!(f, "cannot open the transcript {}: {source}", path.display())
             }
@@ -160,10 +167,17 @@ async fn start(
 ) -> Result<Ended, SetupError> {
     let task = read_task(&args)?;
     let resuming = load_resume(&args)?;
-    if resuming.is_none() && task.is_none() {
-        return Err(SetupError::Usage(
-            "give a TASK, --task-file FILE or --resume FILE (see legate agent --help)",
-        ));
+    match &resuming {
+        None if task.is_none() => {
+            return Err(SetupError::Usage(
+                "give a TASK, --task-file FILE or --resume FILE (see legate agent --help)",
+            ));
+        }
+        // An empty file, or one a run left before its first message: nothing to send.
+        Some(r) if r.rebuilt.conversation.messages().is_empty() && task.is_none() => {
+            return Err(SetupError::NothingToResume(r.path.clone()));
+        }
+        _ => {}
     }
     let mut agent = build_agent(&args, resuming.as_ref(), env, cancel)?;
     let outcome = match resuming {
@@ -328,11 +342,39 @@ async fn continue_run(agent: &mut Agent, rebuilt: Rebuilt, follow_up: Option<Str
         }
         agent.conversation.push_user(content);
     }
-    if !agent.conversation.awaits_reply() {
-        eprintln!("legate agent: the transcript's run had finished; give a TASK to go on");
-        return Outcome::Finished;
+    if agent.conversation.awaits_reply() {
+        return agent.run().await;
     }
-    agent.run().await
+    match stopped_at(rebuilt.last_stop) {
+        Ok(()) => agent.run().await,
+        Err(outcome) => {
+            let how = match outcome {
+                Outcome::Finished => "had finished",
+                _ => "had stopped without finishing",
+            };
+            eprintln!("legate agent: the transcript's run {how}; give a TASK to go on");
+            outcome
+        }
+    }
+}
+
+/// What a transcript ending with a reply (and no call to answer) leaves to do: `Ok` to send
+/// the conversation again, or the outcome the recorded run ended with, so a resumed run
+/// without new input reports what the original one did (a cut-off reply is still 4, a
+/// refusal still 1) instead of a success.
+fn stopped_at(last_stop: Option<StopReason>) -> Result<(), Outcome> {
+    match last_stop {
+        // The model paused in the middle of its work: resend, as the live loop does.
+        Some(StopReason::PauseTurn) => Ok(()),
+        None | Some(StopReason::EndTurn | StopReason::StopSequence | StopReason::ToolUse) => {
+            Err(Outcome::Finished)
+        }
+        Some(reason @ (StopReason::MaxTokens | StopReason::ContextWindowExceeded)) => {
+            Err(Outcome::Truncated(reason))
+        }
+        Some(StopReason::Refusal) => Err(Outcome::Refused),
+        Some(StopReason::Other(s)) => Err(Outcome::UnknownStop(s)),
+    }
 }
 
 #[cfg(test)]
