@@ -16,6 +16,7 @@ use super::cancel::Signal;
 use super::conversation::{self, ToolUse};
 use super::hooks::{Cancelled, HookChain};
 use super::resume::{INTERRUPTED, NOT_RUN_TRUNCATED, RecordedResult};
+use super::shown::bounded;
 use super::tools::{Call, CallError, ToolContext, ToolKind, ToolOutput, spec};
 use super::transcript::{Record, Writer};
 
@@ -157,14 +158,13 @@ fn is_read_only(name: &str) -> bool {
 
 /// One line per call on stderr: stdout carries only the model's text.
 fn log(what: &str) {
-    let line: String = what
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(200)
-        .collect();
-    let _ = writeln!(std::io::stderr(), "[tool] {line}");
+    let _ = writeln!(std::io::stderr(), "{}", log_line(what));
+}
+
+/// The `[tool]` line: escaped, since tool names, paths and commands come from the model, and
+/// cut short.
+fn log_line(what: &str) -> String {
+    format!("[tool] {}", bounded(what, 200))
 }
 
 #[cfg(test)]
@@ -339,6 +339,14 @@ mod tests {
             ["use:1", "result:1", "result:2", "result:3", "result:4"]
         );
         Ok(())
+    }
+
+    #[test]
+    fn log_lines_are_escaped_and_short() {
+        let line = log_line("run_command: ls\n\x1b[1Arm -rf x");
+        assert_eq!(line, "[tool] run_command: ls\\n\\x1b[1Arm -rf x");
+        let long = log_line(&"y".repeat(1000));
+        assert!(long.ends_with("y … (800 more bytes not shown)"), "{long}");
     }
 
     #[tokio::test]

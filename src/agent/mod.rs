@@ -16,6 +16,7 @@ mod hooks;
 mod reply;
 mod resume;
 mod secrets;
+mod shown;
 mod tools;
 mod transcript;
 mod wire;

@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::cancel::{Cancel, Signal};
+use super::shown::{escape, preview};
 use super::workspace::{PathError, Workspace};
 
 /// What a tool can do, which decides how the approval hook treats it and whether an
@@ -184,15 +185,36 @@ impl Call {
         }
     }
 
-    /// A one-line description for a terminal prompt or a log line.
+    /// A one-line description for a terminal prompt or a log line, the model's text in it
+    /// escaped so that it cannot act on the terminal.
     pub(super) fn describe(&self) -> String {
         match self {
-            Call::ReadFile(i) => format!("read_file {}", i.path),
-            Call::WriteFile(i) => format!("write_file {} ({} bytes)", i.path, i.content.len()),
-            Call::EditFile(i) => format!("edit_file {}", i.path),
-            Call::ListDir(i) => format!("list_dir {}", i.path()),
-            Call::Search(i) => format!("search {:?} in {}", i.pattern, i.path()),
-            Call::RunCommand(i) => format!("run_command: {}", i.command),
+            Call::ReadFile(i) => format!("read_file {}", escape(&i.path)),
+            Call::WriteFile(i) => {
+                format!("write_file {} ({} bytes)", escape(&i.path), i.content.len())
+            }
+            Call::EditFile(i) => format!("edit_file {}", escape(&i.path)),
+            Call::ListDir(i) => format!("list_dir {}", escape(i.path())),
+            Call::Search(i) => format!("search {:?} in {}", i.pattern, escape(i.path())),
+            Call::RunCommand(i) => format!("run_command: {}", escape(&i.command)),
+        }
+    }
+
+    /// What a human approving the call should see besides [`Call::describe`]: the text a
+    /// write would put in the file, escaped and bounded.
+    pub(super) fn preview(&self) -> String {
+        const LINES: usize = 20;
+        const BYTES: usize = 2048;
+        match self {
+            Call::WriteFile(i) => preview(&i.content, LINES, BYTES),
+            Call::EditFile(i) => format!(
+                "  old_string:\n{}  new_string:\n{}",
+                preview(&i.old_string, LINES, BYTES),
+                preview(&i.new_string, LINES, BYTES)
+            ),
+            Call::ReadFile(_) | Call::ListDir(_) | Call::Search(_) | Call::RunCommand(_) => {
+                String::new()
+            }
         }
     }
 
