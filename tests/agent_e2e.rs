@@ -742,6 +742,35 @@ async fn sigterm_kills_the_running_command_and_exits_143() {
     );
 }
 
+#[tokio::test]
+async fn reading_or_editing_a_fifo_is_an_error_result_not_a_hang() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("r1", "read_file", json!({"path": "pipe"})),
+            ("e1", "edit_file", json!({"path": "pipe", "old_string": "a", "new_string": "b"})),
+            ("w1", "write_file", json!({"path": "pipe", "content": "x"})),
+        ]),
+        text_reply("A pipe, not a file."),
+    ]}))
+    .await;
+    let made = std::process::Command::new("mkfifo")
+        .arg(s.ws().join("pipe"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = s.run(&["read the pipe"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let results = tool_results(&s.model_requests().await[1]);
+    assert_eq!(results.len(), 3);
+    for result in &results {
+        assert_eq!(result["is_error"], true, "{result}");
+        assert_eq!(
+            result["content"],
+            "pipe: is a FIFO, not a regular file; not opened"
+        );
+    }
+}
+
 /// A transcript of a run whose one reply stopped for `stop_reason`.
 fn one_reply_transcript(path: &Path, ws: &Path, stop_reason: &str) {
     let records = [
@@ -809,8 +838,8 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
     let s = stack(json!({"replies": [
         tools_reply(&[("w1", "write_file", json!({"path": "a.txt", "content": "alpha"}))]),
         tools_reply(&[
-            ("g1", "read_file", json!({"path": "gate"})),
-            ("c1", "run_command", json!({"command": "echo ran > ran.txt"})),
+            ("c1", "run_command", json!({"command": "echo started >> runs.txt; cat gate"})),
+            ("r1", "read_file", json!({"path": "a.txt"})),
         ]),
         text_reply("Resumed and done."),
     ]}))
@@ -826,50 +855,46 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
         .agent(&["read the gate", "--transcript", log.to_str().unwrap()])
         .spawn()
         .unwrap();
-    // read_file blocks opening the FIFO; our open returns once it has, which is after the
-    // tool_use record was written and fsynced. Then the process dies without a result.
+    // The command blocks reading the FIFO; our open returns once it has opened it, which is
+    // after its tool_use record was written and fsynced. Then the agent dies without a result.
     let writer = tokio::time::timeout(BOUND, open_fifo_writer(gate.clone()))
         .await
-        .expect("the agent opens the gate in time")
+        .expect("the command opens the gate in time")
         .unwrap();
     first.start_kill().unwrap();
     first.wait().await.unwrap();
+    // The command, left behind by the SIGKILL, reads the end of the gate and exits.
     drop(writer);
 
     let before = transcript(&log);
     let last = before.last().unwrap();
     assert_eq!(last["type"], "tool_use");
-    assert_eq!(last["id"], "g1");
-    assert!(before.iter().all(|r| r["tool_use_id"] != "g1"));
+    assert_eq!(last["id"], "c1");
+    assert!(before.iter().all(|r| r["tool_use_id"] != "c1"));
 
-    std::fs::remove_file(&gate).unwrap();
-    std::fs::write(&gate, "opened after the crash").unwrap();
     let out = s.run(&["--resume", log.to_str().unwrap()]).await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Resumed and done."));
-    assert!(
-        !s.ws().join("ran.txt").exists(),
-        "the write call is not run again"
-    );
     assert_eq!(
-        std::fs::read_to_string(s.ws().join("a.txt")).unwrap(),
-        "alpha"
+        std::fs::read_to_string(s.ws().join("runs.txt")).unwrap(),
+        "started\n",
+        "the command is not run again"
     );
 
     let requests = s.model_requests().await;
     assert_eq!(requests.len(), 3);
     let results = tool_results(&requests[2]);
-    assert_eq!(results[0]["tool_use_id"], "g1");
-    assert_eq!(results[0]["is_error"], false);
-    assert_eq!(results[0]["content"], "opened after the crash");
-    assert_eq!(results[1]["tool_use_id"], "c1");
-    assert_eq!(results[1]["is_error"], true);
+    assert_eq!(results[0]["tool_use_id"], "c1");
+    assert_eq!(results[0]["is_error"], true);
     assert!(
-        results[1]["content"]
+        results[0]["content"]
             .as_str()
             .unwrap()
             .starts_with("interrupted")
     );
+    assert_eq!(results[1]["tool_use_id"], "r1");
+    assert_eq!(results[1]["is_error"], false);
+    assert_eq!(results[1]["content"], "alpha");
     // The resumed conversation is the one the first run had built, plus the answers.
     let resumed = requests[2]["messages"].as_array().unwrap();
     assert_eq!(resumed.len(), 5);
@@ -892,9 +917,9 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
         added,
         [
             "resume",
-            "use:g1:rerun=true",
-            "result:g1",
             "result:c1",
+            "use:r1:rerun=true",
+            "result:r1",
             "assistant:end_turn"
         ]
     );

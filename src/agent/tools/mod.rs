@@ -6,6 +6,7 @@
 
 pub(super) mod edit_file;
 pub(super) mod list_dir;
+mod open;
 mod output;
 pub(super) mod read_file;
 pub(super) mod run_command;
@@ -272,6 +273,7 @@ pub(super) enum ToolError {
     Path(PathError),
     Io { path: String, source: io::Error },
     IsDirectory { path: String },
+    NotRegular { path: String, kind: &'static str },
     NotDirectory { path: String },
     Binary { path: String },
     TooLarge { path: String, size: u64, limit: u64 },
@@ -300,6 +302,9 @@ impl fmt::Display for ToolError {
                 write!(f, "{path}: is a directory (use list_dir)")
             }
             ToolError::NotDirectory { path } => write!(f, "{path}: not a directory"),
+            ToolError::NotRegular { path, kind } => {
+                write!(f, "{path}: is {kind}, not a regular file; not opened")
+            }
             ToolError::Binary { path } => write!(f, "{path}: looks binary; not shown"),
             ToolError::TooLarge { path, size, limit } => {
                 write!(
