@@ -596,6 +596,34 @@ async fn an_upstream_error_exits_5_with_the_error_on_stderr() {
 }
 
 #[tokio::test]
+async fn usage_errors_exit_64_apart_from_the_turn_limit() {
+    let ws = tempfile::tempdir().unwrap();
+    let code_of = |args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("agent")
+            .args(args)
+            .args(["--url", "http://127.0.0.1:9"])
+            .current_dir(ws.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    };
+    for args in [
+        &["t", "--max-turns", "abc"][..],
+        &["t", "--no-such-option"],
+        &[],
+        &["--resume", "a.jsonl", "--transcript", "b.jsonl"],
+    ] {
+        let out = run(code_of(args)).await;
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    let help = run(code_of(&["--help"])).await;
+    assert_eq!(code(&help), 0, "{}", stderr(&help));
+}
+
+#[tokio::test]
 async fn an_unreachable_legate_exits_5() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

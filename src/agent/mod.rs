@@ -46,9 +46,13 @@ pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
 /// Sent as `x-api-key` unless `LEGATE_AGENT_KEY` is set.
 pub const DEFAULT_KEY: &str = "legate-agent";
 
-/// Exit code for a run that could not start or failed outside SPEC §9's list (bad arguments,
-/// an unreadable task file or transcript, a refusal).
+/// Exit code for a run that could not start or failed outside SPEC §9's list (an unreadable
+/// task file or transcript, a refusal).
 pub const EXIT_FAILED: i32 = 1;
+/// Exit code for a command line that cannot work (sysexits EX_USAGE), from the parser or from
+/// the checks it cannot express (no task at all, --transcript beside --resume). Apart from
+/// SPEC §9's codes, so a script tells a mistyped option from a run that hit a limit.
+pub const EXIT_USAGE: i32 = 64;
 
 /// `legate agent [TASK] [options]`.
 #[derive(Debug, Clone, clap::Args)]
@@ -106,7 +110,7 @@ pub async fn run(args: AgentArgs) -> i32 {
         }
         Err(e) => {
             eprintln!("legate agent: {e}");
-            EXIT_FAILED
+            e.exit_code()
         }
     }
 }
@@ -143,6 +147,20 @@ impl fmt::Display for SetupError {
                 write!(f, "bad workspace {}: {source}", path.display())
             }
             SetupError::Client(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl SetupError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            SetupError::Usage(_) => EXIT_USAGE,
+            SetupError::TaskFile { .. }
+            | SetupError::Resume(_)
+            | SetupError::NothingToResume(_)
+            | SetupError::Transcript { .. }
+            | SetupError::Workspace { .. }
+            | SetupError::Client(_) => EXIT_FAILED,
         }
     }
 }
@@ -435,7 +453,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_needs_a_task_or_a_transcript() -> Result<(), clap::Error> {
         let result = start(parse(&[])?, &no_env, Cancel::never()).await;
-        assert!(matches!(result, Err(SetupError::Usage(_))));
+        assert!(matches!(&result, Err(e @ SetupError::Usage(_)) if e.exit_code() == 64));
         let blank = start(parse(&["  "])?, &no_env, Cancel::never()).await;
         assert!(matches!(blank, Err(SetupError::Usage(_))));
         Ok(())
