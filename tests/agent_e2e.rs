@@ -732,6 +732,12 @@ async fn sigterm_kills_the_running_command_and_exits_143() {
         "{}",
         stderr(&out)
     );
+    // The call that never started is logged once, as what its result says.
+    assert!(
+        stderr(&out).contains("\n[tool] write_file: not run: the run was cancelled (SIGTERM)"),
+        "{}",
+        stderr(&out)
+    );
     tokio::task::spawn_blocking(move || closed.join())
         .await
         .unwrap()

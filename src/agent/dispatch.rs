@@ -94,7 +94,7 @@ impl Dispatcher<'_> {
     /// An error result for a call that is not run, recorded like any other.
     fn record_only(&mut self, tool_use: &ToolUse, content: &str) -> Result<ToolOutput, Halt> {
         let output = ToolOutput::error(content.to_owned());
-        log(&format!("{} not run: {content}", tool_use.name));
+        log(&format!("{}: {content}", tool_use.name));
         self.record_result(tool_use, &output)?;
         Ok(output)
     }
