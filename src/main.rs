@@ -9,9 +9,23 @@ use legate::config;
 
 /// sysexits EX_CONFIG-style code for a config that does not validate (`serve`).
 const EXIT_BAD_CONFIG: u8 = 64;
+/// sysexits EX_USAGE, for a command line the parser rejects. Not clap's default 2: that is
+/// `legate agent`'s "max turns", and a script must be able to tell a typo from a limit.
+const EXIT_USAGE: u8 = legate::agent::EXIT_USAGE as u8;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version come this way too, as successes.
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match cli.command {
         Command::Check { config } => check(config.as_deref()),
         Command::Agent(args) => agent(args),

@@ -369,6 +369,44 @@ async fn path_escapes_are_denied_and_nothing_is_written_outside() {
 }
 
 #[tokio::test]
+async fn the_transcript_in_the_workspace_is_off_limits_to_the_tools() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("w1", "write_file", json!({"path": "fix.jsonl", "content": "{}\n"})),
+            ("e1", "edit_file", json!({"path": "./fix.jsonl", "old_string": "task", "new_string": "x"})),
+        ]),
+        text_reply("Left the log alone."),
+    ]}))
+    .await;
+    let out = s.run(&["fix it", "--transcript", "fix.jsonl"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let results = tool_results(&s.model_requests().await[1]);
+    for result in &results {
+        assert_eq!(result["is_error"], true, "{result}");
+        let text = result["content"].as_str().unwrap();
+        assert!(text.starts_with("denied by path_guard"), "{text}");
+        assert!(text.contains("transcript"), "{text}");
+    }
+    let kinds: Vec<String> = transcript(&s.ws().join("fix.jsonl"))
+        .iter()
+        .map(|r| r["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "task",
+            "user",
+            "assistant",
+            "tool_use",
+            "tool_result",
+            "tool_use",
+            "tool_result",
+            "assistant"
+        ]
+    );
+}
+
+#[tokio::test]
 async fn a_reply_cut_at_max_tokens_inside_a_tool_use_exits_4_without_running_it() {
     let s = stack(json!({"replies": [
         {"content": [
@@ -558,6 +596,34 @@ async fn an_upstream_error_exits_5_with_the_error_on_stderr() {
 }
 
 #[tokio::test]
+async fn usage_errors_exit_64_apart_from_the_turn_limit() {
+    let ws = tempfile::tempdir().unwrap();
+    let code_of = |args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("agent")
+            .args(args)
+            .args(["--url", "http://127.0.0.1:9"])
+            .current_dir(ws.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    };
+    for args in [
+        &["t", "--max-turns", "abc"][..],
+        &["t", "--no-such-option"],
+        &[],
+        &["--resume", "a.jsonl", "--transcript", "b.jsonl"],
+    ] {
+        let out = run(code_of(args)).await;
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    let help = run(code_of(&["--help"])).await;
+    assert_eq!(code(&help), 0, "{}", stderr(&help));
+}
+
+#[tokio::test]
 async fn an_unreachable_legate_exits_5() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -612,6 +678,185 @@ async fn ctrl_c_while_waiting_for_the_model_exits_130() {
     assert_eq!(code(&out), 130, "{}", stderr(&out));
 }
 
+#[tokio::test]
+async fn sigterm_kills_the_running_command_and_exits_143() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("c1", "run_command", json!({"command": "exec 3> gate; echo up >&3; sleep 20; touch survived.txt"})),
+            ("w2", "write_file", json!({"path": "after.txt", "content": "x"})),
+        ]),
+        text_reply("never requested"),
+    ]}))
+    .await;
+    let gate = s.ws().join("gate");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&gate)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let log = s.path("run.jsonl");
+    let child = s
+        .agent(&["run it", "--transcript", log.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    // The command's whole group holds the FIFO open: its first line says it runs, the end of
+    // the stream says every process of the group is gone.
+    let (up_tx, up_rx) = tokio::sync::oneshot::channel();
+    let closed = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut reader = std::io::BufReader::new(std::fs::File::open(gate).unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let _ = up_tx.send(line);
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut reader, &mut rest).unwrap();
+    });
+    let up = tokio::time::timeout(BOUND, up_rx)
+        .await
+        .expect("the command starts in time")
+        .unwrap();
+    assert_eq!(up, "up\n");
+    let pid = child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("the agent stops in time")
+        .unwrap();
+    assert_eq!(code(&out), 143, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cancelled (SIGTERM)"),
+        "{}",
+        stderr(&out)
+    );
+    // The call that never started is logged once, as what its result says.
+    assert!(
+        stderr(&out).contains("\n[tool] write_file: not run: the run was cancelled (SIGTERM)"),
+        "{}",
+        stderr(&out)
+    );
+    tokio::task::spawn_blocking(move || closed.join())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !s.ws().join("survived.txt").exists(),
+        "the command outlived the agent"
+    );
+    assert!(!s.ws().join("after.txt").exists());
+    assert_eq!(s.model_requests().await.len(), 1);
+
+    let records = transcript(&log);
+    let tail: Vec<(String, String)> = records[records.len() - 3..]
+        .iter()
+        .map(|r| {
+            (
+                r["type"].as_str().unwrap().to_owned(),
+                r["content"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(tail[0].0, "tool_use");
+    assert_eq!(tail[1].0, "tool_result");
+    assert!(
+        tail[1].1.starts_with("cancelled (SIGTERM) and killed"),
+        "{}",
+        tail[1].1
+    );
+    assert_eq!(tail[2].0, "tool_result");
+    assert!(
+        tail[2]
+            .1
+            .starts_with("not run: the run was cancelled (SIGTERM)"),
+        "{}",
+        tail[2].1
+    );
+}
+
+#[tokio::test]
+async fn reading_or_editing_a_fifo_is_an_error_result_not_a_hang() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("r1", "read_file", json!({"path": "pipe"})),
+            ("e1", "edit_file", json!({"path": "pipe", "old_string": "a", "new_string": "b"})),
+            ("w1", "write_file", json!({"path": "pipe", "content": "x"})),
+        ]),
+        text_reply("A pipe, not a file."),
+    ]}))
+    .await;
+    let made = std::process::Command::new("mkfifo")
+        .arg(s.ws().join("pipe"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = s.run(&["read the pipe"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let results = tool_results(&s.model_requests().await[1]);
+    assert_eq!(results.len(), 3);
+    for result in &results {
+        assert_eq!(result["is_error"], true, "{result}");
+        assert_eq!(
+            result["content"],
+            "pipe: is a FIFO, not a regular file; not opened"
+        );
+    }
+}
+
+/// A transcript of a run whose one reply stopped for `stop_reason`.
+fn one_reply_transcript(path: &Path, ws: &Path, stop_reason: &str) {
+    let records = [
+        json!({"type": "task", "task": "t", "model": "claude-sonnet-4-5", "workspace": ws, "started_at": 0}),
+        json!({"type": "user", "content": [{"type": "text", "text": "t"}]}),
+        json!({"type": "assistant", "content": [{"type": "text", "text": "Working on it"}],
+               "stop_reason": stop_reason, "usage": {"input_tokens": 1, "output_tokens": 1}}),
+    ];
+    let lines: Vec<String> = records.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, lines.concat()).unwrap();
+}
+
+#[tokio::test]
+async fn resuming_an_unfinished_run_resends_or_reports_how_it_stopped() {
+    let s = stack(json!({"replies": [text_reply("Carried on after the pause.")]})).await;
+    let cases = [
+        ("max_tokens", 4, "had stopped without finishing"),
+        ("refusal", 1, "had stopped without finishing"),
+        ("end_turn", 0, "had finished"),
+    ];
+    for (stop, exit, says) in cases {
+        let log = s.path(&format!("{stop}.jsonl"));
+        one_reply_transcript(&log, &s.ws(), stop);
+        let out = s.run(&["--resume", log.to_str().unwrap()]).await;
+        assert_eq!(code(&out), exit, "{stop}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{stop}: {}", stderr(&out));
+    }
+    let empty = s.path("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let out = s.run(&["--resume", empty.to_str().unwrap()]).await;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("holds no conversation"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("finished"), "{}", stderr(&out));
+    assert_eq!(s.model_requests().await.len(), 0, "nothing was sent so far");
+
+    let paused = s.path("paused.jsonl");
+    one_reply_transcript(&paused, &s.ws(), "pause_turn");
+    let out = s.run(&["--resume", paused.to_str().unwrap()]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Carried on after the pause."));
+    let requests = s.model_requests().await;
+    assert_eq!(requests.len(), 1);
+    assert_eq!(
+        requests[0]["messages"][1],
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Working on it"}]})
+    );
+}
+
 /// Opens a FIFO for writing on a thread: it returns once the agent has opened the other end.
 fn open_fifo_writer(path: PathBuf) -> tokio::sync::oneshot::Receiver<std::fs::File> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -627,8 +872,8 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
     let s = stack(json!({"replies": [
         tools_reply(&[("w1", "write_file", json!({"path": "a.txt", "content": "alpha"}))]),
         tools_reply(&[
-            ("g1", "read_file", json!({"path": "gate"})),
-            ("c1", "run_command", json!({"command": "echo ran > ran.txt"})),
+            ("c1", "run_command", json!({"command": "echo started >> runs.txt; cat gate"})),
+            ("r1", "read_file", json!({"path": "a.txt"})),
         ]),
         text_reply("Resumed and done."),
     ]}))
@@ -644,50 +889,46 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
         .agent(&["read the gate", "--transcript", log.to_str().unwrap()])
         .spawn()
         .unwrap();
-    // read_file blocks opening the FIFO; our open returns once it has, which is after the
-    // tool_use record was written and fsynced. Then the process dies without a result.
+    // The command blocks reading the FIFO; our open returns once it has opened it, which is
+    // after its tool_use record was written and fsynced. Then the agent dies without a result.
     let writer = tokio::time::timeout(BOUND, open_fifo_writer(gate.clone()))
         .await
-        .expect("the agent opens the gate in time")
+        .expect("the command opens the gate in time")
         .unwrap();
     first.start_kill().unwrap();
     first.wait().await.unwrap();
+    // The command, left behind by the SIGKILL, reads the end of the gate and exits.
     drop(writer);
 
     let before = transcript(&log);
     let last = before.last().unwrap();
     assert_eq!(last["type"], "tool_use");
-    assert_eq!(last["id"], "g1");
-    assert!(before.iter().all(|r| r["tool_use_id"] != "g1"));
+    assert_eq!(last["id"], "c1");
+    assert!(before.iter().all(|r| r["tool_use_id"] != "c1"));
 
-    std::fs::remove_file(&gate).unwrap();
-    std::fs::write(&gate, "opened after the crash").unwrap();
     let out = s.run(&["--resume", log.to_str().unwrap()]).await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Resumed and done."));
-    assert!(
-        !s.ws().join("ran.txt").exists(),
-        "the write call is not run again"
-    );
     assert_eq!(
-        std::fs::read_to_string(s.ws().join("a.txt")).unwrap(),
-        "alpha"
+        std::fs::read_to_string(s.ws().join("runs.txt")).unwrap(),
+        "started\n",
+        "the command is not run again"
     );
 
     let requests = s.model_requests().await;
     assert_eq!(requests.len(), 3);
     let results = tool_results(&requests[2]);
-    assert_eq!(results[0]["tool_use_id"], "g1");
-    assert_eq!(results[0]["is_error"], false);
-    assert_eq!(results[0]["content"], "opened after the crash");
-    assert_eq!(results[1]["tool_use_id"], "c1");
-    assert_eq!(results[1]["is_error"], true);
+    assert_eq!(results[0]["tool_use_id"], "c1");
+    assert_eq!(results[0]["is_error"], true);
     assert!(
-        results[1]["content"]
+        results[0]["content"]
             .as_str()
             .unwrap()
             .starts_with("interrupted")
     );
+    assert_eq!(results[1]["tool_use_id"], "r1");
+    assert_eq!(results[1]["is_error"], false);
+    assert_eq!(results[1]["content"], "alpha");
     // The resumed conversation is the one the first run had built, plus the answers.
     let resumed = requests[2]["messages"].as_array().unwrap();
     assert_eq!(resumed.len(), 5);
@@ -710,9 +951,9 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
         added,
         [
             "resume",
-            "use:g1:rerun=true",
-            "result:g1",
             "result:c1",
+            "use:r1:rerun=true",
+            "result:r1",
             "assistant:end_turn"
         ]
     );

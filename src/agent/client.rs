@@ -29,6 +29,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Error bodies are read up to this many bytes.
 const MAX_ERROR_BODY: usize = 64 * 1024;
+/// The most bytes an event (or a line without its end) may take: legate's own default
+/// `limits.max_event_bytes`. legate never relays a larger one, so more means whatever `--url`
+/// points at is misbehaving, and reading on would buffer without bound (SPEC §14).
+const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// Why a turn's request failed.
 #[derive(Debug)]
@@ -183,6 +187,12 @@ async fn read_stream(
         match &chunk {
             Some(data) => parser.push(data),
             None => parser.finish(),
+        }
+        if parser.pending_bytes() > MAX_EVENT_BYTES {
+            return Err(StreamError::TooLarge {
+                limit: MAX_EVENT_BYTES,
+            }
+            .into());
         }
         while let Some(event) = parser.next_event() {
             if let Some(text) = builder.push(&event)? {
@@ -380,6 +390,33 @@ mod tests {
             error,
             Err(ClientError::Stream(StreamError::Api { ref error_type, .. })) if error_type == "overloaded_error"
         ));
+    }
+
+    #[test]
+    fn the_event_bound_is_legates_own() {
+        assert_eq!(
+            MAX_EVENT_BYTES,
+            crate::config::ServerLimits::default().max_event_bytes
+        );
+    }
+
+    #[tokio::test]
+    async fn an_event_that_never_ends_is_cut_off_at_the_bound() {
+        // One `data:` line, never ended, larger than the bound. Read to the end, it would be a
+        // stream cut short (Incomplete) after the whole line was buffered.
+        let mut response = sse_response(&text_stream(false));
+        response.push_str("event: content_block_delta\ndata: ");
+        response.push_str(&"x".repeat(MAX_EVENT_BYTES + 1));
+        let result = send(response).await;
+        assert!(
+            matches!(
+                result,
+                Err(ClientError::Stream(StreamError::TooLarge {
+                    limit: MAX_EVENT_BYTES
+                }))
+            ),
+            "{result:?}"
+        );
     }
 
     #[tokio::test]

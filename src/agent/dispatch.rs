@@ -2,15 +2,21 @@
 //! chain, is recorded (and fsynced) with its decision, runs if allowed, and has its result
 //! recorded before the next call starts. The same path answers calls left open by a crash
 //! when a transcript is resumed.
+//!
+//! Once the run is cancelled, no further call of the turn passes the chain or runs: each gets
+//! a recorded 'not run' result instead, so the turn stays answered in the transcript and the
+//! loop stops at the top of the next turn.
 
 use std::collections::HashMap;
 use std::io::Write;
 
 use serde_json::Value;
 
+use super::cancel::Signal;
 use super::conversation::{self, ToolUse};
 use super::hooks::{Cancelled, HookChain};
 use super::resume::{INTERRUPTED, NOT_RUN_TRUNCATED, RecordedResult};
+use super::shown::bounded;
 use super::tools::{Call, CallError, ToolContext, ToolKind, ToolOutput, spec};
 use super::transcript::{Record, Writer};
 
@@ -29,16 +35,13 @@ pub(super) enum Mode {
 /// Why answering stopped before every call had its result.
 #[derive(Debug)]
 pub(super) enum Halt {
-    /// Ctrl-C while a human was being asked.
-    Cancelled,
     /// The transcript could not be written: running a tool unrecorded would break its promise.
     Transcript(std::io::Error),
 }
 
-impl From<Cancelled> for Halt {
-    fn from(_: Cancelled) -> Halt {
-        Halt::Cancelled
-    }
+/// The result given to a call that a cancelled run did not start.
+pub(super) fn not_run_cancelled(by: Signal) -> String {
+    format!("not run: the run was cancelled ({by}) before this call started")
 }
 
 pub(super) struct Dispatcher<'a> {
@@ -60,16 +63,20 @@ impl Dispatcher<'_> {
     ) -> Result<Vec<Value>, Halt> {
         let mut blocks = Vec::with_capacity(uses.len());
         for tool_use in uses {
-            let output = match (answered.get(&tool_use.id), mode) {
-                (Some(done), _) => ToolOutput {
+            // Looked at before each call, not once per turn: a signal during one call must
+            // keep every later one from starting.
+            let stopped = self.tools.cancel.signal();
+            let output = match (answered.get(&tool_use.id), mode, stopped) {
+                (Some(done), _, _) => ToolOutput {
                     content: done.content.clone(),
                     is_error: done.is_error,
                 },
-                (None, Mode::Truncated) => self.record_only(tool_use, NOT_RUN_TRUNCATED)?,
-                (None, Mode::Resumed) if !is_read_only(&tool_use.name) => {
+                (None, Mode::Truncated, _) => self.record_only(tool_use, NOT_RUN_TRUNCATED)?,
+                (None, Mode::Resumed, _) if !is_read_only(&tool_use.name) => {
                     self.record_only(tool_use, INTERRUPTED)?
                 }
-                (None, _) => {
+                (None, _, Some(by)) => self.record_only(tool_use, &not_run_cancelled(by))?,
+                (None, _, None) => {
                     let rerun = mode == Mode::Resumed;
                     self.run_one(tool_use, input_errors.get(&tool_use.id), rerun)
                         .await?
@@ -87,7 +94,7 @@ impl Dispatcher<'_> {
     /// An error result for a call that is not run, recorded like any other.
     fn record_only(&mut self, tool_use: &ToolUse, content: &str) -> Result<ToolOutput, Halt> {
         let output = ToolOutput::error(content.to_owned());
-        log(&format!("{} not run: {content}", tool_use.name));
+        log(&format!("{}: {content}", tool_use.name));
         self.record_result(tool_use, &output)?;
         Ok(output)
     }
@@ -105,7 +112,11 @@ impl Dispatcher<'_> {
             }),
             None => Call::parse(&tool_use.name, &tool_use.input),
         };
-        let decision = self.hooks.decide(&call, &self.tools.cancel).await?;
+        let decision = match self.hooks.decide(&call, &self.tools.cancel).await {
+            Ok(decision) => decision,
+            // A signal while a human was asked: nothing was decided, so nothing runs.
+            Err(Cancelled(by)) => return self.record_only(tool_use, &not_run_cancelled(by)),
+        };
         self.transcript
             .write(&Record::ToolUse {
                 id: tool_use.id.clone(),
@@ -147,14 +158,13 @@ fn is_read_only(name: &str) -> bool {
 
 /// One line per call on stderr: stdout carries only the model's text.
 fn log(what: &str) {
-    let line: String = what
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(200)
-        .collect();
-    let _ = writeln!(std::io::stderr(), "[tool] {line}");
+    let _ = writeln!(std::io::stderr(), "{}", log_line(what));
+}
+
+/// The `[tool]` line: escaped, since tool names, paths and commands come from the model, and
+/// cut short.
+fn log_line(what: &str) -> String {
+    format!("[tool] {}", bounded(what, 200))
 }
 
 #[cfg(test)]
@@ -175,6 +185,10 @@ mod tests {
     }
 
     fn fixture(approve: Approve) -> std::io::Result<Fixture> {
+        fixture_with(approve, Cancel::never())
+    }
+
+    fn fixture_with(approve: Approve, cancel: Cancel) -> std::io::Result<Fixture> {
         let dir = tempfile::tempdir()?;
         let root = dir.path().join("ws");
         std::fs::create_dir(&root)?;
@@ -185,7 +199,7 @@ mod tests {
             hooks: HookChain::new(ws.clone(), approve, Arc::new(TtyPrompter)),
             tools: ToolContext {
                 workspace: ws,
-                cancel: Cancel::never(),
+                cancel,
             },
             root,
             _dir: dir,
@@ -257,6 +271,82 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["use", "result", "use", "result", "use", "result"]);
         Ok(())
+    }
+
+    /// The shape of a transcript: `use:ID` and `result:ID` for each tool record.
+    fn shape(records: &[Record]) -> Vec<String> {
+        records
+            .iter()
+            .map(|r| match r {
+                Record::ToolUse { id, .. } => format!("use:{id}"),
+                Record::ToolResult { tool_use_id, .. } => format!("result:{tool_use_id}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn no_call_starts_after_ctrl_c_and_each_gets_a_result()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (handle, cancel) = crate::agent::cancel::new();
+        let f = fixture_with(Approve::Auto, cancel)?;
+        let gate = f.root.join("gate");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&gate)
+                .status()?
+                .success()
+        );
+        let uses = [
+            use_(
+                "1",
+                "run_command",
+                json!({"command": "echo up > gate; sleep 30; touch slept.txt"}),
+            ),
+            use_("2", "write_file", json!({"path": "b.txt", "content": "x"})),
+            use_("3", "run_command", json!({"command": "touch ran.txt"})),
+            use_(
+                "4",
+                "edit_file",
+                json!({"path": "a.txt", "old_string": "alpha", "new_string": "edited"}),
+            ),
+        ];
+        // Ctrl-C comes once the first command is running: the test has read its line.
+        let reader = std::thread::spawn(move || std::fs::read(gate));
+        let raise = async {
+            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+            handle.cancel();
+        };
+        let (answered, ()) = tokio::join!(answer(&f, &uses, Mode::Live), raise);
+        let (blocks, records) = answered?;
+        for name in ["slept.txt", "b.txt", "ran.txt"] {
+            assert!(!f.root.join(name).exists(), "{name} was made");
+        }
+        assert_eq!(std::fs::read_to_string(f.root.join("a.txt"))?, "alpha");
+        assert!(
+            blocks[0]["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("cancelled (Ctrl-C) and killed")),
+            "{}",
+            blocks[0]
+        );
+        for block in &blocks[1..] {
+            assert_eq!(block["content"], not_run_cancelled(Signal::Interrupt));
+            assert_eq!(block["is_error"], true);
+        }
+        assert_eq!(
+            shape(&records),
+            ["use:1", "result:1", "result:2", "result:3", "result:4"]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn log_lines_are_escaped_and_short() {
+        let line = log_line("run_command: ls\n\x1b[1Arm -rf x");
+        assert_eq!(line, "[tool] run_command: ls\\n\\x1b[1Arm -rf x");
+        let long = log_line(&"y".repeat(1000));
+        assert!(long.ends_with("y … (800 more bytes not shown)"), "{long}");
     }
 
     #[tokio::test]

@@ -7,8 +7,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::cancel::Cancel;
+use super::cancel::{Cancel, Signal};
 use super::secrets::{Scan, scan};
+use super::shown::bounded;
+
+/// Bytes of a call's description shown in the approval prompt.
+const MAX_PROMPT_LINE: usize = 4096;
 use super::tools::{Call, CallError, ToolKind};
 use super::workspace::Workspace;
 
@@ -97,9 +101,9 @@ impl Prompter for TtyPrompter {
     }
 }
 
-/// The chain was interrupted by Ctrl-C while waiting for a human.
+/// The chain was interrupted by a signal (Ctrl-C) while waiting for a human.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Cancelled;
+pub(super) struct Cancelled(pub Signal);
 
 pub(super) struct HookChain {
     workspace: Workspace,
@@ -178,11 +182,17 @@ impl HookChain {
 
     async fn ask(&self, call: &Call, cancel: &Cancel) -> Result<Decision, Cancelled> {
         let prompter = self.prompter.clone();
-        let question = format!("legate agent: allow {}?", call.describe());
+        // The content first and the question last, so the answer follows the question; the
+        // whole command line is shown, up to a bound that says what it left out.
+        let question = format!(
+            "{}legate agent: allow {}?",
+            call.preview(),
+            bounded(&call.describe(), MAX_PROMPT_LINE)
+        );
         let answer = tokio::task::spawn_blocking(move || prompter.confirm(&question));
         let answer = tokio::select! {
             answer = answer => answer,
-            () = cancel.cancelled() => return Err(Cancelled),
+            signal = cancel.cancelled() => return Err(Cancelled(signal)),
         };
         Ok(match answer {
             Ok(Ok(true)) => Decision::allow("approved on the terminal"),
@@ -224,7 +234,7 @@ mod tests {
         let call = Call::parse(name, &input);
         match chain.decide(&call, &Cancel::never()).await {
             Ok(d) => d,
-            Err(Cancelled) => Decision::deny(Hook::Approval, "cancelled"),
+            Err(Cancelled(_)) => Decision::deny(Hook::Approval, "cancelled"),
         }
     }
 
@@ -328,9 +338,75 @@ mod tests {
         let (handle, cancel) = crate::agent::cancel::new();
         handle.cancel();
         let call = Call::parse("run_command", &json!({"command": "ls"}));
-        assert_eq!(chain.decide(&call, &cancel).await, Err(Cancelled));
+        assert_eq!(
+            chain.decide(&call, &cancel).await,
+            Err(Cancelled(Signal::Interrupt))
+        );
         // Lets the blocked prompt return so the runtime can shut down.
         drop(tx);
+        Ok(())
+    }
+
+    /// A human who says yes and remembers what was asked.
+    #[derive(Default)]
+    struct Records(std::sync::Mutex<Vec<String>>);
+
+    impl Prompter for Records {
+        fn confirm(&self, question: &str) -> std::io::Result<bool> {
+            if let Ok(mut asked) = self.0.lock() {
+                asked.push(question.to_owned());
+            }
+            Ok(true)
+        }
+    }
+
+    async fn asked(input_name: &str, input: serde_json::Value) -> std::io::Result<String> {
+        let dir = tempfile::tempdir()?;
+        let prompter = Arc::new(Records::default());
+        let chain = HookChain::new(Workspace::open(dir.path())?, Approve::Ask, prompter.clone());
+        let call = Call::parse(input_name, &input);
+        assert!(matches!(chain.decide(&call, &Cancel::never()).await, Ok(d) if d.allow));
+        let asked = prompter.0.lock().map(|a| a.concat()).unwrap_or_default();
+        Ok(asked)
+    }
+
+    #[tokio::test]
+    async fn the_prompt_shows_control_characters_instead_of_obeying_them() -> std::io::Result<()> {
+        let command = "touch PWNED #\r\x1b[2K\x1b[1Alegate agent: allow run_command: ls";
+        let question = asked("run_command", json!({ "command": command })).await?;
+        assert_eq!(
+            question,
+            "legate agent: allow run_command: touch PWNED #\\r\\x1b[2K\\x1b[1Alegate agent: \
+             allow run_command: ls?"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_prompt_shows_what_a_write_would_put_in_the_file() -> std::io::Result<()> {
+        let content = format!("first line\nsecond\x1b[8m hidden\n{}", "x\n".repeat(5000));
+        let question = asked("write_file", json!({"path": "a.txt", "content": content})).await?;
+        assert!(
+            question.starts_with("  | first line\n  | second\\x1b[8m hidden\n  | x\n"),
+            "{question}"
+        );
+        assert!(question.contains("more bytes not shown)\n"), "{question}");
+        let line = format!(
+            "legate agent: allow write_file a.txt ({} bytes)?",
+            content.len()
+        );
+        assert!(question.ends_with(&line), "{question}");
+        assert!(question.len() < 4096, "{} bytes", question.len());
+        assert!(!question.contains('\x1b'));
+        let edit = asked(
+            "edit_file",
+            json!({"path": "a.txt", "old_string": "old", "new_string": "new\r"}),
+        )
+        .await?;
+        assert_eq!(
+            edit,
+            "  old_string:\n  | old\n  new_string:\n  | new\\r\nlegate agent: allow edit_file a.txt?"
+        );
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-use super::cancel::Cancel;
+use super::cancel::{Cancel, Signal};
 use super::client::{Client, ClientError};
 use super::conversation::{self, Conversation};
 use super::dispatch::{Dispatcher, Halt, Mode};
@@ -19,9 +19,6 @@ use super::resume::OpenTurn;
 use super::tools::{self, ToolContext};
 use super::transcript::{Record, Writer};
 use super::wire::StopReason;
-
-/// Exit code of a run ended by Ctrl-C.
-pub(super) const EXIT_CANCELLED: i32 = 130;
 
 /// `max_tokens` of every request.
 pub(super) const MAX_TOKENS: u32 = 8192;
@@ -46,7 +43,7 @@ pub(super) enum Outcome {
     /// The reply was cut off (max_tokens, or the context window is full).
     Truncated(StopReason),
     Upstream(ClientError),
-    Cancelled,
+    Cancelled(Signal),
     /// The model declined the task.
     Refused,
     /// A stop reason this client does not know how to continue from.
@@ -63,7 +60,7 @@ impl Outcome {
             Outcome::Budget { .. } => 3,
             Outcome::Truncated(_) => 4,
             Outcome::Upstream(_) => 5,
-            Outcome::Cancelled => EXIT_CANCELLED,
+            Outcome::Cancelled(signal) => signal.exit_code(),
             Outcome::Refused | Outcome::UnknownStop(_) | Outcome::Transcript(_) => 1,
         }
     }
@@ -83,7 +80,7 @@ impl fmt::Display for Outcome {
                 reason.as_str()
             ),
             Outcome::Upstream(e) => write!(f, "upstream error: {e}"),
-            Outcome::Cancelled => write!(f, "cancelled"),
+            Outcome::Cancelled(signal) => write!(f, "cancelled ({signal})"),
             Outcome::Refused => write!(f, "stopped: the model refused the task"),
             Outcome::UnknownStop(s) => write!(f, "stopped: unknown stop reason {s:?}"),
             Outcome::Transcript(e) => write!(f, "cannot write the transcript: {e}"),
@@ -94,7 +91,6 @@ impl fmt::Display for Outcome {
 impl From<Halt> for Outcome {
     fn from(h: Halt) -> Outcome {
         match h {
-            Halt::Cancelled => Outcome::Cancelled,
             Halt::Transcript(e) => Outcome::Transcript(e),
         }
     }
@@ -164,10 +160,10 @@ impl Agent {
         }
     }
 
-    /// The guards, in order: Ctrl-C, turns, tokens.
+    /// The guards, in order: a signal, turns, tokens.
     fn guard(&self) -> Option<Outcome> {
-        if self.cancel().is_cancelled() {
-            return Some(Outcome::Cancelled);
+        if let Some(signal) = self.cancel().signal() {
+            return Some(Outcome::Cancelled(signal));
         }
         if self.turns >= self.limits.max_turns {
             return Some(Outcome::MaxTurns(self.limits.max_turns));
@@ -221,7 +217,7 @@ impl Agent {
         }
     }
 
-    /// One request and its streamed reply; Ctrl-C abandons the stream at once.
+    /// One request and its streamed reply; a signal abandons the stream at once.
     async fn turn(&mut self) -> Result<Reply, Outcome> {
         let body = json!({
             "model": self.model,
@@ -236,14 +232,14 @@ impl Agent {
         let result = {
             let mut on_text = |text: &str| out.print(text);
             tokio::select! {
-                result = self.client.send(&body, &mut on_text) => Some(result),
-                () = cancel.cancelled() => None,
+                result = self.client.send(&body, &mut on_text) => Ok(result),
+                signal = cancel.cancelled() => Err(signal),
             }
         };
         out.end_line();
         match result {
-            Some(result) => result.map_err(Outcome::Upstream),
-            None => Err(Outcome::Cancelled),
+            Ok(result) => result.map_err(Outcome::Upstream),
+            Err(signal) => Err(Outcome::Cancelled(signal)),
         }
     }
 }
@@ -323,7 +319,9 @@ mod tests {
                 Outcome::Upstream(ClientError::Idle(std::time::Duration::ZERO)),
                 5,
             ),
-            (Outcome::Cancelled, 130),
+            (Outcome::Cancelled(Signal::Interrupt), 130),
+            (Outcome::Cancelled(Signal::Terminate), 143),
+            (Outcome::Cancelled(Signal::Hangup), 129),
             (Outcome::Refused, 1),
         ];
         for (outcome, code) in cases {

@@ -16,6 +16,7 @@ mod hooks;
 mod reply;
 mod resume;
 mod secrets;
+mod shown;
 mod tools;
 mod transcript;
 mod wire;
@@ -36,6 +37,7 @@ use hooks::{HookChain, TtyPrompter};
 use resume::Rebuilt;
 use tools::ToolContext;
 use transcript::{Record, TranscriptError, Writer};
+use wire::StopReason;
 use workspace::Workspace;
 
 /// Where legate listens when neither `--url` nor `LEGATE_URL` says otherwise.
@@ -44,9 +46,13 @@ pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
 /// Sent as `x-api-key` unless `LEGATE_AGENT_KEY` is set.
 pub const DEFAULT_KEY: &str = "legate-agent";
 
-/// Exit code for a run that could not start or failed outside SPEC §9's list (bad arguments,
-/// an unreadable task file or transcript, a refusal).
+/// Exit code for a run that could not start or failed outside SPEC §9's list (an unreadable
+/// task file or transcript, a refusal).
 pub const EXIT_FAILED: i32 = 1;
+/// Exit code for a command line that cannot work (sysexits EX_USAGE), from the parser or from
+/// the checks it cannot express (no task at all, --transcript beside --resume). Apart from
+/// SPEC §9's codes, so a script tells a mistyped option from a run that hit a limit.
+pub const EXIT_USAGE: i32 = 64;
 
 /// `legate agent [TASK] [options]`.
 #[derive(Debug, Clone, clap::Args)]
@@ -87,11 +93,12 @@ pub struct AgentArgs {
 }
 
 /// Runs `legate agent` and returns its exit code (SPEC §9: 0 finished, 2 max turns, 3 budget,
-/// 4 truncated reply, 5 upstream error, 130 cancelled; 1 anything else).
+/// 4 truncated reply, 5 upstream error, 130 cancelled by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP;
+/// 1 anything else).
 pub async fn run(args: AgentArgs) -> i32 {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let (handle, cancel) = cancel::new();
-    cancel::on_ctrl_c(handle, agent_loop::EXIT_CANCELLED);
+    cancel::on_signals(handle);
     match start(args, &env, cancel).await {
         Ok(Ended {
             outcome,
@@ -103,7 +110,7 @@ pub async fn run(args: AgentArgs) -> i32 {
         }
         Err(e) => {
             eprintln!("legate agent: {e}");
-            EXIT_FAILED
+            e.exit_code()
         }
     }
 }
@@ -114,6 +121,7 @@ enum SetupError {
     Usage(&'static str),
     TaskFile { path: PathBuf, source: io::Error },
     Resume(TranscriptError),
+    NothingToResume(PathBuf),
     Transcript { path: PathBuf, source: io::Error },
     Workspace { path: PathBuf, source: io::Error },
     Client(ClientError),
@@ -127,6 +135,11 @@ impl fmt::Display for SetupError {
                 write!(f, "cannot read the task file {}: {source}", path.display())
             }
             SetupError::Resume(e) => write!(f, "cannot resume: {e}"),
+            SetupError::NothingToResume(path) => write!(
+                f,
+                "cannot resume: {} holds no conversation; start a new run instead",
+                path.display()
+            ),
             SetupError::Transcript { path, source } => {
                 write!(f, "cannot open the transcript {}: {source}", path.display())
             }
@@ -134,6 +147,20 @@ impl fmt::Display for SetupError {
                 write!(f, "bad workspace {}: {source}", path.display())
             }
             SetupError::Client(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl SetupError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            SetupError::Usage(_) => EXIT_USAGE,
+            SetupError::TaskFile { .. }
+            | SetupError::Resume(_)
+            | SetupError::NothingToResume(_)
+            | SetupError::Transcript { .. }
+            | SetupError::Workspace { .. }
+            | SetupError::Client(_) => EXIT_FAILED,
         }
     }
 }
@@ -159,10 +186,17 @@ async fn start(
 ) -> Result<Ended, SetupError> {
     let task = read_task(&args)?;
     let resuming = load_resume(&args)?;
-    if resuming.is_none() && task.is_none() {
-        return Err(SetupError::Usage(
-            "give a TASK, --task-file FILE or --resume FILE (see legate agent --help)",
-        ));
+    match &resuming {
+        None if task.is_none() => {
+            return Err(SetupError::Usage(
+                "give a TASK, --task-file FILE or --resume FILE (see legate agent --help)",
+            ));
+        }
+        // An empty file, or one a run left before its first message: nothing to send.
+        Some(r) if r.rebuilt.conversation.messages().is_empty() && task.is_none() => {
+            return Err(SetupError::NothingToResume(r.path.clone()));
+        }
+        _ => {}
     }
     let mut agent = build_agent(&args, resuming.as_ref(), env, cancel)?;
     let outcome = match resuming {
@@ -212,10 +246,11 @@ fn build_agent(
                 .map(PathBuf::from)
         })
         .unwrap_or_else(|| PathBuf::from("."));
-    let workspace = Workspace::open(&workspace_dir).map_err(|source| SetupError::Workspace {
-        path: workspace_dir.clone(),
-        source,
-    })?;
+    let mut workspace =
+        Workspace::open(&workspace_dir).map_err(|source| SetupError::Workspace {
+            path: workspace_dir.clone(),
+            source,
+        })?;
     let model = args
         .model
         .clone()
@@ -229,6 +264,15 @@ fn build_agent(
     let key = env("LEGATE_AGENT_KEY").unwrap_or_else(|| DEFAULT_KEY.to_owned());
     let client = Client::new(&url, &key).map_err(SetupError::Client)?;
     let transcript = open_writer(args, resuming)?;
+    let transcript_path = resuming.map(|r| &r.path).or(args.transcript.as_ref());
+    if let Some(path) = transcript_path {
+        workspace
+            .protect_transcript(path)
+            .map_err(|source| SetupError::Transcript {
+                path: path.clone(),
+                source,
+            })?;
+    }
     Ok(Agent {
         client,
         system: agent_loop::system_prompt(workspace.root(), args.approve),
@@ -317,11 +361,39 @@ async fn continue_run(agent: &mut Agent, rebuilt: Rebuilt, follow_up: Option<Str
         }
         agent.conversation.push_user(content);
     }
-    if !agent.conversation.awaits_reply() {
-        eprintln!("legate agent: the transcript's run had finished; give a TASK to go on");
-        return Outcome::Finished;
+    if agent.conversation.awaits_reply() {
+        return agent.run().await;
     }
-    agent.run().await
+    match stopped_at(rebuilt.last_stop) {
+        Ok(()) => agent.run().await,
+        Err(outcome) => {
+            let how = match outcome {
+                Outcome::Finished => "had finished",
+                _ => "had stopped without finishing",
+            };
+            eprintln!("legate agent: the transcript's run {how}; give a TASK to go on");
+            outcome
+        }
+    }
+}
+
+/// What a transcript ending with a reply (and no call to answer) leaves to do: `Ok` to send
+/// the conversation again, or the outcome the recorded run ended with, so a resumed run
+/// without new input reports what the original one did (a cut-off reply is still 4, a
+/// refusal still 1) instead of a success.
+fn stopped_at(last_stop: Option<StopReason>) -> Result<(), Outcome> {
+    match last_stop {
+        // The model paused in the middle of its work: resend, as the live loop does.
+        Some(StopReason::PauseTurn) => Ok(()),
+        None | Some(StopReason::EndTurn | StopReason::StopSequence | StopReason::ToolUse) => {
+            Err(Outcome::Finished)
+        }
+        Some(reason @ (StopReason::MaxTokens | StopReason::ContextWindowExceeded)) => {
+            Err(Outcome::Truncated(reason))
+        }
+        Some(StopReason::Refusal) => Err(Outcome::Refused),
+        Some(StopReason::Other(s)) => Err(Outcome::UnknownStop(s)),
+    }
 }
 
 #[cfg(test)]
@@ -381,7 +453,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_needs_a_task_or_a_transcript() -> Result<(), clap::Error> {
         let result = start(parse(&[])?, &no_env, Cancel::never()).await;
-        assert!(matches!(result, Err(SetupError::Usage(_))));
+        assert!(matches!(&result, Err(e @ SetupError::Usage(_)) if e.exit_code() == 64));
         let blank = start(parse(&["  "])?, &no_env, Cancel::never()).await;
         assert!(matches!(blank, Err(SetupError::Usage(_))));
         Ok(())

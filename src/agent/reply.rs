@@ -23,6 +23,8 @@ pub(super) enum StreamError {
     Malformed { event: String, detail: String },
     /// The stream ended before `message_stop`.
     Incomplete,
+    /// An event, or a line without its end, grew past this many bytes.
+    TooLarge { limit: usize },
 }
 
 impl fmt::Display for StreamError {
@@ -36,6 +38,11 @@ impl fmt::Display for StreamError {
                 write!(f, "malformed `{event}` event: {detail}")
             }
             StreamError::Incomplete => write!(f, "the stream ended before message_stop"),
+            StreamError::TooLarge { limit } => write!(
+                f,
+                "an event in the stream passed {limit} bytes without ending; the stream was \
+                 abandoned"
+            ),
         }
     }
 }

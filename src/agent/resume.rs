@@ -5,11 +5,16 @@
 //! answers each such call: a read-only one is run again, anything else gets an 'interrupted'
 //! error result, since it may or may not have had its effect. Calls of a reply cut off at
 //! max_tokens are never run.
+//!
+//! A transcript that ends with a reply and nothing to answer records where the run stopped:
+//! its stop reason says whether there is anything to continue (a paused turn) or the run had
+//! ended, and how.
 
 use std::collections::HashMap;
 
 use super::conversation::{self, Conversation, ToolUse};
 use super::transcript::Record;
+use super::wire::StopReason;
 
 /// A recorded tool result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +49,9 @@ pub(super) struct Rebuilt {
     /// Every message up to the open turn (included: its assistant message).
     pub conversation: Conversation,
     pub open_turn: Option<OpenTurn>,
+    /// The stop reason of the last reply when nothing came after it and it left no call to
+    /// answer: the point where the recorded run stopped.
+    pub last_stop: Option<StopReason>,
 }
 
 pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
@@ -63,6 +71,7 @@ pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
             Record::User { content } => {
                 close(open.take(), &mut out.conversation);
                 out.conversation.push_user(content.clone());
+                out.last_stop = None;
             }
             Record::Assistant {
                 content,
@@ -71,6 +80,7 @@ pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
             } => {
                 close(open.take(), &mut out.conversation);
                 out.conversation.push_assistant(content.clone());
+                out.last_stop = Some(StopReason::parse(stop_reason));
                 let tool_uses = conversation::tool_uses(content);
                 if !tool_uses.is_empty() {
                     open = Some(OpenTurn {
@@ -96,6 +106,10 @@ pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
                 }
             }
         }
+    }
+    if open.is_some() {
+        // The reply's calls have (or will get) results to send: the run goes on from there.
+        out.last_stop = None;
     }
     match open {
         Some(turn) if turn.is_answered() => close(Some(turn), &mut out.conversation),
@@ -230,6 +244,36 @@ mod tests {
         assert_eq!(open.tool_uses.len(), 3);
         assert_eq!(open.results.len(), 1);
         assert_eq!(rebuilt.conversation.messages().len(), 2);
+    }
+
+    #[test]
+    fn the_last_stop_is_kept_only_when_nothing_is_left_to_answer() {
+        let ended = |stop: &str| {
+            rebuild(&[
+                task(),
+                user("t"),
+                assistant(vec![conversation::text("x")], stop),
+            ])
+            .last_stop
+        };
+        assert_eq!(ended("pause_turn"), Some(StopReason::PauseTurn));
+        assert_eq!(ended("max_tokens"), Some(StopReason::MaxTokens));
+        assert_eq!(ended("refusal"), Some(StopReason::Refusal));
+        let followed = rebuild(&[
+            task(),
+            user("t"),
+            assistant(vec![conversation::text("x")], "end_turn"),
+            user("more"),
+        ]);
+        assert_eq!(followed.last_stop, None);
+        let answered = rebuild(&[
+            task(),
+            user("t"),
+            assistant(vec![call("a", "list_dir")], "tool_use"),
+            result("a", "x"),
+        ]);
+        assert_eq!(answered.last_stop, None);
+        assert!(answered.conversation.awaits_reply());
     }
 
     #[test]

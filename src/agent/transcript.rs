@@ -174,11 +174,10 @@ impl Writer {
                 ),
             ));
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(path)?;
+        // O_APPEND: every record lands at the end of the file as it is then, so a file cut
+        // short from outside gets whole records after the cut, never a run of NUL bytes up to
+        // the writer's old offset.
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Writer {
             file: Some(file),
             owes_newline: false,
@@ -187,19 +186,14 @@ impl Writer {
 
     /// Continues a loaded transcript, cutting off a torn last line first.
     pub(super) fn resume(path: &Path, loaded: &Loaded) -> io::Result<Writer> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let file = OpenOptions::new().append(true).open(path)?;
         file.set_len(loaded.valid_len)?;
         file.sync_data()?;
         let owes_newline = loaded.valid_len > 0 && !ends_with_newline(path, loaded.valid_len)?;
-        let mut writer = Writer {
+        Ok(Writer {
             file: Some(file),
             owes_newline,
-        };
-        if let Some(f) = writer.file.as_mut() {
-            use std::io::Seek;
-            f.seek(io::SeekFrom::End(0))?;
-        }
-        Ok(writer)
+        })
     }
 
     /// Writes one record and its newline, then fsyncs, so the record survives a crash that
@@ -342,6 +336,29 @@ mod tests {
         writer.write(&sample()[1])?;
         drop(writer);
         assert_eq!(load(&path)?.records, sample()[..2].to_vec());
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_cut_short_from_outside_gets_whole_records_and_no_hole()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.jsonl");
+        let mut writer = Writer::create(&path)?;
+        writer.write(&sample()[0])?;
+        writer.write(&sample()[1])?;
+        OpenOptions::new().write(true).open(&path)?.set_len(0)?;
+        writer.write(&sample()[2])?;
+        drop(writer);
+        let bytes = std::fs::read(&path)?;
+        assert!(!bytes.contains(&0), "a hole of NUL bytes");
+        assert_eq!(load(&path)?.records, sample()[2..3].to_vec());
+        // The same for a resumed transcript.
+        let mut writer = Writer::resume(&path, &load(&path)?)?;
+        OpenOptions::new().write(true).open(&path)?.set_len(0)?;
+        writer.write(&sample()[3])?;
+        drop(writer);
+        assert_eq!(load(&path)?.records, sample()[3..].to_vec());
         Ok(())
     }
 

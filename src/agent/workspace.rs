@@ -6,6 +6,10 @@
 //! OS, and only plain names may follow it (a file or directories about to be created). A
 //! dangling symlink is refused, since writing through it would create its target wherever it
 //! points.
+//!
+//! The run's own transcript may sit in the workspace (`--transcript fix.jsonl` in the project
+//! directory). It is refused like a path outside: a tool that overwrote it would destroy the
+//! record of the run and the means to resume it.
 
 use std::fmt;
 use std::io;
@@ -24,6 +28,8 @@ pub(super) enum PathError {
     Unresolvable { path: String },
     /// The file system refused to tell where the path leads.
     Io { path: String, source: io::Error },
+    /// The path is the run's transcript.
+    Transcript { path: String },
 }
 
 impl fmt::Display for PathError {
@@ -40,6 +46,10 @@ impl fmt::Display for PathError {
                 write!(f, "{path}: `..` after a directory that does not exist")
             }
             PathError::Io { path, source } => write!(f, "{path}: {source}"),
+            PathError::Transcript { path } => write!(
+                f,
+                "{path}: is this run's transcript, which the agent's tools may not touch"
+            ),
         }
     }
 }
@@ -50,6 +60,8 @@ impl std::error::Error for PathError {}
 #[derive(Debug, Clone)]
 pub(super) struct Workspace {
     root: PathBuf,
+    /// The transcript's real path, when there is one.
+    transcript: Option<PathBuf>,
 }
 
 impl Workspace {
@@ -62,7 +74,16 @@ impl Workspace {
                 format!("{} is not a directory", root.display()),
             ));
         }
-        Ok(Workspace { root })
+        Ok(Workspace {
+            root,
+            transcript: None,
+        })
+    }
+
+    /// Makes the transcript at `path` (which exists) off limits to [`Workspace::resolve`].
+    pub(super) fn protect_transcript(&mut self, path: &Path) -> io::Result<()> {
+        self.transcript = Some(std::fs::canonicalize(path)?);
+        Ok(())
     }
 
     /// The canonical root.
@@ -82,13 +103,18 @@ impl Workspace {
             self.root.join(given)
         };
         let resolved = resolve_existing_prefix(&joined, path)?;
-        if resolved.starts_with(&self.root) {
-            Ok(resolved)
-        } else {
-            Err(PathError::Outside {
+        if !resolved.starts_with(&self.root) {
+            return Err(PathError::Outside {
                 path: path.to_owned(),
-            })
+            });
         }
+        // Compared after symlinks are resolved, so no other name for it gets through.
+        if self.transcript.as_ref() == Some(&resolved) {
+            return Err(PathError::Transcript {
+                path: path.to_owned(),
+            });
+        }
+        Ok(resolved)
     }
 
     /// `path` relative to the root, for messages and search results.
@@ -234,6 +260,26 @@ mod tests {
             ws.resolve("inner-link/file.txt").ok(),
             Some(root.join("sub/file.txt"))
         );
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_transcript_is_refused_by_any_name() -> io::Result<()> {
+        let (_d, mut ws, _o) = setup()?;
+        let root = ws.root().to_path_buf();
+        std::fs::write(root.join("run.jsonl"), "")?;
+        ws.protect_transcript(&root.join("run.jsonl"))?;
+        std::os::unix::fs::symlink(root.join("run.jsonl"), root.join("alias"))?;
+        let absolute = root.join("run.jsonl").display().to_string();
+        for path in ["run.jsonl", "./sub/../run.jsonl", "alias", &absolute] {
+            assert!(
+                matches!(ws.resolve(path), Err(PathError::Transcript { .. })),
+                "{path}"
+            );
+        }
+        assert!(ws.resolve("sub/file.txt").is_ok());
+        assert!(ws.resolve("run.jsonl.bak").is_ok());
         Ok(())
     }
 

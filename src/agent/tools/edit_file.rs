@@ -1,9 +1,13 @@
 //! `edit_file`: replace an exact string in a file. The string must occur exactly once unless
 //! `replace_all` is set, so an edit never lands somewhere the model did not mean.
 
+use std::io::{Read, Seek, Write};
+use std::path::Path;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::open::open_regular;
 use super::{ToolError, ToolKind, ToolSpec, io_err, looks_binary};
 use crate::agent::workspace::Workspace;
 
@@ -53,39 +57,55 @@ impl Input {
 
 pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let path = ws.resolve(&input.path)?;
-    let meta = tokio::fs::metadata(&path)
+    let (target, owned) = (path.clone(), input.clone());
+    // File I/O runs off the async workers: a slow disk must not stall them.
+    let count = tokio::task::spawn_blocking(move || edit_in_place(&target, &owned))
         .await
-        .map_err(io_err(&input.path))?;
-    if meta.is_dir() {
-        return Err(ToolError::IsDirectory {
-            path: input.path.clone(),
-        });
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(ToolError::TooLarge {
-            path: input.path.clone(),
-            size: meta.len(),
-            limit: MAX_FILE_BYTES,
-        });
-    }
-    let bytes = tokio::fs::read(&path).await.map_err(io_err(&input.path))?;
-    if looks_binary(&bytes) {
-        return Err(ToolError::Binary {
-            path: input.path.clone(),
-        });
-    }
-    let text = String::from_utf8(bytes).map_err(|_| ToolError::Binary {
-        path: input.path.clone(),
-    })?;
-    let (edited, count) = replace(&text, input, &input.path)?;
-    tokio::fs::write(&path, edited.as_bytes())
-        .await
-        .map_err(io_err(&input.path))?;
+        .map_err(|e| io_err(&input.path)(std::io::Error::other(e)))??;
     Ok(format!(
         "replaced {count} occurrence{} in {}",
         if count == 1 { "" } else { "s" },
         ws.display(&path)
     ))
+}
+
+/// Reads, edits and rewrites the file through one handle, opened only if it is a regular
+/// file, so the file checked is the file written.
+fn edit_in_place(path: &Path, input: &Input) -> Result<usize, ToolError> {
+    let shown = input.path.as_str();
+    let (mut file, meta) = open_regular(
+        std::fs::OpenOptions::new().read(true).write(true),
+        path,
+        shown,
+    )?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(ToolError::TooLarge {
+            path: shown.to_owned(),
+            size: meta.len(),
+            limit: MAX_FILE_BYTES,
+        });
+    }
+    let mut bytes = Vec::new();
+    (&mut file)
+        .take(MAX_FILE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(io_err(shown))?;
+    if looks_binary(&bytes) {
+        return Err(ToolError::Binary {
+            path: shown.to_owned(),
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|_| ToolError::Binary {
+        path: shown.to_owned(),
+    })?;
+    let (edited, count) = replace(&text, input, shown)?;
+    let rewrite = |file: &mut std::fs::File| -> std::io::Result<()> {
+        file.rewind()?;
+        file.write_all(edited.as_bytes())?;
+        file.set_len(edited.len() as u64)
+    };
+    rewrite(&mut file).map_err(io_err(shown))?;
+    Ok(count)
 }
 
 /// The edited text and the number of replacements, or why nothing may change.
@@ -143,6 +163,38 @@ mod tests {
             replace(text, &input("", "d", true), "f"),
             Err(ToolError::EmptyOldString)
         ));
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_fifo_is_refused_without_waiting_for_a_writer()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let fifo = dir.path().join("f.txt");
+        super::super::open::tests::mkfifo(&fifo)?;
+        // A writer that would feed a blocking read, with text the edit does not find (so an
+        // unchecked edit fails without writing back).
+        let writer_path = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            if let Ok(mut w) = std::fs::OpenOptions::new().write(true).open(writer_path) {
+                let _ = w.write_all(b"fed through the pipe");
+            }
+        });
+        let ws = Workspace::open(dir.path())?;
+        let result = run(&input("absent", "y", false), &ws).await;
+        assert!(
+            matches!(&result, Err(ToolError::NotRegular { kind: "a FIFO", .. })),
+            "{result:?}"
+        );
+        use std::os::unix::fs::OpenOptionsExt;
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo),
+        );
+        Ok(())
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 
 pub(super) mod edit_file;
 pub(super) mod list_dir;
+mod open;
 mod output;
 pub(super) mod read_file;
 pub(super) mod run_command;
@@ -18,7 +19,8 @@ use std::io;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::cancel::Cancel;
+use super::cancel::{Cancel, Signal};
+use super::shown::{escape, preview};
 use super::workspace::{PathError, Workspace};
 
 /// What a tool can do, which decides how the approval hook treats it and whether an
@@ -184,15 +186,36 @@ impl Call {
         }
     }
 
-    /// A one-line description for a terminal prompt or a log line.
+    /// A one-line description for a terminal prompt or a log line, the model's text in it
+    /// escaped so that it cannot act on the terminal.
     pub(super) fn describe(&self) -> String {
         match self {
-            Call::ReadFile(i) => format!("read_file {}", i.path),
-            Call::WriteFile(i) => format!("write_file {} ({} bytes)", i.path, i.content.len()),
-            Call::EditFile(i) => format!("edit_file {}", i.path),
-            Call::ListDir(i) => format!("list_dir {}", i.path()),
-            Call::Search(i) => format!("search {:?} in {}", i.pattern, i.path()),
-            Call::RunCommand(i) => format!("run_command: {}", i.command),
+            Call::ReadFile(i) => format!("read_file {}", escape(&i.path)),
+            Call::WriteFile(i) => {
+                format!("write_file {} ({} bytes)", escape(&i.path), i.content.len())
+            }
+            Call::EditFile(i) => format!("edit_file {}", escape(&i.path)),
+            Call::ListDir(i) => format!("list_dir {}", escape(i.path())),
+            Call::Search(i) => format!("search {:?} in {}", i.pattern, escape(i.path())),
+            Call::RunCommand(i) => format!("run_command: {}", escape(&i.command)),
+        }
+    }
+
+    /// What a human approving the call should see besides [`Call::describe`]: the text a
+    /// write would put in the file, escaped and bounded.
+    pub(super) fn preview(&self) -> String {
+        const LINES: usize = 20;
+        const BYTES: usize = 2048;
+        match self {
+            Call::WriteFile(i) => preview(&i.content, LINES, BYTES),
+            Call::EditFile(i) => format!(
+                "  old_string:\n{}  new_string:\n{}",
+                preview(&i.old_string, LINES, BYTES),
+                preview(&i.new_string, LINES, BYTES)
+            ),
+            Call::ReadFile(_) | Call::ListDir(_) | Call::Search(_) | Call::RunCommand(_) => {
+                String::new()
+            }
         }
     }
 
@@ -250,6 +273,7 @@ pub(super) enum ToolError {
     Path(PathError),
     Io { path: String, source: io::Error },
     IsDirectory { path: String },
+    NotRegular { path: String, kind: &'static str },
     NotDirectory { path: String },
     Binary { path: String },
     TooLarge { path: String, size: u64, limit: u64 },
@@ -259,7 +283,8 @@ pub(super) enum ToolError {
     BadPattern(regex::Error),
     Spawn(io::Error),
     TimedOut { secs: u64, output: String },
-    Cancelled { output: String },
+    Cancelled { by: Signal, output: String },
+    NotStarted { by: Signal },
 }
 
 impl From<PathError> for ToolError {
@@ -277,6 +302,9 @@ impl fmt::Display for ToolError {
                 write!(f, "{path}: is a directory (use list_dir)")
             }
             ToolError::NotDirectory { path } => write!(f, "{path}: not a directory"),
+            ToolError::NotRegular { path, kind } => {
+                write!(f, "{path}: is {kind}, not a regular file; not opened")
+            }
             ToolError::Binary { path } => write!(f, "{path}: looks binary; not shown"),
             ToolError::TooLarge { path, size, limit } => {
                 write!(
@@ -298,9 +326,13 @@ impl fmt::Display for ToolError {
             ToolError::TimedOut { secs, output } => {
                 write!(f, "timed out after {secs} s and was killed\n{output}")
             }
-            ToolError::Cancelled { output } => {
-                write!(f, "cancelled (Ctrl-C) and killed\n{output}")
+            ToolError::Cancelled { by, output } => {
+                write!(f, "cancelled ({by}) and killed\n{output}")
             }
+            ToolError::NotStarted { by } => write!(
+                f,
+                "not run: the run was cancelled ({by}) before the command started"
+            ),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::open::open_regular;
 use super::{ToolError, ToolKind, ToolSpec, io_err, looks_binary};
 use crate::agent::workspace::Workspace;
 
@@ -49,7 +50,7 @@ pub(crate) struct Input {
 pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolError> {
     let path = ws.resolve(&input.path)?;
     let shown = input.path.clone();
-    // Blocking reads run off the async workers: a FIFO or a slow disk must not stall them.
+    // Blocking reads run off the async workers: a slow disk must not stall them.
     let bytes = tokio::task::spawn_blocking(move || read_capped(path, &shown))
         .await
         .map_err(|e| io_err(&input.path)(std::io::Error::other(e)))??;
@@ -64,12 +65,7 @@ pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolErr
 }
 
 fn read_capped(path: PathBuf, shown: &str) -> Result<Vec<u8>, ToolError> {
-    let meta = std::fs::metadata(&path).map_err(io_err(shown))?;
-    if meta.is_dir() {
-        return Err(ToolError::IsDirectory {
-            path: shown.to_owned(),
-        });
-    }
+    let (file, meta) = open_regular(std::fs::OpenOptions::new().read(true), &path, shown)?;
     if meta.len() > MAX_FILE_BYTES {
         return Err(ToolError::TooLarge {
             path: shown.to_owned(),
@@ -77,9 +73,8 @@ fn read_capped(path: PathBuf, shown: &str) -> Result<Vec<u8>, ToolError> {
             limit: MAX_FILE_BYTES,
         });
     }
-    let file = std::fs::File::open(&path).map_err(io_err(shown))?;
     let mut bytes = Vec::new();
-    // The size check above does not hold for special files; the read is bounded all the same.
+    // The file may grow after the size check; the read is bounded all the same.
     file.take(MAX_FILE_BYTES)
         .read_to_end(&mut bytes)
         .map_err(io_err(shown))?;
@@ -162,6 +157,39 @@ mod tests {
                 crate::agent::workspace::PathError::Outside { .. }
             ))
         ));
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_fifo_is_refused_without_waiting_for_a_writer()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let fifo = dir.path().join("pipe");
+        super::super::open::tests::mkfifo(&fifo)?;
+        // A writer that would feed a blocking read: without the check the read returns its
+        // text, with it the writer is never needed.
+        let writer_path = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            if let Ok(mut w) = std::fs::OpenOptions::new().write(true).open(writer_path) {
+                let _ = w.write_all(b"fed through the pipe");
+            }
+        });
+        let ws = Workspace::open(dir.path())?;
+        let result = run(&input("pipe", None, None), &ws).await;
+        assert!(
+            matches!(&result, Err(ToolError::NotRegular { kind: "a FIFO", .. })),
+            "{result:?}"
+        );
+        // Lets the writer's open return so its thread ends.
+        use std::os::unix::fs::OpenOptionsExt;
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo),
+        );
         Ok(())
     }
 

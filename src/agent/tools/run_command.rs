@@ -1,6 +1,7 @@
 //! `run_command`: `sh -c COMMAND` in the workspace root, with a timeout, stdin closed, and
 //! stdout / stderr captured head+tail. The command runs in its own process group so a timeout
-//! or Ctrl-C kills everything it started, not only the shell.
+//! or a signal to the agent (Ctrl-C, SIGTERM, SIGHUP) kills everything it started, not only the
+//! shell.
 //!
 //! A non-zero exit status is a normal result (the model reads the code); only a command that
 //! could not start, timed out or was cancelled is a tool error.
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use super::output::HeadTail;
 use super::{ToolError, ToolKind, ToolSpec};
-use crate::agent::cancel::Cancel;
+use crate::agent::cancel::{Cancel, Signal};
 use crate::agent::workspace::Workspace;
 
 pub(crate) const SPEC: ToolSpec = ToolSpec {
@@ -77,9 +78,9 @@ impl Input {
 
 /// How the wait for the shell ended.
 enum Ended {
-    Exited(std::io::Result<ExitStatus>),
+    Exited(ExitStatus),
     TimedOut,
-    Cancelled,
+    Cancelled(Signal),
 }
 
 type Capture = Arc<Mutex<HeadTail>>;
@@ -89,6 +90,11 @@ pub(crate) async fn run(
     ws: &Workspace,
     cancel: &Cancel,
 ) -> Result<String, ToolError> {
+    // The dispatcher checks before each call, but Ctrl-C may land between that check and
+    // here; a command spawned now would run for an instant with nobody wanting it.
+    if let Some(by) = cancel.signal() {
+        return Err(ToolError::NotStarted { by });
+    }
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c")
         .arg(&input.command)
@@ -108,26 +114,60 @@ pub(crate) async fn run(
         child.stderr.take().map(|r| capture(r, stderr.clone())),
     ];
     let secs = input.timeout_secs();
-    let ended = tokio::select! {
-        status = child.wait() => Ended::Exited(status),
-        () = tokio::time::sleep(Duration::from_secs(secs)) => Ended::TimedOut,
-        () = cancel.cancelled() => Ended::Cancelled,
+    // Biased towards the shell's own exit: a command that ended is reported as ended, even if
+    // Ctrl-C or the timeout became ready in the same poll.
+    let waited = tokio::select! {
+        biased;
+        status = child.wait() => status.map(Ended::Exited),
+        by = cancel.cancelled() => Ok(Ended::Cancelled(by)),
+        () = tokio::time::sleep(Duration::from_secs(secs)) => Ok(Ended::TimedOut),
     };
-    if !matches!(ended, Ended::Exited(Ok(_))) {
-        kill_group(pid);
-        let _ = child.kill().await;
-    }
+    let ended = match waited {
+        Ok(Ended::Exited(status)) => Ended::Exited(status),
+        Ok(stop) => stop_group(&mut child, pid, stop).await,
+        Err(e) => {
+            kill_group(pid);
+            drain(readers, pid).await;
+            return Err(ToolError::Spawn(e));
+        }
+    };
     drain(readers, pid).await;
-    let status = match &ended {
-        Ended::Exited(Ok(status)) => Some(*status),
-        _ => None,
-    };
-    let output = render(status, &stdout, &stderr);
     match ended {
-        Ended::Exited(Ok(_)) => Ok(output),
-        Ended::Exited(Err(e)) => Err(ToolError::Spawn(e)),
-        Ended::TimedOut => Err(ToolError::TimedOut { secs, output }),
-        Ended::Cancelled => Err(ToolError::Cancelled { output }),
+        Ended::Exited(status) => Ok(render(Some(status), &stdout, &stderr)),
+        Ended::TimedOut => Err(ToolError::TimedOut {
+            secs,
+            output: render(None, &stdout, &stderr),
+        }),
+        Ended::Cancelled(by) => Err(ToolError::Cancelled {
+            by,
+            output: render(None, &stdout, &stderr),
+        }),
+    }
+}
+
+/// Kills the group for a timeout or Ctrl-C and reaps the shell. Its status tells whether the
+/// kill is what ended it: a shell that exited on its own just before is reported as exited,
+/// so a result never says "killed" of a command that ran to its end.
+async fn stop_group(child: &mut tokio::process::Child, pid: Option<u32>, stop: Ended) -> Ended {
+    kill_group(pid);
+    // The direct kill is for a system without kill(1); on an exited shell it does nothing.
+    let _ = child.start_kill();
+    match child.wait().await {
+        Ok(status) if !killed(status) => Ended::Exited(status),
+        _ => stop,
+    }
+}
+
+/// True when the shell died of SIGKILL, the signal [`kill_group`] sends.
+fn killed(status: ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal() == Some(9)
+    }
+    #[cfg(not(unix))]
+    {
+        !status.success()
     }
 }
 
@@ -276,14 +316,55 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn cancel_kills_the_command() -> Result<(), Box<dyn std::error::Error>> {
+    async fn nothing_is_spawned_once_cancelled() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let ws = Workspace::open(dir.path())?;
         let (handle, cancel) = crate::agent::cancel::new();
         handle.cancel();
-        let result = run(&input("sleep 30", None), &ws, &cancel).await;
-        assert!(matches!(result, Err(ToolError::Cancelled { .. })));
+        let result = run(&input("touch ran.txt", None), &ws, &cancel).await;
+        assert!(
+            matches!(result, Err(ToolError::NotStarted { .. })),
+            "{result:?}"
+        );
+        assert!(!dir.path().join("ran.txt").exists());
         Ok(())
+    }
+
+    #[tokio::test]
+    async fn cancel_kills_a_running_command() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let ws = Workspace::open(dir.path())?;
+        let (handle, cancel) = crate::agent::cancel::new();
+        // The command says it is running on stdout, which the test reads through a FIFO.
+        let gate = dir.path().join("gate");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&gate)
+                .status()?
+                .success()
+        );
+        let reader = std::thread::spawn(move || std::fs::read(gate));
+        let command = input("echo up > gate; sleep 30; touch slept.txt", None);
+        let raise = async {
+            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+            handle.cancel();
+        };
+        let (result, ()) = tokio::join!(run(&command, &ws, &cancel), raise);
+        match result {
+            Err(e @ ToolError::Cancelled { .. }) => assert!(e.to_string().contains("killed")),
+            other => panic!("expected a kill, got {other:?}"),
+        }
+        assert!(!dir.path().join("slept.txt").exists());
+        Ok(())
+    }
+
+    #[test]
+    fn only_a_sigkill_counts_as_killed() {
+        use std::os::unix::process::ExitStatusExt;
+        assert!(killed(ExitStatus::from_raw(9)));
+        assert!(!killed(ExitStatus::from_raw(0)), "exit 0");
+        assert!(!killed(ExitStatus::from_raw(1 << 8)), "exit 1");
+        assert!(!killed(ExitStatus::from_raw(15)), "SIGTERM from elsewhere");
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! `write_file`: create or overwrite a file, creating missing parent directories.
 
+use std::io::Write;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::open::open_regular;
 use super::{ToolError, ToolKind, ToolSpec, io_err};
 use crate::agent::workspace::Workspace;
 
@@ -47,9 +50,19 @@ pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolErr
             .await
             .map_err(io_err(&input.path))?;
     }
-    tokio::fs::write(&path, input.content.as_bytes())
-        .await
-        .map_err(io_err(&input.path))?;
+    let (target, content) = (path.clone(), input.content.clone());
+    let shown = input.path.clone();
+    // Off the async workers, and into a regular file only: writing into a FIFO would wait
+    // for a reader that may never come.
+    tokio::task::spawn_blocking(move || {
+        let mut options = std::fs::OpenOptions::new();
+        let (mut file, _) = open_regular(options.write(true).create(true), &target, &shown)?;
+        // Truncated only now that the file is known to be regular.
+        file.set_len(0).map_err(io_err(&shown))?;
+        file.write_all(content.as_bytes()).map_err(io_err(&shown))
+    })
+    .await
+    .map_err(|e| io_err(&input.path)(std::io::Error::other(e)))??;
     Ok(format!(
         "wrote {} bytes to {}",
         input.content.len(),
@@ -82,6 +95,34 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(dir.path().join("deep/er/a.txt"))?,
             "bye"
+        );
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_fifo_is_refused_without_waiting_for_a_reader()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let fifo = dir.path().join("pipe");
+        super::super::open::tests::mkfifo(&fifo)?;
+        // A reader that would take an unchecked write, so the test fails rather than hangs.
+        let reader_path = fifo.clone();
+        std::thread::spawn(move || std::fs::read(reader_path));
+        let ws = Workspace::open(dir.path())?;
+        let result = run(&input("pipe", "into the pipe"), &ws).await;
+        assert!(
+            matches!(&result, Err(ToolError::NotRegular { kind: "a FIFO", .. })),
+            "{result:?}"
+        );
+        // Lets the reader's open return so its thread ends, if our own open has not; never
+        // waits itself.
+        use std::os::unix::fs::OpenOptionsExt;
+        drop(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo),
         );
         Ok(())
     }
