@@ -30,6 +30,11 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+/// The least time a connection has waited for a request before its plane, when full, may close
+/// it for a new one: a just-accepted connection's first request, or a just-answered caller's
+/// reading of its answer, is on its way well within it.
+pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+
 /// Bytes that HTTP/2 streams cut for want of credit may leave with hyper on one connection
 /// (see [`super::stall`]) before it is asked to end with GOAWAY: one whole answer at the most
 /// legate holds (`proxy::upread`'s 16 MiB). One such stream, or a few streams cut with
@@ -167,12 +172,14 @@ impl ConnWatch {
     }
 
     /// How long this connection has waited for a request, for choosing one to close when its
-    /// plane is full: `None` while a request is in flight (or it was chosen already); else
-    /// whether a request's head has begun to arrive, and since when it waited (for that head,
-    /// or since its last request).
-    pub fn idleness(&self) -> Option<(bool, Instant)> {
+    /// plane is full: whether a request's head has begun to arrive, and since when it waited
+    /// (for that head, or since its last request or its accept). `None` when it may not be
+    /// chosen at `now`: a request in flight, a write waiting on the caller (an answer's last
+    /// bytes, queued), chosen already, or idle less than [`EVICTABLE_AFTER`] (a connection
+    /// just accepted, whose first request is on its way, or one that just answered).
+    pub fn idleness(&self, now: Instant) -> Option<(bool, Instant)> {
         let s = self.lock();
-        if s.inflight > 0 || s.evicted {
+        if !Self::evictable(&s, now) {
             return None;
         }
         Some(match s.head_started {
@@ -181,11 +188,18 @@ impl ConnWatch {
         })
     }
 
-    /// Closes the connection now if nothing is in flight on it, else once its requests are
-    /// done (an HTTP/2 one says GOAWAY first); whether it was idle.
-    pub fn evict_if_idle(&self) -> bool {
+    fn evictable(s: &State, now: Instant) -> bool {
+        s.inflight == 0
+            && !s.evicted
+            && s.write_stalled.is_none()
+            && now.saturating_duration_since(s.idle_since) >= EVICTABLE_AFTER
+    }
+
+    /// Closes the connection now if it may be chosen at `now` ([`ConnWatch::idleness`]): an
+    /// HTTP/1 one at once, an HTTP/2 one after GOAWAY and its usual grace; whether it was.
+    pub fn evict_if_idle(&self, now: Instant) -> bool {
         let mut s = self.lock();
-        if s.inflight > 0 || s.evicted {
+        if !Self::evictable(&s, now) {
             return false;
         }
         s.evicted = true;
@@ -305,8 +319,9 @@ impl ConnWatch {
         if s.inflight > 0 {
             return stalled;
         }
-        if s.evicted {
-            // Due now: `idle_since` is past (a GOAWAY asked for sets it to that moment).
+        if s.evicted && !s.goaway {
+            // Due now (`idle_since` is past). Over HTTP/2 that asks for GOAWAY, after which
+            // the usual grace below applies: streams whose answers hyper still holds finish.
             return Some(s.idle_since);
         }
         let head = if s.served {
@@ -706,6 +721,31 @@ mod tests {
         });
         let asked = asked.await.unwrap();
         assert_eq!(asked - idle, LIMITS.connection_idle_timeout);
+        let dropped = dropped.await.unwrap();
+        assert_eq!(dropped - asked, LIMITS.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_http2_connection_says_goaway_at_once_then_gets_the_usual_grace() {
+        let w = ConnWatch::new(LIMITS);
+        w.speaks_frames();
+        drop(w.begin());
+        tokio::time::advance(EVICTABLE_AFTER).await;
+        let (w2, w3) = (w.clone(), w.clone());
+        let asked = tokio::spawn(async move {
+            w2.goaway_due().await;
+            Instant::now()
+        });
+        let dropped = tokio::spawn(async move {
+            assert!(watched(&w3, std::future::pending::<()>()).await.is_none());
+            Instant::now()
+        });
+        tokio::task::yield_now().await;
+        let evicted = Instant::now();
+        assert!(w.evict_if_idle(evicted));
+        let asked = asked.await.unwrap();
+        assert_eq!(asked, evicted);
+        // Streams whose answers hyper still holds get the grace any GOAWAY gets.
         let dropped = dropped.await.unwrap();
         assert_eq!(dropped - asked, LIMITS.header_read_timeout);
     }
