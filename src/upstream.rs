@@ -376,9 +376,10 @@ impl Upstream {
     /// What removes this provider's key from its answers (`None` without a key).
     pub fn redactor(&self) -> Option<crate::redact::Redactor> {
         let r = crate::redact::Redactor::new(self.current_key())?;
-        // A key file's rotation leaves the old key valid at the provider for a while.
+        // A key file's rotation, or a platform credential's refresh, leaves the old one valid
+        // for a while, and a request sent just before it carried that one.
         Some(match &self.cloud {
-            Some(cloud) if cloud.owns_credential() => r,
+            Some(cloud) if cloud.owns_credential() => r.with_previous(cloud.previous_secret()),
             _ => r.with_previous(self.key.previous()),
         })
     }

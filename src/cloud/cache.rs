@@ -137,6 +137,10 @@ struct Flight<T> {
 
 pub struct Cached<T> {
     held: Mutex<Option<Held<T>>>,
+    /// The credential the last refresh replaced: it may still have been on a request out
+    /// when the refresh landed (refreshes run ahead of expiry), and its answer is searched
+    /// for it too (`redact`).
+    previous: Mutex<Option<Arc<T>>>,
     flight: Mutex<Flight<T>>,
     state: Mutex<CredentialState>,
     /// Told of every fetch (`legate_credential_refreshes_total`).
@@ -153,6 +157,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
     pub fn new(source: String, refreshed: impl Fn(bool) + Send + Sync + 'static) -> Self {
         Cached {
             held: Mutex::new(None),
+            previous: Mutex::new(None),
             flight: Mutex::new(Flight {
                 pending: None,
                 started: Instant::now(),
@@ -176,6 +181,11 @@ impl<T: Send + Sync + 'static> Cached<T> {
     /// The credential held now, expired or not: the one requests were last sent with.
     pub fn held(&self) -> Option<Arc<T>> {
         self.held.lock().as_ref().map(|h| h.value.clone())
+    }
+
+    /// The credential the last refresh replaced, if any.
+    pub fn previous(&self) -> Option<Arc<T>> {
+        self.previous.lock().clone()
     }
 
     /// The held credential if it needs no refresh at `now`.
@@ -337,12 +347,15 @@ impl<T: Send + Sync + 'static> Cached<T> {
                     exp.checked_sub(margin).unwrap_or(exp)
                 });
                 let value = Arc::new(f.value);
-                *self.held.lock() = Some(Held {
+                let replaced = self.held.lock().replace(Held {
                     value: value.clone(),
                     expires,
                     refresh_at,
                     fetched_at,
                 });
+                if let Some(old) = replaced {
+                    *self.previous.lock() = Some(old.value);
+                }
                 {
                     let mut s = self.state.lock();
                     s.expires_at = expires.and_then(epoch);
@@ -456,6 +469,9 @@ mod tests {
             cell.get(giving(&n, 9, HOUR), later()).await,
             Ok(Arc::new(2))
         );
+        // The one it replaced is kept, for answers to requests that carried it.
+        assert_eq!(cell.held(), Some(Arc::new(2)));
+        assert_eq!(cell.previous(), Some(Arc::new(1)));
     }
 
     #[tokio::test]

@@ -319,6 +319,15 @@ impl CloudProvider {
         }
     }
 
+    /// The secret the last refresh replaced: a request sent just before it carried that one.
+    pub fn previous_secret(&self) -> Option<Arc<Secret>> {
+        match &self.cred {
+            Cred::Aws(c) => c.previous()?.session_token.clone(),
+            Cred::Token(c) => c.previous(),
+            Cred::Key => None,
+        }
+    }
+
     /// The credential's source and expiry for `/admin/state` (never its value).
     pub fn state(&self) -> Option<CredentialState> {
         match &self.cred {
