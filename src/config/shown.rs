@@ -51,15 +51,40 @@ fn looks_like_key(value: &str) -> bool {
     {
         return true;
     }
+    let has = |f: fn(&u8) -> bool| value.bytes().any(|b| f(&b));
+    let (lower, upper, digit) = (
+        has(u8::is_ascii_lowercase),
+        has(u8::is_ascii_uppercase),
+        has(u8::is_ascii_digit),
+    );
+    // An Azure OpenAI key: 32 hex digits.
+    if value.len() >= 32
+        && value.bytes().all(|b| b.is_ascii_hexdigit())
+        && digit
+        && (lower || upper)
+    {
+        return true;
+    }
     let token = value
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'+' | b'='));
-    let kinds = [
-        value.bytes().any(|b| b.is_ascii_lowercase()),
-        value.bytes().any(|b| b.is_ascii_uppercase()),
-        value.bytes().any(|b| b.is_ascii_digit()),
-    ];
-    token && value.len() >= 24 && kinds.iter().filter(|k| **k).count() == 3
+    if token && value.len() >= 24 && lower && upper && digit {
+        return true;
+    }
+    // An AWS secret access key and other base64: `/` and `+` among mixed-case letters and
+    // digits. A relative path has a plain lower-case word between its slashes; base64 does
+    // not.
+    let base64 = value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'+' | b'='));
+    let word = |seg: &str| seg.len() >= 2 && seg.bytes().all(|b| b.is_ascii_lowercase());
+    base64
+        && value.len() >= 32
+        && !value.starts_with('/')
+        && lower
+        && upper
+        && digit
+        && !value.split('/').any(word)
 }
 
 #[cfg(test)]
@@ -75,6 +100,8 @@ mod tests {
             "ya29.a0AfH6SMBx3",
             "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
             "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MEFCQ0RF",
+            "3f2a9c1b7d6e4f508a1b2c3d4e5f6a7b",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY1",
         ] {
             assert!(shown(key).starts_with('<'), "{key}");
             assert!(!shown(key).contains(&key[3..]), "{key}");
@@ -89,6 +116,8 @@ mod tests {
             "max_connections",
             "sk-",
             "gpt-4.1-mini",
+            "/etc/legate/Keys2024/anthropic",
+            "secrets/Anthropic2024Production/key",
         ] {
             assert_eq!(shown(plain), plain);
         }

@@ -262,6 +262,32 @@ impl TapBody {
         }
     }
 
+    /// legate's shutdown outlived the answer: ended as a failure is (an error event, or a
+    /// broken connection), but counted as legate's doing, not the provider's: 503
+    /// `shutting_down`, and nothing told to the breaker.
+    fn shut_down(&mut self) -> State {
+        let cut = match &self.mode {
+            Mode::Sse(watch) => !(watch.saw_terminal || watch.error_data.is_some()),
+            Mode::Json { .. } => true,
+        };
+        if !cut {
+            return self.fail(SHUTDOWN);
+        }
+        tracing::info!("an answer still open at the end of shutdown_grace is ended");
+        if let Some(acct) = &self.acct {
+            acct.record
+                .error_kind(crate::error::ProxyError::ShuttingDown.kind());
+        }
+        self.complete(Some(503), Outcome::Neutral);
+        match &self.mode {
+            Mode::Sse(watch) => State::Closing(Some(watch.error_event(stream_failure(SHUTDOWN)))),
+            Mode::Json { .. } => {
+                self.failed_json = true;
+                State::Done
+            }
+        }
+    }
+
     fn fail_stream(&mut self, why: &str) -> State {
         tracing::warn!(
             reason = why,
@@ -380,7 +406,7 @@ impl Body for TapBody {
                 State::Streaming => {}
             }
             if this.stop.is_cancelled() {
-                this.state = this.fail(SHUTDOWN);
+                this.state = this.shut_down();
                 continue;
             }
             if this.deadline_due().is_some_and(|d| d <= Instant::now()) {
@@ -422,7 +448,7 @@ impl Body for TapBody {
                 Poll::Ready(None) => this.state = this.on_end(),
                 Poll::Pending => {
                     if this.abort.as_mut().poll(cx).is_ready() {
-                        this.state = this.fail(SHUTDOWN);
+                        this.state = this.shut_down();
                         continue;
                     }
                     let idle_due = *this.idle_from.get_or_insert_with(Instant::now) + this.idle;

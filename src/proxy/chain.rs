@@ -72,7 +72,9 @@ pub(super) async fn run(
         step_no: 0,
     };
     // Past `shutdown_grace` a request still without an answer is given one (503), rather
-    // than having its connection dropped; the attempts it made are still reported.
+    // than having its connection dropped; the attempts it made are still reported. Cost,
+    // measured: about 60 instructions per request (registering on the token's waiter list, a
+    // lock shared with the requests in flight, and leaving it), against the request's 43k.
     let result = tokio::select! {
         biased;
         r = execute(proxy, snap, inb, record, &mut exec) => r,

@@ -150,6 +150,14 @@ impl RequestRecord {
         self.write();
     }
 
+    /// Names what ended the request, when it is legate's own doing rather than what its
+    /// status says (a stream ended by shutdown is not the provider's failure).
+    pub fn error_kind(&self, kind: &'static str) {
+        if let Some(o) = &self.obs {
+            o.update(|f| f.error_type = Some(kind));
+        }
+    }
+
     /// Marks the answer as cut short by the caller.
     pub fn client_gone(&mut self) {
         self.gone = true;

@@ -311,3 +311,51 @@ async fn a_body_held_open_after_the_final_event_ends_the_stream_cleanly() {
         None
     );
 }
+
+#[tokio::test]
+async fn a_stream_ended_by_shutdown_is_legates_doing_not_the_providers() {
+    // Still open when shutdown_grace runs out: the caller gets an error event, and the request
+    // is counted 503 shutting_down, not as the provider's 502 (rolling deploys would read as
+    // provider failures), and its breaker hears nothing.
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(
+            r#"{"default":{"event_gap_ms":300,"content":[{"type":"text","text":"a b c d e f g h i j k l"}]}}"#,
+        )
+        .unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml(&mock.base_url(), "")
+        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"200ms\"");
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"claude-s","max_tokens":9,"stream":true,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let harness::Env {
+        legate, registry, ..
+    } = env;
+    let stopping = tokio::spawn(legate.shutdown());
+    while let Some(Ok(chunk)) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    stopping.await.unwrap();
+    assert!(text.contains("event: error"), "{text}");
+    assert!(text.contains("shutdown_grace"), "{text}");
+    let metrics = legate::telemetry::render(&registry);
+    let count = |status: &str| {
+        harness::metric_value(&metrics, "legate_requests_total", &[("status", status)])
+    };
+    assert_eq!(count("503"), Some(1.0), "{metrics}");
+    assert_eq!(count("502"), None);
+    assert_eq!(
+        harness::metric_value(
+            &metrics,
+            "legate_breaker_state",
+            &[("provider", "anthropic")]
+        ),
+        None,
+        "{metrics}"
+    );
+}

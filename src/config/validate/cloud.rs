@@ -147,8 +147,11 @@ fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
     let region = match p.region.is_some() {
         true => region?,
         // From the environment it is checked as the key is: it goes into host names.
-        false => match env(cx, "AWS_REGION").or_else(|| env(cx, "AWS_DEFAULT_REGION")) {
-            Some(r) => place(&Some(r), &format!("{at}.region (AWS_REGION)"), cx)?,
+        false => match ["AWS_REGION", "AWS_DEFAULT_REGION"]
+            .into_iter()
+            .find_map(|var| env(cx, var).map(|r| (var, r)))
+        {
+            Some((var, r)) => place(&Some(r), &format!("{at}.region ({var})"), cx)?,
             None => {
                 cx.err(
                     &format!("{at}.region"),
