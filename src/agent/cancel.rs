@@ -122,6 +122,8 @@ pub(super) fn on_signals(handle: CancelHandle) {
         };
         handle.raise(first);
         if signals.next().await.is_some() {
+            // The first signal's kill of a running command may not have gone out yet.
+            super::tools::run_command::kill_running();
             std::process::exit(first.exit_code());
         }
     });

@@ -7,6 +7,7 @@
 //! could not start, timed out or was cancelled is a tool error.
 
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -107,6 +108,7 @@ pub(crate) async fn run(
     cmd.process_group(0);
     let mut child = cmd.spawn().map_err(ToolError::Spawn)?;
     let pid = child.id();
+    let _running = Running::set(pid);
     let stdout = Arc::new(Mutex::new(HeadTail::new(KEEP_BYTES)));
     let stderr = Arc::new(Mutex::new(HeadTail::new(KEEP_BYTES)));
     let readers = [
@@ -142,6 +144,34 @@ pub(crate) async fn run(
             by,
             output: render(None, &stdout, &stderr),
         }),
+    }
+}
+
+/// The process group of the command running now (0: none), for [`kill_running`].
+static RUNNING_GROUP: AtomicU32 = AtomicU32::new(0);
+
+/// Marks a command's group as running until dropped.
+struct Running;
+
+impl Running {
+    fn set(pid: Option<u32>) -> Running {
+        RUNNING_GROUP.store(pid.unwrap_or(0), Ordering::SeqCst);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING_GROUP.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Kills the running command's whole group, if one runs: for a second signal, which exits at
+/// once without waiting for the first one's kill (a closed terminal can send SIGHUP twice).
+pub(in crate::agent) fn kill_running() {
+    let pid = RUNNING_GROUP.swap(0, Ordering::SeqCst);
+    if pid != 0 {
+        kill_group(Some(pid));
     }
 }
 
