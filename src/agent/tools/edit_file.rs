@@ -171,28 +171,12 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let fifo = dir.path().join("f.txt");
-        super::super::open::tests::mkfifo(&fifo)?;
-        // A writer that would feed a blocking read, with text the edit does not find (so an
-        // unchecked edit fails without writing back).
-        let writer_path = fifo.clone();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            if let Ok(mut w) = std::fs::OpenOptions::new().write(true).open(writer_path) {
-                let _ = w.write_all(b"fed through the pipe");
-            }
-        });
+        let _fed = super::super::open::tests::fed_fifo(&fifo)?;
         let ws = Workspace::open(dir.path())?;
         let result = run(&input("absent", "y", false), &ws).await;
         assert!(
             matches!(&result, Err(ToolError::NotRegular { kind: "a FIFO", .. })),
             "{result:?}"
-        );
-        use std::os::unix::fs::OpenOptionsExt;
-        drop(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&fifo),
         );
         Ok(())
     }

@@ -93,6 +93,35 @@ pub(crate) mod tests {
         }
     }
 
+    /// A FIFO at `path` with a writer waiting to feed a blocking read of it: a tool that
+    /// opened it without the check would read the writer's text. Dropping it lets the
+    /// writer's open return, so its thread ends.
+    pub(crate) struct FedFifo(std::path::PathBuf);
+
+    pub(crate) fn fed_fifo(path: &Path) -> io::Result<FedFifo> {
+        mkfifo(path)?;
+        let writer_path = path.to_path_buf();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            if let Ok(mut w) = std::fs::OpenOptions::new().write(true).open(writer_path) {
+                let _ = w.write_all(b"fed through the pipe");
+            }
+        });
+        Ok(FedFifo(path.to_path_buf()))
+    }
+
+    impl Drop for FedFifo {
+        fn drop(&mut self) {
+            use std::os::unix::fs::OpenOptionsExt;
+            drop(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&self.0),
+            );
+        }
+    }
+
     #[test]
     fn fifos_are_refused_without_blocking_and_files_opened() -> io::Result<()> {
         let dir = tempfile::tempdir()?;

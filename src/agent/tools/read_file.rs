@@ -166,16 +166,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let fifo = dir.path().join("pipe");
-        super::super::open::tests::mkfifo(&fifo)?;
-        // A writer that would feed a blocking read: without the check the read returns its
-        // text, with it the writer is never needed.
-        let writer_path = fifo.clone();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            if let Ok(mut w) = std::fs::OpenOptions::new().write(true).open(writer_path) {
-                let _ = w.write_all(b"fed through the pipe");
-            }
-        });
+        let _fed = super::super::open::tests::fed_fifo(&fifo)?;
         let ws = Workspace::open(dir.path())?;
         let result = run(&input("pipe", None, None), &ws).await;
         assert!(
@@ -183,13 +174,6 @@ mod tests {
             "{result:?}"
         );
         // Lets the writer's open return so its thread ends.
-        use std::os::unix::fs::OpenOptionsExt;
-        drop(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&fifo),
-        );
         Ok(())
     }
 
