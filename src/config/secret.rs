@@ -228,7 +228,7 @@ impl KeyCell {
 async fn watch(cell: Weak<KeyCell>, path: PathBuf) {
     let mut tick = tokio::time::interval(WATCH_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
+    let mut failing = None;
     loop {
         tick.tick().await;
         let Some(cell) = cell.upgrade() else {
@@ -238,21 +238,23 @@ async fn watch(cell: Weak<KeyCell>, path: PathBuf) {
     }
 }
 
-/// One re-read of the key file. `failing` remembers an ongoing failure streak so the warning
-/// is logged once per streak rather than four times a second.
-async fn poll_once(cell: &KeyCell, path: &Path, failing: &mut bool) {
+/// One re-read of the key file. `failing` remembers an ongoing failure (what was wrong) so the
+/// warning is logged once per kind of failure rather than four times a second: an empty file
+/// that is then deleted is told twice, since the operator's fix differs.
+async fn poll_once(cell: &KeyCell, path: &Path, failing: &mut Option<String>) {
     match read_key_file_async(path).await {
         Ok(key) => {
             if cell.update(key) {
                 tracing::info!(path = %path.display(), "provider key file changed; using the new key");
             }
-            *failing = false;
+            *failing = None;
         }
         Err(err) => {
-            if !*failing {
+            let why = err.to_string();
+            if failing.as_deref() != Some(why.as_str()) {
                 warn_unreadable(path, &err, cell.current().is_some());
+                *failing = Some(why);
             }
-            *failing = true;
         }
     }
 }
@@ -486,17 +488,22 @@ mod tests {
     async fn unreadable_file_keeps_the_last_good_key() -> io::Result<()> {
         let (_dir, path) = temp_file("key", "good")?;
         let cell = KeyCell::from_source(&KeySource::File { path: path.clone() });
-        let mut failing = false;
+        let mut failing = None;
         std::fs::remove_file(&path)?;
         poll_once(&cell, &path, &mut failing).await;
-        assert!(failing);
+        let missing = failing.clone().expect("a failure");
         assert_eq!(exposed(&cell), Some("good".into()));
+        // Another kind of failure is remembered (and told) as such.
         std::fs::write(&path, "")?;
         poll_once(&cell, &path, &mut failing).await;
+        assert!(
+            failing.as_ref().is_some_and(|why| *why != missing),
+            "{failing:?}"
+        );
         assert_eq!(exposed(&cell), Some("good".into()));
         std::fs::write(&path, "better\n")?;
         poll_once(&cell, &path, &mut failing).await;
-        assert!(!failing);
+        assert!(failing.is_none());
         assert_eq!(exposed(&cell), Some("better".into()));
         Ok(())
     }
