@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 #[cfg(test)]
 mod json_gen;
+pub(crate) mod key_shapes;
 pub mod limits;
 pub mod loopback;
 pub mod lru;

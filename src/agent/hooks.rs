@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::cancel::{Cancel, Signal};
-use super::secrets::{Scan, scan};
 use super::shown::bounded;
+use crate::key_shapes::{Scan, scan};
 
 /// Bytes of a call's description shown in the approval prompt.
 const MAX_PROMPT_LINE: usize = 4096;

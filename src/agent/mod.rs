@@ -15,7 +15,6 @@ mod dispatch;
 mod hooks;
 mod reply;
 mod resume;
-mod secrets;
 mod shown;
 mod tools;
 mod transcript;

@@ -6,30 +6,6 @@
 
 use std::borrow::Cow;
 
-/// Prefixes of the credentials agents' operators handle: provider API keys, cloud access keys
-/// and tokens, JWTs, source-host tokens.
-const PREFIXES: &[&str] = &[
-    "sk-",
-    "sk_",
-    "rk-",
-    "rk_",
-    "pk-",
-    "xai-",
-    "AKIA",
-    "ASIA",
-    "ya29.",
-    "eyJ",
-    "ghp_",
-    "gho_",
-    "github_pat_",
-    "AIza",
-    "glpat-",
-    "xoxb-",
-    "xoxp-",
-    "hf_",
-    "Bearer ",
-];
-
 /// `value` as written, or a note of its length when it looks like a credential.
 pub(crate) fn shown(value: &str) -> Cow<'_, str> {
     if looks_like_key(value) {
@@ -42,13 +18,12 @@ pub(crate) fn shown(value: &str) -> Cow<'_, str> {
     }
 }
 
-/// A known credential prefix with more after it, or a long run of letters and digits with no
-/// separator a path, a file name, a host or a model name would have.
+/// A key of a known kind anywhere in it (`key_shapes`, the agent's secret scan too), or a
+/// long run of letters and digits with no separator a path, a file name, a host or a model
+/// name would have.
 fn looks_like_key(value: &str) -> bool {
-    if PREFIXES
-        .iter()
-        .any(|p| value.len() >= p.len() + 8 && value.starts_with(p))
-    {
+    // Fails closed: patterns that did not compile hide every value.
+    if crate::key_shapes::scan(value) != crate::key_shapes::Scan::Clean {
         return true;
     }
     let has = |f: fn(&u8) -> bool| value.bytes().any(|b| f(&b));

@@ -1,13 +1,15 @@
-//! Recognising key-like strings, for the secret-scan hook: provider API keys, cloud access
-//! keys, tokens and private keys. A match names the kind of secret, never the secret itself,
-//! so the reason recorded in the transcript does not leak it a second time.
+//! Recognising key-like strings: provider API keys, cloud access keys, tokens and private keys.
+//! Used by the agent's secret-scan hook (nothing key-like is written) and by config validation
+//! (a key pasted into the wrong field is not printed back, `config::shown`). A match names the
+//! kind of secret, never the secret itself, so the reason recorded in the transcript does not
+//! leak it a second time.
 
 use std::sync::LazyLock;
 
 use regex::RegexSet;
 
 /// (kind, pattern). The first matching kind is reported, so narrower kinds come first.
-const PATTERNS: [(&str, &str); 8] = [
+const PATTERNS: [(&str, &str); 10] = [
     ("an Anthropic API key", r"sk-ant-[A-Za-z0-9_\-]{16,}"),
     (
         "an OpenAI-style API key",
@@ -22,6 +24,14 @@ const PATTERNS: [(&str, &str); 8] = [
     ("a GitHub token", r"\bgithub_pat_[A-Za-z0-9_]{22,}"),
     ("a Slack token", r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),
     ("a Google API key", r"\bAIza[0-9A-Za-z_\-]{35}"),
+    (
+        "a Google OAuth access token",
+        r"\bya29\.[0-9A-Za-z_\-]{10,}",
+    ),
+    (
+        "a JSON Web Token",
+        r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}",
+    ),
 ];
 
 static SET: LazyLock<Option<RegexSet>> =
@@ -29,7 +39,7 @@ static SET: LazyLock<Option<RegexSet>> =
 
 /// What the scan found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Scan {
+pub(crate) enum Scan {
     Clean,
     /// The kind of secret found.
     Found(&'static str),
@@ -37,7 +47,7 @@ pub(super) enum Scan {
     Unavailable,
 }
 
-pub(super) fn scan(text: &str) -> Scan {
+pub(crate) fn scan(text: &str) -> Scan {
     let Some(set) = SET.as_ref() else {
         return Scan::Unavailable;
     };
@@ -86,6 +96,11 @@ mod tests {
             (
                 "AIzaSyA-abcdefghijklmnopqrstuvwxyz01234",
                 "a Google API key",
+            ),
+            ("Bearer ya29.a0AfH6SMBx3abc", "a Google OAuth access token"),
+            (
+                "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
+                "a JSON Web Token",
             ),
         ];
         for (text, kind) in cases {
