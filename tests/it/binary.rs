@@ -341,28 +341,34 @@ async fn sighup_reloads_the_config_from_its_file() {
     assert_eq!(served_by().await, "anthropic:claude-new");
 }
 
-#[tokio::test]
-async fn streams_outliving_shutdown_grace_end_with_an_error_event() {
+/// The real binary with `shutdown_grace` 300 ms in front of a mock playing `script`: the temp
+/// directory, the mock, legate, its data URL and the mock's URL.
+async fn with_short_grace(script: &str) -> (tempfile::TempDir, Child, Child, String, String) {
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("script.json");
-    std::fs::write(
-        &script,
-        r#"{"default":{"event_gap_ms":200,"content":[{"type":"text","text":"a b c d e f g h i j k l m n o p"}]}}"#,
-    )
-    .unwrap();
-    let (_mock, mock_url) = start_mock(Some(&script)).await;
+    let path = dir.path().join("script.json");
+    std::fs::write(&path, script).unwrap();
+    let (mock, mock_url) = start_mock(Some(&path)).await;
     let cfg = write_config(dir.path(), &mock_url, "");
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
         .replace("shutdown_grace = \"10s\"", "shutdown_grace = \"300ms\"");
     std::fs::write(&cfg, text).unwrap();
-    let (mut legate, line) = spawn(
+    let (legate, line) = spawn(
         &["serve", "--config", cfg.to_str().unwrap()],
         &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
         None,
     )
     .await;
     let (data, _) = addrs(&line);
+    (dir, mock, legate, data, mock_url)
+}
+
+#[tokio::test]
+async fn streams_outliving_shutdown_grace_end_with_an_error_event() {
+    let (_dir, _mock, mut legate, data, _) = with_short_grace(
+        r#"{"default":{"event_gap_ms":200,"content":[{"type":"text","text":"a b c d e f g h i j k l m n o p"}]}}"#,
+    )
+    .await;
     let resp = reqwest::Client::new()
         .post(format!("{data}/v1/messages"))
         .header("anthropic-version", "2023-06-01")
@@ -385,22 +391,8 @@ async fn streams_outliving_shutdown_grace_end_with_an_error_event() {
 async fn a_request_without_an_answer_at_shutdown_grace_gets_a_503() {
     // The provider holds its answer far past the grace: the caller is told legate is going
     // away, in its API's shape, instead of having its connection dropped unanswered.
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("script.json");
-    std::fs::write(&script, r#"{"default":{"delay_ms":60000}}"#).unwrap();
-    let (_mock, mock_url) = start_mock(Some(&script)).await;
-    let cfg = write_config(dir.path(), &mock_url, "");
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("shutdown_grace = \"10s\"", "shutdown_grace = \"300ms\"");
-    std::fs::write(&cfg, text).unwrap();
-    let (mut legate, line) = spawn(
-        &["serve", "--config", cfg.to_str().unwrap()],
-        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
-        None,
-    )
-    .await;
-    let (data, _) = addrs(&line);
+    let (_dir, _mock, mut legate, data, mock_url) =
+        with_short_grace(r#"{"default":{"delay_ms":60000}}"#).await;
     let http = reqwest::Client::new();
     let pending = tokio::spawn({
         let http = http.clone();
