@@ -296,6 +296,13 @@ impl ProxyError {
             ProxyError::UpstreamAnswerUnusable { provider, reason } => format!(
                 "provider `{provider}` answered, but legate cannot pass the answer on: {reason}"
             ),
+            ProxyError::RateLimited {
+                limit: "budget_held",
+                retry_after,
+            } => format!(
+                "what is left of this tenant's daily budget is held by its requests in flight; retry in {}s",
+                retry_after.as_secs_f64().ceil()
+            ),
             ProxyError::RateLimited { limit, retry_after } => format!(
                 "this tenant's {} limit is reached; retry in {}s",
                 match *limit {

@@ -16,28 +16,48 @@ use crate::api::{Operation, RequestMeta};
 use crate::config::{Config, Priority};
 use crate::error::ProxyError;
 use crate::observe::RequestObs;
-use crate::policy::ratelimit::{Ask, Charged, Decision, Reservation};
+use crate::policy::ratelimit::{Ask, Charged, Decision, HOLD_PAST_DEADLINE, Reservation};
 
 impl Proxy {
     /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
-    /// tenant's buckets, and checks its daily budget.
+    /// tenant's buckets, and checks its daily budget, holding the request's estimated cost
+    /// against it until the request is settled.
     pub(super) async fn admit(
         &self,
         snap: &Snapshot,
+        endpoint: Endpoint,
         tenant: &str,
         t: &crate::config::TenantConfig,
         meta: &RequestMeta,
+        deadline: tokio::time::Instant,
     ) -> Result<Reservation, ProxyError> {
         let output = meta
             .max_tokens
             .unwrap_or(snap.cfg.ratelimit.default_output_reservation);
         let tokens = meta.approx_input_tokens.saturating_add(output);
+        let hold_pico = match t.daily_budget_pico {
+            0 => 0,
+            _ => estimated_cost(&snap.cfg, endpoint, meta, output),
+        };
         let ask = Ask {
             tenant: crate::route::tenant_name(tenant),
             rpm: t.requests_per_minute,
             tpm: t.tokens_per_minute,
             tokens,
             budget_pico: t.daily_budget_pico,
+            hold_pico,
+            hold_id: match hold_pico {
+                0 => 0,
+                _ => crate::policy::ratelimit::next_hold_id(),
+            },
+            // A clock read only for a request that holds something.
+            hold_ms: match hold_pico {
+                0 => 0,
+                _ => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    u64::try_from((left + HOLD_PAST_DEADLINE).as_millis()).unwrap_or(u64::MAX)
+                }
+            },
         };
         if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
             return Err(ProxyError::NeverFits {
@@ -55,7 +75,7 @@ impl Proxy {
                     .with_label_values(&[snap.labels.tenant(tenant), limit.as_str()])
                     .inc();
                 return Err(ProxyError::RateLimited {
-                    limit: limit.as_str(),
+                    limit: limit.reason(),
                     retry_after,
                 });
             }
@@ -164,7 +184,9 @@ impl Proxy {
         obs.update(|f| f.priority = Some(priority.as_str()));
         // Counting tokens is never metered.
         if !matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens) {
-            let reservation = self.admit(snap, tenant, &tenant_cfg, &meta).await?;
+            let reservation = self
+                .admit(snap, endpoint, tenant, &tenant_cfg, &meta, deadline)
+                .await?;
             if let Some(r) = record.as_mut() {
                 r.reserve(reservation);
             }
@@ -184,6 +206,28 @@ impl Proxy {
             obs: obs.clone(),
         })
     }
+}
+
+/// What the request may cost at most, as admission holds it against the daily budget: its
+/// estimated input and all the output it asks for (`output`), priced as the dearest step of its
+/// chain, since any of them may serve it. A step without a price counts nothing, as its usage
+/// is not counted against the budget either.
+fn estimated_cost(cfg: &Config, endpoint: Endpoint, meta: &RequestMeta, output: u64) -> u128 {
+    let Ok(resolved) = crate::route::resolve(cfg, endpoint.api, &meta.model) else {
+        return 0;
+    };
+    let usage = crate::meter::Usage {
+        input: meta.approx_input_tokens,
+        output,
+        ..Default::default()
+    };
+    resolved
+        .steps()
+        .iter()
+        .filter_map(|step| crate::meter::price_for(&cfg.prices, step.target()))
+        .map(|price| usage.cost_pico(&price))
+        .max()
+        .unwrap_or(0)
 }
 
 // Looked up by name: a `&str` name is parsed and validated again on every lookup.

@@ -148,6 +148,88 @@ async fn the_daily_budget_refuses_at_the_exact_pico_dollar() {
     assert_eq!(env.messages(BODY).await.status(), 429);
 }
 
+/// Waits (up to 10 s) until the mock has received `n` requests: a poll of the count itself.
+async fn until_mock_saw(env: &Env, n: u64) {
+    let wait = async {
+        while env.mock.stats().requests < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("the mock never saw {n} requests"));
+}
+
+#[tokio::test]
+async fn requests_in_flight_hold_their_cost_against_the_daily_budget() {
+    // BODY asks for 100 output tokens at 15 USD per Mtok: each request holds about 1.5 milli-USD
+    // (its estimated input too, at 3 USD per Mtok) while in flight. Two fit in 4, three do not.
+    let prices = "[[prices]]\nmodel = \"anthropic:claude-t\"\ninput = \"3\"\noutput = \"15\"\n";
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"hang":true}}"#).unwrap(),
+        &format!("[tenants.default]\ndaily_budget_usd = \"0.004\"\n{prices}"),
+    )
+    .await;
+    // Two requests the provider never answers, sent one after the other.
+    let mut held = Vec::new();
+    for n in 1..=2 {
+        let client = reqwest::Client::new();
+        let url = env.url("/v1/messages");
+        held.push(tokio::spawn(async move {
+            let _ = client.post(url).body(BODY).send().await;
+        }));
+        until_mock_saw(&env, n).await;
+    }
+    // Bounded: admitted, it would hang like the others.
+    let refused = tokio::time::timeout(Duration::from_secs(10), env.messages(BODY))
+        .await
+        .expect("the third request is refused at once, not sent");
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let v = json(refused).await;
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("held by its requests in flight"),
+        "{message}"
+    );
+    assert_eq!(
+        env.mock.stats().requests,
+        2,
+        "the refusal reached no provider"
+    );
+    let n = env
+        .metric("legate_ratelimit_rejections_total", &[("limit", "budget")])
+        .await;
+    assert_eq!(n, Some(1.0));
+    let state = env.admin_json("/admin/state").await;
+    let hold: u128 = state["buckets"]["local"]["default"]["held_pico_usd"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((3_000_000_000..3_100_000_000).contains(&hold), "{hold}");
+
+    // Their callers give up: what they held is released, and nothing was spent.
+    for h in held {
+        h.abort();
+    }
+    let released = async {
+        loop {
+            let state = env.admin_json("/admin/state").await;
+            if state["buckets"]["local"]["default"]["held_pico_usd"] == "0" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), released)
+        .await
+        .expect("the holds are released once their callers are gone");
+    env.script(r#"{"default":{"usage":{"input_tokens":10,"output_tokens":100}}}"#);
+    assert_eq!(env.messages(BODY).await.status(), 200);
+}
+
 #[tokio::test]
 async fn each_client_key_gets_its_own_tenants_limits() {
     use sha2::Digest;

@@ -234,3 +234,81 @@ async fn a_token_reservation_is_refunded_through_redis() {
         assert_eq!(degraded(env).await, (Some(0.0), false));
     }
 }
+
+#[tokio::test]
+async fn a_budget_held_on_one_replica_holds_it_on_the_other() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    // Each request holds about 1.5 milli-USD (100 output tokens at 15 USD per Mtok) while in
+    // flight: two fit in 4, three do not, whichever replica they go through.
+    let budget = "daily_budget_usd = \"0.004\"\n[[prices]]\nmodel = \"anthropic:claude-t\"\ninput = \"3\"\noutput = \"15\"";
+    let hang = r#"{"default":{"hang":true}}"#;
+    let a = replica(&redis, budget, hang).await;
+    let b = replica(&redis, budget, hang).await;
+    let mut held = Vec::new();
+    for env in [&a, &b] {
+        let client = reqwest::Client::new();
+        let url = env.url("/v1/messages");
+        held.push(tokio::spawn(async move {
+            let _ = client.post(url).body(BODY).send().await;
+        }));
+        let seen = async {
+            while env.mock.stats().requests == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), seen)
+            .await
+            .expect("the held request reaches its provider");
+    }
+    for env in [&a, &b] {
+        // Bounded: admitted, it would hang like the others.
+        let refused = tokio::time::timeout(Duration::from_secs(10), env.messages(BODY))
+            .await
+            .expect("refused at once");
+        assert_eq!(refused.status(), 429);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        let v: serde_json::Value = refused.json().await.unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("held by its requests in flight"),
+            "{message}"
+        );
+        assert_eq!(env.mock.stats().requests, 1);
+    }
+    // The callers give up: both holds are released in Redis, and the budget serves again.
+    for h in held {
+        h.abort();
+    }
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let released = async {
+        loop {
+            let members: i64 = redis::cmd("ZCARD")
+                .arg("legate:rl:{default}:held")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if members == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), released)
+        .await
+        .expect("the holds are released through Redis");
+    let sum: String = redis::cmd("HGET")
+        .arg("legate:rl:{default}:spent")
+        .arg("held")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(sum, "0");
+    a.script(r#"{"default":{"usage":{"input_tokens":10,"output_tokens":100}}}"#);
+    assert_eq!(a.messages(BODY).await.status(), 200);
+    for env in [&a, &b] {
+        assert_eq!(degraded(env).await, (Some(0.0), false));
+    }
+}

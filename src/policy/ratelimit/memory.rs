@@ -18,6 +18,8 @@ struct TenantState {
     tokens: Option<Bucket>,
     /// (UTC day, pico-USD spent that day)
     spent: (u64, u128),
+    /// pico-USD held against the budget by requests in flight (any day's).
+    held: u128,
 }
 
 impl MemoryStore {
@@ -31,6 +33,7 @@ impl MemoryStore {
             requests: None,
             tokens: None,
             spent: (now.day(), 0),
+            held: 0,
         });
         if st.spent.0 != now.day() {
             st.spent = (now.day(), 0);
@@ -40,6 +43,15 @@ impl MemoryStore {
                 limit: Limit::Budget,
                 retry_after: now.until_midnight(),
             });
+        }
+        let hold = ask.held();
+        // A request is admitted alone whatever its estimate, as one was before holds: the
+        // budget is then passed by at most one request's cost, however many come at once.
+        if hold > 0
+            && st.held > 0
+            && st.spent.1.saturating_add(st.held).saturating_add(hold) > ask.budget_pico
+        {
+            return Ok(refuse(Limit::BudgetHeld, super::HELD_WAIT_MS));
         }
         if ask.rpm > 0 {
             let b = st
@@ -63,6 +75,7 @@ impl MemoryStore {
                 return Ok(refuse(Limit::Tokens, wait));
             }
         }
+        st.held = st.held.saturating_add(hold);
         Ok(Decision::Admit)
     }
 
@@ -81,6 +94,7 @@ impl MemoryStore {
                 .get_or_insert_with(|| Bucket::full(s.rpm, now.ms));
             b.give(s.rpm, 1, now.ms);
         }
+        st.held = st.held.saturating_sub(s.held_pico);
         if s.cost_pico > 0 {
             if st.spent.0 != now.day() {
                 st.spent = (now.day(), 0);
@@ -101,6 +115,7 @@ impl MemoryStore {
                     "requests_available": tokens(&st.requests),
                     "tokens_available": tokens(&st.tokens),
                     "spent_today_pico_usd": if st.spent.0 == now.day() { st.spent.1.to_string() } else { "0".to_string() },
+                    "held_pico_usd": st.held.to_string(),
                 }),
             );
         }
@@ -141,6 +156,9 @@ mod tests {
             tpm,
             tokens,
             budget_pico: budget,
+            hold_pico: 0,
+            hold_id: 0,
+            hold_ms: 0,
         }
     }
 
@@ -185,6 +203,8 @@ mod tests {
             budget_pico: 1_000,
             rpm: 0,
             request_back: false,
+            held_pico: 0,
+            hold_id: 0,
         };
         m.settle_now(&settle(999), now);
         assert_eq!(
@@ -204,5 +224,57 @@ mod tests {
         }
         let tomorrow = Now { ms: 86_400_000 * 4 };
         assert_eq!(m.admit_now(&a, tomorrow).ok(), Some(Decision::Admit));
+    }
+
+    #[test]
+    fn requests_in_flight_hold_their_estimate_against_the_budget() {
+        let m = MemoryStore::default();
+        let now = Now { ms: 86_400_000 * 3 };
+        let a = |hold| Ask {
+            hold_pico: hold,
+            ..ask(0, 0, 0, 1_000)
+        };
+        let release = |held, cost| Settlement {
+            tenant: "t".into(),
+            tpm: 0,
+            refund: 0,
+            cost_pico: cost,
+            budget_pico: 1_000,
+            rpm: 0,
+            request_back: false,
+            held_pico: held,
+            hold_id: 0,
+        };
+        let held = Decision::Refuse {
+            limit: Limit::BudgetHeld,
+            retry_after: std::time::Duration::from_millis(super::super::HELD_WAIT_MS),
+        };
+        // Alone, a request is admitted whatever its estimate.
+        assert_eq!(m.admit_now(&a(5_000), now).ok(), Some(Decision::Admit));
+        m.settle_now(&release(5_000, 0), now);
+        assert_eq!(m.admit_now(&a(400), now).ok(), Some(Decision::Admit));
+        assert_eq!(m.admit_now(&a(400), now).ok(), Some(Decision::Admit));
+        // 800 held: another 400 would pass 1,000.
+        assert_eq!(m.admit_now(&a(400), now).ok(), Some(held));
+        // An estimate of nothing (an unpriced model) is never held back.
+        assert_eq!(m.admit_now(&a(0), now).ok(), Some(Decision::Admit));
+        // One settles at 100: 100 spent + 400 held + 400 fits.
+        m.settle_now(&release(400, 100), now);
+        assert_eq!(m.admit_now(&a(400), now).ok(), Some(Decision::Admit));
+        assert_eq!(m.admit_now(&a(201), now).ok(), Some(held));
+        assert_eq!(
+            m.snapshot(now)["t"]["held_pico_usd"],
+            serde_json::json!("800")
+        );
+        // Without a budget nothing is held.
+        let free = Ask {
+            budget_pico: 0,
+            ..a(10_000)
+        };
+        assert_eq!(m.admit_now(&free, now).ok(), Some(Decision::Admit));
+        assert_eq!(
+            m.snapshot(now)["t"]["held_pico_usd"],
+            serde_json::json!("800")
+        );
     }
 }

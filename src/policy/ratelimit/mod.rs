@@ -31,17 +31,54 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub enum Limit {
     Requests,
     Tokens,
+    /// The day's settled spend has reached the daily budget.
     Budget,
+    /// The budget left is held by requests in flight: the day's spend, what they hold and
+    /// this request's estimated cost together would pass it.
+    BudgetHeld,
 }
 
 impl Limit {
+    /// The metric label: both budget refusals are `budget`.
     pub fn as_str(self) -> &'static str {
         match self {
             Limit::Requests => "requests",
             Limit::Tokens => "tokens",
-            Limit::Budget => "budget",
+            Limit::Budget | Limit::BudgetHeld => "budget",
         }
     }
+
+    /// What the refusal's message names (`ProxyError::RateLimited`).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Limit::BudgetHeld => "budget_held",
+            other => other.as_str(),
+        }
+    }
+}
+
+/// The wait a refusal by [`Limit::BudgetHeld`] asks for: the requests holding the budget settle
+/// as they finish, at a time no store knows, and most agent calls take seconds.
+pub(crate) const HELD_WAIT_MS: u64 = 1000;
+
+/// How long a hold outlives its request's deadline in the shared store, where a settlement
+/// lost with a replica (or dropped while Redis was unreachable) must not hold the budget for
+/// the rest of the day. The deadline bounds the wait for an answer's first event, not a stream
+/// that is flowing: a hold of a stream still running after this is simply no longer counted.
+pub const HOLD_PAST_DEADLINE: Duration = Duration::from_secs(300);
+
+/// A process-wide unique name for one hold (the shared store's member for it): a random start
+/// per process, then a counter, so that replicas do not collide.
+pub fn next_hold_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(|| {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A UTC day. No refusal asks for a longer wait: the daily budget's, until the next midnight,
@@ -58,6 +95,23 @@ pub struct Ask {
     pub tpm: u64,
     pub tokens: u64,
     pub budget_pico: u128,
+    /// The request's estimated cost, held against the daily budget while it is in flight (0:
+    /// nothing held; never held without a budget), its name, and how long the shared store
+    /// keeps it if no settlement comes.
+    pub hold_pico: u128,
+    pub hold_id: u64,
+    pub hold_ms: u64,
+}
+
+impl Ask {
+    /// What admission holds against the budget: nothing when there is no budget.
+    pub fn held(&self) -> u128 {
+        if self.budget_pico > 0 {
+            self.hold_pico
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +142,9 @@ pub struct Settlement {
     /// back (nothing was sent upstream: SPEC §13, a credential that could not be obtained).
     pub rpm: u64,
     pub request_back: bool,
+    /// The hold its admission took against the daily budget, released now (0: none).
+    pub held_pico: u128,
+    pub hold_id: u64,
 }
 
 #[derive(Debug)]
@@ -258,6 +315,9 @@ pub struct Reservation {
     settled: bool,
     /// The request counted against `rpm` is to be given back when settled.
     request_back: bool,
+    /// The estimated cost held against the daily budget (`Ask::held`), and its name.
+    held_pico: u128,
+    hold_id: u64,
 }
 
 impl Reservation {
@@ -273,6 +333,8 @@ impl Reservation {
             estimated_input,
             settled: false,
             request_back: false,
+            held_pico: ask.held(),
+            hold_id: ask.hold_id,
         }
     }
 
@@ -285,18 +347,18 @@ impl Reservation {
     }
 
     /// The provider answered but reported no usage (an OpenAI stream cut before its usage chunk):
-    /// the estimate stands, nothing is refunded.
+    /// the estimate stands, nothing is refunded, and the cost held against the budget is
+    /// counted as spent.
     pub fn keep(&mut self) {
-        self.settled = true;
+        self.keep_plus(0, 0);
     }
 
     /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
     pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128) {
-        if tokens == 0 && cost_pico == 0 {
-            self.keep();
-        } else {
-            self.settle(self.reserved.saturating_add(tokens), cost_pico);
-        }
+        self.settle(
+            self.reserved.saturating_add(tokens),
+            cost_pico.saturating_add(self.held_pico),
+        );
     }
 
     /// Settles with the tokens actually used and their cost.
@@ -322,7 +384,7 @@ impl Reservation {
                 - i64::try_from(used_tokens).unwrap_or(i64::MAX))
             .max(-tpm),
         };
-        if refund == 0 && cost_pico == 0 && !self.request_back {
+        if refund == 0 && cost_pico == 0 && !self.request_back && self.held_pico == 0 {
             return;
         }
         let s = Settlement {
@@ -333,6 +395,8 @@ impl Reservation {
             budget_pico: self.budget_pico,
             rpm: self.rpm,
             request_back: self.request_back,
+            held_pico: self.held_pico,
+            hold_id: self.hold_id,
         };
         self.limiter.settle_detached(s, self.charged);
     }

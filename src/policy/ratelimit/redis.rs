@@ -10,7 +10,13 @@
 //! - `legate:rl:{tenant}:spent`: a hash of `day` (the UTC day number) and `pico` (pico-USD
 //!   spent that day). It grows with HINCRBY, a signed 64-bit integer: the spend saturates at
 //!   about 9.2 million USD per tenant per day, so a larger daily budget is never reached. It
-//!   expires two days after its last write.
+//!   expires two days after its last write. Its `held` field is the sum of the holds below.
+//! - `legate:rl:{tenant}:held`: a sorted set of the holds requests in flight keep against the
+//!   daily budget, one member `ID:PICO` each, scored by when it lapses (unix ms: the request's
+//!   deadline plus [`HOLD_PAST_DEADLINE`](super::HOLD_PAST_DEADLINE)). A settlement removes its
+//!   member; one that never comes (its replica gone, or Redis unreachable when it was due) is
+//!   dropped by the first admission after the lapse, so a lost settlement holds the budget for
+//!   minutes, never for the rest of the day.
 //!
 //! The connection is a [`LazyConnection`]: opened by the first call, dropped after any failed
 //! one. Both the connection and each reply have a short timeout, so a missing Redis costs a
@@ -35,6 +41,10 @@ const TIMEOUT: Duration = Duration::from_millis(200);
 /// larger than this is not the store's, and is refused before it is read whole.
 const MAX_REPLY: usize = 64 * 1024;
 
+/// A hold is clamped to this (about USD 9,000, far above any one request's cost), so that 1,024
+/// of them still sum below the int64 maximum `held` grows in.
+const MAX_HOLD_PICO: u128 = (i64::MAX / 1024) as u128;
+
 /// Limits and token counts are clamped to this before they reach a script, so that every value
 /// the script computes is an integer below 2^53 and therefore exact in a Lua double (10^11
 /// tokens are 6 * 10^15 units). Nothing real comes near it.
@@ -54,6 +64,7 @@ struct Keys {
     requests: String,
     tokens: String,
     spent: String,
+    held: String,
 }
 
 impl Keys {
@@ -65,6 +76,7 @@ impl Keys {
             requests: format!("{base}:req"),
             tokens: format!("{base}:tok"),
             spent: format!("{base}:spent"),
+            held: format!("{base}:held"),
         }
     }
 }
@@ -123,19 +135,33 @@ fn clamp_tokens(n: u64) -> u64 {
     n.min(MAX_SCRIPT_TOKENS)
 }
 
+/// The sorted-set member of a hold: its name and its amount, so that the script that drops
+/// a lapsed one knows what to take off the sum.
+fn hold_member(id: u64, pico: u128) -> String {
+    if pico == 0 {
+        return String::new();
+    }
+    format!("{id:016x}:{pico}")
+}
+
 /// ARGV of the admission script, before the clock.
-fn admit_args(ask: &Ask) -> [String; 4] {
+fn admit_args(ask: &Ask) -> [String; 7] {
+    let hold = ask.held().min(MAX_HOLD_PICO);
     [
         clamp_tokens(ask.rpm).to_string(),
         clamp_tokens(ask.tpm).to_string(),
         clamp_tokens(ask.tokens).to_string(),
         ask.budget_pico.to_string(),
+        hold.to_string(),
+        hold_member(ask.hold_id, hold),
+        ask.hold_ms.clamp(1, DAY_MS).to_string(),
     ]
 }
 
 /// ARGV of the settlement script, before the clock.
-fn settle_args(s: &Settlement) -> [String; 5] {
+fn settle_args(s: &Settlement) -> [String; 7] {
     let bound = MAX_SCRIPT_TOKENS as i64;
+    let held = s.held_pico.min(MAX_HOLD_PICO);
     [
         clamp_tokens(s.tpm).to_string(),
         s.refund.clamp(-bound, bound).to_string(),
@@ -143,6 +169,8 @@ fn settle_args(s: &Settlement) -> [String; 5] {
         s.cost_pico.min(i64::MAX as u128).to_string(),
         clamp_tokens(s.rpm).to_string(),
         u8::from(s.request_back).to_string(),
+        held.to_string(),
+        hold_member(s.hold_id, held),
     ]
 }
 
@@ -153,6 +181,7 @@ fn decision(outcome: i64, wait_ms: i64) -> Result<Decision, StoreError> {
         1 => Limit::Requests,
         2 => Limit::Tokens,
         3 => Limit::Budget,
+        4 => Limit::BudgetHeld,
         other => {
             return Err(StoreError(format!(
                 "the admission script answered an unknown outcome {other}"
@@ -174,7 +203,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let keys = Keys::of(&ask.tenant);
             let mut call = self.admit.key(&keys.requests);
-            call.key(&keys.tokens).key(&keys.spent);
+            call.key(&keys.tokens).key(&keys.spent).key(&keys.held);
             call.arg(&admit_args(ask)[..]).arg(self.clock_arg());
             let (outcome, wait_ms): (i64, i64) = self.run(&call).await?;
             decision(outcome, wait_ms)
@@ -185,7 +214,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let keys = Keys::of(&s.tenant);
             let mut call = self.settle.key(&keys.tokens);
-            call.key(&keys.spent).key(&keys.requests);
+            call.key(&keys.spent).key(&keys.requests).key(&keys.held);
             call.arg(&settle_args(s)[..]).arg(self.clock_arg());
             let _: i64 = self.run(&call).await?;
             Ok(())

@@ -55,6 +55,9 @@ fn ask(tenant: &'static str, tokens: u64) -> Ask {
         tpm: 1000,
         tokens,
         budget_pico: 0,
+        hold_pico: 0,
+        hold_id: 0,
+        hold_ms: 0,
     }
 }
 

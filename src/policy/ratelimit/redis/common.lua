@@ -18,6 +18,8 @@ local IDLE_MARGIN_MS = 60000
 -- A day's spend outlives the day so that a late settlement still finds it.
 local SPEND_TTL_MS = 2 * DAY_MS
 local SPEND_MAX = '9223372036854775807'
+-- The wait a refusal by the budget held in flight asks for (mod.rs HELD_WAIT_MS).
+local HELD_WAIT_MS = 1000
 
 local function int(x)
   return string.format('%.0f', x)
@@ -93,4 +95,53 @@ local function dec_ge(a, b)
     end
   end
   return true
+end
+
+-- a + b for decimal strings of digits without leading zeros.
+local function dec_add(a, b)
+  local out, carry = {}, 0
+  local i, j = #a, #b
+  while i > 0 or j > 0 or carry > 0 do
+    local x = i > 0 and string.byte(a, i) - 48 or 0
+    local y = j > 0 and string.byte(b, j) - 48 or 0
+    local s = x + y + carry
+    out[#out + 1] = string.char(48 + s % 10)
+    carry = math.floor(s / 10)
+    i, j = i - 1, j - 1
+  end
+  if #out == 0 then
+    return '0'
+  end
+  return string.reverse(table.concat(out))
+end
+
+-- Adds n (a decimal string, '-' in front to subtract) to the spend hash's `held` sum,
+-- saturating at the int64 maximum as the spend does.
+local function add_held(spent_key, n)
+  local r = redis.pcall('HINCRBY', spent_key, 'held', n)
+  if type(r) == 'table' and r.err then
+    redis.call('HSET', spent_key, 'held', SPEND_MAX)
+  end
+end
+
+-- How many lapsed holds one call drops: the rest go in the calls after it.
+local LAPSED_PER_CALL = 64
+
+-- The pico-dollars held by requests in flight, as a decimal string, once the holds that
+-- lapsed by `now` (their settlement lost) are dropped.
+local function held_now(spent_key, held_key, now)
+  local lapsed = redis.call('ZRANGEBYSCORE', held_key, '-inf', int(now), 'LIMIT', 0, LAPSED_PER_CALL)
+  for _, member in ipairs(lapsed) do
+    redis.call('ZREM', held_key, member)
+    local pico = string.match(member, ':(%d+)$')
+    if pico then
+      add_held(spent_key, '-' .. pico)
+    end
+  end
+  local h = redis.call('HGET', spent_key, 'held')
+  local n = tonumber(h)
+  if n == nil or n <= 0 then
+    return '0'
+  end
+  return h
 end

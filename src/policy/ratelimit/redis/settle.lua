@@ -1,12 +1,19 @@
 -- Settlement of one admitted request (memory.rs `settle_now`): tokens refunded or debited, and
--- the cost added to the UTC day's spend (saturating at the int64 maximum).
--- KEYS: token bucket, daily spend, request bucket.
+-- the cost added to the UTC day's spend (saturating at the int64 maximum), and the request's
+-- hold against the budget released.
+-- KEYS: token bucket, daily spend, request bucket, holds.
 -- ARGV: tpm, refund in tokens (signed), cost in pico-USD (decimal, at most int64),
 --       rpm, 1 to give the request back (nothing was sent upstream) else 0,
---       clock override ('' = TIME).
+--       hold in pico-USD (decimal, '0' = none), the hold's member, clock override ('' = TIME).
 local tpm, refund, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local rpm, request_back = tonumber(ARGV[4]), ARGV[5] == '1'
-local now = now_ms(ARGV[6])
+local hold, member = ARGV[6], ARGV[7]
+local now = now_ms(ARGV[8])
+
+-- A hold already dropped as lapsed was taken off the sum then.
+if hold ~= '0' and redis.call('ZREM', KEYS[4], member) == 1 then
+  add_held(KEYS[2], '-' .. hold)
+end
 
 if rpm > 0 and request_back then
   local b = load(KEYS[3], rpm, now)

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use super::*;
+use crate::policy::ratelimit::HELD_WAIT_MS;
 use crate::policy::ratelimit::memory::MemoryStore;
 use crate::redis_conn::test_server::{RedisServer, free_port};
 
@@ -18,6 +19,9 @@ fn ask(tenant: &str, rpm: u64, tpm: u64, tokens: u64, budget_pico: u128) -> Ask 
         tpm,
         tokens,
         budget_pico,
+        hold_pico: 0,
+        hold_id: 0,
+        hold_ms: 0,
     }
 }
 
@@ -30,6 +34,8 @@ fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlemen
         budget_pico: 0,
         rpm: 0,
         request_back: false,
+        held_pico: 0,
+        hold_id: 0,
     }
 }
 
@@ -93,22 +99,49 @@ fn one_tenants_keys_share_a_hash_tag() {
             requests: "legate:rl:{team-a}:req".into(),
             tokens: "legate:rl:{team-a}:tok".into(),
             spent: "legate:rl:{team-a}:spent".into(),
+            held: "legate:rl:{team-a}:held".into(),
         }
     );
 }
 
 #[test]
 fn script_arguments_stay_exact_in_lua_doubles_and_int64() {
-    let a = ask("t", u64::MAX, 5, u64::MAX, u128::MAX);
-    let [rpm, tpm, tokens, budget] = admit_args(&a);
+    let a = Ask {
+        hold_pico: u128::MAX,
+        hold_id: 0xab,
+        hold_ms: u64::MAX,
+        ..ask("t", u64::MAX, 5, u64::MAX, u128::MAX)
+    };
+    let [rpm, tpm, tokens, budget, hold, member, hold_ms] = admit_args(&a);
     assert_eq!((rpm.as_str(), tpm.as_str()), ("100000000000", "5"));
     assert_eq!(tokens, "100000000000");
     // The budget is compared as a decimal string, so it travels whole.
     assert_eq!(budget, u128::MAX.to_string());
-    let [_, refund, cost, _, _] = settle_args(&settlement("t", 1, i64::MIN, u128::MAX));
+    // A hold is clamped so that 1,024 of them fit in int64, and lives at most a day.
+    assert_eq!(hold, "9007199254740991");
+    assert_eq!(member, "00000000000000ab:9007199254740991");
+    assert_eq!(hold_ms, "86400000");
+    // Without a budget nothing is held, whatever the estimate.
+    let free = Ask {
+        budget_pico: 0,
+        ..a.clone()
+    };
+    let [.., hold, member, _] = admit_args(&free);
+    assert_eq!((hold.as_str(), member.as_str()), ("0", ""));
+    let s = Settlement {
+        held_pico: u128::MAX,
+        hold_id: 0xab,
+        ..settlement("t", 1, i64::MIN, u128::MAX)
+    };
+    let [_, refund, cost, _, _, held, member] = settle_args(&s);
     assert_eq!(
         (refund.as_str(), cost.as_str()),
         ("-100000000000", "9223372036854775807")
+    );
+    // The settlement names the member its admission added.
+    assert_eq!(
+        (held.as_str(), member.as_str()),
+        ("9007199254740991", "00000000000000ab:9007199254740991")
     );
     assert!(MAX_SCRIPT_TOKENS as f64 * 60_000.0 * 1.5 < 2f64.powi(53));
 }
@@ -126,6 +159,7 @@ fn script_replies_become_decisions() {
     );
     assert_eq!(decision(2, 0).unwrap(), refused(Limit::Tokens, 1));
     assert_eq!(decision(3, 5).unwrap(), refused(Limit::Budget, 5));
+    assert_eq!(decision(4, 1000).unwrap(), refused(Limit::BudgetHeld, 1000));
     assert!(decision(7, 1).is_err());
     // A wait no script computes is cut to a day.
     assert_eq!(
@@ -151,14 +185,25 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Admit { tokens: u64 },
-    Settle { refund: i64, cost: u128, back: bool },
-    Wait { ms: u64 },
+    Admit {
+        tokens: u64,
+        hold: u128,
+    },
+    /// Releases the oldest hold still held, if any, with the rest of the settlement.
+    Settle {
+        refund: i64,
+        cost: u128,
+        back: bool,
+    },
+    Wait {
+        ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u64..1_500).prop_map(|tokens| Op::Admit { tokens }),
+        4 => (0u64..1_500, prop_oneof![Just(0u128), 1u128..1_500])
+            .prop_map(|(tokens, hold)| Op::Admit { tokens, hold }),
         2 => (-800i64..800, 0u128..1_200, any::<bool>())
             .prop_map(|(refund, cost, back)| Op::Settle { refund, cost, back }),
         2 => (0u64..40_000).prop_map(|ms| Op::Wait { ms }),
@@ -190,20 +235,34 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
             ms: 20_000 * DAY_MS + start,
         };
         // memory.rs settles only tenants it has seen: begin with an admission.
-        let opening = Op::Admit { tokens: 1 };
+        let opening = Op::Admit { tokens: 1, hold: 0 };
+        // Holds taken and not yet settled, oldest first: (name, pico-USD).
+        let mut held = std::collections::VecDeque::new();
         for (i, op) in std::iter::once(&opening).chain(&ops).enumerate() {
             redis.pin_clock(now.ms);
             match *op {
-                Op::Admit { tokens } => {
-                    let a = ask(&tenant, rpm, tpm, tokens, budget);
+                Op::Admit { tokens, hold } => {
+                    // Holds outlive every scenario here (memory.rs never lets one lapse).
+                    let a = Ask {
+                        hold_pico: hold,
+                        hold_id: i as u64,
+                        hold_ms: DAY_MS,
+                        ..ask(&tenant, rpm, tpm, tokens, budget)
+                    };
                     let expected = memory.admit_now(&a, now).unwrap();
                     let got = rt.block_on(redis.admit(&a, now)).unwrap();
                     prop_assert_eq!(got, expected, "step {}: {:?}", i, op);
+                    if got == Decision::Admit && a.held() > 0 {
+                        held.push_back((a.hold_id, a.held()));
+                    }
                 }
                 Op::Settle { refund, cost, back } => {
+                    let (hold_id, held_pico) = held.pop_front().unwrap_or((0, 0));
                     let s = Settlement {
                         rpm,
                         request_back: back,
+                        held_pico,
+                        hold_id,
                         ..settlement(&tenant, tpm, refund, cost)
                     };
                     memory.settle_now(&s, now);
@@ -248,6 +307,78 @@ fn the_server_clock_sets_the_budget_wait_and_spend_saturates_at_int64() {
             (retry_after.as_millis() as i128 - expected).abs() < 5_000,
             "{retry_after:?}"
         );
+    });
+}
+
+#[test]
+fn a_hold_whose_settlement_never_comes_lapses_and_is_taken_off_once() {
+    let Some((server, redis, rt)) = store_on_server() else {
+        return;
+    };
+    let client = Client::open(server.url()).unwrap();
+    let t0 = 20_000 * DAY_MS + 1_000;
+    let hold = |id, ms| Ask {
+        hold_pico: 600,
+        hold_id: id,
+        hold_ms: ms,
+        ..ask("lapse", 0, 0, 0, 1_000)
+    };
+    let held_sum = || {
+        let client = client.clone();
+        async move {
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let sum: String = redis::cmd("HGET")
+                .arg("legate:rl:{lapse}:spent")
+                .arg("held")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let members: i64 = redis::cmd("ZCARD")
+                .arg("legate:rl:{lapse}:held")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            (sum, members)
+        }
+    };
+    rt.block_on(async {
+        redis.pin_clock(t0);
+        // The first is admitted alone; its settlement is never sent (a replica gone).
+        assert_eq!(
+            redis.admit(&hold(1, 5_000), Now::wall()).await.unwrap(),
+            Decision::Admit
+        );
+        assert_eq!(held_sum().await, ("600".to_string(), 1));
+        redis.pin_clock(t0 + 4_999);
+        assert_eq!(
+            redis.admit(&hold(2, 5_000), Now::wall()).await.unwrap(),
+            Decision::Refuse {
+                limit: Limit::BudgetHeld,
+                retry_after: Duration::from_millis(HELD_WAIT_MS),
+            }
+        );
+        // Lapsed: dropped by this admission, which then holds alone.
+        redis.pin_clock(t0 + 5_000);
+        assert_eq!(
+            redis.admit(&hold(3, 5_000), Now::wall()).await.unwrap(),
+            Decision::Admit
+        );
+        assert_eq!(held_sum().await, ("600".to_string(), 1));
+        // The lapsed hold's late settlement takes nothing off a second time.
+        let late = Settlement {
+            held_pico: 600,
+            hold_id: 1,
+            ..settlement("lapse", 0, 0, 0)
+        };
+        redis.settle(&late, Now::wall()).await.unwrap();
+        assert_eq!(held_sum().await, ("600".to_string(), 1));
+        let on_time = Settlement {
+            held_pico: 600,
+            hold_id: 3,
+            ..settlement("lapse", 0, 0, 250)
+        };
+        redis.settle(&on_time, Now::wall()).await.unwrap();
+        assert_eq!(held_sum().await, ("0".to_string(), 0));
     });
 }
 
