@@ -78,7 +78,11 @@ pub(super) async fn run(
     let result = tokio::select! {
         biased;
         r = execute(proxy, snap, inb, record, &mut exec) => r,
-        () = proxy.abort_streams.cancelled() => Err(ProxyError::ShuttingDown),
+        () = proxy.abort_streams.cancelled() => {
+            // The wait the abort cut short was the provider's, not legate's.
+            exec.spent.come_back(Instant::now());
+            Err(ProxyError::ShuttingDown)
+        }
     };
     *spent = exec.spent;
     result
@@ -405,8 +409,9 @@ async fn pause(proxy: &Proxy, inb: &Inbound, exec: &mut Exec, delay: Duration) -
         inb.obs.moved_on("the retry budget is spent");
         return false;
     }
+    exec.spent.leave(Instant::now());
     tokio::time::sleep(delay).await;
-    exec.spent.outside += delay;
+    exec.spent.come_back(Instant::now());
     true
 }
 

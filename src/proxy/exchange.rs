@@ -59,6 +59,28 @@ pub(crate) struct Call<'a> {
 pub struct Spent {
     pub attempts: u32,
     pub outside: Duration,
+    /// Since when the request has been waiting outside legate, if it is now: a wait cut short
+    /// (by shutdown's grace) still counts as outside, not as legate's own time.
+    away_since: Option<Instant>,
+}
+
+impl Spent {
+    /// A wait outside legate begins (a turn at the provider, its answer, a backoff).
+    pub(crate) fn leave(&mut self, at: Instant) {
+        self.away_since = Some(at);
+    }
+
+    /// The wait begun by `leave` ends at `at`, and counts as outside.
+    pub(crate) fn come_back(&mut self, at: Instant) {
+        if let Some(since) = self.away_since.take() {
+            self.outside += at.saturating_duration_since(since);
+        }
+    }
+
+    /// The wait begun by `leave` is not counted after all (a turn refused).
+    pub(crate) fn stay(&mut self) {
+        self.away_since = None;
+    }
 }
 
 /// What happened in one exchange, with what the chain needs to act on it.
@@ -155,14 +177,16 @@ pub(crate) async fn run(
         // The attempt's span is the provider's parent (W3C Trace Context).
         req.headers_mut().insert("traceparent", tp.clone());
     }
-    let waited = Instant::now();
+    // The wait for a turn and the upstream call both count as outside legate.
+    spent.leave(Instant::now());
     let permit = match turn(call).await {
         Ok(p) => p,
-        Err(refused) => return refused,
+        Err(refused) => {
+            spent.stay();
+            return refused;
+        }
     };
-    // One clock read ends the wait for a turn and starts the upstream call.
     let sent = Instant::now();
-    spent.outside += sent.saturating_duration_since(waited);
     let metrics = &proxy.metrics;
     // Decremented on every path, a dropped future (the caller went away) included.
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
@@ -191,7 +215,7 @@ pub(crate) async fn run(
         Err(e @ ProxyError::UpstreamAnswerUnusable { .. }) => Exchanged::Broken(e),
         Err(e) => Exchanged::Unreachable(e),
     };
-    spent.outside += sent.elapsed();
+    spent.come_back(Instant::now());
     out
 }
 

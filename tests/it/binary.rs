@@ -434,6 +434,14 @@ async fn a_request_without_an_answer_at_shutdown_grace_gets_a_503() {
     // An attempt was under way: the SDK must not send it again on its own.
     assert_eq!(resp.headers()["x-should-retry"], "false");
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    // The provider's wait, cut at the grace (300 ms after the signal, which came after the
+    // request reached it), is not legate's own time.
+    let overhead: f64 = resp.headers()["x-legate-overhead-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(overhead < 300.0, "{overhead} ms");
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["type"], "api_error");
     assert!(
