@@ -9,7 +9,7 @@
 //! sheds the lowest priority first (an interactive call displaces a waiting batch call), and
 //! its permit lives as long as the answer's body, not the service call.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -26,9 +26,16 @@ pub struct Shed;
 
 type Grant = Result<(), Shed>;
 
+/// One priority's waiters by arrival number: served from the first, shed from the last, and a
+/// caller that gives up removes its own place in O(log n), so callers leaving in a mass (a
+/// shared deadline) cost no scan each of the whole queue.
+type Queue = BTreeMap<u64, oneshot::Sender<Grant>>;
+
 struct State {
     inflight: usize,
-    queues: [VecDeque<oneshot::Sender<Grant>>; 3],
+    queues: [Queue; 3],
+    /// The next arrival number.
+    next: u64,
 }
 
 pub struct Gate {
@@ -59,6 +66,7 @@ struct Waiting {
     rx: Option<oneshot::Receiver<Grant>>,
     gate: Arc<Gate>,
     priority: Priority,
+    place: u64,
 }
 
 impl Drop for Waiting {
@@ -72,7 +80,7 @@ impl Drop for Waiting {
                 // Nothing was sent: its place is (or was until a moment ago) still queued. The
                 // queue and its gauge count the callers waiting, so it is removed now rather
                 // than when a slot next comes free, which may be a long stream later.
-                Err(_) => self.gate.leave(self.priority),
+                Err(_) => self.gate.leave(self.priority, self.place),
             }
         }
     }
@@ -86,6 +94,7 @@ impl Gate {
             state: Mutex::new(State {
                 inflight: 0,
                 queues: Default::default(),
+                next: 0,
             }),
             depth,
             shed,
@@ -102,20 +111,16 @@ impl Gate {
 
     /// Waits for a slot in priority order, or is shed.
     pub async fn acquire(self: &Arc<Self>, p: Priority) -> Result<Permit, Shed> {
-        let rx = {
+        let (rx, place) = {
             let mut st = self.lock();
             let max = self.max.load(Ordering::Relaxed);
             let queue_limit = self.queue_limit.load(Ordering::Relaxed);
-            if st.inflight < max && st.queues.iter().all(VecDeque::is_empty) {
+            if st.inflight < max && st.queues.iter().all(Queue::is_empty) {
                 st.inflight += 1;
                 return Ok(Permit { gate: self.clone() });
             }
-            let mut queued: usize = st.queues.iter().map(VecDeque::len).sum();
-            if queued >= queue_limit {
-                // Callers that gave up (deadline, disconnect) must not hold queue places.
-                self.prune(&mut st);
-                queued = st.queues.iter().map(VecDeque::len).sum();
-            }
+            // Callers that gave up (deadline, disconnect) hold no places: each left at once.
+            let queued: usize = st.queues.iter().map(Queue::len).sum();
             if queued >= queue_limit {
                 // Make room by shedding the newest waiter of the lowest priority below ours.
                 let victim = Priority::ALL
@@ -125,7 +130,7 @@ impl Gate {
                     .find(|q| *q > p && !st.queues[*q as usize].is_empty());
                 match victim {
                     Some(q) => {
-                        if let Some(tx) = st.queues[q as usize].pop_back() {
+                        if let Some((_, tx)) = st.queues[q as usize].pop_last() {
                             let _ = tx.send(Err(Shed));
                         }
                         self.gauge(q, -1);
@@ -139,14 +144,17 @@ impl Gate {
                 }
             }
             let (tx, rx) = oneshot::channel();
-            st.queues[p as usize].push_back(tx);
+            let place = st.next;
+            st.next += 1;
+            st.queues[p as usize].insert(place, tx);
             self.gauge(p, 1);
-            rx
+            (rx, place)
         };
         let mut waiting = Waiting {
             rx: Some(rx),
             gate: self.clone(),
             priority: p,
+            place,
         };
         let grant = match waiting.rx.as_mut() {
             Some(rx) => rx.await,
@@ -167,7 +175,7 @@ impl Gate {
         let mut st = self.lock();
         'grant: while st.inflight < self.max.load(Ordering::Relaxed) {
             for p in Priority::ALL {
-                while let Some(tx) = st.queues[p as usize].pop_front() {
+                while let Some((_, tx)) = st.queues[p as usize].pop_first() {
                     self.gauge(p, -1);
                     if tx.send(Ok(())).is_ok() {
                         st.inflight += 1;
@@ -179,28 +187,13 @@ impl Gate {
         }
     }
 
-    fn prune(&self, st: &mut State) {
-        for p in Priority::ALL {
-            self.prune_queue(st, p);
-        }
-    }
-
-    /// Drops the places of priority `p`'s callers that gave up (their receivers are closed).
-    fn prune_queue(&self, st: &mut State, p: Priority) {
-        let q = &mut st.queues[p as usize];
-        let before = q.len();
-        q.retain(|tx| !tx.is_closed());
-        let gone = before - q.len();
-        if gone > 0 {
-            self.gauge(p, -(gone as i64));
-        }
-    }
-
-    /// A caller of priority `p` stopped waiting (deadline, disconnect) before it was served.
-    /// Only a caller that gives up pays for the scan of its queue.
-    fn leave(&self, p: Priority) {
+    /// A caller of priority `p` stopped waiting (deadline, disconnect) before it was served:
+    /// its place goes, unless a release or a shed took it out a moment ago (and counted it).
+    fn leave(&self, p: Priority, place: u64) {
         let mut st = self.lock();
-        self.prune_queue(&mut st, p);
+        if st.queues[p as usize].remove(&place).is_some() {
+            self.gauge(p, -1);
+        }
     }
 
     /// Hands the slot to the first live waiter in priority order, or frees it. After a reload
@@ -212,7 +205,7 @@ impl Gate {
             return;
         }
         for p in Priority::ALL {
-            while let Some(tx) = st.queues[p as usize].pop_front() {
+            while let Some((_, tx)) = st.queues[p as usize].pop_first() {
                 self.gauge(p, -1);
                 if tx.send(Ok(())).is_ok() {
                     return;
@@ -371,6 +364,38 @@ mod tests {
         }
         assert_eq!(g.queued(), [0, 1, 0]);
         assert_eq!(g.depth.with_label_values(&["background"]).get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_leaving_from_the_middle_keeps_the_others_in_arrival_order() {
+        let g = gate(1, 10);
+        let busy = g.acquire(Priority::Background).await.unwrap();
+        let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for n in 0..3 {
+            let (gate, order_tx) = (g.clone(), order_tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let permit = gate.acquire(Priority::Background).await;
+                order_tx.send((n, permit)).unwrap();
+            }));
+            while g.queued()[1] < n + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        waiters[1].abort();
+        while g.queued()[1] > 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(g.depth.with_label_values(&["background"]).get(), 2);
+        drop(busy);
+        let (first, permit) = order.recv().await.unwrap();
+        assert_eq!(first, 0);
+        drop(permit);
+        let (second, permit) = order.recv().await.unwrap();
+        assert_eq!(second, 2);
+        drop(permit);
+        assert_eq!((g.inflight(), g.queued()), (0, [0, 0, 0]));
+        assert_eq!(g.depth.with_label_values(&["background"]).get(), 0);
     }
 
     #[tokio::test]
