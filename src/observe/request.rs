@@ -219,7 +219,7 @@ impl RequestObs {
         });
         AttemptScope {
             obs: self.clone(),
-            facts: AttemptFacts {
+            facts: Some(AttemptFacts {
                 step: step_no,
                 called: step.clone(),
                 provider_kind: kind.as_str(),
@@ -232,22 +232,34 @@ impl RequestObs {
                 why: None,
                 span_id,
                 sent: false,
-            },
+            }),
             traceparent: header,
+            ended: false,
         }
     }
 }
 
-/// An attempt in progress; `end` records how it went.
+/// An attempt in progress; `end` records how it went. One dropped without `end` (the request
+/// cut short at shutdown's grace, or its caller gone) is recorded as `aborted`, so that the
+/// journal lists every attempt `x-legate-attempts` counts.
 pub struct AttemptScope {
     obs: RequestObs,
-    facts: AttemptFacts,
+    /// Taken when the attempt is recorded, as the scope is dropped.
+    facts: Option<AttemptFacts>,
     traceparent: Option<HeaderValue>,
+    ended: bool,
 }
 
 impl AttemptScope {
     pub fn traceparent(&self) -> Option<HeaderValue> {
         self.traceparent.clone()
+    }
+
+    /// The request is leaving for the upstream.
+    pub fn sending(&mut self) {
+        if let Some(a) = self.facts.as_mut() {
+            a.sent = true;
+        }
     }
 
     /// Records the attempt's result; `sent` says whether a request left for the upstream.
@@ -258,14 +270,34 @@ impl AttemptScope {
         why: Option<String>,
         sent: bool,
     ) {
-        let a = &mut self.facts;
+        if let Some(a) = self.facts.as_mut() {
+            a.sent = sent;
+            a.status = status;
+            a.outcome = outcome;
+            a.why = why;
+        }
+        self.ended = true;
+    }
+}
+
+impl Drop for AttemptScope {
+    fn drop(&mut self) {
+        let Some(mut a) = self.facts.take() else {
+            return;
+        };
         a.duration = a.started.elapsed();
-        a.sent = sent;
-        a.status = status;
-        a.outcome = outcome;
-        a.why = why;
-        let facts = self.facts;
-        self.obs.update(|f| push_step(&mut f.steps, facts));
+        if self.ended {
+            self.obs.update(|f| push_step(&mut f.steps, a));
+            return;
+        }
+        a.why = Some("cut short: the request ended before this attempt did".to_string());
+        self.obs.update(|f| {
+            push_step(&mut f.steps, a);
+            // A request whose caller left is never stamped with its count: count its attempts
+            // sent here (stamping, at shutdown's grace, writes the same count again).
+            let sent = f.steps.iter().filter(|s| s.sent).count();
+            f.attempts = f.attempts.max(u32::try_from(sent).unwrap_or(u32::MAX));
+        });
     }
 }
 

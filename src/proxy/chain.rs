@@ -346,12 +346,12 @@ async fn attempt(
     count: &(dyn Fn(&str) + Sync),
 ) -> (Exchanged, Verdict) {
     let (inb, retry) = (call.inb, &call.snap.cfg.retry);
-    let scope = inb
+    let mut scope = inb
         .obs
         .begin_attempt(exec.step_no, call.step, call.up.kind, server);
     call.traceparent = scope.traceparent();
     let sent_before = exec.spent.attempts;
-    let exchanged = exchange::run(call, &mut exec.spent, record).await;
+    let exchanged = exchange::run(call, &mut exec.spent, &mut scope, record).await;
     let verdict = judge::judge(
         exchanged.happened(),
         Context {

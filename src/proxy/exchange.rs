@@ -161,6 +161,7 @@ struct Got {
 pub(crate) async fn run(
     call: &Call<'_>,
     spent: &mut Spent,
+    scope: &mut crate::observe::request::AttemptScope,
     record: &mut Option<RequestRecord>,
 ) -> Exchanged {
     let Call { proxy, up, inb, .. } = *call;
@@ -192,6 +193,7 @@ pub(crate) async fn run(
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
     // Counted here, once the request is really about to leave.
     spent.attempts += 1;
+    scope.sending();
     let result = upread::send(up, req, sent, inb.deadline).await;
     call.series
         .upstream_duration(metrics)

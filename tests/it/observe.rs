@@ -380,3 +380,49 @@ async fn captured_payloads_never_hold_a_key() {
     assert!(!all.contains("CANARY"), "{all}");
     assert!(!all.contains("4f9a1c"), "{all}");
 }
+
+#[tokio::test]
+async fn an_attempt_cut_short_by_its_callers_leaving_is_in_the_journal() {
+    let env = env("", r#"{"default":{"hang":true}}"#).await;
+    let client = reqwest::Client::new();
+    let url = env.url("/v1/messages");
+    let caller = tokio::spawn(async move {
+        let _ = client
+            .post(url)
+            .body(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await;
+    });
+    let reached = async {
+        while env.mock.stats().requests < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), reached)
+        .await
+        .expect("the request reached the provider");
+    caller.abort();
+    // The journal has the request once legate has seen its caller go (a bounded poll).
+    let listed = async {
+        loop {
+            let list = env.admin_json("/admin/requests?limit=5").await;
+            if let Some(r) = list["requests"].as_array().and_then(|r| r.first()) {
+                break r["request_id"].as_str().unwrap().to_string();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    let rid = tokio::time::timeout(std::time::Duration::from_secs(10), listed)
+        .await
+        .expect("the request is journalled");
+    let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    assert_eq!(doc["status"], 499, "{doc}");
+    let steps = doc["attempts_detail"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{doc}");
+    assert_eq!(steps[0]["outcome"], "aborted");
+    assert_eq!(doc["attempts"], 1, "{doc}");
+    assert_eq!(steps[0]["sent"], true);
+    assert_eq!(steps[0]["status"], serde_json::Value::Null);
+    let why = steps[0]["why"].as_str().unwrap();
+    assert!(why.contains("cut short"), "{why}");
+}
