@@ -185,10 +185,13 @@ fn finish(
     let headers = spans.to_map(head, 0, |n, v| seen.note(n, v), |_| Refused::Malformed)?;
     seen.host(version)?;
     let framing = seen.framing(version)?;
-    let keep_alive = match version {
-        Version::HTTP_11 => !seen.close,
-        _ => seen.keep_alive,
-    };
+    // What follows a CONNECT is the tunnel the client expects, never a request: it is
+    // refused (SPEC §14: legate is no open proxy), and the connection ends with it.
+    let keep_alive = method != Method::CONNECT
+        && match version {
+            Version::HTTP_11 => !seen.close,
+            _ => seen.keep_alive,
+        };
     let expects_continue = version == Version::HTTP_11 && seen.expects_continue;
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = method;
@@ -203,14 +206,18 @@ fn finish(
     })
 }
 
-/// Whether the request line ends in a well-formed version other than HTTP/1.x (505), rather
-/// than in something that is no version at all (400).
+/// Whether the request line ends in a well-formed version other than HTTP/1.0 and 1.1 (505),
+/// rather than in something that is no version at all (400). httparse refuses both alike.
 fn names_other_version(buf: &[u8]) -> bool {
     let line = buf.split(|b| *b == b'\n').next().unwrap_or(&[]);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // Method, target and version: a line with more parts is malformed whatever it ends in.
+    if line.iter().filter(|b| **b == b' ').count() != 2 {
+        return false;
+    }
     match line.rsplit(|b| *b == b' ').next() {
         Some([b'H', b'T', b'T', b'P', b'/', major, b'.', minor]) => {
-            major.is_ascii_digit() && minor.is_ascii_digit() && *major != b'1'
+            major.is_ascii_digit() && minor.is_ascii_digit()
         }
         _ => false,
     }

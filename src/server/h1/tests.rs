@@ -435,6 +435,28 @@ async fn a_handler_that_says_connection_close_ends_the_connection() {
 }
 
 #[tokio::test]
+async fn what_follows_a_connect_is_never_read_as_a_request() {
+    let (mut caller, seen, _stop, task) = open();
+    caller
+        .write_all(
+            b"CONNECT x:443 HTTP/1.1\r\nhost: x:443\r\n\r\nGET /never HTTP/1.1\r\nhost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), caller.read_to_string(&mut text))
+        .await
+        .expect("the connection ends after the answer")
+        .unwrap();
+    assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{text}");
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    let requests = seen.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].0, "CONNECT");
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn a_streamed_answer_goes_out_chunk_by_chunk_as_it_comes() {
     let (mut caller, seen, _stop, _task) = open();
     let (tx, rx) = mpsc::channel(4);
@@ -518,6 +540,8 @@ async fn a_bad_or_oversize_head_gets_its_status_in_the_callers_shape_and_the_con
             true,
         ),
         (b"GET / HTTP/3.0\r\n\r\n".to_vec(), "505 HTTP Version Not Supported", false),
+        // A later HTTP/1 minor version is refused as a version, not as a malformed line.
+        (b"GET / HTTP/1.2\r\n\r\n".to_vec(), "505 HTTP Version Not Supported", false),
         (
             b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
                 .to_vec(),
