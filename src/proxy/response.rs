@@ -83,6 +83,9 @@ pub fn for_caller(mut upstream: HeaderMap, drop_length: bool) -> HeaderMap {
     // A whole answer of known length usually has none: a look at the names spares it eight
     // removals by hash.
     if upstream.keys().any(|n| HOP_BY_HOP.contains(&n.as_str())) {
+        for name in connection_named(&upstream) {
+            upstream.remove(name);
+        }
         for name in HOP_BY_HOP {
             upstream.remove(*name);
         }
@@ -102,13 +105,31 @@ pub fn for_caller(mut upstream: HeaderMap, drop_length: bool) -> HeaderMap {
 pub fn copy_upstream_headers(upstream: &HeaderMap, out: &mut HeaderMap, is_sse: bool) {
     // Room for legate's own headers too: a map that grows on the way rehashes everything.
     out.reserve(upstream.len() + OWN_HEADERS);
+    let named = connection_named(upstream);
     for (name, value) in upstream {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || (is_sse && n == "content-length") {
+        if HOP_BY_HOP.contains(&n) || (is_sse && n == "content-length") || named.contains(name) {
             continue;
         }
         out.append(name.clone(), value.clone());
     }
+}
+
+/// The headers the upstream's `Connection` names as its own hop's (RFC 9110 §7.6.1), besides
+/// the usual `keep-alive` and `close`: usually none, and then nothing is allocated.
+fn connection_named(upstream: &HeaderMap) -> Vec<HeaderName> {
+    upstream
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+                && !t.eq_ignore_ascii_case(b"close")
+        })
+        .filter_map(|t| HeaderName::from_bytes(t).ok())
+        .collect()
 }
 
 /// Whether an upstream answer comes in a coding legate did not ask for: a `content-encoding`
@@ -230,6 +251,21 @@ mod tests {
         let streamed = for_caller(up, true);
         assert!(streamed.get("content-length").is_none());
         assert_eq!(streamed.len(), 5);
+        // What the upstream's `Connection` names is its hop's too.
+        let mut named = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "X-Foo, keep-alive"),
+            ("connection", "x-bar"),
+            ("x-foo", "1"),
+            ("x-bar", "2"),
+            ("x-kept", "3"),
+        ] {
+            named.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        assert_eq!(names(&for_caller(named.clone(), false)), ["x-kept=3"]);
+        let mut copied = HeaderMap::new();
+        copy_upstream_headers(&named, &mut copied, true);
+        assert_eq!(names(&copied), ["x-kept=3"]);
         // Nothing hop-by-hop: the map comes back as it was.
         let mut plain = HeaderMap::new();
         plain.insert("x-request-id", HeaderValue::from_static("r"));

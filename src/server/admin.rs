@@ -48,12 +48,14 @@ fn foreign_host<B>(req: &Request<B>, listen_ip: std::net::IpAddr) -> bool {
     if !crate::loopback::is_loopback_ip(listen_ip) {
         return false;
     }
+    let foreign = |h: &str| !crate::proxy::inbound::host_is_local(h, listen_ip);
+    // An absolute-form target's authority stands for `Host` (RFC 9112 §3.2.2): both must be
+    // this machine.
     let host = req
         .headers()
         .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    host.is_some_and(|h| !crate::proxy::inbound::host_is_local(h, listen_ip))
+        .and_then(|h| h.to_str().ok());
+    host.is_some_and(foreign) || req.uri().authority().is_some_and(|a| foreign(a.as_str()))
 }
 
 impl Admin {
@@ -340,6 +342,22 @@ mod tests {
         assert!(foreign_host(&with_host("evil.example:9787"), loopback));
         assert!(!foreign_host(&with_host("localhost:9787"), loopback));
         assert!(!foreign_host(&with_host("[::1]:9787"), loopback));
+        // An absolute-form target names the host too.
+        let absolute = |target: &str| {
+            Request::builder()
+                .uri(target)
+                .header(header::HOST, "127.0.0.1:9787")
+                .body(())
+                .unwrap()
+        };
+        assert!(foreign_host(
+            &absolute("http://evil.example/admin/state"),
+            loopback
+        ));
+        assert!(!foreign_host(
+            &absolute("http://127.0.0.1:9787/admin/state"),
+            loopback
+        ));
         // On the pod network the kubelet and Prometheus name the pod's address.
         let pod: std::net::IpAddr = "0.0.0.0".parse().unwrap();
         assert!(!foreign_host(&with_host("10.1.2.3:9787"), pod));
