@@ -83,7 +83,12 @@ impl Admin {
             // transient work), not after.
             return Ok(held_full());
         }
-        let resp = match (req.method(), req.uri().path()) {
+        // HEAD is GET without the body (RFC 9110 §9.3.2): the connection leaves it out.
+        let method = match *req.method() {
+            Method::HEAD => &Method::GET,
+            ref m => m,
+        };
+        let resp = match (method, req.uri().path()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
             (&Method::GET, "/readyz") => {
                 if self.ready.load(Ordering::SeqCst) {
@@ -141,8 +146,8 @@ impl Admin {
                 let allowed = match path {
                     "/admin/reload" => Some("POST"),
                     "/healthz" | "/readyz" | "/metrics" | "/admin/state" | "/admin/usage"
-                    | "/admin/requests" => Some("GET"),
-                    p if p.starts_with("/admin/requests/") => Some("GET"),
+                    | "/admin/requests" => Some("GET, HEAD"),
+                    p if p.starts_with("/admin/requests/") => Some("GET, HEAD"),
                     _ => None,
                 };
                 match allowed {

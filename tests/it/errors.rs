@@ -347,8 +347,8 @@ async fn an_admin_path_asked_with_another_method_is_405_with_the_one_it_takes() 
     let env = harness::start("").await;
     for (method, path, allow) in [
         ("GET", "/admin/reload", "POST"),
-        ("POST", "/metrics", "GET"),
-        ("DELETE", "/admin/requests/lgt_1", "GET"),
+        ("POST", "/metrics", "GET, HEAD"),
+        ("DELETE", "/admin/requests/lgt_1", "GET, HEAD"),
     ] {
         let resp = env
             .http
@@ -364,6 +364,18 @@ async fn an_admin_path_asked_with_another_method_is_405_with_the_one_it_takes() 
             .await,
         Some(0.0)
     );
+    // HEAD is GET without the body.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let resp = env.http.head(env.admin_url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "HEAD {path}");
+        let declared: usize = resp.headers()["content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(declared > 0, "HEAD {path}");
+        assert!(resp.bytes().await.unwrap().is_empty(), "HEAD {path}");
+    }
     let unknown = env
         .http
         .get(env.admin_url("/admin/nothing"))
