@@ -162,6 +162,21 @@ mod tests {
         }
     }
 
+    /// Tenant `t`'s settlement of a request that held `held` and cost `cost` (pico-USD).
+    fn settlement(held: u128, cost: u128) -> Settlement {
+        Settlement {
+            tenant: "t".into(),
+            tpm: 0,
+            refund: 0,
+            cost_pico: cost,
+            budget_pico: 1_000,
+            rpm: 0,
+            request_back: false,
+            held_pico: held,
+            hold_id: 0,
+        }
+    }
+
     /// The limit that refused, or None for an admission.
     fn refused_by(d: Decision) -> Option<Limit> {
         match d {
@@ -195,17 +210,7 @@ mod tests {
         };
         let a = ask(0, 0, 0, 1_000);
         assert_eq!(m.admit_now(&a, now).ok(), Some(Decision::Admit));
-        let settle = |cost| Settlement {
-            tenant: "t".into(),
-            tpm: 0,
-            refund: 0,
-            cost_pico: cost,
-            budget_pico: 1_000,
-            rpm: 0,
-            request_back: false,
-            held_pico: 0,
-            hold_id: 0,
-        };
+        let settle = |cost| settlement(0, cost);
         m.settle_now(&settle(999), now);
         assert_eq!(
             m.admit_now(&a, now).ok(),
@@ -234,17 +239,7 @@ mod tests {
             hold_pico: hold,
             ..ask(0, 0, 0, 1_000)
         };
-        let release = |held, cost| Settlement {
-            tenant: "t".into(),
-            tpm: 0,
-            refund: 0,
-            cost_pico: cost,
-            budget_pico: 1_000,
-            rpm: 0,
-            request_back: false,
-            held_pico: held,
-            hold_id: 0,
-        };
+        let release = settlement;
         let held = Decision::Refuse {
             limit: Limit::BudgetHeld,
             retry_after: std::time::Duration::from_millis(super::super::HELD_WAIT_MS),
