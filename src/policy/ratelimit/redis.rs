@@ -129,6 +129,18 @@ impl RedisStore {
     fn pin_clock(&self, ms: u64) {
         self.pinned_clock_ms.store(ms, Ordering::Relaxed);
     }
+
+    /// What `tenant`'s requests in flight hold against its budget, as kept (None: nothing).
+    #[cfg(test)]
+    async fn held_sum(&self, tenant: &str) -> Option<String> {
+        let mut leased = self.conn.get().await.ok()?;
+        redis::cmd("HGET")
+            .arg(Keys::of(tenant).spent)
+            .arg("held")
+            .query_async(&mut leased.conn)
+            .await
+            .ok()?
+    }
 }
 
 fn clamp_tokens(n: u64) -> u64 {

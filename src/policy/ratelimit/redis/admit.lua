@@ -54,10 +54,9 @@ end
 if holding then
   redis.call('ZADD', KEYS[4], int(now + hold_ms), member)
   add_held(KEYS[3], hold)
-  -- The set lives as long as its longest hold; the sum beside it as long as a day's spend.
-  if redis.call('PTTL', KEYS[4]) < hold_ms then
-    redis.call('PEXPIRE', KEYS[4], int(hold_ms))
-  end
+  -- The set lives as long as the sum beside it: a set gone before its sum would leave
+  -- the sum holding what no member can take off any more.
+  redis.call('PEXPIRE', KEYS[4], int(SPEND_TTL_MS))
   redis.call('PEXPIRE', KEYS[3], int(SPEND_TTL_MS))
 end
 

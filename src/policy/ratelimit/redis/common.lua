@@ -124,7 +124,9 @@ local function add_held(spent_key, n)
   end
 end
 
--- How many lapsed holds one call drops: the rest go in the calls after it.
+-- How many lapsed holds one call drops, so that no call runs long: after a replica with many
+-- requests in flight is lost, the rest go in the calls after it (each refused call drops its
+-- share too), and meanwhile the budget is held a little longer.
 local LAPSED_PER_CALL = 64
 
 -- The pico-dollars held by requests in flight, as a decimal string, once the holds that
@@ -137,6 +139,12 @@ local function held_now(spent_key, held_key, now)
     if pico then
       add_held(spent_key, '-' .. pico)
     end
+  end
+  -- No member left (all settled or lapsed, or the set evicted): nothing is held, whatever
+  -- the sum says, so no drift in it can outlive the holds.
+  if redis.call('ZCARD', held_key) == 0 then
+    redis.call('HDEL', spent_key, 'held')
+    return '0'
   end
   local h = redis.call('HGET', spent_key, 'held')
   local n = tonumber(h)

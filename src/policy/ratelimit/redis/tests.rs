@@ -271,6 +271,11 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
                 Op::Wait { ms } => now.ms += ms,
             }
         }
+        // What both hold at the end, not only what they decided on the way.
+        let local = memory.snapshot(now)[tenant.as_str()]["held_pico_usd"].clone();
+        let shared: Option<String> = rt.block_on(redis.held_sum(&tenant));
+        let shared = shared.filter(|s| s != "0").unwrap_or_else(|| "0".into());
+        prop_assert_eq!(local, serde_json::json!(shared));
         Ok(())
     });
     if let Err(e) = outcome {
@@ -379,6 +384,54 @@ fn a_hold_whose_settlement_never_comes_lapses_and_is_taken_off_once() {
         };
         redis.settle(&on_time, Now::wall()).await.unwrap();
         assert_eq!(held_sum().await, ("0".to_string(), 0));
+    });
+}
+
+#[test]
+fn holds_whose_set_is_gone_hold_nothing_and_the_set_lives_as_long_as_the_sum() {
+    let Some((server, redis, rt)) = store_on_server() else {
+        return;
+    };
+    let client = Client::open(server.url()).unwrap();
+    let hold = |id| Ask {
+        hold_pico: 600,
+        hold_id: id,
+        hold_ms: 60_000,
+        ..ask("gone", 0, 0, 0, 1_000)
+    };
+    rt.block_on(async {
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        assert_eq!(
+            redis.admit(&hold(1), Now::wall()).await.unwrap(),
+            Decision::Admit
+        );
+        // Both keys expire together, two days on: the set never goes before its sum.
+        for key in ["legate:rl:{gone}:held", "legate:rl:{gone}:spent"] {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(pttl > 2 * DAY_MS as i64 - 60_000, "{key}: {pttl}");
+        }
+        // The set evicted (maxmemory) with its hold never settled: the sum says 600, but no
+        // member holds anything, so the next request is admitted alone.
+        let _: i64 = redis::cmd("DEL")
+            .arg("legate:rl:{gone}:held")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            redis.admit(&hold(2), Now::wall()).await.unwrap(),
+            Decision::Admit
+        );
+        let sum: String = redis::cmd("HGET")
+            .arg("legate:rl:{gone}:spent")
+            .arg("held")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(sum, "600");
     });
 }
 
