@@ -141,7 +141,7 @@ impl Admin {
                 })
                 .await
             }
-            (method, path) => {
+            (_, path) => {
                 // A known path asked with another method is 405 with the one it takes.
                 let allowed = match path {
                     "/admin/reload" => Some("POST"),
@@ -154,7 +154,7 @@ impl Admin {
                     Some(allow) => {
                         let mut r = json(
                             StatusCode::METHOD_NOT_ALLOWED,
-                            &serde_json::json!({"error": format!("{path} takes {allow}, not {method}")}),
+                            &serde_json::json!({"error": format!("{path} takes {allow}, not {}", req.method())}),
                         );
                         r.headers_mut()
                             .insert(header::ALLOW, HeaderValue::from_static(allow));

@@ -374,7 +374,6 @@ async fn an_admin_path_asked_with_another_method_is_405_with_the_one_it_takes() 
             .parse()
             .unwrap();
         assert!(declared > 0, "HEAD {path}");
-        assert!(resp.bytes().await.unwrap().is_empty(), "HEAD {path}");
     }
     let unknown = env
         .http

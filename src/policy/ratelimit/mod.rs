@@ -347,18 +347,15 @@ impl Reservation {
     }
 
     /// The provider answered but reported no usage (an OpenAI stream cut before its usage chunk):
-    /// the estimate stands, nothing is refunded, and the cost held against the budget is
-    /// counted as spent.
+    /// the token estimate stands, nothing is refunded. No cost is known, so none is spent
+    /// (the ledger counts none either); the hold on the budget is released.
     pub fn keep(&mut self) {
         self.keep_plus(0, 0);
     }
 
     /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
     pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128) {
-        self.settle(
-            self.reserved.saturating_add(tokens),
-            cost_pico.saturating_add(self.held_pico),
-        );
+        self.settle(self.reserved.saturating_add(tokens), cost_pico);
     }
 
     /// Settles with the tokens actually used and their cost.

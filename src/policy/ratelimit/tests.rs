@@ -128,3 +128,20 @@ async fn a_reservation_taken_in_the_shared_store_is_not_refunded_into_local_buck
     assert!((900..950).contains(&local), "{local}");
     assert!(flaky.refunds.lock().is_empty());
 }
+
+#[tokio::test]
+async fn an_answer_without_usage_releases_its_hold_and_spends_nothing() {
+    let gauge = IntGauge::new("degraded", "degraded").unwrap();
+    let limiter = Arc::new(Limiter::new(None, gauge));
+    let held = Ask {
+        budget_pico: 1_000,
+        hold_pico: 600,
+        ..ask("t", 10)
+    };
+    reserve(&limiter, &held, Charged::Local).await.keep();
+    let state = &limiter.local_snapshot()["t"];
+    assert_eq!(state["held_pico_usd"], "0");
+    assert_eq!(state["spent_today_pico_usd"], "0");
+    // The token estimate stands.
+    assert_eq!(local_tokens(&limiter, "t"), 990);
+}
