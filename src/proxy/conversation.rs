@@ -350,10 +350,17 @@ fn relayed_fields(
     id: Option<Range<usize>>,
     usage: Option<Range<usize>>,
 ) -> (Option<Cow<'_, str>>, Option<Usage>) {
+    // Borrowed when the string has no escapes (as ids do): serde's own `Cow<str>` is always a
+    // copy. Only an id with escapes is read again, into a string of its own.
     let id = id.and_then(|span| {
-        serde_json::from_slice::<Option<Cow<'_, str>>>(&body[span])
-            .ok()
-            .flatten()
+        let text = &body[span];
+        match serde_json::from_slice::<Option<&str>>(text) {
+            Ok(id) => id.map(Cow::Borrowed),
+            Err(_) => serde_json::from_slice::<Option<String>>(text)
+                .ok()
+                .flatten()
+                .map(Cow::Owned),
+        }
     });
     let usage = usage.and_then(|span| openai_responses::usage_of_member(&body[span]));
     (id, usage)
@@ -413,6 +420,8 @@ mod tests {
             "usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":30},"output_tokens":7}}"#;
         let (id, usage) = read_relayed(body);
         assert_eq!(id.as_deref(), Some("resp_1"));
+        // An id without escapes is the body's own text, not a copy.
+        assert!(matches!(id, Some(Cow::Borrowed(_))));
         assert_eq!(
             usage,
             Some(Usage {
