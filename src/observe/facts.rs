@@ -67,7 +67,8 @@ impl AttemptFacts {
 /// Everything the access log line says, plus what the journal and traces add.
 #[derive(Debug, Clone)]
 pub struct Facts {
-    pub request_id: String,
+    /// Its numbers, not its text: nothing copied per request.
+    pub request_id: super::RequestId,
     /// `default` is borrowed, not copied for every request.
     pub tenant: Cow<'static, str>,
     pub api: &'static str,
@@ -106,7 +107,7 @@ pub struct Facts {
 
 impl Facts {
     pub fn new(
-        request_id: String,
+        request_id: super::RequestId,
         api: &'static str,
         method: Cow<'static, str>,
         path: Cow<'static, str>,
@@ -166,7 +167,7 @@ impl Facts {
         let mut put = |k: &str, v: Value| {
             m.insert(k.to_string(), v);
         };
-        put("request_id", json!(self.request_id));
+        put("request_id", json!(self.request_id.render()));
         put("tenant", json!(self.tenant));
         put("api", json!(self.api));
         put("method", json!(self.method));

@@ -87,7 +87,7 @@ impl RequestObs {
     /// and, with export on, its trace identity continued from the caller's `traceparent`.
     pub fn start(
         observer: &Arc<Observer>,
-        request_id: &str,
+        request_id: super::RequestId,
         api: &'static str,
         method: &http::Method,
         path: &str,
@@ -96,7 +96,7 @@ impl RequestObs {
     ) -> Self {
         let span = tracing::info_span!("request", request_id = %request_id);
         let mut facts = Facts::new(
-            request_id.to_string(),
+            request_id,
             api,
             borrowed_or_copied(method.as_str(), METHODS),
             // Bounded: a path is caller-chosen. Cut at its 256th character and copied once

@@ -128,7 +128,7 @@ impl Proxy {
         endpoint: Endpoint,
         tenant: &str,
         req: Request<CallerBody>,
-        rid: &str,
+        rid: crate::observe::RequestId,
         record: &mut Option<RequestRecord>,
         obs: &RequestObs,
     ) -> Result<Inbound, ProxyError> {

@@ -108,7 +108,7 @@ pub struct Inbound {
 struct Served {
     proxy: Arc<Proxy>,
     snap: Arc<Snapshot>,
-    rid: String,
+    rid: crate::observe::RequestId,
     obs: crate::observe::RequestObs,
     /// Still here unless an upstream body took it over.
     record: Option<RequestRecord>,
@@ -209,7 +209,7 @@ impl Proxy {
         };
         let obs = crate::observe::RequestObs::start(
             &self.observer,
-            &rid,
+            rid,
             api_label,
             req.method(),
             req.uri().path(),
@@ -221,7 +221,7 @@ impl Proxy {
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
         if websocket {
-            let refused = responses::refuse_websocket(rec, &obs, &rid);
+            let refused = responses::refuse_websocket(rec, &obs, &rid.render());
             return Either::Left(std::future::ready(Ok(refused)));
         }
         let span = obs.span().clone();
@@ -261,7 +261,7 @@ impl Proxy {
                         tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
                     }
                     let close = http1 && err.ends_connection();
-                    let (parts, body) = err.render(api, &rid).into_parts();
+                    let (parts, body) = err.render(api, &rid.render()).into_parts();
                     let mut resp = Response::from_parts(parts, ProxyBody::full(body));
                     // The rest of a body left unread is read and dropped by the HTTP/1
                     // connection after the answer, which then goes on; only one too slow to
@@ -279,7 +279,7 @@ impl Proxy {
             if let Some(rec) = record.take() {
                 rec.finish(resp.status().as_u16());
             }
-            response::set_header_owned(&mut resp, "x-legate-request-id", rid);
+            response::set_header_owned(&mut resp, "x-legate-request-id", rid.render());
             Ok(crate::observe::capture::wrap(resp, obs, &snap))
         })
     }
@@ -343,7 +343,7 @@ impl Proxy {
         snap: Arc<Snapshot>,
         endpoint: Option<Endpoint>,
         req: Request<CallerBody>,
-        rid: String,
+        rid: crate::observe::RequestId,
         mut record: Option<RequestRecord>,
         obs: crate::observe::RequestObs,
     ) -> Served {
@@ -359,7 +359,7 @@ impl Proxy {
                 break 'served answered;
             }
             let inbound = match self
-                .take_in(&snap, endpoint, &tenant, req, &rid, &mut record, &obs)
+                .take_in(&snap, endpoint, &tenant, req, rid, &mut record, &obs)
                 .await
             {
                 Ok(inbound) => inbound,
