@@ -170,23 +170,20 @@ impl RequestObs {
     pub fn passed_over(&self, step_no: usize, step: &ChainStep, outcome: &'static str, why: &str) {
         let now = Instant::now();
         self.update(|f| {
-            push_step(
-                &mut f.steps,
-                AttemptFacts {
-                    step: step_no,
-                    called: step.clone(),
-                    provider_kind: "",
-                    server: None,
-                    started: now,
-                    started_wall: SystemTime::now(),
-                    duration: std::time::Duration::ZERO,
-                    status: None,
-                    outcome,
-                    why: Some(why.to_string()),
-                    span_id: None,
-                    sent: false,
-                },
-            )
+            f.steps.push(AttemptFacts {
+                step: step_no,
+                called: step.clone(),
+                provider_kind: "",
+                server: None,
+                started: now,
+                started_wall: SystemTime::now(),
+                duration: std::time::Duration::ZERO,
+                status: None,
+                outcome,
+                why: Some(why.to_string()),
+                span_id: None,
+                sent: false,
+            })
         });
     }
 
@@ -265,17 +262,8 @@ impl AttemptScope {
         a.outcome = outcome;
         a.why = why;
         let facts = self.facts;
-        self.obs.update(|f| push_step(&mut f.steps, facts));
+        self.obs.update(|f| f.steps.push(facts));
     }
-}
-
-/// Most requests make one attempt: the first push reserves room for exactly one (a plain push
-/// reserves four), so the journal keeps the list without shrinking it, a realloc per request.
-fn push_step(steps: &mut Vec<AttemptFacts>, a: AttemptFacts) {
-    if steps.capacity() == 0 {
-        steps.reserve_exact(1);
-    }
-    steps.push(a);
 }
 
 /// What an exchange and the chain's action on it say, in the journal's words. Never message
