@@ -350,7 +350,7 @@ impl Proxy {
         let mut stats = exchange::Spent::default();
         // A block, not a nested future: its steps' futures are this one's, not moved into it.
         let result = 'served: {
-            let (endpoint, tenant) = match self.screen(&snap, endpoint, &req, &mut record) {
+            let (endpoint, tenant) = match self.screen(&snap, endpoint, &req, &mut record, &obs) {
                 Ok(screened) => screened,
                 Err(e) => break 'served Err(e),
             };
@@ -390,6 +390,7 @@ impl Proxy {
         endpoint: Option<Endpoint>,
         req: &Request<CallerBody>,
         record: &mut Option<RequestRecord>,
+        obs: &crate::observe::RequestObs,
     ) -> Result<(Endpoint, Cow<'static, str>), ProxyError> {
         let cfg = &snap.cfg;
         // 0. Origin: a web page in a browser never gets further, whatever else it sends.
@@ -415,7 +416,7 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        self.note_client_retry(snap, endpoint, &tenant, req.headers());
+        self.note_client_retry(snap, endpoint, &tenant, obs.client_retry());
         Ok((endpoint, tenant))
     }
 
@@ -425,9 +426,9 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Endpoint,
         tenant: &str,
-        headers: &HeaderMap,
+        client_retry: Option<u64>,
     ) {
-        if let Some(retries) = intake::client_retry_count(headers) {
+        if let Some(retries) = client_retry {
             self.metrics
                 .client_retries
                 .with_label_values(&[endpoint.api.as_str(), snap.labels.tenant(tenant)])
