@@ -64,10 +64,70 @@ impl AttemptFacts {
     }
 }
 
+/// A request's attempts, in order. The first is kept inline: nearly every request makes
+/// exactly one, and a list of its own was an allocation per request (and a free when the
+/// journal let the entry go).
+#[derive(Debug, Clone, Default)]
+pub struct Steps {
+    first: Option<AttemptFacts>,
+    rest: Vec<AttemptFacts>,
+}
+
+impl Steps {
+    pub fn push(&mut self, a: AttemptFacts) {
+        match self.first {
+            None => self.first = Some(a),
+            Some(_) => self.rest.push(a),
+        }
+    }
+
+    pub fn iter(
+        &self,
+    ) -> std::iter::Chain<std::option::Iter<'_, AttemptFacts>, std::slice::Iter<'_, AttemptFacts>>
+    {
+        self.first.iter().chain(&self.rest)
+    }
+
+    pub fn last(&self) -> Option<&AttemptFacts> {
+        self.rest.last().or(self.first.as_ref())
+    }
+
+    pub fn last_mut(&mut self) -> Option<&mut AttemptFacts> {
+        match self.rest.last_mut() {
+            Some(a) => Some(a),
+            None => self.first.as_mut(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Drops the room a list grown by pushes keeps (an entry the journal holds).
+    pub fn shrink_to_fit(&mut self) {
+        self.rest.shrink_to_fit();
+    }
+}
+
+impl<'a> IntoIterator for &'a Steps {
+    type Item = &'a AttemptFacts;
+    type IntoIter =
+        std::iter::Chain<std::option::Iter<'a, AttemptFacts>, std::slice::Iter<'a, AttemptFacts>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// Everything the access log line says, plus what the journal and traces add.
 #[derive(Debug, Clone)]
 pub struct Facts {
-    pub request_id: String,
+    /// Its numbers, not its text: nothing copied per request.
+    pub request_id: super::RequestId,
     /// `default` is borrowed, not copied for every request.
     pub tenant: Cow<'static, str>,
     pub api: &'static str,
@@ -96,7 +156,7 @@ pub struct Facts {
     pub client_retry: Option<u64>,
     /// Estimated input tokens at admission minus those the provider reported.
     pub estimate_error: Option<i64>,
-    pub steps: Vec<AttemptFacts>,
+    pub steps: Steps,
     pub trace: Option<TraceIds>,
     /// Read from the answer as it passed (for traces).
     pub response_id: Option<String>,
@@ -106,7 +166,7 @@ pub struct Facts {
 
 impl Facts {
     pub fn new(
-        request_id: String,
+        request_id: super::RequestId,
         api: &'static str,
         method: Cow<'static, str>,
         path: Cow<'static, str>,
@@ -136,7 +196,7 @@ impl Facts {
             cost_pico: None,
             client_retry: None,
             estimate_error: None,
-            steps: Vec::new(),
+            steps: Steps::default(),
             trace: None,
             response_id: None,
             response_model: None,
@@ -166,7 +226,7 @@ impl Facts {
         let mut put = |k: &str, v: Value| {
             m.insert(k.to_string(), v);
         };
-        put("request_id", json!(self.request_id));
+        put("request_id", json!(self.request_id.render()));
         put("tenant", json!(self.tenant));
         put("api", json!(self.api));
         put("method", json!(self.method));
@@ -204,4 +264,45 @@ impl Facts {
 /// Milliseconds with microsecond precision.
 pub fn ms(d: Duration) -> f64 {
     (d.as_micros() as f64) / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(step: usize) -> AttemptFacts {
+        AttemptFacts {
+            step,
+            called: ChainStep::new("p", "m", None, false),
+            provider_kind: "anthropic",
+            server: None,
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            duration: Duration::ZERO,
+            status: None,
+            outcome: "ok",
+            why: None,
+            span_id: None,
+            sent: true,
+        }
+    }
+
+    #[test]
+    fn steps_keep_their_order_with_the_first_inline() {
+        let mut steps = Steps::default();
+        assert!(steps.is_empty() && steps.last().is_none());
+        steps.push(attempt(1));
+        assert_eq!((steps.len(), steps.last().map(|a| a.step)), (1, Some(1)));
+        assert!(steps.rest.capacity() == 0, "one attempt allocates nothing");
+        steps.push(attempt(2));
+        steps.push(attempt(3));
+        if let Some(a) = steps.last_mut() {
+            a.outcome = "retryable";
+        }
+        let seen: Vec<_> = steps.iter().map(|a| (a.step, a.outcome)).collect();
+        assert_eq!(seen, [(1, "ok"), (2, "ok"), (3, "retryable")]);
+        let back: Vec<_> = (&steps).into_iter().rev().map(|a| a.step).collect();
+        assert_eq!(back, [3, 2, 1]);
+        assert_eq!(steps.len(), 3);
+    }
 }

@@ -154,7 +154,7 @@ impl Journal {
             .lock()
             .iter()
             .rev()
-            .find(|e| e.facts.request_id == id)
+            .find(|e| e.facts.request_id.is(id))
             .cloned();
         found.map(|e| e.doc())
     }
@@ -208,9 +208,13 @@ pub fn parse_query(q: Option<&str>) -> Result<Query, String> {
 mod tests {
     use super::*;
 
-    fn rec(id: &str, status: u16, tenant: &str) -> Facts {
+    fn id(n: u64) -> String {
+        crate::observe::RequestId::new(0, n).render()
+    }
+
+    fn rec(n: u64, status: u16, tenant: &str) -> Facts {
         let mut f = Facts::new(
-            id.into(),
+            crate::observe::RequestId::new(0, n),
             "anthropic",
             "POST".into(),
             "/v1/messages".into(),
@@ -225,27 +229,27 @@ mod tests {
     fn the_ring_keeps_the_newest_within_its_size() {
         let j = Journal::new(3);
         for i in 0..10 {
-            j.push(rec(&format!("r{i}"), 200, "a"), (None, None));
+            j.push(rec(i, 200, "a"), (None, None));
         }
         assert_eq!(j.len(), 3);
-        assert!(j.get("r6").is_none());
-        assert!(j.get("r9").is_some());
+        assert!(j.get(&id(6)).is_none());
+        assert!(j.get(&id(9)).is_some());
         let list = j.list(&Query::default());
-        let ids: Vec<&str> = list["requests"]
+        let ids: Vec<String> = list["requests"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|e| e["request_id"].as_str().unwrap())
+            .map(|e| e["request_id"].as_str().unwrap().to_owned())
             .collect();
-        assert_eq!(ids, ["r9", "r8", "r7"]);
+        assert_eq!(ids, [id(9), id(8), id(7)]);
     }
 
     #[test]
     fn filters_by_status_class_and_tenant() {
         let j = Journal::new(10);
-        j.push(rec("a", 200, "t1"), (None, None));
-        j.push(rec("b", 429, "t1"), (None, None));
-        j.push(rec("c", 503, "t2"), (None, None));
+        j.push(rec(1, 200, "t1"), (None, None));
+        j.push(rec(2, 429, "t1"), (None, None));
+        j.push(rec(3, 503, "t2"), (None, None));
         let q = |s: &str| parse_query(Some(s)).unwrap();
         let n = |v: Value| v["requests"].as_array().unwrap().len();
         assert_eq!(n(j.list(&q("status=4xx"))), 1);
@@ -259,7 +263,7 @@ mod tests {
     #[test]
     fn a_journal_of_size_zero_keeps_nothing() {
         let j = Journal::new(0);
-        j.push(rec("a", 200, "t"), (None, None));
+        j.push(rec(1, 200, "t"), (None, None));
         assert!(j.is_empty());
     }
 }

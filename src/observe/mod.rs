@@ -11,6 +11,7 @@ pub mod journal;
 pub mod logfmt;
 pub mod otel;
 pub mod request;
+pub mod request_id;
 pub mod traceparent;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::config::observe::ObserveConfig;
 use facts::Facts;
 use journal::Journal;
 pub use request::RequestObs;
+pub use request_id::RequestId;
 
 /// Per server: where finished requests are reported.
 pub struct Observer {
@@ -85,9 +87,6 @@ impl Observer {
     /// fields only when the access log is enabled); the journal keeps the entry itself.
     pub(crate) fn report_entry(&self, entry: Arc<journal::Entry>) {
         let facts = &entry.facts;
-        if facts.request_id.is_empty() {
-            return;
-        }
         tracing::info!(
             target: "legate::access",
             record = %serde_json::Value::Object(facts.record()),
@@ -119,7 +118,7 @@ mod tests {
         let observer = Observer::journal_only(1000);
         for i in 0..10_000 {
             let mut f = Facts::new(
-                format!("lgt_{i}"),
+                RequestId::new(0, i),
                 "anthropic",
                 "POST".into(),
                 "/v1/messages".into(),
@@ -130,7 +129,8 @@ mod tests {
             assert!(observer.journal().len() <= 1000);
         }
         assert_eq!(observer.journal().len(), 1000);
-        assert!(observer.journal().get("lgt_8999").is_none());
-        assert!(observer.journal().get("lgt_9000").is_some());
+        let id = |n| RequestId::new(0, n).render();
+        assert!(observer.journal().get(&id(8999)).is_none());
+        assert!(observer.journal().get(&id(9000)).is_some());
     }
 }

@@ -63,6 +63,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock()
 }
 
+// Looked up by a name made once: a `&str` name is parsed, validated and lowered again on
+// every lookup (about 450 instructions for this one, which most callers do not send).
+const CLIENT_RETRY_COUNT: http::HeaderName =
+    http::HeaderName::from_static("x-stainless-retry-count");
+
+/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
+fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(&CLIENT_RETRY_COUNT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+}
+
 /// Methods and paths nearly every request has: its facts borrow these instead of copying.
 const METHODS: &[&str] = &["POST", "GET", "DELETE"];
 const API_PATHS: &[&str] = &[
@@ -87,7 +101,7 @@ impl RequestObs {
     /// and, with export on, its trace identity continued from the caller's `traceparent`.
     pub fn start(
         observer: &Arc<Observer>,
-        request_id: &str,
+        request_id: super::RequestId,
         api: &'static str,
         method: &http::Method,
         path: &str,
@@ -96,7 +110,7 @@ impl RequestObs {
     ) -> Self {
         let span = tracing::info_span!("request", request_id = %request_id);
         let mut facts = Facts::new(
-            request_id.to_string(),
+            request_id,
             api,
             borrowed_or_copied(method.as_str(), METHODS),
             // Bounded: a path is caller-chosen. Cut at its 256th character and copied once
@@ -107,11 +121,7 @@ impl RequestObs {
             },
             started,
         );
-        facts.client_retry = headers
-            .get("x-stainless-retry-count")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|n| *n > 0);
+        facts.client_retry = client_retry_count(headers);
         if observer.tracing() {
             let parent = headers
                 .get("traceparent")
@@ -134,6 +144,12 @@ impl RequestObs {
             entry: Mutex::new(Some(Arc::new(Entry::new(facts)))),
             secrets: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The caller's `x-stainless-retry-count` when above 0, as read at the start: the header
+    /// is looked up once per request.
+    pub fn client_retry(&self) -> Option<u64> {
+        self.0.read(|f| f.client_retry).flatten()
     }
 
     pub fn span(&self) -> &tracing::Span {
@@ -170,23 +186,20 @@ impl RequestObs {
     pub fn passed_over(&self, step_no: usize, step: &ChainStep, outcome: &'static str, why: &str) {
         let now = Instant::now();
         self.update(|f| {
-            push_step(
-                &mut f.steps,
-                AttemptFacts {
-                    step: step_no,
-                    called: step.clone(),
-                    provider_kind: "",
-                    server: None,
-                    started: now,
-                    started_wall: SystemTime::now(),
-                    duration: std::time::Duration::ZERO,
-                    status: None,
-                    outcome,
-                    why: Some(why.to_string()),
-                    span_id: None,
-                    sent: false,
-                },
-            )
+            f.steps.push(AttemptFacts {
+                step: step_no,
+                called: step.clone(),
+                provider_kind: "",
+                server: None,
+                started: now,
+                started_wall: SystemTime::now(),
+                duration: std::time::Duration::ZERO,
+                status: None,
+                outcome,
+                why: Some(why.to_string()),
+                span_id: None,
+                sent: false,
+            })
         });
     }
 
@@ -287,27 +300,18 @@ impl Drop for AttemptScope {
         };
         a.duration = a.started.elapsed();
         if self.ended {
-            self.obs.update(|f| push_step(&mut f.steps, a));
+            self.obs.update(|f| f.steps.push(a));
             return;
         }
         a.why = Some("cut short: the request ended before this attempt did".to_string());
         self.obs.update(|f| {
-            push_step(&mut f.steps, a);
+            f.steps.push(a);
             // A request whose caller left is never stamped with its count: count its attempts
             // sent here (stamping, at shutdown's grace, writes the same count again).
             let sent = f.steps.iter().filter(|s| s.sent).count();
             f.attempts = f.attempts.max(u32::try_from(sent).unwrap_or(u32::MAX));
         });
     }
-}
-
-/// Most requests make one attempt: the first push reserves room for exactly one (a plain push
-/// reserves four), so the journal keeps the list without shrinking it, a realloc per request.
-fn push_step(steps: &mut Vec<AttemptFacts>, a: AttemptFacts) {
-    if steps.capacity() == 0 {
-        steps.reserve_exact(1);
-    }
-    steps.push(a);
 }
 
 /// What an exchange and the chain's action on it say, in the journal's words. Never message

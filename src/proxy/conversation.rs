@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::api::{ApiKind, Operation, openai_responses};
 use crate::error::ProxyError;
 use crate::meter::Usage;
+use crate::observe::RequestId;
 use crate::proxy::Inbound;
 use crate::proxy::inbound::Endpoint;
 use crate::proxy::upbody::EventTranslator;
@@ -30,7 +31,9 @@ use crate::translate::{self, Xlate};
 /// A Responses request's conversation: the id a translated answer gets, what came before
 /// (from the store), and whether this turn is kept.
 pub struct Conversation {
-    pub id: String,
+    /// The request's id, from which a translated answer's own (`resp_…`) is written when one
+    /// is made: a relayed answer has the provider's id, and most answers are relayed.
+    request_id: RequestId,
     pub created_at: u64,
     /// The caller's `previous_response_id`, and what the store holds for it.
     pub prior_id: Option<String>,
@@ -48,7 +51,7 @@ impl Conversation {
     pub async fn load(
         store: Arc<ConversationStore>,
         body: &Bytes,
-        request_id: &str,
+        request_id: RequestId,
     ) -> Result<Self, ProxyError> {
         // One walk over the body for all three of its members the store needs.
         let turn = responses::Turn::read_shared(body);
@@ -73,13 +76,8 @@ impl Conversation {
             None => turn.input,
         };
         let keep = turn.store;
-        // Sized once: `format!` sizes it for the literal part and grows it on the way.
-        let suffix = request_id.trim_start_matches("lgt_");
-        let mut id = String::with_capacity("resp_".len() + suffix.len());
-        id.push_str("resp_");
-        id.push_str(suffix);
         Ok(Conversation {
-            id,
+            request_id,
             created_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -96,7 +94,7 @@ impl Conversation {
         store: &Arc<ConversationStore>,
         endpoint: Endpoint,
         body: &Bytes,
-        request_id: &str,
+        request_id: RequestId,
     ) -> Result<Option<Arc<Self>>, ProxyError> {
         if endpoint.api != ApiKind::Responses || endpoint.op != Operation::Generate {
             return Ok(None);
@@ -105,8 +103,19 @@ impl Conversation {
         Ok(Some(Arc::new(conv)))
     }
 
+    /// The id of an answer made here: `resp_` and the request id's own digits.
+    fn id(&self) -> String {
+        let rid = self.request_id.render();
+        let suffix = rid.trim_start_matches("lgt_");
+        // Sized once: `format!` sizes it for the literal part and grows it on the way.
+        let mut id = String::with_capacity("resp_".len() + suffix.len());
+        id.push_str("resp_");
+        id.push_str(suffix);
+        id
+    }
+
     fn ctx(&self, body: &[u8]) -> ResponseCtx {
-        ResponseCtx::new(self.id.clone(), self.created_at, body)
+        ResponseCtx::new(self.id(), self.created_at, body)
     }
 
     /// Keeps a finished response built here (a translated one).
@@ -350,10 +359,17 @@ fn relayed_fields(
     id: Option<Range<usize>>,
     usage: Option<Range<usize>>,
 ) -> (Option<Cow<'_, str>>, Option<Usage>) {
+    // Borrowed when the string has no escapes (as ids do): serde's own `Cow<str>` is always a
+    // copy. Only an id with escapes is read again, into a string of its own.
     let id = id.and_then(|span| {
-        serde_json::from_slice::<Option<Cow<'_, str>>>(&body[span])
-            .ok()
-            .flatten()
+        let text = &body[span];
+        match serde_json::from_slice::<Option<&str>>(text) {
+            Ok(id) => id.map(Cow::Borrowed),
+            Err(_) => serde_json::from_slice::<Option<String>>(text)
+                .ok()
+                .flatten()
+                .map(Cow::Owned),
+        }
     });
     let usage = usage.and_then(|span| openai_responses::usage_of_member(&body[span]));
     (id, usage)
@@ -413,6 +429,8 @@ mod tests {
             "usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":30},"output_tokens":7}}"#;
         let (id, usage) = read_relayed(body);
         assert_eq!(id.as_deref(), Some("resp_1"));
+        // An id without escapes is the body's own text, not a copy.
+        assert!(matches!(id, Some(Cow::Borrowed(_))));
         assert_eq!(
             usage,
             Some(Usage {

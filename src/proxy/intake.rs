@@ -148,7 +148,7 @@ impl Proxy {
         endpoint: Endpoint,
         tenant: &str,
         req: Request<CallerBody>,
-        rid: &str,
+        rid: crate::observe::RequestId,
         record: &mut Option<RequestRecord>,
         obs: &RequestObs,
     ) -> Result<Inbound, ProxyError> {
@@ -231,19 +231,8 @@ fn estimated_cost(cfg: &Config, endpoint: Endpoint, meta: &RequestMeta, output: 
 }
 
 // Looked up by name: a `&str` name is parsed and validated again on every lookup.
-const CLIENT_RETRY_COUNT: http::HeaderName =
-    http::HeaderName::from_static("x-stainless-retry-count");
 const PRIORITY: http::HeaderName = http::HeaderName::from_static("x-legate-priority");
 const DEADLINE_MS: http::HeaderName = http::HeaderName::from_static("x-legate-deadline-ms");
-
-/// The caller's `x-stainless-retry-count` when it is above 0 (the SDK retrying by itself).
-pub(super) fn client_retry_count(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(&CLIENT_RETRY_COUNT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|n| *n > 0)
-}
 
 /// `x-legate-priority`, if the caller sent a valid one.
 pub(super) fn requested_priority(headers: &HeaderMap) -> Option<Priority> {

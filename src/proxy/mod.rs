@@ -108,7 +108,7 @@ pub struct Inbound {
 struct Served {
     proxy: Arc<Proxy>,
     snap: Arc<Snapshot>,
-    rid: String,
+    rid: crate::observe::RequestId,
     obs: crate::observe::RequestObs,
     /// Still here unless an upstream body took it over.
     record: Option<RequestRecord>,
@@ -209,7 +209,7 @@ impl Proxy {
         };
         let obs = crate::observe::RequestObs::start(
             &self.observer,
-            &rid,
+            rid,
             api_label,
             req.method(),
             req.uri().path(),
@@ -221,7 +221,7 @@ impl Proxy {
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
         if websocket {
-            let refused = responses::refuse_websocket(rec, &obs, &rid);
+            let refused = responses::refuse_websocket(rec, &obs, &rid.render());
             return Either::Left(std::future::ready(Ok(refused)));
         }
         let span = obs.span().clone();
@@ -261,7 +261,7 @@ impl Proxy {
                         tracing::debug!(request_id = %rid, error = err.kind(), "request refused");
                     }
                     let close = http1 && err.ends_connection();
-                    let (parts, body) = err.render(api, &rid).into_parts();
+                    let (parts, body) = err.render(api, &rid.render()).into_parts();
                     let mut resp = Response::from_parts(parts, ProxyBody::full(body));
                     // The rest of a body left unread is read and dropped by the HTTP/1
                     // connection after the answer, which then goes on; only one too slow to
@@ -279,7 +279,7 @@ impl Proxy {
             if let Some(rec) = record.take() {
                 rec.finish(resp.status().as_u16());
             }
-            response::set_header_owned(&mut resp, "x-legate-request-id", rid);
+            response::set_header_owned(&mut resp, "x-legate-request-id", rid.render());
             Ok(crate::observe::capture::wrap(resp, obs, &snap))
         })
     }
@@ -343,14 +343,14 @@ impl Proxy {
         snap: Arc<Snapshot>,
         endpoint: Option<Endpoint>,
         req: Request<CallerBody>,
-        rid: String,
+        rid: crate::observe::RequestId,
         mut record: Option<RequestRecord>,
         obs: crate::observe::RequestObs,
     ) -> Served {
         let mut stats = exchange::Spent::default();
         // A block, not a nested future: its steps' futures are this one's, not moved into it.
         let result = 'served: {
-            let (endpoint, tenant) = match self.screen(&snap, endpoint, &req, &mut record) {
+            let (endpoint, tenant) = match self.screen(&snap, endpoint, &req, &mut record, &obs) {
                 Ok(screened) => screened,
                 Err(e) => break 'served Err(e),
             };
@@ -359,7 +359,7 @@ impl Proxy {
                 break 'served answered;
             }
             let inbound = match self
-                .take_in(&snap, endpoint, &tenant, req, &rid, &mut record, &obs)
+                .take_in(&snap, endpoint, &tenant, req, rid, &mut record, &obs)
                 .await
             {
                 Ok(inbound) => inbound,
@@ -390,6 +390,7 @@ impl Proxy {
         endpoint: Option<Endpoint>,
         req: &Request<CallerBody>,
         record: &mut Option<RequestRecord>,
+        obs: &crate::observe::RequestObs,
     ) -> Result<(Endpoint, Cow<'static, str>), ProxyError> {
         let cfg = &snap.cfg;
         // 0. Origin: a web page in a browser never gets further, whatever else it sends.
@@ -415,7 +416,7 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_tenant(snap.labels.tenant(&tenant));
         }
-        self.note_client_retry(snap, endpoint, &tenant, req.headers());
+        self.note_client_retry(snap, endpoint, &tenant, obs.client_retry());
         Ok((endpoint, tenant))
     }
 
@@ -425,9 +426,9 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Endpoint,
         tenant: &str,
-        headers: &HeaderMap,
+        client_retry: Option<u64>,
     ) {
-        if let Some(retries) = intake::client_retry_count(headers) {
+        if let Some(retries) = client_retry {
             self.metrics
                 .client_retries
                 .with_label_values(&[endpoint.api.as_str(), snap.labels.tenant(tenant)])

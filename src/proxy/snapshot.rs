@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::Config;
+use crate::observe::RequestId;
 use crate::route::Labels;
 use crate::upstream::{Lanes, Upstream};
 
@@ -61,38 +62,14 @@ impl RequestIds {
         }
     }
 
-    /// `lgt_`, the prefix in 12 hex digits and the counter in at least 8: the text of
-    /// `format!("lgt_{:012x}{:08x}")`, written into one allocation of its final size (the
-    /// formatter grew the string twice and wrote the padding a character at a time).
     /// How many ids have been handed out: one per request the data plane has seen, so a value
     /// that has not moved means no request arrived in between.
     pub fn issued(&self) -> u64 {
         self.next.load(Ordering::Relaxed)
     }
 
-    pub fn next_id(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let (prefix_digits, n_digits) = (hex_digits(self.prefix, 12), hex_digits(n, 8));
-        let mut id = String::with_capacity(4 + prefix_digits + n_digits);
-        id.push_str("lgt_");
-        push_hex(&mut id, self.prefix, prefix_digits);
-        push_hex(&mut id, n, n_digits);
-        id
-    }
-}
-
-/// How many hex digits `v` takes, at least `width`.
-fn hex_digits(v: u64, width: usize) -> usize {
-    let significant = (64 - v.leading_zeros() as usize).div_ceil(4);
-    significant.max(width)
-}
-
-/// Writes the lowest `digits` hex digits of `v` (lower case), zero-padded.
-fn push_hex(out: &mut String, v: u64, digits: usize) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for i in (0..digits).rev() {
-        let nibble = v.checked_shr(4 * i as u32).unwrap_or(0) & 0xf;
-        out.push(char::from(HEX[nibble as usize]));
+    pub fn next_id(&self) -> RequestId {
+        RequestId::new(self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -121,7 +98,7 @@ mod tests {
                 prefix,
                 next: AtomicU64::new(n),
             };
-            assert_eq!(ids.next_id(), format!("lgt_{prefix:012x}{n:08x}"));
+            assert_eq!(ids.next_id().render(), format!("lgt_{prefix:012x}{n:08x}"));
             assert_eq!(ids.next.load(Ordering::Relaxed), n.wrapping_add(1));
         }
     }

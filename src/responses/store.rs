@@ -81,16 +81,20 @@ impl Stored {
         } else {
             b",\"passthrough\":false}"
         };
+        let rest = RESPONSE.len() + response_len + end.len();
+        // With the input as text and the response's length known (a relayed answer), the
+        // whole entry is one allocation of exactly its size: a first one for the input, grown
+        // for the rest, cost a realloc that copied the input, per kept response.
         let mut out = Vec::with_capacity(match input {
-            Items::Text(text) => b"{\"input\":".len() + text.len() + RESPONSE.len(),
+            Items::Text(text) => b"{\"input\":".len() + text.len() + rest,
             Items::Values(_) => INPUT_ROOM,
         });
         out.extend_from_slice(b"{\"input\":");
         input.write_to(&mut out);
-        // The rest is known when the response is text: room for exactly it, so the entry is
-        // kept as it is (a Vec that grew by doubling was shrunk again, a second reallocation,
-        // before being kept).
-        out.reserve_exact(RESPONSE.len() + response_len + end.len());
+        // Room for exactly the rest when the response is text, so the entry is kept as it is
+        // (a Vec that grew by doubling was shrunk again, a second reallocation, before being
+        // kept). Nothing to do when it was reserved above.
+        out.reserve_exact(rest);
         out.extend_from_slice(RESPONSE);
         response(&mut out);
         out.extend_from_slice(end);

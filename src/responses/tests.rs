@@ -396,6 +396,8 @@ fn a_first_turns_input_array_is_kept_as_its_text() {
     assert!((start..start + shared.len()).contains(&(view.as_ptr() as usize)));
     // Written into the store as it came, it reads back as the same items.
     let entry = Stored::serialise(&turn.input, br#"{"id":"r","output":[]}"#, true);
+    // Made in one allocation of exactly its size.
+    assert_eq!(entry.capacity(), entry.len());
     let stored: Stored = serde_json::from_slice(&entry).unwrap();
     assert_eq!(stored.input, vec![json!({"type": "x", "n": 1})]);
     assert!(stored.passthrough);

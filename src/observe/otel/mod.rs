@@ -182,7 +182,7 @@ impl Otel {
 fn common(f: &Facts) -> Vec<KeyValue> {
     let mut a = vec![
         KeyValue::new("gen_ai.operation.name", "chat"),
-        KeyValue::new("legate.request_id", f.request_id.clone()),
+        KeyValue::new("legate.request_id", f.request_id.render()),
         KeyValue::new("legate.tenant", f.tenant.clone()),
         KeyValue::new("legate.api", f.api),
     ];
@@ -295,7 +295,7 @@ fn attempt_span(tracer: &SdkTracer, f: &Facts, a: &AttemptFacts, parent: &Contex
     let mut attrs = vec![
         KeyValue::new("gen_ai.operation.name", "chat"),
         KeyValue::new("gen_ai.request.model", a.called.model().to_owned()),
-        KeyValue::new("legate.request_id", f.request_id.clone()),
+        KeyValue::new("legate.request_id", f.request_id.render()),
         KeyValue::new("legate.tenant", f.tenant.clone()),
         KeyValue::new("legate.fallback_step", a.step as i64),
         KeyValue::new("legate.target", a.called.target().to_owned()),

@@ -1,0 +1,95 @@
+//! A request's id: `lgt_`, the process's random prefix in 12 hex digits and the request's
+//! counter in at least 8, the text of `format!("lgt_{:012x}{:08x}")`. Kept as its two
+//! numbers, so that the request's facts hold it without a copy of its text; written out only
+//! where it is shown (the response header, the log, the journal's answers).
+
+use std::fmt;
+
+/// The longest id: `lgt_` and sixteen hex digits of each number.
+const MAX_LEN: usize = 4 + 16 + 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestId {
+    prefix: u64,
+    n: u64,
+}
+
+impl RequestId {
+    pub const fn new(prefix: u64, n: u64) -> Self {
+        RequestId { prefix, n }
+    }
+
+    /// The id's text in a buffer on the stack, and its length.
+    fn text(&self) -> ([u8; MAX_LEN], usize) {
+        let mut out = [0u8; MAX_LEN];
+        out[..4].copy_from_slice(b"lgt_");
+        let prefix_end = 4 + hex_digits(self.prefix, 12);
+        let end = prefix_end + hex_digits(self.n, 8);
+        write_hex(&mut out[4..prefix_end], self.prefix);
+        write_hex(&mut out[prefix_end..end], self.n);
+        (out, end)
+    }
+
+    /// The id as a string of exactly its length: a header value takes it as it is, where
+    /// one with spare room costs a second allocation to be shared.
+    pub fn render(&self) -> String {
+        let (text, len) = self.text();
+        std::str::from_utf8(&text[..len])
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Whether `s` is this id's text.
+    pub fn is(&self, s: &str) -> bool {
+        let (text, len) = self.text();
+        text[..len] == *s.as_bytes()
+    }
+}
+
+/// How many hex digits `v` takes, at least `width`.
+fn hex_digits(v: u64, width: usize) -> usize {
+    let significant = (64 - v.leading_zeros() as usize).div_ceil(4);
+    significant.max(width)
+}
+
+/// Fills `out` with the lowest hex digits of `v` (lower case), zero-padded.
+fn write_hex(out: &mut [u8], mut v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in out.iter_mut().rev() {
+        *b = HEX[(v & 0xf) as usize];
+        v >>= 4;
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (text, len) = self.text();
+        f.write_str(std::str::from_utf8(&text[..len]).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestId;
+
+    #[test]
+    fn an_id_reads_as_the_formatted_prefix_and_counter() {
+        for (prefix, n) in [
+            (0, 0),
+            (0xffff_ffff_ffff, 1),
+            (0x1234_5678_9abc, 0xffff_ffff),
+            (0x1, 0x1_0000_0000),
+            (0xabc, u64::MAX),
+            (u64::MAX, u64::MAX),
+        ] {
+            let id = RequestId::new(prefix, n);
+            let want = format!("lgt_{prefix:012x}{n:08x}");
+            assert_eq!(id.render(), want);
+            assert_eq!(id.render().capacity(), want.len());
+            assert_eq!(id.to_string(), want);
+            assert!(id.is(&want));
+            assert!(!id.is(&want[..want.len() - 1]));
+            assert!(!id.is(&want.to_uppercase()));
+        }
+    }
+}
