@@ -214,13 +214,13 @@ impl TapBody {
         };
         let rest = watch.finish();
         if watch.saw_terminal || watch.error_data.is_some() {
-            // An upstream error event passed through as it is: the stream failed, visibly.
-            let outcome = if watch.error_data.is_some() {
-                Outcome::Failure
+            // An upstream error event passed through as it is: the stream failed, visibly, and
+            // is counted as a stream legate cuts is (502), not as the 200 its head said.
+            if watch.error_data.is_some() {
+                self.complete(Some(502), Outcome::Failure);
             } else {
-                Outcome::Success
-            };
-            self.complete(None, outcome);
+                self.complete(None, Outcome::Success);
+            }
             return State::Closing(rest);
         }
         let err = self.fail_stream("the upstream stream ended before its final event");

@@ -453,6 +453,37 @@ async fn a_stream_failing_after_content_is_never_retried_and_counts_against_the_
 }
 
 #[tokio::test]
+async fn a_stream_failing_after_content_is_a_502_in_the_counts_however_it_fails() {
+    // Cut by the connection, or ended by the provider's own error event: either way the
+    // caller's stream failed after its 200 head, and the request counts as 502.
+    for fault in [r#""cut_after":5"#, r#""stream_error_after":5"#] {
+        let env = with_script("", &format!(r#"{{"replies":[{{{fault}}}]}}"#)).await;
+        let resp = env
+            .messages(BODY.replace("\"max_tokens\":5", "\"max_tokens\":5,\"stream\":true"))
+            .await;
+        assert_eq!(resp.status(), 200, "{fault}");
+        let rid = resp.headers()["x-legate-request-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let names = event_names(resp).await;
+        assert_eq!(names.last().map(String::as_str), Some("error"), "{fault}");
+        let text = env.metrics_text().await;
+        let counted = |status| {
+            harness::metric_value(
+                &text,
+                "legate_requests_total",
+                &[("api", "anthropic"), ("status", status)],
+            )
+        };
+        assert_eq!(counted("502"), Some(1.0), "{fault}");
+        assert_eq!(counted("200"), None, "{fault}");
+        let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+        assert_eq!(doc["status"], 502, "{fault}: {doc}");
+    }
+}
+
+#[tokio::test]
 async fn chaos_every_call_succeeds_and_retries_stay_within_the_budget() {
     // Primary fails 30% of its calls, mixing overloads, outages and cuts before content.
     let faults = [r#""status":529"#, r#""status":503"#, r#""cut_after":1"#];
