@@ -195,7 +195,11 @@ impl TapBody {
 
     fn usage(&self) -> Option<Usage> {
         match &self.mode {
-            Mode::Sse(watch) => self.inner.upstream_usage().or_else(|| watch.usage()),
+            // A translated stream's usage is the provider's, or none: the events legate wrote
+            // for the caller carry zeros where the provider said nothing (a stream cut before
+            // its usage), and zeros would be metered as a request that cost nothing.
+            Mode::Sse(_) if self.inner.is_translated() => self.inner.upstream_usage(),
+            Mode::Sse(watch) => watch.usage(),
             Mode::Json { buf, overflow } => {
                 let ok = self.acct.as_ref().is_some_and(|a| a.status < 300);
                 if *overflow || !ok {

@@ -149,11 +149,6 @@ fn translated_body(
 ) -> Result<bytes::Bytes, String> {
     let (bytes, dropped) = conversation::translate_request(xl, inb, step.model())?;
     let (from, to) = (inb.endpoint.api.as_str(), upstream.as_str());
-    proxy
-        .metrics
-        .translated
-        .with_label_values(&[from, to])
-        .inc();
     for what in dropped {
         proxy
             .metrics
@@ -277,7 +272,17 @@ async fn run_step(
         traceparent: None,
         can_fall_back: up.cloud.is_some() && later_may_serve(proxy, snap, later),
     };
-    attempts(&mut call, breaker.as_ref(), exec, record).await
+    let end = attempts(&mut call, breaker.as_ref(), exec, record).await?;
+    // Counted once the step answers: a translated request its breaker or its failures pass
+    // over was not served by the other API.
+    if matches!(end, StepEnd::Answer(_)) && Xlate::between(inb.endpoint.api, spoken).translating() {
+        proxy
+            .metrics
+            .translated
+            .with_label_values(&[inb.endpoint.api.as_str(), spoken.as_str()])
+            .inc();
+    }
+    Ok(end)
 }
 
 /// Whether a later step's breaker would let a call through now. Only then is a platform

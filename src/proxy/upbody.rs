@@ -116,6 +116,11 @@ impl UpstreamBody {
         matches!(self, UpstreamBody::Translated(t) if !t.upstream_error)
     }
 
+    /// Whether the body is translated from the upstream's API.
+    pub fn is_translated(&self) -> bool {
+        matches!(self, UpstreamBody::Translated(_))
+    }
+
     /// Usage read from the upstream's own events, for a translated stream.
     pub fn upstream_usage(&self) -> Option<Usage> {
         match self {

@@ -185,6 +185,56 @@ async fn a_529_storm_falls_back_across_apis_with_a_streamed_tool_call_intact() {
 }
 
 #[tokio::test]
+async fn a_translated_request_no_step_served_is_not_counted_as_translated() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"status":529}}"#).unwrap(),
+        CHAINS,
+    )
+    .await;
+    let resp = env
+        .messages(
+            r#"{"model":"via-openai","max_tokens":16,"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), 529);
+    assert!(env.mock.stats().requests > 0);
+    let translated = env
+        .metric(
+            "legate_translated_requests_total",
+            &[("from", "anthropic"), ("to", "openai")],
+        )
+        .await;
+    assert_eq!(translated, None);
+}
+
+#[tokio::test]
+async fn a_translated_stream_cut_before_its_usage_meters_nothing() {
+    // The provider's stream breaks after its content began and before its usage chunk: no
+    // usage is known, as on an untranslated stream, even though the events legate wrote for
+    // the caller carried zeros.
+    let env = harness::start_with(
+        legate::mock::Script::from_json(r#"{"default":{"cut_after":3}}"#).unwrap(),
+        CHAINS,
+    )
+    .await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"x"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let rid = resp.headers()["x-legate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let events = anthropic_events(resp).await;
+    assert_eq!(events.last().map(|e| e.0.as_str()), Some("error"));
+    let usage = env.admin_json("/admin/usage").await;
+    assert_eq!(usage["tenants"], serde_json::json!({}), "{usage}");
+    let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    assert_eq!(doc["input_tokens"], serde_json::Value::Null, "{doc}");
+    assert_eq!(doc["cost_pico_usd"], serde_json::Value::Null, "{doc}");
+}
+
+#[tokio::test]
 async fn an_upstream_error_comes_back_in_the_callers_shape() {
     let env = harness::start_with(
         legate::mock::Script::from_json(
