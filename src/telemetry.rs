@@ -200,7 +200,7 @@ impl Metrics {
             translated: IntCounterVec::new(
                 Opts::new(
                     "legate_translated_requests_total",
-                    "Requests sent to a chain step of the other API, translated",
+                    "Requests answered by a chain step of the other API, translated",
                 ),
                 &["from", "to"],
             )?,

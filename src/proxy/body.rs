@@ -218,13 +218,9 @@ impl TapBody {
         };
         let rest = watch.finish();
         if watch.saw_terminal || watch.error_data.is_some() {
-            // An upstream error event passed through as it is: the stream failed, visibly, and
-            // is counted as a stream legate cuts is (502), not as the 200 its head said.
-            if watch.error_data.is_some() {
-                self.complete(Some(502), Outcome::Failure);
-            } else {
-                self.complete(None, Outcome::Success);
-            }
+            // An upstream error event passed through as it is: the stream failed, visibly.
+            let errored = watch.error_data.is_some();
+            self.complete_relayed(errored);
             return State::Closing(rest);
         }
         let err = self.fail_stream("the upstream stream ended before its final event");
@@ -248,12 +244,8 @@ impl TapBody {
             // one (which an SDK reading to the end would raise).
             Mode::Sse(watch) if watch.saw_terminal || watch.error_data.is_some() => {
                 tracing::debug!(reason = why, "upstream stream failed after its final event");
-                let outcome = if watch.error_data.is_some() {
-                    Outcome::Failure
-                } else {
-                    Outcome::Success
-                };
-                self.complete(None, outcome);
+                let errored = watch.error_data.is_some();
+                self.complete_relayed(errored);
                 State::Closing(None)
             }
             Mode::Sse(_) => self.fail_stream(why),
@@ -305,6 +297,18 @@ impl TapBody {
         State::Closing(Some(event))
     }
 
+    /// A stream whose final event, or the provider's error event, reached the caller: it ends
+    /// as the end of its body would have, however the connection then ends. One the provider
+    /// ended with an error event failed after its 200 head, and counts as 502, as a stream
+    /// legate cuts does.
+    fn complete_relayed(&mut self, errored: bool) {
+        if errored {
+            self.complete(Some(502), Outcome::Failure);
+        } else {
+            self.complete(None, Outcome::Success);
+        }
+    }
+
     fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
         if let Some(mut acct) = self.settle() {
             if let Some(t) = acct.ticket.take() {
@@ -326,7 +330,7 @@ impl TapBody {
                 let cost = acct.sink.record(u);
                 acct.record.settle(u, cost, &acct.sink);
             }
-            None if acct.status < 400 => acct.record.keep_reservation(),
+            None if acct.status < 400 => acct.record.keep_reservation(acct.sink.price),
             None => {}
         }
         Some(acct)
@@ -341,12 +345,8 @@ impl Drop for TapBody {
         // of the stream would have been.
         if let Mode::Sse(watch) = &self.mode {
             if self.acct.is_some() && (watch.saw_terminal || watch.error_data.is_some()) {
-                let outcome = if watch.error_data.is_some() {
-                    Outcome::Failure
-                } else {
-                    Outcome::Success
-                };
-                self.complete(None, outcome);
+                let errored = watch.error_data.is_some();
+                self.complete_relayed(errored);
                 return;
             }
         }

@@ -221,6 +221,11 @@ pub(crate) async fn run(
     out
 }
 
+/// The price of the step `call` is at (None: unpriced).
+fn step_price(call: &Call<'_>) -> Option<crate::meter::Price> {
+    crate::meter::price_for(&call.snap.cfg.prices, call.step.target())
+}
+
 /// The step's path at a provider reached directly (not through a cloud platform).
 fn direct_request(
     call: &Call<'_>,
@@ -501,7 +506,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             // The provider did the work: the tenant pays the reservation, as for any answer
             // whose usage is unknown.
             if let Some(rec) = record.as_mut() {
-                rec.keep_reservation();
+                rec.keep_reservation(step_price(call));
             }
             return Exchanged::Unheld {
                 status: got.parts.status.as_u16(),
@@ -525,7 +530,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                         let cost = sink.record(u);
                         rec.settle(u, cost, &sink);
                     }
-                    None => rec.keep_reservation(),
+                    None => rec.keep_reservation(step_price(call)),
                 }
             }
             Exchanged::Whole(answer::buffered(

@@ -89,10 +89,10 @@ impl RequestRecord {
     }
 
     /// An answer was served but its usage is unknown: the reservation stands as charged (plus
-    /// what earlier attempts reported).
-    pub fn keep_reservation(&mut self) {
+    /// what earlier attempts reported), its estimate spent at `price`, the answering step's.
+    pub fn keep_reservation(&mut self, price: Option<crate::meter::Price>) {
         if let Some(r) = self.reservation.as_mut() {
-            r.keep_plus(self.earlier.0, self.earlier.1);
+            r.keep_plus(self.earlier.0, self.earlier.1, price);
         }
     }
 

@@ -280,6 +280,72 @@ async fn a_caller_that_leaves_at_done_is_served_not_gone() {
     );
 }
 
+/// A provider that ends its stream with an error event after content, and then holds its
+/// body open, failed the request however the connection ends: the caller leaving once it has
+/// the error, or legate ending the stream at `idle_timeout`. Both count 502, as a clean end
+/// of the body after the error event does.
+#[tokio::test]
+async fn a_provider_error_event_after_content_counts_502_however_the_stream_ends() {
+    let content = [
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_e\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-e\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+    ]
+    .concat();
+    let error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+    let chunk = |events: &str| format!("{:x}\r\n{events}\r\n", events.len()).into_bytes();
+    for leaves in [true, false] {
+        // The content first; the error event once the caller has it (after the commit point),
+        // and then the body held open: its last chunk never comes.
+        let (go, gate) = tokio::sync::oneshot::channel();
+        let gate = std::sync::Mutex::new(Some(gate));
+        let mut first = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        first.extend_from_slice(&chunk(&content));
+        let second = chunk(error);
+        let up = crate::rawup::start(move |_| {
+            let action = match gate.lock().unwrap().take() {
+                Some(gate) => crate::rawup::Action::ReplyInTwo(first.clone(), gate, second.clone()),
+                None => crate::rawup::Action::Close,
+            };
+            async move { action }
+        })
+        .await;
+        let unused = harness::start_mock(legate::mock::Script::default()).await;
+        let toml = harness::config_toml_with(&up.url, "", "", "")
+            .replace("idle_timeout = \"5s\"", "idle_timeout = \"200ms\"");
+        let env = harness::start_toml(unused, &toml).await;
+        let resp = env.messages(STREAM_BODY).await;
+        assert_eq!(resp.status(), 200);
+        let mut stream = resp.bytes_stream();
+        let mut got = Vec::new();
+        while !got.windows(2).any(|w| w == b"Hi") {
+            got.extend_from_slice(&stream.next().await.unwrap().unwrap());
+        }
+        go.send(()).unwrap();
+        if leaves {
+            while !got.windows(12).any(|w| w == b"event: error") {
+                got.extend_from_slice(&stream.next().await.unwrap().unwrap());
+            }
+            drop(stream);
+        } else {
+            while let Some(Ok(chunk)) = stream.next().await {
+                got.extend_from_slice(&chunk);
+            }
+            let text = String::from_utf8(got).unwrap();
+            // One error event, the provider's: legate adds none after it.
+            assert_eq!(text.matches("event: error").count(), 1, "{text}");
+        }
+        env.wait_metric("legate_requests_total", &[("status", "502")], 1.0)
+            .await;
+        assert_eq!(
+            env.metric("legate_requests_total", &[("status", "200")])
+                .await,
+            None,
+            "leaves: {leaves}"
+        );
+    }
+}
+
 /// A stream whose final event came, and whose provider then holds its body open past
 /// `idle_timeout`, is whole: it ends without an error event after the final one (an SDK
 /// reading to the end would raise on it), counted as served, not 502.

@@ -346,16 +346,31 @@ impl Reservation {
         self.settle(0, 0);
     }
 
-    /// The provider answered but reported no usage (an OpenAI stream cut before its usage chunk):
-    /// the token estimate stands, nothing is refunded. No cost is known, so none is spent
-    /// (the ledger counts none either); the hold on the budget is released.
-    pub fn keep(&mut self) {
-        self.keep_plus(0, 0);
+    /// The provider answered but reported no usage (an OpenAI stream cut before its usage
+    /// chunk, a caller gone before it): the token estimate stands, nothing is refunded. Against
+    /// the budget, the estimate is spent at the `price` of the step that answered: the most
+    /// the provider may bill for it, since what it did bill is unknown. Spending nothing would
+    /// let a caller that always leaves before the usage chunk pass any budget. (The ledger
+    /// and the cost metrics count only reported usage.)
+    pub fn keep(&mut self, price: Option<crate::meter::Price>) {
+        self.keep_plus(0, 0, price);
     }
 
     /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
-    pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128) {
-        self.settle(self.reserved.saturating_add(tokens), cost_pico);
+    pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128, price: Option<crate::meter::Price>) {
+        let estimate = match price {
+            Some(p) if self.held_pico > 0 => crate::meter::Usage {
+                input: self.estimated_input,
+                output: self.reserved.saturating_sub(self.estimated_input),
+                ..Default::default()
+            }
+            .cost_pico(&p),
+            _ => 0,
+        };
+        self.settle(
+            self.reserved.saturating_add(tokens),
+            cost_pico.saturating_add(estimate),
+        );
     }
 
     /// Settles with the tokens actually used and their cost.

@@ -112,7 +112,7 @@ async fn a_reservation_taken_in_the_shared_store_is_not_refunded_into_local_buck
     // A local bucket for the tenant from an earlier outage, 100 of 1000 tokens used.
     reserve(&limiter, &ask("t", 100), Charged::Local)
         .await
-        .keep();
+        .keep(None);
     assert_eq!(local_tokens(&limiter, "t"), 900);
 
     bring_back(&limiter, &flaky);
@@ -130,18 +130,38 @@ async fn a_reservation_taken_in_the_shared_store_is_not_refunded_into_local_buck
 }
 
 #[tokio::test]
-async fn an_answer_without_usage_releases_its_hold_and_spends_nothing() {
+async fn an_answer_without_usage_spends_its_estimate_at_the_answering_steps_price() {
     let gauge = IntGauge::new("degraded", "degraded").unwrap();
     let limiter = Arc::new(Limiter::new(None, gauge));
+    // 10 tokens reserved, 4 of them the input estimate; held at a dearer step's price.
     let held = Ask {
-        budget_pico: 1_000,
+        budget_pico: 1_000_000,
         hold_pico: 600,
         ..ask("t", 10)
     };
-    reserve(&limiter, &held, Charged::Local).await.keep();
+    let price = crate::meter::Price {
+        input: 3,
+        output: 15,
+        ..Default::default()
+    };
+    let mut r = limiter.admit(&held).await;
+    assert_eq!(r, (Decision::Admit, Charged::Local));
+    let mut reservation = Reservation::new(limiter.clone(), &held, r.1, 4);
+    reservation.keep(Some(price));
     let state = &limiter.local_snapshot()["t"];
     assert_eq!(state["held_pico_usd"], "0");
-    assert_eq!(state["spent_today_pico_usd"], "0");
+    // 4 input at 3 and 6 output at 15.
+    assert_eq!(state["spent_today_pico_usd"], "102");
     // The token estimate stands.
     assert_eq!(local_tokens(&limiter, "t"), 990);
+    // Unpriced, or without a budget, nothing is spent.
+    r = limiter.admit(&held).await;
+    Reservation::new(limiter.clone(), &held, r.1, 4).keep(None);
+    let free = Ask {
+        budget_pico: 0,
+        ..held.clone()
+    };
+    r = limiter.admit(&free).await;
+    Reservation::new(limiter.clone(), &free, r.1, 4).keep(Some(price));
+    assert_eq!(limiter.local_snapshot()["t"]["spent_today_pico_usd"], "102");
 }
