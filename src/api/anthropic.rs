@@ -27,8 +27,11 @@ impl Dialect for Anthropic {
         match (method, path) {
             (&Method::POST, "/messages") => Some(Operation::Generate),
             (&Method::POST, "/messages/count_tokens") => Some(Operation::CountTokens),
-            (&Method::GET, "/models") => Some(Operation::Models),
-            (&Method::GET, p) if p.len() > "/models/".len() && p.starts_with("/models/") => {
+            // HEAD is GET without the body (RFC 9110 §9.3.2); the connection leaves it out.
+            (&Method::GET | &Method::HEAD, "/models") => Some(Operation::Models),
+            (&Method::GET | &Method::HEAD, p)
+                if p.len() > "/models/".len() && p.starts_with("/models/") =>
+            {
                 Some(Operation::Model)
             }
             _ => None,

@@ -533,6 +533,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
 /// A response body that keeps its request in flight until it is done or dropped.
 pub struct Guarded<B> {
     inner: B,
+    /// The answer to a HEAD: its headers go out, its body does not (hyper's HTTP/2 server
+    /// would send it; RFC 9110 §9.3.2 says a HEAD answer has none).
+    bodiless: bool,
     _inflight: InFlight,
 }
 
@@ -540,6 +543,16 @@ impl<B> Guarded<B> {
     pub fn new(inner: B, inflight: InFlight) -> Self {
         Guarded {
             inner,
+            bodiless: false,
+            _inflight: inflight,
+        }
+    }
+
+    /// The same, answering a HEAD: no body is sent.
+    pub fn bodiless(inner: B, inflight: InFlight) -> Self {
+        Guarded {
+            inner,
+            bodiless: true,
             _inflight: inflight,
         }
     }
@@ -556,14 +569,21 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        if this.bodiless {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut this.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.bodiless || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.bodiless {
+            return SizeHint::with_exact(0);
+        }
         self.inner.size_hint()
     }
 }

@@ -218,13 +218,23 @@ where
         let conn = w.clone();
         // hyper keeps one slot of this future's size per stream: the handlers box their
         // request's state themselves, so it stays small.
+        let head = req.method() == http::Method::HEAD;
         let fut = handler(req.map(CallerBody::Right), peer);
         async move {
-            let resp = fut.await?;
+            let mut resp = fut.await?;
             // A stream the caller gives no credit is held to the idle timeout too. The request
             // counts in flight inside the watch, so that a stream cut there no longer does:
             // hyper keeps the cut stream's shell until credit comes, which may be never, and
             // the connection must then fall under its idle deadline like any other.
+            if head {
+                // A HEAD answer declares the length the GET's body would have.
+                if let Some(n) = resp.body().size_hint().exact() {
+                    resp.headers_mut()
+                        .entry(http::header::CONTENT_LENGTH)
+                        .or_insert_with(|| http::HeaderValue::from(n));
+                }
+                return Ok(resp.map(|b| StallWatched::new(Guarded::bodiless(b, inflight), conn)));
+            }
             Ok::<_, std::convert::Infallible>(
                 resp.map(|b| StallWatched::new(Guarded::new(b, inflight), conn)),
             )

@@ -204,6 +204,31 @@ chain = ["anthropic:claude-a", { target = "anthropic:claude-b", max_tokens = 100
 }
 
 #[tokio::test]
+async fn head_on_the_model_paths_is_get_without_the_body() {
+    let env = harness::start(
+        r#"
+[[models]]
+name = "large"
+chain = ["anthropic:claude-a"]
+"#,
+    )
+    .await;
+    for path in ["/v1/models", "/v1/models/large"] {
+        let get = env.http.get(env.url(path)).send().await.unwrap();
+        assert_eq!(get.status(), 200, "GET {path}");
+        let length = get.bytes().await.unwrap().len();
+        let head = env.http.head(env.url(path)).send().await.unwrap();
+        assert_eq!(head.status(), 200, "HEAD {path}");
+        assert_eq!(
+            head.headers()["content-length"],
+            length.to_string().as_str()
+        );
+        assert_eq!(head.headers()["content-type"], "application/json");
+    }
+    assert_eq!(env.mock.stats().requests, 0);
+}
+
+#[tokio::test]
 async fn count_tokens_is_forwarded_to_the_anthropic_provider() {
     let env = harness::start("").await;
     let body = r#"{"model":"claude-x","messages":[{"role":"user","content":"count me"}]}"#;
