@@ -150,11 +150,13 @@ impl Journal {
     }
 
     pub fn get(&self, id: &str) -> Option<Value> {
+        // Parsed once, so the walk under the lock compares numbers, not texts.
+        let id = crate::observe::RequestId::parse(id)?;
         let found = self
             .lock()
             .iter()
             .rev()
-            .find(|e| e.facts.request_id.is(id))
+            .find(|e| e.facts.request_id == id)
             .cloned();
         found.map(|e| e.doc())
     }

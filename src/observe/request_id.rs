@@ -44,6 +44,21 @@ impl RequestId {
         let (text, len) = self.text();
         text[..len] == *s.as_bytes()
     }
+
+    /// The id whose text `s` is, when it is one legate hands out (a prefix of 48 bits, as
+    /// `RequestIds` makes, so that its 12 digits end where the counter's begin); `None` for
+    /// anything else. Lets a lookup compare numbers instead of writing every id out.
+    pub fn parse(s: &str) -> Option<RequestId> {
+        let hex = s.strip_prefix("lgt_")?;
+        if !(12 + 8..=12 + 16).contains(&hex.len()) {
+            return None;
+        }
+        let prefix = u64::from_str_radix(hex.get(..12)?, 16).ok()?;
+        let n = u64::from_str_radix(hex.get(12..)?, 16).ok()?;
+        let id = RequestId::new(prefix, n);
+        // Only the canonical text: no sign, upper case or extra leading zeros.
+        id.is(s).then_some(id)
+    }
 }
 
 /// How many hex digits `v` takes, at least `width`.
@@ -90,6 +105,29 @@ mod tests {
             assert!(id.is(&want));
             assert!(!id.is(&want[..want.len() - 1]));
             assert!(!id.is(&want.to_uppercase()));
+            if prefix <= 0xffff_ffff_ffff {
+                assert_eq!(RequestId::parse(&want), Some(id), "{want}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_an_id_s_own_text_parses() {
+        let id = RequestId::new(0x1234_5678_9abc, 7);
+        assert_eq!(RequestId::parse("lgt_123456789abc00000007"), Some(id));
+        for bad in [
+            "",
+            "lgt_",
+            "lgt_123456789abc0000007",
+            "lgt_123456789ABC00000007",
+            "lgt_123456789abc+0000007",
+            "lgt_123456789abc000000007",
+            "LGT_123456789abc00000007",
+            "lgt_123456789abc00000007 ",
+            "lgt_123456789abc0000000000000000000007",
+            "lgt_123456789abcé0000007",
+        ] {
+            assert_eq!(RequestId::parse(bad), None, "{bad:?}");
         }
     }
 }
