@@ -26,6 +26,8 @@ pub enum ProxyError {
     NotFound { method: String, path: String },
     /// `GET /v1/models/{id}` for a model legate has not configured.
     ModelNotFound { model: String },
+    /// A stored response the caller's tenant may not see: another tenant's.
+    ResponseNotFound { id: String },
     /// Body larger than `server.max_body_bytes`.
     TooLarge { limit: usize },
     /// `[[clients]]` is configured and the caller's key matches none (or is missing).
@@ -90,7 +92,9 @@ impl ProxyError {
             }
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Shed { .. } => overloaded(),
-            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::NotFound { .. }
+            | ProxyError::ModelNotFound { .. }
+            | ProxyError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
             ProxyError::ForbiddenTarget | ProxyError::ForbiddenOrigin => StatusCode::FORBIDDEN,
@@ -119,6 +123,7 @@ impl ProxyError {
             ProxyError::InvalidRequest { .. }
             | ProxyError::NotFound { .. }
             | ProxyError::ModelNotFound { .. }
+            | ProxyError::ResponseNotFound { .. }
             | ProxyError::TooLarge { .. }
             | ProxyError::Unauthorized
             | ProxyError::ForbiddenTarget
@@ -155,6 +160,7 @@ impl ProxyError {
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::ModelNotFound { .. } => "model_not_found",
+            ProxyError::ResponseNotFound { .. } => "response_not_found",
             ProxyError::TooLarge { .. } => "too_large",
             ProxyError::Unauthorized => "unauthorized",
             ProxyError::ForbiddenTarget => "forbidden_target",
@@ -195,7 +201,9 @@ impl ProxyError {
             }
             ProxyError::BadHead { .. } => ErrorClass::InvalidRequest,
             ProxyError::ForbiddenOrigin => ErrorClass::Permission,
-            ProxyError::NotFound { .. } | ProxyError::ModelNotFound { .. } => ErrorClass::NotFound,
+            ProxyError::NotFound { .. }
+            | ProxyError::ModelNotFound { .. }
+            | ProxyError::ResponseNotFound { .. } => ErrorClass::NotFound,
             ProxyError::TooLarge { .. } => ErrorClass::TooLarge,
             ProxyError::Unauthorized => ErrorClass::Authentication,
             ProxyError::AllBreakersOpen { .. }
@@ -238,7 +246,10 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { message } => message.clone(),
             ProxyError::NotFound { method, path } => format!(
-                "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models and POST /v1/chat/completions"
+                "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /v1/chat/completions, POST /v1/responses and GET/DELETE /v1/responses/{{id}}"
+            ),
+            ProxyError::ResponseNotFound { id } => format!(
+                "no response with id `{id}` is kept for this caller"
             ),
             ProxyError::ModelNotFound { model } => format!(
                 "model `{model}` is not configured in legate; GET /v1/models lists the names it serves"

@@ -39,6 +39,14 @@ impl RequestId {
             .to_owned()
     }
 
+    /// The id's two numbers as bytes (to derive other names from).
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.prefix.to_be_bytes());
+        out[8..].copy_from_slice(&self.n.to_be_bytes());
+        out
+    }
+
     /// Whether `s` is this id's text.
     pub fn is(&self, s: &str) -> bool {
         let (text, len) = self.text();

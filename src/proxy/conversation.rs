@@ -43,6 +43,8 @@ pub struct Conversation {
     /// `store: false` turns are kept only as long as their own stream.
     pub keep: bool,
     pub store: Arc<ConversationStore>,
+    /// The caller's tenant: what it keeps is its own, and it sees no other tenant's.
+    tenant: Cow<'static, str>,
 }
 
 impl Conversation {
@@ -52,6 +54,7 @@ impl Conversation {
         store: Arc<ConversationStore>,
         body: &Bytes,
         request_id: RequestId,
+        tenant: Cow<'static, str>,
     ) -> Result<Self, ProxyError> {
         // One walk over the body for all three of its members the store needs.
         let turn = responses::Turn::read_shared(body);
@@ -65,6 +68,15 @@ impl Conversation {
             })?,
             None => None,
         };
+        // Another tenant's response is as unknown as one never kept, and is not passed on to
+        // a provider that would continue it (the provider key is the same for both tenants).
+        if let (Some(id), Some(p)) = (&prior_id, &prior)
+            && !p.belongs_to(&tenant)
+        {
+            return Err(ProxyError::InvalidRequest {
+                message: unknown_previous(id),
+            });
+        }
         // A first turn's input is this request's as it was sent (its text, not parsed).
         let input = match &prior {
             Some(p) => {
@@ -86,6 +98,7 @@ impl Conversation {
             input,
             keep,
             store,
+            tenant,
         })
     }
 
@@ -95,23 +108,20 @@ impl Conversation {
         endpoint: Endpoint,
         body: &Bytes,
         request_id: RequestId,
+        tenant: &str,
     ) -> Result<Option<Arc<Self>>, ProxyError> {
         if endpoint.api != ApiKind::Responses || endpoint.op != Operation::Generate {
             return Ok(None);
         }
-        let conv = Conversation::load(store.clone(), body, request_id).await?;
+        let tenant = crate::route::tenant_name(tenant);
+        let conv = Conversation::load(store.clone(), body, request_id, tenant).await?;
         Ok(Some(Arc::new(conv)))
     }
 
-    /// The id of an answer made here: `resp_` and the request id's own digits.
+    /// The id of an answer made here: `resp_` and 48 hex digits that name this request but
+    /// cannot be told from it (see [`answer_id`]).
     fn id(&self) -> String {
-        let rid = self.request_id.render();
-        let suffix = rid.trim_start_matches("lgt_");
-        // Sized once: `format!` sizes it for the literal part and grows it on the way.
-        let mut id = String::with_capacity("resp_".len() + suffix.len());
-        id.push_str("resp_");
-        id.push_str(suffix);
-        id
+        answer_id(self.request_id)
     }
 
     fn ctx(&self, body: &[u8]) -> ResponseCtx {
@@ -124,7 +134,8 @@ impl Conversation {
             return;
         }
         if let Some(id) = response["id"].as_str() {
-            self.keep_entry(id, Stored::serialise_tree(&self.input, response, false));
+            let entry = Stored::serialise_tree(&self.input, response, false, &self.tenant);
+            self.keep_entry(id, entry);
         }
     }
 
@@ -132,7 +143,8 @@ impl Conversation {
     /// the entry is written around those bytes, never built into a tree.
     fn keep_relayed(&self, id: &str, response: &[u8]) {
         if self.keep {
-            self.keep_entry(id, Stored::serialise(&self.input, response, true));
+            let entry = Stored::serialise(&self.input, response, true, &self.tenant);
+            self.keep_entry(id, entry);
         }
     }
 
@@ -206,12 +218,7 @@ impl Conversation {
     ) -> Result<(Vec<u8>, Vec<&'static str>), String> {
         let rebuilt;
         let body = match (&self.prior_id, &self.prior) {
-            (Some(id), None) => {
-                return Err(format!(
-                    "previous_response_id `{id}` is unknown (legate never relayed it, or it \
-                     expired); resend the whole conversation as input"
-                ));
-            }
+            (Some(id), None) => return Err(unknown_previous(id)),
             (Some(_), Some(prior)) => {
                 rebuilt = responses::rebuild(body, prior).map_err(|e| e.0)?;
                 rebuilt.as_slice()
@@ -220,6 +227,46 @@ impl Conversation {
         };
         responses::request_for(target, body, model).map_err(|e| e.0)
     }
+}
+
+fn unknown_previous(id: &str) -> String {
+    format!(
+        "previous_response_id `{id}` is unknown (legate never relayed it, or it expired); \
+         resend the whole conversation as input"
+    )
+}
+
+/// The body for a step that relays the Responses API when the caller continues from a
+/// response legate made itself (a translated step's): its provider never saw that id, so it
+/// gets the conversation instead. None when the body goes as it came.
+pub(crate) fn rebuilt_for_relay(inb: &Inbound) -> Option<Result<Vec<u8>, String>> {
+    let conv = inb.conversation.as_ref()?;
+    let prior = conv.prior.as_ref().filter(|p| !p.passthrough)?;
+    Some(responses::rebuild(&inb.body, prior).map_err(|e| e.0))
+}
+
+/// `resp_` and the first 24 bytes of an HMAC of the request id under a key drawn once per
+/// process, in hex: the same for every attempt of one request, and not guessable from the
+/// ids a caller sees (request ids count up), so a caller cannot name a response it was
+/// never given. The shape of OpenAI's own ids.
+fn answer_id(request_id: RequestId) -> String {
+    use ring::hmac;
+    static KEY: std::sync::OnceLock<hmac::Key> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let random = ring::rand::SystemRandom::new();
+        // The system's random source failing is not a state legate can serve in.
+        hmac::Key::generate(hmac::HMAC_SHA256, &random)
+            .unwrap_or_else(|_| panic!("the system's random source failed"))
+    });
+    let tag = hmac::sign(key, &request_id.to_bytes());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity("resp_".len() + 48);
+    id.push_str("resp_");
+    for b in &tag.as_ref()[..24] {
+        id.push(HEX[usize::from(b >> 4)] as char);
+        id.push(HEX[usize::from(b & 0xf)] as char);
+    }
+    id
 }
 
 /// The caller's body in the step's API (`xl` translating), and what the fitting rules dropped.

@@ -192,7 +192,7 @@ impl Proxy {
             }
         }
         let store = &self.conversations;
-        let conversation = Conversation::for_call(store, endpoint, &body, rid).await?;
+        let conversation = Conversation::for_call(store, endpoint, &body, rid, tenant).await?;
         Ok(Inbound {
             conversation,
             priority,

@@ -355,7 +355,7 @@ impl Proxy {
                 Err(e) => break 'served Err(e),
             };
             // What is answered without a body: from config, or the conversation store.
-            if let Some(answered) = self.answer_locally(&snap, endpoint, &req).await {
+            if let Some(answered) = self.answer_locally(&snap, endpoint, &req, &tenant).await {
                 break 'served answered;
             }
             let inbound = match self
@@ -447,6 +447,7 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Endpoint,
         req: &Request<CallerBody>,
+        tenant: &str,
     ) -> Option<Result<Response<ProxyBody>, ProxyError>> {
         let cfg = &snap.cfg;
         match endpoint.op {
@@ -463,10 +464,8 @@ impl Proxy {
                     snap,
                     &self.conversations,
                     &self.answers,
-                    req.method(),
-                    req.uri().path(),
-                    req.uri().query(),
-                    req.headers(),
+                    req,
+                    tenant,
                 ))
                 .await,
             ),

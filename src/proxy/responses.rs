@@ -134,11 +134,15 @@ pub async fn stored_response(
     snap: &Snapshot,
     store: &ConversationStore,
     answers: &Arc<BufferBudget>,
-    method: &Method,
-    path: &str,
-    query: Option<&str>,
-    headers: &HeaderMap,
+    req: &http::Request<crate::server::CallerBody>,
+    tenant: &str,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let (method, path, query, headers) = (
+        req.method(),
+        req.uri().path(),
+        req.uri().query(),
+        req.headers(),
+    );
     let rest = path
         .trim_end_matches('/')
         .rsplit_once("/responses/")
@@ -153,6 +157,11 @@ pub async fn stored_response(
         }
     };
     let kept = store.get(id).await.map_err(unavailable)?;
+    // Another tenant's response is neither shown nor deleted, nor asked of its provider with
+    // the provider key both tenants' requests carry.
+    if kept.as_ref().is_some_and(|k| !k.belongs_to(tenant)) {
+        return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
+    }
     let max = snap.cfg.server.limits.max_buffered_bytes;
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {

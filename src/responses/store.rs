@@ -42,6 +42,14 @@ pub struct Stored {
     /// Relayed from a provider that keeps it too: its own endpoints answer for it.
     #[serde(default)]
     pub passthrough: bool,
+    /// The tenant whose request made it: no other tenant reads, continues or deletes it.
+    /// (An entry kept before tenants were recorded belongs to `default`.)
+    #[serde(default = "default_owner")]
+    pub owner: String,
+}
+
+fn default_owner() -> String {
+    crate::route::DEFAULT_TENANT.to_owned()
 }
 
 /// Room for an entry's input items before their size is known: a short conversation's.
@@ -51,37 +59,44 @@ impl Stored {
     /// An entry as the stores keep it, written around a response object's own JSON text: the
     /// same layout `Stored` serialises to, without parsing the response into a tree first.
     /// `response` must be one JSON value.
-    pub fn serialise(input: &Items, response: &[u8], passthrough: bool) -> Vec<u8> {
-        Stored::write(input, passthrough, response.len(), |out| {
+    pub fn serialise(input: &Items, response: &[u8], passthrough: bool, owner: &str) -> Vec<u8> {
+        Stored::write(input, (passthrough, owner), response.len(), |out| {
             out.extend_from_slice(response);
         })
     }
 
     /// An entry as the stores keep it, for a response object built as a tree (no copy of
     /// the input items).
-    pub fn serialise_tree(input: &Items, response: &Value, passthrough: bool) -> Vec<u8> {
-        Stored::write(input, passthrough, 0, |out| {
+    pub fn serialise_tree(
+        input: &Items,
+        response: &Value,
+        passthrough: bool,
+        owner: &str,
+    ) -> Vec<u8> {
+        Stored::write(input, (passthrough, owner), 0, |out| {
             // Writing a tree of values into a Vec cannot fail.
             let _ = serde_json::to_writer(out, response);
         })
     }
 
-    /// `{"input":…,"response":…,"passthrough":…}`, the layout `Stored` serialises to, with
-    /// the input items written as they are held and the response by `response`
+    /// `{"input":…,"response":…,"passthrough":…,"owner":…}`, the layout `Stored` serialises
+    /// to, with the input items written as they are held and the response by `response`
     /// (`response_len`: its size when known, so the entry is written into the room it needs).
     fn write(
         input: &Items,
-        passthrough: bool,
+        (passthrough, owner): (bool, &str),
         response_len: usize,
         response: impl FnOnce(&mut Vec<u8>),
     ) -> Vec<u8> {
         const RESPONSE: &[u8] = b",\"response\":";
+        const OWNER: &[u8] = b",\"owner\":";
         let end: &[u8] = if passthrough {
-            b",\"passthrough\":true}"
+            b",\"passthrough\":true"
         } else {
-            b",\"passthrough\":false}"
+            b",\"passthrough\":false"
         };
-        let rest = RESPONSE.len() + response_len + end.len();
+        // Tenant names are `[a-z0-9_-]+` (config validation): quoted, they need no escapes.
+        let rest = RESPONSE.len() + response_len + end.len() + OWNER.len() + owner.len() + 3;
         // With the input as text and the response's length known (a relayed answer), the
         // whole entry is one allocation of exactly its size: a first one for the input, grown
         // for the rest, cost a realloc that copied the input, per kept response.
@@ -98,7 +113,16 @@ impl Stored {
         out.extend_from_slice(RESPONSE);
         response(&mut out);
         out.extend_from_slice(end);
+        out.extend_from_slice(OWNER);
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, owner);
+        out.push(b'}');
         out
+    }
+
+    /// Whether `tenant` may see this entry.
+    pub fn belongs_to(&self, tenant: &str) -> bool {
+        self.owner == tenant
     }
 
     /// The response's output items.
@@ -519,6 +543,7 @@ mod tests {
             input: vec![json!({"role": "user", "content": text})],
             response: json!({"id": "r", "output": [{"type": "message"}]}),
             passthrough: false,
+            owner: "team-a".to_owned(),
         }
     }
 
@@ -696,7 +721,12 @@ mod tests {
         let s = stored("hi");
         let response = serde_json::to_vec(&s.response).unwrap_or_default();
         for passthrough in [false, true] {
-            let data = Stored::serialise(&Items::Values(s.input.clone()), &response, passthrough);
+            let data = Stored::serialise(
+                &Items::Values(s.input.clone()),
+                &response,
+                passthrough,
+                "team-a",
+            );
             let back: Stored = serde_json::from_slice(&data).unwrap_or_else(|_| stored("bad"));
             assert_eq!(
                 back,
@@ -709,7 +739,7 @@ mod tests {
         let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
         store.put_serialised(
             "a",
-            Stored::serialise(&Items::Values(s.input.clone()), &response, false),
+            Stored::serialise(&Items::Values(s.input.clone()), &response, false, "team-a"),
         );
         assert_eq!(store.get("a"), Some(s));
     }

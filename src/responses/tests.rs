@@ -323,6 +323,7 @@ fn previous_response_is_rebuilt_into_the_input() {
         input: vec![json!({"role": "user", "content": "a"})],
         response: json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}),
         passthrough: false,
+        owner: "default".to_owned(),
     };
     let body = br#"{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"c","output":"ok"}]}"#;
     assert_eq!(
@@ -395,17 +396,23 @@ fn a_first_turns_input_array_is_kept_as_its_text() {
     let start = shared.as_ptr() as usize;
     assert!((start..start + shared.len()).contains(&(view.as_ptr() as usize)));
     // Written into the store as it came, it reads back as the same items.
-    let entry = Stored::serialise(&turn.input, br#"{"id":"r","output":[]}"#, true);
+    let entry = Stored::serialise(&turn.input, br#"{"id":"r","output":[]}"#, true, "team-a");
     // Made in one allocation of exactly its size.
     assert_eq!(entry.capacity(), entry.len());
     let stored: Stored = serde_json::from_slice(&entry).unwrap();
     assert_eq!(stored.input, vec![json!({"type": "x", "n": 1})]);
     assert!(stored.passthrough);
+    assert_eq!(stored.owner, "team-a");
     // The same layout as a `Stored` written from values.
-    let tree = Stored::serialise_tree(&turn.input, &json!({"id": "r"}), false);
+    let tree = Stored::serialise_tree(&turn.input, &json!({"id": "r"}), false, "default");
     let stored: Stored = serde_json::from_slice(&tree).unwrap();
     assert_eq!(stored.response, json!({"id": "r"}));
     assert!(!stored.passthrough);
+    assert_eq!(stored.owner, "default");
+    // An entry kept before owners were written belongs to `default`.
+    let old: Stored =
+        serde_json::from_slice(br#"{"input":[],"response":{},"passthrough":true}"#).unwrap();
+    assert_eq!(old.owner, "default");
 }
 
 #[test]

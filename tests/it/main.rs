@@ -35,6 +35,7 @@ mod redis_store;
 mod reload;
 mod resilience;
 mod responses;
+mod responses_tenants;
 mod robustness;
 mod runtime;
 mod shared_limits;

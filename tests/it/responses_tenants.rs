@@ -1,0 +1,179 @@
+//! The conversation store keeps each response for the tenant whose request made it (SPEC §11
+//! with `[[clients]]`): another tenant cannot read, list, delete or continue it, nor have its
+//! provider asked for it, and the ids legate makes cannot be counted to. A conversation
+//! legate made (a translated step's) continues on a step that relays the Responses API with
+//! its history, since that provider never saw the id.
+
+use serde_json::Value;
+
+use crate::harness::{self, Env, sha256_hex};
+
+const MODELS: &str = r#"
+[[models]]
+name = "fast"
+chain = ["openai:gpt-real"]
+
+[[models]]
+name = "agent"
+chain = ["anthropic:claude-x"]
+
+[[models]]
+name = "spare"
+chain = ["openai:gpt-down", "anthropic:claude-spare"]
+"#;
+
+async fn start(script: &str) -> Env {
+    let clients = format!(
+        "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{}\"\n[[clients]]\ntenant = \"team-b\"\nkey_sha256 = \"{}\"\n",
+        sha256_hex(b"key-a"),
+        sha256_hex(b"key-b"),
+    );
+    harness::start_with(
+        legate::mock::Script::from_json(script).unwrap(),
+        &format!("{MODELS}{clients}"),
+    )
+    .await
+}
+
+async fn call(env: &Env, key: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut req = env
+        .http
+        .request(method.parse().unwrap(), env.url(path))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_owned());
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn upstream_calls(env: &Env) -> usize {
+    env.mock.requests().len()
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_read_delete_or_continue_another_tenants_responses() {
+    let env = start(r#"{"default":{"content":[{"type":"text","text":"kept for team-a"}]}}"#).await;
+    let (status, made) = call(
+        &env,
+        "key-a",
+        "POST",
+        "/v1/responses",
+        Some(r#"{"model":"agent","input":"team-a's secret"}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let made = made["id"].as_str().unwrap().to_owned();
+    let (status, relayed) = call(
+        &env,
+        "key-a",
+        "POST",
+        "/v1/responses",
+        Some(r#"{"model":"fast","input":"team-a's other secret"}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let relayed = relayed["id"].as_str().unwrap().to_owned();
+    // An id legate makes is OpenAI's shape, 48 hex digits that no request id gives away.
+    let digits = made.strip_prefix("resp_").unwrap();
+    assert_eq!(digits.len(), 48, "{made}");
+    assert!(digits.bytes().all(|b| b.is_ascii_hexdigit()), "{made}");
+    let calls = upstream_calls(&env);
+    assert_eq!(calls, 2);
+
+    for id in [&made, &relayed] {
+        for (method, path) in [
+            ("GET", format!("/v1/responses/{id}")),
+            ("GET", format!("/v1/responses/{id}/input_items")),
+            ("DELETE", format!("/v1/responses/{id}")),
+        ] {
+            let (status, err) = call(&env, "key-b", method, &path, None).await;
+            assert_eq!(status, 404, "team-b {method} {path}: {err}");
+            assert_eq!(err["error"]["code"], "response_not_found", "{err}");
+            assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+            assert!(
+                !err.to_string().contains("secret"),
+                "team-b {method} {path}: {err}"
+            );
+        }
+        for model in ["agent", "fast"] {
+            let body =
+                format!(r#"{{"model":"{model}","previous_response_id":"{id}","input":"go on"}}"#);
+            let (status, err) = call(&env, "key-b", "POST", "/v1/responses", Some(&body)).await;
+            assert_eq!(status, 400, "team-b continues {id} on {model}: {err}");
+            assert!(
+                err["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("unknown")
+            );
+        }
+    }
+    // Nothing of team-b's reached a provider: not the reads, not the continuations.
+    assert_eq!(upstream_calls(&env), calls);
+
+    // team-a still has both, whole.
+    let (status, got) = call(&env, "key-a", "GET", &format!("/v1/responses/{made}"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(got["output"][0]["content"][0]["text"], "kept for team-a");
+    let body = format!(r#"{{"model":"agent","previous_response_id":"{made}","input":"go on"}}"#);
+    let (status, _) = call(&env, "key-a", "POST", "/v1/responses", Some(&body)).await;
+    assert_eq!(status, 200);
+    let sent: Value = serde_json::from_slice(&env.mock.requests()[calls].body).unwrap();
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 3, "{sent}");
+    let (status, _) = call(
+        &env,
+        "key-a",
+        "DELETE",
+        &format!("/v1/responses/{made}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_conversation_legate_made_continues_on_a_relaying_step_with_its_history() {
+    let env = start(
+        r#"{"replies":[{"match":{"model":"gpt-down"},"status":503,"times":0}],
+            "default":{"content":[{"type":"text","text":"from claude"}]}}"#,
+    )
+    .await;
+    let (status, first) = call(
+        &env,
+        "key-a",
+        "POST",
+        "/v1/responses",
+        Some(r#"{"model":"spare","input":"hi"}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(first["output"][0]["content"][0]["text"], "from claude");
+    let id = first["id"].as_str().unwrap().to_owned();
+    // The OpenAI step is back.
+    env.script(r#"{"default":{"content":[{"type":"text","text":"from gpt"}]}}"#);
+    let before = upstream_calls(&env);
+    let body = format!(r#"{{"model":"spare","previous_response_id":"{id}","input":"next"}}"#);
+    let (status, second) = call(&env, "key-a", "POST", "/v1/responses", Some(&body)).await;
+    assert_eq!(status, 200, "{second}");
+    let requests = env.mock.requests();
+    assert_eq!(requests.len(), before + 1);
+    let sent = &requests[before];
+    assert_eq!(sent.path, "/v1/responses");
+    let sent: Value = serde_json::from_slice(&sent.body).unwrap();
+    // The provider never saw legate's id: it gets the conversation instead.
+    assert_eq!(sent.get("previous_response_id"), None, "{sent}");
+    assert_eq!(sent["model"], "gpt-down");
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 3, "{sent}");
+    let text = |item: &Value| match &item["content"] {
+        Value::String(s) => s.clone(),
+        parts => parts[0]["text"].as_str().unwrap_or_default().to_owned(),
+    };
+    assert_eq!(text(&input[0]), "hi");
+    assert_eq!(text(&input[1]), "from claude");
+    assert_eq!(text(&input[2]), "next");
+}
