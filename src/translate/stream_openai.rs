@@ -31,6 +31,11 @@ pub(super) struct ToOpenAi {
     /// The tool_use block being streamed: its block index, tool name and arguments so far
     /// (`None` once they outgrow `CHECK_LIMIT`).
     tool: Option<(u64, String, Option<String>)>,
+    /// The tool call's first chunk (id, name), held until its first argument fragment or its
+    /// block's end: a tool_use block's start is preamble (SPEC §7), and sent on its own it
+    /// would commit the stream before the model said anything, so that a cut right after it
+    /// could no longer be retried.
+    head: Option<oa::ToolCallDelta>,
 }
 
 /// Arguments beyond this cannot be checked and are refused (a bounded buffer, SPEC §14).
@@ -50,6 +55,7 @@ impl ToOpenAi {
             stop_reason: None,
             usage: an::Usage::default(),
             tool: None,
+            head: None,
         }
     }
 
@@ -133,6 +139,7 @@ impl ToOpenAi {
                     other => other.to_string(),
                 };
                 self.tool = Some((index, name.clone(), Some(arguments.clone())));
+                let filled = !arguments.is_empty();
                 let call = oa::ToolCallDelta {
                     index: call,
                     id: Some(id),
@@ -142,7 +149,13 @@ impl ToOpenAi {
                         arguments: Some(arguments),
                     }),
                 };
-                self.write_calls(out, call);
+                // An input sent whole is the model's output already; an empty one waits for
+                // its first fragment.
+                if filled {
+                    self.write_calls(out, call);
+                } else {
+                    self.head = Some(call);
+                }
             }
             _ => {}
         }
@@ -168,14 +181,23 @@ impl ToOpenAi {
                         }
                     }
                 }
-                let call = oa::ToolCallDelta {
-                    index: call,
-                    id: None,
-                    kind: None,
-                    function: Some(oa::FunctionDelta {
-                        name: None,
-                        arguments: Some(partial_json),
-                    }),
+                // The held first chunk goes out with the first fragment, as one chunk.
+                let call = match self.head.take() {
+                    Some(mut head) if head.index == call => {
+                        if let Some(f) = head.function.as_mut() {
+                            f.arguments = Some(partial_json);
+                        }
+                        head
+                    }
+                    _ => oa::ToolCallDelta {
+                        index: call,
+                        id: None,
+                        kind: None,
+                        function: Some(oa::FunctionDelta {
+                            name: None,
+                            arguments: Some(partial_json),
+                        }),
+                    },
                 };
                 self.write_calls(out, call);
             }
@@ -188,6 +210,7 @@ impl ToOpenAi {
     /// ones): the call is given `{}`, as a whole answer's is, since OpenAI clients parse the
     /// arguments as JSON and an empty string is not.
     fn block_stop(&mut self, index: u64, out: &mut Vec<u8>) {
+        self.release_head(out);
         let Some((block, name, args)) = self.tool.take() else {
             return;
         };
@@ -208,6 +231,14 @@ impl ToOpenAi {
         };
         let message = format!("the upstream model called tool `{name}` with {problem}");
         self.fail(out, "api_error", &message);
+    }
+
+    /// Writes a held tool call's first chunk (its block ended, or the message did, before any
+    /// argument fragment).
+    fn release_head(&mut self, out: &mut Vec<u8>) {
+        if let Some(head) = self.head.take() {
+            self.write_calls(out, head);
+        }
     }
 
     fn content(&mut self, text: String, out: &mut Vec<u8>) {
@@ -254,6 +285,7 @@ impl ToOpenAi {
     /// message_stop: the finish chunk, the usage chunk (empty choices) and `[DONE]`.
     fn complete(&mut self, out: &mut Vec<u8>) {
         self.start(out);
+        self.release_head(out);
         let finish = finish_reason(self.stop_reason.as_deref()).to_owned();
         self.write_delta(out, oa::ChunkDelta::default(), Some(finish));
         if self.include_usage {

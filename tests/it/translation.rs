@@ -311,3 +311,62 @@ async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries()
     );
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+/// A tool_use block's start is preamble (SPEC §7): a stream cut right after it, before the
+/// call's first argument fragment, is retried into one clean stream for a caller of either
+/// OpenAI API, as a cut before a text block's first delta is.
+#[tokio::test]
+async fn a_cut_after_a_tool_blocks_start_is_retried_for_openai_callers() {
+    let env = harness::start_with(legate::mock::Script::default(), CHAINS).await;
+    let tools_chat =
+        r#"[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]"#;
+    let tools_responses =
+        r#"[{"type":"function","name":"read_file","parameters":{"type":"object"}}]"#;
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"via-anthropic","stream":true,"messages":[{{"role":"user","content":"go"}}],"tools":{tools_chat}}}"#
+            ),
+        ),
+        (
+            "/v1/responses",
+            format!(
+                r#"{{"model":"via-anthropic","stream":true,"input":"go","tools":{tools_responses}}}"#
+            ),
+        ),
+    ] {
+        // message_start, ping, content_block_start(tool_use), then the cut; then a whole answer.
+        env.script(
+            r#"{"replies":[
+                {"content":[{"type":"tool_use","id":"toolu_1","name":"read_file","input":{"path":"a"}}],"cut_after":3},
+                {"content":[{"type":"tool_use","id":"toolu_2","name":"read_file","input":{"path":"b"}}],"stop_reason":"tool_use"}]}"#,
+        );
+        let before = env.mock.requests().len();
+        let resp = env
+            .http
+            .post(env.url(path))
+            .header("authorization", "Bearer caller-key")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(resp.headers()["x-legate-attempts"], "2", "{path}");
+        let text = resp.text().await.unwrap();
+        assert_eq!(env.mock.requests().len(), before + 2, "{path}");
+        // Only the second attempt's call reached the caller, and the stream ended cleanly.
+        assert!(!text.contains("toolu_1"), "{path}: {text}");
+        assert!(text.contains("toolu_2"), "{path}: {text}");
+        assert!(!text.contains("event: error"), "{path}: {text}");
+        assert!(!text.contains("response.failed"), "{path}: {text}");
+        assert!(!text.contains("\"error\":{"), "{path}: {text}");
+        let clean_end = if path == "/v1/responses" {
+            "response.completed"
+        } else {
+            "[DONE]"
+        };
+        assert!(text.contains(clean_end), "{path}: {text}");
+    }
+}

@@ -97,17 +97,12 @@ fn anthropic_stream_becomes_openai_chunks() {
             choice(json!({"role": "assistant", "content": ""}), Value::Null),
             None,
         ),
+        // The call's id and name wait for its first argument fragment (the block's start is
+        // preamble), and go out with it.
         base(
             choice(
                 json!({"tool_calls": [{"index": 0, "id": "toolu_1", "type": "function",
-            "function": {"name": "get", "arguments": ""}}]}),
-                Value::Null,
-            ),
-            None,
-        ),
-        base(
-            choice(
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 1}"}}]}),
+            "function": {"name": "get", "arguments": "{\"a\": 1}"}}]}),
                 Value::Null,
             ),
             None,
