@@ -208,6 +208,7 @@ fn expected_type(field: &str) -> &'static str {
         "stream_options" => "an object",
         "stream" | "stream_options.include_usage" => "true or false",
         "input" => "a string or an array of items",
+        "previous_response_id" => "a string or null",
         _ => "a non-negative integer",
     }
 }

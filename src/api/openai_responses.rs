@@ -179,6 +179,11 @@ mod tests {
                 "{prior}"
             );
         }
+        assert!(
+            MetaError::WrongType("previous_response_id")
+                .to_string()
+                .ends_with("must be a string or null")
+        );
         for prior in ["null", "\"resp_1\""] {
             let body = format!(r#"{{"model":"m","input":"x","previous_response_id":{prior}}}"#);
             assert!(parse_request(body.as_bytes()).is_ok(), "{prior}");

@@ -257,6 +257,13 @@ pub(super) fn parse_meta(endpoint: Endpoint, body: &[u8]) -> Result<RequestMeta,
             return Err(ProxyError::Internal);
         }
     };
+    // No provider serves a model without a name: said here, before a step is chosen for it
+    // (a route would otherwise send `""` on and name the step `provider:`).
+    if meta.model.is_empty() {
+        return Err(ProxyError::InvalidRequest {
+            message: "the field `model` is empty; name the model to call".to_owned(),
+        });
+    }
     // Names travel into logs, maps and labels: an absurd one is refused before it does.
     if meta.model.len() > crate::names::MAX_MODEL_NAME_BYTES {
         return Err(ProxyError::InvalidRequest {

@@ -46,6 +46,20 @@ async fn missing_required_fields_are_named() {
     );
     let v = json(env.chat(r#"{"messages":[]}"#).await).await;
     assert!(v["error"]["message"].as_str().unwrap().contains("model"));
+    // An empty name is no name: no step is chosen for it, nothing is sent.
+    let empty = env
+        .messages(r#"{"model":"","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(empty.status(), 400);
+    let v = json(empty).await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`model` is empty")
+    );
+    let empty = env.chat(r#"{"model":"","messages":[]}"#).await;
+    assert_eq!(empty.status(), 400);
     assert_eq!(env.mock.stats().requests, 0);
 }
 
