@@ -75,14 +75,27 @@ pub fn to_chat(body: &[u8], target_model: &str) -> Result<(Value, Labels), Untra
         }
     }
     let mut messages = Vec::new();
-    if let Some(text) = req.get("instructions").and_then(Value::as_str) {
-        messages.push(json!({"role": "system", "content": text}));
+    // A field of the wrong type would otherwise be dropped unseen, and the model answer
+    // without the system prompt or the tools the caller sent.
+    match req.get("instructions") {
+        Some(Value::String(text)) => messages.push(json!({"role": "system", "content": text})),
+        None | Some(Value::Null) => {}
+        Some(_) => return Err(unfit("`instructions` must be a string")),
     }
+    let prompt = messages.len();
     match req.get("input") {
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => input_items(items, &mut messages, &mut labels)?,
         None | Some(Value::Null) => {}
         Some(_) => return Err(unfit("`input` must be a string or a list of items")),
+    }
+    if messages.len() == prompt {
+        return Err(unfit(
+            "the request has no `input` a model could answer (none, empty, or only items this step drops)",
+        ));
+    }
+    if !matches!(req.get("tools"), None | Some(Value::Null | Value::Array(_))) {
+        return Err(unfit("`tools` must be a list"));
     }
     let mut out = Map::new();
     out.insert("model".into(), json!(target_model));

@@ -128,6 +128,40 @@ fn state_held_elsewhere_makes_the_step_unfit() {
     );
 }
 
+#[test]
+fn fields_of_the_wrong_type_or_no_input_make_the_step_unfit_not_silent() {
+    for (req, why) in [
+        (
+            json!({"model": "a", "input": "x", "instructions": 42}),
+            "`instructions`",
+        ),
+        (
+            json!({"model": "a", "input": "x", "tools": "nope"}),
+            "`tools`",
+        ),
+        (json!({"model": "a"}), "no `input`"),
+        (json!({"model": "a", "input": []}), "no `input`"),
+        (
+            json!({"model": "a", "instructions": "be brief", "input": [{"type": "reasoning"}]}),
+            "no `input`",
+        ),
+    ] {
+        match request_for(Target::Chat, req.to_string().as_bytes(), "m") {
+            Err(e) => assert!(e.0.contains(why), "{req}: {}", e.0),
+            Ok(_) => panic!("{req} was translated"),
+        }
+    }
+    for req in [
+        json!({"model": "a", "input": "x", "instructions": null, "tools": null}),
+        json!({"model": "a", "input": "x", "tools": []}),
+    ] {
+        assert!(
+            request_for(Target::Chat, req.to_string().as_bytes(), "m").is_ok(),
+            "{req}"
+        );
+    }
+}
+
 fn ctx() -> ResponseCtx {
     ResponseCtx::new(
         "resp_t1".into(),
