@@ -19,6 +19,7 @@ pub mod conversation;
 pub mod estimate;
 pub mod exchange;
 pub mod inbound;
+mod input_items;
 mod intake;
 pub mod models;
 pub mod record;

@@ -174,8 +174,7 @@ pub async fn stored_response(
                 )
             }
             (_, "input_items") => held_json(
-                &json!({"object": "list", "data": kept.input,
-                        "first_id": null, "last_id": null, "has_more": false}),
+                &super::input_items::page(id, &kept.input, query)?,
                 answers,
                 max,
             )?,
