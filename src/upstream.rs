@@ -8,6 +8,7 @@ mod conns;
 mod dial;
 pub(crate) mod h1;
 mod pool;
+mod streams;
 
 use std::sync::Arc;
 use std::time::Duration;

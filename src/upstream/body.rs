@@ -9,10 +9,12 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h1::body::H1Body;
+use super::streams::StreamSlot;
 
+/// An HTTP/2 answer's body keeps its stream counted on its connection until it is dropped.
 pub enum ResponseBody {
     H1(H1Body),
-    H2(Incoming),
+    H2(Incoming, Option<StreamSlot>),
 }
 
 /// Why an upstream body could not be read to its end.
@@ -40,7 +42,7 @@ impl Body for ResponseBody {
             ResponseBody::H1(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(|e| boxed(Box::new(e))))),
-            ResponseBody::H2(b) => Pin::new(b)
+            ResponseBody::H2(b, _) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(|e| boxed(Box::new(e))))),
         }
@@ -49,14 +51,14 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::H1(b) => b.is_end_stream(),
-            ResponseBody::H2(b) => b.is_end_stream(),
+            ResponseBody::H2(b, _) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::H1(b) => b.size_hint(),
-            ResponseBody::H2(b) => b.size_hint(),
+            ResponseBody::H2(b, _) => b.size_hint(),
         }
     }
 }

@@ -30,19 +30,22 @@ use hyper::client::conn::http2;
 
 use super::dial::ConnCount;
 use super::h1::H1Conn;
+use super::streams::{StreamSlot, Streams};
 
 /// A connection's sending half: an HTTP/1 connection itself (listed only while idle), or a
-/// handle on hyper's HTTP/2 connection task.
+/// handle on hyper's HTTP/2 connection task and the count of its streams.
 pub(super) enum Sender {
     H1(Box<H1Conn>),
-    H2(http2::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>, Arc<Streams>),
 }
 
 impl Sender {
-    fn is_ready(&self) -> bool {
+    /// Carrying a request (an HTTP/2 connection with a stream open; a listed HTTP/1 one is
+    /// idle by being listed).
+    fn is_busy(&self) -> bool {
         match self {
-            Sender::H1(_) => true,
-            Sender::H2(s) => s.is_ready(),
+            Sender::H1(_) => false,
+            Sender::H2(_, streams) => streams.busy(),
         }
     }
 
@@ -51,7 +54,7 @@ impl Sender {
     fn is_closed(&mut self) -> bool {
         match self {
             Sender::H1(h) => h.idle_unusable(),
-            Sender::H2(s) => s.is_closed(),
+            Sender::H2(s, _) => s.is_closed() || !s.is_ready(),
         }
     }
 }
@@ -94,6 +97,8 @@ pub(super) struct Conn {
     /// How long after a request's sending a failure on it may still be the keep-alive race
     /// (scaled by how long the connection took to open; see [`super::pool`]).
     pub(super) race_window: Duration,
+    /// A handle's stream on an HTTP/2 connection, for its request (then its answer's body).
+    pub(super) slot: Option<StreamSlot>,
 }
 
 impl Conn {
@@ -110,6 +115,7 @@ impl Conn {
             used: Instant::now(),
             reused: false,
             race_window,
+            slot: None,
         }
     }
 
@@ -117,22 +123,29 @@ impl Conn {
     pub(super) fn h1(&self) -> Option<&H1Conn> {
         match &self.sender {
             Sender::H1(h) => Some(h),
-            Sender::H2(_) => None,
+            Sender::H2(..) => None,
         }
     }
 
     pub(super) fn h1_mut(&mut self) -> Option<&mut H1Conn> {
         match &mut self.sender {
             Sender::H1(h) => Some(h),
-            Sender::H2(_) => None,
+            Sender::H2(..) => None,
         }
     }
 
-    /// A handle on a shared (HTTP/2) connection; `None` for an HTTP/1 one.
-    pub(super) fn shared_handle(&self) -> Option<Conn> {
+    /// A handle on a shared (HTTP/2) connection holding one of its streams, if the provider
+    /// allows another (`forced`: a connection just opened for the request takes it anyway);
+    /// `None` for an HTTP/1 one, or a connection with no stream to spare.
+    pub(super) fn shared_handle(&self, forced: bool) -> Option<Conn> {
         match &self.sender {
-            Sender::H2(s) => Some(Conn {
-                sender: Sender::H2(s.clone()),
+            Sender::H2(s, streams) => Some(Conn {
+                slot: Some(if forced {
+                    streams.take()
+                } else {
+                    streams.try_take()?
+                }),
+                sender: Sender::H2(s.clone(), streams.clone()),
                 count: self.count.clone(),
                 key: self.key.clone(),
                 used: self.used,
@@ -179,19 +192,25 @@ impl Conns {
             if c.key != *key {
                 continue;
             }
-            let ready = c.sender.is_ready();
-            if c.sender.is_closed() || (ready && now.duration_since(c.used) >= self.idle_timeout) {
+            let busy = c.sender.is_busy();
+            if c.sender.is_closed() || (!busy && now.duration_since(c.used) >= self.idle_timeout) {
                 list.remove(i);
                 continue;
             }
-            if !ready {
-                continue;
+            if let Sender::H2(..) = c.sender {
+                // Shared while the provider allows another stream on it; else the next one,
+                // or a new connection.
+                let Some(mut shared) = c.shared_handle(false) else {
+                    continue;
+                };
+                c.used = now;
+                c.reused = true;
+                shared.reused = true;
+                shared.used = now;
+                return Some(shared);
             }
             c.used = now;
             c.reused = true;
-            if let Some(shared) = c.shared_handle() {
-                return Some(shared);
-            }
             return Some(list.remove(i));
         }
         None
@@ -230,7 +249,7 @@ impl Conns {
             if c.sender.is_closed() {
                 return false;
             }
-            if !c.sender.is_ready() {
+            if c.sender.is_busy() {
                 c.used = now;
                 return true;
             }

@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conns::Sender;
 use super::h1::{H1Conn, H1Error};
+use super::streams::{SettingsReader, Streams};
 
 pub(super) type Connector = HttpsConnector<HttpConnector>;
 type Stream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
@@ -75,13 +76,15 @@ pub(super) async fn dial(
         .map_err(SendError::Connect)?;
     let h2 = stream.connected().is_negotiated_h2();
     let count = ConnCount::new();
+    let streams = h2.then(Streams::new);
     let counted = Counted {
         inner: TokioIo::new(stream),
         count: count.clone(),
+        settings: streams.clone().map(SettingsReader::new),
     };
-    if !h2 {
+    let Some(streams) = streams else {
         return Ok((Sender::H1(Box::new(H1Conn::new(counted, max_buf))), count));
-    }
+    };
     let (tx, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .handshake::<_, Full<Bytes>>(CountedIo(TokioIo::new(counted)))
@@ -92,7 +95,7 @@ pub(super) async fn dial(
             tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
         }
     });
-    Ok((Sender::H2(tx), count))
+    Ok((Sender::H2(tx, streams), count))
 }
 
 /// What one upstream connection has done: enough to tell whether a request that failed on it
@@ -141,6 +144,8 @@ struct CountedIo(TokioIo<Counted>);
 pub(super) struct Counted {
     inner: TokioIo<Stream>,
     count: Arc<ConnCount>,
+    /// An HTTP/2 connection's: what the provider allows, read from its frames.
+    settings: Option<SettingsReader>,
 }
 
 impl Counted {
@@ -150,6 +155,7 @@ impl Counted {
         Counted {
             inner: TokioIo::new(MaybeHttpsStream::Http(TokioIo::new(tcp))),
             count: ConnCount::new(),
+            settings: None,
         }
     }
 
@@ -174,6 +180,9 @@ impl AsyncRead for Counted {
         let n = buf.filled().len() - before;
         if n > 0 {
             this.count.on_read(n);
+            if let Some(settings) = &mut this.settings {
+                settings.read(&buf.filled()[before..]);
+            }
         }
         r
     }

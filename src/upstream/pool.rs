@@ -112,8 +112,12 @@ impl PooledClient {
         loop {
             let h1 = match &mut conn.sender {
                 Sender::H1(h1) => h1,
-                Sender::H2(s) => match s.try_send_request(req).await {
-                    Ok(resp) => return Ok(resp.map(ResponseBody::H2)),
+                Sender::H2(s, _) => match s.try_send_request(req).await {
+                    // The stream stays counted until the answer's body is done with.
+                    Ok(resp) => {
+                        let slot = conn.slot.take();
+                        return Ok(resp.map(|b| ResponseBody::H2(b, slot)));
+                    }
                     Err(mut err) => {
                         let Some(unsent) = err.take_message().filter(|_| conn.reused) else {
                             return Err(SendError::Http(err.into_error()));
@@ -162,7 +166,7 @@ impl PooledClient {
         let began = Instant::now();
         let (sender, count) = dial(&self.connector, uri, self.max_buf).await?;
         let conn = Conn::new(sender, count, key.clone(), race_window(began.elapsed()));
-        Ok(match conn.shared_handle() {
+        Ok(match conn.shared_handle(true) {
             Some(handle) => {
                 self.conns().put(conn);
                 handle

@@ -22,6 +22,7 @@ mod connections;
 mod errors;
 mod h2_head;
 mod h2_limits;
+mod h2_upstream;
 mod metering;
 mod observe;
 mod origin;

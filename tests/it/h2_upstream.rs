@@ -1,0 +1,117 @@
+//! A provider reached over HTTP/2 (TLS, ALPN `h2`) that allows few streams per connection:
+//! legate puts no more requests on a connection than the provider allows and opens another
+//! instead, so a request never waits unsent inside a connection while its
+//! `first_byte_timeout` runs. Every call reaches the provider exactly once, in time.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http2;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::harness;
+
+const ANSWER: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}"#;
+
+/// What the provider saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicUsize,
+    requests: AtomicUsize,
+}
+
+/// An HTTP/2-only provider over TLS for `localhost` that allows `streams` at once per
+/// connection and answers each request after `pace` (its own generation time). Returns its
+/// base URL, the CA to trust, and what it saw.
+async fn provider(streams: u32, pace: Duration) -> (String, String, Arc<Seen>) {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key)
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Seen::default());
+    let counts = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            counts.connections.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, counts) = (acceptor.clone(), counts.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(move |_req| {
+                    let counts = counts.clone();
+                    async move {
+                        counts.requests.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(pace).await;
+                        let mut resp =
+                            http::Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
+                        resp.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = http2::Builder::new(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .max_concurrent_streams(streams)
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    (format!("https://localhost:{port}"), ck.cert.pem(), seen)
+}
+
+#[tokio::test]
+async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_its_own() {
+    const CALLS: usize = 12;
+    // Queued one behind another on one connection, the last would wait 12 × 200 ms, past the
+    // 2 s first_byte_timeout.
+    let (url, ca_pem, seen) = provider(1, Duration::from_millis(200)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "")
+        .replace("first_byte_timeout = \"5s\"", "first_byte_timeout = \"2s\"");
+    let env = harness::start_toml(mock, &toml).await;
+    // One call first, so that the provider's SETTINGS are known on the connection.
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let calls =
+        (0..CALLS).map(|_| env.messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#));
+    for resp in futures_util::future::join_all(calls).await {
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), CALLS + 1);
+    assert!(seen.connections.load(Ordering::SeqCst) > 1);
+    assert_eq!(
+        env.metric(
+            "legate_upstream_attempts_total",
+            &[("provider", "anthropic"), ("outcome", "timeout")]
+        )
+        .await
+        .unwrap_or(0.0),
+        0.0
+    );
+}
