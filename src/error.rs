@@ -7,6 +7,29 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::api::{ApiKind, ErrorClass, LocalError};
 
+/// How a call failed before any answer came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failed {
+    /// No connection: TCP connect, or the HTTP/2 handshake, failed or timed out.
+    Connecting,
+    /// The TLS handshake failed (the provider's certificate refused, or the handshake
+    /// itself): a configuration fault another try within milliseconds would meet again. The
+    /// text is rustls's, never a secret.
+    Tls(String),
+    /// On an open connection, before the request was known to be written (HTTP/2: hyper
+    /// does not say).
+    OnOpenConnection,
+    /// After legate began writing the request: the provider may have read it.
+    AfterSending,
+}
+
+impl Failed {
+    /// Nothing left for the provider: no connection was made.
+    pub fn never_connected(&self) -> bool {
+        matches!(self, Failed::Connecting | Failed::Tls(_))
+    }
+}
+
 /// Where a failure came from: decides whether the SDK may retry it and how it is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -51,7 +74,7 @@ pub enum ProxyError {
     CredentialUnavailable { provider: String, what: String },
     /// Connecting to the upstream failed, or (`sent`) the connection failed after the request
     /// went out and before its answer's head.
-    UpstreamUnreachable { provider: String, sent: bool },
+    UpstreamUnreachable { provider: String, failed: Failed },
     /// The upstream did not send response headers within `first_byte_timeout`.
     UpstreamTimeout { provider: String },
     /// The request's deadline passed before an answer.
@@ -285,13 +308,25 @@ impl ProxyError {
             ),
             ProxyError::UpstreamUnreachable {
                 provider,
-                sent: false,
+                failed: Failed::Connecting,
             } => format!(
                 "could not connect to provider `{provider}`; legate will keep trying on later requests"
             ),
             ProxyError::UpstreamUnreachable {
                 provider,
-                sent: true,
+                failed: Failed::Tls(why),
+            } => format!(
+                "the TLS handshake with provider `{provider}` failed ({why}); nothing was sent. Check the provider's base_url, ca_file and client certificate"
+            ),
+            ProxyError::UpstreamUnreachable {
+                provider,
+                failed: Failed::OnOpenConnection,
+            } => format!(
+                "the request to provider `{provider}` failed on an open connection (the provider reset it, or the connection broke) before any answer came"
+            ),
+            ProxyError::UpstreamUnreachable {
+                provider,
+                failed: Failed::AfterSending,
             } => format!(
                 "the connection to provider `{provider}` closed or failed after legate began sending the request, before any answer came"
             ),
@@ -430,7 +465,7 @@ mod tests {
     fn upstream_failures_forbid_sdk_retries() {
         let resp = ProxyError::UpstreamUnreachable {
             provider: "anthropic".into(),
-            sent: false,
+            failed: Failed::Connecting,
         }
         .render(ApiKind::Anthropic, "x");
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);

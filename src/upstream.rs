@@ -185,6 +185,7 @@ impl Upstream {
                 max_conns: cfg.max_concurrency,
                 lists: workers,
                 max_buf: crate::server::listener::HTTP1_MAX_BUF,
+                connect_timeout: cfg.connect_timeout,
             },
         );
         let cloud = lanes.cloud(cfg)?;

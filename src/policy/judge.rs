@@ -27,6 +27,9 @@ pub enum Happened {
     TimedOut,
     /// Connecting or sending failed.
     Unreachable,
+    /// The TLS handshake failed (a certificate refused): the same provider would refuse it
+    /// again at once, so the step is left for the next, without its retries.
+    TlsRefused,
     /// A stream, or a whole body, broke (cut, stalled) before anything reached the caller.
     Broken,
     /// A stream read up to its commit point (its first content, or its clean end).
@@ -124,6 +127,7 @@ pub fn judge(happened: Happened, cx: Context) -> Verdict {
         ),
         H::TimedOut => again(cx, None, Report::Failure, "timeout"),
         H::Unreachable => again(cx, None, Report::Failure, "connect_error"),
+        H::TlsRefused => verdict(Action::NextStep, Report::Failure, Some("connect_error")),
         H::Broken if cx.deadline_passed => verdict(
             Action::GiveUp(GiveUp::Deadline),
             Report::Failure,

@@ -381,7 +381,18 @@ async fn attempt(
     }
     let (status, outcome, why) =
         crate::observe::request::journal_attempt(&exchanged, &verdict.action);
-    scope.end(status, outcome, why, exec.spent.attempts > sent_before);
+    // A call that never had a connection sent nothing, though it counts as an attempt.
+    let never_connected = matches!(
+        &exchanged,
+        Exchanged::Unreachable(ProxyError::UpstreamUnreachable { failed, .. })
+            if failed.never_connected()
+    );
+    scope.end(
+        status,
+        outcome,
+        why,
+        exec.spent.attempts > sent_before && !never_connected,
+    );
     (exchanged, verdict)
 }
 

@@ -126,6 +126,10 @@ impl Exchanged {
                 in_flight: *in_flight,
             },
             Exchanged::TimedOut(_) => Happened::TimedOut,
+            Exchanged::Unreachable(ProxyError::UpstreamUnreachable {
+                failed: crate::error::Failed::Tls(_),
+                ..
+            }) => Happened::TlsRefused,
             Exchanged::Unreachable(_) => Happened::Unreachable,
             Exchanged::Broken(_) => Happened::Broken,
             Exchanged::Stream(_) => Happened::Stream,

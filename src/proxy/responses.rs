@@ -231,7 +231,7 @@ pub async fn forward(
         Ok(Err(e)) => {
             return Err(ProxyError::UpstreamUnreachable {
                 provider: up.name.clone(),
-                sent: e.was_sent(),
+                failed: e.failed(),
             });
         }
         Err(_) => {

@@ -277,9 +277,15 @@ pub(super) async fn send(
         }
         Ok(Err(e)) => {
             tracing::debug!(provider = %up.name, connect = e.is_connect(), error = %e, "upstream request failed");
+            let failed = e.failed();
+            if let crate::error::Failed::Tls(why) = &failed {
+                // A certificate or handshake fault is the operator's to fix: said at the level
+                // they read, with rustls's reason (never a secret).
+                tracing::warn!(provider = %up.name, error = %why, "the TLS handshake with the provider failed");
+            }
             Err(ProxyError::UpstreamUnreachable {
                 provider: up.name.clone(),
-                sent: e.was_sent(),
+                failed,
             })
         }
         Err(_) if deadline <= first_byte => Err(ProxyError::DeadlineExceeded),

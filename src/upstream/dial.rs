@@ -44,11 +44,41 @@ impl SendError {
         matches!(self, SendError::Connect(_))
     }
 
-    /// Writing the request on an open HTTP/1 connection had begun when it failed (the provider
-    /// may have read it); on HTTP/2 hyper does not say, and it counts as not sent.
-    pub fn was_sent(&self) -> bool {
-        matches!(self, SendError::H1(_))
+    /// How the call failed, for the caller's message, the retry and the journal. Writing the
+    /// request on an open HTTP/1 connection had begun when it failed there (the provider may
+    /// have read it); on HTTP/2 hyper does not say.
+    pub fn failed(&self) -> crate::error::Failed {
+        use crate::error::Failed;
+        match self {
+            SendError::Connect(e) => match tls_refusal(e.as_ref()) {
+                Some(why) => Failed::Tls(why),
+                None => Failed::Connecting,
+            },
+            SendError::H1(_) => Failed::AfterSending,
+            SendError::Http(_) | SendError::NotAbsolute => Failed::OnOpenConnection,
+        }
     }
+}
+
+/// rustls's error, if the connection failed in the TLS handshake: hyper-rustls wraps
+/// tokio-rustls's `io::Error`, which wraps rustls's. (An `io::Error`'s `source` skips the error
+/// it wraps, so that one is taken with `get_ref`.)
+fn tls_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(e);
+    // A chain is a few links; the bound keeps a cyclic one from spinning.
+    for _ in 0..8 {
+        let e = next?;
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        next = match e.downcast_ref::<io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
 }
 
 impl std::fmt::Display for SendError {
@@ -64,16 +94,27 @@ impl std::fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
-/// Opens a connection to `uri`'s scheme and authority; `max_buf` bounds an HTTP/1 response head.
+/// Opens a connection to `uri`'s scheme and authority; `max_buf` bounds a response head.
+/// `connect_timeout` bounds TCP connect and TLS handshake together: a provider that accepts
+/// the connection and never finishes the handshake would otherwise hold the attempt until
+/// its first-byte timeout, with nothing sent.
 pub(super) async fn dial(
     connector: &Connector,
     uri: &Uri,
     max_buf: usize,
+    connect_timeout: std::time::Duration,
 ) -> Result<(Sender, Arc<ConnCount>), SendError> {
     let mut connector = connector.clone();
-    let stream = tower_service::Service::call(&mut connector, uri.clone())
-        .await
-        .map_err(SendError::Connect)?;
+    let call = tower_service::Service::call(&mut connector, uri.clone());
+    let stream = match tokio::time::timeout(connect_timeout, call).await {
+        Ok(r) => r.map_err(SendError::Connect)?,
+        Err(_) => {
+            return Err(SendError::Connect(Box::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TCP connect and TLS handshake did not finish within connect_timeout",
+            ))));
+        }
+    };
     let h2 = stream.connected().is_negotiated_h2();
     let count = ConnCount::new();
     let streams = h2.then(Streams::new);
@@ -85,8 +126,12 @@ pub(super) async fn dial(
     let Some(streams) = streams else {
         return Ok((Sender::H1(Box::new(H1Conn::new(counted, max_buf))), count));
     };
+    // The same bound on an answer's head as HTTP/1's (64 KiB of 100 lines; HTTP/2 counts 32
+    // bytes more per line): hyper's default of 16 KiB refused heads HTTP/1 takes.
+    let header_list = max_buf + super::h1::lines::MAX_HEADERS * 32;
     let (tx, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(header_list).unwrap_or(u32::MAX))
         .handshake::<_, Full<Bytes>>(CountedIo(TokioIo::new(counted)))
         .await
         .map_err(|e| SendError::Connect(Box::new(e)))?;

@@ -66,8 +66,11 @@ pub struct PoolOptions {
     pub max_conns: usize,
     /// One list of connections per data-plane worker (see [`crate::server::workers`]).
     pub lists: usize,
-    /// The largest HTTP/1 read buffer of a connection.
+    /// The largest HTTP/1 read buffer of a connection (and so response head; an HTTP/2
+    /// head's list of headers is held to about the same).
     pub max_buf: usize,
+    /// TCP connect and TLS handshake together.
+    pub connect_timeout: Duration,
 }
 
 /// The client requests to one upstream go through.
@@ -77,6 +80,7 @@ pub struct PooledClient {
     /// only connections its own worker drives, and hands over to them without waking a thread.
     conns: Box<[Arc<Conns>]>,
     max_buf: usize,
+    connect_timeout: Duration,
     /// The `host` header of requests to the base URL's scheme and authority, rendered once.
     host: Option<(Key, HeaderValue)>,
 }
@@ -91,6 +95,7 @@ impl PooledClient {
                 .map(|_| Conns::new(opts.idle_timeout, opts.max_conns.max(1)))
                 .collect(),
             max_buf: opts.max_buf,
+            connect_timeout: opts.connect_timeout,
             host,
         }
     }
@@ -164,7 +169,8 @@ impl PooledClient {
     /// inline it would be carried, and copied, with every request's.
     async fn open(&self, key: &Key, uri: &Uri) -> Result<Conn, SendError> {
         let began = Instant::now();
-        let (sender, count) = dial(&self.connector, uri, self.max_buf).await?;
+        let (sender, count) =
+            dial(&self.connector, uri, self.max_buf, self.connect_timeout).await?;
         let conn = Conn::new(sender, count, key.clone(), race_window(began.elapsed()));
         Ok(match conn.shared_handle(true) {
             Some(handle) => {

@@ -26,9 +26,10 @@ struct Seen {
 }
 
 /// An HTTP/2-only provider over TLS for `localhost` that allows `streams` at once per
-/// connection and answers each request after `pace` (its own generation time). Returns its
-/// base URL, the CA to trust, and what it saw.
-async fn provider(streams: u32, pace: Duration) -> (String, String, Arc<Seen>) {
+/// connection and answers each request after `pace` (its own generation time), with
+/// `padding` bytes of extra response headers. Returns its base URL, the CA to trust, and what
+/// it saw.
+async fn provider(streams: u32, pace: Duration, padding: usize) -> (String, String, Arc<Seen>) {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -65,6 +66,12 @@ async fn provider(streams: u32, pace: Duration) -> (String, String, Arc<Seen>) {
                             http::Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
                         resp.headers_mut()
                             .insert("content-type", "application/json".parse().unwrap());
+                        // In lines of 1 KiB, as a provider's debug headers come.
+                        for i in 0..padding / 1024 {
+                            let name = http::HeaderName::try_from(format!("x-pad-{i}")).unwrap();
+                            resp.headers_mut()
+                                .insert(name, "p".repeat(1024).parse().unwrap());
+                        }
                         Ok::<_, Infallible>(resp)
                     }
                 });
@@ -84,7 +91,7 @@ async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_i
     const CALLS: usize = 12;
     // Queued one behind another on one connection, the last would wait 12 × 200 ms, past the
     // 2 s first_byte_timeout.
-    let (url, ca_pem, seen) = provider(1, Duration::from_millis(200)).await;
+    let (url, ca_pem, seen) = provider(1, Duration::from_millis(200), 0).await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, ca_pem).unwrap();
@@ -114,4 +121,25 @@ async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_i
         .unwrap_or(0.0),
         0.0
     );
+}
+
+/// An answer whose head HTTP/1 takes (here 20 KiB of headers) is taken over HTTP/2 too: it
+/// was refused by hyper's default 16 KiB bound, reported as "could not connect", and the
+/// provider ran the call three times.
+#[tokio::test]
+async fn an_answer_with_a_large_head_is_taken_over_http2_as_over_http1() {
+    let (url, ca_pem, seen) = provider(100, Duration::ZERO, 20 << 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "");
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    assert_eq!(resp.headers()["x-pad-19"].len(), 1024);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
 }

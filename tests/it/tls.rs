@@ -67,7 +67,55 @@ async fn an_untrusted_certificate_is_refused() {
         .messages(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
         .await;
     assert_eq!(resp.status(), 502);
+    // A refused certificate is refused again at once: the step is left without its retries,
+    // and the caller is told what failed.
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let rid = resp.headers()["x-legate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("TLS handshake"), "{message}");
+    assert!(message.contains("certificate"), "{message}");
     assert_eq!(env.mock.stats().completed, 0);
+    // Nothing was sent, and the journal says so.
+    let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    assert_eq!(doc["attempts_detail"][0]["sent"], false, "{doc}");
+}
+
+/// A provider that takes the connection and never finishes the TLS handshake is given up on
+/// at `connect_timeout`, as "could not connect", not held to the first-byte timeout.
+#[tokio::test]
+async fn a_handshake_that_never_finishes_is_bounded_by_connect_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accepts, reads the ClientHello, answers nothing; keeps the sockets open.
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(
+        &format!("https://localhost:{port}"),
+        "",
+        "connect_timeout = \"200ms\"",
+        "[retry]\nmax_attempts = 1\n",
+    )
+    .replace(
+        "first_byte_timeout = \"5s\"",
+        "first_byte_timeout = \"30s\"",
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"m","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 502);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("could not connect"), "{message}");
 }
 
 /// A private CA issuing a server certificate for `localhost` and a client certificate.

@@ -118,6 +118,7 @@ fn client(idle: Duration) -> PooledClient {
         max_conns: 8,
         lists: 1,
         max_buf: 1024,
+        connect_timeout: Duration::from_secs(5),
     };
     PooledClient::new(connector, None, opts)
 }

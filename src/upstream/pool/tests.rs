@@ -80,6 +80,7 @@ fn options(idle: Duration, max_conns: usize) -> PoolOptions {
         max_conns,
         lists: 1,
         max_buf: 64 << 10,
+        connect_timeout: Duration::from_secs(5),
     }
 }
 
