@@ -35,33 +35,87 @@ pub struct BufferBudget {
     used: AtomicUsize,
 }
 
-/// One request's share of the budget, returned when it drops.
+/// One tenant's part of the request-body budget, when `[[clients]]` name several tenants: no
+/// tenant's bodies hold more than half of `max_buffered_bytes` (or one whole body, if that is
+/// more). The bound is there for memory, and without a part per tenant one tenant could take
+/// all of it, with bodies or only with declared lengths it never sends, and every other
+/// tenant's requests would be refused 529.
+pub struct TenantPart {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl TenantPart {
+    pub fn new(max: usize) -> Arc<TenantPart> {
+        Arc::new(TenantPart {
+            used: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    #[cfg(test)]
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// One request's share of the budget (and of its tenant's part), returned when it drops.
 pub struct BufferShare {
     budget: Arc<BufferBudget>,
     held: usize,
+    part: Option<Arc<TenantPart>>,
 }
 
 impl Drop for BufferShare {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.held, Ordering::AcqRel);
+        if let Some(p) = &self.part {
+            p.used.fetch_sub(self.held, Ordering::AcqRel);
+        }
     }
 }
 
 impl BufferShare {
     pub fn new(budget: Arc<BufferBudget>) -> Self {
-        BufferShare { budget, held: 0 }
+        BufferShare {
+            budget,
+            held: 0,
+            part: None,
+        }
     }
 
-    /// Takes `n` more bytes, unless that would pass `max` for everyone together.
+    /// Also counted in, and bounded by, its tenant's part.
+    pub fn within(mut self, part: Option<Arc<TenantPart>>) -> Self {
+        self.part = part;
+        self
+    }
+
+    /// Takes `n` more bytes, unless that would pass `max` for everyone together (or the
+    /// tenant's part).
     pub fn take(&mut self, n: usize, max: usize) -> bool {
+        if let Some(p) = &self.part {
+            let mine = p
+                .used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    used.checked_add(n).filter(|&total| total <= p.max)
+                });
+            if mine.is_err() {
+                return false;
+            }
+        }
         let taken = self
             .budget
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(n).filter(|&total| total <= max)
             });
-        if taken.is_ok() {
-            self.held += n;
+        match taken {
+            Ok(_) => self.held += n,
+            Err(_) => {
+                if let Some(p) = &self.part {
+                    p.used.fetch_sub(n, Ordering::AcqRel);
+                }
+            }
         }
         taken.is_ok()
     }
@@ -75,9 +129,11 @@ impl BufferShare {
     /// Keeps at most `bytes`, giving back the rest (a body shorter than it declared).
     pub fn shrink_to(&mut self, bytes: usize) {
         if self.held > bytes {
-            self.budget
-                .used
-                .fetch_sub(self.held - bytes, Ordering::AcqRel);
+            let back = self.held - bytes;
+            self.budget.used.fetch_sub(back, Ordering::AcqRel);
+            if let Some(p) = &self.part {
+                p.used.fetch_sub(back, Ordering::AcqRel);
+            }
             self.held = bytes;
         }
     }
@@ -95,9 +151,11 @@ impl BufferShare {
     /// since refusing them would not give the memory back.
     pub fn resize(&mut self, bytes: usize) {
         if bytes > self.held {
-            self.budget
-                .used
-                .fetch_add(bytes - self.held, Ordering::AcqRel);
+            let more = bytes - self.held;
+            self.budget.used.fetch_add(more, Ordering::AcqRel);
+            if let Some(p) = &self.part {
+                p.used.fetch_add(more, Ordering::AcqRel);
+            }
             self.held = bytes;
         } else {
             self.shrink_to(bytes);
@@ -267,6 +325,26 @@ pub fn discard(mut body: crate::server::CallerBody, within: std::time::Duration)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenants_part_bounds_its_shares_and_is_given_back_with_them() {
+        let budget = Arc::new(BufferBudget::default());
+        let part = TenantPart::new(100);
+        let mut a = BufferShare::new(budget.clone()).within(Some(part.clone()));
+        assert!(a.take(60, 1000));
+        let mut b = BufferShare::new(budget.clone()).within(Some(part.clone()));
+        assert!(!b.take(50, 1000), "past the tenant's part");
+        assert!(b.take(40, 1000));
+        assert_eq!((part.used(), budget.used()), (100, 100));
+        // Refused by the global bound: the part is not kept either.
+        let mut c = BufferShare::new(budget.clone()).within(Some(TenantPart::new(1000)));
+        assert!(!c.take(950, 1000));
+        a.shrink_to(10);
+        b.resize(45);
+        assert_eq!((part.used(), budget.used()), (55, 55));
+        drop((a, b, c));
+        assert_eq!((part.used(), budget.used()), (0, 0));
+    }
 
     #[test]
     fn an_answer_under_the_free_size_is_not_counted_and_not_wrapped() {

@@ -155,7 +155,8 @@ impl Proxy {
         let cfg = &snap.cfg;
         // 4. Body: read once under the limit, parsed once into RequestMeta.
         let (parts, body) = req.into_parts();
-        let mut share = buffers::BufferShare::new(self.buffers.clone());
+        let mut share =
+            buffers::BufferShare::new(self.buffers.clone()).within(snap.buffer_part(tenant));
         let h2 = parts.version == http::Version::HTTP_2;
         let body = self
             .read_body(cfg, &parts.headers, h2, body, &mut share, record)

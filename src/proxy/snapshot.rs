@@ -19,6 +19,9 @@ pub struct Snapshot {
     pub upstreams: HashMap<String, Arc<Upstream>>,
     pub labels: Labels,
     pub hash: String,
+    /// Each `[[clients]]` tenant's part of the request-body budget, when there are several
+    /// (keyed by configured names only).
+    pub buffer_parts: HashMap<String, Arc<crate::proxy::buffers::TenantPart>>,
 }
 
 impl Snapshot {
@@ -31,13 +34,42 @@ impl Snapshot {
         }
         let labels = Labels::from_config(&cfg);
         let hash = crate::config::render::config_hash(&cfg);
+        let buffer_parts = buffer_parts(&cfg);
         Ok(Snapshot {
             cfg,
             upstreams,
             labels,
             hash,
+            buffer_parts,
         })
     }
+
+    /// `tenant`'s part of the request-body budget (None: it has the whole).
+    pub fn buffer_part(&self, tenant: &str) -> Option<Arc<crate::proxy::buffers::TenantPart>> {
+        if self.buffer_parts.is_empty() {
+            return None;
+        }
+        self.buffer_parts.get(tenant).cloned()
+    }
+}
+
+/// Half of `max_buffered_bytes` per tenant (at least one whole body) when `[[clients]]` name
+/// more than one tenant; none with one tenant, who has nobody to crowd out.
+fn buffer_parts(cfg: &Config) -> HashMap<String, Arc<crate::proxy::buffers::TenantPart>> {
+    let mut parts = HashMap::default();
+    let tenants: std::collections::BTreeSet<&str> =
+        cfg.clients.iter().map(|c| c.tenant.as_str()).collect();
+    if tenants.len() < 2 {
+        return parts;
+    }
+    let limits = &cfg.server.limits;
+    let max = (limits.max_buffered_bytes / 2)
+        .max(cfg.server.max_body_bytes)
+        .min(limits.max_buffered_bytes);
+    for t in tenants {
+        parts.insert(t.to_owned(), crate::proxy::buffers::TenantPart::new(max));
+    }
+    parts
 }
 
 /// Request ids: a random per-process prefix and a counter, unique without a syscall per request.

@@ -300,3 +300,61 @@ async fn a_stored_response_read_back_counts_with_the_answers_held() {
     assert_eq!(v["id"], id.as_str());
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// With several tenants, no tenant's request bodies hold more than half of
+/// `max_buffered_bytes`: one that declares large bodies and never sends them is refused past
+/// its half, and another tenant's requests still fit.
+#[tokio::test]
+async fn one_tenant_cannot_take_the_whole_body_budget() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let clients = format!(
+        "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{}\"\n[[clients]]\ntenant = \"team-b\"\nkey_sha256 = \"{}\"\n",
+        harness::sha256_hex(b"key-a"),
+        harness::sha256_hex(b"key-b"),
+    );
+    let toml = harness::config_toml_with(
+        &mock.base_url(),
+        "max_buffered_bytes = 200000\nmax_body_bytes = 50000\n",
+        "",
+        &clients,
+    );
+    let env = harness::start_toml(mock, &toml).await;
+    // team-a declares four 45 kB bodies and sends none of their bytes.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut c = tokio::net::TcpStream::connect(env.legate.data_addr)
+            .await
+            .unwrap();
+        let head = "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: key-a\r\ncontent-type: application/json\r\nanthropic-version: 2023-06-01\r\ncontent-length: 45000\r\n\r\n";
+        c.write_all(head.as_bytes()).await.unwrap();
+        held.push(c);
+    }
+    // Two fit in its half (100 kB); the other two are refused at once.
+    let answers = held.iter_mut().map(|c| async move {
+        let mut buf = vec![0u8; 64];
+        match tokio::time::timeout(Duration::from_secs(3), c.read(&mut buf)).await {
+            Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+            _ => String::new(),
+        }
+    });
+    let answers = futures_util::future::join_all(answers).await;
+    let refused = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 529"))
+        .count();
+    assert_eq!(refused, 2, "{answers:?}");
+    assert_eq!(env.legate.proxy.buffers.used(), 90_000);
+    // team-b's body still fits beside them, and is served.
+    let resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("x-api-key", "key-b")
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .body(body_of(45_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(held);
+}
