@@ -54,7 +54,7 @@ impl Conversation {
         store: Arc<ConversationStore>,
         body: &Bytes,
         request_id: RequestId,
-        tenant: Cow<'static, str>,
+        (tenant, several): (Cow<'static, str>, bool),
     ) -> Result<Self, ProxyError> {
         // One walk over the body for all three of its members the store needs.
         let turn = responses::Turn::read_shared(body);
@@ -73,6 +73,12 @@ impl Conversation {
         if let (Some(id), Some(p)) = (&prior_id, &prior)
             && !p.belongs_to(&tenant)
         {
+            return Err(ProxyError::InvalidRequest {
+                message: unknown_previous(id),
+            });
+        }
+        // With several tenants, one no longer kept may be another tenant's: not passed on.
+        if let (Some(id), None, true) = (&prior_id, &prior, several) {
             return Err(ProxyError::InvalidRequest {
                 message: unknown_previous(id),
             });
@@ -108,13 +114,13 @@ impl Conversation {
         endpoint: Endpoint,
         body: &Bytes,
         request_id: RequestId,
-        tenant: &str,
+        (tenant, several): (&str, bool),
     ) -> Result<Option<Arc<Self>>, ProxyError> {
         if endpoint.api != ApiKind::Responses || endpoint.op != Operation::Generate {
             return Ok(None);
         }
         let tenant = crate::route::tenant_name(tenant);
-        let conv = Conversation::load(store.clone(), body, request_id, tenant).await?;
+        let conv = Conversation::load(store.clone(), body, request_id, (tenant, several)).await?;
         Ok(Some(Arc::new(conv)))
     }
 

@@ -193,7 +193,14 @@ impl Proxy {
             }
         }
         let store = &self.conversations;
-        let conversation = Conversation::for_call(store, endpoint, &body, rid, tenant).await?;
+        let conversation = Conversation::for_call(
+            store,
+            endpoint,
+            &body,
+            rid,
+            (tenant, snap.several_tenants()),
+        )
+        .await?;
         Ok(Inbound {
             conversation,
             priority,

@@ -162,6 +162,10 @@ pub async fn stored_response(
     if kept.as_ref().is_some_and(|k| !k.belongs_to(tenant)) {
         return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     }
+    // One no longer kept (evicted, expired, from before a restart) may be another tenant's.
+    if kept.is_none() && snap.several_tenants() {
+        return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
+    }
     let max = snap.cfg.server.limits.max_buffered_bytes;
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {

@@ -44,6 +44,13 @@ impl Snapshot {
         })
     }
 
+    /// `[[clients]]` name several tenants, who share the provider keys: a stored response
+    /// legate does not keep for the caller's tenant is not asked of the provider (it may be
+    /// another tenant's), since the provider would answer for it to anyone holding the key.
+    pub fn several_tenants(&self) -> bool {
+        !self.buffer_parts.is_empty()
+    }
+
     /// `tenant`'s part of the request-body budget (None: it has the whole).
     pub fn buffer_part(&self, tenant: &str) -> Option<Arc<crate::proxy::buffers::TenantPart>> {
         if self.buffer_parts.is_empty() {

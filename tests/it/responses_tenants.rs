@@ -1,6 +1,7 @@
 //! The conversation store keeps each response for the tenant whose request made it (SPEC §11
 //! with `[[clients]]`): another tenant cannot read, list, delete or continue it, nor have its
-//! provider asked for it, and the ids legate makes cannot be counted to. A conversation
+//! provider asked for it (nor for any id legate does not keep for the caller), and the ids
+//! legate makes cannot be counted to. A conversation
 //! legate made (a translated step's) continues on a step that relays the Responses API with
 //! its history, since that provider never saw the id.
 
@@ -112,6 +113,19 @@ async fn a_tenant_cannot_read_delete_or_continue_another_tenants_responses() {
             );
         }
     }
+    // An id legate does not keep (evicted, expired, from before a restart, never seen) may be
+    // another tenant's: with several tenants it is not asked of the provider either.
+    let (status, err) = call(&env, "key-b", "GET", "/v1/responses/resp_elsewhere", None).await;
+    assert_eq!(status, 404, "{err}");
+    let (status, err) = call(
+        &env,
+        "key-b",
+        "POST",
+        "/v1/responses",
+        Some(r#"{"model":"fast","previous_response_id":"resp_elsewhere","input":"go on"}"#),
+    )
+    .await;
+    assert_eq!(status, 400, "{err}");
     // Nothing of team-b's reached a provider: not the reads, not the continuations.
     assert_eq!(upstream_calls(&env), calls);
 
