@@ -136,7 +136,10 @@ impl ConnWatch {
     /// dropped. Whether it had not been asked yet.
     fn ask_goaway(&self) -> bool {
         let mut s = self.lock();
-        if s.goaway || !s.frames {
+        // A connection that never delivered a whole request has no stream to finish: past its
+        // `header_read_timeout` it is dropped at once, not given a GOAWAY's grace as well (a
+        // HEADERS frame whose block never ends would otherwise hold it twice as long).
+        if s.goaway || !s.frames || !s.served {
             return false;
         }
         s.goaway = true;
@@ -743,6 +746,23 @@ mod tests {
         assert_eq!(asked - idle, LIMITS.connection_idle_timeout);
         let dropped = dropped.await.unwrap();
         assert_eq!(dropped - asked, LIMITS.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_connection_that_never_delivered_a_request_is_dropped_at_the_header_timeout() {
+        let w = ConnWatch::new(LIMITS);
+        w.speaks_frames();
+        let accepted = Instant::now();
+        // Its preface and a request head's first frames came, and no whole request.
+        w.on_bytes();
+        let w2 = w.clone();
+        let dropped = tokio::spawn(async move {
+            assert!(watched(&w2, std::future::pending::<()>()).await.is_none());
+            Instant::now()
+        });
+        let dropped = dropped.await.unwrap();
+        assert_eq!(dropped - accepted, LIMITS.header_read_timeout);
+        assert!(!w.lock().goaway);
     }
 
     #[tokio::test(start_paused = true)]
