@@ -114,29 +114,45 @@ impl PooledClient {
             Some(c) => c,
             None => Box::pin(self.open(&key, &uri)).await?,
         };
+        let mut refused_once = false;
         loop {
             let h1 = match &mut conn.sender {
                 Sender::H1(h1) => h1,
-                Sender::H2(s, _) => match s.try_send_request(req).await {
-                    // The stream stays counted until the answer's body is done with.
-                    Ok(resp) => {
-                        let slot = conn.slot.take();
-                        return Ok(resp.map(|b| ResponseBody::H2(b, slot)));
-                    }
-                    Err(mut err) => {
-                        let Some(unsent) = err.take_message().filter(|_| conn.reused) else {
-                            return Err(SendError::Http(err.into_error()));
-                        };
+                Sender::H2(s, _) => {
+                    // Kept to send again if the provider refuses the stream unprocessed.
+                    let copy = (!refused_once).then(|| copy_of(&req));
+                    let mut err = match s.try_send_request(req).await {
+                        // The stream stays counted until the answer's body is done with.
+                        Ok(resp) => {
+                            let slot = conn.slot.take();
+                            return Ok(resp.map(|b| ResponseBody::H2(b, slot)));
+                        }
+                        Err(err) => err,
+                    };
+                    // REFUSED_STREAM: the provider did not process it (RFC 9113 §8.7), so it is
+                    // sent once more, on a fresh connection, and is not an attempt.
+                    if let Some(copy) = copy.filter(|_| refused_stream(err.error())) {
                         tracing::debug!(
                             error = %err.error(),
-                            "a reused upstream connection closed before the request was written; sending it on a fresh one"
+                            "the provider refused an HTTP/2 stream unprocessed; sending it once more on a fresh connection"
                         );
-                        req = unsent;
-                        *req.uri_mut() = uri.clone();
+                        refused_once = true;
+                        req = copy;
                         conn = Box::pin(self.open(&key, &uri)).await?;
                         continue;
                     }
-                },
+                    let Some(unsent) = err.take_message().filter(|_| conn.reused) else {
+                        return Err(SendError::Http(err.into_error()));
+                    };
+                    tracing::debug!(
+                        error = %err.error(),
+                        "a reused upstream connection closed before the request was written; sending it on a fresh one"
+                    );
+                    req = unsent;
+                    *req.uri_mut() = uri.clone();
+                    conn = Box::pin(self.open(&key, &uri)).await?;
+                    continue;
+                }
             };
             self.to_http1(&mut req, &key);
             let err = match h1.send(&req).await {
@@ -216,6 +232,23 @@ impl PooledClient {
 
 #[cfg(test)]
 mod tests;
+
+/// A copy of an HTTP/2 request to send again (the body's bytes are shared, not copied).
+fn copy_of(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let mut copy = Request::new(req.body().clone());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// hyper's error is the provider's RST_STREAM(REFUSED_STREAM).
+fn refused_stream(err: &hyper::Error) -> bool {
+    std::error::Error::source(err)
+        .and_then(|e| e.downcast_ref::<h2::Error>())
+        .is_some_and(|e| e.reason() == Some(h2::Reason::REFUSED_STREAM))
+}
 
 /// The `host` header for `uri`: the host, with the port unless it is the scheme's default.
 fn host_value(uri: &Uri) -> Option<HeaderValue> {

@@ -11,28 +11,36 @@
 //! stream open is busy, not idle, whatever hyper says of its readiness.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Streams a connection takes before the provider's SETTINGS say otherwise: RFC 9113 sets no
-/// initial limit, and 100 is the least it recommends a server allow.
-const BEFORE_SETTINGS: usize = 100;
+/// Streams a connection takes once the provider's SETTINGS came without a limit: RFC 9113 sets
+/// none then, and 100 is the least it recommends a server allow.
+const WITHOUT_LIMIT: usize = 100;
 
 #[derive(Debug)]
 pub(super) struct Streams {
     open: AtomicUsize,
     allowed: AtomicUsize,
+    /// The provider's first SETTINGS frame was read. Until then the connection carries only
+    /// the request it was opened for: a burst put on it in that round trip would meet a limit
+    /// not yet known, and its streams be refused.
+    known: AtomicBool,
 }
 
 impl Streams {
     pub(super) fn new() -> Arc<Streams> {
         Arc::new(Streams {
             open: AtomicUsize::new(0),
-            allowed: AtomicUsize::new(BEFORE_SETTINGS),
+            allowed: AtomicUsize::new(WITHOUT_LIMIT),
+            known: AtomicBool::new(false),
         })
     }
 
     /// A stream, if the provider allows one more on this connection.
     pub(super) fn try_take(self: &Arc<Self>) -> Option<StreamSlot> {
+        if !self.known.load(Ordering::Acquire) {
+            return None;
+        }
         let allowed = self.allowed.load(Ordering::Acquire);
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
@@ -58,6 +66,11 @@ impl Streams {
         self.allowed
             .store(usize::try_from(n).unwrap_or(usize::MAX), Ordering::Release);
     }
+
+    /// The provider's first SETTINGS came: its limit if it named one, else the default.
+    fn settings_seen(&self) {
+        self.known.store(true, Ordering::Release);
+    }
 }
 
 /// One open stream, held by the request and then by its answer's body until the body is
@@ -82,6 +95,8 @@ pub(super) struct SettingsReader {
     /// Payload bytes of the current frame still to come (`None`: a head is being read).
     left: Option<usize>,
     settings: bool,
+    /// The provider's first SETTINGS frame has been read whole.
+    seen: bool,
     entry: [u8; 6],
     entry_len: usize,
 }
@@ -98,6 +113,7 @@ impl SettingsReader {
             head_len: 0,
             left: None,
             settings: false,
+            seen: false,
             entry: [0; 6],
             entry_len: 0,
         }
@@ -118,6 +134,9 @@ impl SettingsReader {
                         self.settings = self.head[3] == SETTINGS && self.head[4] & ACK == 0;
                         self.entry_len = 0;
                         self.left = (len > 0).then_some(len as usize);
+                        if self.settings && len == 0 {
+                            self.first_settings_read();
+                        }
                     }
                 }
                 Some(left) => {
@@ -134,8 +153,19 @@ impl SettingsReader {
                     }
                     bytes = &bytes[n..];
                     self.left = (left > n).then_some(left - n);
+                    if self.settings && self.left.is_none() {
+                        self.first_settings_read();
+                    }
                 }
             }
+        }
+    }
+
+    /// A SETTINGS frame ended: the first one fixes the limit (a limit it named is set already).
+    fn first_settings_read(&mut self) {
+        if !self.seen {
+            self.seen = true;
+            self.streams.settings_seen();
         }
     }
 
@@ -190,6 +220,30 @@ mod tests {
             drop(a);
             assert!(streams.try_take().is_some(), "cut {cut}");
         }
+    }
+
+    #[test]
+    fn nothing_is_shared_before_the_first_settings_and_a_settings_without_a_limit_allows_100() {
+        let streams = Streams::new();
+        let mut reader = SettingsReader::new(streams.clone());
+        let opener = streams.take();
+        assert!(streams.try_take().is_none(), "before any SETTINGS");
+        // A SETTINGS frame cut before its end is not read yet.
+        let settings = frame(SETTINGS, 0, &setting(0x4, 65535));
+        reader.read(&settings[..12]);
+        assert!(streams.try_take().is_none());
+        reader.read(&settings[12..]);
+        let more: Vec<_> = (0..WITHOUT_LIMIT - 1).map(|_| streams.try_take()).collect();
+        assert!(more.iter().all(Option::is_some));
+        assert!(streams.try_take().is_none());
+        drop((opener, more));
+        // A provider that says 0 (an empty SETTINGS frame first, and then 0) is taken at its word.
+        let streams = Streams::new();
+        let mut reader = SettingsReader::new(streams.clone());
+        reader.read(&frame(SETTINGS, 0, &[]));
+        assert!(streams.try_take().is_some());
+        reader.read(&frame(SETTINGS, 0, &setting(0x3, 0)));
+        assert!(streams.try_take().is_none());
     }
 
     #[test]

@@ -16,6 +16,59 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use crate::harness;
 
+/// A server's socket that writes nothing until `until`.
+struct Quiet<T> {
+    inner: T,
+    until: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<T> Quiet<T> {
+    fn new(inner: T, quiet: Duration) -> Self {
+        Quiet {
+            inner,
+            until: Box::pin(tokio::time::sleep(quiet)),
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Quiet<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Quiet<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        std::task::ready!(this.until.as_mut().poll(cx));
+        std::pin::Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.until.as_mut().poll(cx));
+        std::pin::Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 const ANSWER: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}"#;
 
 /// What the provider saw.
@@ -27,9 +80,15 @@ struct Seen {
 
 /// An HTTP/2-only provider over TLS for `localhost` that allows `streams` at once per
 /// connection and answers each request after `pace` (its own generation time), with
-/// `padding` bytes of extra response headers. Returns its base URL, the CA to trust, and what
+/// `padding` bytes of extra response headers, and writes nothing (its SETTINGS included) for
+/// `quiet` after the TLS handshake, as a provider a round trip away. Returns its base URL, the CA to trust, and what
 /// it saw.
-async fn provider(streams: u32, pace: Duration, padding: usize) -> (String, String, Arc<Seen>) {
+async fn provider(
+    streams: u32,
+    pace: Duration,
+    padding: usize,
+    quiet: Duration,
+) -> (String, String, Arc<Seen>) {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -78,7 +137,7 @@ async fn provider(streams: u32, pace: Duration, padding: usize) -> (String, Stri
                 let _ = http2::Builder::new(TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .max_concurrent_streams(streams)
-                    .serve_connection(TokioIo::new(tls), svc)
+                    .serve_connection(TokioIo::new(Quiet::new(tls, quiet)), svc)
                     .await;
             });
         }
@@ -91,7 +150,7 @@ async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_i
     const CALLS: usize = 12;
     // Queued one behind another on one connection, the last would wait 12 × 200 ms, past the
     // 2 s first_byte_timeout.
-    let (url, ca_pem, seen) = provider(1, Duration::from_millis(200), 0).await;
+    let (url, ca_pem, seen) = provider(1, Duration::from_millis(200), 0, Duration::ZERO).await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, ca_pem).unwrap();
@@ -99,18 +158,15 @@ async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_i
     let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "")
         .replace("first_byte_timeout = \"5s\"", "first_byte_timeout = \"2s\"");
     let env = harness::start_toml(mock, &toml).await;
-    // One call first, so that the provider's SETTINGS are known on the connection.
-    let resp = env
-        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
-        .await;
-    assert_eq!(resp.status(), 200);
+    // All at once, on a cold pool: the provider's SETTINGS are not known when the burst comes,
+    // and a connection carries only its opener's request until they are.
     let calls =
         (0..CALLS).map(|_| env.messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#));
     for resp in futures_util::future::join_all(calls).await {
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-legate-attempts"], "1");
     }
-    assert_eq!(seen.requests.load(Ordering::SeqCst), CALLS + 1);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), CALLS);
     assert!(seen.connections.load(Ordering::SeqCst) > 1);
     assert_eq!(
         env.metric(
@@ -128,7 +184,7 @@ async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_i
 /// provider ran the call three times.
 #[tokio::test]
 async fn an_answer_with_a_large_head_is_taken_over_http2_as_over_http1() {
-    let (url, ca_pem, seen) = provider(100, Duration::ZERO, 20 << 10).await;
+    let (url, ca_pem, seen) = provider(100, Duration::ZERO, 20 << 10, Duration::ZERO).await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, ca_pem).unwrap();
@@ -142,4 +198,32 @@ async fn an_answer_with_a_large_head_is_taken_over_http2_as_over_http1() {
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
     assert_eq!(resp.headers()["x-pad-19"].len(), 1024);
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
+}
+
+/// A provider whose SETTINGS come a while after the connection opens (here 300 ms): requests
+/// that come meanwhile do not pile onto that connection, whose limit is not known yet (the
+/// provider would refuse their streams), but get connections of their own.
+#[tokio::test]
+async fn requests_before_the_providers_settings_do_not_pile_onto_its_connection() {
+    let (url, ca_pem, seen) = provider(1, Duration::ZERO, 0, Duration::from_millis(300)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "");
+    let env = harness::start_toml(mock, &toml).await;
+    let body = r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#;
+    let first = env.messages(body);
+    // The rest come while the first connection waits for the provider's SETTINGS (the pace of
+    // the scenario, not a wait for an event: come later, and they would find it known).
+    let rest = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        futures_util::future::join_all((0..6).map(|_| env.messages(body))).await
+    };
+    let (first, rest) = tokio::join!(first, rest);
+    for resp in std::iter::once(first).chain(rest) {
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 7);
 }
