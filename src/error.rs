@@ -12,9 +12,8 @@ use crate::api::{ApiKind, ErrorClass, LocalError};
 pub enum Failed {
     /// No connection: TCP connect, or the HTTP/2 handshake, failed or timed out.
     Connecting,
-    /// The TLS handshake failed (the provider's certificate refused, or the handshake
-    /// itself): a configuration fault another try within milliseconds would meet again. The
-    /// text is rustls's, never a secret.
+    /// The provider's TLS certificate was refused: a configuration fault another try within
+    /// milliseconds would meet again. The text is rustls's, never a secret.
     Tls(String),
     /// On an open connection, before the request was known to be written (HTTP/2: hyper
     /// does not say).
@@ -316,7 +315,7 @@ impl ProxyError {
                 provider,
                 failed: Failed::Tls(why),
             } => format!(
-                "the TLS handshake with provider `{provider}` failed ({why}); nothing was sent. Check the provider's base_url, ca_file and client certificate"
+                "the TLS certificate of provider `{provider}` was refused ({why}); nothing was sent"
             ),
             ProxyError::UpstreamUnreachable {
                 provider,

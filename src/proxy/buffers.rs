@@ -42,15 +42,26 @@ pub struct BufferBudget {
 /// tenant's requests would be refused 529.
 pub struct TenantPart {
     used: AtomicUsize,
-    max: usize,
+    /// Set again by a reload, which keeps the part (and what requests in flight hold of it).
+    max: AtomicUsize,
 }
 
 impl TenantPart {
     pub fn new(max: usize) -> Arc<TenantPart> {
         Arc::new(TenantPart {
             used: AtomicUsize::new(0),
-            max,
+            max: AtomicUsize::new(max),
         })
+    }
+
+    /// The bound a reloaded config gives it.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Release);
+    }
+
+    /// Its bound now.
+    pub fn max_now(&self) -> usize {
+        self.max.load(Ordering::Acquire)
     }
 
     #[cfg(test)]
@@ -97,7 +108,7 @@ impl BufferShare {
             let mine = p
                 .used
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                    used.checked_add(n).filter(|&total| total <= p.max)
+                    used.checked_add(n).filter(|&total| total <= p.max_now())
                 });
             if mine.is_err() {
                 return false;

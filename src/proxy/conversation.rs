@@ -54,7 +54,7 @@ impl Conversation {
         store: Arc<ConversationStore>,
         body: &Bytes,
         request_id: RequestId,
-        (tenant, several): (Cow<'static, str>, bool),
+        (tenant, several, open): (Cow<'static, str>, bool, bool),
     ) -> Result<Self, ProxyError> {
         // One walk over the body for all three of its members the store needs.
         let turn = responses::Turn::read_shared(body);
@@ -71,7 +71,7 @@ impl Conversation {
         // Another tenant's response is as unknown as one never kept, and is not passed on to
         // a provider that would continue it (the provider key is the same for both tenants).
         if let (Some(id), Some(p)) = (&prior_id, &prior)
-            && !p.belongs_to(&tenant)
+            && !p.belongs_to(&tenant, open)
         {
             return Err(ProxyError::InvalidRequest {
                 message: unknown_previous(id),
@@ -108,19 +108,24 @@ impl Conversation {
         })
     }
 
-    /// The conversation of a Responses generation call (None for any other call).
+    /// The conversation of a Responses generation or `input_tokens` call (None for any other).
     pub(crate) async fn for_call(
         store: &Arc<ConversationStore>,
         endpoint: Endpoint,
         body: &Bytes,
         request_id: RequestId,
-        (tenant, several): (&str, bool),
+        (tenant, several, open): (&str, bool, bool),
     ) -> Result<Option<Arc<Self>>, ProxyError> {
-        if endpoint.api != ApiKind::Responses || endpoint.op != Operation::Generate {
+        // `input_tokens` too: its `previous_response_id` is forwarded as a generation's is,
+        // and is held to the same tenant checks.
+        if endpoint.api != ApiKind::Responses
+            || !matches!(endpoint.op, Operation::Generate | Operation::InputTokens)
+        {
             return Ok(None);
         }
         let tenant = crate::route::tenant_name(tenant);
-        let conv = Conversation::load(store.clone(), body, request_id, (tenant, several)).await?;
+        let scope = (tenant, several, open);
+        let conv = Conversation::load(store.clone(), body, request_id, scope).await?;
         Ok(Some(Arc::new(conv)))
     }
 

@@ -198,7 +198,7 @@ impl Proxy {
             endpoint,
             &body,
             rid,
-            (tenant, snap.several_tenants()),
+            (tenant, snap.several_tenants(), cfg.clients.is_empty()),
         )
         .await?;
         Ok(Inbound {

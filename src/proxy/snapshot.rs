@@ -51,6 +51,18 @@ impl Snapshot {
         !self.buffer_parts.is_empty()
     }
 
+    /// Keeps the parts of `old`'s tenants that are still configured, with this config's bound:
+    /// fresh parts at zero would let a tenant hold its half again beside what its requests in
+    /// flight hold of the old one.
+    pub fn keep_parts_of(&mut self, old: &Snapshot) {
+        for (tenant, part) in self.buffer_parts.iter_mut() {
+            if let Some(kept) = old.buffer_parts.get(tenant) {
+                kept.set_max(part.max_now());
+                *part = kept.clone();
+            }
+        }
+    }
+
     /// `tenant`'s part of the request-body budget (None: it has the whole).
     pub fn buffer_part(&self, tenant: &str) -> Option<Arc<crate::proxy::buffers::TenantPart>> {
         if self.buffer_parts.is_empty() {
@@ -137,5 +149,45 @@ mod tests {
             assert_eq!(ids.next.load(Ordering::Relaxed), n.wrapping_add(1));
             assert_eq!(ids.issued(), n.wrapping_add(1));
         }
+    }
+}
+
+#[cfg(test)]
+mod parts_tests {
+    use std::collections::HashMap as StdMap;
+    use std::sync::Arc;
+
+    use super::Snapshot;
+    use crate::proxy::buffers::{BufferBudget, BufferShare};
+
+    fn snapshot(toml: &str) -> Snapshot {
+        let env: StdMap<String, String> = StdMap::new();
+        let cfg = crate::config::load_str(toml, &env).unwrap_or_else(|e| panic!("{e:?}"));
+        let registry = prometheus::Registry::new();
+        let metrics = crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}"));
+        let lanes = crate::upstream::Lanes::new(Arc::new(metrics));
+        Snapshot::new(Arc::new(cfg), &lanes).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const TWO: &str = "[server]\nmax_buffered_bytes = 1000\nmax_body_bytes = 100\n[[clients]]\ntenant = \"a\"\nkey_sha256 = \"f10f781241e2246678b6b45c857069208152a53863e47fac33f607ab405006f4\"\n[[clients]]\ntenant = \"b\"\nkey_sha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"\n";
+
+    #[test]
+    fn a_reload_keeps_what_requests_in_flight_hold_of_a_tenants_part() {
+        let old = snapshot(TWO);
+        let budget = Arc::new(BufferBudget::default());
+        let mut held = BufferShare::new(budget.clone()).within(old.buffer_part("a"));
+        assert!(held.take(500, 1000));
+        let mut new =
+            snapshot(&TWO.replace("max_buffered_bytes = 1000", "max_buffered_bytes = 800"));
+        new.keep_parts_of(&old);
+        // The half of the new bound (400) is held already by the request from before.
+        let mut more = BufferShare::new(budget.clone()).within(new.buffer_part("a"));
+        assert!(!more.take(1, 1000));
+        let mut other = BufferShare::new(budget).within(new.buffer_part("b"));
+        assert!(other.take(400, 1000));
+        drop(held);
+        assert!(more.take(400, 1000));
+        // One tenant, or none: no parts.
+        assert!(snapshot("").buffer_part("default").is_none());
     }
 }

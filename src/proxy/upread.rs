@@ -281,7 +281,7 @@ pub(super) async fn send(
             if let crate::error::Failed::Tls(why) = &failed {
                 // A certificate or handshake fault is the operator's to fix: said at the level
                 // they read, with rustls's reason (never a secret).
-                tracing::warn!(provider = %up.name, error = %why, "the TLS handshake with the provider failed");
+                tracing::warn!(provider = %up.name, error = %why, "the provider's TLS certificate was refused: check its base_url and ca_file");
             }
             Err(ProxyError::UpstreamUnreachable {
                 provider: up.name.clone(),

@@ -43,13 +43,9 @@ pub struct Stored {
     #[serde(default)]
     pub passthrough: bool,
     /// The tenant whose request made it: no other tenant reads, continues or deletes it.
-    /// (An entry kept before tenants were recorded belongs to `default`.)
-    #[serde(default = "default_owner")]
+    /// Empty for an entry kept before owners were recorded (see [`Stored::belongs_to`]).
+    #[serde(default)]
     pub owner: String,
-}
-
-fn default_owner() -> String {
-    crate::route::DEFAULT_TENANT.to_owned()
 }
 
 /// Room for an entry's input items before their size is known: a short conversation's.
@@ -120,9 +116,11 @@ impl Stored {
         out
     }
 
-    /// Whether `tenant` may see this entry.
-    pub fn belongs_to(&self, tenant: &str) -> bool {
-        self.owner == tenant
+    /// Whether `tenant` may see this entry. One kept before owners were recorded is anyone's
+    /// when there are no `[[clients]]` (`open`: every caller is the one tenant), and nobody's
+    /// with them, since whose it was is not known.
+    pub fn belongs_to(&self, tenant: &str, open: bool) -> bool {
+        self.owner == tenant || (open && self.owner.is_empty())
     }
 
     /// The response's output items.

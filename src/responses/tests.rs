@@ -443,10 +443,14 @@ fn a_first_turns_input_array_is_kept_as_its_text() {
     assert_eq!(stored.response, json!({"id": "r"}));
     assert!(!stored.passthrough);
     assert_eq!(stored.owner, "default");
-    // An entry kept before owners were written belongs to `default`.
+    // An entry kept before owners were written is anyone's without [[clients]], nobody's with.
     let old: Stored =
         serde_json::from_slice(br#"{"input":[],"response":{},"passthrough":true}"#).unwrap();
-    assert_eq!(old.owner, "default");
+    assert!(old.belongs_to("default", true));
+    assert!(!old.belongs_to("default", false));
+    assert!(!old.belongs_to("team-a", false));
+    assert!(stored.belongs_to("default", false));
+    assert!(!stored.belongs_to("team-a", true));
 }
 
 #[test]

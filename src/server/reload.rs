@@ -142,7 +142,10 @@ impl Reloader {
         let breaker = cfg.breaker.clone();
         let ratio = cfg.retry.budget_ratio;
         let snapshot = match Snapshot::new(Arc::new(cfg), &self.proxy.lanes) {
-            Ok(s) => s,
+            Ok(mut s) => {
+                s.keep_parts_of(&self.proxy.snapshot.load());
+                s
+            }
             Err(e) => {
                 tracing::error!(problem = %e, "config reload refused; the running config stays");
                 return ReloadOutcome::Refused(vec![e]);

@@ -182,8 +182,8 @@ impl ToOpenAi {
                     }
                 }
                 // The held first chunk goes out with the first fragment, as one chunk.
-                let call = match self.head.take() {
-                    Some(mut head) if head.index == call => {
+                let call = match self.head.take_if(|h| h.index == call) {
+                    Some(mut head) => {
                         if let Some(f) = head.function.as_mut() {
                             f.arguments = Some(partial_json);
                         }

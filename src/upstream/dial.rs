@@ -60,16 +60,25 @@ impl SendError {
     }
 }
 
-/// rustls's error, if the connection failed in the TLS handshake: hyper-rustls wraps
-/// tokio-rustls's `io::Error`, which wraps rustls's. (An `io::Error`'s `source` skips the error
-/// it wraps, so that one is taken with `get_ref`.)
+/// rustls's error, if the connection failed because the provider's certificate was refused
+/// (expired, for another name, from an unknown CA, revoked): hyper-rustls wraps tokio-rustls's
+/// `io::Error`, which wraps rustls's. (An `io::Error`'s `source` skips the error it wraps, so
+/// that one is taken with `get_ref`.) Other handshake failures (an alert from a load balancer
+/// under load, a protocol the two do not share) may pass, and stay ordinary connect errors.
 fn tls_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut next = Some(e);
     // A chain is a few links; the bound keeps a cyclic one from spinning.
     for _ in 0..8 {
         let e = next?;
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
+            return matches!(
+                tls,
+                rustls::Error::InvalidCertificate(_)
+                    | rustls::Error::NoCertificatesPresented
+                    | rustls::Error::UnsupportedNameType
+                    | rustls::Error::InvalidCertRevocationList(_)
+            )
+            .then(|| tls.to_string());
         }
         next = match e.downcast_ref::<io::Error>() {
             Some(io) => io

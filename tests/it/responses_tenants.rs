@@ -105,6 +105,16 @@ async fn a_tenant_cannot_read_delete_or_continue_another_tenants_responses() {
                 format!(r#"{{"model":"{model}","previous_response_id":"{id}","input":"go on"}}"#);
             let (status, err) = call(&env, "key-b", "POST", "/v1/responses", Some(&body)).await;
             assert_eq!(status, 400, "team-b continues {id} on {model}: {err}");
+            // Nor is it counted for team-b: input_tokens forwards the id as a generation does.
+            let (status, counted) = call(
+                &env,
+                "key-b",
+                "POST",
+                "/v1/responses/input_tokens",
+                Some(&body),
+            )
+            .await;
+            assert_eq!(status, 400, "team-b counts {id} on {model}: {counted}");
             assert!(
                 err["error"]["message"]
                     .as_str()

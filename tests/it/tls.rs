@@ -76,7 +76,7 @@ async fn an_untrusted_certificate_is_refused() {
         .to_owned();
     let body: serde_json::Value = resp.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("TLS handshake"), "{message}");
+    assert!(message.contains("TLS certificate"), "{message}");
     assert!(message.contains("certificate"), "{message}");
     assert_eq!(env.mock.stats().completed, 0);
     // Nothing was sent, and the journal says so.
