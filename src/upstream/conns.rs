@@ -54,7 +54,7 @@ impl Sender {
     fn is_closed(&mut self) -> bool {
         match self {
             Sender::H1(h) => h.idle_unusable(),
-            Sender::H2(s, _) => s.is_closed() || !s.is_ready(),
+            Sender::H2(s, _) => s.is_closed(),
         }
     }
 }
