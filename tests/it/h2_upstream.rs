@@ -145,19 +145,28 @@ async fn provider(
     (format!("https://localhost:{port}"), ck.cert.pem(), seen)
 }
 
+/// legate in front of the provider at `url`, trusting `ca_pem` (its config passed through
+/// `edit`).
+async fn legate_before(url: &str, ca_pem: &str, edit: impl Fn(String) -> String) -> harness::Env {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(url, "", &format!("ca_file = \"{}\"", ca.display()), "");
+    // The CA file is read at start: the directory may go when this returns.
+    harness::start_toml(mock, &edit(toml)).await
+}
+
 #[tokio::test]
 async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_its_own() {
     const CALLS: usize = 12;
     // Queued one behind another on one connection, the last would wait 12 × 200 ms, past the
     // 2 s first_byte_timeout.
     let (url, ca_pem, seen) = provider(1, Duration::from_millis(200), 0, Duration::ZERO).await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, ca_pem).unwrap();
-    let mock = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "")
-        .replace("first_byte_timeout = \"5s\"", "first_byte_timeout = \"2s\"");
-    let env = harness::start_toml(mock, &toml).await;
+    let env = legate_before(&url, &ca_pem, |toml| {
+        toml.replace("first_byte_timeout = \"5s\"", "first_byte_timeout = \"2s\"")
+    })
+    .await;
     // All at once, on a cold pool: the provider's SETTINGS are not known when the burst comes,
     // and a connection carries only its opener's request until they are.
     let calls =
@@ -185,12 +194,7 @@ async fn a_provider_allowing_one_stream_gets_each_call_once_on_a_connection_of_i
 #[tokio::test]
 async fn an_answer_with_a_large_head_is_taken_over_http2_as_over_http1() {
     let (url, ca_pem, seen) = provider(100, Duration::ZERO, 20 << 10, Duration::ZERO).await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, ca_pem).unwrap();
-    let mock = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "");
-    let env = harness::start_toml(mock, &toml).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
     let resp = env
         .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
         .await;
@@ -206,12 +210,7 @@ async fn an_answer_with_a_large_head_is_taken_over_http2_as_over_http1() {
 #[tokio::test]
 async fn requests_before_the_providers_settings_do_not_pile_onto_its_connection() {
     let (url, ca_pem, seen) = provider(1, Duration::ZERO, 0, Duration::from_millis(300)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, ca_pem).unwrap();
-    let mock = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&url, "", &format!("ca_file = \"{}\"", ca.display()), "");
-    let env = harness::start_toml(mock, &toml).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
     let body = r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#;
     let first = env.messages(body);
     // The rest come while the first connection waits for the provider's SETTINGS (the pace of

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::harness::{self, Env, OPENAI_KEY};
 
-const MODELS: &str = r#"
+pub(crate) const MODELS: &str = r#"
 [[models]]
 name = "fast"
 chain = ["openai:gpt-real"]

@@ -9,19 +9,7 @@ use serde_json::Value;
 
 use crate::harness::{self, Env, sha256_hex};
 
-const MODELS: &str = r#"
-[[models]]
-name = "fast"
-chain = ["openai:gpt-real"]
-
-[[models]]
-name = "agent"
-chain = ["anthropic:claude-x"]
-
-[[models]]
-name = "spare"
-chain = ["openai:gpt-down", "anthropic:claude-spare"]
-"#;
+use crate::responses::MODELS;
 
 async fn start(script: &str) -> Env {
     let clients = format!(
