@@ -198,7 +198,8 @@ impl Conversation {
             }
             ConversationStore::Redis(r) => r,
         };
-        let Some(slot) = redis.reserve_write(data.len()) else {
+        // Twice its bytes: the command's, and the copy lookups find until the write is answered.
+        let Some(slot) = redis.reserve_write(data.len().saturating_mul(2)) else {
             match redis.keep(id, data, false) {
                 true => tracing::warn!(
                     "a response is kept in this process's memory, not in Redis: writes waiting for Redis already hold [responses] max_bytes"
@@ -209,11 +210,13 @@ impl Conversation {
             }
             return;
         };
+        let shared: Arc<[u8]> = Arc::from(data);
+        redis.will_write(id, shared.clone());
         let store = self.store.clone();
         let id = id.to_owned();
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = store.put_serialised(&id, data).await {
+            if let Err(e) = store.put_serialised(&id, shared.to_vec()).await {
                 tracing::warn!(error = %e.0, "a response was not written to Redis");
             }
         });

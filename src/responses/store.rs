@@ -349,6 +349,11 @@ pub struct RedisConversations {
     /// pile up in memory.
     pending: Arc<AtomicUsize>,
     max_pending: usize,
+    /// Entries whose background write is not answered yet, by id: a lookup that Redis answers
+    /// with a miss (or cannot answer) finds them here, so that an agent's next turn, sent as
+    /// soon as it has the answer, does not race its own write. Bounded with the writes
+    /// (`reserve_write` counts each entry's bytes twice: here and in its command).
+    writing: Mutex<std::collections::HashMap<String, Arc<[u8]>>>,
 }
 
 /// An entry's place among the bytes waiting to be written, given back when dropped.
@@ -397,7 +402,19 @@ impl RedisConversations {
                 })?,
             pending: Arc::new(AtomicUsize::new(0)),
             max_pending,
+            writing: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// `id`'s entry is about to be written in the background: lookups find it until the write
+    /// is answered (see [`RedisConversations::put_serialised`]).
+    pub fn will_write(&self, id: &str, bytes: Arc<[u8]>) {
+        self.writing.lock().insert(id.to_owned(), bytes);
+    }
+
+    fn being_written(&self, id: &str) -> Option<Stored> {
+        let bytes = self.writing.lock().get(id).cloned()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Room for `bytes` more waiting to be written; `None` when the bound is reached.
@@ -442,19 +459,27 @@ impl RedisConversations {
             }
             Ok(None) => {
                 self.local.delete(&sent_key(id));
-                Ok(self.local.get(id))
+                Ok(self.local.get(id).or_else(|| self.being_written(id)))
             }
             Err(e) => self
                 .local
                 .get(id)
                 .or_else(|| self.local.get(&sent_key(id)))
+                .or_else(|| self.being_written(id))
                 .map(Some)
                 .ok_or(e),
         }
     }
 
-    /// Writes the entry to Redis, or keeps it here when Redis does not take it.
+    /// Writes the entry to Redis, or keeps it here when Redis does not take it; either way it
+    /// is no longer looked up among the writes in flight ([`RedisConversations::will_write`]).
     pub async fn put_serialised(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        let written = self.write(id, bytes).await;
+        self.writing.lock().remove(id);
+        written
+    }
+
+    async fn write(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         let secs = self.ttl.as_secs().max(1);
         // The entry's bytes live in the command alone while it waits (and are taken back
         // from it if Redis does not take them).
@@ -512,6 +537,7 @@ impl RedisConversations {
     /// Deletes Redis's entry and any kept here; an error when Redis cannot be asked, unless
     /// the entry was kept here only because it was never sent.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.writing.lock().remove(id);
         let unsent = self.local.delete(id);
         let unsure = self.local.delete(&sent_key(id));
         match self

@@ -458,3 +458,47 @@ async fn a_write_to_a_redis_that_stops_reading_is_given_up_with_its_connection()
         .unwrap();
     assert!(drained < 8 << 20, "{drained} bytes: the write went on");
 }
+
+/// An entry whose background write is not answered yet is found by a lookup that Redis answers
+/// with a miss, or cannot answer: an agent's next turn, sent as soon as it has the answer,
+/// does not race its own write.
+#[tokio::test]
+async fn an_entry_being_written_is_found_before_redis_holds_it() {
+    use legate::responses::store::{RedisConversations, Stored};
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let entry = Stored {
+        input: vec![serde_json::json!({"role": "user", "content": "Oslo?"})],
+        response: serde_json::json!({"id": "resp_w", "output": []}),
+        passthrough: false,
+        owner: "team-a".to_owned(),
+    };
+    let bytes: Arc<[u8]> = Arc::from(serde_json::to_vec(&entry).unwrap());
+    // A Redis that answers, and one that cannot be reached (a port nothing listens on).
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("redis://127.0.0.1:{}/0", l.local_addr().unwrap().port())
+    };
+    for url in [redis.url(), closed] {
+        let store = RedisConversations::new(&url, Duration::from_secs(60), 1 << 20).unwrap();
+        let before = store.get("resp_w").await;
+        assert!(matches!(before, Ok(None) | Err(_)), "{url}");
+        store.will_write("resp_w", bytes.clone());
+        assert_eq!(
+            store.get("resp_w").await.ok().flatten(),
+            Some(entry.clone()),
+            "{url}"
+        );
+    }
+    // Once written, Redis answers for it, and the copy is gone.
+    let store = RedisConversations::new(&redis.url(), Duration::from_secs(60), 1 << 20).unwrap();
+    store.will_write("resp_w", bytes.clone());
+    store
+        .put_serialised("resp_w", bytes.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(store.get("resp_w").await.unwrap(), Some(entry));
+    assert!(store.delete("resp_w").await.unwrap());
+    assert_eq!(store.get("resp_w").await.unwrap(), None);
+}
