@@ -342,7 +342,12 @@ impl MemoryStore {
 /// drops any copy. One store, one copy per id, `max_bytes` in all.
 pub struct RedisConversations {
     ttl: Duration,
+    /// Lookups and deletes.
     conn: LazyConnection,
+    /// Writes, apart: a connection carries its calls in order, and a large entry on its way
+    /// (megabytes) would hold every lookup behind it past its timeout, another caller's (or
+    /// tenant's) lookup refused 503 for a write it had nothing to do with.
+    writes: LazyConnection,
     local: MemoryStore,
     /// Bytes of entries waiting to be written (in the background: the caller does not wait),
     /// at most `max_pending`: a Redis that answers slowly, or not at all, must not make them
@@ -391,15 +396,17 @@ impl RedisConversations {
     pub fn new(url: &str, ttl: Duration, max_pending: usize) -> Result<Self, StoreError> {
         let client = Client::open(url)
             .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))?;
+        // An entry is written only within `max_bytes` (`reserve_write`), so no reply of ours is
+        // longer than that and its RESP header.
+        let connection = || {
+            LazyConnection::new(&client, REDIS_TIMEOUT, max_pending.saturating_add(64))
+                .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))
+        };
         Ok(RedisConversations {
             ttl,
             local: MemoryStore::new(max_pending, ttl),
-            // An entry is written only within `max_bytes` (`reserve_write`), so no reply
-            // of ours is longer than that and its RESP header.
-            conn: LazyConnection::new(&client, REDIS_TIMEOUT, max_pending.saturating_add(64))
-                .map_err(|e| {
-                    StoreError(format!("the Redis URL cannot be used: {}", e.category()))
-                })?,
+            conn: connection()?,
+            writes: connection()?,
             pending: Arc::new(AtomicUsize::new(0)),
             max_pending,
             writing: Mutex::new(std::collections::HashMap::new()),
@@ -493,7 +500,7 @@ impl RedisConversations {
             Some(redis::Arg::Simple(b)) => b.to_vec(),
             _ => Vec::new(),
         };
-        let mut leased = match self.conn.get().await {
+        let mut leased = match self.writes.get().await {
             Ok(leased) => leased,
             Err(e) => {
                 let kept = kept(self.keep(id, entry(&cmd), false));
@@ -506,7 +513,7 @@ impl RedisConversations {
         match cmd.query_async::<()>(&mut leased.conn).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.conn.reset(&leased, &e).await;
+                self.writes.reset(&leased, &e).await;
                 // An error reply (`-OOM`, `-READONLY`, `-LOADING`) says the write was not
                 // applied; only a call that got no answer may have been.
                 let unanswered = e.is_timeout() || e.is_io_error() || e.is_connection_dropped();
@@ -647,10 +654,12 @@ mod tests {
         let port = stand_in(kv.clone(), answering.clone(), refusing).await;
         let url = format!("redis://127.0.0.1:{port}/0");
         let r = RedisConversations::new(&url, Duration::from_secs(60), 1 << 20).unwrap();
-        // The connection is open before the replies stop: the writes are sent.
-        assert_eq!(r.get("none").await, Ok(None));
-        answering.store(false, Ordering::SeqCst);
         let data = |t: &str| serde_json::to_vec(&stored(t)).unwrap();
+        // Both connections are open before the replies stop: the writes are sent.
+        assert_eq!(r.get("none").await, Ok(None));
+        assert_eq!(r.put_serialised("warm", data("warm")).await, Ok(()));
+        kv.lock().clear();
+        answering.store(false, Ordering::SeqCst);
         let (a, b, c) = tokio::join!(
             r.put_serialised("a", data("a")),
             r.put_serialised("b", data("b")),
@@ -662,6 +671,7 @@ mod tests {
         assert!(r.delete("b").await.is_err());
         answering.store(true, Ordering::SeqCst);
         r.conn.end_pause().await;
+        r.writes.end_pause().await;
         // Another replica deletes `a`: Redis's word, not the copy here.
         kv.lock().remove(&key("a"));
         assert_eq!(r.get("a").await, Ok(None));
