@@ -35,11 +35,13 @@ pub struct BufferBudget {
     used: AtomicUsize,
 }
 
-/// One tenant's part of the request-body budget, when `[[clients]]` name several tenants: no
-/// tenant's bodies hold more than half of `max_buffered_bytes` (or one whole body, if that is
-/// more). The bound is there for memory, and without a part per tenant one tenant could take
-/// all of it, with bodies or only with declared lengths it never sends, and every other
-/// tenant's requests would be refused 529.
+/// One tenant's part of the request-body budget, or of the answers' budget, when `[[clients]]`
+/// name several tenants: no tenant's bodies (answers) hold more than half of
+/// `max_buffered_bytes` (or one whole body, or one whole answer, if that is more). The bound is
+/// there for memory, and without a part per tenant one tenant could take all of it, with
+/// bodies or only with declared lengths it never sends, or with large answers it asks for and
+/// never reads, and every other tenant's requests (answers, already paid for) would be
+/// refused 529.
 pub struct TenantPart {
     used: AtomicUsize,
     /// Set again by a reload, which keeps the part (and what requests in flight hold of it).
@@ -223,6 +225,7 @@ pub struct AnswerShare<'a> {
     budget: &'a Arc<BufferBudget>,
     max: usize,
     share: Option<BufferShare>,
+    part: Option<Arc<TenantPart>>,
 }
 
 impl<'a> AnswerShare<'a> {
@@ -231,7 +234,14 @@ impl<'a> AnswerShare<'a> {
             budget,
             max,
             share: None,
+            part: None,
         }
+    }
+
+    /// Also counted in, and bounded by, its tenant's part of the answers' budget.
+    pub fn within(mut self, part: Option<Arc<TenantPart>>) -> Self {
+        self.part = part;
+        self
     }
 
     /// Counts an answer now holding `size` bytes; false when that would pass the bound for
@@ -242,7 +252,7 @@ impl<'a> AnswerShare<'a> {
         }
         let share = self
             .share
-            .get_or_insert_with(|| BufferShare::new(self.budget.clone()));
+            .get_or_insert_with(|| BufferShare::new(self.budget.clone()).within(self.part.take()));
         size <= share.held || share.take(size - share.held, self.max)
     }
 
@@ -336,6 +346,24 @@ pub fn discard(mut body: crate::server::CallerBody, within: std::time::Duration)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_counts_in_its_tenants_part_past_the_free_size() {
+        let budget = Arc::new(BufferBudget::default());
+        let part = TenantPart::new(3 * UNCHARGED);
+        let mut a = AnswerShare::new(&budget, 10 * UNCHARGED).within(Some(part.clone()));
+        assert!(a.grow(UNCHARGED), "not counted yet");
+        assert_eq!(part.used(), 0);
+        assert!(a.grow(2 * UNCHARGED));
+        let mut b = AnswerShare::new(&budget, 10 * UNCHARGED).within(Some(part.clone()));
+        assert!(!b.grow(2 * UNCHARGED), "past the tenant's part");
+        let mut other = AnswerShare::new(&budget, 10 * UNCHARGED);
+        assert!(other.grow(2 * UNCHARGED), "another tenant's answer still fits");
+        let held = hold(Bytes::from(vec![0u8; 2 * UNCHARGED]), a.into_share());
+        assert_eq!(part.used(), 2 * UNCHARGED);
+        drop(held);
+        assert_eq!(part.used(), 0);
+    }
 
     #[test]
     fn a_tenants_part_bounds_its_shares_and_is_given_back_with_them() {

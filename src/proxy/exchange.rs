@@ -481,7 +481,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     let Call { up, inb, .. } = *call;
     let mut incoming = UpstreamBody::Plain(got.incoming);
     let max = call.snap.cfg.server.limits.max_buffered_bytes;
-    let mut share = AnswerShare::new(&call.proxy.answers, max);
+    let mut share = AnswerShare::new(&call.proxy.answers, max).within(inb.answer_part.clone());
     let read = upread::read_whole(&mut incoming, up.idle_timeout, inb.deadline, &mut share).await;
     // Translated: the caller's API shape, or an answer that cannot be carried across. A
     // Responses passthrough answer is read too: it is kept in the conversation store.
@@ -589,7 +589,7 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
         UpstreamBody::Plain(got.incoming),
         up.idle_timeout,
         inb.deadline,
-        AnswerShare::new(&call.proxy.answers, max),
+        AnswerShare::new(&call.proxy.answers, max).within(inb.answer_part.clone()),
     );
     let (body, replaced) = match body.await {
         Some(b) => (b, false),

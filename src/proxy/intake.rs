@@ -203,6 +203,7 @@ impl Proxy {
         .await?;
         Ok(Inbound {
             conversation,
+            answer_part: snap.answer_part(tenant),
             priority,
             endpoint,
             headers: parts.headers,

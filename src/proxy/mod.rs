@@ -101,6 +101,8 @@ pub struct Inbound {
     _buffered: buffers::BufferShare,
     /// A Responses request's conversation (its `previous_response_id` looked up).
     conversation: Option<Arc<conversation::Conversation>>,
+    /// The tenant's part of the answers' budget, when there are several tenants.
+    answer_part: Option<Arc<buffers::TenantPart>>,
     /// Where attempts are reported.
     pub(crate) obs: crate::observe::RequestObs,
 }

@@ -108,10 +108,10 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
 fn held_json(
     body: &Value,
     answers: &Arc<BufferBudget>,
-    max: usize,
+    (max, part): (usize, &Option<Arc<crate::proxy::buffers::TenantPart>>),
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let bytes = Bytes::from(body.to_string());
-    let mut share = AnswerShare::new(answers, max);
+    let mut share = AnswerShare::new(answers, max).within(part.clone());
     if !share.grow(bytes.len()) {
         tracing::warn!(
             bytes = bytes.len(),
@@ -168,9 +168,10 @@ pub async fn stored_response(
         return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     }
     let max = snap.cfg.server.limits.max_buffered_bytes;
+    let bound = (max, &snap.answer_part(tenant));
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {
-            (&Method::GET, "") => held_json(&kept.response, answers, max)?,
+            (&Method::GET, "") => held_json(&kept.response, answers, bound)?,
             (&Method::DELETE, "") => {
                 store.delete(id).await.map_err(unavailable)?;
                 local_json(
@@ -181,7 +182,7 @@ pub async fn stored_response(
             (_, "input_items") => held_json(
                 &super::input_items::page(id, &kept.input, query)?,
                 answers,
-                max,
+                bound,
             )?,
             _ => {
                 return Err(ProxyError::InvalidRequest {

@@ -22,6 +22,8 @@ pub struct Snapshot {
     /// Each `[[clients]]` tenant's part of the request-body budget, when there are several
     /// (keyed by configured names only).
     pub buffer_parts: HashMap<String, Arc<crate::proxy::buffers::TenantPart>>,
+    /// The same for the answers held whole.
+    pub answer_parts: HashMap<String, Arc<crate::proxy::buffers::TenantPart>>,
 }
 
 impl Snapshot {
@@ -34,13 +36,15 @@ impl Snapshot {
         }
         let labels = Labels::from_config(&cfg);
         let hash = crate::config::render::config_hash(&cfg);
-        let buffer_parts = buffer_parts(&cfg);
+        let buffer_parts = tenant_parts(&cfg, cfg.server.max_body_bytes);
+        let answer_parts = tenant_parts(&cfg, crate::proxy::upread::WHOLE_BODY_LIMIT);
         Ok(Snapshot {
             cfg,
             upstreams,
             labels,
             hash,
             buffer_parts,
+            answer_parts,
         })
     }
 
@@ -55,12 +59,25 @@ impl Snapshot {
     /// fresh parts at zero would let a tenant hold its half again beside what its requests in
     /// flight hold of the old one.
     pub fn keep_parts_of(&mut self, old: &Snapshot) {
-        for (tenant, part) in self.buffer_parts.iter_mut() {
-            if let Some(kept) = old.buffer_parts.get(tenant) {
-                kept.set_max(part.max_now());
-                *part = kept.clone();
+        for (mine, theirs) in [
+            (&mut self.buffer_parts, &old.buffer_parts),
+            (&mut self.answer_parts, &old.answer_parts),
+        ] {
+            for (tenant, part) in mine.iter_mut() {
+                if let Some(kept) = theirs.get(tenant) {
+                    kept.set_max(part.max_now());
+                    *part = kept.clone();
+                }
             }
         }
+    }
+
+    /// `tenant`'s part of the answers' budget (None: it has the whole).
+    pub fn answer_part(&self, tenant: &str) -> Option<Arc<crate::proxy::buffers::TenantPart>> {
+        if self.answer_parts.is_empty() {
+            return None;
+        }
+        self.answer_parts.get(tenant).cloned()
     }
 
     /// `tenant`'s part of the request-body budget (None: it has the whole).
@@ -72,9 +89,12 @@ impl Snapshot {
     }
 }
 
-/// Half of `max_buffered_bytes` per tenant (at least one whole body) when `[[clients]]` name
-/// more than one tenant; none with one tenant, who has nobody to crowd out.
-fn buffer_parts(cfg: &Config) -> HashMap<String, Arc<crate::proxy::buffers::TenantPart>> {
+/// Half of `max_buffered_bytes` per tenant (at least `one`: one whole body, or answer) when
+/// `[[clients]]` name more than one tenant; none with one tenant, who has nobody to crowd out.
+fn tenant_parts(
+    cfg: &Config,
+    one: usize,
+) -> HashMap<String, Arc<crate::proxy::buffers::TenantPart>> {
     let mut parts = HashMap::default();
     let tenants: std::collections::BTreeSet<&str> =
         cfg.clients.iter().map(|c| c.tenant.as_str()).collect();
@@ -83,7 +103,7 @@ fn buffer_parts(cfg: &Config) -> HashMap<String, Arc<crate::proxy::buffers::Tena
     }
     let limits = &cfg.server.limits;
     let max = (limits.max_buffered_bytes / 2)
-        .max(cfg.server.max_body_bytes)
+        .max(one)
         .min(limits.max_buffered_bytes);
     for t in tenants {
         parts.insert(t.to_owned(), crate::proxy::buffers::TenantPart::new(max));

@@ -146,7 +146,7 @@ pub(super) async fn read_to_commit(
 }
 
 /// A whole success body larger than this is streamed through instead of held.
-const WHOLE_BODY_LIMIT: usize = 16 << 20;
+pub(crate) const WHOLE_BODY_LIMIT: usize = 16 << 20;
 
 pub(super) enum Whole {
     Complete(Bytes),
