@@ -358,7 +358,10 @@ mod tests {
         let mut b = AnswerShare::new(&budget, 10 * UNCHARGED).within(Some(part.clone()));
         assert!(!b.grow(2 * UNCHARGED), "past the tenant's part");
         let mut other = AnswerShare::new(&budget, 10 * UNCHARGED);
-        assert!(other.grow(2 * UNCHARGED), "another tenant's answer still fits");
+        assert!(
+            other.grow(2 * UNCHARGED),
+            "another tenant's answer still fits"
+        );
         let held = hold(Bytes::from(vec![0u8; 2 * UNCHARGED]), a.into_share());
         assert_eq!(part.used(), 2 * UNCHARGED);
         drop(held);
