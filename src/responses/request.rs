@@ -84,6 +84,8 @@ pub fn to_chat(body: &[u8], target_model: &str) -> Result<(Value, Labels), Untra
     }
     let prompt = messages.len();
     match req.get("input") {
+        // An empty string is no input either (it would go out as an empty user message).
+        Some(Value::String(text)) if text.is_empty() => {}
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => input_items(items, &mut messages, &mut labels)?,
         None | Some(Value::Null) => {}

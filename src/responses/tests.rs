@@ -141,6 +141,7 @@ fn fields_of_the_wrong_type_or_no_input_make_the_step_unfit_not_silent() {
         ),
         (json!({"model": "a"}), "no `input`"),
         (json!({"model": "a", "input": []}), "no `input`"),
+        (json!({"model": "a", "input": ""}), "no `input`"),
         (
             json!({"model": "a", "instructions": "be brief", "input": [{"type": "reasoning"}]}),
             "no `input`",

@@ -55,7 +55,9 @@ impl SendError {
                 None => Failed::Connecting,
             },
             SendError::H1(_) => Failed::AfterSending,
-            SendError::Http(_) | SendError::NotAbsolute => Failed::OnOpenConnection,
+            SendError::Http(_) => Failed::OnOpenConnection,
+            // Nothing was sent, nor could be: a request without a scheme and host.
+            SendError::NotAbsolute => Failed::Connecting,
         }
     }
 }
