@@ -208,6 +208,14 @@ fn header_name(name: &'static str) -> HeaderName {
 mod tests {
     use super::*;
 
+    fn map(lines: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in lines {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        h
+    }
+
     fn names(h: &HeaderMap) -> Vec<String> {
         h.iter()
             .map(|(n, v)| format!("{n}={}", v.to_str().unwrap()))
@@ -216,8 +224,7 @@ mod tests {
 
     #[test]
     fn the_callers_headers_are_the_upstreams_without_hop_by_hop_ones() {
-        let mut up = HeaderMap::new();
-        for (n, v) in [
+        let up = map(&[
             ("content-type", "application/json"),
             ("connection", "keep-alive"),
             ("request-id", "req_1"),
@@ -227,9 +234,7 @@ mod tests {
             ("set-cookie", "a=1"),
             ("set-cookie", "b=2"),
             ("transfer-encoding", "chunked"),
-        ] {
-            up.append(HeaderName::from_static(n), HeaderValue::from_static(v));
-        }
+        ]);
         let kept = for_caller(up.clone(), false);
         // Removing moves a later header into the freed place: fields of different names may
         // change places (which HTTP ignores), those of one name keep their order.
@@ -252,16 +257,13 @@ mod tests {
         assert!(streamed.get("content-length").is_none());
         assert_eq!(streamed.len(), 5);
         // What the upstream's `Connection` names is its hop's too.
-        let mut named = HeaderMap::new();
-        for (n, v) in [
+        let named = map(&[
             ("connection", "X-Foo, keep-alive"),
             ("connection", "x-bar"),
             ("x-foo", "1"),
             ("x-bar", "2"),
             ("x-kept", "3"),
-        ] {
-            named.append(HeaderName::from_static(n), HeaderValue::from_static(v));
-        }
+        ]);
         assert_eq!(names(&for_caller(named.clone(), false)), ["x-kept=3"]);
         let mut copied = HeaderMap::new();
         copy_upstream_headers(&named, &mut copied, true);

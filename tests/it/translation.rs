@@ -23,6 +23,10 @@ name = "mixed"
 chain = ["anthropic:claude-primary", "openai:gpt-backup"]
 "#;
 
+/// A small Anthropic request served by the OpenAI step.
+const VIA_OPENAI: &str =
+    r#"{"model":"via-openai","max_tokens":16,"messages":[{"role":"user","content":"x"}]}"#;
+
 const TOOL_REPLY: &str = r#"{"default":{"content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"call_1","name":"read_file","input":{"path":"notes/a b.txt","lines":[1,2,3]}}],"stop_reason":"tool_use","usage":{"input_tokens":21,"output_tokens":9}}}"#;
 
 /// Anthropic events of a streamed answer: (event name, data).
@@ -191,11 +195,7 @@ async fn a_translated_request_no_step_served_is_not_counted_as_translated() {
         CHAINS,
     )
     .await;
-    let resp = env
-        .messages(
-            r#"{"model":"via-openai","max_tokens":16,"messages":[{"role":"user","content":"x"}]}"#,
-        )
-        .await;
+    let resp = env.messages(VIA_OPENAI).await;
     assert_eq!(resp.status(), 529);
     assert!(env.mock.stats().requests > 0);
     let translated = env
@@ -244,11 +244,7 @@ async fn an_upstream_error_comes_back_in_the_callers_shape() {
         CHAINS,
     )
     .await;
-    let resp = env
-        .messages(
-            r#"{"model":"via-openai","max_tokens":16,"messages":[{"role":"user","content":"x"}]}"#,
-        )
-        .await;
+    let resp = env.messages(VIA_OPENAI).await;
     assert_eq!(resp.status(), 400);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "error");

@@ -412,6 +412,16 @@ async fn a_caller_that_stops_sending_a_body_left_unread_is_closed_after_the_body
     assert!(seen.requests.lock().unwrap().is_empty());
 }
 
+/// Everything the connection writes until it closes (within 10 s).
+async fn read_to_close(caller: &mut DuplexStream) -> String {
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), caller.read_to_string(&mut text))
+        .await
+        .expect("the connection ends after the answer")
+        .unwrap();
+    text
+}
+
 #[tokio::test]
 async fn a_handler_that_says_connection_close_ends_the_connection() {
     let (mut caller, _seen, _stop, task) = open();
@@ -419,11 +429,7 @@ async fn a_handler_that_says_connection_close_ends_the_connection() {
         .write_all(b"GET /close HTTP/1.1\r\nhost: x\r\n\r\nGET /never HTTP/1.1\r\n\r\n")
         .await
         .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(10), caller.read_to_string(&mut text))
-        .await
-        .expect("the connection ends after the answer")
-        .unwrap();
+    let text = read_to_close(&mut caller).await;
     assert!(
         text.starts_with("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n"),
         "{text}"
@@ -443,11 +449,7 @@ async fn what_follows_a_connect_is_never_read_as_a_request() {
         )
         .await
         .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(10), caller.read_to_string(&mut text))
-        .await
-        .expect("the connection ends after the answer")
-        .unwrap();
+    let text = read_to_close(&mut caller).await;
     assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{text}");
     assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
     let requests = seen.requests.lock().unwrap().clone();
