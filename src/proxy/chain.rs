@@ -218,7 +218,9 @@ async fn step_body(
     }
     if counting {
         return Ok(Err(
-            match estimate::answer(inb, step, upstream, &proxy.estimates).await? {
+            match estimate::answer(inb, step, upstream, (&proxy.estimates, &inb.estimate_part))
+                .await?
+            {
                 Ok(resp) => StepEnd::Answer(resp),
                 Err(why) => unfit(inb, exec, step, &why),
             },

@@ -5,7 +5,12 @@
 //!
 //! Counting is CPU work on blocking threads: at most [`CONCURRENT`] run at once (SPEC §14).
 //! A request waits for its turn up to [`WAIT`] (and its deadline), then is shed with 529
-//! overloaded, like any other request legate has no room for.
+//! overloaded, like any other request legate has no room for. When `[[clients]]` name several
+//! tenants, one tenant's counts take at most half of them: a count of a 30 MB body takes
+//! seconds of CPU, and a tenant sending many would otherwise leave the others none.
+//!
+//! A tokio semaphore, not tower's `ConcurrencyLimit`: the permit has to travel into the
+//! blocking task and outlive a caller that leaves, which a service wrapper does not give.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +37,7 @@ pub async fn answer(
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
-    gate: &Arc<Semaphore>,
+    (gate, part): (&Arc<Semaphore>, &Option<Arc<Semaphore>>),
 ) -> Result<Result<Response<ProxyBody>, String>, ProxyError> {
     let sent = if inb.endpoint.api == upstream {
         // A platform step of the caller's own API: the body as the caller sent it.
@@ -49,12 +54,12 @@ pub async fn answer(
             Err(e) => return Ok(Err(e.0)),
         }
     };
-    let permit = turn(gate, (Instant::now() + WAIT).min(inb.deadline)).await?;
-    // Off the async workers, so other requests are never held up by it; the permit goes with
+    let permits = turns(gate, part, (Instant::now() + WAIT).min(inb.deadline)).await?;
+    // Off the async workers, so other requests are never held up by it; the permits go with
     // the count, which runs to its end even if the caller leaves.
     let model = step.model().to_owned();
     let counted = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
+        let _permits = permits;
         tokens::input_tokens(upstream, &model, &sent)
     })
     .await;
@@ -62,6 +67,20 @@ pub async fn answer(
         .map_err(|_| "the token count was interrupted".to_owned())
         .and_then(|c| c.ok_or_else(|| "the translated request is not JSON".to_owned()))
         .map(|tokens| estimate_response(step, tokens)))
+}
+
+/// A turn to count in the tenant's part (when it has one) and in the shared gate. The tenant's
+/// turn comes first, so that its requests waiting behind its own counts hold no shared turn.
+async fn turns(
+    gate: &Arc<Semaphore>,
+    part: &Option<Arc<Semaphore>>,
+    until: Instant,
+) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), ProxyError> {
+    let own = match part {
+        Some(part) => Some(turn(part, until).await?),
+        None => None,
+    };
+    Ok((turn(gate, until).await?, own))
 }
 
 /// A turn to count, waited for until `until`; shed after that.
@@ -110,5 +129,36 @@ mod tests {
         tokio::time::sleep(WAIT / 2).await;
         drop(a);
         assert!(waiter.await.unwrap_or(false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_takes_at_most_its_part_of_the_counts() {
+        let gate = Arc::new(Semaphore::new(CONCURRENT));
+        let a = Some(Arc::new(Semaphore::new(CONCURRENT / 2)));
+        let b = Some(Arc::new(Semaphore::new(CONCURRENT / 2)));
+        let start = Instant::now();
+        let mut held = Vec::new();
+        for _ in 0..CONCURRENT / 2 {
+            held.push(turns(&gate, &a, start + WAIT).await);
+        }
+        assert!(held.iter().all(Result::is_ok));
+        // Tenant a's part is full: its next count waits for it, and is shed, although half of
+        // the shared counts are free; and it held none of them while it waited.
+        let shed = turns(&gate, &a, start + WAIT).await;
+        assert!(matches!(shed, Err(ProxyError::Shed { .. })));
+        assert_eq!(start.elapsed(), WAIT);
+        assert_eq!(gate.available_permits(), CONCURRENT - CONCURRENT / 2);
+        // Tenant b gets its turn at once.
+        let now = Instant::now();
+        let other = turns(&gate, &b, now + WAIT).await;
+        assert!(other.is_ok());
+        assert_eq!(now.elapsed(), Duration::ZERO);
+        // With one tenant (no part), all of the shared counts may be taken.
+        drop((held, other));
+        let mut all = Vec::new();
+        for _ in 0..CONCURRENT {
+            all.push(turns(&gate, &None, start + 2 * WAIT).await);
+        }
+        assert!(all.iter().all(Result::is_ok));
     }
 }

@@ -184,7 +184,8 @@ impl Proxy {
             .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
         obs.update(|f| f.priority = Some(priority.as_str()));
         // Counting tokens is never metered.
-        if !matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens) {
+        let counting = matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens);
+        if !counting {
             let reservation = self
                 .admit(snap, endpoint, tenant, &tenant_cfg, &meta, deadline)
                 .await?;
@@ -204,6 +205,11 @@ impl Proxy {
         Ok(Inbound {
             conversation,
             answer_part: snap.answer_part(tenant),
+            estimate_part: if counting {
+                snap.estimate_part(tenant)
+            } else {
+                None
+            },
             priority,
             endpoint,
             headers: parts.headers,

@@ -103,6 +103,9 @@ pub struct Inbound {
     conversation: Option<Arc<conversation::Conversation>>,
     /// The tenant's part of the answers' budget, when there are several tenants.
     answer_part: Option<Arc<buffers::TenantPart>>,
+    /// The tenant's part of the local token estimates, for a count request when there are
+    /// several tenants.
+    estimate_part: Option<Arc<tokio::sync::Semaphore>>,
     /// Where attempts are reported.
     pub(crate) obs: crate::observe::RequestObs,
 }

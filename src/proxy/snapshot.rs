@@ -24,6 +24,9 @@ pub struct Snapshot {
     pub buffer_parts: HashMap<String, Arc<crate::proxy::buffers::TenantPart>>,
     /// The same for the answers held whole.
     pub answer_parts: HashMap<String, Arc<crate::proxy::buffers::TenantPart>>,
+    /// The same for the local token estimates counted at once: half of them per tenant, so
+    /// that one tenant's huge count requests leave the others a turn.
+    pub estimate_parts: HashMap<String, Arc<tokio::sync::Semaphore>>,
 }
 
 impl Snapshot {
@@ -38,6 +41,13 @@ impl Snapshot {
         let hash = crate::config::render::config_hash(&cfg);
         let buffer_parts = tenant_parts(&cfg, cfg.server.max_body_bytes);
         let answer_parts = tenant_parts(&cfg, crate::proxy::upread::WHOLE_BODY_LIMIT);
+        let estimate_parts = answer_parts
+            .keys()
+            .map(|t| {
+                let half = crate::proxy::estimate::CONCURRENT / 2;
+                (t.clone(), Arc::new(tokio::sync::Semaphore::new(half)))
+            })
+            .collect();
         Ok(Snapshot {
             cfg,
             upstreams,
@@ -45,6 +55,7 @@ impl Snapshot {
             hash,
             buffer_parts,
             answer_parts,
+            estimate_parts,
         })
     }
 
@@ -70,6 +81,20 @@ impl Snapshot {
                 }
             }
         }
+        // Always the same size: the old gate, with the counts running in it, is kept.
+        for (tenant, gate) in self.estimate_parts.iter_mut() {
+            if let Some(kept) = old.estimate_parts.get(tenant) {
+                *gate = kept.clone();
+            }
+        }
+    }
+
+    /// `tenant`'s part of the local token estimates (None: it may take them all).
+    pub fn estimate_part(&self, tenant: &str) -> Option<Arc<tokio::sync::Semaphore>> {
+        if self.estimate_parts.is_empty() {
+            return None;
+        }
+        self.estimate_parts.get(tenant).cloned()
     }
 
     /// `tenant`'s part of the answers' budget (None: it has the whole).
@@ -209,5 +234,24 @@ mod parts_tests {
         assert!(more.take(400, 1000));
         // One tenant, or none: no parts.
         assert!(snapshot("").buffer_part("default").is_none());
+    }
+
+    #[test]
+    fn each_of_several_tenants_has_half_of_the_estimates_kept_over_a_reload() {
+        let half = crate::proxy::estimate::CONCURRENT / 2;
+        let old = snapshot(TWO);
+        let gate = old.estimate_part("a").unwrap_or_else(|| panic!("no part"));
+        assert_eq!(gate.available_permits(), half);
+        let running = gate.clone().try_acquire_owned();
+        assert!(running.is_ok());
+        let mut new = snapshot(TWO);
+        new.keep_parts_of(&old);
+        // The count running since before the reload still holds its turn.
+        let kept = new.estimate_part("a").unwrap_or_else(|| panic!("no part"));
+        assert_eq!(kept.available_permits(), half - 1);
+        let other = new.estimate_part("b").map(|g| g.available_permits());
+        assert_eq!(other, Some(half));
+        assert!(snapshot("").estimate_part("default").is_none());
+        assert!(new.estimate_part("nobody").is_none());
     }
 }
