@@ -42,6 +42,7 @@
 //! The stream maps chunk by chunk (see `stream`). Errors keep the OpenAI envelope (an
 //! Anthropic error is translated by `translate::error`).
 
+pub mod memory;
 pub mod request;
 pub mod response;
 pub mod store;

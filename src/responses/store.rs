@@ -2,33 +2,28 @@
 //! and the response object, so that `previous_response_id` can be rebuilt for a step that
 //! keeps no state, and `GET /v1/responses/{id}` answers for translated responses.
 //!
-//! `memory`: one process, bounded by `max_bytes` (oldest entries evicted first; an entry
-//! larger than the bound is not kept) and `ttl`. Entries are held serialised, so the bytes
-//! counted are the bytes held (a tree of JSON values takes several times its text; each entry's
-//! bookkeeping is counted too), and
-//! keeping a response costs one serialisation and no copy of the tree; a lookup, which only
-//! a request naming an earlier response makes, parses the entry back. `redis`: shared by replicas, one key per
+//! `memory`: one process, bounded by `max_bytes` and `ttl` (`memory.rs`). Entries are held
+//! serialised: keeping a response costs one serialisation and no copy of the tree; a lookup,
+//! which only a request naming an earlier response makes, parses the entry back. `redis`: shared by replicas, one key per
 //! response (`legate:resp:<id>`) with the TTL as its expiry; construction never connects, a
 //! failed call drops the connection and the next one reconnects, every call has a short
 //! timeout, and a Redis that is down makes lookups fail loudly (never a silent miss), except
 //! of entries it did not take, which this process keeps in memory instead.
 
-use std::collections::hash_map::Entry as Slot;
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::time::Duration;
 
-use bytes::Bytes;
 use redis::Client;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::time::Instant;
 
 use crate::redis_conn::LazyConnection;
 use crate::responses::Items;
+pub use crate::responses::memory::MemoryStore;
+use crate::responses::memory::held;
 
 const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -178,151 +173,6 @@ impl ConversationStore {
             ConversationStore::Memory(m) => Ok(m.delete(id)),
             ConversationStore::Redis(r) => r.delete(id).await,
         }
-    }
-}
-
-/// What one entry takes besides its id and serialised bytes: its map slot, its place in the
-/// insertion order (a second handle on the id) and the allocations' headers, about 200 bytes.
-/// Counted, so that `max_bytes` bounds the memory the store takes and not only its payload: a
-/// short response is a few hundred bytes of JSON, and its bookkeeping a fifth to a third of it.
-const ENTRY_OVERHEAD: usize = 200;
-
-/// The bytes an entry counts against `max_bytes`.
-fn held(id: &str, data: usize) -> usize {
-    id.len() + data + ENTRY_OVERHEAD
-}
-
-struct Entry {
-    /// The `Stored` as JSON; shared so a lookup parses it outside the lock (and taken over
-    /// from the serialising `Vec` without a copy).
-    data: Bytes,
-    bytes: usize,
-    expires: Instant,
-    generation: u64,
-}
-
-#[derive(Default)]
-struct Inner {
-    /// The id is shared with its place in `order`: one copy made per put, and the eviction
-    /// walk's look at the oldest place copies nothing.
-    map: HashMap<Arc<str>, Entry>,
-    /// Insertion order with each insertion's generation: older generations of a replaced id
-    /// are skipped when met.
-    order: VecDeque<(Arc<str>, u64)>,
-    bytes: usize,
-    next_generation: u64,
-}
-
-/// The in-process store.
-pub struct MemoryStore {
-    max_bytes: usize,
-    ttl: Duration,
-    inner: Mutex<Inner>,
-}
-
-impl MemoryStore {
-    pub fn new(max_bytes: usize, ttl: Duration) -> Self {
-        MemoryStore {
-            max_bytes,
-            ttl,
-            inner: Mutex::new(Inner::default()),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock()
-    }
-
-    pub fn get(&self, id: &str) -> Option<Stored> {
-        let data = {
-            let inner = self.lock();
-            let entry = inner.map.get(id)?;
-            if entry.expires <= Instant::now() {
-                return None;
-            }
-            entry.data.clone()
-        };
-        // Written by `put` from a `Stored`, so it parses back.
-        serde_json::from_slice(&data).ok()
-    }
-
-    pub fn put(&self, id: &str, stored: &Stored) {
-        if let Ok(data) = serde_json::to_vec(stored) {
-            self.put_serialised(id, data);
-        }
-    }
-
-    /// Keeps a serialised `Stored`. The serialised size is what the bound is about (as it
-    /// would be in Redis).
-    pub fn put_serialised(&self, id: &str, mut data: Vec<u8>) {
-        // A Vec written by appending holds up to twice its length; the entry is counted at its
-        // length, so it must not keep the rest (glibc shrinks an allocation in place).
-        data.shrink_to_fit();
-        let data = Bytes::from(data);
-        let bytes = held(id, data.len());
-        let mut inner = self.lock();
-        if let Some(old) = inner.map.remove(id) {
-            inner.bytes -= old.bytes;
-        }
-        if bytes > self.max_bytes {
-            return;
-        }
-        let now = Instant::now();
-        let max = self.max_bytes;
-        let Inner {
-            map,
-            order,
-            bytes: total,
-            ..
-        } = &mut *inner;
-        // Entries share one TTL, so insertion order is expiry order: expired ones are at the
-        // front. Then evict the oldest until the new entry fits. Each place looked at costs one
-        // lookup of its id (ids are hashed with SipHash, as they come from providers and
-        // callers): its entry is evicted, found stale and skipped, or ends the walk.
-        while let Some((old_id, generation)) = order.front() {
-            if let Slot::Occupied(e) = map.entry(old_id.clone())
-                && e.get().generation == *generation
-            {
-                if e.get().expires > now && *total + bytes <= max {
-                    break;
-                }
-                *total -= e.remove().bytes;
-            }
-            order.pop_front();
-        }
-        let generation = inner.next_generation;
-        inner.next_generation += 1;
-        let id: Arc<str> = Arc::from(id);
-        inner.order.push_back((id.clone(), generation));
-        inner.bytes += bytes;
-        let entry = Entry {
-            data,
-            bytes,
-            expires: now + self.ttl,
-            generation,
-        };
-        inner.map.insert(id, entry);
-        if inner.order.len() > 2 * inner.map.len() + 64 {
-            // Deleted and replaced ids behind a live front: drop their stale places.
-            let Inner { map, order, .. } = &mut *inner;
-            order.retain(|(id, g)| map.get(id).is_some_and(|e| e.generation == *g));
-        }
-    }
-
-    pub fn delete(&self, id: &str) -> bool {
-        let mut inner = self.lock();
-        match inner.map.remove(id) {
-            Some(e) => {
-                inner.bytes -= e.bytes;
-                e.expires > Instant::now()
-            }
-            None => false,
-        }
-    }
-
-    /// Bytes held (for tests and the bound).
-    pub fn bytes(&self) -> usize {
-        self.lock().bytes
     }
 }
 
@@ -568,6 +418,7 @@ impl RedisConversations {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::collections::HashMap;
 
     fn stored(text: &str) -> Stored {
         Stored {
@@ -576,19 +427,6 @@ mod tests {
             passthrough: false,
             owner: "team-a".to_owned(),
         }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn entries_expire_after_the_ttl() {
-        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
-        store.put("a", &stored("hi"));
-        assert_eq!(store.get("a"), Some(stored("hi")));
-        assert_eq!(store.get("a").map(|s| s.output().len()), Some(1));
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(store.get("a"), None);
-        // The next put sweeps it.
-        store.put("b", &stored("x"));
-        assert_eq!(store.lock().map.len(), 1);
     }
 
     #[tokio::test]
@@ -730,26 +568,6 @@ mod tests {
         assert!(r.reserve_write(101).is_none());
     }
 
-    #[tokio::test]
-    async fn oldest_entries_are_evicted_beyond_max_bytes() {
-        let one = held(
-            "a",
-            serde_json::to_vec(&stored("0123456789")).map_or(0, |v| v.len()),
-        );
-        let store = MemoryStore::new(one * 2, Duration::from_secs(60));
-        store.put("a", &stored("0123456789"));
-        store.put("b", &stored("0123456789"));
-        assert!(store.get("a").is_some());
-        store.put("c", &stored("0123456789"));
-        assert_eq!(store.get("a"), None);
-        assert!(store.get("b").is_some() && store.get("c").is_some());
-        assert!(store.bytes() <= one * 2);
-        // Too large for the whole store: not kept, nothing else evicted.
-        store.put("d", &stored(&"x".repeat(one * 3)));
-        assert_eq!(store.get("d"), None);
-        assert!(store.get("b").is_some());
-    }
-
     #[test]
     fn an_entry_written_around_the_response_bytes_reads_back_as_serialised() {
         let s = stored("hi");
@@ -776,22 +594,5 @@ mod tests {
             Stored::serialise(&Items::Values(s.input.clone()), &response, false, "team-a"),
         );
         assert_eq!(store.get("a"), Some(s));
-    }
-
-    #[tokio::test]
-    async fn replacing_and_deleting_keep_the_byte_count() {
-        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
-        store.put("a", &stored("one"));
-        store.put("a", &stored("two"));
-        assert_eq!(store.get("a"), Some(stored("two")));
-        assert!(store.delete("a"));
-        assert!(!store.delete("a"));
-        assert_eq!(store.bytes(), 0);
-        store.put("b", &stored("x"));
-        assert_eq!(
-            store.lock().order.len(),
-            1,
-            "stale places at the front are swept"
-        );
     }
 }

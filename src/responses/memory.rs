@@ -1,0 +1,368 @@
+//! The conversation store in this process (`[responses] store = "memory"`, and the Redis
+//! store's own copies of entries Redis did not take): bounded by `max_bytes` and `ttl`.
+//!
+//! Entries are held serialised, so the bytes counted are the bytes held (a tree of JSON values
+//! takes several times its text; each entry's bookkeeping is counted too). Expired entries go
+//! first; beyond the bound, the oldest entry of the owner (tenant) holding the most bytes goes
+//! next. With one tenant that is the oldest entry; with several, one tenant keeping many
+//! responses evicts its own, not another tenant's conversation in the middle of its turns
+//! (whose next turn would get 400 "unknown": with several tenants an id legate no longer keeps
+//! is not asked of the provider either). Each tenant keeps at least its fair share of the
+//! bound, and what others leave unused.
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard};
+use tokio::time::Instant;
+
+use super::store::Stored;
+
+/// What one entry takes besides its id and serialised bytes: its map slot, its place in its
+/// owner's insertion order (a second handle on the id) and the allocations' headers, about 200
+/// bytes. Counted, so that `max_bytes` bounds the memory the store takes and not only its
+/// payload: a short response is a few hundred bytes of JSON, and its bookkeeping a fifth to a
+/// third of it.
+const ENTRY_OVERHEAD: usize = 200;
+
+/// The bytes an entry counts against `max_bytes`.
+pub(super) fn held(id: &str, data: usize) -> usize {
+    id.len() + data + ENTRY_OVERHEAD
+}
+
+/// The owner a serialised entry names. Entries are written with `owner` as their last member
+/// (`Stored::serialise`, and serde in `Stored`'s field order), and tenant names need no
+/// escapes, so it is read from the tail without parsing the entry; "" when it is not there.
+pub(super) fn owner_of(data: &[u8]) -> &str {
+    const KEY: &[u8] = b"\"owner\":\"";
+    let Some(body) = data.strip_suffix(b"\"}") else {
+        return "";
+    };
+    let Some(start) = memchr::memrchr(b'"', body) else {
+        return "";
+    };
+    if !body[..=start].ends_with(KEY) {
+        return "";
+    }
+    std::str::from_utf8(&body[start + 1..]).unwrap_or("")
+}
+
+struct Entry {
+    /// The `Stored` as JSON; shared so a lookup parses it outside the lock (and taken over
+    /// from the serialising `Vec` without a copy).
+    data: Bytes,
+    bytes: usize,
+    expires: Instant,
+    generation: u64,
+    owner: Arc<str>,
+}
+
+/// One owner's entries: their insertion order (with each insertion's generation: older
+/// generations of a replaced or deleted id are skipped when met) and what they hold.
+#[derive(Default)]
+struct Owner {
+    order: VecDeque<(Arc<str>, u64)>,
+    bytes: usize,
+    live: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// The id is shared with its place in its owner's order: one copy made per put.
+    map: HashMap<Arc<str>, Entry>,
+    /// Owners with entries kept: tenants of the config (and "" for entries without one), so
+    /// a handful; one whose last entry goes is removed.
+    owners: HashMap<Arc<str>, Owner>,
+    bytes: usize,
+    next_generation: u64,
+}
+
+impl Inner {
+    /// Takes `id`'s entry out, with its bytes.
+    fn remove(&mut self, id: &str) -> Option<Entry> {
+        let entry = self.map.remove(id)?;
+        self.bytes -= entry.bytes;
+        if let Some(owner) = self.owners.get_mut(&entry.owner) {
+            owner.bytes -= entry.bytes;
+            owner.live -= 1;
+            if owner.live == 0 {
+                self.owners.remove(&entry.owner);
+            }
+        }
+        Some(entry)
+    }
+
+    /// An owner whose oldest place is stale (its entry gone or replaced) or expired.
+    fn stale_or_expired_front(&self, now: Instant) -> Option<Arc<str>> {
+        let live = |(id, g): &(Arc<str>, u64)| {
+            self.map
+                .get(id)
+                .is_some_and(|e| e.generation == *g && e.expires > now)
+        };
+        self.owners
+            .iter()
+            .find(|(_, o)| o.order.front().is_some_and(|p| !live(p)))
+            .map(|(name, _)| name.clone())
+    }
+
+    /// Drops the places at the front of `owner`'s order whose entry is gone, and then its
+    /// oldest entry too when `evict` says so of it (expired, or the store is full). True when
+    /// an entry was evicted.
+    fn trim_front(&mut self, owner: &Arc<str>, evict: impl Fn(&Entry) -> bool) -> bool {
+        loop {
+            let Some(o) = self.owners.get_mut(owner) else {
+                return false;
+            };
+            let Some((id, generation)) = o.order.front().cloned() else {
+                return false;
+            };
+            match self.map.get(&id) {
+                Some(e) if e.generation == generation => {
+                    if !evict(e) {
+                        return false;
+                    }
+                    o.order.pop_front();
+                    self.remove(&id);
+                    return true;
+                }
+                _ => {
+                    o.order.pop_front();
+                }
+            }
+        }
+    }
+}
+
+/// The in-process store.
+pub struct MemoryStore {
+    max_bytes: usize,
+    ttl: Duration,
+    inner: Mutex<Inner>,
+}
+
+impl MemoryStore {
+    pub fn new(max_bytes: usize, ttl: Duration) -> Self {
+        MemoryStore {
+            max_bytes,
+            ttl,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock()
+    }
+
+    pub fn get(&self, id: &str) -> Option<Stored> {
+        let data = {
+            let inner = self.lock();
+            let entry = inner.map.get(id)?;
+            if entry.expires <= Instant::now() {
+                return None;
+            }
+            entry.data.clone()
+        };
+        // Written by `put` from a `Stored`, so it parses back.
+        serde_json::from_slice(&data).ok()
+    }
+
+    pub fn put(&self, id: &str, stored: &Stored) {
+        if let Ok(data) = serde_json::to_vec(stored) {
+            self.put_serialised(id, data);
+        }
+    }
+
+    /// Keeps a serialised `Stored`. The serialised size is what the bound is about (as it
+    /// would be in Redis).
+    pub fn put_serialised(&self, id: &str, mut data: Vec<u8>) {
+        // A Vec written by appending holds up to twice its length; the entry is counted at its
+        // length, so it must not keep the rest (glibc shrinks an allocation in place).
+        data.shrink_to_fit();
+        let data = Bytes::from(data);
+        let bytes = held(id, data.len());
+        let mut inner = self.lock();
+        inner.remove(id);
+        if bytes > self.max_bytes {
+            return;
+        }
+        let now = Instant::now();
+        let name = owner_of(&data);
+        let owner: Arc<str> = match inner.owners.get_key_value(name) {
+            Some((kept, _)) => kept.clone(),
+            None => Arc::from(name),
+        };
+        // Entries share one TTL, so each owner's insertion order is its expiry order: its
+        // expired entries are at its front.
+        while let Some(name) = inner.stale_or_expired_front(now) {
+            inner.trim_front(&name, |e| e.expires <= now);
+        }
+        // Then, until the new entry fits, the oldest of the owner holding the most (the new
+        // entry counted with its owner's).
+        while inner.bytes + bytes > self.max_bytes {
+            let heaviest = inner
+                .owners
+                .iter()
+                .max_by_key(|(n, o)| o.bytes + if **n == owner { bytes } else { 0 })
+                .map(|(n, _)| n.clone());
+            match heaviest {
+                Some(n) if inner.trim_front(&n, |_| true) => {}
+                // Nothing left to evict: the entry fits within the bound alone.
+                _ => break,
+            }
+        }
+        let generation = inner.next_generation;
+        inner.next_generation += 1;
+        let id: Arc<str> = Arc::from(id);
+        inner.bytes += bytes;
+        let o = inner.owners.entry(owner.clone()).or_default();
+        o.order.push_back((id.clone(), generation));
+        o.bytes += bytes;
+        o.live += 1;
+        if o.order.len() > 2 * o.live + 64 {
+            // Deleted and replaced ids behind a live front: drop their stale places.
+            let Inner { map, owners, .. } = &mut *inner;
+            if let Some(o) = owners.get_mut(&owner) {
+                o.order
+                    .retain(|(id, g)| map.get(id).is_some_and(|e| e.generation == *g));
+            }
+        }
+        let entry = Entry {
+            data,
+            bytes,
+            expires: now + self.ttl,
+            generation,
+            owner,
+        };
+        inner.map.insert(id, entry);
+    }
+
+    pub fn delete(&self, id: &str) -> bool {
+        self.lock()
+            .remove(id)
+            .is_some_and(|e| e.expires > Instant::now())
+    }
+
+    /// Bytes held (for tests and the bound).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stored(text: &str, owner: &str) -> Stored {
+        Stored {
+            input: vec![json!({"role": "user", "content": text})],
+            response: json!({"id": "r", "output": [{"type": "message"}]}),
+            passthrough: false,
+            owner: owner.to_owned(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_expire_after_the_ttl() {
+        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
+        store.put("a", &stored("hi", "team-a"));
+        assert_eq!(store.get("a"), Some(stored("hi", "team-a")));
+        assert_eq!(store.get("a").map(|s| s.output().len()), Some(1));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(store.get("a"), None);
+        // The next put sweeps it, whoever's it was.
+        store.put("b", &stored("x", "team-b"));
+        assert_eq!(store.lock().map.len(), 1);
+        assert_eq!(store.lock().owners.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn oldest_entries_are_evicted_beyond_max_bytes() {
+        let one = held(
+            "a",
+            serde_json::to_vec(&stored("0123456789", "t")).map_or(0, |v| v.len()),
+        );
+        let store = MemoryStore::new(one * 2, Duration::from_secs(60));
+        store.put("a", &stored("0123456789", "t"));
+        store.put("b", &stored("0123456789", "t"));
+        assert!(store.get("a").is_some());
+        store.put("c", &stored("0123456789", "t"));
+        assert_eq!(store.get("a"), None);
+        assert!(store.get("b").is_some() && store.get("c").is_some());
+        assert!(store.bytes() <= one * 2);
+        // Too large for the whole store: not kept, nothing else evicted.
+        store.put("d", &stored(&"x".repeat(one * 3), "t"));
+        assert_eq!(store.get("d"), None);
+        assert!(store.get("b").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_tenant_keeping_many_responses_evicts_its_own_first() {
+        let one = held(
+            "b00",
+            serde_json::to_vec(&stored("0123456789", "team-b")).map_or(0, |v| v.len()),
+        );
+        let store = MemoryStore::new(one * 10, Duration::from_secs(60));
+        // Tenant b keeps two, tenant a fills the store many times over.
+        for i in 0..2 {
+            store.put(&format!("b{i:02}"), &stored("0123456789", "team-b"));
+        }
+        for i in 0..50 {
+            store.put(&format!("a{i:02}"), &stored("0123456789", "team-a"));
+        }
+        assert!(store.get("b00").is_some() && store.get("b01").is_some());
+        assert!(store.get("a49").is_some() && store.get("a42").is_some());
+        assert_eq!(store.get("a41"), None);
+        assert!(store.bytes() <= one * 10);
+        // Tenant b may grow to what is fair: past half, the heavier one gives way.
+        for i in 2..8 {
+            store.put(&format!("b{i:02}"), &stored("0123456789", "team-b"));
+        }
+        let kept = |p: &str| {
+            (0..50)
+                .filter(|i| store.get(&format!("{p}{i:02}")).is_some())
+                .count()
+        };
+        assert_eq!((kept("a"), kept("b")), (5, 5));
+        assert_eq!(store.get("b02"), None, "b's oldest, once b holds the most");
+        assert!(store.get("b00").is_none() && store.get("b03").is_some());
+    }
+
+    #[test]
+    fn the_owner_is_read_from_the_entrys_tail() {
+        let s = stored("hi", "team-a");
+        let by_serde = serde_json::to_vec(&s).unwrap_or_default();
+        assert_eq!(owner_of(&by_serde), "team-a");
+        let response = serde_json::to_vec(&s.response).unwrap_or_default();
+        let items = crate::responses::Items::Values(s.input.clone());
+        let written = Stored::serialise(&items, &response, true, "team-b");
+        assert_eq!(owner_of(&written), "team-b");
+        assert_eq!(
+            owner_of(&Stored::serialise(&items, &response, true, "")),
+            ""
+        );
+        assert_eq!(owner_of(b"{\"input\":[],\"response\":{\"x\":\"y\"}}"), "");
+        assert_eq!(owner_of(b""), "");
+    }
+
+    #[tokio::test]
+    async fn replacing_and_deleting_keep_the_byte_count() {
+        let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
+        store.put("a", &stored("one", "t"));
+        store.put("a", &stored("two", "t"));
+        assert_eq!(store.get("a"), Some(stored("two", "t")));
+        assert!(store.delete("a"));
+        assert!(!store.delete("a"));
+        assert_eq!(store.bytes(), 0);
+        assert!(
+            store.lock().owners.is_empty(),
+            "an owner without entries goes"
+        );
+        store.put("b", &stored("x", "t"));
+        let places: usize = store.lock().owners.values().map(|o| o.order.len()).sum();
+        assert_eq!(places, 1, "stale places go with their owner");
+    }
+}
