@@ -45,6 +45,9 @@ pub struct Conversation {
     pub store: Arc<ConversationStore>,
     /// The caller's tenant: what it keeps is its own, and it sees no other tenant's.
     tenant: Cow<'static, str>,
+    /// `[[clients]]` name several tenants: relayed responses' owners are recorded apart from
+    /// the store's entries (`responses/owners.rs`).
+    several: bool,
 }
 
 impl Conversation {
@@ -77,8 +80,11 @@ impl Conversation {
                 message: unknown_previous(id),
             });
         }
-        // With several tenants, one no longer kept may be another tenant's: not passed on.
-        if let (Some(id), None, true) = (&prior_id, &prior, several) {
+        // With several tenants, one no longer kept may be another tenant's: not passed on,
+        // unless it is known to be this tenant's.
+        if let (Some(id), None, true) = (&prior_id, &prior, several)
+            && !store.owners.is(id, &tenant)
+        {
             return Err(ProxyError::InvalidRequest {
                 message: unknown_previous(id),
             });
@@ -105,6 +111,7 @@ impl Conversation {
             keep,
             store,
             tenant,
+            several,
         })
     }
 
@@ -154,8 +161,33 @@ impl Conversation {
     /// the entry is written around those bytes, never built into a tree.
     fn keep_relayed(&self, id: &str, response: &[u8]) {
         if self.keep {
+            self.own(id);
             let entry = Stored::serialise(&self.input, response, true, &self.tenant);
             self.keep_entry(id, entry);
+        }
+    }
+
+    /// Records, with several tenants, that relayed response `id` is this tenant's: its
+    /// provider is then asked about it for this tenant even when the store no longer keeps it.
+    fn own(&self, id: &str) {
+        if self.several {
+            self.store.owners.record(id, &self.tenant);
+        }
+    }
+
+    /// A relayed stream's `response.created` event: with several tenants, the response is
+    /// this tenant's from then on (polled or cancelled while it runs, or after it failed,
+    /// which the store never keeps). `store: false` responses are not: their provider keeps
+    /// nothing to ask about.
+    pub(crate) fn note_started(&self, ev: &SseEvent) {
+        if !self.several || !self.keep || ev.event.as_deref() != Some("response.created") {
+            return;
+        }
+        let data = ev.data.as_bytes();
+        if let Some(span) = splice::value_near_end(data, "response")
+            && let (Some(id), _) = read_relayed(&data[span])
+        {
+            self.own(&id);
         }
     }
 
@@ -191,12 +223,12 @@ impl Conversation {
     /// waiting to be written (`[responses] max_bytes`): beyond it, or when the write fails,
     /// the entry is kept in this process's memory instead.
     fn keep_entry(&self, id: &str, data: Vec<u8>) {
-        let redis = match &*self.store {
-            ConversationStore::Memory(memory) => {
-                memory.put_serialised(id, data);
-                return;
-            }
-            ConversationStore::Redis(r) => r,
+        if let Some(memory) = self.store.memory() {
+            memory.put_serialised(id, data);
+            return;
+        }
+        let Some(redis) = self.store.redis() else {
+            return;
         };
         // Twice its bytes: the command's, and the copy lookups find until the write is answered.
         let Some(slot) = redis.reserve_write(data.len().saturating_mul(2)) else {

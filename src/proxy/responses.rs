@@ -30,13 +30,13 @@ pub(crate) fn conversation_store(cfg: &Config) -> ConversationStore {
     let rs = &cfg.responses;
     if let (StoreKind::Redis, Some(url)) = (&rs.store, &cfg.ratelimit.redis_url) {
         match RedisConversations::new(url, rs.ttl, rs.max_bytes) {
-            Ok(r) => return ConversationStore::Redis(Box::new(r)),
+            Ok(r) => return ConversationStore::in_redis(r),
             Err(e) => {
                 tracing::error!(error = %e.0, "the Redis conversation store cannot be used; keeping conversations in memory");
             }
         }
     }
-    ConversationStore::Memory(MemoryStore::new(rs.max_bytes, rs.ttl))
+    ConversationStore::in_memory(MemoryStore::new(rs.max_bytes, rs.ttl))
 }
 
 /// `GET /v1/responses` asking for a WebSocket: 426 at once, so a client that tries WebSocket
@@ -163,8 +163,9 @@ pub async fn stored_response(
     if kept.as_ref().is_some_and(|k| !k.belongs_to(tenant, open)) {
         return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     }
-    // One no longer kept (evicted, expired, from before a restart) may be another tenant's.
-    if kept.is_none() && snap.several_tenants() {
+    // One no longer kept (evicted, expired, from before a restart) may be another tenant's,
+    // unless this process knows it is the caller's (`responses/owners.rs`).
+    if kept.is_none() && snap.several_tenants() && !store.owners.is(id, tenant) {
         return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     }
     let max = snap.cfg.server.limits.max_buffered_bytes;

@@ -177,6 +177,11 @@ impl SseWatch {
             let kind = self.api.dialect().classify(&ev);
             // The usage of a terminal event the store already read (`Some(None)`: none).
             let mut read = None;
+            if let Some(conv) = &self.keep
+                && kind != StreamEventKind::Terminal
+            {
+                conv.note_started(&ev);
+            }
             match kind {
                 StreamEventKind::Content => self.saw_content = true,
                 StreamEventKind::Terminal => {

@@ -43,6 +43,7 @@
 //! Anthropic error is translated by `translate::error`).
 
 pub mod memory;
+pub mod owners;
 pub mod request;
 pub mod response;
 pub mod store;

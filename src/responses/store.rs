@@ -24,6 +24,7 @@ use crate::redis_conn::LazyConnection;
 use crate::responses::Items;
 pub use crate::responses::memory::MemoryStore;
 use crate::responses::memory::held;
+use crate::responses::owners::Owners;
 
 const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -130,16 +131,37 @@ impl Stored {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreError(pub String);
 
-pub enum ConversationStore {
+/// Where conversations are kept, and whose each relayed response is.
+pub struct ConversationStore {
+    backend: Backend,
+    /// Whose each relayed response is, beyond what the backend keeps (see `owners.rs`).
+    pub owners: Owners,
+}
+
+enum Backend {
     Memory(MemoryStore),
     Redis(Box<RedisConversations>),
 }
 
 impl ConversationStore {
+    pub fn in_memory(store: MemoryStore) -> Self {
+        ConversationStore {
+            backend: Backend::Memory(store),
+            owners: Owners::default(),
+        }
+    }
+
+    pub fn in_redis(store: RedisConversations) -> Self {
+        ConversationStore {
+            backend: Backend::Redis(Box::new(store)),
+            owners: Owners::default(),
+        }
+    }
+
     pub async fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
-        match self {
-            ConversationStore::Memory(m) => Ok(m.get(id)),
-            ConversationStore::Redis(r) => r.get(id).await,
+        match &self.backend {
+            Backend::Memory(m) => Ok(m.get(id)),
+            Backend::Redis(r) => r.get(id).await,
         }
     }
 
@@ -150,28 +172,36 @@ impl ConversationStore {
 
     /// Keeps an entry already serialised (by [`Stored::serialise`] or from a `Stored`).
     pub async fn put_serialised(&self, id: &str, data: Vec<u8>) -> Result<(), StoreError> {
-        match self {
-            ConversationStore::Memory(m) => {
+        match &self.backend {
+            Backend::Memory(m) => {
                 m.put_serialised(id, data);
                 Ok(())
             }
-            ConversationStore::Redis(r) => r.put_serialised(id, data).await,
+            Backend::Redis(r) => r.put_serialised(id, data).await,
         }
     }
 
     /// The in-process store, which a put never waits on.
     pub fn memory(&self) -> Option<&MemoryStore> {
-        match self {
-            ConversationStore::Memory(m) => Some(m),
-            ConversationStore::Redis(_) => None,
+        match &self.backend {
+            Backend::Memory(m) => Some(m),
+            Backend::Redis(_) => None,
+        }
+    }
+
+    /// The Redis store, whose writes go in the background.
+    pub fn redis(&self) -> Option<&RedisConversations> {
+        match &self.backend {
+            Backend::Memory(_) => None,
+            Backend::Redis(r) => Some(r),
         }
     }
 
     /// True when the id was kept.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        match self {
-            ConversationStore::Memory(m) => Ok(m.delete(id)),
-            ConversationStore::Redis(r) => r.delete(id).await,
+        match &self.backend {
+            Backend::Memory(m) => Ok(m.delete(id)),
+            Backend::Redis(r) => r.delete(id).await,
         }
     }
 }

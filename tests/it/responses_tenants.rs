@@ -189,3 +189,76 @@ async fn a_conversation_legate_made_continues_on_a_relaying_step_with_its_histor
     assert_eq!(text(&input[1]), "from claude");
     assert_eq!(text(&input[2]), "next");
 }
+
+/// With several tenants, a relayed response stays its tenant's after the store lets it go
+/// (evicted by the tenant's own later responses) and from its stream's `response.created` on
+/// (a stream that never completes is never kept): its provider is asked about it for that
+/// tenant, and for no other.
+#[tokio::test]
+async fn a_relayed_response_the_store_let_go_is_still_its_tenants_alone() {
+    let clients = format!(
+        "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{}\"\n[[clients]]\ntenant = \"team-b\"\nkey_sha256 = \"{}\"\n[responses]\nmax_bytes = 4000\n",
+        sha256_hex(b"key-a"),
+        sha256_hex(b"key-b"),
+    );
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"replies":[{"match":{"stream":true},"drop_terminal":true}],
+                "default":{"content":[{"type":"text","text":"for team-b"}]}}"#,
+        )
+        .unwrap(),
+        &format!("{MODELS}{clients}"),
+    )
+    .await;
+    let relay = r#"{"model":"fast","input":"hi"}"#;
+    let (status, first) = call(&env, "key-b", "POST", "/v1/responses", Some(relay)).await;
+    assert_eq!(status, 200);
+    let first = first["id"].as_str().unwrap().to_owned();
+    // team-b's later responses take the store's room: its first is evicted.
+    for _ in 0..8 {
+        let (status, _) = call(&env, "key-b", "POST", "/v1/responses", Some(relay)).await;
+        assert_eq!(status, 200);
+    }
+    // A stream that ends without its terminal event: the store never keeps it.
+    let resp = env
+        .http
+        .post(env.url("/v1/responses"))
+        .header("authorization", "Bearer key-b")
+        .header("content-type", "application/json")
+        .body(r#"{"model":"fast","input":"hi","stream":true}"#)
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    let started = text
+        .lines()
+        .find_map(|l| {
+            let v: Value = serde_json::from_str(l.strip_prefix("data: ")?).ok()?;
+            (v["type"] == "response.created")
+                .then(|| v["response"]["id"].as_str().map(str::to_owned))
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no response.created in {text}"));
+    assert!(!text.contains("response.completed"), "{text}");
+
+    for id in [&first, &started] {
+        let calls = upstream_calls(&env);
+        // Not team-a's: nothing asked of the provider.
+        let (status, err) = call(&env, "key-a", "GET", &format!("/v1/responses/{id}"), None).await;
+        assert_eq!(status, 404, "team-a GET {id}: {err}");
+        let go_on = format!(r#"{{"model":"fast","previous_response_id":"{id}","input":"go on"}}"#);
+        let (status, err) = call(&env, "key-a", "POST", "/v1/responses", Some(&go_on)).await;
+        assert_eq!(status, 400, "team-a continues {id}: {err}");
+        assert_eq!(upstream_calls(&env), calls);
+        // team-b's: asked of the provider, which keeps it.
+        let (status, got) = call(&env, "key-b", "GET", &format!("/v1/responses/{id}"), None).await;
+        assert_eq!(status, 200, "team-b GET {id}: {got}");
+        assert_eq!(got["id"], id.as_str());
+        let (status, next) = call(&env, "key-b", "POST", "/v1/responses", Some(&go_on)).await;
+        assert_eq!(status, 200, "team-b continues {id}: {next}");
+        let requests = env.mock.requests();
+        assert_eq!(requests.len(), calls + 2);
+        let sent: Value = serde_json::from_slice(&requests[calls + 1].body).unwrap();
+        assert_eq!(sent["previous_response_id"], id.as_str(), "{sent}");
+    }
+}
