@@ -92,8 +92,12 @@ pub enum ProxyError {
     },
     /// The request reserves more tokens than the tenant's whole per-minute limit.
     NeverFits { tokens: u64, tokens_per_minute: u64 },
-    /// The admission queue shed this lower-priority request.
-    Shed { retry_after: std::time::Duration },
+    /// The admission queue shed this lower-priority request, or (`counting`) no local token
+    /// count was free in time.
+    Shed {
+        retry_after: std::time::Duration,
+        counting: bool,
+    },
     /// A request head HTTP/1.1 does not allow (400), over the head limits (431), or of
     /// another HTTP version (505), refused by the connection before any route is known.
     BadHead {
@@ -360,8 +364,18 @@ impl ProxyError {
             ProxyError::NeverFits { tokens, tokens_per_minute } => format!(
                 "this request reserves {tokens} tokens (estimated input + max_tokens), more than the tenant's whole limit of {tokens_per_minute} tokens per minute; lower max_tokens or shorten the prompt"
             ),
-            ProxyError::Shed { retry_after } => format!(
+            ProxyError::Shed {
+                retry_after,
+                counting: false,
+            } => format!(
                 "legate is at capacity and shed this lower-priority request; retry in {}s",
+                retry_after.as_secs_f64().ceil()
+            ),
+            ProxyError::Shed {
+                retry_after,
+                counting: true,
+            } => format!(
+                "every local token count is busy (a few run at once, fewer for one tenant when there are several); retry in {}s",
                 retry_after.as_secs_f64().ceil()
             ),
             ProxyError::AllBreakersOpen { retry_after } => format!(
@@ -394,7 +408,7 @@ impl ProxyError {
         );
         if let ProxyError::AllBreakersOpen { retry_after }
         | ProxyError::RateLimited { retry_after, .. }
-        | ProxyError::Shed { retry_after }
+        | ProxyError::Shed { retry_after, .. }
         | ProxyError::BuffersFull { retry_after }
         | ProxyError::StoreUnavailable { retry_after } = self
         {

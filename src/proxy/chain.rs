@@ -218,9 +218,7 @@ async fn step_body(
     }
     if counting {
         return Ok(Err(
-            match estimate::answer(inb, step, upstream, (&proxy.estimates, &inb.estimate_part))
-                .await?
-            {
+            match estimate::answer(inb, step, upstream, &proxy.estimates).await? {
                 Ok(resp) => StepEnd::Answer(resp),
                 Err(why) => unfit(inb, exec, step, &why),
             },

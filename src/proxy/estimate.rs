@@ -37,11 +37,11 @@ pub async fn answer(
     inb: &Inbound,
     step: &ChainStep,
     upstream: ApiKind,
-    (gate, part): (&Arc<Semaphore>, &Option<Arc<Semaphore>>),
+    gate: &Arc<Semaphore>,
 ) -> Result<Result<Response<ProxyBody>, String>, ProxyError> {
-    let sent = if inb.endpoint.api == upstream {
+    let dir = if inb.endpoint.api == upstream {
         // A platform step of the caller's own API: the body as the caller sent it.
-        inb.body.to_vec()
+        None
     } else {
         let Some(dir) = translate::Dir::between(inb.endpoint.api, upstream) else {
             return Ok(Err(format!(
@@ -49,24 +49,49 @@ pub async fn answer(
                 inb.endpoint.api
             )));
         };
-        match translate::request(dir, &inb.body, step.model()) {
-            Ok((sent, _)) => sent,
-            Err(e) => return Ok(Err(e.0)),
-        }
+        Some(dir)
     };
-    let permits = turns(gate, part, (Instant::now() + WAIT).min(inb.deadline)).await?;
-    // Off the async workers, so other requests are never held up by it; the permits go with
-    // the count, which runs to its end even if the caller leaves.
-    let model = step.model().to_owned();
-    let counted = tokio::task::spawn_blocking(move || {
-        let _permits = permits;
-        tokens::input_tokens(upstream, &model, &sent)
+    // The translation walks the whole body as the count does: both in the count's turn.
+    let (body, model) = (inb.body.clone(), step.model().to_owned());
+    let counted = counted(gate, inb, move || {
+        let translated;
+        let sent = match dir {
+            None => &body[..],
+            Some(dir) => match translate::request(dir, &body, &model) {
+                Ok((sent, _)) => {
+                    translated = sent;
+                    &translated[..]
+                }
+                Err(e) => return Err(e.0),
+            },
+        };
+        tokens::input_tokens(upstream, &model, sent)
+            .ok_or_else(|| "the translated request is not JSON".to_owned())
     })
-    .await;
+    .await?;
     Ok(counted
         .map_err(|_| "the token count was interrupted".to_owned())
-        .and_then(|c| c.ok_or_else(|| "the translated request is not JSON".to_owned()))
+        .and_then(|c| c)
         .map(|tokens| estimate_response(step, tokens)))
+}
+
+/// Runs `count` in a count's turn (the tenant's, when it has a part, and a shared one), waited for up to [`WAIT`]
+/// and the request's deadline, then shed. Off the async workers, so other requests are never
+/// held up by it; the turns go with the count, which runs to its end even if the caller
+/// leaves. `Err(())` inside: the count was interrupted.
+pub async fn counted<T: Send + 'static>(
+    gate: &Arc<Semaphore>,
+    inb: &Inbound,
+    count: impl FnOnce() -> T + Send + 'static,
+) -> Result<Result<T, ()>, ProxyError> {
+    let until = (Instant::now() + WAIT).min(inb.deadline);
+    let permits = turns(gate, &inb.estimate_part, until).await?;
+    let done = tokio::task::spawn_blocking(move || {
+        let _permits = permits;
+        count()
+    })
+    .await;
+    Ok(done.map_err(|_| ()))
 }
 
 /// A turn to count in the tenant's part (when it has one) and in the shared gate. The tenant's
@@ -89,6 +114,7 @@ async fn turn(gate: &Arc<Semaphore>, until: Instant) -> Result<OwnedSemaphorePer
         Ok(Ok(p)) => Ok(p),
         _ => Err(ProxyError::Shed {
             retry_after: Duration::from_secs(1),
+            counting: true,
         }),
     }
 }

@@ -330,6 +330,7 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
         Ok(Ok(p)) => Ok(p),
         Ok(Err(_)) => Err(Exchanged::Shed(ProxyError::Shed {
             retry_after: Duration::from_secs(1),
+            counting: false,
         })),
         Err(_) => Err(Exchanged::Deadline { in_flight: false }),
     }

@@ -372,7 +372,12 @@ impl Proxy {
                 Err(e) => break 'served Err(e),
             };
             if endpoint.op == Operation::InputTokens {
-                break 'served responses::input_tokens(&snap, &self.answers, &inbound).await;
+                break 'served responses::input_tokens(
+                    &snap,
+                    (&self.answers, &self.estimates),
+                    &inbound,
+                )
+                .await;
             }
             // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
             chain::run(&self, &snap, inbound, &mut record, &mut stats).await

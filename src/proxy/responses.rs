@@ -295,7 +295,7 @@ pub async fn forward(
 /// Responses API, else estimated locally as the request would be sent to that step.
 pub async fn input_tokens(
     snap: &Snapshot,
-    answers: &Arc<BufferBudget>,
+    (answers, estimates): (&Arc<BufferBudget>, &Arc<tokio::sync::Semaphore>),
     inb: &Inbound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let resolved = crate::route::resolve(&snap.cfg, ApiKind::Responses, &inb.meta.model)?;
@@ -320,9 +320,16 @@ pub async fn input_tokens(
             .await;
         }
     };
-    let sent = responses::request_for(target, &inb.body, step.model())
-        .map(|(b, _)| b.len())
-        .unwrap_or(inb.body.len());
+    // The translation walks the whole body (up to `max_body_bytes`): a count's turn, on a
+    // blocking thread, as every local estimate is (`estimate.rs`).
+    let (body, model) = (inb.body.clone(), step.model().to_owned());
+    let sent = crate::proxy::estimate::counted(estimates, inb, move || {
+        responses::request_for(target, &body, &model)
+            .map(|(b, _)| b.len())
+            .unwrap_or(body.len())
+    })
+    .await?
+    .map_err(|_| ProxyError::Internal)?;
     let tokens = (sent as u64).div_ceil(4);
     let mut resp = local_json(
         StatusCode::OK,

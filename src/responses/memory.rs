@@ -108,6 +108,14 @@ impl Inner {
             .map(|(name, _)| name.clone())
     }
 
+    /// Evicts the oldest entry of any owner that has one: a fallback that a consistent store
+    /// never needs (every kept entry has its place in its owner's order), so that the bound
+    /// holds even if one did.
+    fn trim_any(&mut self) -> bool {
+        let names: Vec<Arc<str>> = self.owners.keys().cloned().collect();
+        names.iter().any(|n| self.trim_front(n, |_| true))
+    }
+
     /// Drops the places at the front of `owner`'s order whose entry is gone, and then its
     /// oldest entry too when `evict` says so of it (expired, or the store is full). True when
     /// an entry was evicted.
@@ -207,10 +215,12 @@ impl MemoryStore {
                 .iter()
                 .max_by_key(|(n, o)| o.bytes + if **n == owner { bytes } else { 0 })
                 .map(|(n, _)| n.clone());
-            match heaviest {
-                Some(n) if inner.trim_front(&n, |_| true) => {}
+            let Some(n) = heaviest else {
                 // Nothing left to evict: the entry fits within the bound alone.
-                _ => break,
+                break;
+            };
+            if !inner.trim_front(&n, |_| true) && !inner.trim_any() {
+                break;
             }
         }
         let generation = inner.next_generation;
@@ -221,7 +231,18 @@ impl MemoryStore {
         o.order.push_back((id.clone(), generation));
         o.bytes += bytes;
         o.live += 1;
-        if o.order.len() > 2 * o.live + 64 {
+        let compact = o.order.len() > 2 * o.live + 64;
+        let entry = Entry {
+            data,
+            bytes,
+            expires: now + self.ttl,
+            generation,
+            owner: owner.clone(),
+        };
+        // In the map before any compaction below, which keeps only the places of entries
+        // in it: the new entry's place must be one of them.
+        inner.map.insert(id, entry);
+        if compact {
             // Deleted and replaced ids behind a live front: drop their stale places.
             let Inner { map, owners, .. } = &mut *inner;
             if let Some(o) = owners.get_mut(&owner) {
@@ -229,14 +250,6 @@ impl MemoryStore {
                     .retain(|(id, g)| map.get(id).is_some_and(|e| e.generation == *g));
             }
         }
-        let entry = Entry {
-            data,
-            bytes,
-            expires: now + self.ttl,
-            generation,
-            owner,
-        };
-        inner.map.insert(id, entry);
     }
 
     pub fn delete(&self, id: &str) -> bool {
@@ -329,6 +342,47 @@ mod tests {
         assert_eq!((kept("a"), kept("b")), (5, 5));
         assert_eq!(store.get("b02"), None, "b's oldest, once b holds the most");
         assert!(store.get("b00").is_none() && store.get("b03").is_some());
+    }
+
+    /// Places of deleted entries pile up behind a live one and are compacted away; every
+    /// kept entry keeps its place, so it still expires and still gives way to the bound.
+    #[tokio::test(start_paused = true)]
+    async fn churn_behind_a_kept_entry_keeps_every_entry_reachable() {
+        let one = held(
+            "r000",
+            serde_json::to_vec(&stored("0123456789", "t")).map_or(0, |v| v.len()),
+        );
+        let store = MemoryStore::new(one * 20, Duration::from_secs(60));
+        store.put("kept", &stored("0123456789", "t"));
+        let mut compacted = false;
+        for i in 0..300 {
+            let id = format!("r{i:03}");
+            store.put(&id, &stored("0123456789", "t"));
+            let inner = store.lock();
+            compacted |= inner.owners["t"].order.len() < i;
+            for (id, e) in &inner.map {
+                let placed = inner.owners[&e.owner]
+                    .order
+                    .iter()
+                    .any(|(p, g)| p == id && *g == e.generation);
+                assert!(placed, "{id} lost its place after put {i}");
+            }
+            drop(inner);
+            if i % 50 != 0 {
+                assert!(store.delete(&id));
+            }
+            assert!(store.bytes() <= one * 20);
+        }
+        assert!(compacted, "the stale places were compacted");
+        assert!(store.get("kept").is_some());
+        tokio::time::advance(Duration::from_secs(61)).await;
+        store.put("last", &stored("0123456789", "u"));
+        assert_eq!(
+            store.lock().map.len(),
+            1,
+            "every expired entry was reachable"
+        );
+        assert_eq!(store.lock().owners.len(), 1);
     }
 
     #[test]

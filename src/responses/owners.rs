@@ -6,30 +6,49 @@
 //! event on, before it completes (a background response polled, or cancelled, while it runs)
 //! or when it fails (and is never kept).
 //!
-//! Bounded by count ([`MAX_OWNERS`], the oldest forgotten first: its id is then as unknown as
-//! one never seen), in this process only: another replica knows the ids its own store holds.
+//! Bounded by count ([`MAX_OWNERS`]): past it, the oldest id of the tenant with the most is
+//! forgotten (then as unknown as one never seen), so that one busy tenant cannot push the
+//! others' ids out. Only ids a path can name are recorded (at most [`MAX_ID`] bytes of
+//! `[A-Za-z0-9_-]`). An id that comes back for another tenant (a provider that reissues ids,
+//! or lets callers choose them) is nobody's from then on. In this process only: another
+//! replica knows the ids its own store holds.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// Ids remembered: an id of about 50 bytes, twice (map and order), and the map's slot, about
-/// 200 bytes each, so at most a few MiB.
+/// Ids remembered: an id of at most [`MAX_ID`] bytes, its map slot and its place in its
+/// tenant's order, at most about 250 bytes each, so at most about 4 MiB.
 pub const MAX_OWNERS: usize = 16_384;
+
+/// The longest id recorded: OpenAI's are `resp_` and 48 hex digits or so; a longer one is
+/// not recorded (asked only while the store keeps it).
+pub const MAX_ID: usize = 128;
+
+/// Tenants with ids recorded: a config names a handful; beyond this, a new tenant's ids are
+/// not recorded.
+const MAX_TENANTS: usize = 1024;
+
+struct Claim {
+    tenant: Arc<str>,
+    /// Claimed for another tenant too: nobody's.
+    contested: bool,
+}
+
+/// One tenant's ids, oldest first.
+struct Queue {
+    tenant: Arc<str>,
+    ids: VecDeque<Arc<str>>,
+}
 
 #[derive(Default)]
 struct Inner {
-    /// Ids come from providers (and, looked up, from callers): SipHash.
-    map: HashMap<Arc<str>, Arc<str>>,
-    order: VecDeque<Arc<str>>,
-    /// The tenants' names, shared by their ids (at most [`NAMES`] of them; beyond, an id
-    /// gets a copy of its own).
-    names: Vec<Arc<str>>,
+    /// Ids come from providers (and, looked up, from callers): SipHash. Each id is in the
+    /// queue of the tenant that claimed it first.
+    map: HashMap<Arc<str>, Claim>,
+    queues: Vec<Queue>,
 }
-
-/// Tenant names shared: a config names a handful, and reloads may rename a few.
-const NAMES: usize = 64;
 
 pub struct Owners {
     max: usize,
@@ -42,6 +61,14 @@ impl Default for Owners {
     }
 }
 
+/// An id a path can name, short enough to keep.
+fn recordable(id: &str) -> bool {
+    (1..=MAX_ID).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 impl Owners {
     pub fn new(max: usize) -> Self {
         Owners {
@@ -50,40 +77,62 @@ impl Owners {
         }
     }
 
-    /// `id` was made for `tenant`'s request. The first word stands: a provider's ids are
-    /// unique, and no later request may claim one.
+    /// `id` was made for `tenant`'s request.
     pub fn record(&self, id: &str, tenant: &str) {
-        let mut inner = self.inner.lock();
-        if inner.map.contains_key(id) || self.max == 0 {
+        if !recordable(id) || self.max == 0 {
             return;
         }
-        while inner.order.len() >= self.max {
-            if let Some(old) = inner.order.pop_front() {
-                inner.map.remove(&old);
-            }
+        let mut inner = self.inner.lock();
+        if let Some(claim) = inner.map.get_mut(id) {
+            claim.contested |= &*claim.tenant != tenant;
+            return;
         }
-        let id: Arc<str> = Arc::from(id);
-        let tenant = match inner.names.iter().find(|t| &***t == tenant) {
-            Some(t) => t.clone(),
-            None => {
-                let t: Arc<str> = Arc::from(tenant);
-                if inner.names.len() < NAMES {
-                    inner.names.push(t.clone());
-                }
-                t
+        if inner.map.len() >= self.max {
+            inner.forget_one();
+        }
+        let at = match inner.queues.iter().position(|q| &*q.tenant == tenant) {
+            Some(at) => at,
+            None if inner.queues.len() < MAX_TENANTS => {
+                inner.queues.push(Queue {
+                    tenant: Arc::from(tenant),
+                    ids: VecDeque::new(),
+                });
+                inner.queues.len() - 1
             }
+            None => return,
         };
-        inner.order.push_back(id.clone());
-        inner.map.insert(id, tenant);
+        let id: Arc<str> = Arc::from(id);
+        let queue = &mut inner.queues[at];
+        queue.ids.push_back(id.clone());
+        let claim = Claim {
+            tenant: queue.tenant.clone(),
+            contested: false,
+        };
+        inner.map.insert(id, claim);
     }
 
-    /// Whether `id` is known to be `tenant`'s.
+    /// Whether `id` is known to be `tenant`'s (and nobody else's).
     pub fn is(&self, id: &str, tenant: &str) -> bool {
         self.inner
             .lock()
             .map
             .get(id)
-            .is_some_and(|t| &**t == tenant)
+            .is_some_and(|c| !c.contested && &*c.tenant == tenant)
+    }
+}
+
+impl Inner {
+    /// Forgets the oldest id of the tenant with the most.
+    fn forget_one(&mut self) {
+        let Some(at) = (0..self.queues.len()).max_by_key(|&i| self.queues[i].ids.len()) else {
+            return;
+        };
+        if let Some(old) = self.queues[at].ids.pop_front() {
+            self.map.remove(&old);
+        }
+        if self.queues[at].ids.is_empty() {
+            self.queues.swap_remove(at);
+        }
     }
 }
 
@@ -92,19 +141,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_id_is_its_first_tenants_and_the_oldest_are_forgotten_past_the_bound() {
-        let owners = Owners::new(3);
+    fn past_the_bound_the_tenant_with_the_most_forgets_its_oldest() {
+        let owners = Owners::new(4);
         owners.record("r1", "team-a");
-        owners.record("r1", "team-b");
         assert!(owners.is("r1", "team-a"));
         assert!(!owners.is("r1", "team-b"));
         assert!(!owners.is("r9", "team-a"));
-        owners.record("r2", "team-b");
-        owners.record("r3", "team-a");
-        owners.record("r4", "team-a");
-        assert!(!owners.is("r1", "team-a"), "the oldest goes past the bound");
-        assert!(owners.is("r2", "team-b") && owners.is("r4", "team-a"));
-        assert_eq!(owners.inner.lock().map.len(), 3);
-        assert_eq!(owners.inner.lock().order.len(), 3);
+        // team-b records many: its own oldest go, never team-a's one.
+        for i in 2..10 {
+            owners.record(&format!("r{i}"), "team-b");
+        }
+        assert!(owners.is("r1", "team-a"));
+        assert!(!owners.is("r6", "team-b"), "team-b's oldest went");
+        assert!(owners.is("r7", "team-b") && owners.is("r9", "team-b"));
+        let inner = owners.inner.lock();
+        assert_eq!(inner.map.len(), 4);
+        let queued: usize = inner.queues.iter().map(|q| q.ids.len()).sum();
+        assert_eq!(queued, 4);
+    }
+
+    #[test]
+    fn an_id_claimed_for_two_tenants_is_nobodys() {
+        let owners = Owners::new(10);
+        owners.record("r1", "team-a");
+        owners.record("r1", "team-a");
+        assert!(owners.is("r1", "team-a"));
+        owners.record("r1", "team-b");
+        assert!(!owners.is("r1", "team-a"));
+        assert!(!owners.is("r1", "team-b"));
+    }
+
+    #[test]
+    fn only_ids_a_path_can_name_are_recorded() {
+        let owners = Owners::new(10);
+        let long = "r".repeat(MAX_ID + 1);
+        for id in ["", "resp/../x", "r 1", "ré", long.as_str()] {
+            owners.record(id, "team-a");
+            assert!(!owners.is(id, "team-a"), "{id}");
+        }
+        assert!(owners.inner.lock().map.is_empty());
+        let longest = "r".repeat(MAX_ID);
+        owners.record(&longest, "team-a");
+        assert!(owners.is(&longest, "team-a"));
     }
 }
