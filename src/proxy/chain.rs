@@ -140,14 +140,30 @@ async fn execute(
 
 /// The caller's body in the step's API, fitted to the step (model and max_tokens, capped at
 /// the model's output limit `limit`).
-fn translated_body(
+/// Bodies from this size on are translated on a blocking thread. A translation walks the
+/// whole body and writes another (about 45 ms per MB on the development VM): on the worker it
+/// would hold up every other request of the worker's connections for that long, as a coding
+/// agent's long context does on each turn. Below it the hand-over costs more than it saves.
+const TRANSLATE_APART: usize = 256 << 10;
+
+async fn translated_body(
     proxy: &Proxy,
     inb: &Inbound,
     step: &ChainStep,
     (xl, upstream): (Xlate, ApiKind),
     limit: Option<u64>,
 ) -> Result<bytes::Bytes, String> {
-    let (bytes, dropped) = conversation::translate_request(xl, inb, step.model())?;
+    let (bytes, dropped) = if inb.body.len() < TRANSLATE_APART {
+        conversation::translate_request(xl, inb, step.model())?
+    } else {
+        let (body, conv) = (inb.body.clone(), inb.conversation.clone());
+        let model = step.model().to_owned();
+        tokio::task::spawn_blocking(move || {
+            conversation::translate_body(xl, conv.as_deref(), &body, &model)
+        })
+        .await
+        .map_err(|_| "the translation was interrupted".to_owned())??
+    };
     let (from, to) = (inb.endpoint.api.as_str(), upstream.as_str());
     for what in dropped {
         proxy
@@ -225,6 +241,7 @@ async fn step_body(
         ));
     }
     Ok(translated_body(proxy, inb, step, (xl, upstream), limit)
+        .await
         .map_err(|why| unfit(inb, exec, step, &why)))
 }
 

@@ -321,13 +321,23 @@ pub(crate) fn translate_request(
     inb: &Inbound,
     model: &str,
 ) -> Result<(Vec<u8>, Vec<&'static str>), String> {
-    match (xl, &inb.conversation) {
-        (Xlate::Classic(dir), _) => translate::request(dir, &inb.body, model).map_err(|e| e.0),
-        (Xlate::Responses(target), Some(conv)) => conv.request_for(target, &inb.body, model),
+    translate_body(xl, inb.conversation.as_deref(), &inb.body, model)
+}
+
+/// [`translate_request`] from its parts, which a blocking thread can own.
+pub(crate) fn translate_body(
+    xl: Xlate,
+    conversation: Option<&Conversation>,
+    body: &Bytes,
+    model: &str,
+) -> Result<(Vec<u8>, Vec<&'static str>), String> {
+    match (xl, conversation) {
+        (Xlate::Classic(dir), _) => translate::request(dir, body, model).map_err(|e| e.0),
+        (Xlate::Responses(target), Some(conv)) => conv.request_for(target, body, model),
         (Xlate::Responses(target), None) => {
-            responses::request_for(target, &inb.body, model).map_err(|e| e.0)
+            responses::request_for(target, body, model).map_err(|e| e.0)
         }
-        (Xlate::None, _) => Ok((inb.body.to_vec(), Vec::new())),
+        (Xlate::None, _) => Ok((body.to_vec(), Vec::new())),
     }
 }
 

@@ -366,3 +366,60 @@ async fn a_cut_after_a_tool_blocks_start_is_retried_for_openai_callers() {
         assert!(text.contains(clean_end), "{path}: {text}");
     }
 }
+
+/// A long context (past the size translated on a blocking thread) and a Responses caller's
+/// with an unfit part: translated the same, or passed over the same, as a short one.
+#[tokio::test]
+async fn a_long_context_is_translated_off_the_worker_the_same() {
+    let env = harness::start(CHAINS).await;
+    let long = "lorem ipsum ".repeat(40_000);
+    let body = serde_json::json!({
+        "model": "via-openai", "max_tokens": 16, "system": "be brief",
+        "messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "ok"},
+                     {"role": "user", "content": "and then?"}],
+    })
+    .to_string();
+    assert!(body.len() > 256 << 10);
+    let resp = env.messages(body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "openai:gpt-backend");
+    let up = env.mock.requests();
+    assert_eq!(up.len(), 1);
+    let sent: serde_json::Value = serde_json::from_slice(&up[0].body).unwrap();
+    assert_eq!(sent["model"], "gpt-backend");
+    let roles: Vec<&str> = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    assert_eq!(sent["messages"][1]["content"], long.as_str());
+    // A request the step cannot take fails the same way, long or short: n > 1 is unfit for
+    // an Anthropic step.
+    let unfit = serde_json::json!({
+        "model": "via-anthropic", "n": 2,
+        "messages": [{"role": "user", "content": long}],
+    })
+    .to_string();
+    let resp = env
+        .http
+        .post(env.url("/v1/chat/completions"))
+        .header("authorization", "Bearer caller")
+        .header("content-type", "application/json")
+        .body(unfit)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("n > 1"),
+        "{err}"
+    );
+    assert_eq!(
+        env.mock.requests().len(),
+        1,
+        "nothing sent for the unfit one"
+    );
+}
