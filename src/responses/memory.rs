@@ -278,6 +278,14 @@ mod tests {
         }
     }
 
+    /// What an entry of ten bytes of input counts, under `id` for `owner`.
+    fn ten_bytes(id: &str, owner: &str) -> usize {
+        held(
+            id,
+            serde_json::to_vec(&stored("0123456789", owner)).map_or(0, |v| v.len()),
+        )
+    }
+
     #[tokio::test(start_paused = true)]
     async fn entries_expire_after_the_ttl() {
         let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
@@ -294,10 +302,7 @@ mod tests {
 
     #[tokio::test]
     async fn oldest_entries_are_evicted_beyond_max_bytes() {
-        let one = held(
-            "a",
-            serde_json::to_vec(&stored("0123456789", "t")).map_or(0, |v| v.len()),
-        );
+        let one = ten_bytes("a", "t");
         let store = MemoryStore::new(one * 2, Duration::from_secs(60));
         store.put("a", &stored("0123456789", "t"));
         store.put("b", &stored("0123456789", "t"));
@@ -314,10 +319,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenant_keeping_many_responses_evicts_its_own_first() {
-        let one = held(
-            "b00",
-            serde_json::to_vec(&stored("0123456789", "team-b")).map_or(0, |v| v.len()),
-        );
+        let one = ten_bytes("b00", "team-b");
         let store = MemoryStore::new(one * 10, Duration::from_secs(60));
         // Tenant b keeps two, tenant a fills the store many times over.
         for i in 0..2 {
@@ -348,10 +350,7 @@ mod tests {
     /// kept entry keeps its place, so it still expires and still gives way to the bound.
     #[tokio::test(start_paused = true)]
     async fn churn_behind_a_kept_entry_keeps_every_entry_reachable() {
-        let one = held(
-            "r000",
-            serde_json::to_vec(&stored("0123456789", "t")).map_or(0, |v| v.len()),
-        );
+        let one = ten_bytes("r000", "t");
         let store = MemoryStore::new(one * 20, Duration::from_secs(60));
         store.put("kept", &stored("0123456789", "t"));
         let mut compacted = false;

@@ -402,15 +402,7 @@ async fn a_long_context_is_translated_off_the_worker_the_same() {
         "messages": [{"role": "user", "content": long}],
     })
     .to_string();
-    let resp = env
-        .http
-        .post(env.url("/v1/chat/completions"))
-        .header("authorization", "Bearer caller")
-        .header("content-type", "application/json")
-        .body(unfit)
-        .send()
-        .await
-        .unwrap();
+    let resp = env.chat(unfit).await;
     assert_eq!(resp.status(), 400);
     let err: serde_json::Value = resp.json().await.unwrap();
     assert!(
