@@ -141,9 +141,10 @@ async fn execute(
 /// The caller's body in the step's API, fitted to the step (model and max_tokens, capped at
 /// the model's output limit `limit`).
 /// Bodies from this size on are translated on a blocking thread. A translation walks the
-/// whole body and writes another (about 45 ms per MB on the development VM): on the worker it
-/// would hold up every other request of the worker's connections for that long, as a coding
-/// agent's long context does on each turn. Below it the hand-over costs more than it saves.
+/// whole body and writes another (on the development VM from about 6 ms per MB for a few long
+/// messages to 50 for many small items): on the worker it would hold up every other request
+/// of the worker's connections for that long, as a coding agent's long context does on each
+/// turn. Below it the hand-over costs more than it saves.
 const TRANSLATE_APART: usize = 256 << 10;
 
 async fn translated_body(

@@ -7,8 +7,9 @@
 //! next. With one tenant that is the oldest entry; with several, one tenant keeping many
 //! responses evicts its own, not another tenant's conversation in the middle of its turns
 //! (whose next turn would get 400 "unknown": with several tenants an id legate no longer keeps
-//! is not asked of the provider either). Each tenant keeps at least its fair share of the
-//! bound, and what others leave unused.
+//! is not asked of the provider either). Each tenant keeps about its fair share of the bound
+//! (whole entries are evicted, so one just over it may drop below it by a large entry), and
+//! what others leave unused.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
