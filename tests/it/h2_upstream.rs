@@ -213,10 +213,17 @@ async fn requests_before_the_providers_settings_do_not_pile_onto_its_connection(
     let env = legate_before(&url, &ca_pem, |toml| toml).await;
     let body = r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#;
     let first = env.messages(body);
-    // The rest come while the first connection waits for the provider's SETTINGS (the pace of
-    // the scenario, not a wait for an event: come later, and they would find it known).
+    // The rest come once the provider has accepted the first connection, whose SETTINGS it
+    // then holds back for 300 ms: they find a connection whose limit is not known yet.
     let rest = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let opened = async {
+            while seen.connections.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), opened)
+            .await
+            .expect("the first connection reaches the provider");
         futures_util::future::join_all((0..6).map(|_| env.messages(body))).await
     };
     let (first, rest) = tokio::join!(first, rest);

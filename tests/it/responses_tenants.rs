@@ -12,6 +12,11 @@ use crate::harness::{self, Env, sha256_hex};
 use crate::responses::MODELS;
 
 async fn start(script: &str) -> Env {
+    start_and(script, "").await
+}
+
+/// Two tenants, `team-a` (key `key-a`) and `team-b` (key `key-b`), and `extra` config.
+async fn start_and(script: &str, extra: &str) -> Env {
     let clients = format!(
         "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{}\"\n[[clients]]\ntenant = \"team-b\"\nkey_sha256 = \"{}\"\n",
         sha256_hex(b"key-a"),
@@ -19,7 +24,7 @@ async fn start(script: &str) -> Env {
     );
     harness::start_with(
         legate::mock::Script::from_json(script).unwrap(),
-        &format!("{MODELS}{clients}"),
+        &format!("{MODELS}{clients}{extra}"),
     )
     .await
 }
@@ -196,18 +201,10 @@ async fn a_conversation_legate_made_continues_on_a_relaying_step_with_its_histor
 /// tenant, and for no other.
 #[tokio::test]
 async fn a_relayed_response_the_store_let_go_is_still_its_tenants_alone() {
-    let clients = format!(
-        "[[clients]]\ntenant = \"team-a\"\nkey_sha256 = \"{}\"\n[[clients]]\ntenant = \"team-b\"\nkey_sha256 = \"{}\"\n[responses]\nmax_bytes = 4000\n",
-        sha256_hex(b"key-a"),
-        sha256_hex(b"key-b"),
-    );
-    let env = harness::start_with(
-        legate::mock::Script::from_json(
-            r#"{"replies":[{"match":{"stream":true},"drop_terminal":true}],
-                "default":{"content":[{"type":"text","text":"for team-b"}]}}"#,
-        )
-        .unwrap(),
-        &format!("{MODELS}{clients}"),
+    let env = start_and(
+        r#"{"replies":[{"match":{"stream":true},"drop_terminal":true}],
+            "default":{"content":[{"type":"text","text":"for team-b"}]}}"#,
+        "[responses]\nmax_bytes = 4000\n",
     )
     .await;
     let relay = r#"{"model":"fast","input":"hi"}"#;
