@@ -50,11 +50,12 @@ impl Sender {
     }
 
     /// An idle HTTP/1 connection is not watched by a task of its own: it is asked when it is
-    /// about to be taken and at each sweep (see [`H1Conn::idle_unusable`]).
+    /// about to be taken and at each sweep (see [`H1Conn::idle_unusable`]). An HTTP/2 one the
+    /// provider said GOAWAY on is done with once its streams are: unlisted, it is closed.
     fn is_closed(&mut self) -> bool {
         match self {
             Sender::H1(h) => h.idle_unusable(),
-            Sender::H2(s, _) => s.is_closed(),
+            Sender::H2(s, streams) => s.is_closed() || (streams.going_away() && !streams.busy()),
         }
     }
 }

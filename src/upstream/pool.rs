@@ -129,12 +129,13 @@ impl PooledClient {
                         }
                         Err(err) => err,
                     };
-                    // REFUSED_STREAM: the provider did not process it (RFC 9113 §8.7), so it is
-                    // sent once more, on a fresh connection, and is not an attempt.
-                    if let Some(copy) = copy.filter(|_| refused_stream(err.error())) {
+                    // Refused, or past the last stream a GOAWAY kept: the provider did not
+                    // process it (RFC 9113 §8.7, §6.8), so it is sent once more, on a fresh
+                    // connection, and is not an attempt.
+                    if let Some(copy) = copy.filter(|_| unprocessed(err.error())) {
                         tracing::debug!(
                             error = %err.error(),
-                            "the provider refused an HTTP/2 stream unprocessed; sending it once more on a fresh connection"
+                            "the provider left an HTTP/2 stream unprocessed; sending it once more on a fresh connection"
                         );
                         refused_once = true;
                         req = copy;
@@ -243,11 +244,18 @@ fn copy_of(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     copy
 }
 
-/// hyper's error is the provider's RST_STREAM(REFUSED_STREAM).
-fn refused_stream(err: &hyper::Error) -> bool {
+/// hyper's error says the provider did not process the stream: its RST_STREAM(REFUSED_STREAM),
+/// or its GOAWAY naming a last stream below this one (h2 hands a GOAWAY's error to exactly
+/// those streams, and to streams opened after it; a stream the GOAWAY kept that then ends
+/// with the connection gets a broken pipe, an ordinary failure, as the provider may have run
+/// it). Providers' front ends send GOAWAY routinely, to retire a connection after so many
+/// streams or so long.
+fn unprocessed(err: &hyper::Error) -> bool {
     std::error::Error::source(err)
         .and_then(|e| e.downcast_ref::<h2::Error>())
-        .is_some_and(|e| e.reason() == Some(h2::Reason::REFUSED_STREAM))
+        .is_some_and(|e| {
+            e.reason() == Some(h2::Reason::REFUSED_STREAM) || (e.is_go_away() && e.is_remote())
+        })
 }
 
 /// The `host` header for `uri`: the host, with the port unless it is the scheme's default.

@@ -9,6 +9,10 @@
 //! requests on a connection than the provider allows, and opens another connection instead
 //! (bounded, as every connection is, by the provider's `max_concurrency`). A connection with a
 //! stream open is busy, not idle, whatever hyper says of its readiness.
+//!
+//! A connection whose provider sent GOAWAY takes no new stream: the provider would not process
+//! it (RFC 9113 §6.8), and hyper keeps such a connection open, looking ready, while the streams
+//! it kept finish. Front ends send GOAWAY to retire a connection after so many streams or so long.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,6 +29,8 @@ pub(super) struct Streams {
     /// the request it was opened for: a burst put on it in that round trip would meet a limit
     /// not yet known, and its streams be refused.
     known: AtomicBool,
+    /// The provider sent GOAWAY: no new stream goes on the connection.
+    going_away: AtomicBool,
 }
 
 impl Streams {
@@ -33,12 +39,13 @@ impl Streams {
             open: AtomicUsize::new(0),
             allowed: AtomicUsize::new(WITHOUT_LIMIT),
             known: AtomicBool::new(false),
+            going_away: AtomicBool::new(false),
         })
     }
 
     /// A stream, if the provider allows one more on this connection.
     pub(super) fn try_take(self: &Arc<Self>) -> Option<StreamSlot> {
-        if !self.known.load(Ordering::Acquire) {
+        if !self.known.load(Ordering::Acquire) || self.going_away.load(Ordering::Acquire) {
             return None;
         }
         let allowed = self.allowed.load(Ordering::Acquire);
@@ -67,6 +74,11 @@ impl Streams {
             .store(usize::try_from(n).unwrap_or(usize::MAX), Ordering::Release);
     }
 
+    /// Whether the provider sent GOAWAY: the connection takes no new stream, and is let go.
+    pub(super) fn going_away(&self) -> bool {
+        self.going_away.load(Ordering::Acquire)
+    }
+
     /// The provider's first SETTINGS came: its limit if it named one, else the default.
     fn settings_seen(&self) {
         self.known.store(true, Ordering::Release);
@@ -84,8 +96,9 @@ impl Drop for StreamSlot {
     }
 }
 
-/// Reads the provider's frames as they arrive, only far enough to find its SETTINGS: each
-/// frame's 9-byte head, and the 6-byte entries of a SETTINGS frame that is not an ACK.
+/// Reads the provider's frames as they arrive, only far enough to find its SETTINGS and a
+/// GOAWAY: each frame's 9-byte head, and the 6-byte entries of a SETTINGS frame that is not an
+/// ACK.
 /// Everything else is skipped by its length; no byte is kept beyond one head or entry.
 #[derive(Debug)]
 pub(super) struct SettingsReader {
@@ -102,6 +115,7 @@ pub(super) struct SettingsReader {
 }
 
 const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
 const ACK: u8 = 0x1;
 const MAX_CONCURRENT_STREAMS: u16 = 0x3;
 
@@ -132,6 +146,9 @@ impl SettingsReader {
                         self.head_len = 0;
                         let len = u32::from_be_bytes([0, self.head[0], self.head[1], self.head[2]]);
                         self.settings = self.head[3] == SETTINGS && self.head[4] & ACK == 0;
+                        if self.head[3] == GOAWAY {
+                            self.streams.going_away.store(true, Ordering::Release);
+                        }
                         self.entry_len = 0;
                         self.left = (len > 0).then_some(len as usize);
                         if self.settings && len == 0 {
@@ -266,5 +283,27 @@ mod tests {
         let forced = streams.take();
         drop((one, more, forced));
         assert!(!streams.busy());
+    }
+
+    #[test]
+    fn a_goaway_however_cut_ends_sharing_and_the_streams_open_finish() {
+        let mut bytes = frame(SETTINGS, 0, &setting(0x3, 10));
+        let open_before = bytes.len();
+        bytes.extend(frame(GOAWAY, 0, &[0, 0, 0, 1, 0, 0, 0, 0]));
+        for cut in 1..bytes.len() {
+            let streams = Streams::new();
+            let mut reader = SettingsReader::new(streams.clone());
+            reader.read(&bytes[..open_before]);
+            let kept = streams.try_take();
+            assert!(kept.is_some() && !streams.going_away());
+            for chunk in bytes[open_before..].chunks(cut) {
+                reader.read(chunk);
+            }
+            assert!(streams.going_away(), "cut {cut}");
+            assert!(streams.try_take().is_none(), "cut {cut}");
+            assert!(streams.busy(), "the stream kept is still open");
+            drop(kept);
+            assert!(!streams.busy());
+        }
     }
 }

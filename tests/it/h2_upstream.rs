@@ -76,19 +76,12 @@ const ANSWER: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model
 struct Seen {
     connections: AtomicUsize,
     requests: AtomicUsize,
+    /// Requests a GOAWAY told legate were not processed.
+    unprocessed: AtomicUsize,
 }
 
-/// An HTTP/2-only provider over TLS for `localhost` that allows `streams` at once per
-/// connection and answers each request after `pace` (its own generation time), with
-/// `padding` bytes of extra response headers, and writes nothing (its SETTINGS included) for
-/// `quiet` after the TLS handshake, as a provider a round trip away. Returns its base URL, the CA to trust, and what
-/// it saw.
-async fn provider(
-    streams: u32,
-    pace: Duration,
-    padding: usize,
-    quiet: Duration,
-) -> (String, String, Arc<Seen>) {
+/// A TLS acceptor for `localhost` that offers only `h2`, and the CA to trust.
+fn h2_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -100,7 +93,70 @@ async fn provider(
     .with_single_cert(vec![ck.cert.der().clone()], key)
     .unwrap();
     cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    (
+        tokio_rustls::TlsAcceptor::from(Arc::new(cfg)),
+        ck.cert.pem(),
+    )
+}
+
+/// How a provider's connection behaves.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// Streams allowed at once.
+    streams: u32,
+    /// Its own generation time per answer.
+    pace: Duration,
+    /// Bytes of extra response headers.
+    padding: usize,
+    /// How long it writes nothing (its SETTINGS included) after the TLS handshake, as a
+    /// provider a round trip away.
+    quiet: Duration,
+}
+
+/// Serves one connection with hyper's HTTP/2 server, answering every request with `ANSWER`.
+async fn serve_h2<T>(io: T, shape: Shape, counts: Arc<Seen>)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |_req| {
+        let counts = counts.clone();
+        async move {
+            counts.requests.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(shape.pace).await;
+            let mut resp = http::Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
+            resp.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            // In lines of 1 KiB, as a provider's debug headers come.
+            for i in 0..shape.padding / 1024 {
+                let name = http::HeaderName::try_from(format!("x-pad-{i}")).unwrap();
+                resp.headers_mut()
+                    .insert(name, "p".repeat(1024).parse().unwrap());
+            }
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let _ = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(shape.streams)
+        .serve_connection(TokioIo::new(Quiet::new(io, shape.quiet)), svc)
+        .await;
+}
+
+/// How a provider's first connection turns its first request away, frame by frame.
+#[derive(Clone, Copy)]
+enum TurnAway {
+    /// RST_STREAM(REFUSED_STREAM) on the request's stream (RFC 9113 §8.7).
+    Refuse,
+    /// GOAWAY(NO_ERROR) naming this as the last stream processed (RFC 9113 §6.8), then the
+    /// end of the connection.
+    GoAway(u32),
+}
+
+/// An HTTP/2-only provider over TLS for `localhost` shaped by `shape`, whose first connection,
+/// with `first`, turns its first request away ([`turn_away`]). Returns its base URL, the CA to
+/// trust, and what it saw.
+async fn provider_with(shape: Shape, first: Option<TurnAway>) -> (String, String, Arc<Seen>) {
+    let (acceptor, ca) = h2_acceptor();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
@@ -110,39 +166,102 @@ async fn provider(
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            counts.connections.fetch_add(1, Ordering::SeqCst);
+            let nth = counts.connections.fetch_add(1, Ordering::SeqCst);
             let (acceptor, counts) = (acceptor.clone(), counts.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let svc = service_fn(move |_req| {
-                    let counts = counts.clone();
-                    async move {
-                        counts.requests.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(pace).await;
-                        let mut resp =
-                            http::Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
-                        resp.headers_mut()
-                            .insert("content-type", "application/json".parse().unwrap());
-                        // In lines of 1 KiB, as a provider's debug headers come.
-                        for i in 0..padding / 1024 {
-                            let name = http::HeaderName::try_from(format!("x-pad-{i}")).unwrap();
-                            resp.headers_mut()
-                                .insert(name, "p".repeat(1024).parse().unwrap());
-                        }
-                        Ok::<_, Infallible>(resp)
-                    }
-                });
-                let _ = http2::Builder::new(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .max_concurrent_streams(streams)
-                    .serve_connection(TokioIo::new(Quiet::new(tls, quiet)), svc)
-                    .await;
+                match first.filter(|_| nth == 0) {
+                    Some(how) => turn_away(tls, how, &counts).await,
+                    None => serve_h2(tls, shape, counts).await,
+                }
             });
         }
     });
-    (format!("https://localhost:{port}"), ck.cert.pem(), seen)
+    (format!("https://localhost:{port}"), ca, seen)
+}
+
+/// [`provider_with`] without a GOAWAY.
+async fn provider(
+    streams: u32,
+    pace: Duration,
+    padding: usize,
+    quiet: Duration,
+) -> (String, String, Arc<Seen>) {
+    let shape = Shape {
+        streams,
+        pace,
+        padding,
+        quiet,
+    };
+    provider_with(shape, None).await
+}
+
+/// Speaks HTTP/2 frame by frame (RFC 9113 §4, §6): its SETTINGS, an ack of the client's, and
+/// at the first request's HEADERS the turning away `how`; after a GOAWAY it closes its side.
+/// Then it reads until the client closes (at most 10 s). The request is counted in
+/// `seen.requests` when a GOAWAY keeps it (the provider may have run it), and in
+/// `seen.unprocessed` when it was refused or left past the GOAWAY's last stream.
+async fn turn_away<T>(mut io: T, how: TurnAway, seen: &Seen)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let frame = |kind: u8, flags: u8, payload: &[u8]| {
+        let len = (payload.len() as u32).to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 0];
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut preface = [0u8; 24];
+    io.read_exact(&mut preface).await.unwrap();
+    assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    io.write_all(&frame(0x4, 0, &[])).await.unwrap();
+    io.flush().await.unwrap();
+    loop {
+        let mut head = [0u8; 9];
+        io.read_exact(&mut head).await.unwrap();
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload).await.unwrap();
+        let (kind, flags) = (head[3], head[4]);
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        if kind == 0x4 && flags & 0x1 == 0 {
+            io.write_all(&frame(0x4, 0x1, &[])).await.unwrap();
+            io.flush().await.unwrap();
+        }
+        if kind == 0x1 {
+            let kept = matches!(how, TurnAway::GoAway(last) if stream <= last);
+            let counter = if kept {
+                &seen.requests
+            } else {
+                &seen.unprocessed
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            match how {
+                TurnAway::Refuse => {
+                    let mut reset = frame(0x3, 0, &7u32.to_be_bytes());
+                    reset[5..9].copy_from_slice(&stream.to_be_bytes());
+                    io.write_all(&reset).await.unwrap();
+                    io.flush().await.unwrap();
+                }
+                TurnAway::GoAway(last) => {
+                    let mut goaway = last.to_be_bytes().to_vec();
+                    goaway.extend_from_slice(&0u32.to_be_bytes());
+                    io.write_all(&frame(0x7, 0, &goaway)).await.unwrap();
+                    io.flush().await.unwrap();
+                    let _ = io.shutdown().await;
+                }
+            }
+            break;
+        }
+    }
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
 }
 
 /// legate in front of the provider at `url`, trusting `ca_pem` (its config passed through
@@ -232,4 +351,71 @@ async fn requests_before_the_providers_settings_do_not_pile_onto_its_connection(
         assert_eq!(resp.headers()["x-legate-attempts"], "1");
     }
     assert_eq!(seen.requests.load(Ordering::SeqCst), 7);
+}
+
+/// A provider that turns a request away unprocessed is asked once more on a fresh connection
+/// at once, as one attempt, with no failure for the breaker.
+async fn sent_once_more_as_one_attempt(how: TurnAway) {
+    let shape = Shape {
+        streams: 100,
+        pace: Duration::ZERO,
+        padding: 0,
+        quiet: Duration::ZERO,
+    };
+    let (url, ca_pem, seen) = provider_with(shape, Some(how)).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    let text = env.metrics_text().await;
+    let attempts = |outcome| {
+        harness::metric_value(
+            &text,
+            "legate_upstream_attempts_total",
+            &[("provider", "anthropic"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(attempts("ok"), Some(1.0));
+    assert_eq!(attempts("connect_error").unwrap_or(0.0), 0.0);
+    assert_eq!(attempts("retryable").unwrap_or(0.0), 0.0);
+}
+
+/// A stream past a GOAWAY's last one (a front end retiring a connection): it was counted a
+/// failed attempt, a failure for the breaker, and sent again after a backoff.
+#[tokio::test]
+async fn a_stream_past_a_goaway_is_sent_once_more_as_one_attempt() {
+    sent_once_more_as_one_attempt(TurnAway::GoAway(0)).await;
+}
+
+#[tokio::test]
+async fn a_refused_stream_is_sent_once_more_as_one_attempt() {
+    sent_once_more_as_one_attempt(TurnAway::Refuse).await;
+}
+
+/// A stream the GOAWAY kept (its id at or below the last one named) may have been run by the
+/// provider: when the connection then ends without its answer, that is an ordinary failed
+/// attempt, retried by the policy and counted, never sent again unseen.
+#[tokio::test]
+async fn a_stream_a_goaway_kept_that_then_fails_is_an_ordinary_attempt() {
+    let shape = Shape {
+        streams: 100,
+        pace: Duration::ZERO,
+        padding: 0,
+        quiet: Duration::ZERO,
+    };
+    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::GoAway(1))).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "2");
+    assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 0);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
 }
