@@ -28,7 +28,7 @@ use crate::telemetry::Metrics;
 
 pub use body::{BodyError, ResponseBody};
 pub use dial::SendError;
-pub use pool::PooledClient as HttpClient;
+pub use pool::{PooledClient as HttpClient, Sent};
 
 /// Request headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), the caller's
 /// credentials (consumed here; the provider key is injected instead), headers legate recomputes,

@@ -232,7 +232,10 @@ pub async fn forward(
         None => path.to_owned(),
     };
     let req = up.build_request(method, &target, headers, body, false, true)?;
-    let call = up.client().request(req, tokio::time::Instant::now());
+    let on = crate::upstream::Sent::default();
+    let call = up
+        .client()
+        .request_on(req, tokio::time::Instant::now(), &on);
     let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
@@ -242,6 +245,8 @@ pub async fn forward(
             });
         }
         Err(_) => {
+            // Later requests go on another connection (`upstream::Sent`).
+            on.retire();
             return Err(ProxyError::UpstreamTimeout {
                 provider: up.name.clone(),
             });

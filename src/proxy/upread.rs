@@ -257,7 +257,8 @@ pub(super) async fn send(
     // Pinned where it is made and polled beside its timer, rather than moved into
     // `tokio::time::timeout_at` and that moved again by its `.await`: the call's future is the
     // largest of the request's (about 1.8 KB), and each move was a copy of all of it.
-    let mut call = pin!(up.client().request(req, now));
+    let on = crate::upstream::Sent::default();
+    let mut call = pin!(up.client().request_on(req, now, &on));
     let mut timer = pin!(tokio::time::sleep_until(limit));
     let within = poll_fn(|cx| match call.as_mut().poll(cx) {
         Poll::Ready(r) => Poll::Ready(Ok(r)),
@@ -289,8 +290,12 @@ pub(super) async fn send(
             })
         }
         Err(_) if deadline <= first_byte => Err(ProxyError::DeadlineExceeded),
-        Err(_) => Err(ProxyError::UpstreamTimeout {
-            provider: up.name.clone(),
-        }),
+        Err(_) => {
+            // The retry, and every later request, go on another connection.
+            on.retire();
+            Err(ProxyError::UpstreamTimeout {
+                provider: up.name.clone(),
+            })
+        }
     }
 }

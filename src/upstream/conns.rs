@@ -50,8 +50,9 @@ impl Sender {
     }
 
     /// An idle HTTP/1 connection is not watched by a task of its own: it is asked when it is
-    /// about to be taken and at each sweep (see [`H1Conn::idle_unusable`]). An HTTP/2 one the
-    /// provider said GOAWAY on is done with once its streams are: unlisted, it is closed.
+    /// about to be taken and at each sweep (see [`H1Conn::idle_unusable`]). hyper closes an
+    /// HTTP/2 one to new requests once its provider said GOAWAY; one retired (see
+    /// [`Sent`](super::pool::Sent)) is done with once its streams are, and, unlisted, closed.
     fn is_closed(&mut self) -> bool {
         match self {
             Sender::H1(h) => h.idle_unusable(),

@@ -18,9 +18,10 @@
 //! request is written from a borrow, so it is still at hand to send again.
 //!
 //! Only HTTP/1 connections qualify for the first case. On an HTTP/2 connection requests share
-//! the bytes, so "no response byte" cannot be told per request; only a request hyper hands back
-//! unwritten (the connection closed before it was written) is sent again the same way, and
-//! other failures stay ordinary attempts.
+//! the bytes, so "no response byte" cannot be told per request; only a request the provider
+//! says it did not process (its stream refused, or past the last one its GOAWAY names: RFC 9113
+//! §8.7) and one hyper hands back unwritten (the connection closed, or said GOAWAY, before it
+//! was written) are sent again, once, and other failures stay ordinary attempts.
 //!
 //! The pool is legate's own rather than hyper-util's pooled client: that one races every
 //! request that finds no idle connection against a new connection and keeps whichever comes
@@ -100,13 +101,24 @@ impl PooledClient {
         }
     }
 
+    /// [`request_on`](Self::request_on) for a caller that never retires the connection.
+    pub async fn request(
+        &self,
+        req: Request<Full<Bytes>>,
+        sent: Instant,
+    ) -> Result<Response<ResponseBody>, SendError> {
+        self.request_on(req, sent, &Sent::default()).await
+    }
+
     /// Sends `req` (an absolute URI; `sent`, the moment the caller counts it sent from) on an
     /// idle connection, or a new one; on a reused connection that failed before any response
     /// byte, within the connection's race window from `sent`, sends it once more on a fresh one.
-    pub async fn request(
+    /// `on` is told the HTTP/2 connection it goes out on.
+    pub async fn request_on(
         &self,
         mut req: Request<Full<Bytes>>,
         sent: Instant,
+        on: &Sent,
     ) -> Result<Response<ResponseBody>, SendError> {
         let key = Key::of(req.uri()).ok_or(SendError::NotAbsolute)?;
         let uri = req.uri().clone();
@@ -114,13 +126,14 @@ impl PooledClient {
             Some(c) => c,
             None => Box::pin(self.open(&key, &uri)).await?,
         };
-        let mut refused_once = false;
+        let mut resent = false;
         loop {
             let h1 = match &mut conn.sender {
                 Sender::H1(h1) => h1,
-                Sender::H2(s, _) => {
-                    // Kept to send again if the provider refuses the stream unprocessed.
-                    let copy = (!refused_once).then(|| copy_of(&req));
+                Sender::H2(s, streams) => {
+                    on.on(streams);
+                    // Kept to send again if the provider leaves the stream unprocessed.
+                    let copy = (!resent).then(|| copy_of(&req));
                     let mut err = match s.try_send_request(req).await {
                         // The stream stays counted until the answer's body is done with.
                         Ok(resp) => {
@@ -132,19 +145,33 @@ impl PooledClient {
                     // Refused, or past the last stream a GOAWAY kept: the provider did not
                     // process it (RFC 9113 §8.7, §6.8), so it is sent once more, on a fresh
                     // connection, and is not an attempt.
-                    if let Some(copy) = copy.filter(|_| unprocessed(err.error())) {
+                    if let Some((copy, why)) = copy.zip(unprocessed(err.error())) {
                         tracing::debug!(
                             error = %err.error(),
-                            "the provider left an HTTP/2 stream unprocessed; sending it once more on a fresh connection"
+                            "the provider left an HTTP/2 stream unprocessed; sending it once more"
                         );
-                        refused_once = true;
+                        resent = true;
                         req = copy;
-                        conn = Box::pin(self.open(&key, &uri)).await?;
+                        // A refusal is this connection's; after a GOAWAY another listed one
+                        // may have room (the one going away takes no new stream).
+                        let listed = match why {
+                            Unprocessed::Refused => None,
+                            Unprocessed::GoneAway => self.conns().checkout(&key),
+                        };
+                        conn = match listed {
+                            Some(c) => c,
+                            None => Box::pin(self.open(&key, &uri)).await?,
+                        };
                         continue;
                     }
-                    let Some(unsent) = err.take_message().filter(|_| conn.reused) else {
+                    // Handed back unwritten: the connection closed under a request put on it
+                    // as it was reused, or said GOAWAY before hyper wrote a fresh one's.
+                    let gone_away = streams.going_away() && !resent;
+                    let Some(unsent) = err.take_message().filter(|_| conn.reused || gone_away)
+                    else {
                         return Err(SendError::Http(err.into_error()));
                     };
+                    resent |= gone_away;
                     tracing::debug!(
                         error = %err.error(),
                         "a reused upstream connection closed before the request was written; sending it on a fresh one"
@@ -244,18 +271,60 @@ fn copy_of(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     copy
 }
 
-/// hyper's error says the provider did not process the stream: its RST_STREAM(REFUSED_STREAM),
-/// or its GOAWAY naming a last stream below this one (h2 hands a GOAWAY's error to exactly
-/// those streams, and to streams opened after it; a stream the GOAWAY kept that then ends
-/// with the connection gets a broken pipe, an ordinary failure, as the provider may have run
-/// it). Providers' front ends send GOAWAY routinely, to retire a connection after so many
-/// streams or so long.
-fn unprocessed(err: &hyper::Error) -> bool {
-    std::error::Error::source(err)
-        .and_then(|e| e.downcast_ref::<h2::Error>())
-        .is_some_and(|e| {
-            e.reason() == Some(h2::Reason::REFUSED_STREAM) || (e.is_go_away() && e.is_remote())
-        })
+/// The HTTP/2 connection a request went out on, held by its caller, which retires it
+/// ([`Sent::retire`]) when the request got no answer in time: no new request goes on it, its
+/// other streams go on, and it is let go once they are done. A connection that never answers
+/// (a stalled upload holding its flow-control window, a peer gone without a FIN) would
+/// otherwise take every retry and every later request, each timing out in turn, for as long as
+/// requests kept it from idling out. An HTTP/1 connection whose request is dropped is closed
+/// with it.
+#[derive(Default)]
+pub struct Sent(parking_lot::Mutex<Option<Arc<super::streams::Streams>>>);
+
+impl Sent {
+    fn on(&self, streams: &Arc<super::streams::Streams>) {
+        *self.0.lock() = Some(streams.clone());
+    }
+
+    /// No new request goes on the connection.
+    pub fn retire(&self) {
+        if let Some(streams) = self.0.lock().as_ref() {
+            streams.retire();
+        }
+    }
+}
+
+/// How the provider said it did not process a stream.
+#[derive(Clone, Copy)]
+enum Unprocessed {
+    /// RST_STREAM(REFUSED_STREAM).
+    Refused,
+    /// A GOAWAY naming a last stream below this one.
+    GoneAway,
+}
+
+/// Whether hyper's error says the provider did not process the stream: its
+/// RST_STREAM(REFUSED_STREAM), or its GOAWAY naming a last stream below this one. h2 hands a
+/// GOAWAY's error to exactly those streams, and to streams opened after it; a stream the GOAWAY
+/// kept that then ends with the connection gets a broken pipe, an ordinary failure, as the
+/// provider may have run it. Providers' front ends send GOAWAY routinely, to retire a
+/// connection after so many streams or so long.
+///
+/// That holds as long as hyper's connection task and the request's task run on one thread (a
+/// worker's current-thread runtime, as every data-plane client here does): on a multi-thread
+/// runtime a GOAWAY read between hyper opening a stream and its next readiness check could
+/// fail a stream the GOAWAY kept with the GOAWAY's error.
+fn unprocessed(err: &hyper::Error) -> Option<Unprocessed> {
+    let e = std::error::Error::source(err)?.downcast_ref::<h2::Error>()?;
+    if !e.is_remote() {
+        None
+    } else if e.is_reset() && e.reason() == Some(h2::Reason::REFUSED_STREAM) {
+        Some(Unprocessed::Refused)
+    } else if e.is_go_away() {
+        Some(Unprocessed::GoneAway)
+    } else {
+        None
+    }
 }
 
 /// The `host` header for `uri`: the host, with the port unless it is the scheme's default.

@@ -11,8 +11,10 @@
 //! stream open is busy, not idle, whatever hyper says of its readiness.
 //!
 //! A connection whose provider sent GOAWAY takes no new stream: the provider would not process
-//! it (RFC 9113 §6.8), and hyper keeps such a connection open, looking ready, while the streams
-//! it kept finish. Front ends send GOAWAY to retire a connection after so many streams or so long.
+//! it (RFC 9113 §6.8). hyper stops taking requests on it once its connection task has handled
+//! the frame; the reader notes it as the bytes arrive, so that a request hyper hands back
+//! unwritten meanwhile is known to have met a GOAWAY, and is sent again (`pool`). Front ends
+//! send GOAWAY to retire a connection after so many streams or so long.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,7 +31,8 @@ pub(super) struct Streams {
     /// the request it was opened for: a burst put on it in that round trip would meet a limit
     /// not yet known, and its streams be refused.
     known: AtomicBool,
-    /// The provider sent GOAWAY: no new stream goes on the connection.
+    /// The provider sent GOAWAY, or a request on the connection got no answer in time: no new
+    /// stream goes on it.
     going_away: AtomicBool,
 }
 
@@ -74,9 +77,15 @@ impl Streams {
             .store(usize::try_from(n).unwrap_or(usize::MAX), Ordering::Release);
     }
 
-    /// Whether the provider sent GOAWAY: the connection takes no new stream, and is let go.
+    /// Whether the provider sent GOAWAY: the connection takes no new stream.
     pub(super) fn going_away(&self) -> bool {
         self.going_away.load(Ordering::Acquire)
+    }
+
+    /// The connection takes no new stream, and is let go once its streams are done (a request
+    /// on it got no answer in time).
+    pub(super) fn retire(&self) {
+        self.going_away.store(true, Ordering::Release);
     }
 
     /// The provider's first SETTINGS came: its limit if it named one, else the default.
@@ -221,7 +230,8 @@ mod tests {
             0,
             &[setting(0x4, 65535), setting(0x3, 2)].concat(),
         );
-        bytes.extend(frame(0x0, 0, &[7u8; 40])); // DATA, whose bytes look like nothing
+        // DATA, whose bytes would read as a GOAWAY's type if its payload were taken for heads.
+        bytes.extend(frame(0x0, 0, &[7u8; 40]));
         bytes.extend(frame(SETTINGS, ACK, &[]));
         bytes.extend(frame(0x8, 0, &[0, 0, 1, 0])); // WINDOW_UPDATE
         for cut in 1..bytes.len() {
@@ -233,6 +243,7 @@ mod tests {
             let a = streams.try_take();
             let b = streams.try_take();
             assert!(a.is_some() && b.is_some(), "cut {cut}");
+            assert!(!streams.going_away(), "cut {cut}");
             assert!(streams.try_take().is_none(), "cut {cut}");
             drop(a);
             assert!(streams.try_take().is_some(), "cut {cut}");
@@ -287,16 +298,15 @@ mod tests {
 
     #[test]
     fn a_goaway_however_cut_ends_sharing_and_the_streams_open_finish() {
-        let mut bytes = frame(SETTINGS, 0, &setting(0x3, 10));
-        let open_before = bytes.len();
-        bytes.extend(frame(GOAWAY, 0, &[0, 0, 0, 1, 0, 0, 0, 0]));
-        for cut in 1..bytes.len() {
+        let settings = frame(SETTINGS, 0, &setting(0x3, 10));
+        let goaway = frame(GOAWAY, 0, &[0, 0, 0, 1, 0, 0, 0, 0]);
+        for cut in 1..=goaway.len() {
             let streams = Streams::new();
             let mut reader = SettingsReader::new(streams.clone());
-            reader.read(&bytes[..open_before]);
+            reader.read(&settings);
             let kept = streams.try_take();
             assert!(kept.is_some() && !streams.going_away());
-            for chunk in bytes[open_before..].chunks(cut) {
+            for chunk in goaway.chunks(cut) {
                 reader.read(chunk);
             }
             assert!(streams.going_away(), "cut {cut}");

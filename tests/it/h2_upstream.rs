@@ -78,6 +78,10 @@ struct Seen {
     requests: AtomicUsize,
     /// Requests a GOAWAY told legate were not processed.
     unprocessed: AtomicUsize,
+    /// legate closed the connection that was turned away from (not the provider's timeout).
+    let_go: std::sync::atomic::AtomicBool,
+    /// The GOAWAY was written.
+    goaway_sent: std::sync::atomic::AtomicBool,
 }
 
 /// A TLS acceptor for `localhost` that offers only `h2`, and the CA to trust.
@@ -150,6 +154,16 @@ enum TurnAway {
     /// GOAWAY(NO_ERROR) naming this as the last stream processed (RFC 9113 §6.8), then the
     /// end of the connection.
     GoAway(u32),
+    /// Nothing: the request's stream is never answered (a peer gone without a FIN, a backend
+    /// that hung), while the connection stays open.
+    Silent,
+    /// GOAWAY(NO_ERROR) naming no stream, right after its SETTINGS, before any request is
+    /// read (a front end that is shutting down).
+    GoAwayAtOnce,
+    /// GOAWAY(NO_ERROR) naming the request's stream as the last, the connection left open
+    /// (as a front end retiring it lets its streams finish); the request answered once a
+    /// second one reached the provider.
+    GoAwayThenAnswer,
 }
 
 /// An HTTP/2-only provider over TLS for `localhost` shaped by `shape`, whose first connection,
@@ -218,6 +232,9 @@ where
     io.read_exact(&mut preface).await.unwrap();
     assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
     io.write_all(&frame(0x4, 0, &[])).await.unwrap();
+    if let TurnAway::GoAwayAtOnce = how {
+        io.write_all(&frame(0x7, 0, &[0; 8])).await.unwrap();
+    }
     io.flush().await.unwrap();
     loop {
         let mut head = [0u8; 9];
@@ -232,7 +249,13 @@ where
             io.flush().await.unwrap();
         }
         if kind == 0x1 {
-            let kept = matches!(how, TurnAway::GoAway(last) if stream <= last);
+            let kept = match how {
+                TurnAway::GoAway(last) => stream <= last,
+                TurnAway::GoAwayThenAnswer => true,
+                TurnAway::GoAwayAtOnce => false,
+                TurnAway::Silent => true,
+                TurnAway::Refuse => false,
+            };
             let counter = if kept {
                 &seen.requests
             } else {
@@ -240,6 +263,10 @@ where
             };
             counter.fetch_add(1, Ordering::SeqCst);
             match how {
+                TurnAway::GoAwayAtOnce => {
+                    let _ = io.shutdown().await;
+                }
+                TurnAway::Silent => {}
                 TurnAway::Refuse => {
                     let mut reset = frame(0x3, 0, &7u32.to_be_bytes());
                     reset[5..9].copy_from_slice(&stream.to_be_bytes());
@@ -253,6 +280,29 @@ where
                     io.flush().await.unwrap();
                     let _ = io.shutdown().await;
                 }
+                TurnAway::GoAwayThenAnswer => {
+                    let mut goaway = stream.to_be_bytes().to_vec();
+                    goaway.extend_from_slice(&0u32.to_be_bytes());
+                    io.write_all(&frame(0x7, 0, &goaway)).await.unwrap();
+                    io.flush().await.unwrap();
+                    seen.goaway_sent.store(true, Ordering::SeqCst);
+                    let second = async {
+                        while seen.requests.load(Ordering::SeqCst) < 2 {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(10), second).await;
+                    // `:status: 200` (static table entry 8) and `content-type` (entry 31) as a
+                    // literal without indexing (RFC 7541 §6.1, §6.2.2).
+                    let mut block = vec![0x88, 0x0f, 0x10, 16];
+                    block.extend_from_slice(b"application/json");
+                    let mut headers = frame(0x1, 0x4, &block);
+                    let mut data = frame(0x0, 0x1, ANSWER.as_bytes());
+                    headers[5..9].copy_from_slice(&stream.to_be_bytes());
+                    data[5..9].copy_from_slice(&stream.to_be_bytes());
+                    io.write_all(&[headers, data].concat()).await.unwrap();
+                    io.flush().await.unwrap();
+                }
             }
             break;
         }
@@ -261,7 +311,12 @@ where
         let mut sink = [0u8; 4096];
         while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
     };
-    let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_ok()
+    {
+        seen.let_go.store(true, Ordering::SeqCst);
+    }
 }
 
 /// legate in front of the provider at `url`, trusting `ca_pem` (its config passed through
@@ -397,6 +452,28 @@ async fn a_refused_stream_is_sent_once_more_as_one_attempt() {
     sent_once_more_as_one_attempt(TurnAway::Refuse).await;
 }
 
+/// A GOAWAY that comes with the provider's SETTINGS, before legate's request went out: the
+/// request is sent on a fresh connection, as one attempt, whether h2 had opened its stream (past
+/// the GOAWAY's last) or hyper hands it back unwritten.
+#[tokio::test]
+async fn a_goaway_before_the_first_request_is_sent_on_a_fresh_connection() {
+    let shape = Shape {
+        streams: 100,
+        pace: Duration::ZERO,
+        padding: 0,
+        quiet: Duration::ZERO,
+    };
+    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::GoAwayAtOnce)).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+}
+
 /// A stream the GOAWAY kept (its id at or below the last one named) may have been run by the
 /// provider: when the connection then ends without its answer, that is an ordinary failed
 /// attempt, retried by the policy and counted, never sent again unseen.
@@ -418,4 +495,103 @@ async fn a_stream_a_goaway_kept_that_then_fails_is_an_ordinary_attempt() {
     assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 0);
     assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    let text = env.metrics_text().await;
+    let attempts = |outcome| {
+        harness::metric_value(
+            &text,
+            "legate_upstream_attempts_total",
+            &[("provider", "anthropic"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(attempts("connect_error"), Some(1.0));
+    assert_eq!(attempts("ok"), Some(1.0));
+}
+
+/// A connection whose provider said GOAWAY while a stream it kept runs (a front end retiring
+/// it) takes no new request: the next goes to a new connection at once, and legate lets the old
+/// one go once the kept stream is done. The new request was put on the old connection, where h2
+/// refused it, and was sent there again until its attempts ran out.
+#[tokio::test]
+async fn a_connection_that_said_goaway_takes_no_new_request_and_is_let_go() {
+    let shape = Shape {
+        streams: 100,
+        pace: Duration::ZERO,
+        padding: 0,
+        quiet: Duration::ZERO,
+    };
+    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::GoAwayThenAnswer)).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
+    let body = r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#;
+    let kept = env.messages(body);
+    let next = async {
+        let sent = async {
+            while !seen.goaway_sent.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), sent)
+            .await
+            .expect("the provider says GOAWAY");
+        env.messages(body).await
+    };
+    let (kept, next) = tokio::join!(kept, next);
+    for resp in [kept, next] {
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 0);
+    let let_go = async {
+        while !seen.let_go.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), let_go)
+        .await
+        .expect("legate closes the connection that said GOAWAY");
+}
+
+/// A connection on which a request got no answer within `first_byte_timeout` takes no new
+/// request: the retry goes to a fresh connection and is answered, and legate lets the silent
+/// one go. The retry went on the same connection, and so did every later request, each
+/// timing out in turn (here: 504 after three attempts).
+#[tokio::test]
+async fn a_connection_that_left_a_request_unanswered_in_time_takes_no_new_request() {
+    let shape = Shape {
+        streams: 100,
+        pace: Duration::ZERO,
+        padding: 0,
+        quiet: Duration::ZERO,
+    };
+    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::Silent)).await;
+    let env = legate_before(&url, &ca_pem, |toml| {
+        toml.replace("first_byte_timeout = \"5s\"", "first_byte_timeout = \"1s\"")
+    })
+    .await;
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "2");
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    let text = env.metrics_text().await;
+    let attempts = |outcome| {
+        harness::metric_value(
+            &text,
+            "legate_upstream_attempts_total",
+            &[("provider", "anthropic"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(attempts("timeout"), Some(1.0));
+    assert_eq!(attempts("ok"), Some(1.0));
+    let let_go = async {
+        while !seen.let_go.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), let_go)
+        .await
+        .expect("legate closes the connection that left the request unanswered");
 }
