@@ -134,8 +134,80 @@ pub(crate) fn buffered(
     resp
 }
 
+/// Whether a whole success body can be one of the APIs' answers: empty (a 204), or JSON whose
+/// first token opens an object or an array. Only that byte is looked at: the caller parses the
+/// rest, as it would have without legate.
+pub(crate) fn json_or_empty(body: &[u8]) -> bool {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => true,
+        Some(b) => matches!(b, b'{' | b'['),
+    }
+}
+
+/// An answer's media type for a message: `text/html` from `text/html; charset=utf-8`, when it
+/// is a short token of the characters media types use; else a word saying what it is (a
+/// provider's header is not echoed as it came).
+pub(crate) fn media_type(headers: &HeaderMap) -> &str {
+    let Some(v) = headers.get(header::CONTENT_TYPE) else {
+        return "none";
+    };
+    let kind = v
+        .as_bytes()
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    let plain = !kind.is_empty()
+        && kind.len() <= 64
+        && kind
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"/.+-_".contains(b));
+    match std::str::from_utf8(kind) {
+        Ok(kind) if plain => kind,
+        _ => "unreadable",
+    }
+}
+
 /// Who answered: the only legate header an upstream answer carries from here; the attempt
 /// count and `x-should-retry` are stamped once, by `Proxy::handle`.
 fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
     response::set_header(resp, "x-legate-served-by", call.step.target());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_or_nothing_is_an_answer() {
+        for ok in [&b""[..], b"  \r\n", b"{}", b"\n {\"a\":1}", b"[1]"] {
+            assert!(json_or_empty(ok), "{ok:?}");
+        }
+        for bad in [
+            &b"<html>"[..],
+            b"\n<!DOCTYPE html>",
+            b"Bad Gateway",
+            b"null",
+            b"\"x\"",
+        ] {
+            assert!(!json_or_empty(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_media_type_is_named_only_when_it_reads_as_one() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, http::HeaderValue::from_static(v));
+            h
+        };
+        assert_eq!(media_type(&HeaderMap::new()), "none");
+        assert_eq!(media_type(&with("text/html; charset=utf-8")), "text/html");
+        assert_eq!(
+            media_type(&with("application/vnd.api+json")),
+            "application/vnd.api+json"
+        );
+        assert_eq!(media_type(&with("sk-ant key=\"secret\"")), "unreadable");
+        assert_eq!(media_type(&with("")), "unreadable");
+    }
 }

@@ -489,6 +489,16 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     // Reading the answer for the store reads its usage too.
     let mut usage_read = None;
     let read = match read {
+        // A success answer of these APIs is JSON (or empty, a 204). Anything else, a
+        // gateway's HTML page passed on with 200, is no answer: passed on, it reached the
+        // caller as a success its SDK could not parse, and the breaker heard a success.
+        Whole::Complete(body) if !answer::json_or_empty(&body) => {
+            let kind = answer::media_type(&got.parts.headers);
+            tracing::warn!(provider = %up.name, content_type = kind, "upstream success answer is not JSON");
+            Whole::Unusable(format!(
+                "the success answer is not JSON (content-type {kind})"
+            ))
+        }
         Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
             match conversation::translate_whole(got.xl, inb, &body) {
                 Ok(answer) => {

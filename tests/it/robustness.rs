@@ -406,3 +406,33 @@ async fn an_error_body_too_large_to_read_is_replaced_by_one_that_says_so() {
     assert!(text.contains("could not read whole"), "{text}");
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A 2xx answer that is not JSON (a gateway's HTML page passed on with 200) is no answer: it was
+/// passed to the caller as a success labelled `application/json`, which the SDKs then failed
+/// to parse, and the breaker counted a success. Now it is an unusable answer on every try, as
+/// it already was on a translated step, and the caller gets the 502 that says so.
+#[tokio::test]
+async fn a_success_answer_that_is_not_json_is_unusable_and_retried() {
+    let page = "<html><body><h1>502 Bad Gateway</h1></body></html>";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{page}",
+        page.len()
+    );
+    let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
+    let resp = env.messages(BODY).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-legate-attempts"], "3");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "api_error");
+    let text = v["error"]["message"].as_str().unwrap();
+    assert!(text.contains("not JSON"), "{text}");
+    assert!(text.contains("text/html"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let unusable = env
+        .metric(
+            "legate_upstream_attempts_total",
+            &[("provider", "anthropic"), ("outcome", "retryable")],
+        )
+        .await;
+    assert_eq!(unusable, Some(3.0));
+}
