@@ -117,6 +117,53 @@ struct Shape {
     quiet: Duration,
 }
 
+impl Shape {
+    /// 100 streams, answered at once, with no extra headers and no quiet spell.
+    const PLAIN: Shape = Shape {
+        streams: 100,
+        pace: Duration::ZERO,
+        padding: 0,
+        quiet: Duration::ZERO,
+    };
+}
+
+/// legate's attempts at the provider with `outcome`, in the scrape `text`.
+fn attempts(text: &str, outcome: &str) -> Option<f64> {
+    harness::metric_value(
+        text,
+        "legate_upstream_attempts_total",
+        &[("provider", "anthropic"), ("outcome", outcome)],
+    )
+}
+
+/// One `/v1/messages` call through legate (its config passed through `edit`) to a provider
+/// whose first connection turns its first request away `how`; the answer, what the provider
+/// saw, and the scrape after it.
+async fn one_call(
+    how: TurnAway,
+    edit: impl Fn(String) -> String,
+) -> (reqwest::Response, Arc<Seen>, String, harness::Env) {
+    let (url, ca_pem, seen) = provider_with(Shape::PLAIN, Some(how)).await;
+    let env = legate_before(&url, &ca_pem, edit).await;
+    let resp = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    let text = env.metrics_text().await;
+    (resp, seen, text, env)
+}
+
+/// Waits (up to 10 s) until legate closes the connection the provider turned away from.
+async fn let_go(seen: &Seen) {
+    let closed = async {
+        while !seen.let_go.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("legate closes the connection it no longer uses");
+}
+
 /// Serves one connection with hyper's HTTP/2 server, answering every request with `ANSWER`.
 async fn serve_h2<T>(io: T, shape: Shape, counts: Arc<Seen>)
 where
@@ -411,33 +458,15 @@ async fn requests_before_the_providers_settings_do_not_pile_onto_its_connection(
 /// A provider that turns a request away unprocessed is asked once more on a fresh connection
 /// at once, as one attempt, with no failure for the breaker.
 async fn sent_once_more_as_one_attempt(how: TurnAway) {
-    let shape = Shape {
-        streams: 100,
-        pace: Duration::ZERO,
-        padding: 0,
-        quiet: Duration::ZERO,
-    };
-    let (url, ca_pem, seen) = provider_with(shape, Some(how)).await;
-    let env = legate_before(&url, &ca_pem, |toml| toml).await;
-    let resp = env
-        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
-        .await;
+    let (resp, seen, text, _env) = one_call(how, |toml| toml).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
     assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 1);
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
-    let text = env.metrics_text().await;
-    let attempts = |outcome| {
-        harness::metric_value(
-            &text,
-            "legate_upstream_attempts_total",
-            &[("provider", "anthropic"), ("outcome", outcome)],
-        )
-    };
-    assert_eq!(attempts("ok"), Some(1.0));
-    assert_eq!(attempts("connect_error").unwrap_or(0.0), 0.0);
-    assert_eq!(attempts("retryable").unwrap_or(0.0), 0.0);
+    assert_eq!(attempts(&text, "ok"), Some(1.0));
+    assert_eq!(attempts(&text, "connect_error").unwrap_or(0.0), 0.0);
+    assert_eq!(attempts(&text, "retryable").unwrap_or(0.0), 0.0);
 }
 
 /// A stream past a GOAWAY's last one (a front end retiring a connection): it was counted a
@@ -457,17 +486,7 @@ async fn a_refused_stream_is_sent_once_more_as_one_attempt() {
 /// the GOAWAY's last) or hyper hands it back unwritten.
 #[tokio::test]
 async fn a_goaway_before_the_first_request_is_sent_on_a_fresh_connection() {
-    let shape = Shape {
-        streams: 100,
-        pace: Duration::ZERO,
-        padding: 0,
-        quiet: Duration::ZERO,
-    };
-    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::GoAwayAtOnce)).await;
-    let env = legate_before(&url, &ca_pem, |toml| toml).await;
-    let resp = env
-        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
-        .await;
+    let (resp, seen, _text, _env) = one_call(TurnAway::GoAwayAtOnce, |toml| toml).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
@@ -479,32 +498,14 @@ async fn a_goaway_before_the_first_request_is_sent_on_a_fresh_connection() {
 /// attempt, retried by the policy and counted, never sent again unseen.
 #[tokio::test]
 async fn a_stream_a_goaway_kept_that_then_fails_is_an_ordinary_attempt() {
-    let shape = Shape {
-        streams: 100,
-        pace: Duration::ZERO,
-        padding: 0,
-        quiet: Duration::ZERO,
-    };
-    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::GoAway(1))).await;
-    let env = legate_before(&url, &ca_pem, |toml| toml).await;
-    let resp = env
-        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
-        .await;
+    let (resp, seen, text, _env) = one_call(TurnAway::GoAway(1), |toml| toml).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-legate-attempts"], "2");
     assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 0);
     assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
-    let text = env.metrics_text().await;
-    let attempts = |outcome| {
-        harness::metric_value(
-            &text,
-            "legate_upstream_attempts_total",
-            &[("provider", "anthropic"), ("outcome", outcome)],
-        )
-    };
-    assert_eq!(attempts("connect_error"), Some(1.0));
-    assert_eq!(attempts("ok"), Some(1.0));
+    assert_eq!(attempts(&text, "connect_error"), Some(1.0));
+    assert_eq!(attempts(&text, "ok"), Some(1.0));
 }
 
 /// A connection whose provider said GOAWAY while a stream it kept runs (a front end retiring
@@ -513,13 +514,7 @@ async fn a_stream_a_goaway_kept_that_then_fails_is_an_ordinary_attempt() {
 /// refused it, and was sent there again until its attempts ran out.
 #[tokio::test]
 async fn a_connection_that_said_goaway_takes_no_new_request_and_is_let_go() {
-    let shape = Shape {
-        streams: 100,
-        pace: Duration::ZERO,
-        padding: 0,
-        quiet: Duration::ZERO,
-    };
-    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::GoAwayThenAnswer)).await;
+    let (url, ca_pem, seen) = provider_with(Shape::PLAIN, Some(TurnAway::GoAwayThenAnswer)).await;
     let env = legate_before(&url, &ca_pem, |toml| toml).await;
     let body = r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#;
     let kept = env.messages(body);
@@ -542,14 +537,7 @@ async fn a_connection_that_said_goaway_takes_no_new_request_and_is_let_go() {
     assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
     assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 0);
-    let let_go = async {
-        while !seen.let_go.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), let_go)
-        .await
-        .expect("legate closes the connection that said GOAWAY");
+    let_go(&seen).await;
 }
 
 /// A connection on which a request got no answer within `first_byte_timeout` takes no new
@@ -558,40 +546,15 @@ async fn a_connection_that_said_goaway_takes_no_new_request_and_is_let_go() {
 /// timing out in turn (here: 504 after three attempts).
 #[tokio::test]
 async fn a_connection_that_left_a_request_unanswered_in_time_takes_no_new_request() {
-    let shape = Shape {
-        streams: 100,
-        pace: Duration::ZERO,
-        padding: 0,
-        quiet: Duration::ZERO,
-    };
-    let (url, ca_pem, seen) = provider_with(shape, Some(TurnAway::Silent)).await;
-    let env = legate_before(&url, &ca_pem, |toml| {
+    let (resp, seen, text, _env) = one_call(TurnAway::Silent, |toml| {
         toml.replace("first_byte_timeout = \"5s\"", "first_byte_timeout = \"1s\"")
     })
     .await;
-    let resp = env
-        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
-        .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-legate-attempts"], "2");
     assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
-    let text = env.metrics_text().await;
-    let attempts = |outcome| {
-        harness::metric_value(
-            &text,
-            "legate_upstream_attempts_total",
-            &[("provider", "anthropic"), ("outcome", outcome)],
-        )
-    };
-    assert_eq!(attempts("timeout"), Some(1.0));
-    assert_eq!(attempts("ok"), Some(1.0));
-    let let_go = async {
-        while !seen.let_go.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), let_go)
-        .await
-        .expect("legate closes the connection that left the request unanswered");
+    assert_eq!(attempts(&text, "timeout"), Some(1.0));
+    assert_eq!(attempts(&text, "ok"), Some(1.0));
+    let_go(&seen).await;
 }
