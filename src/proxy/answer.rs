@@ -134,20 +134,37 @@ pub(crate) fn buffered(
     resp
 }
 
-/// Whether a whole success body can be one of the APIs' answers: empty (a 204), or JSON whose
-/// first token opens an object or an array. Only that byte is looked at: the caller parses the
-/// rest, as it would have without legate.
-pub(crate) fn json_or_empty(body: &[u8]) -> bool {
-    match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        None => true,
+/// Whether a whole success body with `status` can be one of the APIs' answers: JSON whose
+/// first token opens an object or an array (after JSON's whitespace, and a UTF-8 byte order
+/// mark, which the SDKs' parsers skip too), or nothing with 204 or 205. Only that byte is
+/// looked at: the caller parses the rest, as it would have without legate.
+pub(crate) fn json_shaped(status: StatusCode, body: &[u8]) -> bool {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    match body
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        None => matches!(status.as_u16(), 204 | 205),
         Some(b) => matches!(b, b'{' | b'['),
     }
 }
 
 /// An answer's media type for a message: `text/html` from `text/html; charset=utf-8`, when it
-/// is a short token of the characters media types use; else a word saying what it is (a
-/// provider's header is not echoed as it came).
+/// reads as one (a registered top-level type, a short subtype of the characters media types
+/// use); else a word saying what it is. A provider's header is not echoed as it came: one that
+/// held a key-like token would otherwise reach the caller.
 pub(crate) fn media_type(headers: &HeaderMap) -> &str {
+    const TOP: &[&str] = &[
+        "application",
+        "audio",
+        "font",
+        "image",
+        "message",
+        "model",
+        "multipart",
+        "text",
+        "video",
+    ];
     let Some(v) = headers.get(header::CONTENT_TYPE) else {
         return "none";
     };
@@ -155,17 +172,18 @@ pub(crate) fn media_type(headers: &HeaderMap) -> &str {
         .as_bytes()
         .split(|b| *b == b';')
         .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    let plain = !kind.is_empty()
-        && kind.len() <= 64
-        && kind
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || b"/.+-_".contains(b));
-    match std::str::from_utf8(kind) {
-        Ok(kind) if plain => kind,
-        _ => "unreadable",
-    }
+        .unwrap_or_default();
+    let Ok(kind) = std::str::from_utf8(kind.trim_ascii()) else {
+        return "unreadable";
+    };
+    let plain = kind.split_once('/').is_some_and(|(top, sub)| {
+        TOP.iter().any(|t| top.eq_ignore_ascii_case(t))
+            && (1..=40).contains(&sub.len())
+            && sub
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".+-_".contains(&b))
+    });
+    if plain { kind } else { "unreadable" }
 }
 
 /// Who answered: the only legate header an upstream answer carries from here; the attempt
@@ -180,9 +198,17 @@ mod tests {
 
     #[test]
     fn only_json_or_nothing_is_an_answer() {
-        for ok in [&b""[..], b"  \r\n", b"{}", b"\n {\"a\":1}", b"[1]"] {
-            assert!(json_or_empty(ok), "{ok:?}");
+        let ok = StatusCode::OK;
+        for good in [&b"{}"[..], b"\n {\"a\":1}", b"[1]", b"\xEF\xBB\xBF{}"] {
+            assert!(json_shaped(ok, good), "{good:?}");
         }
+        assert!(json_shaped(StatusCode::NO_CONTENT, b""));
+        assert!(!json_shaped(ok, b""), "a 200 with nothing is no answer");
+        assert!(!json_shaped(ok, b"  \r\n"));
+        assert!(
+            !json_shaped(ok, b"\x0c{}"),
+            "a form feed is not JSON whitespace"
+        );
         for bad in [
             &b"<html>"[..],
             b"\n<!DOCTYPE html>",
@@ -190,7 +216,7 @@ mod tests {
             b"null",
             b"\"x\"",
         ] {
-            assert!(!json_or_empty(bad), "{bad:?}");
+            assert!(!json_shaped(ok, bad), "{bad:?}");
         }
     }
 
@@ -208,6 +234,8 @@ mod tests {
             "application/vnd.api+json"
         );
         assert_eq!(media_type(&with("sk-ant key=\"secret\"")), "unreadable");
+        assert_eq!(media_type(&with("sk-abc123def")), "unreadable");
+        assert_eq!(media_type(&with("sk-proj/abc123def")), "unreadable");
         assert_eq!(media_type(&with("")), "unreadable");
     }
 }

@@ -489,10 +489,10 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
     // Reading the answer for the store reads its usage too.
     let mut usage_read = None;
     let read = match read {
-        // A success answer of these APIs is JSON (or empty, a 204). Anything else, a
+        // A success answer of these APIs is JSON (nothing only with 204). Anything else, a
         // gateway's HTML page passed on with 200, is no answer: passed on, it reached the
         // caller as a success its SDK could not parse, and the breaker heard a success.
-        Whole::Complete(body) if !answer::json_or_empty(&body) => {
+        Whole::Complete(body) if !answer::json_shaped(got.parts.status, &body) => {
             let kind = answer::media_type(&got.parts.headers);
             tracing::warn!(provider = %up.name, content_type = kind, "upstream success answer is not JSON");
             Whole::Unusable(format!(

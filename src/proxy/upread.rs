@@ -289,6 +289,7 @@ pub(super) async fn send(
                 failed,
             })
         }
+        // The request's own deadline says nothing of the connection: it stays in use.
         Err(_) if deadline <= first_byte => Err(ProxyError::DeadlineExceeded),
         Err(_) => {
             // The retry, and every later request, go on another connection.

@@ -102,6 +102,7 @@ impl PooledClient {
     }
 
     /// [`request_on`](Self::request_on) for a caller that never retires the connection.
+    #[cfg(test)]
     pub async fn request(
         &self,
         req: Request<Full<Bytes>>,
@@ -152,6 +153,7 @@ impl PooledClient {
                         );
                         resent = true;
                         req = copy;
+                        on.clear();
                         // A refusal is this connection's; after a GOAWAY another listed one
                         // may have room (the one going away takes no new stream).
                         let listed = match why {
@@ -172,9 +174,10 @@ impl PooledClient {
                         return Err(SendError::Http(err.into_error()));
                     };
                     resent |= gone_away;
+                    on.clear();
                     tracing::debug!(
                         error = %err.error(),
-                        "a reused upstream connection closed before the request was written; sending it on a fresh one"
+                        "an upstream connection closed, or said GOAWAY, before the request was written; sending it on a fresh one"
                     );
                     req = unsent;
                     *req.uri_mut() = uri.clone();
@@ -286,7 +289,13 @@ impl Sent {
         *self.0.lock() = Some(streams.clone());
     }
 
-    /// No new request goes on the connection.
+    /// The request left the connection it was on (it is sent again elsewhere).
+    fn clear(&self) {
+        *self.0.lock() = None;
+    }
+
+    /// No new request goes on the connection (the request got no answer within the
+    /// provider's `first_byte_timeout`).
     pub fn retire(&self) {
         if let Some(streams) = self.0.lock().as_ref() {
             streams.retire();

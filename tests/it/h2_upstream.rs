@@ -510,8 +510,8 @@ async fn a_stream_a_goaway_kept_that_then_fails_is_an_ordinary_attempt() {
 
 /// A connection whose provider said GOAWAY while a stream it kept runs (a front end retiring
 /// it) takes no new request: the next goes to a new connection at once, and legate lets the old
-/// one go once the kept stream is done. The new request was put on the old connection, where h2
-/// refused it, and was sent there again until its attempts ran out.
+/// one go once the kept stream is done (hyper closes such a connection to new requests once it
+/// has handled the frame; legate notes the frame as it arrives, for the moment before).
 #[tokio::test]
 async fn a_connection_that_said_goaway_takes_no_new_request_and_is_let_go() {
     let (url, ca_pem, seen) = provider_with(Shape::PLAIN, Some(TurnAway::GoAwayThenAnswer)).await;
