@@ -144,7 +144,7 @@ impl PooledClient {
                         Err(err) => err,
                     };
                     // Refused, or past the last stream a GOAWAY kept: the provider did not
-                    // process it (RFC 9113 §8.7, §6.8), so it is sent once more, on a fresh
+                    // process it (RFC 9113 §8.7, §6.8), so it is sent once more, on another
                     // connection, and is not an attempt.
                     if let Some((copy, why)) = copy.zip(unprocessed(err.error())) {
                         tracing::debug!(

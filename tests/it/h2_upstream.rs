@@ -152,16 +152,22 @@ async fn one_call(
     (resp, seen, text, env)
 }
 
-/// Waits (up to 10 s) until legate closes the connection the provider turned away from.
-async fn let_go(seen: &Seen) {
-    let closed = async {
-        while !seen.let_go.load(Ordering::SeqCst) {
+/// Whether `cond` came true within 10 s: a poll of the condition itself, 10 ms between looks.
+async fn within_10s(cond: impl Fn() -> bool) -> bool {
+    let poll = async {
+        while !cond() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), closed)
+    tokio::time::timeout(Duration::from_secs(10), poll)
         .await
-        .expect("legate closes the connection it no longer uses");
+        .is_ok()
+}
+
+/// Waits (up to 10 s) until legate closes the connection the provider turned away from.
+async fn let_go(seen: &Seen) {
+    let closed = within_10s(|| seen.let_go.load(Ordering::SeqCst)).await;
+    assert!(closed, "legate closes the connection it no longer uses");
 }
 
 /// Serves one connection with hyper's HTTP/2 server, answering every request with `ANSWER`.
@@ -333,12 +339,7 @@ where
                     io.write_all(&frame(0x7, 0, &goaway)).await.unwrap();
                     io.flush().await.unwrap();
                     seen.goaway_sent.store(true, Ordering::SeqCst);
-                    let second = async {
-                        while seen.requests.load(Ordering::SeqCst) < 2 {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(10), second).await;
+                    within_10s(|| seen.requests.load(Ordering::SeqCst) >= 2).await;
                     // `:status: 200` (static table entry 8) and `content-type` (entry 31) as a
                     // literal without indexing (RFC 7541 §6.1, §6.2.2).
                     let mut block = vec![0x88, 0x0f, 0x10, 16];
@@ -519,14 +520,8 @@ async fn a_connection_that_said_goaway_takes_no_new_request_and_is_let_go() {
     let body = r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#;
     let kept = env.messages(body);
     let next = async {
-        let sent = async {
-            while !seen.goaway_sent.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), sent)
-            .await
-            .expect("the provider says GOAWAY");
+        let sent = within_10s(|| seen.goaway_sent.load(Ordering::SeqCst)).await;
+        assert!(sent, "the provider says GOAWAY");
         env.messages(body).await
     };
     let (kept, next) = tokio::join!(kept, next);
