@@ -136,6 +136,11 @@ impl EventStreamSse {
             dec: Decoder::new(max_event),
         }
     }
+
+    /// See [`ResponseBody::retire_connection`].
+    pub fn retire_connection(&self) {
+        self.inner.retire_connection();
+    }
 }
 
 impl Decoder {

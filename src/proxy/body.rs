@@ -464,6 +464,9 @@ impl Body for TapBody {
                         this.state = this.fail(if due < idle_due {
                             PAST_DEADLINE
                         } else {
+                            // What stalled this stream would stall the next one put on its
+                            // connection.
+                            this.inner.retire_connection();
                             "the upstream sent nothing for longer than idle_timeout"
                         });
                         continue;

@@ -43,6 +43,16 @@ pub enum Raw {
     EventStream(Box<EventStreamSse>),
 }
 
+impl Raw {
+    /// See [`ResponseBody::retire_connection`].
+    fn retire_connection(&self) {
+        match self {
+            Raw::Http(b) => b.retire_connection(),
+            Raw::EventStream(b) => b.retire_connection(),
+        }
+    }
+}
+
 impl Body for Raw {
     type Data = Bytes;
     type Error = BodyError;
@@ -119,6 +129,15 @@ impl UpstreamBody {
     /// Whether the body is translated from the upstream's API.
     pub fn is_translated(&self) -> bool {
         matches!(self, UpstreamBody::Translated(_))
+    }
+
+    /// The provider's answer stalled past its `idle_timeout` (not the request's deadline):
+    /// its connection takes no new request (see [`ResponseBody::retire_connection`]).
+    pub fn retire_connection(&self) {
+        match self {
+            UpstreamBody::Plain(raw) => raw.retire_connection(),
+            UpstreamBody::Translated(t) => t.inner.retire_connection(),
+        }
     }
 
     /// Usage read from the upstream's own events, for a translated stream.

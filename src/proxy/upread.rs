@@ -82,6 +82,15 @@ async fn by<F: Future>(
     .await
 }
 
+/// A read of `incoming` found no bytes in time: when that was its `idle_timeout` (the
+/// request's deadline is not yet there), the connection takes no new request (a timed-out
+/// request's own deadline says nothing of the connection).
+fn stalled(incoming: &UpstreamBody, deadline: Instant) {
+    if Instant::now() < deadline {
+        incoming.retire_connection();
+    }
+}
+
 /// Why a stream failed before its commit point.
 pub(super) enum PreCommit {
     /// An error event (its data) arrived before any content.
@@ -115,6 +124,7 @@ pub(super) async fn read_to_commit(
         }
         match by(timer.as_mut(), idle, deadline, incoming.frame()).await {
             None => {
+                stalled(incoming, deadline);
                 return Err(PreCommit::Broken(
                     "no content within idle_timeout or the deadline",
                 ));
@@ -180,7 +190,10 @@ pub(super) async fn read_whole(
     let mut timer = pin!(tokio::time::sleep_until(deadline));
     loop {
         match by(timer.as_mut(), idle, deadline, incoming.frame()).await {
-            None => return Whole::Broken("the body stalled past idle_timeout or the deadline"),
+            None => {
+                stalled(incoming, deadline);
+                return Whole::Broken("the body stalled past idle_timeout or the deadline");
+            }
             Some(Some(Err(_))) => return Whole::Broken("the connection broke mid-body"),
             Some(None) => {
                 return Whole::Complete(first.unwrap_or_else(|| buffers::exact_buf(buf)));
@@ -227,20 +240,25 @@ pub(super) async fn read_whole(
 /// `max_buffered_bytes` until its last view is dropped; `None` when it cannot be read whole
 /// (over the limit, cut, or late) or held (the bound is reached).
 pub(super) async fn read_small(
-    incoming: UpstreamBody,
+    mut incoming: UpstreamBody,
     idle: Duration,
     deadline: Instant,
     mut share: AnswerShare<'_>,
 ) -> Option<Bytes> {
     let limit = (Instant::now() + idle).min(deadline);
-    match tokio::time::timeout_at(limit, Limited::new(incoming, ERROR_BODY_LIMIT).collect()).await {
+    let read = Limited::new(&mut incoming, ERROR_BODY_LIMIT).collect();
+    match tokio::time::timeout_at(limit, read).await {
         Ok(Ok(c)) => {
             let body = c.to_bytes();
             share
                 .grow(body.len())
                 .then(|| buffers::hold(body, share.into_share()))
         }
-        _ => None,
+        Err(_) => {
+            stalled(&incoming, deadline);
+            None
+        }
+        Ok(Err(_)) => None,
     }
 }
 

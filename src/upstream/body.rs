@@ -29,6 +29,19 @@ impl std::fmt::Display for BodyError {
 
 impl std::error::Error for BodyError {}
 
+impl ResponseBody {
+    /// An HTTP/2 answer's connection takes no new request, and is let go once its other
+    /// streams are done: the answer stalled past the provider's `idle_timeout`, and what
+    /// stalled it (a peer gone without a FIN, a connection whose flow-control window is never
+    /// granted again) would stall every stream put on it next. An HTTP/1 answer's connection
+    /// is closed with the body anyway.
+    pub fn retire_connection(&self) {
+        if let ResponseBody::H2(_, Some(slot)) = self {
+            slot.retire();
+        }
+    }
+}
+
 impl Body for ResponseBody {
     type Data = Bytes;
     type Error = BodyError;

@@ -99,6 +99,13 @@ impl Streams {
 #[derive(Debug)]
 pub struct StreamSlot(Arc<Streams>);
 
+impl StreamSlot {
+    /// The stream's connection takes no new stream (its answer stalled past `idle_timeout`).
+    pub(super) fn retire(&self) {
+        self.0.retire();
+    }
+}
+
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);

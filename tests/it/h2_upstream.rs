@@ -217,6 +217,12 @@ enum TurnAway {
     /// (as a front end retiring it lets its streams finish); the request answered once a
     /// second one reached the provider.
     GoAwayThenAnswer,
+    /// The answer's head (200, JSON), and then nothing: its body never comes, while the
+    /// connection stays open.
+    HeadOnly,
+    /// A stream's head and first events (200, SSE), and then nothing, the connection left
+    /// open.
+    StreamThenStall,
 }
 
 /// An HTTP/2-only provider over TLS for `localhost` shaped by `shape`, whose first connection,
@@ -306,7 +312,7 @@ where
                 TurnAway::GoAway(last) => stream <= last,
                 TurnAway::GoAwayThenAnswer => true,
                 TurnAway::GoAwayAtOnce => false,
-                TurnAway::Silent => true,
+                TurnAway::Silent | TurnAway::HeadOnly | TurnAway::StreamThenStall => true,
                 TurnAway::Refuse => false,
             };
             let counter = if kept {
@@ -320,6 +326,20 @@ where
                     let _ = io.shutdown().await;
                 }
                 TurnAway::Silent => {}
+                TurnAway::HeadOnly => {
+                    let mut headers = frame(0x1, 0x4, &ok_head("application/json"));
+                    headers[5..9].copy_from_slice(&stream.to_be_bytes());
+                    io.write_all(&headers).await.unwrap();
+                    io.flush().await.unwrap();
+                }
+                TurnAway::StreamThenStall => {
+                    let mut headers = frame(0x1, 0x4, &ok_head("text/event-stream"));
+                    let mut data = frame(0x0, 0x0, FIRST_EVENTS.as_bytes());
+                    headers[5..9].copy_from_slice(&stream.to_be_bytes());
+                    data[5..9].copy_from_slice(&stream.to_be_bytes());
+                    io.write_all(&[headers, data].concat()).await.unwrap();
+                    io.flush().await.unwrap();
+                }
                 TurnAway::Refuse => {
                     let mut reset = frame(0x3, 0, &7u32.to_be_bytes());
                     reset[5..9].copy_from_slice(&stream.to_be_bytes());
@@ -340,11 +360,7 @@ where
                     io.flush().await.unwrap();
                     seen.goaway_sent.store(true, Ordering::SeqCst);
                     within_10s(|| seen.requests.load(Ordering::SeqCst) >= 2).await;
-                    // `:status: 200` (static table entry 8) and `content-type` (entry 31) as a
-                    // literal without indexing (RFC 7541 §6.1, §6.2.2).
-                    let mut block = vec![0x88, 0x0f, 0x10, 16];
-                    block.extend_from_slice(b"application/json");
-                    let mut headers = frame(0x1, 0x4, &block);
+                    let mut headers = frame(0x1, 0x4, &ok_head("application/json"));
                     let mut data = frame(0x0, 0x1, ANSWER.as_bytes());
                     headers[5..9].copy_from_slice(&stream.to_be_bytes());
                     data[5..9].copy_from_slice(&stream.to_be_bytes());
@@ -366,6 +382,25 @@ where
         seen.let_go.store(true, Ordering::SeqCst);
     }
 }
+
+/// A header block of `:status: 200` (static table entry 8) and `content-type` (entry 31, as a
+/// literal without indexing; RFC 7541 §6.1, §6.2.2).
+fn ok_head(content_type: &str) -> Vec<u8> {
+    let mut block = vec![0x88, 0x0f, 0x10, content_type.len() as u8];
+    block.extend_from_slice(content_type.as_bytes());
+    block
+}
+
+/// A stream's first events, up to its first content.
+const FIRST_EVENTS: &str = concat!(
+    "event: message_start\n",
+    r#"data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":0}}}"#,
+    "\n\nevent: content_block_start\n",
+    r#"data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+    "\n\nevent: content_block_delta\n",
+    r#"data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
+    "\n\n"
+);
 
 /// legate in front of the provider at `url`, trusting `ca_pem` (its config passed through
 /// `edit`).
@@ -551,5 +586,51 @@ async fn a_connection_that_left_a_request_unanswered_in_time_takes_no_new_reques
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
     assert_eq!(attempts(&text, "timeout"), Some(1.0));
     assert_eq!(attempts(&text, "ok"), Some(1.0));
+    let_go(&seen).await;
+}
+
+/// A connection on which an answer's body stalled past `idle_timeout` takes no new request:
+/// the retry goes to a fresh connection and is answered, and legate lets the stalled one go.
+/// The retry went on the same connection (what stalled the body stalls the next stream too),
+/// and so did every later request.
+#[tokio::test]
+async fn a_connection_whose_answer_stalled_takes_no_new_request() {
+    let (resp, seen, text, _env) = one_call(TurnAway::HeadOnly, |toml| {
+        toml.replace("idle_timeout = \"5s\"", "idle_timeout = \"1s\"")
+    })
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "2");
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(attempts(&text, "ok"), Some(1.0));
+    assert_eq!(attempts(&text, "retryable"), Some(1.0));
+    let_go(&seen).await;
+}
+
+/// The same once a stream has reached the caller: it ends with the error event after
+/// `idle_timeout`, and the next request goes to a fresh connection at once. It went on the
+/// stalled connection and waited out its `first_byte_timeout` there.
+#[tokio::test]
+async fn a_connection_whose_stream_stalled_takes_no_new_request() {
+    let (url, ca_pem, seen) = provider_with(Shape::PLAIN, Some(TurnAway::StreamThenStall)).await;
+    let env = legate_before(&url, &ca_pem, |toml| {
+        toml.replace("idle_timeout = \"5s\"", "idle_timeout = \"1s\"")
+    })
+    .await;
+    let stream = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"stream":true,"messages":[]}"#)
+        .await;
+    assert_eq!(stream.status(), 200);
+    let events = stream.text().await.unwrap();
+    assert!(events.contains("\"text\":\"hi\""), "{events}");
+    assert!(events.contains("event: error"), "{events}");
+    let next = env
+        .messages(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .await;
+    assert_eq!(next.status(), 200);
+    assert_eq!(next.headers()["x-legate-attempts"], "1");
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
     let_go(&seen).await;
 }
