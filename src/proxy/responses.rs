@@ -261,6 +261,19 @@ pub async fn forward(
     let deadline = tokio::time::Instant::now() + up.idle_timeout;
     let body = match upread::read_whole(&mut incoming, up.idle_timeout, deadline, &mut share).await
     {
+        // A success answer of the Responses API is JSON: a gateway's page passed on with 200
+        // would reach the caller as a success its SDK cannot parse.
+        Whole::Complete(b) if !crate::proxy::answer::json_shaped(parts.status, &b) => {
+            if parts.status.is_success() {
+                let kind = crate::proxy::answer::media_type(&parts.headers);
+                tracing::warn!(provider = %up.name, content_type = kind, "upstream success answer is not JSON");
+                return Err(ProxyError::UpstreamAnswerUnusable {
+                    provider: up.name.clone(),
+                    reason: format!("the success answer is not JSON (content-type {kind})"),
+                });
+            }
+            b
+        }
         Whole::Complete(b) => b,
         Whole::Full(_) => {
             return Err(ProxyError::BuffersFull {
@@ -274,6 +287,8 @@ pub async fn forward(
             });
         }
         Whole::Broken(_) | Whole::Unusable(_) => {
+            // Its whole read is bounded by `idle_timeout`: a stall, or a cut connection.
+            incoming.retire_connection();
             return Err(ProxyError::UpstreamStreamBroken {
                 provider: up.name.clone(),
             });

@@ -436,3 +436,28 @@ async fn a_success_answer_that_is_not_json_is_unusable_and_retried() {
         .await;
     assert_eq!(unusable, Some(3.0));
 }
+
+/// The same on the small Responses endpoints forwarded as they are (a stored response fetched
+/// from the provider): a 200 HTML page was passed on as the caller's success.
+#[tokio::test]
+async fn a_forwarded_success_answer_that_is_not_json_is_unusable() {
+    let page = "<html><body><h1>502 Bad Gateway</h1></body></html>";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{page}",
+        page.len()
+    );
+    let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
+    let resp = env
+        .http
+        .get(env.url("/v1/responses/resp_elsewhere"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "server_error");
+    let text = v["error"]["message"].as_str().unwrap();
+    assert!(text.contains("not JSON"), "{text}");
+    assert!(text.contains("text/html"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
