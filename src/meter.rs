@@ -186,30 +186,46 @@ impl Usage {
 ///
 /// Callers choose model names, so the entries are bounded (SPEC §14): beyond
 /// `MAX_LEDGER_ENTRIES` the least recently used one is folded into its tenant's
-/// `provider:other` entry, so the totals stay exact while the document stays small.
+/// `provider:other` entry, so the totals stay exact while the document stays small. Models
+/// the config names are kept apart from names it does not know: a caller sending a thousand
+/// made-up model names folds only those, never a configured model's priced spend (which it
+/// did, across tenants, when both shared one list).
 pub struct Ledger {
     entries: parking_lot::Mutex<Entries>,
 }
 
-/// `(tenant, provider:model)` entries in use order, and the folded `provider:other` totals
-/// (bounded by the configured tenants and providers).
+/// `(tenant, provider:model)` entries in use order, those of configured models and those of
+/// other names apart, and the folded `provider:other` totals (bounded by the configured
+/// tenants and providers).
 struct Entries {
-    recent: crate::lru::Lru<(String, String), LedgerEntry>,
+    configured: crate::lru::Lru<(String, String), LedgerEntry>,
+    unknown: crate::lru::Lru<(String, String), LedgerEntry>,
     folded: BTreeMap<(String, String), LedgerEntry>,
 }
 
-/// Distinct `(tenant, provider:model)` entries kept apart.
+/// Distinct `(tenant, provider:model)` entries kept apart, of configured models and of other
+/// names each. Configured ones are bounded by the config (tenants × providers × models, and
+/// those of earlier configs since a reload): this is a bound a config reaches only by
+/// thousands of model names.
 const MAX_LEDGER_ENTRIES: usize = 1024;
 
 impl Default for Ledger {
     fn default() -> Self {
         Ledger {
             entries: parking_lot::Mutex::new(Entries {
-                recent: crate::lru::Lru::new(MAX_LEDGER_ENTRIES),
+                configured: crate::lru::Lru::new(MAX_LEDGER_ENTRIES),
+                unknown: crate::lru::Lru::new(MAX_LEDGER_ENTRIES),
                 folded: Default::default(),
             }),
         }
     }
+}
+
+/// Whether a ledger entry's model is one the config names (kept apart from other names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    Configured,
+    Unknown,
 }
 
 impl LedgerEntry {
@@ -232,31 +248,49 @@ pub struct LedgerEntry {
 
 impl Ledger {
     /// One request served, its usage and cost.
-    pub fn record(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
-        self.add(tenant, target, 1, usage, cost_pico);
+    pub fn record(&self, tenant: &str, (target, named): (&str, Named), usage: Usage, cost: u128) {
+        self.add(tenant, (target, named), 1, usage, cost);
     }
 
     /// Usage of an attempt that served nothing (it failed before its commit point) but that
     /// the provider reported, and may bill: tokens and cost, no request.
-    pub fn record_unserved(&self, tenant: &str, target: &str, usage: Usage, cost_pico: u128) {
-        self.add(tenant, target, 0, usage, cost_pico);
+    pub fn record_unserved(
+        &self,
+        tenant: &str,
+        (target, named): (&str, Named),
+        usage: Usage,
+        cost: u128,
+    ) {
+        self.add(tenant, (target, named), 0, usage, cost);
     }
 
-    fn add(&self, tenant: &str, target: &str, requests: u64, usage: Usage, cost_pico: u128) {
+    fn add(
+        &self,
+        tenant: &str,
+        (target, named): (&str, Named),
+        requests: u64,
+        usage: Usage,
+        cost_pico: u128,
+    ) {
         let this = LedgerEntry {
             requests,
             usage,
             cost_pico,
         };
-        let mut map = self.entries.lock();
+        let mut guard = self.entries.lock();
+        let map = &mut *guard;
+        let list = match named {
+            Named::Configured => &mut map.configured,
+            Named::Unknown => &mut map.unknown,
+        };
         // The usual case, a pair seen before, copies neither string.
         let pair: &dyn crate::lru::StrPair = &(tenant, target);
-        if let Some(e) = map.recent.touch(pair) {
+        if let Some(e) = list.touch(pair) {
             e.add(&this);
             return;
         }
         let key = (tenant.to_string(), target.to_string());
-        let (e, evicted) = map.recent.entry(&key, LedgerEntry::default);
+        let (e, evicted) = list.entry(&key, LedgerEntry::default);
         e.add(&this);
         if let Some(((tenant, target), old)) = evicted {
             let provider = target.split_once(':').map_or(target.as_str(), |(p, _)| p);
@@ -270,7 +304,7 @@ impl Ledger {
     pub fn snapshot(&self) -> Vec<(String, String, LedgerEntry)> {
         let map = self.entries.lock();
         let mut out: BTreeMap<(String, String), LedgerEntry> = map.folded.clone();
-        for (k, e) in map.recent.iter() {
+        for (k, e) in map.configured.iter().chain(map.unknown.iter()) {
             out.entry(k.clone()).or_default().add(e);
         }
         out.into_iter().map(|((t, m), e)| (t, m, e)).collect()

@@ -34,8 +34,9 @@ const RSS_MAX_KIB: u64 = 256 << 10;
 const FD_SLACK: u64 = 64;
 /// Breakers beyond the bound of unconfigured names, for configured ones.
 const BREAKERS_MAX: u64 = 1024 + 16;
-/// Ledger entries per tenant: the bound plus the `provider:other` fold entries.
-const LEDGER_MAX: u64 = 1024 + 4;
+/// Ledger entries per tenant: the bound of unconfigured names, plus the configured models'
+/// entries (kept apart) and the `provider:other` fold entries.
+const LEDGER_MAX: u64 = 1024 + 16;
 /// Once the load stops, how long connections and descriptors get to settle.
 const SETTLE_LIMIT: Duration = Duration::from_secs(15);
 

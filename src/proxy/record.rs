@@ -255,6 +255,8 @@ pub struct UsageSink {
     pub series: Arc<UsageSeries>,
     /// `provider:model`, the ledger and price key (the step's own, shared).
     pub target: Arc<str>,
+    /// Whether the config names the model (its ledger entry is kept apart from other names).
+    pub named: crate::meter::Named,
     pub price: Option<Price>,
 }
 
@@ -262,7 +264,8 @@ impl UsageSink {
     /// Records a served request's usage in metrics and the ledger; returns its cost in pico-USD.
     pub fn record(&self, usage: Usage) -> u128 {
         let cost = self.metrics(usage);
-        self.ledger.record(&self.tenant, &self.target, usage, cost);
+        self.ledger
+            .record(&self.tenant, (&self.target, self.named), usage, cost);
         cost
     }
 
@@ -271,7 +274,7 @@ impl UsageSink {
     pub fn record_unserved(&self, usage: Usage) -> u128 {
         let cost = self.metrics(usage);
         self.ledger
-            .record_unserved(&self.tenant, &self.target, usage, cost);
+            .record_unserved(&self.tenant, (&self.target, self.named), usage, cost);
         cost
     }
 

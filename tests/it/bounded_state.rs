@@ -55,7 +55,8 @@ async fn eleven_hundred_distinct_model_names_leave_bounded_breakers_and_an_exact
 }
 
 /// Names a configured `*` pattern matches are as much the caller's choice as unknown ones: their
-/// breakers are bounded too, while an exactly configured model's breaker is never dropped.
+/// breakers and ledger entries are bounded too, while an exactly configured model's breaker is
+/// never dropped and its ledger entry never folded by them.
 #[tokio::test]
 async fn names_under_a_price_pattern_leave_bounded_breakers() {
     let env = harness::start(
@@ -79,4 +80,17 @@ async fn names_under_a_price_pattern_leave_bounded_breakers() {
     assert_eq!(upstreams.len(), 1025);
     assert!(upstreams.contains(&"anthropic:claude-exact"));
     assert!(!upstreams.contains(&"anthropic:claude-exac0"));
+
+    // The ledger too: the configured model's priced entry stays its own, while the caller's
+    // names are folded into `other`. It was folded with them, its spend no longer its own.
+    let usage = env.admin_json("/admin/usage").await;
+    let models = usage["tenants"]["default"].as_object().unwrap();
+    let exact = &models["anthropic:claude-exact"];
+    assert_eq!(exact["requests"], 1);
+    // The mock's 10 input and 5 output tokens at $3 and $15 per million.
+    assert_eq!(exact["cost_pico_usd"], "105000000");
+    assert!(!models.contains_key("anthropic:claude-exac0"));
+    assert!(models.contains_key("anthropic:other"));
+    // The 1,024 most recent names, `other`, and the configured one.
+    assert_eq!(models.len(), 1026, "{} ledger entries", models.len());
 }
