@@ -415,3 +415,39 @@ async fn a_long_context_is_translated_off_the_worker_the_same() {
         "nothing sent for the unfit one"
     );
 }
+
+/// A refusal the provider sends as a stream's error event before any content, on a step in
+/// another API than the caller's: the Responses caller gets the refusal's status, once, and
+/// the chain does not route around it. The translated event carried the error's type where the
+/// Responses API has a code, which read as a 500: retried three times, then the next step.
+#[tokio::test]
+async fn a_refusal_in_a_translated_stream_is_a_refusal_for_a_responses_caller() {
+    let events = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"prompt is too long\"}}\n\n";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
+        events.len()
+    );
+    let up = crate::rawup::start(move |_| {
+        let reply = reply.clone().into_bytes();
+        async move { crate::rawup::Action::Reply(reply) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", CHAINS);
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/responses"))
+        .header("authorization", "Bearer dummy-client-key")
+        .header("content-type", "application/json")
+        .body(r#"{"model":"mixed","stream":true,"input":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(v["error"]["message"], "prompt is too long", "{v}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -129,10 +129,28 @@ pub(crate) fn stream_event(e: LocalError<'_>) -> Bytes {
 
 pub(crate) fn event_response(data: &str) -> (StatusCode, Bytes) {
     let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-    let error = &v["error"];
-    let status = TABLE.status_of(error["type"].as_str(), error["code"].as_str());
+    // The error object, or the event itself as some compatible servers send it (vLLM).
+    let error = if v["error"].is_object() {
+        &v["error"]
+    } else {
+        &v
+    };
+    let class = TABLE
+        .class_of(error["type"].as_str(), error["code"].as_str())
+        .or_else(|| numeric_status(&error["code"]).map(|s| TABLE.class_for_status(s)))
+        .unwrap_or(C::Server);
+    let status =
+        StatusCode::from_u16(TABLE.row(class).status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = serde_json::json!({"error": error}).to_string();
     (status, Bytes::from(body))
+}
+
+/// An error `code` that is an HTTP status, as compatible servers (vLLM) send it with a type of
+/// their own (`BadRequestError`): the status it names, when it is an error status.
+pub(crate) fn numeric_status(code: &serde_json::Value) -> Option<u16> {
+    code.as_u64()
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| (400..600).contains(c))
 }
 
 #[cfg(test)]
@@ -239,6 +257,16 @@ mod tests {
         let (st, _) =
             event_response(r#"{"error":{"message":"x","type":"server_error","code":null}}"#);
         assert_eq!(st.as_u16(), 500);
+        // vLLM's: a type of its own, the status as a numeric code.
+        for vllm in [
+            r#"{"error":{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}}"#,
+            r#"{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}"#,
+        ] {
+            let (st, b) = event_response(vllm);
+            assert_eq!(st.as_u16(), 400, "{vllm}");
+            let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
+            assert_eq!(v["error"]["message"], "bad");
+        }
     }
 
     #[test]

@@ -57,14 +57,21 @@ pub(super) fn stream_event(e: LocalError<'_>) -> Bytes {
 /// for and an OpenAI error body keeping that code.
 pub(super) fn event_response(data: &str) -> (StatusCode, Bytes) {
     let f = read(data.as_bytes()).unwrap_or_default();
+    // A translated stream's event carries the other API's error type where the code belongs
+    // (`invalid_request_error`, `rate_limit_error`), or a compatible server's numeric status:
+    // read as what they mean, they were a retried 500, and a refusal was routed around.
     let class = TABLE
-        .class_of(f.error_type.as_deref(), f.code.as_deref())
+        .class_of(
+            f.error_type.as_deref().or(f.code.as_deref()),
+            f.code.as_deref(),
+        )
+        .or_else(|| numeric_code(data).map(|s| TABLE.class_for_status(s)))
         .unwrap_or(C::Server);
     let row = TABLE.row(class);
     let code = f
         .code
         .or(f.error_type)
-        .unwrap_or_else(|| "server_error".into());
+        .unwrap_or_else(|| row.code.unwrap_or(row.error_type).into());
     let message = f.message.unwrap_or_else(|| "the upstream failed".into());
     let body = json!({"error": {
         "message": message, "type": row.error_type, "param": null, "code": code,
@@ -73,6 +80,17 @@ pub(super) fn event_response(data: &str) -> (StatusCode, Bytes) {
         StatusCode::from_u16(row.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         Bytes::from(body.to_string()),
     )
+}
+
+/// The numeric `code` of an `error` event or a `response.failed`'s error (an HTTP status).
+fn numeric_code(data: &str) -> Option<u16> {
+    let v: Value = serde_json::from_str(data).ok()?;
+    let code = match v["type"].as_str() {
+        Some("response.failed") => &v["response"]["error"]["code"],
+        _ if v["error"].is_object() => &v["error"]["code"],
+        _ => &v["code"],
+    };
+    chat::numeric_status(code)
 }
 
 #[cfg(test)]
@@ -106,6 +124,13 @@ mod tests {
                 "invalid_request_error",
             ),
             (r#"{"type":"error","message":"?"}"#.to_owned(), 500, "server_error"),
+            // Another API's error type where the code belongs (a translated stream).
+            (event("invalid_request_error"), 400, "invalid_request_error"),
+            (event("rate_limit_error"), 429, "rate_limit_error"),
+            (event("overloaded_error"), 529, "overloaded_error"),
+            // A compatible server's numeric status.
+            (r#"{"type":"error","code":400,"message":"bad"}"#.to_owned(), 400, "invalid_request_error"),
+            (r#"{"type":"response.failed","response":{"error":{"code":429,"message":"x"}}}"#.to_owned(), 429, "rate_limit_exceeded"),
         ]);
         for (data, status, code) in cases {
             let (st, body) = event_response(&data);
