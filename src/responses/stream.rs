@@ -104,6 +104,8 @@ enum Open {
     },
     Call {
         chat_index: u64,
+        /// The upstream's id of the call (None: a stand-in was made for it).
+        upstream_id: Option<String>,
         call_id: String,
         name: String,
         args: String,
@@ -253,7 +255,11 @@ impl State {
 
     fn call_delta(&mut self, out: &mut Vec<u8>, call: &Value) {
         let chat_index = call["index"].as_u64().unwrap_or(0);
-        let same = matches!(&self.open, Open::Call { chat_index: i, .. } if *i == chat_index);
+        // A fragment with another id at the open call's index starts a new call: some servers
+        // (Ollama) number every call 0, or none, and send them one after another.
+        let id = call["id"].as_str();
+        let same = matches!(&self.open, Open::Call { chat_index: i, upstream_id, .. }
+            if *i == chat_index && (id.is_none() || upstream_id.is_none() || id == upstream_id.as_deref()));
         if !same {
             if self.close(out).is_err() {
                 return;
@@ -276,6 +282,7 @@ impl State {
             );
             self.open = Open::Call {
                 chat_index,
+                upstream_id: id.map(str::to_owned),
                 call_id,
                 name: name.to_owned(),
                 args: String::new(),

@@ -323,6 +323,29 @@ fn broken_tool_arguments_fail_the_stream() {
     assert!(!t.contains(&"response.completed"));
 }
 
+/// Calls that share index 0 (Ollama), or carry none, with ids of their own: two function calls,
+/// not one with the arguments of both.
+#[test]
+fn calls_sharing_an_index_with_ids_of_their_own_are_calls_of_their_own() {
+    let wire = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\",\"function\":{\"name\":\"weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"id\":\"b\",\"function\":{\"name\":\"weather\",\"arguments\":\"{}\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut s = ResponsesStream::from_chat(ctx());
+    let mut out = s.push(wire.as_bytes());
+    out.extend(s.finish());
+    let evs = events(&out);
+    let last = evs.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.completed", "{evs:?}");
+    let output = &last["response"]["output"];
+    assert_eq!(output[0]["call_id"], "a");
+    assert_eq!(output[0]["arguments"], r#"{"city":"Paris"}"#);
+    assert_eq!(output[1]["call_id"], "b");
+    assert_eq!(output[1]["arguments"], "{}");
+}
+
 #[test]
 fn anthropic_stream_becomes_semantic_events() {
     let wire = concat!(

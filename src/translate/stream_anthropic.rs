@@ -54,14 +54,21 @@ const CHECK_LIMIT: usize = 16 << 20;
 
 #[derive(Debug, Clone, Copy)]
 enum Open {
-    Text { block: u64 },
-    Tool { block: u64, call: u64 },
+    Text {
+        block: u64,
+    },
+    /// `call`: the call's place in `calls`.
+    Tool {
+        block: u64,
+        call: usize,
+    },
 }
 
-/// One OpenAI tool call (by its `index`).
+/// One OpenAI tool call (by its `index`, and its id once one came).
 #[derive(Debug)]
 struct Call {
     index: u64,
+    id: Option<String>,
     state: CallState,
 }
 
@@ -207,11 +214,16 @@ impl ToAnthropic {
     fn tool(&mut self, call: oa::ToolCallDelta, out: &mut Vec<u8>) -> bool {
         let function = call.function.unwrap_or_default();
         let arguments = function.arguments.unwrap_or_default();
-        let position = match self.calls.iter().position(|c| c.index == call.index) {
-            Some(position) => position,
-            None => {
+        // The latest call at that index; a fragment with another id there starts a new call:
+        // some servers (Ollama) number every call 0, or none, and send them one after another.
+        let found = self.calls.iter().rposition(|c| c.index == call.index);
+        let another = |c: &Call| matches!((&c.id, &call.id), (Some(had), Some(new)) if had != new);
+        let position = match found {
+            Some(position) if !another(&self.calls[position]) => position,
+            _ => {
                 self.calls.push(Call {
                     index: call.index,
+                    id: None,
                     state: CallState::Waiting {
                         name: String::new(),
                         arguments: String::new(),
@@ -266,9 +278,12 @@ impl ToAnthropic {
                 cache_control: None,
             },
         );
-        let call = self.calls[position].index;
+        self.calls[position].id = Some(id.to_owned());
         self.calls[position].state = CallState::Open;
-        self.open = Some(Open::Tool { block, call });
+        self.open = Some(Open::Tool {
+            block,
+            call: position,
+        });
         self.arguments(block, arguments, out);
     }
 
@@ -320,7 +335,7 @@ impl ToAnthropic {
         let block = match open {
             Open::Text { block } => block,
             Open::Tool { block, call } => {
-                if let Some(c) = self.calls.iter_mut().find(|c| c.index == call) {
+                if let Some(c) = self.calls.get_mut(call) {
                     c.state = CallState::Closed;
                 }
                 let args = std::mem::take(&mut self.tool_args);

@@ -199,6 +199,52 @@ fn interleaved_tool_arguments_end_in_an_error_not_a_corrupt_input() {
     );
 }
 
+/// Ollama numbers every call of a turn 0 (and some servers send no index at all), sending the
+/// calls one after another with ids of their own: each id is a call of its own. They were one
+/// call with the arguments of both, `{"city":"Paris"}{}`, and the stream failed.
+#[test]
+fn calls_sharing_an_index_with_ids_of_their_own_are_calls_of_their_own() {
+    let call = |id: Option<&str>, args: &str, indexed: bool| {
+        let mut c = json!({"function": {"arguments": args}});
+        if indexed {
+            c["index"] = json!(0);
+        }
+        if let Some(id) = id {
+            c["id"] = json!(id);
+            c["function"]["name"] = json!("weather");
+        }
+        chunk(json!({"tool_calls": [c]}), None)
+    };
+    for indexed in [true, false] {
+        let input = [
+            call(Some("call_a"), "{\"city\":", indexed),
+            call(None, "\"Paris\"}", indexed),
+            call(Some("call_b"), "{\"city\":\"Rome\"}", indexed),
+            chunk(json!({}), Some("tool_calls")),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let view = anthropic_view_of(&input);
+        let tools = vec![
+            (
+                "call_a".to_owned(),
+                "weather".to_owned(),
+                r#"{"city":"Paris"}"#.to_owned(),
+            ),
+            (
+                "call_b".to_owned(),
+                "weather".to_owned(),
+                r#"{"city":"Rome"}"#.to_owned(),
+            ),
+        ];
+        assert_eq!(
+            view.map(|v| (v.tools, v.error, v.stop_reason)),
+            Ok((tools, None, Some("tool_use".to_owned()))),
+            "indexed: {indexed}"
+        );
+    }
+}
+
 #[test]
 fn a_tool_call_without_an_id_gets_a_stand_in_at_the_end() {
     let input = [
