@@ -65,7 +65,8 @@ pub(super) async fn run(
     spent: &mut Spent,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut exec = Exec {
-        spent: Spent::default(),
+        // What the request spent before the chain (the wait for its body) stays counted.
+        spent: *spent,
         last: None,
         any_admitted: false,
         earliest_probe: None,

@@ -222,10 +222,10 @@ pub async fn read_body(
     headers: &HeaderMap,
     mut body: crate::server::CallerBody,
     h2: bool,
-    limit: usize,
-    timeout: std::time::Duration,
+    (limit, timeout): (usize, std::time::Duration),
     share: &mut crate::proxy::buffers::BufferShare,
     max_buffered: usize,
+    waited: &mut Option<tokio::time::Instant>,
 ) -> Result<Bytes, BodyError> {
     use crate::proxy::buffers::{Collect, collect, discard};
     let refuse = |body, why| {
@@ -249,9 +249,12 @@ pub async fn read_body(
     }
     // The limit starts when the read first waits: a body that came with its head is taken
     // without a timer or a clock read.
-    let read =
-        crate::proxy::within::within(timeout, collect(&mut body, limit, share, max_buffered, !h2))
-            .await;
+    let read = crate::proxy::within::within_noting(
+        timeout,
+        collect(&mut body, limit, share, max_buffered, !h2),
+        waited,
+    )
+    .await;
     let Some(read) = read else {
         return Err(BodyError::TimedOut);
     };

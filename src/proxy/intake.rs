@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request};
 
 use super::conversation::Conversation;
+use super::exchange::Spent;
 use super::inbound::{self, BodyError, Endpoint};
 use super::record::RequestRecord;
 use super::{Inbound, Proxy, Snapshot, buffers};
@@ -100,20 +101,28 @@ impl Proxy {
         h2: bool,
         body: CallerBody,
         share: &mut buffers::BufferShare,
-        record: &mut Option<RequestRecord>,
+        (record, spent): (&mut Option<RequestRecord>, &mut Spent),
     ) -> Result<Bytes, ProxyError> {
         let limit = cfg.server.max_body_bytes;
         let limits = &cfg.server.limits;
+        let mut waited = None;
         let read = inbound::read_body(
             headers,
             body,
             h2,
-            limit,
-            limits.body_read_timeout,
+            (limit, limits.body_read_timeout),
             share,
             limits.max_buffered_bytes,
+            &mut waited,
         );
-        match read.await {
+        let read = read.await;
+        // The wait for the caller's bytes is the caller's time, not legate's overhead (a slow
+        // upload read as a slow legate). A body that came with its head took no wait.
+        if let Some(since) = waited {
+            spent.leave(since);
+            spent.come_back(tokio::time::Instant::now());
+        }
+        match read {
             Ok(b) => Ok(b),
             Err(BodyError::TimedOut) => Err(ProxyError::BodyTimeout),
             Err(BodyError::Full) => {
@@ -149,7 +158,7 @@ impl Proxy {
         tenant: &str,
         req: Request<CallerBody>,
         rid: crate::observe::RequestId,
-        record: &mut Option<RequestRecord>,
+        (record, spent): (&mut Option<RequestRecord>, &mut Spent),
         obs: &RequestObs,
     ) -> Result<Inbound, ProxyError> {
         let cfg = &snap.cfg;
@@ -159,7 +168,7 @@ impl Proxy {
             buffers::BufferShare::new(self.buffers.clone()).within(snap.buffer_part(tenant));
         let h2 = parts.version == http::Version::HTTP_2;
         let body = self
-            .read_body(cfg, &parts.headers, h2, body, &mut share, record)
+            .read_body(cfg, &parts.headers, h2, body, &mut share, (record, spent))
             .await?;
         crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;

@@ -365,7 +365,15 @@ impl Proxy {
                 break 'served answered;
             }
             let inbound = match self
-                .take_in(&snap, endpoint, &tenant, req, rid, &mut record, &obs)
+                .take_in(
+                    &snap,
+                    endpoint,
+                    &tenant,
+                    req,
+                    rid,
+                    (&mut record, &mut stats),
+                    &obs,
+                )
                 .await
             {
                 Ok(inbound) => inbound,

@@ -15,6 +15,16 @@ use tokio::time::{Instant, Sleep};
 
 /// `fut`'s output, or `None` if it is still pending `limit` after it first had to wait.
 pub async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    within_noting(limit, fut, &mut None).await
+}
+
+/// [`within`], noting in `waited` when `fut` first had to wait (left `None` when it never
+/// did): the time since is a wait on someone else (a caller's upload), not legate's own.
+pub async fn within_noting<F: Future>(
+    limit: Duration,
+    fut: F,
+    waited: &mut Option<Instant>,
+) -> Option<F::Output> {
     let mut fut = pin!(fut);
     let mut timer = pin!(None::<Sleep>);
     poll_fn(|cx| {
@@ -22,7 +32,9 @@ pub async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
             return Poll::Ready(Some(out));
         }
         if timer.is_none() {
-            timer.set(Some(tokio::time::sleep_until(Instant::now() + limit)));
+            let now = Instant::now();
+            *waited = Some(now);
+            timer.set(Some(tokio::time::sleep_until(now + limit)));
         }
         match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(None),
@@ -39,6 +51,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_ready_future_is_taken_without_a_timer() {
         assert_eq!(within(Duration::ZERO, async { 7 }).await, Some(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_wait_is_noted_and_a_ready_future_notes_none() {
+        let mut waited = None;
+        assert_eq!(
+            within_noting(Duration::ZERO, async { 7 }, &mut waited).await,
+            Some(7)
+        );
+        assert_eq!(waited, None);
+        let start = Instant::now();
+        let soon = tokio::time::sleep(Duration::from_secs(2));
+        assert_eq!(
+            within_noting(Duration::from_secs(5), soon, &mut waited).await,
+            Some(())
+        );
+        assert_eq!(waited, Some(start));
     }
 
     #[tokio::test(start_paused = true)]

@@ -264,3 +264,28 @@ async fn a_provider_without_a_key_source_gets_no_credential() {
     assert!(header_values(&r.headers, "authorization").is_empty());
     assert!(header_values(&r.headers, "x-api-key").is_empty());
 }
+
+/// The wait for a caller's slow upload is the caller's time: `x-legate-overhead-ms` (and the
+/// overhead metric and the journal) counted it as legate's own, so a slow upload read as a slow
+/// legate.
+#[tokio::test]
+async fn a_slow_upload_is_not_counted_as_legates_overhead() {
+    use futures_util::StreamExt;
+    let env = harness::start("").await;
+    let (first, rest) = r#"{"model":"m","max_tokens":5,"messages":[]}"#.split_at(10);
+    let parts = futures_util::stream::iter([first, rest]).then(|part| async move {
+        if !part.starts_with('{') {
+            // The caller's own pacing: the rest of its body a second later.
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        Ok::<_, std::io::Error>(bytes::Bytes::from(part))
+    });
+    let resp = env.messages(reqwest::Body::wrap_stream(parts)).await;
+    assert_eq!(resp.status(), 200);
+    let overhead: f64 = resp.headers()["x-legate-overhead-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(overhead < 500.0, "{overhead} ms");
+}
