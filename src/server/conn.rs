@@ -32,8 +32,12 @@ use tokio::time::{Instant, Sleep};
 
 /// The least time a connection has waited for a request before its plane, when full, may close
 /// it for a new one: a just-accepted connection's first request, or a just-answered caller's
-/// reading of its answer, is on its way well within it.
-pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+/// reading of its answer, is on its way well within it (a peer beside it, a round trip away).
+/// Short, because while every connection is younger nothing can be closed and a new peer
+/// waits: at 1 s, a peer opening a hundred idle connections a second to the admin plane held
+/// a kubelet's probe past its 1 s timeout. The longest-idle connection goes first, so a young
+/// one is chosen only once every other is busy or younger still.
+pub const EVICTABLE_AFTER: Duration = Duration::from_millis(100);
 
 /// Bytes that HTTP/2 streams cut for want of credit may leave with hyper on one connection
 /// (see [`super::stall`]) before it is asked to end with GOAWAY: one whole answer at the most

@@ -22,7 +22,7 @@ use tokio::sync::{Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
 use super::caller::{CallerBody, Rewind};
-use super::conn::{ConnLimits, ConnWatch, Guarded, WatchedIo, watched};
+use super::conn::{ConnLimits, ConnWatch, EVICTABLE_AFTER, Guarded, WatchedIo, watched};
 use super::h1;
 use super::roster::Roster;
 use super::stall::StallWatched;
@@ -169,9 +169,9 @@ pub async fn serve<H, F, B, L>(
 }
 
 /// A slot for a peer accepted while the plane was full: the longest-idle connection is closed
-/// for it ([`Roster`]). While every connection has a request in flight, the peer waits for
-/// one to end, and the plane looks again each second for one that has gone idle. `None` when
-/// stopping.
+/// for it ([`Roster`]). While every connection has a request in flight (or waited less than
+/// [`EVICTABLE_AFTER`]), the peer waits for one to end, and the plane looks again every
+/// `EVICTABLE_AFTER` for one that may be closed. `None` when stopping.
 async fn make_room(
     slots: &Arc<Semaphore>,
     roster: &Roster,
@@ -189,7 +189,7 @@ async fn make_room(
         }
         tokio::select! {
             s = slots.clone().acquire_owned() => return s.ok(),
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::time::sleep(EVICTABLE_AFTER) => {}
             _ = stop.cancelled() => return None,
         }
     }
@@ -324,4 +324,45 @@ fn bound_unsent(stream: &TcpStream) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = stream;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plane full of connections that all waited less than `EVICTABLE_AFTER` (a peer opening
+    /// idle connections faster than they age): a new peer gets its slot once the oldest may be
+    /// closed, not a second later.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_waiting_on_young_connections_gets_a_slot_once_the_oldest_may_go() {
+        let slots = Arc::new(Semaphore::new(1));
+        let held = slots.clone().try_acquire_owned().unwrap();
+        let roster = Roster::new(1);
+        let young = ConnWatch::new(ConnLimits {
+            header_read_timeout: Duration::from_secs(10),
+            connection_idle_timeout: Duration::from_secs(120),
+            body_read_timeout: Duration::from_secs(60),
+        });
+        roster.enlist(&young);
+        let stop = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let room = async {
+            let slot = make_room(&slots, &roster, &stop).await;
+            (slot, start.elapsed())
+        };
+        // The closed connection's slot comes free when its task ends: here, once it has been
+        // chosen (past the floor, a connection that may not be chosen was chosen already).
+        let release = async {
+            while start.elapsed() < EVICTABLE_AFTER
+                || young.idleness(tokio::time::Instant::now()).is_some()
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            drop(held);
+        };
+        let ((slot, waited), ()) = tokio::join!(room, release);
+        assert!(slot.is_some());
+        // Under a kubelet probe's 1 s timeout with room to spare (it was 1 s and more).
+        assert!(waited <= Duration::from_millis(250), "{waited:?}");
+    }
 }
