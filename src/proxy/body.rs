@@ -337,6 +337,21 @@ impl TapBody {
     }
 }
 
+impl TapBody {
+    /// Reads what the upstream body already holds after the final event (its end, usually
+    /// in the same read), without waiting; nothing after the final event is passed on.
+    fn drain_after_final(&mut self, cx: &mut Context<'_>) {
+        // Bounded: a provider streaming junk behind its final event as fast as it is read
+        // gets a few frames' worth, then the stream ends here anyway.
+        for _ in 0..8 {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(_)) | None) | Poll::Pending => return,
+            }
+        }
+    }
+}
+
 impl Drop for TapBody {
     fn drop(&mut self) {
         // A stream whose final event was relayed is complete, whatever follows it: the
@@ -408,6 +423,16 @@ impl Body for TapBody {
                     continue;
                 }
                 State::Streaming => {}
+            }
+            if matches!(&this.mode, Mode::Sse(w) if w.saw_terminal || w.error_data.is_some()) {
+                // The final event (or the provider's error event, which ends a stream) is
+                // relayed: the answer is whole. The body's own end is taken
+                // if it is already there (the connection goes back to the pool); a provider
+                // that holds its body open behind it kept the caller's stream open, and an
+                // SDK's stream helper waiting, until idle_timeout.
+                this.drain_after_final(cx);
+                this.state = this.on_end();
+                continue;
             }
             if this.stop.is_cancelled() {
                 this.state = this.shut_down();
