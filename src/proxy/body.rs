@@ -310,7 +310,8 @@ impl TapBody {
     }
 
     fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
-        if let Some(mut acct) = self.settle() {
+        let served = status_override.is_none() && matches!(outcome, Outcome::Success);
+        if let Some(mut acct) = self.settle(served) {
             if let Some(t) = acct.ticket.take() {
                 t.report(outcome);
             }
@@ -320,8 +321,9 @@ impl TapBody {
 
     /// Ends the accounting, if still open: the usage seen is recorded and settled; with none
     /// seen, an answer that reached the provider keeps its estimate (it may be billed: no
-    /// refund). The accounting is handed back for the caller to close.
-    fn settle(&mut self) -> Option<Accounting> {
+    /// refund), and one `served` whole counts as a request in the ledger. The accounting is
+    /// handed back for the caller to close.
+    fn settle(&mut self, served: bool) -> Option<Accounting> {
         let usage = self.usage();
         let mut acct = self.acct.take()?;
         match usage {
@@ -330,7 +332,12 @@ impl TapBody {
                 let cost = acct.sink.record(u);
                 acct.record.settle(u, cost, &acct.sink);
             }
-            None if acct.status < 400 => acct.record.keep_reservation(acct.sink.price),
+            None if acct.status < 400 => {
+                if served {
+                    acct.sink.record_unreported();
+                }
+                acct.record.keep_reservation(acct.sink.price);
+            }
             None => {}
         }
         Some(acct)
@@ -368,7 +375,7 @@ impl Drop for TapBody {
         // Still accounting means the caller went away before the end: whatever usage was seen
         // is still billed by the provider, so it is recorded, and the request counts as 499.
         // The breaker ticket drops unreported: a disconnect is never a provider failure.
-        if let Some(mut acct) = self.settle() {
+        if let Some(mut acct) = self.settle(false) {
             acct.record.client_gone();
         }
     }

@@ -545,7 +545,10 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                         let cost = sink.record(u);
                         rec.settle(u, cost, &sink);
                     }
-                    None => rec.keep_reservation(step_price(call)),
+                    None => {
+                        answer::sink(call, rec).record_unreported();
+                        rec.keep_reservation(step_price(call));
+                    }
                 }
             }
             Exchanged::Whole(answer::buffered(

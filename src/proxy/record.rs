@@ -269,6 +269,18 @@ impl UsageSink {
         cost
     }
 
+    /// Records a served request whose usage the provider did not report (a compatible server
+    /// that ignores `include_usage`): counted in the ledger's requests, with no tokens or cost
+    /// (the ledger counts reported usage only). It was left out of the ledger altogether.
+    pub fn record_unreported(&self) {
+        self.ledger.record(
+            &self.tenant,
+            (&self.target, self.named),
+            Usage::default(),
+            0,
+        );
+    }
+
     /// Records the usage of an attempt that failed before its commit point (no request is
     /// counted for it); returns its cost in pico-USD.
     pub fn record_unserved(&self, usage: Usage) -> u128 {

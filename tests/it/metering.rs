@@ -151,3 +151,56 @@ async fn requests_are_counted_with_bounded_labels() {
         Some(2.0)
     );
 }
+
+/// A served request whose provider reported no usage (a compatible server that ignores
+/// `include_usage`, or leaves `usage` out of a whole answer) is still a request in the ledger,
+/// with no tokens or cost: it was left out, so /admin/usage read fewer requests than the
+/// journal and `legate_requests_total`.
+#[tokio::test]
+async fn a_request_served_without_reported_usage_counts_in_the_ledger() {
+    let chunk = crate::rawup::chat_chunk;
+    let events = [
+        chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
+        chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let stream = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
+        events.len()
+    );
+    let whole = r#"{"id":"chatcmpl-w","object":"chat.completion","created":1,"model":"gpt-x","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}]}"#;
+    let whole = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{whole}",
+        whole.len()
+    );
+    let up = crate::rawup::start(move |req| {
+        let asked: &[u8] = b"\"stream\":true";
+        let reply = if req.body.windows(asked.len()).any(|w| w == asked) {
+            stream.clone()
+        } else {
+            whole.clone()
+        };
+        async move { crate::rawup::Action::Reply(reply.into_bytes()) }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let streamed = env
+        .chat(r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(streamed.status(), 200);
+    assert!(streamed.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    let answered = env
+        .chat(r#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(answered.status(), 200);
+    let _ = answered.bytes().await.unwrap();
+    env.wait_metric("legate_requests_total", &[("status", "200")], 2.0)
+        .await;
+    let doc = usage_doc(&env).await;
+    let entry = &doc["tenants"]["default"]["openai:gpt-x"];
+    assert_eq!(entry["requests"], 2, "{doc}");
+    assert_eq!(entry["input_tokens"], 0, "{doc}");
+    assert_eq!(entry["cost_pico_usd"], "0", "{doc}");
+}
