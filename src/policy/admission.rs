@@ -34,6 +34,10 @@ type Queue = BTreeMap<u64, oneshot::Sender<Grant>>;
 struct State {
     inflight: usize,
     queues: [Queue; 3],
+    /// Callers the provider's pacer holds back before they queue here (background and batch
+    /// calls spaced out while its rate limit runs low): counted against `queue_limit` and in
+    /// the depth gauge, and shed as queued ones are, but never handed a slot from here.
+    paced: [Queue; 3],
     /// The next arrival number.
     next: u64,
 }
@@ -94,6 +98,7 @@ impl Gate {
             state: Mutex::new(State {
                 inflight: 0,
                 queues: Default::default(),
+                paced: Default::default(),
                 next: 0,
             }),
             depth,
@@ -119,29 +124,8 @@ impl Gate {
                 st.inflight += 1;
                 return Ok(Permit { gate: self.clone() });
             }
-            // Callers that gave up (deadline, disconnect) hold no places: each left at once.
-            let queued: usize = st.queues.iter().map(Queue::len).sum();
-            if queued >= queue_limit {
-                // Make room by shedding the newest waiter of the lowest priority below ours.
-                let victim = Priority::ALL
-                    .iter()
-                    .rev()
-                    .copied()
-                    .find(|q| *q > p && !st.queues[*q as usize].is_empty());
-                match victim {
-                    Some(q) => {
-                        if let Some((_, tx)) = st.queues[q as usize].pop_last() {
-                            let _ = tx.send(Err(Shed));
-                        }
-                        self.gauge(q, -1);
-                        self.shed.with_label_values(&[q.as_str()]).inc();
-                    }
-                    None if p != Priority::Interactive => {
-                        self.shed.with_label_values(&[p.as_str()]).inc();
-                        return Err(Shed);
-                    }
-                    None => {}
-                }
+            if !self.make_room(&mut st, p, queue_limit) {
+                return Err(Shed);
             }
             let (tx, rx) = oneshot::channel();
             let place = st.next;
@@ -164,6 +148,87 @@ impl Gate {
         match grant {
             Ok(Ok(())) => Ok(Permit { gate: self.clone() }),
             _ => Err(Shed),
+        }
+    }
+
+    /// Past `queue_limit` places (queued and paced), makes room for a caller of priority `p`
+    /// by shedding the newest waiter of the lowest priority below it; false when there is none
+    /// and `p` is shed itself (interactive never is: it is let past the limit). Callers that
+    /// gave up (deadline, disconnect) hold no places: each left at once.
+    fn make_room(&self, st: &mut State, p: Priority, queue_limit: usize) -> bool {
+        let held: usize = st.queues.iter().chain(&st.paced).map(Queue::len).sum();
+        if held < queue_limit {
+            return true;
+        }
+        let victim = Priority::ALL.iter().rev().copied().find(|q| {
+            *q > p && !(st.queues[*q as usize].is_empty() && st.paced[*q as usize].is_empty())
+        });
+        match victim {
+            Some(q) => {
+                let i = q as usize;
+                let newest = |queue: &Queue| queue.last_key_value().map(|(k, _)| *k);
+                let from = if newest(&st.paced[i]) > newest(&st.queues[i]) {
+                    &mut st.paced[i]
+                } else {
+                    &mut st.queues[i]
+                };
+                if let Some((_, tx)) = from.pop_last() {
+                    let _ = tx.send(Err(Shed));
+                }
+                self.gauge(q, -1);
+                self.shed.with_label_values(&[q.as_str()]).inc();
+                true
+            }
+            None if p != Priority::Interactive => {
+                self.shed.with_label_values(&[p.as_str()]).inc();
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Holds a caller of priority `p` for `wait`, as the provider's pacer asks, in a place
+    /// counted as queued: past `queue_limit` it is shed, or sheds a lower one, as a queued
+    /// caller is; while it waits, a higher-priority caller may shed it. Without a place, the
+    /// pacer's waiters were invisible (the depth gauge and `/admin/state` read 0) and
+    /// unbounded. The caller queues for a slot afterwards ([`Gate::acquire`]).
+    pub async fn pace(
+        self: &Arc<Self>,
+        p: Priority,
+        wait: std::time::Duration,
+    ) -> Result<(), Shed> {
+        let (rx, place) = {
+            let mut st = self.lock();
+            let queue_limit = self.queue_limit.load(Ordering::Relaxed);
+            if !self.make_room(&mut st, p, queue_limit) {
+                return Err(Shed);
+            }
+            let (tx, rx) = oneshot::channel();
+            let place = st.next;
+            st.next += 1;
+            st.paced[p as usize].insert(place, tx);
+            self.gauge(p, 1);
+            (rx, place)
+        };
+        // Leaves its place however the wait ends (over, shed, or the caller gone).
+        struct Place<'a>(&'a Gate, Priority, u64);
+        impl Drop for Place<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock();
+                if st.paced[self.1 as usize].remove(&self.2).is_some() {
+                    self.0.gauge(self.1, -1);
+                }
+            }
+        }
+        let _place = Place(self, p, place);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Ok(()),
+            // Only a shed is ever sent; a closed channel cannot happen while the place holds
+            // the sender, and is read as the wait being over.
+            shed = rx => match shed {
+                Ok(Err(Shed)) => Err(Shed),
+                _ => Ok(()),
+            },
         }
     }
 
@@ -219,9 +284,10 @@ impl Gate {
         self.lock().inflight
     }
 
+    /// Callers waiting, by priority: queued for a slot, and held by the pacer.
     pub fn queued(&self) -> [usize; 3] {
         let st = self.lock();
-        [st.queues[0].len(), st.queues[1].len(), st.queues[2].len()]
+        std::array::from_fn(|i| st.queues[i].len() + st.paced[i].len())
     }
 }
 
@@ -294,6 +360,45 @@ mod tests {
         assert_eq!(i.await.unwrap(), Ok(()));
         assert_eq!(b2.await.unwrap(), Ok(()));
         assert_eq!(g.inflight(), 0);
+    }
+
+    /// Callers the pacer holds back hold queue places: counted, bounded by `queue_limit`, and
+    /// shed lowest priority first. They were invisible and unbounded.
+    #[tokio::test(start_paused = true)]
+    async fn paced_callers_hold_queue_places_and_are_shed_as_queued_ones() {
+        let g = gate(1, 2);
+        let wait = std::time::Duration::from_secs(5);
+        let pace = |p: Priority| {
+            let g = g.clone();
+            tokio::spawn(async move { g.pace(p, wait).await })
+        };
+        let first = pace(Priority::Batch);
+        let second = pace(Priority::Batch);
+        while g.queued()[2] < 2 {
+            tokio::task::yield_now().await;
+        }
+        // Full: another batch caller is shed at once, and a background one sheds the newest
+        // paced batch caller.
+        assert_eq!(g.pace(Priority::Batch, wait).await, Err(Shed));
+        let background = pace(Priority::Background);
+        assert_eq!(second.await.unwrap(), Err(Shed));
+        while g.queued()[1] < 1 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(g.queued(), [0, 1, 1]);
+        let depth = |p: Priority| g.depth.with_label_values(&[p.as_str()]).get();
+        assert_eq!(
+            (depth(Priority::Background), depth(Priority::Batch)),
+            (1, 1)
+        );
+        // The waits end, and their places go with them.
+        assert_eq!(first.await.unwrap(), Ok(()));
+        assert_eq!(background.await.unwrap(), Ok(()));
+        assert_eq!(g.queued(), [0, 0, 0]);
+        assert_eq!(
+            (depth(Priority::Background), depth(Priority::Batch)),
+            (0, 0)
+        );
     }
 
     #[tokio::test]

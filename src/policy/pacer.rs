@@ -183,11 +183,13 @@ impl Pacer {
         if t.ratio >= pace_below || now >= t.reset_at {
             return None;
         }
-        // Spread what is left over the time until the reset.
+        // Spread what is left over the time until the reset. No slot lies past the reset:
+        // callers beyond what is left wait for the reset, and no longer (slots spaced on past
+        // it kept them waiting after the limit had come back).
         let slots = u32::try_from(t.remaining.max(1)).unwrap_or(u32::MAX);
         let interval = t.reset_at.saturating_duration_since(now) / slots;
-        let slot = st.next_slot.map_or(now, |n| n.max(now));
-        st.next_slot = Some(slot + interval);
+        let slot = st.next_slot.map_or(now, |n| n.max(now)).min(t.reset_at);
+        st.next_slot = Some((slot + interval).min(t.reset_at));
         let wait = slot.saturating_duration_since(now);
         (!wait.is_zero()).then_some(wait)
     }
@@ -309,6 +311,32 @@ mod tests {
         // After the reset nothing waits.
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(p.delay(Priority::Batch, 0.2), None);
+    }
+
+    /// More callers than the limit has left wait for the reset, and no longer: slots spaced
+    /// on past it kept them waiting after the limit had come back.
+    #[tokio::test(start_paused = true)]
+    async fn callers_beyond_what_is_left_wait_for_the_reset_and_no_longer() {
+        let p = pacer();
+        p.observe(&headers(&[
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "4"),
+            ("x-ratelimit-reset-requests", "2s"),
+        ]));
+        let waits: Vec<Option<Duration>> = (0..7).map(|_| p.delay(Priority::Batch, 0.2)).collect();
+        let ms = |n| Some(Duration::from_millis(n));
+        assert_eq!(
+            waits,
+            [
+                None,
+                ms(500),
+                ms(1000),
+                ms(1500),
+                ms(2000),
+                ms(2000),
+                ms(2000)
+            ]
+        );
     }
 
     #[test]

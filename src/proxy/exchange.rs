@@ -320,11 +320,18 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     let Call { up, inb, snap, .. } = *call;
     // When the provider's rate limit runs low, background and batch calls wait their slot so
     // that what is left lasts until the reset.
+    // They wait in a place of the provider's queue: counted, bounded by `queue_limit`, and
+    // shed lowest priority first.
     if let Some(wait) = up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below) {
         if Instant::now() + wait >= inb.deadline {
             return Err(Exchanged::Deadline { in_flight: false });
         }
-        tokio::time::sleep(wait).await;
+        if up.gate.pace(inb.priority, wait).await.is_err() {
+            return Err(Exchanged::Shed(ProxyError::Shed {
+                retry_after: Duration::from_secs(1),
+                counting: false,
+            }));
+        }
     }
     match tokio::time::timeout_at(inb.deadline, up.gate.acquire(inb.priority)).await {
         Ok(Ok(p)) => Ok(p),

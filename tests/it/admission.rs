@@ -428,3 +428,36 @@ async fn absurd_reported_usage_is_bounded_and_cannot_lock_a_tenant_out() {
     assert!(wait > 0.0 && wait <= 120.0, "retry-after {wait}");
     assert_eq!(env.mock.stats().requests, 1);
 }
+
+/// Batch calls the pacer holds back (the provider's rate limit is low) wait in places of the
+/// queue: `legate_queue_depth` counts them and `queue_limit` bounds them, a call past it shed
+/// at once. They were invisible (depth 0) and unbounded, every one of them waiting its slot.
+#[tokio::test]
+async fn calls_held_by_the_pacer_count_as_queued_and_are_bounded() {
+    let mock = harness::start_mock(
+        legate::mock::Script::from_json(
+            r#"{"default":{"headers":{"x-ratelimit-limit-requests":"100","x-ratelimit-remaining-requests":"4","x-ratelimit-reset-requests":"30s"}}}"#,
+        )
+        .unwrap(),
+    )
+    .await;
+    let toml = harness::config_toml_with(&mock.base_url(), "", "", "[shedding]\nqueue_limit = 2\n");
+    let env = harness::start_toml(mock, &toml).await;
+    // The first answer tells legate that 4 calls are left until the reset, 30 s away; the
+    // first batch call takes the first slot at once.
+    assert_eq!(send_with_priority(&env, "interactive").await.unwrap(), 200);
+    assert_eq!(send_with_priority(&env, "batch").await.unwrap(), 200);
+    // The next two wait for their slots (7.5 s and 15 s away), holding both places.
+    let _held = [
+        send_with_priority(&env, "batch"),
+        send_with_priority(&env, "batch"),
+    ];
+    wait_queued(&env, "batch", 2).await;
+    assert_eq!(send_with_priority(&env, "batch").await.unwrap(), 529);
+    assert_eq!(
+        env.metric("legate_shed_total", &[("priority", "batch")])
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(env.mock.stats().requests, 2);
+}
