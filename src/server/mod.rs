@@ -49,6 +49,23 @@ pub struct RunningServer {
     pub reloader: Arc<Reloader>,
 }
 
+/// A listening socket at `addr` whose accept backlog is the kernel's bound
+/// (`net.core.somaxconn`) rather than 128: a burst of connections past the backlog waits for
+/// a SYN retransmit, a second or more, and connections past a full plane wait there
+/// ([`listener`]).
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    const BACKLOG: u32 = 4096;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As a listener bound by tokio has it: a restart can bind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Binds both listeners and starts serving, without a source to reload the config from.
 pub async fn start(cfg: Config, registry: Registry) -> Result<RunningServer, String> {
     start_reloadable(cfg, registry, None).await
@@ -71,11 +88,9 @@ pub async fn start_reloadable(
         .values()
         .filter_map(|u| u.spawn_key_watch())
         .collect();
-    let data = TcpListener::bind(cfg.server.listen)
-        .await
+    let data = listen(cfg.server.listen)
         .map_err(|e| format!("server.listen {}: {e}", cfg.server.listen))?;
-    let admin_l = TcpListener::bind(cfg.server.admin_listen)
-        .await
+    let admin_l = listen(cfg.server.admin_listen)
         .map_err(|e| format!("server.admin_listen {}: {e}", cfg.server.admin_listen))?;
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_l.local_addr().map_err(|e| e.to_string())?;
