@@ -119,12 +119,17 @@ where
     }
 }
 
-/// `TIME LEVEL message key=value …`, values quoted when they contain spaces.
+/// `TIME LEVEL message key=value …`, values quoted (as JSON strings) when they contain spaces
+/// or control characters: a caller's model name holding an escape sequence reached an
+/// operator's terminal raw.
 fn text_line(mut line: Map<String, Value>) -> String {
     let mut out = String::new();
     for k in ["timestamp", "level", "message"] {
         if let Some(v) = line.remove(k) {
             match v {
+                Value::String(s) if s.contains(char::is_control) => {
+                    out.push_str(&Value::String(s).to_string());
+                }
                 Value::String(s) => out.push_str(&s),
                 other => out.push_str(&other.to_string()),
             }
@@ -133,10 +138,10 @@ fn text_line(mut line: Map<String, Value>) -> String {
     }
     line.remove("target");
     for (k, v) in line {
+        let quoted =
+            |s: &str| s.is_empty() || s.contains([' ', '"', '=']) || s.contains(char::is_control);
         let v = match v {
-            Value::String(s) if s.is_empty() || s.contains([' ', '"', '=']) => {
-                Value::String(s).to_string()
-            }
+            Value::String(s) if quoted(&s) => Value::String(s).to_string(),
             Value::String(s) => s,
             other => other.to_string(),
         };
@@ -161,6 +166,19 @@ mod tests {
         assert_eq!(
             text_line(m),
             "T INFO request n=3 request_id=lgt_1 why=\"two words\" z=null"
+        );
+    }
+
+    #[test]
+    fn text_lines_escape_control_characters() {
+        let v = serde_json::json!({"timestamp": "T", "level": "INFO", "message": "request",
+            "model": "\u{1b}[31mred\u{1b}[0m", "path": "/v1/messages"});
+        let Value::Object(m) = v else { unreachable!() };
+        let line = text_line(m);
+        assert!(!line.contains('\u{1b}'), "{line:?}");
+        assert_eq!(
+            line,
+            "T INFO request model=\"\\u001b[31mred\\u001b[0m\" path=/v1/messages"
         );
     }
 }
