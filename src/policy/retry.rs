@@ -118,8 +118,9 @@ impl Backoff {
     }
 }
 
-/// Retries may add at most `ratio` extra upstream load over a rolling 10 s window, plus a
-/// floor of 10 retries per second so that a quiet proxy can still retry.
+/// Retries may add at most `ratio` extra upstream load over a rolling 10 s window, with a
+/// floor of 10 retries per second so that a quiet proxy can still retry: the larger of the
+/// two, never their sum (which let 100 requests a second retry 30 a second, not 20).
 pub struct RetryBudget {
     /// f64 bits, so a config reload can change it without a lock.
     ratio: std::sync::atomic::AtomicU64,
@@ -176,7 +177,7 @@ impl RetryBudget {
             let live = |s: &&Slot| now.saturating_sub(s.second) < WINDOW_SECS as u64;
             let requests: u64 = slots.iter().filter(live).map(|s| s.requests).sum();
             let retries: u64 = slots.iter().filter(live).map(|s| s.retries).sum();
-            let allowed = requests as f64 * ratio + FLOOR_PER_SEC * WINDOW_SECS as f64;
+            let allowed = (requests as f64 * ratio).max(FLOOR_PER_SEC * WINDOW_SECS as f64);
             if (retries as f64) < allowed {
                 slots[(now % WINDOW_SECS as u64) as usize].retries += 1;
                 true
@@ -306,14 +307,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_budget_allows_the_ratio_plus_a_floor_then_refuses() {
+    async fn the_budget_allows_the_ratio_or_the_floor_then_refuses() {
         let budget = RetryBudget::new(0.2);
         for _ in 0..1000 {
             budget.deposit();
         }
-        // 1000 requests * 0.2 + 10/s * 10 s floor = 300 retries in the window.
+        // 1000 requests * 0.2 = 200 retries in the window, above the floor's 10/s * 10 s.
         let granted = (0..400).filter(|_| budget.try_withdraw()).count();
-        assert_eq!(granted, 300);
+        assert_eq!(granted, 200);
+        // Below the floor's load the floor holds: 100 requests * 0.2 is 20, the floor 100.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        for _ in 0..100 {
+            budget.deposit();
+        }
+        let granted = (0..400).filter(|_| budget.try_withdraw()).count();
+        assert_eq!(granted, 100);
         // The window rolls on: after it, the floor is available again.
         tokio::time::advance(Duration::from_secs(11)).await;
         let granted = (0..400).filter(|_| budget.try_withdraw()).count();
