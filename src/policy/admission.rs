@@ -221,11 +221,16 @@ impl Gate {
             }
         }
         let _place = Place(self, p, place);
+        let mut rx = rx;
         tokio::select! {
-            () = tokio::time::sleep(wait) => Ok(()),
+            // A shed sent as the wait ended still holds: it was counted as one.
+            () = tokio::time::sleep(wait) => match rx.try_recv() {
+                Ok(Err(Shed)) => Err(Shed),
+                _ => Ok(()),
+            },
             // Only a shed is ever sent; a closed channel cannot happen while the place holds
             // the sender, and is read as the wait being over.
-            shed = rx => match shed {
+            shed = &mut rx => match shed {
                 Ok(Err(Shed)) => Err(Shed),
                 _ => Ok(()),
             },

@@ -100,7 +100,16 @@ pub struct TapBody {
     redact: Option<crate::redact::Redactor>,
     /// The forwarded tail that may be the start of a key split across chunks (held back).
     carry: Vec<u8>,
+    /// Once a stream's final event is relayed: until when the upstream body's own end is
+    /// waited for ([`FINAL_GRACE`]).
+    final_by: Option<Instant>,
 }
+
+/// How long a stream whose final event is relayed waits for the upstream body's end before it
+/// ends the caller's stream itself (and drops the upstream connection): a provider writes the
+/// end right after its last event, often in a write of its own (uvicorn, Go's net/http), which
+/// arrives within milliseconds; waiting for it lets an HTTP/1 connection go back to the pool.
+const FINAL_GRACE: Duration = Duration::from_millis(500);
 
 impl TapBody {
     #[expect(clippy::too_many_arguments, reason = "one constructor wiring one body")]
@@ -123,6 +132,7 @@ impl TapBody {
             idle,
             idle_from: None,
             timer: None,
+            final_by: None,
             abort: Box::pin(stop.clone().cancelled_owned()),
             stop,
             acct: Some(acct),
@@ -344,21 +354,6 @@ impl TapBody {
     }
 }
 
-impl TapBody {
-    /// Reads what the upstream body already holds after the final event (its end, usually
-    /// in the same read), without waiting; nothing after the final event is passed on.
-    fn drain_after_final(&mut self, cx: &mut Context<'_>) {
-        // Bounded: a provider streaming junk behind its final event as fast as it is read
-        // gets a few frames' worth, then the stream ends here anyway.
-        for _ in 0..8 {
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(Some(Err(_)) | None) | Poll::Pending => return,
-            }
-        }
-    }
-}
-
 impl Drop for TapBody {
     fn drop(&mut self) {
         // A stream whose final event was relayed is complete, whatever follows it: the
@@ -431,15 +426,16 @@ impl Body for TapBody {
                 }
                 State::Streaming => {}
             }
-            if matches!(&this.mode, Mode::Sse(w) if w.saw_terminal || w.error_data.is_some()) {
+            if this.final_by.is_none()
+                && matches!(&this.mode, Mode::Sse(w) if w.saw_terminal || w.error_data.is_some())
+            {
                 // The final event (or the provider's error event, which ends a stream) is
-                // relayed: the answer is whole. The body's own end is taken
-                // if it is already there (the connection goes back to the pool); a provider
-                // that holds its body open behind it kept the caller's stream open, and an
-                // SDK's stream helper waiting, until idle_timeout.
-                this.drain_after_final(cx);
-                this.state = this.on_end();
-                continue;
+                // relayed: the answer is whole. The body's own end is waited for a moment
+                // only: it comes at once from a provider that writes it after its last event
+                // (the connection then goes back to the pool), and one that holds its body
+                // open behind it kept the caller's stream open, and an SDK's stream helper
+                // waiting, until idle_timeout.
+                this.final_by = Some(Instant::now() + FINAL_GRACE);
             }
             if this.stop.is_cancelled() {
                 this.state = this.shut_down();
@@ -453,6 +449,13 @@ impl Body for TapBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle_from = None;
                     match frame.into_data() {
+                        // Nothing after a stream's final event is passed on (a provider's
+                        // junk, or keep-alives it sends while it holds the body open).
+                        Ok(_) if matches!(&this.mode, Mode::Sse(w) if w.saw_terminal) => {
+                            if this.final_by.is_some_and(|f| f <= Instant::now()) {
+                                this.state = this.on_end();
+                            }
+                        }
                         Ok(data) => {
                             let out = this.observe(data);
                             if matches!(&this.mode, Mode::Sse(w) if w.oversize) {
@@ -489,10 +492,21 @@ impl Body for TapBody {
                     }
                     let idle_due = *this.idle_from.get_or_insert_with(Instant::now) + this.idle;
                     let due = this.deadline_due().map_or(idle_due, |d| d.min(idle_due));
+                    let due = this.final_by.map_or(due, |f| f.min(due));
                     let timer = this
                         .timer
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+                    // `passed` needs the timer armed no later than `due`: the final event's
+                    // grace may come before the idle limit the timer is armed for.
+                    if timer.deadline() > due {
+                        timer.as_mut().reset(due);
+                    }
                     if crate::proxy::upread::passed(timer.as_mut(), due, cx) {
+                        if this.final_by.is_some() {
+                            // The stream is whole; the body's end did not come in its moment.
+                            this.state = this.on_end();
+                            continue;
+                        }
                         this.state = this.fail(if due < idle_due {
                             PAST_DEADLINE
                         } else {

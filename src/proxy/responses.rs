@@ -286,9 +286,9 @@ pub async fn forward(
                 reason: "it is larger than the 16 MiB legate holds whole".to_owned(),
             });
         }
+        // Not a sign the connection stalled: the whole read is bounded by `idle_timeout`, and
+        // a large answer still flowing runs past it too.
         Whole::Broken(_) | Whole::Unusable(_) => {
-            // Its whole read is bounded by `idle_timeout`: a stall, or a cut connection.
-            incoming.retire_connection();
             return Err(ProxyError::UpstreamStreamBroken {
                 provider: up.name.clone(),
             });

@@ -32,6 +32,9 @@ pub(crate) enum Action {
     /// Write the first bytes, wait for the signal, then write the second and keep serving: a
     /// body whose two halves the caller sees apart.
     ReplyInTwo(Vec<u8>, tokio::sync::oneshot::Receiver<()>, Vec<u8>),
+    /// Write the parts one after another, `pause` apart, and keep serving: a server whose
+    /// writes arrive apart (its last event, then its body's end).
+    ReplyPaced(Vec<Vec<u8>>, std::time::Duration),
     /// Close the connection without a byte.
     Close,
     /// Reset the connection (RST, not FIN) without a byte.
@@ -109,6 +112,17 @@ where
                 }
                 if sock.write_all(&second).await.is_err() {
                     return;
+                }
+            }
+            Action::ReplyPaced(parts, pause) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        // The stand-in's own pacing between its writes.
+                        tokio::time::sleep(pause).await;
+                    }
+                    if sock.write_all(part).await.is_err() {
+                        return;
+                    }
                 }
             }
             Action::Close => return,

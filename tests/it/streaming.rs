@@ -429,3 +429,100 @@ async fn a_stream_ended_by_shutdown_is_legates_doing_not_the_providers() {
         "{metrics}"
     );
 }
+
+/// vLLM refuses a streamed request with its error object as the stream's first chunk
+/// (`{"object":"error","type":"BadRequestError","code":400}`): the caller gets the refusal's
+/// 400, once. It was read as no error at all, the stream as ending before its first content:
+/// a 502, retried three times.
+#[tokio::test]
+async fn a_vllm_error_chunk_before_content_is_its_refusal() {
+    let events = "data: {\"object\":\"error\",\"message\":\"max_tokens is too large\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}\n\n";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
+        events.len()
+    );
+    let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
+    let resp = env
+        .chat(r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["message"], "max_tokens is too large", "{v}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A chunked event-stream reply written in `parts` (each a chunk; the body's end follows the
+/// last, in a write of its own), 50 ms apart.
+fn paced_chunks(parts: &[&str]) -> crate::rawup::Action {
+    let mut writes = vec![
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+    ];
+    writes[0].extend_from_slice(format!("{:x}\r\n{}\r\n", parts[0].len(), parts[0]).as_bytes());
+    for part in &parts[1..] {
+        writes.push(format!("{:x}\r\n{part}\r\n", part.len()).into_bytes());
+    }
+    writes.push(b"0\r\n\r\n".to_vec());
+    crate::rawup::Action::ReplyPaced(writes, std::time::Duration::from_millis(50))
+}
+
+/// A provider that writes its body's end right after its last event, in a write of its own
+/// (uvicorn, Go's net/http): the stream waits for that end, and the connection serves the
+/// next stream. Ending at the final event without it closed the connection every time.
+#[tokio::test]
+async fn a_body_end_written_after_the_final_event_keeps_the_connection() {
+    let events = [
+        crate::rawup::chat_chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
+        crate::rawup::chat_chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let up = crate::rawup::start(move |_| {
+        let action = paced_chunks(&[&events]);
+        async move { action }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    for _ in 0..2 {
+        let resp = env
+            .chat(r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+            .await;
+        assert_eq!(resp.status(), 200);
+        assert!(resp.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    }
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(up.connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A Responses stream that fails sends `error` and then `response.failed`, which the SDKs'
+/// stream helpers end on; when the second comes in a write of its own, the caller still gets
+/// it. Ending the stream at the error event dropped it.
+#[tokio::test]
+async fn a_responses_error_event_is_followed_by_its_response_failed() {
+    let created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n";
+    let delta = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"m\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n";
+    let error = "event: error\ndata: {\"type\":\"error\",\"sequence_number\":2,\"code\":\"server_error\",\"message\":\"boom\",\"param\":null}\n\n";
+    let failed = "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"failed\",\"output\":[],\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n";
+    let up = crate::rawup::start(move |_| {
+        let action = paced_chunks(&[&[created, delta].concat(), error, failed]);
+        async move { action }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/responses"))
+        .header("authorization", "Bearer dummy-client-key")
+        .header("content-type", "application/json")
+        .body(r#"{"model":"gpt-x","stream":true,"input":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = resp.text().await.unwrap();
+    assert!(got.contains("event: error"), "{got}");
+    assert!(got.ends_with(failed), "{got}");
+}

@@ -130,10 +130,10 @@ pub(crate) fn stream_event(e: LocalError<'_>) -> Bytes {
 pub(crate) fn event_response(data: &str) -> (StatusCode, Bytes) {
     let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
     // The error object, or the event itself as some compatible servers send it (vLLM).
-    let error = if v["error"].is_object() {
-        &v["error"]
-    } else {
+    let error = if v["error"].is_null() && v["object"] == "error" {
         &v
+    } else {
+        &v["error"]
     };
     let class = TABLE
         .class_of(error["type"].as_str(), error["code"].as_str())

@@ -30,7 +30,8 @@ pub(crate) fn classify(ev: &SseEvent) -> StreamEventKind {
         return StreamEventKind::Other;
     };
     let choices = chunk.choices.unwrap_or_default();
-    if chunk.error.0 {
+    // vLLM sends its error object as the chunk itself: `{"object":"error","type":…,"code":400}`.
+    if chunk.error.0 || chunk.object == Some("error") {
         StreamEventKind::Error
     } else if choices.content {
         StreamEventKind::Content
@@ -43,9 +44,12 @@ pub(crate) fn classify(ev: &SseEvent) -> StreamEventKind {
 
 /// The parts of a `chat.completion.chunk` that decide its kind.
 #[derive(Deserialize)]
-struct Chunk {
+struct Chunk<'a> {
     #[serde(default)]
     error: Truthy,
+    /// Borrowed: read for every chunk, it must not cost an allocation.
+    #[serde(default, borrow)]
+    object: Option<&'a str>,
     #[serde(default)]
     choices: Option<Choices>,
     #[serde(default)]
@@ -230,11 +234,13 @@ mod tests {
             "event: error\ndata: {\"message\":\"x\"}\n\n",
             "data: [\"error\"]\n\n",
             "data: not json\n\n",
+            // vLLM's: the error object is the chunk.
+            "data: {\"object\":\"error\",\"message\":\"bad\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}\n\n",
         );
         use StreamEventKind::*;
         assert_eq!(
             kinds(wire),
-            [Error, Preamble, Preamble, Error, Other, Other]
+            [Error, Preamble, Preamble, Error, Other, Other, Error]
         );
     }
 }
