@@ -164,14 +164,19 @@ pub(crate) fn anthropic_stream(text: &str) -> String {
 
 /// legate in front of a raw upstream answering every request with `reply`, retrying fast.
 pub(crate) async fn behind(reply: Vec<u8>) -> (harness::Env, RawUpstream) {
+    let retry = "[retry]\nbase_delay = \"1ms\"\nmax_delay = \"2ms\"\n";
+    behind_with(reply, retry).await
+}
+
+/// [`behind`] with `extra` config (its own `[retry]`, models, chains).
+pub(crate) async fn behind_with(reply: Vec<u8>, extra: &str) -> (harness::Env, RawUpstream) {
     let up = start(move |_req| {
         let action = Action::Reply(reply.clone());
         async move { action }
     })
     .await;
     let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let retry = "[retry]\nbase_delay = \"1ms\"\nmax_delay = \"2ms\"\n";
-    let toml = harness::config_toml_with(&up.url, "", "", retry);
+    let toml = harness::config_toml_with(&up.url, "", "", extra);
     (harness::start_toml(unused, &toml).await, up)
 }
 

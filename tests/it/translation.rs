@@ -285,14 +285,7 @@ async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries()
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
         events.len()
     );
-    let up = crate::rawup::start(move |_| {
-        let reply = reply.clone().into_bytes();
-        async move { crate::rawup::Action::Reply(reply) }
-    })
-    .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&up.url, "", "", CHAINS);
-    let env = harness::start_toml(unused, &toml).await;
+    let (env, up) = crate::rawup::behind_with(reply.into_bytes(), CHAINS).await;
     let resp = env
         .messages(r#"{"model":"via-openai","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"write it"}]}"#)
         .await;
@@ -427,14 +420,7 @@ async fn a_refusal_in_a_translated_stream_is_a_refusal_for_a_responses_caller() 
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
         events.len()
     );
-    let up = crate::rawup::start(move |_| {
-        let reply = reply.clone().into_bytes();
-        async move { crate::rawup::Action::Reply(reply) }
-    })
-    .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&up.url, "", "", CHAINS);
-    let env = harness::start_toml(unused, &toml).await;
+    let (env, up) = crate::rawup::behind_with(reply.into_bytes(), CHAINS).await;
     let resp = env
         .http
         .post(env.url("/v1/responses"))
