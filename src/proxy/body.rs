@@ -233,7 +233,11 @@ impl TapBody {
             self.complete_relayed(errored);
             return State::Closing(rest);
         }
-        let err = self.fail_stream("the upstream stream ended before its final event");
+        let err = self.fail_stream(if self.inner.event_too_large() {
+            "the upstream sent an event larger than server.max_event_bytes"
+        } else {
+            "the upstream stream ended before its final event"
+        });
         match (rest, err) {
             (Some(r), State::Closing(Some(e))) => {
                 let mut joined = r.to_vec();

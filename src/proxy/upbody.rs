@@ -96,6 +96,8 @@ pub struct Translated {
     /// the translated stream without one was the translator's (an answer it cannot carry).
     upstream: ApiKind,
     upstream_error: bool,
+    /// The stream was cut at an upstream event larger than `max_event`.
+    oversize: bool,
 }
 
 impl UpstreamBody {
@@ -116,6 +118,7 @@ impl UpstreamBody {
             max_event,
             upstream,
             upstream_error: false,
+            oversize: false,
         }))
     }
 
@@ -124,6 +127,12 @@ impl UpstreamBody {
     /// a JSON object, an event it cannot read), not the provider's.
     pub fn translator_refused(&self) -> bool {
         matches!(self, UpstreamBody::Translated(t) if !t.upstream_error)
+    }
+
+    /// A translated stream cut at an upstream event larger than `server.max_event_bytes`
+    /// (its end then reads as a cut, and the caller is told why).
+    pub fn event_too_large(&self) -> bool {
+        matches!(self, UpstreamBody::Translated(t) if t.oversize)
     }
 
     /// Whether the body is translated from the upstream's API.
@@ -204,6 +213,7 @@ impl Translated {
                                 "upstream stream event larger than server.max_event_bytes"
                             );
                             self.ended = true;
+                            self.oversize = true;
                             return Poll::Ready(None);
                         }
                         let out = self.translator.push(&data);

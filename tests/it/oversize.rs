@@ -78,3 +78,38 @@ async fn an_oversized_event_after_content_ends_the_stream_with_an_error_at_once(
     assert!(started.elapsed() < Duration::from_secs(4));
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// The same on a translated stream: its error event says what happened. It said "the upstream
+/// stream ended before its final event", as for a cut.
+#[tokio::test]
+async fn an_oversized_event_on_a_translated_stream_is_named_as_one() {
+    let up = rawup::start(|_req| async move {
+        let mut bytes = rawup::sse_head();
+        bytes.extend_from_slice(
+            rawup::chat_chunk(r#"{"role":"assistant","content":"partial"}"#, "null").as_bytes(),
+        );
+        bytes.extend(endless_line());
+        Action::ReplyAndHang(bytes)
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(
+        &up.url,
+        "max_event_bytes = 1048576\n",
+        "",
+        "[[models]]\nname = \"via-openai\"\nchain = [\"openai:gpt-backend\"]\n",
+    );
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("partial"), "{text}");
+    assert!(
+        text.contains("event: error") && text.contains("max_event_bytes"),
+        "{text}"
+    );
+    assert!(!text.contains("xxxx"));
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
