@@ -49,6 +49,8 @@ fn number(v: &HeaderValue) -> Option<u64> {
 struct State {
     tightest: Option<Reading>,
     next_slot: Option<Instant>,
+    /// When each header family's last reading resets (`None`: no reading, or reset already).
+    resets: [Option<Instant>; FAMILIES.len()],
 }
 
 /// Header families: (kind label, limit, remaining, reset) for both providers' conventions.
@@ -133,6 +135,7 @@ impl Pacer {
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut tightest: Option<Reading> = None;
+        let mut resets = [None; FAMILIES.len()];
         for (i, slot) in found.iter().enumerate() {
             let (Some(limit), Some(remaining)) = (slot.limit, slot.remaining) else {
                 continue;
@@ -154,12 +157,37 @@ impl Pacer {
                 remaining,
                 reset_at: now + reset_in,
             };
+            resets[i] = Some(reading.reset_at);
             if tightest.is_none_or(|t| reading.ratio < t.ratio) {
                 tightest = Some(reading);
             }
         }
         if let Some(t) = tightest {
-            self.lock().tightest = Some(t);
+            let mut st = self.lock();
+            st.tightest = Some(t);
+            for (kept, new) in st.resets.iter_mut().zip(resets) {
+                if new.is_some() {
+                    *kept = new;
+                }
+            }
+        }
+    }
+
+    /// Forgets readings whose reset has passed: their gauges read 1 (the limit is whole again,
+    /// as the provider said it would be), and `/admin/state` shows no reading. Called before
+    /// `/metrics` and `/admin/state` are rendered; without it a low ratio stayed exported, and
+    /// an alert on it kept firing, after the limit had come back.
+    pub fn refresh(&self) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        for (i, reset) in st.resets.iter_mut().enumerate() {
+            if reset.is_some_and(|r| r <= now) {
+                *reset = None;
+                self.gauge(i).set(1.0);
+            }
+        }
+        if st.tightest.is_some_and(|t| t.reset_at <= now) {
+            st.tightest = None;
         }
     }
 
@@ -196,6 +224,7 @@ impl Pacer {
 
     /// For `/admin/state`.
     pub fn snapshot(&self) -> serde_json::Value {
+        self.refresh();
         let now = Instant::now();
         match self.lock().tightest {
             Some(t) => serde_json::json!({
@@ -337,6 +366,25 @@ mod tests {
                 ms(2000)
             ]
         );
+    }
+
+    /// After the reset the gauge reads 1 and `/admin/state` shows no reading: both kept the
+    /// last low ratio.
+    #[tokio::test(start_paused = true)]
+    async fn a_reading_is_forgotten_once_its_reset_has_passed() {
+        let p = pacer();
+        p.observe(&headers(&[
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "2"),
+            ("x-ratelimit-reset-requests", "2s"),
+        ]));
+        let gauge = || p.gauge.with_label_values(&["anthropic", "requests"]).get();
+        p.refresh();
+        assert_eq!(gauge(), 0.02);
+        assert_eq!(p.snapshot()["remaining_ratio"], 0.02);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(p.snapshot(), serde_json::Value::Null);
+        assert_eq!(gauge(), 1.0);
     }
 
     #[test]

@@ -98,6 +98,10 @@ impl Admin {
                 }
             }
             (&Method::GET, "/metrics") => {
+                // Rate-limit readings whose reset has passed are not exported as current.
+                for up in self.proxy.snapshot.load().upstreams.values() {
+                    up.pacer.refresh();
+                }
                 let registry = self.registry.clone();
                 let mut r =
                     off_worker(move || text(StatusCode::OK, &crate::telemetry::render(&registry)))
