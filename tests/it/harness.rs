@@ -159,6 +159,17 @@ impl Env {
             .expect("request reaches legate")
     }
 
+    pub(crate) async fn responses(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/responses"))
+            .header("authorization", "Bearer dummy-client-key")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request reaches legate")
+    }
+
     pub(crate) async fn metrics_text(&self) -> String {
         legate::telemetry::render(&self.registry)
     }

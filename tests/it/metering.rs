@@ -158,13 +158,7 @@ async fn requests_are_counted_with_bounded_labels() {
 /// journal and `legate_requests_total`.
 #[tokio::test]
 async fn a_request_served_without_reported_usage_counts_in_the_ledger() {
-    let chunk = crate::rawup::chat_chunk;
-    let events = [
-        chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
-        chunk("{}", r#""stop""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
+    let events = crate::rawup::chat_stream_hi();
     let stream = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
         events.len()

@@ -16,10 +16,22 @@ fn endless_line() -> Vec<u8> {
     v
 }
 
-async fn legate_against(url: &str) -> Env {
+/// legate with a 1 MiB event limit in front of `url`, `extra` config added.
+async fn legate_against(url: &str, extra: &str) -> Env {
     let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(url, "max_event_bytes = 1048576\n", "", "");
+    let toml = harness::config_toml_with(url, "max_event_bytes = 1048576\n", "", extra);
     harness::start_toml(unused, &toml).await
+}
+
+/// A stream that carried `partial` and then ended with the error event naming the limit,
+/// nothing of the oversized event relayed.
+fn cut_at_the_limit(text: &str) {
+    assert!(text.contains("partial"), "{text}");
+    assert!(
+        text.contains("event: error") && text.contains("max_event_bytes"),
+        "{text}"
+    );
+    assert!(!text.contains("xxxx"));
 }
 
 #[tokio::test]
@@ -37,7 +49,7 @@ async fn an_oversized_event_before_content_is_retried_and_the_caller_sees_one_cl
         }
     })
     .await;
-    let env = legate_against(&up.url).await;
+    let env = legate_against(&up.url, "").await;
     let started = Instant::now();
     let resp = env.messages(STREAM).await;
     assert_eq!(resp.status(), 200);
@@ -64,17 +76,11 @@ async fn an_oversized_event_after_content_ends_the_stream_with_an_error_at_once(
         Action::ReplyAndHang(bytes)
     })
     .await;
-    let env = legate_against(&up.url).await;
+    let env = legate_against(&up.url, "").await;
     let started = Instant::now();
     let resp = env.messages(STREAM).await;
     assert_eq!(resp.status(), 200);
-    let text = resp.text().await.unwrap();
-    assert!(text.contains("partial"), "{text}");
-    assert!(
-        text.contains("event: error") && text.contains("max_event_bytes"),
-        "{text}"
-    );
-    assert!(!text.contains("xxxx"));
+    cut_at_the_limit(&resp.text().await.unwrap());
     assert!(started.elapsed() < Duration::from_secs(4));
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
@@ -92,24 +98,12 @@ async fn an_oversized_event_on_a_translated_stream_is_named_as_one() {
         Action::ReplyAndHang(bytes)
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(
-        &up.url,
-        "max_event_bytes = 1048576\n",
-        "",
-        "[[models]]\nname = \"via-openai\"\nchain = [\"openai:gpt-backend\"]\n",
-    );
-    let env = harness::start_toml(unused, &toml).await;
+    let chain = "[[models]]\nname = \"via-openai\"\nchain = [\"openai:gpt-backend\"]\n";
+    let env = legate_against(&up.url, chain).await;
     let resp = env
         .messages(r#"{"model":"via-openai","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
         .await;
     assert_eq!(resp.status(), 200);
-    let text = resp.text().await.unwrap();
-    assert!(text.contains("partial"), "{text}");
-    assert!(
-        text.contains("event: error") && text.contains("max_event_bytes"),
-        "{text}"
-    );
-    assert!(!text.contains("xxxx"));
+    cut_at_the_limit(&resp.text().await.unwrap());
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

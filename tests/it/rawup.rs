@@ -180,6 +180,16 @@ pub(crate) async fn behind_with(reply: Vec<u8>, extra: &str) -> (harness::Env, R
     (harness::start_toml(unused, &toml).await, up)
 }
 
+/// A whole Chat Completions stream: "Hi", `finish_reason: stop`, `[DONE]`; no usage chunk.
+pub(crate) fn chat_stream_hi() -> String {
+    [
+        chat_chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
+        chat_chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat()
+}
+
 /// One OpenAI `chat.completion.chunk` event of model `gpt-x` with `delta` (JSON) and
 /// `finish` (JSON: `null` or a quoted reason).
 pub(crate) fn chat_chunk(delta: &str, finish: &str) -> String {

@@ -252,14 +252,7 @@ async fn held_open(events: String, idle: &str) -> (crate::rawup::RawUpstream, ha
 /// hears a success, even when the provider's body has not ended behind that event yet.
 #[tokio::test]
 async fn a_caller_that_leaves_at_done_is_served_not_gone() {
-    let chunk = crate::rawup::chat_chunk;
-    let events = [
-        chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
-        chunk("{}", r#""stop""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
-    let (_up, env) = held_open(events, "5s").await;
+    let (_up, env) = held_open(crate::rawup::chat_stream_hi(), "5s").await;
     let resp = env
         .chat(r#"{"model":"gpt-d","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
         .await;
@@ -472,12 +465,7 @@ fn paced_chunks(parts: &[&str]) -> crate::rawup::Action {
 /// next stream. Ending at the final event without it closed the connection every time.
 #[tokio::test]
 async fn a_body_end_written_after_the_final_event_keeps_the_connection() {
-    let events = [
-        crate::rawup::chat_chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
-        crate::rawup::chat_chunk("{}", r#""stop""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
+    let events = crate::rawup::chat_stream_hi();
     let up = crate::rawup::start(move |_| {
         let action = paced_chunks(&[&events]);
         async move { action }
@@ -513,14 +501,8 @@ async fn a_responses_error_event_is_followed_by_its_response_failed() {
     let unused = harness::start_mock(legate::mock::Script::default()).await;
     let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
     let resp = env
-        .http
-        .post(env.url("/v1/responses"))
-        .header("authorization", "Bearer dummy-client-key")
-        .header("content-type", "application/json")
-        .body(r#"{"model":"gpt-x","stream":true,"input":"hi"}"#)
-        .send()
-        .await
-        .unwrap();
+        .responses(r#"{"model":"gpt-x","stream":true,"input":"hi"}"#)
+        .await;
     assert_eq!(resp.status(), 200);
     let got = resp.text().await.unwrap();
     assert!(got.contains("event: error"), "{got}");

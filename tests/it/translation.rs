@@ -422,14 +422,8 @@ async fn a_refusal_in_a_translated_stream_is_a_refusal_for_a_responses_caller() 
     );
     let (env, up) = crate::rawup::behind_with(reply.into_bytes(), CHAINS).await;
     let resp = env
-        .http
-        .post(env.url("/v1/responses"))
-        .header("authorization", "Bearer dummy-client-key")
-        .header("content-type", "application/json")
-        .body(r#"{"model":"mixed","stream":true,"input":"x"}"#)
-        .send()
-        .await
-        .unwrap();
+        .responses(r#"{"model":"mixed","stream":true,"input":"x"}"#)
+        .await;
     assert_eq!(resp.status(), 400);
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
     let v: serde_json::Value = resp.json().await.unwrap();
