@@ -149,19 +149,17 @@ impl Env {
     }
 
     pub(crate) async fn chat(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
-        self.http
-            .post(self.url("/v1/chat/completions"))
-            .header("authorization", "Bearer dummy-client-key")
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("request reaches legate")
+        self.openai("/v1/chat/completions", body).await
     }
 
     pub(crate) async fn responses(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.openai("/v1/responses", body).await
+    }
+
+    /// A JSON POST to `path` as an OpenAI SDK sends it (a bearer credential).
+    async fn openai(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.http
-            .post(self.url("/v1/responses"))
+            .post(self.url(path))
             .header("authorization", "Bearer dummy-client-key")
             .header("content-type", "application/json")
             .body(body)
