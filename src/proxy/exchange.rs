@@ -402,7 +402,9 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
     let api = inb.endpoint.api;
     let max_event = call.snap.cfg.server.limits.max_event_bytes;
     let mut incoming = match conversation::stream_translator(got.xl, inb) {
-        Some(tr) => UpstreamBody::translated(got.incoming, tr, got.spoken, max_event),
+        Some(tr) => {
+            UpstreamBody::translated(got.incoming, tr, got.spoken, max_event, up.idle_timeout)
+        }
         None => UpstreamBody::Plain(got.incoming),
     };
     let mut watch = Box::new(

@@ -5,6 +5,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -26,6 +27,10 @@ pub trait EventTranslator: Send {
     fn push(&mut self, chunk: &[u8]) -> Vec<u8>;
     /// The upstream ended; writes no terminal unless the upstream's terminal was read.
     fn finish(&mut self) -> Vec<u8>;
+    /// A keep-alive in the caller's shape that commits nothing (an SSE comment by default).
+    fn keep_alive(&self) -> &'static [u8] {
+        b": ping\n\n"
+    }
 }
 
 impl EventTranslator for StreamTranslator {
@@ -35,7 +40,15 @@ impl EventTranslator for StreamTranslator {
     fn finish(&mut self) -> Vec<u8> {
         StreamTranslator::finish(self)
     }
+    fn keep_alive(&self) -> &'static [u8] {
+        StreamTranslator::keep_alive(self)
+    }
 }
+
+/// At most one keep-alive per this long (or half the step's `idle_timeout`, if shorter): a
+/// provider streaming reasoning a translation drops sends many events a second, and the
+/// caller needs only to hear that the stream lives.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(1);
 
 /// The provider's bytes: as they came, or a Bedrock event stream already read as SSE.
 pub enum Raw {
@@ -98,16 +111,20 @@ pub struct Translated {
     upstream_error: bool,
     /// The stream was cut at an upstream event larger than `max_event`.
     oversize: bool,
+    /// When the last keep-alive was written (see `poll_translated`), and how far apart.
+    kept_alive: Option<tokio::time::Instant>,
+    keep_alive_every: Duration,
 }
 
 impl UpstreamBody {
     /// The upstream's stream through `translator`; usage is read from the upstream's own
-    /// events, in its API.
+    /// events, in its API. `idle_timeout` is the step's: keep-alives come often enough for it.
     pub fn translated(
         inner: Raw,
         translator: Box<dyn EventTranslator>,
         upstream: ApiKind,
         max_event: usize,
+        idle_timeout: Duration,
     ) -> Self {
         UpstreamBody::Translated(Box::new(Translated {
             inner,
@@ -119,6 +136,8 @@ impl UpstreamBody {
             upstream,
             upstream_error: false,
             oversize: false,
+            kept_alive: None,
+            keep_alive_every: KEEP_ALIVE_EVERY.min(idle_timeout / 2),
         }))
     }
 
@@ -188,6 +207,20 @@ impl Body for UpstreamBody {
 }
 
 impl Translated {
+    /// Whether a keep-alive may be written now (none in the last `keep_alive_every`); if so,
+    /// it is counted as written.
+    fn keep_alive_due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if self
+            .kept_alive
+            .is_some_and(|t| now.duration_since(t) < self.keep_alive_every)
+        {
+            return false;
+        }
+        self.kept_alive = Some(now);
+        true
+    }
+
     fn poll_translated(
         &mut self,
         cx: &mut Context<'_>,
@@ -199,6 +232,7 @@ impl Translated {
             match Pin::new(&mut self.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
+                        let pending = self.parser.pending_bytes() + data.len();
                         self.parser.push(&data);
                         while let Some(ev) = self.parser.next_event() {
                             if !self.upstream_error {
@@ -219,6 +253,14 @@ impl Translated {
                         let out = self.translator.push(&data);
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                        }
+                        // Whole upstream blocks came and gave the caller nothing (keep-alive
+                        // comments, dropped reasoning): the caller hears a keep-alive of its
+                        // own API, so that neither its idle watchdog nor legate's `idle_timeout`
+                        // takes a living stream for a stalled one.
+                        if self.parser.pending_bytes() < pending && self.keep_alive_due() {
+                            let ping = self.translator.keep_alive();
+                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(ping)))));
                         }
                     }
                 }

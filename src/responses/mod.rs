@@ -34,7 +34,7 @@
 //! | Chat answer | Responses object | notes |
 //! |---|---|---|
 //! | `message.content` / `refusal` | a `message` item with one `output_text` / `refusal` part | Anthropic thinking is lost on the way |
-//! | `tool_calls` | `function_call` items (`call_id` = the tool call id, `id` = `fc_` + it) | arguments that are not a JSON object: a failure (SPEC §10) |
+//! | `tool_calls` | `function_call` items (`call_id` = the tool call id, `id` = `fc_` + it) | arguments that are not a JSON object: a failure (SPEC §10), unless the output limit cut the call: an `incomplete` item, passed on as it came |
 //! | `finish_reason` stop / tool_calls, length, content_filter | `status` completed, incomplete (`max_output_tokens`), incomplete (`content_filter`) | — |
 //! | `usage` | `usage` (`cached_tokens`, `reasoning_tokens`) | both count cached tokens inside the input |
 //! | `id`, `created` | `id` `resp_…` chosen by legate, `created_at` | the upstream id is not kept |

@@ -126,15 +126,25 @@ pub fn message_item(id: &str, text: &str, refusal: bool) -> Value {
     })
 }
 
-/// A completed function call item; the arguments must be a JSON object (SPEC §10).
-pub fn call_item(call_id: &str, name: &str, arguments: &str) -> Result<Value, Untranslatable> {
-    if !serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object()) {
+/// A completed function call item; the arguments must be a JSON object (SPEC §10). A call the
+/// output limit cut (`cut`: finish reason `length`) ends mid-way by design and would be cut the
+/// same way again: it is passed on as it came, as an `incomplete` item of the `incomplete`
+/// response, as OpenAI's own answer cut by `max_output_tokens` is.
+pub fn call_item(
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    cut: bool,
+) -> Result<Value, Untranslatable> {
+    let whole = serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object());
+    if !whole && !cut {
         return Err(Untranslatable(format!(
             "the model called the tool `{name}` with arguments that are not a JSON object"
         )));
     }
+    let status = if whole { "completed" } else { "incomplete" };
     Ok(json!({
-        "id": format!("fc_{call_id}"), "type": "function_call", "status": "completed",
+        "id": format!("fc_{call_id}"), "type": "function_call", "status": status,
         "call_id": call_id, "name": name, "arguments": arguments,
     }))
 }
@@ -156,6 +166,7 @@ pub fn from_chat(body: &[u8], ctx: &ResponseCtx) -> Result<Value, Untranslatable
     } else if let Some(text) = message["refusal"].as_str().filter(|t| !t.is_empty()) {
         output.push(message_item(&item_id, text, true));
     }
+    let cut = choice["finish_reason"].as_str() == Some("length");
     for call in message["tool_calls"].as_array().into_iter().flatten() {
         let id = call["id"].as_str().unwrap_or_default();
         let name = call.pointer("/function/name").and_then(Value::as_str);
@@ -164,6 +175,7 @@ pub fn from_chat(body: &[u8], ctx: &ResponseCtx) -> Result<Value, Untranslatable
             id,
             name.unwrap_or_default(),
             args.unwrap_or("{}"),
+            cut,
         )?);
     }
     let (status, incomplete) = status_for(choice["finish_reason"].as_str());

@@ -304,7 +304,8 @@ impl State {
     }
 
     /// Ends the open item with its done events. A tool call whose arguments are not a JSON
-    /// object fails the stream (SPEC §10): never a clean end with broken input.
+    /// object fails the stream (SPEC §10): never a clean end with broken input. One the output
+    /// limit cut (known at `[DONE]`, when this runs for the last item) is an `incomplete` item.
     fn close(&mut self, out: &mut Vec<u8>) -> Result<(), ()> {
         let at = self.index();
         let item = match std::mem::replace(&mut self.open, Open::None) {
@@ -334,7 +335,7 @@ impl State {
                 name,
                 args,
                 ..
-            } => match call_item(&call_id, &name, &args) {
+            } => match call_item(&call_id, &name, &args, self.cut_by_limit()) {
                 Ok(item) => {
                     self.emit(out, "response.function_call_arguments.done", json!({
                         "item_id": item["id"], "output_index": at, "name": name, "arguments": args,
@@ -356,6 +357,11 @@ impl State {
         );
         self.done_items.push(item);
         Ok(())
+    }
+
+    /// The upstream finished with `length`: the output limit ended the answer.
+    fn cut_by_limit(&self) -> bool {
+        self.finish_reason.as_deref() == Some("length")
     }
 
     fn complete(&mut self, out: &mut Vec<u8>) {

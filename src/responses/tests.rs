@@ -323,6 +323,36 @@ fn broken_tool_arguments_fail_the_stream() {
     assert!(!t.contains(&"response.completed"));
 }
 
+/// A call the output limit cut is passed on as it came: an `incomplete` item of an
+/// `incomplete` response, whole or streamed, not a failure to retry (it would be cut again).
+#[test]
+fn a_tool_call_the_output_limit_cut_is_an_incomplete_item() {
+    let wire = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"city\\\": \\\"Pa\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut s = ResponsesStream::from_chat(ctx());
+    let evs = events(&s.push(wire.as_bytes()));
+    let last = evs.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.incomplete");
+    let item = json!({"id": "fc_c", "type": "function_call", "status": "incomplete",
+        "call_id": "c", "name": "f", "arguments": "{\"city\": \"Pa"});
+    assert_eq!(last["response"]["output"], json!([item]));
+    assert_eq!(
+        last["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    let whole = json!({"model": "g", "choices": [{"message": {"tool_calls": [
+        {"id": "c", "function": {"name": "f", "arguments": "{\"city\": \"Pa"}}]},
+        "finish_reason": "length"}]});
+    let obj = response_for(Target::Chat, whole.to_string().as_bytes(), &ctx()).unwrap_or_default();
+    assert_eq!(
+        (&obj["status"], &obj["output"]),
+        (&json!("incomplete"), &json!([item]))
+    );
+}
+
 /// Calls that share index 0 (Ollama), or carry none, with ids of their own: two function calls,
 /// not one with the arguments of both.
 #[test]

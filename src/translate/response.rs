@@ -101,13 +101,14 @@ pub(super) fn anthropic_message(
     }
     let calls = message.tool_calls.unwrap_or_default();
     let has_calls = !calls.is_empty();
+    let cut = choice.finish_reason.as_deref() == Some("length");
     for call in calls {
         let Some(function) = call.function else {
             continue;
         };
         content.push(an::Block::ToolUse {
             id: anthropic_tool_id(&call.id),
-            input: tool_input(&function.name, &function.arguments)?,
+            input: tool_input(&function.name, &function.arguments, cut)?,
             name: function.name,
             cache_control: None,
         });
@@ -139,10 +140,15 @@ fn zero_usage() -> an::Usage {
 /// A whole response's arguments must form the JSON object an Anthropic tool_use carries;
 /// unlike in a stream, they can be checked before the caller sees anything.
 /// A call's arguments as an Anthropic tool input: a JSON object, or the answer fails (empty
-/// arguments too: SPEC §10, never a clean end with `{}` as input).
-fn tool_input(name: &str, arguments: &str) -> Result<Value, Untranslatable> {
+/// arguments too: SPEC §10, never a clean end with `{}` as input). The exception is a call
+/// the output limit cut (`cut`: finish reason `length`): its arguments end mid-way by design,
+/// the same request would be cut the same way again, so retrying it buys nothing but its
+/// tokens. It gets `{}`, and the answer's `max_tokens` stop reason says it is not whole, as
+/// Anthropic's own answer cut inside a tool_use block does.
+fn tool_input(name: &str, arguments: &str, cut: bool) -> Result<Value, Untranslatable> {
     match serde_json::from_str::<Value>(arguments) {
         Ok(value @ Value::Object(_)) => Ok(value),
+        _ if cut => Ok(Value::Object(serde_json::Map::new())),
         _ => Err(Untranslatable(format!(
             "the upstream model called tool `{name}` with arguments that are not a JSON object"
         ))),
@@ -232,6 +238,17 @@ mod tests {
             "content": null, "tool_calls": [{"id": "x", "type": "function",
             "function": {"name": "f", "arguments": ""}}]}}]});
         assert!(to_anthropic(empty_args.to_string().as_bytes()).is_err());
+        // Cut by the output limit, the call ends mid-way by design: `{}` under `max_tokens`,
+        // not a failure to retry (the same request would be cut the same way).
+        let cut = json!({"id": "c", "model": "m", "choices": [{"index": 0, "message": {
+            "content": null, "tool_calls": [{"id": "x", "type": "function",
+            "function": {"name": "f", "arguments": "{\"a\":"}}]}, "finish_reason": "length"}]});
+        let cut = to_anthropic(cut.to_string().as_bytes())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .unwrap_or_default();
+        assert_eq!(cut["stop_reason"], "max_tokens");
+        assert_eq!(cut["content"][0]["input"], json!({}));
         let no_choice = json!({"id": "c", "model": "m", "choices": []});
         assert!(to_anthropic(no_choice.to_string().as_bytes()).is_err());
         assert!(to_openai(b"<html>", 0).is_err());

@@ -66,6 +66,17 @@ impl StreamTranslator {
         self.parser.pending_bytes()
     }
 
+    /// What tells the caller the stream is alive while the upstream sends nothing the caller's
+    /// API carries (keep-alive comments, reasoning a translation drops): Anthropic's own `ping`
+    /// event once `message_start` is out (Anthropic SDKs refuse any event before it), else an
+    /// SSE comment, which every SSE client skips.
+    pub fn keep_alive(&self) -> &'static [u8] {
+        match &self.state {
+            State::ToAnthropic(s) if s.started() => b"event: ping\ndata: {\"type\": \"ping\"}\n\n",
+            _ => b": ping\n\n",
+        }
+    }
+
     /// The upstream's terminal was read and the caller's terminal written.
     pub fn is_complete(&self) -> bool {
         match &self.state {

@@ -12,10 +12,12 @@
 //!
 //! Tool-call arguments are checked when their block ends: arguments that are not a JSON object
 //! end the stream with an error event instead of the block's stop, never a clean end with a
-//! broken (or `{}`) input. While nothing has been committed to the caller (no content delta
-//! written yet), a tool call's fragments are held and written as one delta once the check
-//! passes, so that a broken first call is an error before the commit point: the attempt is
-//! retried or falls back instead of failing the caller's stream.
+//! broken (or `{}`) input, unless the output limit cut the call (finish reason `length`): its
+//! fragments are passed on as they came, and the stop reason `max_tokens` says so. While
+//! nothing has been committed to the caller (no content delta written yet), a tool call's
+//! fragments are held and written as one delta once the check passes, so that a broken first
+//! call is an error before the commit point: the attempt is retried or falls back instead of
+//! failing the caller's stream.
 
 use serde_json::json;
 
@@ -86,6 +88,11 @@ enum CallState {
 impl ToAnthropic {
     pub(super) fn is_complete(&self) -> bool {
         self.complete
+    }
+
+    /// `message_start` was written.
+    pub(super) fn started(&self) -> bool {
+        self.started
     }
 
     pub(super) fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
@@ -340,7 +347,11 @@ impl ToAnthropic {
                 }
                 let args = std::mem::take(&mut self.tool_args);
                 let overflow = std::mem::take(&mut self.tool_args_overflow);
-                if overflow || !super::mapping::is_json_object(&args) {
+                // A call the output limit cut (finish `length`, only ever known at `[DONE]`)
+                // ends mid-way by design: passed on as it came, under `max_tokens`, as
+                // Anthropic streams such a cut itself (retrying would be cut the same way).
+                let cut = self.finish_reason.as_deref() == Some("length");
+                if overflow || !(cut || super::mapping::is_json_object(&args)) {
                     let what = if overflow {
                         "arguments too large to check"
                     } else {

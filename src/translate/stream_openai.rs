@@ -7,7 +7,10 @@
 //! the running usage; message_stop writes the finish chunk, the usage chunk (if the caller
 //! asked for it) and `[DONE]`. Thinking and server-tool blocks are dropped; a ping becomes an
 //! SSE comment line. A tool call's arguments are checked at its block's stop: arguments that
-//! are not a JSON object end the stream with an error chunk rather than a clean finish.
+//! are not a JSON object end the stream with an error chunk rather than a clean finish, unless
+//! the output limit cut the call. Anthropic says so only after the block's stop (message_delta's
+//! `max_tokens`), so the verdict waits for it: the call's fragments are already out, and a
+//! finish `length` is what OpenAI itself sends after arguments cut short.
 
 use super::error::openai_detail;
 use super::mapping::{finish_reason, openai_id, openai_usage};
@@ -36,6 +39,9 @@ pub(super) struct ToOpenAi {
     /// would commit the stream before the model said anything, so that a cut right after it
     /// could no longer be retried.
     head: Option<oa::ToolCallDelta>,
+    /// What is wrong with a tool call whose block stopped with arguments that are not a JSON
+    /// object: the stream fails with it unless the stop reason turns out to be `max_tokens`.
+    unchecked: Option<String>,
 }
 
 /// Arguments beyond this cannot be checked and are refused (a bounded buffer, SPEC §14).
@@ -56,6 +62,7 @@ impl ToOpenAi {
             usage: an::Usage::default(),
             tool: None,
             head: None,
+            unchecked: None,
         }
     }
 
@@ -74,6 +81,10 @@ impl ToOpenAi {
                 "the upstream provider sent a stream event legate cannot read",
             );
         };
+        if let Some(problem) = self.unchecked.take_if(|_| continues(&parsed)) {
+            // The model went on after the call: it was not the output limit that cut it.
+            return self.fail(out, "api_error", &problem);
+        }
         match parsed {
             an::StreamEvent::MessageStart { message } => {
                 self.id = openai_id(&message.id);
@@ -230,7 +241,11 @@ impl ToOpenAi {
             Some(_) => return,
         };
         let message = format!("the upstream model called tool `{name}` with {problem}");
-        self.fail(out, "api_error", &message);
+        if args.is_some() {
+            self.unchecked = Some(message);
+        } else {
+            self.fail(out, "api_error", &message);
+        }
     }
 
     /// Writes a held tool call's first chunk (its block ended, or the message did, before any
@@ -284,6 +299,11 @@ impl ToOpenAi {
 
     /// message_stop: the finish chunk, the usage chunk (empty choices) and `[DONE]`.
     fn complete(&mut self, out: &mut Vec<u8>) {
+        if let Some(problem) = self.unchecked.take()
+            && self.stop_reason.as_deref() != Some("max_tokens")
+        {
+            return self.fail(out, "api_error", &problem);
+        }
         self.start(out);
         self.release_head(out);
         let finish = finish_reason(self.stop_reason.as_deref()).to_owned();
@@ -308,6 +328,15 @@ impl ToOpenAi {
         );
         self.done = true;
     }
+}
+
+/// An event that carries on the message's content (a tool call left unchecked is then not one
+/// the output limit cut).
+fn continues(event: &an::StreamEvent) -> bool {
+    matches!(
+        event,
+        an::StreamEvent::ContentBlockStart { .. } | an::StreamEvent::ContentBlockDelta { .. }
+    )
 }
 
 /// The arguments delta that gives a call with no input `{}`.

@@ -134,6 +134,26 @@ where
     }
 }
 
+/// A chunked event-stream reply written in `parts` (each a chunk; the body's end follows the
+/// last, in a write of its own), 50 ms apart.
+pub(crate) fn paced_chunks(parts: &[&str]) -> Action {
+    paced_chunks_every(parts, std::time::Duration::from_millis(50))
+}
+
+/// [`paced_chunks`], `pause` apart.
+pub(crate) fn paced_chunks_every(parts: &[&str], pause: std::time::Duration) -> Action {
+    let mut writes = vec![
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+    ];
+    writes[0].extend_from_slice(format!("{:x}\r\n{}\r\n", parts[0].len(), parts[0]).as_bytes());
+    for part in &parts[1..] {
+        writes.push(format!("{:x}\r\n{part}\r\n", part.len()).into_bytes());
+    }
+    writes.push(b"0\r\n\r\n".to_vec());
+    Action::ReplyPaced(writes, pause)
+}
+
 /// An event-stream response head (no length: the body runs until the connection ends).
 pub(crate) fn sse_head() -> Vec<u8> {
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".to_vec()

@@ -445,21 +445,6 @@ async fn a_vllm_error_chunk_before_content_is_its_refusal() {
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
-/// A chunked event-stream reply written in `parts` (each a chunk; the body's end follows the
-/// last, in a write of its own), 50 ms apart.
-fn paced_chunks(parts: &[&str]) -> crate::rawup::Action {
-    let mut writes = vec![
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            .to_vec(),
-    ];
-    writes[0].extend_from_slice(format!("{:x}\r\n{}\r\n", parts[0].len(), parts[0]).as_bytes());
-    for part in &parts[1..] {
-        writes.push(format!("{:x}\r\n{part}\r\n", part.len()).into_bytes());
-    }
-    writes.push(b"0\r\n\r\n".to_vec());
-    crate::rawup::Action::ReplyPaced(writes, std::time::Duration::from_millis(50))
-}
-
 /// A provider that writes its body's end right after its last event, in a write of its own
 /// (uvicorn, Go's net/http): the stream waits for that end, and the connection serves the
 /// next stream. Ending at the final event without it closed the connection every time.
@@ -467,7 +452,7 @@ fn paced_chunks(parts: &[&str]) -> crate::rawup::Action {
 async fn a_body_end_written_after_the_final_event_keeps_the_connection() {
     let events = crate::rawup::chat_stream_hi();
     let up = crate::rawup::start(move |_| {
-        let action = paced_chunks(&[&events]);
+        let action = crate::rawup::paced_chunks(&[&events]);
         async move { action }
     })
     .await;
@@ -494,7 +479,7 @@ async fn a_responses_error_event_is_followed_by_its_response_failed() {
     let error = "event: error\ndata: {\"type\":\"error\",\"sequence_number\":2,\"code\":\"server_error\",\"message\":\"boom\",\"param\":null}\n\n";
     let failed = "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"failed\",\"output\":[],\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n";
     let up = crate::rawup::start(move |_| {
-        let action = paced_chunks(&[&[created, delta].concat(), error, failed]);
+        let action = crate::rawup::paced_chunks(&[&[created, delta].concat(), error, failed]);
         async move { action }
     })
     .await;

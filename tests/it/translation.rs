@@ -301,6 +301,131 @@ async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries()
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
+/// A tool call the output limit cut (finish `length`) is not a broken answer: the same request
+/// would be cut the same way, so it is served once, under `max_tokens`, whole or streamed, and
+/// never retried into three bills.
+#[tokio::test]
+async fn a_tool_call_the_output_limit_cut_is_served_once_under_max_tokens() {
+    let chunk = crate::rawup::chat_chunk;
+    let events = [
+        chunk(
+            r#"{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\": \"a"}}]}"#,
+            "null",
+        ),
+        chunk("{}", r#""length""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let whole = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\": \"a"}}]},"finish_reason":"length"}]}"#;
+    for (stream, ct, body) in [
+        (true, "text/event-stream", events.as_str()),
+        (false, "application/json", whole),
+    ] {
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (env, up) = crate::rawup::behind_with(reply.into_bytes(), CHAINS).await;
+        let resp = env
+            .messages(format!(r#"{{"model":"via-openai","max_tokens":8,"stream":{stream},"messages":[{{"role":"user","content":"write it"}}]}}"#))
+            .await;
+        assert_eq!(resp.status(), 200, "stream {stream}");
+        assert_eq!(resp.headers()["x-legate-attempts"], "1");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains(r#""stop_reason":"max_tokens""#), "{text}");
+        assert!(!text.contains("error"), "{text}");
+        let tool = if stream {
+            r#""partial_json":"{\"path\": \"a""#
+        } else {
+            r#""input":{}"#
+        };
+        assert!(text.contains(tool), "{text}");
+        assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
+
+/// Upstream blocks that give an Anthropic caller nothing (an OpenAI server's keep-alive
+/// comment, reasoning the translation drops) reach it as Anthropic's own `ping`, at most one a
+/// second, after `message_start`: its idle watchdog, and legate's `idle_timeout`, hear the
+/// stream live. They were dropped.
+#[tokio::test]
+async fn an_upstream_keep_alive_reaches_a_translated_caller_as_a_ping() {
+    let chunk = crate::rawup::chat_chunk;
+    let role = chunk(r#"{"role":"assistant","content":""}"#, "null");
+    let reasoning = chunk(r#"{"reasoning_content":"hmm"}"#, "null");
+    let end = [
+        chunk(r#"{"content":"Hi"}"#, "null"),
+        chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let up = crate::rawup::start(move |_| {
+        let action = crate::rawup::paced_chunks(&[&role, ": keep-alive\n\n", &reasoning, &end]);
+        async move { action }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let env =
+        harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", CHAINS)).await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        names[..3],
+        ["message_start", "ping", "content_block_start"],
+        "{text}"
+    );
+    assert_eq!(names.iter().filter(|n| **n == "ping").count(), 1, "{text}");
+    assert!(text.contains(r#""text":"Hi""#), "{text}");
+}
+
+/// Reasoning the translation drops, streamed for longer than the step's `idle_timeout`, is not
+/// a stall: its keep-alives hold the stream (which was cut and retried as idle).
+#[tokio::test]
+async fn reasoning_longer_than_idle_timeout_keeps_a_translated_stream_alive() {
+    let chunk = crate::rawup::chat_chunk;
+    let role = chunk(r#"{"role":"assistant","content":""}"#, "null");
+    let reasoning = chunk(r#"{"reasoning_content":"hmm"}"#, "null");
+    let end = [
+        chunk(r#"{"content":"Hi"}"#, "null"),
+        chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let up = crate::rawup::start(move |_| {
+        let mut parts = vec![role.as_str()];
+        parts.extend([reasoning.as_str(); 6]);
+        parts.push(&end);
+        // 150 ms apart: 1.05 s with nothing for the caller, against an idle_timeout of 400 ms.
+        let action =
+            crate::rawup::paced_chunks_every(&parts, std::time::Duration::from_millis(150));
+        async move { action }
+    })
+    .await;
+    let unused = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&up.url, "", "", CHAINS)
+        .replace(r#"idle_timeout = "5s""#, r#"idle_timeout = "400ms""#);
+    let env = harness::start_toml(unused, &toml).await;
+    let resp = env
+        .messages(r#"{"model":"via-openai","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let text = resp.text().await.unwrap();
+    assert!(text.contains(r#""text":"Hi""#), "{text}");
+    assert!(
+        text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{text}"
+    );
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 /// A tool_use block's start is preamble (SPEC §7): a stream cut right after it, before the
 /// call's first argument fragment, is retried into one clean stream for a caller of either
 /// OpenAI API, as a cut before a text block's first delta is.

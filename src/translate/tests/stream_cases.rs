@@ -283,6 +283,11 @@ fn garbage_after_the_terminal_is_ignored_and_a_cut_has_no_terminal() {
 
 /// An OpenAI stream whose only tool call carries `args`, split in two fragments.
 fn openai_tool_stream(text: Option<&str>, args: (&str, &str)) -> String {
+    openai_tool_stream_ending(text, args, "tool_calls")
+}
+
+/// The same, finishing with `finish`.
+fn openai_tool_stream_ending(text: Option<&str>, args: (&str, &str), finish: &str) -> String {
     let mut parts = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
     if let Some(text) = text {
         parts.push(chunk(json!({"content": text}), None));
@@ -297,10 +302,31 @@ fn openai_tool_stream(text: Option<&str>, args: (&str, &str)) -> String {
             json!({"tool_calls": [{"index": 0, "function": {"arguments": args.1}}]}),
             None,
         ),
-        chunk(json!({}), Some("tool_calls")),
+        chunk(json!({}), Some(finish)),
         "data: [DONE]\n\n".to_owned(),
     ]);
     parts.concat()
+}
+
+#[test]
+fn a_tool_call_the_output_limit_cut_ends_under_max_tokens_not_in_an_error() {
+    // Retrying would be cut the same way: the call is passed on as it came, and the stop
+    // reason says it is not whole, as Anthropic's own stream cut inside a tool_use block does.
+    for text in [None, Some("Writing.")] {
+        let cut = openai_tool_stream_ending(text, ("{\"path\":", " \"a"), "length");
+        let out = translate(Dir::AnthropicToOpenAi, false, cut.as_bytes(), &[]);
+        let view = anthropic_view(&out).map(|v| (v.error, v.stopped, v.stop_reason, v.tools));
+        let tool = (
+            "call_1".to_owned(),
+            "write".to_owned(),
+            "{\"path\": \"a".to_owned(),
+        );
+        assert_eq!(
+            view,
+            Ok((None, true, Some("max_tokens".to_owned()), vec![tool])),
+            "{text:?}"
+        );
+    }
 }
 
 #[test]
@@ -365,6 +391,56 @@ fn an_anthropic_tool_input_that_is_not_an_object_ends_the_openai_stream_in_an_er
     let out = translate(Dir::OpenAiToAnthropic, false, input.as_bytes(), &[]);
     let view = openai_view(&out).map(|v| (v.error.is_some(), v.done, v.finish_reason));
     assert_eq!(view, Ok((true, false, None)));
+}
+
+#[test]
+fn an_anthropic_tool_input_the_output_limit_cut_reaches_openai_callers_as_it_came() {
+    let input = |stop: &str, more: bool| {
+        let mut events = vec![
+            anthropic_start(),
+            anthropic_event(&json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": "toolu_1", "name": "write", "input": {}}})),
+            anthropic_event(&json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": "{\"path\": \"a"}})),
+            anthropic_event(&json!({"type": "content_block_stop", "index": 0})),
+        ];
+        if more {
+            events.push(anthropic_event(
+                &json!({"type": "content_block_start", "index": 1,
+                "content_block": {"type": "text", "text": "x"}}),
+            ));
+        }
+        events.push(anthropic_end(stop));
+        events.concat()
+    };
+    // Anthropic says `max_tokens` only after the block's stop: the verdict waits for it.
+    let out = translate(
+        Dir::OpenAiToAnthropic,
+        false,
+        input("max_tokens", false).as_bytes(),
+        &[],
+    );
+    let view = openai_view(&out).map(|v| (v.error, v.done, v.finish_reason, v.calls));
+    let call = (
+        "toolu_1".to_owned(),
+        "write".to_owned(),
+        "{\"path\": \"a".to_owned(),
+    );
+    assert_eq!(
+        view,
+        Ok((None, true, Some("length".to_owned()), [(0, call)].into()))
+    );
+    // Any other end, or more content after the call, is the broken call it looks like.
+    for (stop, more) in [("tool_use", false), ("max_tokens", true)] {
+        let out = translate(
+            Dir::OpenAiToAnthropic,
+            false,
+            input(stop, more).as_bytes(),
+            &[],
+        );
+        let view = openai_view(&out).map(|v| (v.error.is_some(), v.done, v.finish_reason));
+        assert_eq!(view, Ok((true, false, None)), "{stop} {more}");
+    }
 }
 
 #[test]
