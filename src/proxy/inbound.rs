@@ -112,14 +112,14 @@ pub fn check_target(
     if has_clients {
         return Ok(());
     }
-    let host = match headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
-        Some(h) => h,
-        None => match uri.authority() {
-            Some(a) => a.as_str(),
-            None => return Ok(()),
-        },
+    // Each name the request gives must be this machine's: an HTTP/2 request may carry a
+    // `host` line beside its `:authority`, and the two need not agree (RFC 9113 §8.3.1).
+    let local = |name: Option<&[u8]>| {
+        name.is_none_or(|n| std::str::from_utf8(n).is_ok_and(|n| host_is_local(n, listen_ip)))
     };
-    if host_is_local(host, listen_ip) {
+    let host = headers.get(header::HOST).map(http::HeaderValue::as_bytes);
+    let authority = uri.authority().map(|a| a.as_str().as_bytes());
+    if local(host) && local(authority) {
         Ok(())
     } else {
         Err(ProxyError::ForbiddenTarget)
@@ -329,6 +329,43 @@ mod tests {
                 &h,
                 ip,
                 true
+            )
+            .is_err()
+        );
+    }
+
+    /// An HTTP/2 request names its host twice when it sends `host` beside `:authority`: a
+    /// foreign name in either is refused (the `host` line alone was looked at).
+    #[test]
+    fn a_foreign_authority_beside_a_local_host_is_refused() {
+        let ip: std::net::IpAddr = [127, 0, 0, 1].into();
+        let h2 = http::Version::HTTP_2;
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1"));
+        let at = |authority: &str| -> Uri {
+            format!("http://{authority}/v1/messages")
+                .parse()
+                .unwrap_or_default()
+        };
+        let check = |uri: &Uri, h: &HeaderMap| check_target(&Method::POST, h2, uri, h, ip, false);
+        assert!(check(&at("evil.example"), &h).is_err());
+        assert!(check(&at("localhost:8787"), &h).is_ok());
+        assert!(check(&at("evil.example"), &HeaderMap::new()).is_err());
+        assert!(check(&at("127.0.0.1"), &HeaderMap::new()).is_ok());
+        // A host line that is not text names no local host either.
+        let origin: Uri = "/v1/messages".parse().unwrap_or_default();
+        h.insert(
+            header::HOST,
+            HeaderValue::from_bytes(b"\xffevil").unwrap_or(HeaderValue::from_static("x")),
+        );
+        assert!(
+            check_target(
+                &Method::POST,
+                http::Version::HTTP_11,
+                &origin,
+                &h,
+                ip,
+                false
             )
             .is_err()
         );

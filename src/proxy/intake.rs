@@ -106,22 +106,39 @@ impl Proxy {
         let limit = cfg.server.max_body_bytes;
         let limits = &cfg.server.limits;
         let mut waited = None;
-        let read = inbound::read_body(
-            headers,
-            body,
-            h2,
-            (limit, limits.body_read_timeout),
-            share,
-            limits.max_buffered_bytes,
-            &mut waited,
-        );
-        let read = read.await;
+        let read = {
+            let read = inbound::read_body(
+                headers,
+                body,
+                h2,
+                (limit, limits.body_read_timeout),
+                share,
+                limits.max_buffered_bytes,
+                &mut waited,
+            );
+            let mut read = std::pin::pin!(read);
+            // Past `shutdown_grace` a caller still uploading is answered (503), as a request
+            // still without an answer is, rather than dropped at exit without a word. The
+            // token is waited on only once the read has to wait: a body that came with its
+            // head costs nothing more.
+            match futures_util::FutureExt::now_or_never(read.as_mut()) {
+                Some(read) => Some(read),
+                None => tokio::select! {
+                    biased;
+                    read = read.as_mut() => Some(read),
+                    () = self.abort_streams.cancelled() => None,
+                },
+            }
+        };
         // The wait for the caller's bytes is the caller's time, not legate's overhead (a slow
         // upload read as a slow legate). A body that came with its head took no wait.
         if let Some(since) = waited {
             spent.leave(since);
             spent.come_back(tokio::time::Instant::now());
         }
+        let Some(read) = read else {
+            return Err(ProxyError::ShuttingDown);
+        };
         match read {
             Ok(b) => Ok(b),
             Err(BodyError::TimedOut) => Err(ProxyError::BodyTimeout),

@@ -461,3 +461,46 @@ async fn a_forwarded_success_answer_that_is_not_json_is_unusable() {
     assert!(text.contains("text/html"), "{text}");
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A caller still uploading when `shutdown_grace` runs out gets 503 `shutting_down`, as a
+/// request still waiting for its answer does; its read was not told of the shutdown, and the
+/// connection was dropped without a word when the process exited.
+#[tokio::test]
+async fn an_upload_cut_by_shutdown_is_answered_503() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml_with(&mock.base_url(), "body_read_timeout = \"30s\"\n", "", "")
+        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"200ms\"");
+    let env = harness::start_toml(mock, &toml).await;
+    let mut caller = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    let head = "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\nanthropic-version: 2023-06-01\r\ncontent-length: 100\r\nexpect: 100-continue\r\n\r\n";
+    caller.write_all(head.as_bytes()).await.unwrap();
+    // `100 Continue` comes once the request's body is being read.
+    let mut got = vec![0; 25];
+    caller.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got[..], b"HTTP/1.1 100 Continue\r\n\r\n");
+    caller.write_all(b"{\"model\":").await.unwrap();
+    let harness::Env {
+        legate, registry, ..
+    } = env;
+    let stopping = tokio::spawn(legate.shutdown());
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), caller.read_to_end(&mut answer))
+        .await
+        .expect("answered before the body read's own timeout")
+        .unwrap();
+    stopping.await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.contains("shutting_down") || answer.contains("shutdown"),
+        "{answer}"
+    );
+    let metrics = legate::telemetry::render(&registry);
+    assert_eq!(
+        harness::metric_value(&metrics, "legate_requests_total", &[("status", "503")]),
+        Some(1.0),
+        "{metrics}"
+    );
+}
