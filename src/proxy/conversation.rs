@@ -158,10 +158,18 @@ impl Conversation {
     }
 
     /// Keeps a relayed response whose `id` is known (`response` is its JSON text, one value):
-    /// the entry is written around those bytes, never built into a tree.
+    /// the entry is written around those bytes, never built into a tree. A turn that continued
+    /// a response legate does not hold (from before a restart, evicted, or made at the
+    /// provider directly) is not kept: its input lacks the turns before it, and a translated
+    /// step rebuilding the conversation from it would answer a model that silently lost them.
+    /// The next turn is then as unknown as its predecessor was: relayed as it comes, or a
+    /// 400 that asks for the whole conversation on a translated step.
     fn keep_relayed(&self, id: &str, response: &[u8]) {
         if self.keep {
             self.own(id);
+            if self.prior_id.is_some() && self.prior.is_none() {
+                return;
+            }
             let entry = Stored::serialise(&self.input, response, true, &self.tenant);
             self.keep_entry(id, entry);
         }

@@ -161,9 +161,15 @@ fn input_items(
 }
 
 fn str_field<'a>(item: &'a Value, key: &str) -> Result<&'a str, Untranslatable> {
-    item.get(key)
+    str_of(item, key, "an input item")
+}
+
+/// `what`'s string member `key`, or the step is unfit, naming what lacked it (an input item,
+/// a tool, a tool choice).
+fn str_of<'a>(v: &'a Value, key: &str, what: &str) -> Result<&'a str, Untranslatable> {
+    v.get(key)
         .and_then(Value::as_str)
-        .ok_or_else(|| unfit(format!("an input item lacks the string `{key}`")))
+        .ok_or_else(|| unfit(format!("{what} lacks the string `{key}`")))
 }
 
 fn push_call(messages: &mut Vec<Value>, item: &Value) -> Result<(), Untranslatable> {
@@ -290,7 +296,10 @@ fn tools(tools: Option<&Value>, labels: &mut Labels) -> Result<Vec<Value>, Untra
             continue;
         }
         let mut function = Map::new();
-        function.insert("name".into(), json!(str_field(tool, "name")?));
+        function.insert(
+            "name".into(),
+            json!(str_of(tool, "name", "a function tool")?),
+        );
         for key in ["description", "parameters", "strict"] {
             if let Some(v) = tool.get(key).filter(|v| !v.is_null()) {
                 function.insert(key.into(), v.clone());
@@ -307,7 +316,7 @@ fn tool_choice(choice: &Value) -> Result<Value, Untranslatable> {
     }
     match choice.get("type").and_then(Value::as_str) {
         Some("function") => Ok(json!({
-            "type": "function", "function": {"name": str_field(choice, "name")?},
+            "type": "function", "function": {"name": str_of(choice, "name", "`tool_choice`")?},
         })),
         Some("allowed_tools") => Ok(json!(
             choice.get("mode").and_then(Value::as_str).unwrap_or("auto")

@@ -113,15 +113,18 @@ pub fn usage_from_chat(usage: Option<&Value>) -> Value {
     })
 }
 
-/// A completed assistant message item with one text (or refusal) part.
-pub fn message_item(id: &str, text: &str, refusal: bool) -> Value {
+/// An assistant message item with one text (or refusal) part: `completed`, or `incomplete`
+/// when the output limit cut it (`cut`: it was the answer's last item, and the answer ended
+/// with finish reason `length`), as OpenAI marks a message cut by `max_output_tokens`.
+pub fn message_item(id: &str, text: &str, refusal: bool, cut: bool) -> Value {
     let part = if refusal {
         json!({"type": "refusal", "refusal": text})
     } else {
         json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
     };
+    let status = if cut { "incomplete" } else { "completed" };
     json!({
-        "id": id, "type": "message", "status": "completed", "role": "assistant",
+        "id": id, "type": "message", "status": status, "role": "assistant",
         "content": [part],
     })
 }
@@ -161,12 +164,17 @@ pub fn from_chat(body: &[u8], ctx: &ResponseCtx) -> Result<Value, Untranslatable
     let message = &choice["message"];
     let mut output = Vec::new();
     let item_id = format!("msg_{}", ctx.id.trim_start_matches("resp_"));
-    if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
-        output.push(message_item(&item_id, text, false));
-    } else if let Some(text) = message["refusal"].as_str().filter(|t| !t.is_empty()) {
-        output.push(message_item(&item_id, text, true));
-    }
     let cut = choice["finish_reason"].as_str() == Some("length");
+    // Tool calls follow the text: the text is the last item, and the cut one, only without them.
+    let text_cut = cut
+        && message["tool_calls"]
+            .as_array()
+            .is_none_or(|calls| calls.is_empty());
+    if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+        output.push(message_item(&item_id, text, false, text_cut));
+    } else if let Some(text) = message["refusal"].as_str().filter(|t| !t.is_empty()) {
+        output.push(message_item(&item_id, text, true, text_cut));
+    }
     for call in message["tool_calls"].as_array().into_iter().flatten() {
         let id = call["id"].as_str().unwrap_or_default();
         let name = call.pointer("/function/name").and_then(Value::as_str);

@@ -311,7 +311,10 @@ impl State {
         let item = match std::mem::replace(&mut self.open, Open::None) {
             Open::None => return Ok(()),
             Open::Text { id, text, refusal } => {
-                let item = message_item(&id, &text, refusal);
+                // Closed at the end (not for a tool call after it): the last item, cut if the
+                // answer was.
+                let cut = self.cut_by_limit();
+                let item = message_item(&id, &text, refusal, cut);
                 let (kind, field) = if refusal {
                     ("response.refusal.done", "refusal")
                 } else {

@@ -353,6 +353,38 @@ fn a_tool_call_the_output_limit_cut_is_an_incomplete_item() {
     );
 }
 
+/// Text the output limit cut is an `incomplete` message item, whole or streamed; text that a
+/// tool call followed is whole (the call is the cut item).
+#[test]
+fn a_message_the_output_limit_cut_is_an_incomplete_item() {
+    let wire = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut s = ResponsesStream::from_chat(ctx());
+    let evs = events(&s.push(wire.as_bytes()));
+    let done: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0]["item"]["status"], "incomplete");
+    let last = evs.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.incomplete");
+    assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+    let whole = |calls: Value| {
+        let chat = json!({"model": "g", "choices": [{"message": {"content": "Hel",
+            "tool_calls": calls}, "finish_reason": "length"}]});
+        response_for(Target::Chat, chat.to_string().as_bytes(), &ctx()).unwrap_or_default()
+    };
+    assert_eq!(whole(json!(null))["output"][0]["status"], "incomplete");
+    let call = json!([{"id": "c", "function": {"name": "f", "arguments": "{\"a"}}]);
+    let with_call = whole(call);
+    assert_eq!(with_call["output"][0]["status"], "completed");
+    assert_eq!(with_call["output"][1]["status"], "incomplete");
+}
+
 /// Calls that share index 0 (Ollama), or carry none, with ids of their own: two function calls,
 /// not one with the arguments of both.
 #[test]

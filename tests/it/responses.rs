@@ -337,6 +337,41 @@ async fn a_relayed_answer_whole_or_streamed_is_kept_for_a_translated_next_turn()
     }
 }
 
+/// A relayed turn that continued a response legate does not hold (from before a restart, or
+/// made at the provider directly) is not kept: a translated next turn would be rebuilt
+/// without the turns before it. It gets the 400 that asks for the whole conversation, as its
+/// predecessor would; it was served 200 with the history silently cut.
+#[tokio::test]
+async fn a_turn_after_an_unknown_response_is_not_rebuilt_without_its_history() {
+    for stream in [false, true] {
+        let env = start(r#"{"default":{"content":[{"type":"text","text":"relayed"}]}}"#).await;
+        let first = format!(
+            r#"{{"model":"fast","previous_response_id":"resp_from_before","input":"q2","stream":{stream}}}"#
+        );
+        let resp = responses(&env, &first).await;
+        assert_eq!(resp.status(), 200);
+        let id = if stream {
+            let evs = events(resp).await;
+            evs.last().unwrap().2["response"]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        } else {
+            let obj: Value = resp.json().await.unwrap();
+            obj["id"].as_str().unwrap().to_owned()
+        };
+        let second = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"q3"}}"#);
+        let resp = responses(&env, &second).await;
+        assert_eq!(resp.status(), 400, "stream {stream}");
+        let err: Value = resp.json().await.unwrap();
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(&id),
+            "{err}"
+        );
+        assert_eq!(env.mock.requests().len(), 1, "stream {stream}");
+    }
+}
+
 /// Events closer together than `idle_timeout` keep a stream alive however long it runs: before
 /// its first content (four preamble events, held back) and after it.
 #[tokio::test]
