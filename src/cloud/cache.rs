@@ -18,8 +18,9 @@
 //!
 //! What an endpoint says of a credential's life is not taken on trust: one that has expired,
 //! or expires within a second, is a failed fetch, and one said to last longer than
-//! [`MAX_LIFE`] is fetched again within it. A credential the platform refuses (401, 403) is refreshed at once, at most once a
-//! minute: it may have been revoked before the expiry it came with.
+//! [`MAX_LIFE`] is fetched again within it. A credential the platform refuses (401, 403) is
+//! not sent again (at most once a minute: a refusal a new one does not cure costs a fetch a
+//! minute): it may have been revoked before the expiry it came with.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -63,6 +64,8 @@ struct Held<T> {
     /// Refresh from this moment on.
     refresh_at: Option<SystemTime>,
     fetched_at: SystemTime,
+    /// The platform refused it (see [`Cached::refused`]): no request is sent with it again.
+    refused: bool,
 }
 
 /// What `/admin/state` shows of a credential.
@@ -193,9 +196,16 @@ impl<T: Send + Sync + 'static> Cached<T> {
         self.held_before(now, |h| h.refresh_at)
     }
 
-    /// The held credential if it still works at `now`, refresh due or not.
+    /// The held credential if it still works at `now`, refresh due or not: not expired, and
+    /// not refused by the platform.
     fn usable(&self, now: SystemTime) -> Option<Arc<T>> {
-        self.held_before(now, |h| h.expires)
+        self.held_before(now, |h| {
+            if h.refused {
+                Some(h.fetched_at)
+            } else {
+                h.expires
+            }
+        })
     }
 
     /// The held credential if `now` is before the moment `until` picks of it (`None`: never).
@@ -310,14 +320,17 @@ impl<T: Send + Sync + 'static> Cached<T> {
     }
 
     /// The platform refused the held credential (401, 403): it may have been revoked before
-    /// its expiry, so it is refreshed now (behind the requests, which go on using it until
-    /// the new one comes), unless it was fetched less than a minute ago.
+    /// its expiry, so it is not used again, unless it was fetched less than a minute ago. The
+    /// next request waits for a new one, as a request with no credential does (so a chain with
+    /// another step waits a second at most); it was used once more while the refresh ran
+    /// behind, which failed that request too.
     pub fn refused(&self) {
         let now = SystemTime::now();
         if let Some(h) = self.held.lock().as_mut() {
             let age = now.duration_since(h.fetched_at).unwrap_or_default();
             if age >= REFUSED_REFETCH_AFTER {
                 h.refresh_at = Some(now);
+                h.refused = true;
             }
         }
     }
@@ -352,6 +365,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
                     expires,
                     refresh_at,
                     fetched_at,
+                    refused: false,
                 });
                 if let Some(old) = replaced {
                     *self.previous.lock() = Some(old.value);
@@ -705,13 +719,11 @@ mod tests {
             h.fetched_at -= Duration::from_secs(61);
         }
         cell.refused();
-        // Refreshed behind: this caller still gets the held one, the next the new one.
+        // Never sent again: this caller waits for the new one.
         assert_eq!(
             cell.get(giving(&n, 2, HOUR), later()).await,
-            Ok(Arc::new(1))
+            Ok(Arc::new(2))
         );
-        let mut seen = cell.flight.lock().pending.clone().unwrap();
-        seen.wait_for(Option::is_some).await.unwrap();
         assert_eq!(
             cell.get(giving(&n, 3, HOUR), later()).await,
             Ok(Arc::new(2))

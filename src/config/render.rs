@@ -13,7 +13,7 @@ use std::num::{NonZeroU64, NonZeroUsize};
 use sha2::{Digest, Sha256};
 
 use super::adapt::{PerMtok, mask_userinfo};
-use super::cloud::{AzureSource, Platform};
+use super::cloud::{AwsSource, AzureSource, GoogleSource, Platform};
 use super::file::{
     ClientFile, DeploymentFile, FileConfig, LimitFile, ModelFile, PriceFile, ProviderFile,
     ProviderKind, RoutingFile, ServerFile, StepFile, StepTable, TelemetryFile,
@@ -302,6 +302,7 @@ fn provider_warnings(p: &ProviderConfig, out: &mut Vec<String>) {
             mask_userinfo(&p.base_url)
         ));
     }
+    credential_endpoint_warnings(p, &at, out);
     if p.base_url.starts_with("http://") {
         let tls_files = [
             ("ca_file", &p.ca_file),
@@ -315,6 +316,52 @@ fn provider_warnings(p: &ProviderConfig, out: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// A credential endpoint reached over plain `http://` on another host: what legate sends it
+/// (a web-identity token, a container authorization token, a signed assertion) and the
+/// credential it answers with cross the network in the clear. The container endpoints' own
+/// link-local addresses (ECS 169.254.170.2, EKS Pod Identity 169.254.170.23 and
+/// fd00:ec2::23) are plain http by design, as the AWS SDKs allow; so is a metadata server.
+fn credential_endpoint_warnings(p: &ProviderConfig, at: &str, out: &mut Vec<String>) {
+    let (key, url) = match &p.platform {
+        Platform::Bedrock(b) => match &b.credentials {
+            AwsSource::WebIdentity { sts_endpoint, .. } => ("sts_endpoint", sts_endpoint),
+            AwsSource::Container { url, .. } if !aws_container_host(url) => {
+                ("credentials_url", url)
+            }
+            _ => return,
+        },
+        Platform::Vertex(v) => match &v.credentials {
+            GoogleSource::File {
+                token_url: Some(url),
+                ..
+            } => ("token_url", url),
+            _ => return,
+        },
+        Platform::AzureOpenAi(a) => match &a.credentials {
+            AzureSource::WorkloadIdentity { token_url, .. } => ("token_url", token_url),
+            AzureSource::ApiKey => return,
+        },
+        Platform::Direct => return,
+    };
+    if key_in_the_clear(url) {
+        out.push(format!(
+            "{at}.{key}: credentials are fetched over plain http:// from `{}`, which is not \
+             this host; use https://",
+            mask_userinfo(url)
+        ));
+    }
+}
+
+/// Whether `url` names one of the container credentials endpoints' link-local addresses.
+fn aws_container_host(url: &str) -> bool {
+    url.parse::<http::Uri>().is_ok_and(|u| {
+        matches!(
+            u.host(),
+            Some("169.254.170.2" | "169.254.170.23" | "[fd00:ec2::23]")
+        )
+    })
 }
 
 /// Whether a provider's credential comes from its platform (pod identity), not a key.
@@ -471,6 +518,46 @@ mod tests {
             &env_of(&[("ANTHROPIC_API_KEY", "a"), ("OPENAI_API_KEY", "b")]),
         )?;
         assert!(warnings(&quiet).is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn credential_endpoints_over_plain_http_to_another_host_are_warned_about() -> TestResult {
+        let warned = |provider: &str, env: &[(&str, &str)]| -> Result<Vec<String>, String> {
+            let toml = format!(
+                "[providers.cloud]\n{provider}[providers.openai]\napi_key_env = \"K\"\n\
+                 [routing]\nanthropic = \"cloud\"\nopenai = \"openai\"\n"
+            );
+            let mut env = env.to_vec();
+            env.push(("K", "k"));
+            let cfg = load_str(&toml, &env_of(&env)).map_err(|e| format!("{e:?}"))?;
+            Ok(warnings(&cfg))
+        };
+        let bedrock = "kind = \"bedrock\"\nregion = \"us-east-1\"\n";
+        let container = format!("{bedrock}credentials_url = \"http://10.1.2.3/creds\"\n");
+        assert_eq!(
+            warned(&container, &[])?,
+            [
+                "providers.cloud.credentials_url: credentials are fetched over plain http:// from `http://10.1.2.3/creds`, which is not this host; use https://"
+            ]
+        );
+        // The EKS Pod Identity agent's own address is plain http by design.
+        let agent =
+            format!("{bedrock}credentials_url = \"http://169.254.170.23/v1/credentials\"\n");
+        assert!(warned(&agent, &[])?.is_empty());
+        let sts = format!("{bedrock}sts_endpoint = \"http://10.1.2.4\"\n");
+        let identity = [
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+            ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
+        ];
+        let w = warned(&sts, &identity)?;
+        assert!(
+            w.len() == 1
+                && w[0].starts_with(
+                    "providers.cloud.sts_endpoint: credentials are fetched over plain http://"
+                ),
+            "{w:?}"
+        );
         Ok(())
     }
 
