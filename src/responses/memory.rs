@@ -56,7 +56,9 @@ struct Entry {
     /// from the serialising `Vec` without a copy).
     data: Bytes,
     bytes: usize,
-    expires: Instant,
+    /// When it was kept: it expires `ttl` after, by the ttl in force (a reload that
+    /// shortens it shortens the life of what is kept already).
+    kept: Instant,
     generation: u64,
     owner: Arc<str>,
 }
@@ -79,9 +81,41 @@ struct Inner {
     owners: HashMap<Arc<str>, Owner>,
     bytes: usize,
     next_generation: u64,
+    /// The bounds in force (`[responses]`, changed by a reload).
+    max_bytes: usize,
+    ttl: Duration,
 }
 
 impl Inner {
+    fn expired(&self, e: &Entry, now: Instant) -> bool {
+        e.kept + self.ttl <= now
+    }
+
+    /// Sweeps the expired entries, then evicts until `bytes` more fit within `max_bytes`: the
+    /// oldest of the owner holding the most (`bytes` counted with `owner`'s).
+    fn make_room(&mut self, bytes: usize, owner: Option<&Arc<str>>, now: Instant) {
+        // Entries share one TTL, so each owner's insertion order is its expiry order: its
+        // expired entries are at its front.
+        let ttl = self.ttl;
+        while let Some(name) = self.stale_or_expired_front(now) {
+            self.trim_front(&name, |e| e.kept + ttl <= now);
+        }
+        while self.bytes + bytes > self.max_bytes {
+            let heaviest = self
+                .owners
+                .iter()
+                .max_by_key(|(n, o)| o.bytes + if Some(*n) == owner { bytes } else { 0 })
+                .map(|(n, _)| n.clone());
+            let Some(n) = heaviest else {
+                // Nothing left to evict: the entry fits within the bound alone.
+                break;
+            };
+            if !self.trim_front(&n, |_| true) && !self.trim_any() {
+                break;
+            }
+        }
+    }
+
     /// Takes `id`'s entry out, with its bytes.
     fn remove(&mut self, id: &str) -> Option<Entry> {
         let entry = self.map.remove(id)?;
@@ -101,7 +135,7 @@ impl Inner {
         let live = |(id, g): &(Arc<str>, u64)| {
             self.map
                 .get(id)
-                .is_some_and(|e| e.generation == *g && e.expires > now)
+                .is_some_and(|e| e.generation == *g && !self.expired(e, now))
         };
         self.owners
             .iter()
@@ -147,18 +181,27 @@ impl Inner {
 
 /// The in-process store.
 pub struct MemoryStore {
-    max_bytes: usize,
-    ttl: Duration,
     inner: Mutex<Inner>,
 }
 
 impl MemoryStore {
     pub fn new(max_bytes: usize, ttl: Duration) -> Self {
         MemoryStore {
-            max_bytes,
-            ttl,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                max_bytes,
+                ttl,
+                ..Inner::default()
+            }),
         }
+    }
+
+    /// Applies reloaded bounds at once: entries past the new ttl are gone, and the oldest
+    /// give way until the rest fit the new `max_bytes`.
+    pub fn resize(&self, max_bytes: usize, ttl: Duration) {
+        let mut inner = self.lock();
+        inner.max_bytes = max_bytes;
+        inner.ttl = ttl;
+        inner.make_room(0, None, Instant::now());
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -169,7 +212,7 @@ impl MemoryStore {
         let data = {
             let inner = self.lock();
             let entry = inner.map.get(id)?;
-            if entry.expires <= Instant::now() {
+            if inner.expired(entry, Instant::now()) {
                 return None;
             }
             entry.data.clone()
@@ -194,7 +237,7 @@ impl MemoryStore {
         let bytes = held(id, data.len());
         let mut inner = self.lock();
         inner.remove(id);
-        if bytes > self.max_bytes {
+        if bytes > inner.max_bytes {
             return;
         }
         let now = Instant::now();
@@ -203,27 +246,7 @@ impl MemoryStore {
             Some((kept, _)) => kept.clone(),
             None => Arc::from(name),
         };
-        // Entries share one TTL, so each owner's insertion order is its expiry order: its
-        // expired entries are at its front.
-        while let Some(name) = inner.stale_or_expired_front(now) {
-            inner.trim_front(&name, |e| e.expires <= now);
-        }
-        // Then, until the new entry fits, the oldest of the owner holding the most (the new
-        // entry counted with its owner's).
-        while inner.bytes + bytes > self.max_bytes {
-            let heaviest = inner
-                .owners
-                .iter()
-                .max_by_key(|(n, o)| o.bytes + if **n == owner { bytes } else { 0 })
-                .map(|(n, _)| n.clone());
-            let Some(n) = heaviest else {
-                // Nothing left to evict: the entry fits within the bound alone.
-                break;
-            };
-            if !inner.trim_front(&n, |_| true) && !inner.trim_any() {
-                break;
-            }
-        }
+        inner.make_room(bytes, Some(&owner), now);
         let generation = inner.next_generation;
         inner.next_generation += 1;
         let id: Arc<str> = Arc::from(id);
@@ -236,7 +259,7 @@ impl MemoryStore {
         let entry = Entry {
             data,
             bytes,
-            expires: now + self.ttl,
+            kept: now,
             generation,
             owner: owner.clone(),
         };
@@ -254,9 +277,9 @@ impl MemoryStore {
     }
 
     pub fn delete(&self, id: &str) -> bool {
-        self.lock()
-            .remove(id)
-            .is_some_and(|e| e.expires > Instant::now())
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.remove(id).is_some_and(|e| !inner.expired(&e, now))
     }
 
     /// Bytes held (for tests and the bound).
@@ -285,6 +308,21 @@ mod tests {
             id,
             serde_json::to_vec(&stored("0123456789", owner)).map_or(0, |v| v.len()),
         )
+    }
+
+    /// A reload's shorter ttl ends what was kept before it too; a smaller bound evicts at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_resize_applies_to_what_is_kept_already() {
+        let store = MemoryStore::new(1 << 20, Duration::from_secs(3600));
+        store.put("a", &stored("hi", "team-a"));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        store.put("b", &stored("hi", "team-a"));
+        store.resize(1 << 20, Duration::from_secs(5));
+        assert_eq!(store.get("a"), None);
+        assert_eq!(store.get("b"), Some(stored("hi", "team-a")));
+        assert_eq!(store.lock().map.len(), 1, "the expired one swept");
+        store.resize(10, Duration::from_secs(5));
+        assert_eq!((store.get("b"), store.bytes()), (None, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@
 //! of entries it did not take, which this process keeps in memory instead.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -181,6 +181,29 @@ impl ConversationStore {
         }
     }
 
+    /// Applies a reload's `[responses]` bounds; returns the settings that only a restart
+    /// changes. The memory store takes both at once (what is kept past the new ttl goes, and
+    /// the oldest entries give way to a smaller `max_bytes`). Redis takes the ttl for the
+    /// entries written after it (those written keep the one Redis holds); its `max_bytes`
+    /// sized the connections' reply bound at start.
+    pub fn reconfigure(&self, max_bytes: usize, ttl: Duration) -> Vec<&'static str> {
+        match &self.backend {
+            Backend::Memory(m) => {
+                m.resize(max_bytes, ttl);
+                Vec::new()
+            }
+            Backend::Redis(r) => {
+                r.ttl_secs.store(ttl.as_secs().max(1), Ordering::Relaxed);
+                r.local.resize(r.max_pending, ttl);
+                if max_bytes == r.max_pending {
+                    Vec::new()
+                } else {
+                    vec!["responses.max_bytes"]
+                }
+            }
+        }
+    }
+
     /// The in-process store, which a put never waits on.
     pub fn memory(&self) -> Option<&MemoryStore> {
         match &self.backend {
@@ -221,7 +244,8 @@ impl ConversationStore {
 /// it), and a delete that Redis cannot be asked about is an error, not a success. A Redis hit
 /// drops any copy. One store, one copy per id, `max_bytes` in all.
 pub struct RedisConversations {
-    ttl: Duration,
+    /// In seconds: a reload changes it for the writes after it.
+    ttl_secs: AtomicU64,
     /// Lookups and deletes.
     conn: LazyConnection,
     /// Writes, apart: a connection carries its calls in order, and a large entry on its way
@@ -283,7 +307,7 @@ impl RedisConversations {
                 .map_err(|e| StoreError(format!("the Redis URL cannot be used: {}", e.category())))
         };
         Ok(RedisConversations {
-            ttl,
+            ttl_secs: AtomicU64::new(ttl.as_secs().max(1)),
             local: MemoryStore::new(max_pending, ttl),
             conn: connection()?,
             writes: connection()?,
@@ -367,7 +391,7 @@ impl RedisConversations {
     }
 
     async fn write(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        let secs = self.ttl.as_secs().max(1);
+        let secs = self.ttl_secs.load(Ordering::Relaxed);
         // The entry's bytes live in the command alone while it waits (and are taken back
         // from it if Redis does not take them).
         let cmd = redis::cmd("SET")

@@ -37,6 +37,8 @@ pub struct Reloader {
     /// `server.worker_threads`: the workers are started once.
     worker_threads: usize,
     ratelimit: crate::config::RateLimitConfig,
+    /// `[responses] store`: the conversation store is made once.
+    responses_store: crate::config::StoreKind,
     /// `[log]`, `[telemetry]`, `[journal]` are applied once, at start.
     observe: crate::config::observe::ObserveConfig,
     watchers: Mutex<Vec<JoinHandle<()>>>,
@@ -67,6 +69,7 @@ impl Reloader {
             ),
             worker_threads: started_with.server.worker_threads,
             ratelimit: started_with.ratelimit.clone(),
+            responses_store: started_with.responses.store,
             observe: started_with.observe.clone(),
             watchers: Mutex::new(watchers),
             busy: Mutex::new(()),
@@ -139,6 +142,12 @@ impl Reloader {
         if now.journal.size != then.journal.size {
             restart_required.push("journal.size".to_string());
         }
+        // The conversation store is made once (its kind, and Redis's connections); its
+        // bounds are applied below, once the reload is sure to go through.
+        if cfg.responses.store != self.responses_store {
+            restart_required.push("responses.store".to_string());
+        }
+        let responses = (cfg.responses.max_bytes, cfg.responses.ttl);
         let breaker = cfg.breaker.clone();
         let ratio = cfg.retry.budget_ratio;
         let snapshot = match Snapshot::new(Arc::new(cfg), &self.proxy.lanes) {
@@ -159,6 +168,9 @@ impl Reloader {
         let config_hash = snapshot.hash.clone();
         self.proxy.breakers.set_config(breaker);
         self.proxy.budget.set_ratio(ratio);
+        let (max_bytes, ttl) = responses;
+        let fixed = self.proxy.conversations.reconfigure(max_bytes, ttl);
+        restart_required.extend(fixed.into_iter().map(str::to_owned));
         self.proxy.snapshot.store(Arc::new(snapshot));
         let old = {
             let mut w = self.watchers.lock();

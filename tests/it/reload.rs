@@ -242,3 +242,49 @@ async fn a_budget_added_by_reload_counts_the_spend_already_made_today() {
     assert_eq!(env.messages(body).await.status(), 429);
     assert_eq!(env.mock.stats().requests, 3);
 }
+
+/// `[responses]` bounds apply on reload: a smaller `max_bytes` evicts what no longer fits at
+/// once, as a shorter `ttl` ends what has outlived it. A reload reported them applied (ok, no
+/// restart needed) and kept the old ones. The store's kind is made once: a restart.
+#[tokio::test]
+async fn responses_store_bounds_apply_on_reload_and_its_kind_needs_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let toml = harness::config_toml(&mock.base_url(), "");
+    let with = |responses: &str| format!("{toml}\n[responses]\n{responses}\n");
+    std::fs::write(&path, with("max_bytes = 1000000")).unwrap();
+    let env = harness::start_file(mock, &path).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"gpt-x","input":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let store = env.legate.proxy.conversations.clone();
+    let held = || store.memory().map(|m| m.bytes());
+    assert!(held().is_some_and(|b| b > 100), "{:?}", held());
+    std::fs::write(&path, with("max_bytes = 100")).unwrap();
+    let (status, v) = reload(&env).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["restart_required"], serde_json::json!([]));
+    assert_eq!(held(), Some(0));
+    std::fs::write(
+        &path,
+        with("store = \"redis\"").replace(
+            "[routing]",
+            "[ratelimit]\nredis_url = \"redis://127.0.0.1:1\"\n\n[routing]",
+        ),
+    )
+    .unwrap();
+    let (status, v) = reload(&env).await;
+    assert_eq!(status, 200, "{v}");
+    let restart = v["restart_required"].as_array().unwrap();
+    assert!(
+        restart.contains(&serde_json::json!("responses.store")),
+        "{v}"
+    );
+}
