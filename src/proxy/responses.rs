@@ -172,6 +172,16 @@ pub async fn stored_response(
     let bound = (max, &snap.answer_part(tenant));
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {
+            // Its events were never kept: answering the response whole to a request for its
+            // stream would end the SDK's stream with no event and no error.
+            (&Method::GET, "") if asks_stream(query) => {
+                return Err(ProxyError::InvalidRequest {
+                    message: format!(
+                        "response `{id}` was made by legate from another API's answer, and its \
+                         stream is not kept: retrieve it without stream=true"
+                    ),
+                });
+            }
             (&Method::GET, "") => held_json(&kept.response, answers, bound)?,
             (&Method::DELETE, "") => {
                 store.delete(id).await.map_err(unavailable)?;
@@ -262,7 +272,10 @@ pub async fn forward(
     let body = match upread::read_whole(&mut incoming, up.idle_timeout, deadline, &mut share).await
     {
         // A success answer of the Responses API is JSON: a gateway's page passed on with 200
-        // would reach the caller as a success its SDK cannot parse.
+        // would reach the caller as a success its SDK cannot parse. A stored response's
+        // events asked for again (`GET …?stream=true`) are an event stream, passed on whole
+        // once the provider has replayed them.
+        Whole::Complete(b) if asks_stream(query) && is_event_stream(&parts.headers) => b,
         Whole::Complete(b) if !crate::proxy::answer::json_shaped(parts.status, &b) => {
             if parts.status.is_success() {
                 let kind = crate::proxy::answer::media_type(&parts.headers);
@@ -309,6 +322,15 @@ pub async fn forward(
     }
     crate::proxy::response::set_header(&mut out, "x-legate-served-by", &up.name);
     Ok(out)
+}
+
+/// Whether a query asks for a stored response's events (`stream=true`).
+fn asks_stream(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "stream=true"))
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    crate::proxy::answer::media_type(headers).eq_ignore_ascii_case("text/event-stream")
 }
 
 /// `POST /v1/responses/input_tokens`: forwarded when the route's first step serves the

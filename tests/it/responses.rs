@@ -372,6 +372,39 @@ async fn a_turn_after_an_unknown_response_is_not_rebuilt_without_its_history() {
     }
 }
 
+/// A response legate made from another API's answer has no kept events: asked for its stream
+/// (`GET …?stream=true`) it is a 400 that says so. It was answered whole, as JSON, and the
+/// SDK's stream ended with no event and no error.
+#[tokio::test]
+async fn a_translated_responses_stream_is_not_replayed_silently() {
+    let env = start(r#"{"default":{"content":[{"type":"text","text":"made here"}]}}"#).await;
+    let resp = responses(&env, r#"{"model":"agent","input":"hi"}"#).await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let get = |query: &str| {
+        env.http
+            .get(env.url(&format!("/v1/responses/{id}{query}")))
+            .send()
+    };
+    let streamed = get("?stream=true").await.unwrap();
+    assert_eq!(streamed.status(), 400);
+    let err: Value = streamed.json().await.unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream=true"),
+        "{err}"
+    );
+    let whole = get("").await.unwrap();
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.json::<Value>().await.unwrap()["id"], json!(id));
+    assert_eq!(env.mock.requests().len(), 1);
+}
+
 /// Events closer together than `idle_timeout` keep a stream alive however long it runs: before
 /// its first content (four preamble events, held back) and after it.
 #[tokio::test]

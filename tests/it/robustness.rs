@@ -462,6 +462,30 @@ async fn a_forwarded_success_answer_that_is_not_json_is_unusable() {
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
+/// A stored response's events asked for again (`GET …?stream=true`, how an SDK resumes a
+/// background response) are an event stream: the provider's replay is passed on. It was
+/// refused as a success answer that is not JSON.
+#[tokio::test]
+async fn a_stored_responses_replayed_stream_is_passed_on() {
+    let events = "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":0,\"response\":{\"id\":\"resp_bg\",\"status\":\"completed\",\"output\":[]}}\n\n";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
+        events.len()
+    );
+    let (env, up) = crate::rawup::behind(reply.into_bytes()).await;
+    let get = |query: &'static str| {
+        env.http
+            .get(env.url(&format!("/v1/responses/resp_bg{query}")))
+            .send()
+    };
+    let resp = get("?stream=true&starting_after=3").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), events);
+    // Not asked for as a stream, the same answer is still no JSON answer.
+    assert_eq!(get("").await.unwrap().status(), 502);
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
 /// A caller still uploading when `shutdown_grace` runs out gets 503 `shutting_down`, as a
 /// request still waiting for its answer does; its read was not told of the shutdown, and the
 /// connection was dropped without a word when the process exited.
