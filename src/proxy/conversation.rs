@@ -283,7 +283,7 @@ impl Conversation {
     }
 }
 
-fn unknown_previous(id: &str) -> String {
+pub(crate) fn unknown_previous(id: &str) -> String {
     format!(
         "previous_response_id `{id}` is unknown (legate never relayed it, or it expired); \
          resend the whole conversation as input"

@@ -349,7 +349,23 @@ pub async fn input_tokens(
     let target = match Xlate::between(ApiKind::Responses, up.speaks(ApiKind::Responses)) {
         Xlate::Responses(target) => target,
         Xlate::None | Xlate::Classic(_) => {
-            let body = crate::route::fit(&inb.body, &inb.meta, step, ApiKind::Responses, None)?;
+            // Continuing a response legate made (a translated step's), the provider never
+            // saw its id: it counts the conversation, as `POST /v1/responses` sends it.
+            let body = match super::conversation::rebuilt_for_relay(inb) {
+                Some(rebuilt) => {
+                    let bytes = Bytes::from(
+                        rebuilt.map_err(|message| ProxyError::InvalidRequest { message })?,
+                    );
+                    let meta = ApiKind::Responses
+                        .dialect()
+                        .parse_request(&bytes)
+                        .map_err(|e| ProxyError::InvalidRequest {
+                            message: e.to_string(),
+                        })?;
+                    crate::route::fit(&bytes, &meta, step, ApiKind::Responses, None)?
+                }
+                None => crate::route::fit(&inb.body, &inb.meta, step, ApiKind::Responses, None)?,
+            };
             return forward(
                 up,
                 (answers, snap.cfg.server.limits.max_buffered_bytes),
@@ -362,13 +378,26 @@ pub async fn input_tokens(
             .await;
         }
     };
+    // The count is of the conversation as the step would get it: rebuilt from the store
+    // when it continues an earlier response, and refused, as the request would be, when
+    // legate does not hold that response.
+    let conv = inb.conversation.clone();
+    if let Some(c) = &conv
+        && let (Some(id), None) = (&c.prior_id, &c.prior)
+    {
+        return Err(ProxyError::InvalidRequest {
+            message: super::conversation::unknown_previous(id),
+        });
+    }
     // The translation walks the whole body (up to `max_body_bytes`): a count's turn, on a
     // blocking thread, as every local estimate is (`estimate.rs`).
     let (body, model) = (inb.body.clone(), step.model().to_owned());
     let sent = crate::proxy::estimate::counted(estimates, inb, move || {
-        responses::request_for(target, &body, &model)
-            .map(|(b, _)| b.len())
-            .unwrap_or(body.len())
+        let translated = match &conv {
+            Some(c) => c.request_for(target, &body, &model),
+            None => responses::request_for(target, &body, &model).map_err(|e| e.0),
+        };
+        translated.map(|(b, _)| b.len()).unwrap_or(body.len())
     })
     .await?
     .map_err(|_| ProxyError::Internal)?;

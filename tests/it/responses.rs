@@ -296,6 +296,49 @@ async fn input_tokens_is_forwarded_or_estimated() {
     let _ = json!({});
 }
 
+/// `input_tokens` counts the conversation a turn continues, as its request would send it: a
+/// translated step's estimate includes the stored turns (and an id legate does not hold is
+/// the request's 400), and a relaying step is sent the rebuilt conversation when the id is
+/// one legate made. Both counted the new input alone; the second sent the provider an id it
+/// never saw.
+#[tokio::test]
+async fn input_tokens_counts_the_conversation_a_turn_continues() {
+    let long = "many words ".repeat(400);
+    let env = start(&format!(
+        r#"{{"default":{{"content":[{{"type":"text","text":"{long}"}}]}}}}"#
+    ))
+    .await;
+    let resp = responses(&env, r#"{"model":"agent","input":"hi"}"#).await;
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let count = |model: &str, prior: &str| {
+        env.http
+            .post(env.url("/v1/responses/input_tokens"))
+            .body(format!(r#"{{"model":"{model}","input":"next"{prior}}}"#))
+            .send()
+    };
+    let tokens = |v: Value| v["input_tokens"].as_u64().unwrap_or(0);
+    let alone = tokens(count("agent", "").await.unwrap().json().await.unwrap());
+    let prior = format!(r#","previous_response_id":"{id}""#);
+    let with = count("agent", &prior).await.unwrap();
+    assert_eq!(with.headers()["x-legate-estimate"], "true");
+    let with = tokens(with.json().await.unwrap());
+    assert!(with > alone + 900, "{with} vs {alone}");
+    let unknown = count("agent", r#","previous_response_id":"resp_never""#)
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 400);
+    // Relayed: the provider gets the conversation, not an id it never saw.
+    let relayed = count("fast", &prior).await.unwrap();
+    assert_eq!(relayed.status(), 200);
+    let sent = env.mock.requests().last().unwrap().body.clone();
+    let sent: Value = serde_json::from_slice(&sent).unwrap();
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
+    assert!(sent.to_string().contains("many words"), "{sent}");
+}
+
 /// A relayed answer, whole or streamed, is kept in the store as it came: a later turn on a
 /// translated route is rebuilt from it.
 #[tokio::test]
