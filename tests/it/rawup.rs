@@ -154,6 +154,15 @@ pub(crate) fn paced_chunks_every(parts: &[&str], pause: std::time::Duration) -> 
     Action::ReplyPaced(writes, pause)
 }
 
+/// A 200 answer of media type `ct` with `body` and its length, keeping the connection.
+pub(crate) fn reply_of(ct: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// An event-stream response head (no length: the body runs until the connection ends).
 pub(crate) fn sse_head() -> Vec<u8> {
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".to_vec()

@@ -265,27 +265,30 @@ async fn a_request_a_step_cannot_honour_is_not_sent_to_it() {
     assert_eq!(env.mock.stats().requests, 0);
 }
 
+/// A chat stream whose one call, `write`, carries `arguments` in one fragment, then finishes
+/// with `finish`.
+fn write_call_stream(arguments: &str, finish: &str) -> String {
+    let chunk = crate::rawup::chat_chunk;
+    let call = serde_json::json!({"role": "assistant", "tool_calls": [{"index": 0,
+        "id": "call_1", "type": "function",
+        "function": {"name": "write", "arguments": arguments}}]});
+    [
+        chunk(&call.to_string(), "null"),
+        chunk("{}", &format!("\"{finish}\"")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat()
+}
+
 /// A streamed tool call whose arguments are not a JSON object, before any content reached the
 /// caller, is an answer that cannot be carried: retried, then 502 `upstream_answer_unusable`
 /// naming the tool, as the same answer whole is (not the 500 the translator's error event
 /// would stand for).
 #[tokio::test]
 async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries() {
-    let chunk = crate::rawup::chat_chunk;
-    let events = [
-        chunk(
-            r#"{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\":"}}]}"#,
-            "null",
-        ),
-        chunk("{}", r#""tool_calls""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
-    let reply = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{events}",
-        events.len()
-    );
-    let (env, up) = crate::rawup::behind_with(reply.into_bytes(), CHAINS).await;
+    let events = write_call_stream(r#"{"path":"#, "tool_calls");
+    let reply = crate::rawup::reply_of("text/event-stream", &events);
+    let (env, up) = crate::rawup::behind_with(reply, CHAINS).await;
     let resp = env
         .messages(r#"{"model":"via-openai","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"write it"}]}"#)
         .await;
@@ -306,26 +309,13 @@ async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries()
 /// never retried into three bills.
 #[tokio::test]
 async fn a_tool_call_the_output_limit_cut_is_served_once_under_max_tokens() {
-    let chunk = crate::rawup::chat_chunk;
-    let events = [
-        chunk(
-            r#"{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\": \"a"}}]}"#,
-            "null",
-        ),
-        chunk("{}", r#""length""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
+    let events = write_call_stream(r#"{"path": "a"#, "length");
     let whole = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"write","arguments":"{\"path\": \"a"}}]},"finish_reason":"length"}]}"#;
     for (stream, ct, body) in [
         (true, "text/event-stream", events.as_str()),
         (false, "application/json", whole),
     ] {
-        let reply = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let (env, up) = crate::rawup::behind_with(reply.into_bytes(), CHAINS).await;
+        let (env, up) = crate::rawup::behind_with(crate::rawup::reply_of(ct, body), CHAINS).await;
         let resp = env
             .messages(format!(r#"{{"model":"via-openai","max_tokens":8,"stream":{stream},"messages":[{{"role":"user","content":"write it"}}]}}"#))
             .await;
