@@ -334,21 +334,29 @@ async fn a_tool_call_the_output_limit_cut_is_served_once_under_max_tokens() {
     }
 }
 
+/// A chat stream in three parts: its role chunk, a reasoning chunk the translation drops, and
+/// its answer ("Hi") to the end.
+fn reasoning_parts() -> [String; 3] {
+    let chunk = crate::rawup::chat_chunk;
+    [
+        chunk(r#"{"role":"assistant","content":""}"#, "null"),
+        chunk(r#"{"reasoning_content":"hmm"}"#, "null"),
+        [
+            chunk(r#"{"content":"Hi"}"#, "null"),
+            chunk("{}", r#""stop""#),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat(),
+    ]
+}
+
 /// Upstream blocks that give an Anthropic caller nothing (an OpenAI server's keep-alive
 /// comment, reasoning the translation drops) reach it as Anthropic's own `ping`, at most one a
 /// second, after `message_start`: its idle watchdog, and legate's `idle_timeout`, hear the
 /// stream live. They were dropped.
 #[tokio::test]
 async fn an_upstream_keep_alive_reaches_a_translated_caller_as_a_ping() {
-    let chunk = crate::rawup::chat_chunk;
-    let role = chunk(r#"{"role":"assistant","content":""}"#, "null");
-    let reasoning = chunk(r#"{"reasoning_content":"hmm"}"#, "null");
-    let end = [
-        chunk(r#"{"content":"Hi"}"#, "null"),
-        chunk("{}", r#""stop""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
+    let [role, reasoning, end] = reasoning_parts();
     let up = crate::rawup::start(move |_| {
         let action = crate::rawup::paced_chunks(&[&role, ": keep-alive\n\n", &reasoning, &end]);
         async move { action }
@@ -379,15 +387,7 @@ async fn an_upstream_keep_alive_reaches_a_translated_caller_as_a_ping() {
 /// a stall: its keep-alives hold the stream (which was cut and retried as idle).
 #[tokio::test]
 async fn reasoning_longer_than_idle_timeout_keeps_a_translated_stream_alive() {
-    let chunk = crate::rawup::chat_chunk;
-    let role = chunk(r#"{"role":"assistant","content":""}"#, "null");
-    let reasoning = chunk(r#"{"reasoning_content":"hmm"}"#, "null");
-    let end = [
-        chunk(r#"{"content":"Hi"}"#, "null"),
-        chunk("{}", r#""stop""#),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
+    let [role, reasoning, end] = reasoning_parts();
     let up = crate::rawup::start(move |_| {
         let mut parts = vec![role.as_str()];
         parts.extend([reasoning.as_str(); 6]);
