@@ -321,18 +321,25 @@ impl<T: Send + Sync + 'static> Cached<T> {
 
     /// The platform refused the held credential (401, 403): it may have been revoked before
     /// its expiry, so it is not used again, unless it was fetched less than a minute ago. The
-    /// next request waits for a new one, as a request with no credential does (so a chain with
+    /// next call waits for a new one, as a call with no credential does (so a chain with
     /// another step waits a second at most); it was used once more while the refresh ran
-    /// behind, which failed that request too.
-    pub fn refused(&self) {
+    /// behind, which failed that call too.
+    ///
+    /// True when this refusal set it aside (a new one will be fetched): the refused call may
+    /// then be tried again with the new one.
+    pub fn refused(&self) -> bool {
         let now = SystemTime::now();
-        if let Some(h) = self.held.lock().as_mut() {
-            let age = now.duration_since(h.fetched_at).unwrap_or_default();
-            if age >= REFUSED_REFETCH_AFTER {
-                h.refresh_at = Some(now);
-                h.refused = true;
-            }
+        let mut held = self.held.lock();
+        let Some(h) = held.as_mut() else {
+            return false;
+        };
+        let age = now.duration_since(h.fetched_at).unwrap_or_default();
+        if h.refused || age < REFUSED_REFETCH_AFTER {
+            return false;
         }
+        h.refresh_at = Some(now);
+        h.refused = true;
+        true
     }
 
     /// Keeps a fetch's outcome: the credential, or the failure and the pause before the next
@@ -709,7 +716,7 @@ mod tests {
         let cell = cell();
         let n = Arc::new(AtomicU32::new(0));
         cell.get(giving(&n, 1, HOUR), later()).await.unwrap();
-        cell.refused();
+        assert!(!cell.refused(), "under a minute old");
         assert_eq!(
             cell.get(giving(&n, 2, HOUR), later()).await,
             Ok(Arc::new(1))
@@ -718,7 +725,9 @@ mod tests {
         if let Some(h) = cell.held.lock().as_mut() {
             h.fetched_at -= Duration::from_secs(61);
         }
-        cell.refused();
+        assert!(cell.refused());
+        // Set aside once: a second refusal of the same credential renews nothing more.
+        assert!(!cell.refused());
         // Never sent again: this caller waits for the new one.
         assert_eq!(
             cell.get(giving(&n, 2, HOUR), later()).await,

@@ -298,12 +298,13 @@ impl CloudProvider {
         }
     }
 
-    /// The platform answered 401 or 403 to a call with the held credential.
-    pub fn credential_refused(&self) {
+    /// The platform answered 401 or 403 to a call with the held credential. True when that
+    /// credential is now set aside and a new one will be fetched (see `Cached::refused`).
+    pub fn credential_refused(&self) -> bool {
         match &self.cred {
             Cred::Aws(c) => c.refused(),
             Cred::Token(c) => c.refused(),
-            Cred::Key => {}
+            Cred::Key => false,
         }
     }
 

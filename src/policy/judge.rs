@@ -36,6 +36,10 @@ pub enum Happened {
     Stream,
     /// A whole success answer.
     Whole,
+    /// A cloud platform refused the credential (401, 403), which is now set aside and
+    /// renewed: the call is tried again at once with the new one. Not the provider's failure,
+    /// and not the request's refusal.
+    CredentialRenewed,
     /// An error answer: an HTTP error status, or an error event before any content
     /// (`in_stream`, judged like the status it stands for).
     Error {
@@ -136,6 +140,7 @@ pub fn judge(happened: Happened, cx: Context) -> Verdict {
         H::Broken => again(cx, None, Report::Failure, "retryable"),
         H::Stream => verdict(Action::Commit, Report::AtStreamEnd, Some("ok")),
         H::Whole => verdict(Action::Commit, Report::Success, Some("ok")),
+        H::CredentialRenewed => again(cx, Some(Duration::ZERO), Report::Neutral, "retryable"),
         H::Error {
             status,
             quota,
@@ -239,6 +244,22 @@ mod tests {
             );
         }
         assert_eq!(row(err(302), CX), (Commit, Report::Success, Some("ok")));
+    }
+
+    /// A refused cloud credential, set aside for a new one: tried again at once, neither the
+    /// provider's fault nor the request's refusal; on the step's last attempt, the next step.
+    #[test]
+    fn a_renewed_credential_is_tried_again_at_once() {
+        let now = Retry {
+            wait: Some(Duration::ZERO),
+        };
+        let renewed = H::CredentialRenewed;
+        assert_eq!(row(renewed, CX), (now, Neutral, Some("retryable")));
+        let last = Context {
+            last_attempt: true,
+            ..CX
+        };
+        assert_eq!(row(renewed, last), (NextStep, Neutral, Some("retryable")));
     }
 
     #[test]

@@ -111,6 +111,9 @@ pub(crate) enum Exchanged {
         quota: bool,
         retry_after: Option<Duration>,
         in_stream: bool,
+        /// A cloud platform refused the credential, which is now renewed: the same call with
+        /// the new one is not the refused call again.
+        renewed: bool,
         resp: Response<ProxyBody>,
     },
 }
@@ -134,6 +137,7 @@ impl Exchanged {
             Exchanged::Broken(_) => Happened::Broken,
             Exchanged::Stream(_) => Happened::Stream,
             Exchanged::Whole(_) | Exchanged::WholeStreamed(_) => Happened::Whole,
+            Exchanged::Error { renewed: true, .. } => Happened::CredentialRenewed,
             Exchanged::Error {
                 status,
                 quota,
@@ -473,6 +477,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
                 quota,
                 retry_after: None,
                 in_stream: true,
+                renewed: false,
                 resp,
             }
         }
@@ -621,10 +626,10 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     // The slot and the in-flight count are the upstream call's: it is over.
     drop((got.permit, got.inflight));
     // A platform that refuses the credential legate sent may have revoked it before the
-    // expiry it was given with: fetched again (behind the requests, at most once a minute).
-    if let (Some(cloud), 401 | 403) = (&up.cloud, status.as_u16()) {
-        cloud.credential_refused();
-    }
+    // expiry it was given with: set aside and fetched again (at most once a minute), and the
+    // call tried again with the new one, so that a revocation costs the caller nothing.
+    let renewed = matches!(status.as_u16(), 401 | 403)
+        && up.cloud.as_ref().is_some_and(|c| c.credential_refused());
     // A platform's error answer is read to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
     if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {
@@ -643,6 +648,7 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
             quota: false,
             retry_after: None,
             in_stream: false,
+            renewed,
             resp,
         };
     }
@@ -666,6 +672,7 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
         quota,
         retry_after,
         in_stream: false,
+        renewed,
         resp,
     }
 }
