@@ -189,7 +189,6 @@ async fn answers_held_for_a_caller_count_against_max_buffered_bytes_until_writte
 /// legate in front of `url` with room for one answer of `answer` bytes held (and some), and
 /// `alias` a model translated to the Anthropic upstream's `claude-b`.
 async fn room_for_one(url: &str, answer: usize, alias: &str) -> harness::Env {
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let models = format!("[[models]]\nname = \"{alias}\"\nchain = [\"anthropic:claude-b\"]\n");
     let toml = harness::config_toml_with(
         url,
@@ -197,7 +196,7 @@ async fn room_for_one(url: &str, answer: usize, alias: &str) -> harness::Env {
         "",
         &models,
     );
-    harness::start_toml(unused, &toml).await
+    harness::start_alone(&toml).await
 }
 
 /// The most a socket's send buffer grows to (`tcp_wmem`'s maximum; 4 MiB if unreadable).
@@ -222,10 +221,9 @@ async fn a_translated_answer_refused_for_memory_keeps_its_reservation() {
         crate::rawup::Action::Reply(crate::rawup::json_reply(&answer_of(200_000)))
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let extra = "[[models]]\nname = \"xl\"\nchain = [\"anthropic:claude-b\"]\n[tenants.default]\ntokens_per_minute = 1000\n";
     let toml = harness::config_toml_with(&up.url, "max_buffered_bytes = 100000\n", "", extra);
-    let env = harness::start_toml(unused, &toml).await;
+    let env = harness::start_alone(&toml).await;
     let xl = r#"{"model":"xl","max_tokens":600,"messages":[{"role":"user","content":"hi"}]}"#;
     assert_eq!(env.chat(xl).await.status(), 529);
     assert_eq!(env.chat(xl).await.status(), 429);

@@ -370,9 +370,8 @@ async fn endless_stream() -> (String, tokio::task::JoinHandle<usize>) {
 
 /// legate with `server` and `provider` settings in front of a stand-in upstream at `url`.
 async fn in_front_of(url: &str, server: &str, provider: &str) -> Env {
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(url, server, provider, "");
-    harness::start_toml(unused, &toml).await
+    harness::start_alone(&toml).await
 }
 
 /// legate (`connection_idle_timeout` 1 s, one request at a time to the provider) in front of

@@ -86,6 +86,12 @@ pub(crate) async fn start_against(mock: MockServer, extra: &str) -> Env {
 }
 
 /// Starts legate on a full config text against an already running mock.
+/// legate on `toml`, whose providers point at an upstream of the test's own (a raw or
+/// HTTP/2 stand-in): the harness's mock stands by unused.
+pub(crate) async fn start_alone(toml: &str) -> Env {
+    start_toml(start_mock(legate::mock::Script::default()).await, toml).await
+}
+
 pub(crate) async fn start_toml(mock: MockServer, toml: &str) -> Env {
     let cfg = legate::config::load_str(toml, &test_env_vars()).expect("test config is valid");
     let registry = prometheus::Registry::new();

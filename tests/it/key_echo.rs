@@ -90,8 +90,7 @@ async fn a_key_split_across_chunks_of_a_large_answer_is_redacted() {
         async move { action }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", "")).await;
     let req = r#"{"model":"claude-r","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
     let mut resp = env.messages(req).await;
     assert_eq!(resp.status(), 200);

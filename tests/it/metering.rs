@@ -178,8 +178,7 @@ async fn a_request_served_without_reported_usage_counts_in_the_ledger() {
         async move { crate::rawup::Action::Reply(reply.into_bytes()) }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", "")).await;
     let streamed = env
         .chat(r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
         .await;

@@ -18,9 +18,8 @@ fn endless_line() -> Vec<u8> {
 
 /// legate with a 1 MiB event limit in front of `url`, `extra` config added.
 async fn legate_against(url: &str, extra: &str) -> Env {
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(url, "max_event_bytes = 1048576\n", "", extra);
-    harness::start_toml(unused, &toml).await
+    harness::start_alone(&toml).await
 }
 
 /// A stream that carried `partial` and then ended with the error event naming the limit,

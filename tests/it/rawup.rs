@@ -204,9 +204,8 @@ pub(crate) async fn behind_with(reply: Vec<u8>, extra: &str) -> (harness::Env, R
         async move { action }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(&up.url, "", "", extra);
-    (harness::start_toml(unused, &toml).await, up)
+    (harness::start_alone(&toml).await, up)
 }
 
 /// A whole Chat Completions stream: "Hi", `finish_reason: stop`, `[DONE]`; no usage chunk.

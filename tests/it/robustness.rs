@@ -309,8 +309,7 @@ async fn endless_answer(
 /// legate in front of `url`, the request's deadline 2 s; the caller's answer, read to its end
 /// or its break, and how long that took.
 async fn read_within_deadline(url: &str, body: &str) -> (u16, Vec<u8>, Duration) {
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let env = harness::start_toml(unused, &harness::config_toml_with(url, "", "", "")).await;
+    let env = harness::start_alone(&harness::config_toml_with(url, "", "", "")).await;
     let started = std::time::Instant::now();
     let mut resp = env
         .http

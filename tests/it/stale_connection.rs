@@ -20,12 +20,11 @@ const MESSAGE: &str = r#"{"id":"msg_r","type":"message","role":"assistant","mode
 const TRIES: usize = 50;
 
 async fn legate_against(url: &str, max_attempts: u32) -> Env {
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let extra = format!(
         "[retry]\nmax_attempts = {max_attempts}\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n"
     );
     let toml = harness::config_toml_with(url, "", "", &extra);
-    harness::start_toml(unused, &toml).await
+    harness::start_alone(&toml).await
 }
 
 /// An upstream that answers every request, except that the first request to arrive on an

@@ -238,12 +238,11 @@ async fn held_open(events: String, idle: &str) -> (crate::rawup::RawUpstream, ha
         async move { crate::rawup::Action::ReplyAndHang(head) }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(&up.url, "", "", "").replace(
         "idle_timeout = \"5s\"",
         &format!("idle_timeout = \"{idle}\""),
     );
-    let env = harness::start_toml(unused, &toml).await;
+    let env = harness::start_alone(&toml).await;
     (up, env)
 }
 
@@ -303,10 +302,9 @@ async fn a_provider_error_event_after_content_counts_502_however_the_stream_ends
             async move { action }
         })
         .await;
-        let unused = harness::start_mock(legate::mock::Script::default()).await;
         let toml = harness::config_toml_with(&up.url, "", "", "")
             .replace("idle_timeout = \"5s\"", "idle_timeout = \"200ms\"");
-        let env = harness::start_toml(unused, &toml).await;
+        let env = harness::start_alone(&toml).await;
         let resp = env.messages(STREAM_BODY).await;
         assert_eq!(resp.status(), 200);
         let mut stream = resp.bytes_stream();
@@ -456,8 +454,7 @@ async fn a_body_end_written_after_the_final_event_keeps_the_connection() {
         async move { action }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", "")).await;
     for _ in 0..2 {
         let resp = env
             .chat(r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
@@ -483,8 +480,7 @@ async fn a_responses_error_event_is_followed_by_its_response_failed() {
         async move { action }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let env = harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", "")).await;
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", "")).await;
     let resp = env
         .responses(r#"{"model":"gpt-x","stream":true,"input":"hi"}"#)
         .await;

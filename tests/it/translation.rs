@@ -362,9 +362,7 @@ async fn an_upstream_keep_alive_reaches_a_translated_caller_as_a_ping() {
         async move { action }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
-    let env =
-        harness::start_toml(unused, &harness::config_toml_with(&up.url, "", "", CHAINS)).await;
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", CHAINS)).await;
     let resp = env
         .messages(r#"{"model":"via-openai","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
         .await;
@@ -398,10 +396,9 @@ async fn reasoning_longer_than_idle_timeout_keeps_a_translated_stream_alive() {
         async move { action }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(&up.url, "", "", CHAINS)
         .replace(r#"idle_timeout = "5s""#, r#"idle_timeout = "400ms""#);
-    let env = harness::start_toml(unused, &toml).await;
+    let env = harness::start_alone(&toml).await;
     let resp = env
         .messages(r#"{"model":"via-openai","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
         .await;

@@ -29,9 +29,8 @@ async fn upstream_connections_are_reused_and_only_concurrency_opens_more() {
         }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(&up.url, "", "", "");
-    let env = harness::start_toml(unused, &toml).await;
+    let env = harness::start_alone(&toml).await;
 
     for i in 0..10 {
         let resp = env.messages(BODY).await;
@@ -77,9 +76,8 @@ async fn upstream_connections_are_reused_and_only_concurrency_opens_more() {
 async fn each_worker_keeps_its_own_upstream_connections() {
     let up =
         rawup::start(|_req: RawRequest| async { Action::Reply(rawup::json_reply(MESSAGE)) }).await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let toml = harness::config_toml_with(&up.url, "worker_threads = 2", "", "");
-    let env = harness::start_toml(unused, &toml).await;
+    let env = harness::start_alone(&toml).await;
     // Two callers, one kept-alive connection each: the second connection goes to the other
     // worker, whose requests do not take the first worker's idle upstream connection.
     let callers = [client(), client()];
@@ -127,11 +125,10 @@ async fn the_upstream_request_ends_with_its_host_and_carries_the_length_of_the_b
         async { Action::Reply(rawup::json_reply(MESSAGE)) }
     })
     .await;
-    let unused = harness::start_mock(legate::mock::Script::default()).await;
     let extra =
         "[[models]]\nname = \"longer\"\nchain = [\"anthropic:claude-p-with-a-longer-name\"]\n";
     let toml = harness::config_toml_with(&up.url, "", "", extra);
-    let env = harness::start_toml(unused, &toml).await;
+    let env = harness::start_alone(&toml).await;
 
     // Sent as it came (the caller's length is the body's), then with a longer model spliced in.
     assert_eq!(env.messages(BODY).await.status(), 200);
