@@ -64,7 +64,10 @@ struct Held<T> {
     /// Refresh from this moment on.
     refresh_at: Option<SystemTime>,
     fetched_at: SystemTime,
-    /// The platform refused it (see [`Cached::refused`]): no request is sent with it again.
+    /// When it became the one held: calls sent before then carried an older one.
+    held_since: Instant,
+    /// The platform refused it (see [`Cached::refused`]): no request is sent with it again,
+    /// while a new one can be fetched.
     refused: bool,
 }
 
@@ -325,16 +328,23 @@ impl<T: Send + Sync + 'static> Cached<T> {
     /// another step waits a second at most); it was used once more while the refresh ran
     /// behind, which failed that call too.
     ///
-    /// True when this refusal set it aside (a new one will be fetched): the refused call may
-    /// then be tried again with the new one.
-    pub fn refused(&self) -> bool {
+    ///
+    /// `sent`: when the refused call was sent. True when the call may be tried again with
+    /// another credential: this refusal set the held one aside, another call's refusal did
+    /// already (every call in flight with a revoked key is refused at once), or a newer one
+    /// is held than the call carried. False for a refusal of the credential held when the
+    /// call was sent, under a minute old: a new one would not cure it.
+    pub fn refused(&self, sent: Instant) -> bool {
         let now = SystemTime::now();
         let mut held = self.held.lock();
         let Some(h) = held.as_mut() else {
             return false;
         };
+        if h.refused || sent < h.held_since {
+            return true;
+        }
         let age = now.duration_since(h.fetched_at).unwrap_or_default();
-        if h.refused || age < REFUSED_REFETCH_AFTER {
+        if age < REFUSED_REFETCH_AFTER {
             return false;
         }
         h.refresh_at = Some(now);
@@ -372,6 +382,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
                     expires,
                     refresh_at,
                     fetched_at,
+                    held_since: Instant::now(),
                     refused: false,
                 });
                 if let Some(old) = replaced {
@@ -392,6 +403,12 @@ impl<T: Send + Sync + 'static> Cached<T> {
             }
             Err(e) => {
                 self.state.lock().last_error = Some(e.clone());
+                // A refused credential is used again while no new one can be had: the refusal
+                // may not have been the credential's (a permission one model lacks), and with
+                // the endpoint down every call would otherwise fail.
+                if let Some(h) = self.held.lock().as_mut() {
+                    h.refused = false;
+                }
                 if self.usable(SystemTime::now()).is_some() {
                     tracing::warn!(error = %e, "credential refresh failed; the current one is still valid");
                 }
@@ -716,7 +733,7 @@ mod tests {
         let cell = cell();
         let n = Arc::new(AtomicU32::new(0));
         cell.get(giving(&n, 1, HOUR), later()).await.unwrap();
-        assert!(!cell.refused(), "under a minute old");
+        assert!(!cell.refused(Instant::now()), "under a minute old");
         assert_eq!(
             cell.get(giving(&n, 2, HOUR), later()).await,
             Ok(Arc::new(1))
@@ -725,9 +742,10 @@ mod tests {
         if let Some(h) = cell.held.lock().as_mut() {
             h.fetched_at -= Duration::from_secs(61);
         }
-        assert!(cell.refused());
-        // Set aside once: a second refusal of the same credential renews nothing more.
-        assert!(!cell.refused());
+        let sent = Instant::now();
+        assert!(cell.refused(sent));
+        // Other calls in flight with it are refused too: each may try again.
+        assert!(cell.refused(sent));
         // Never sent again: this caller waits for the new one.
         assert_eq!(
             cell.get(giving(&n, 2, HOUR), later()).await,
@@ -738,5 +756,23 @@ mod tests {
             Ok(Arc::new(2))
         );
         assert_eq!(n.load(Ordering::SeqCst), 2);
+        // A late refusal of a call sent with the old one: tried again with the new one. A
+        // refusal of the new one, under a minute old, is the platform's answer.
+        assert!(cell.refused(sent));
+        assert!(!cell.refused(Instant::now()));
+    }
+
+    #[tokio::test]
+    async fn a_refused_credential_is_used_again_while_no_new_one_can_be_had() {
+        let cell = cell();
+        let n = Arc::new(AtomicU32::new(0));
+        cell.get(giving(&n, 1, HOUR), later()).await.unwrap();
+        if let Some(h) = cell.held.lock().as_mut() {
+            h.fetched_at -= Duration::from_secs(61);
+        }
+        assert!(cell.refused(Instant::now()));
+        let failing = || async { Err::<Fetched<u32>, _>("down".to_owned()) };
+        assert!(cell.get(failing, later()).await.is_err());
+        assert_eq!(cell.get(failing, later()).await, Ok(Arc::new(1)));
     }
 }

@@ -298,12 +298,12 @@ impl CloudProvider {
         }
     }
 
-    /// The platform answered 401 or 403 to a call with the held credential. True when that
-    /// credential is now set aside and a new one will be fetched (see `Cached::refused`).
-    pub fn credential_refused(&self) -> bool {
+    /// The platform answered 401 or 403 to a call sent at `sent`. True when the call may be
+    /// tried again with another credential (see `Cached::refused`).
+    pub fn credential_refused(&self, sent: tokio::time::Instant) -> bool {
         match &self.cred {
-            Cred::Aws(c) => c.refused(),
-            Cred::Token(c) => c.refused(),
+            Cred::Aws(c) => c.refused(sent),
+            Cred::Token(c) => c.refused(sent),
             Cred::Key => false,
         }
     }

@@ -377,6 +377,13 @@ impl EventTranslator for Keeping {
         let out = self.inner.finish();
         self.after(out)
     }
+    fn keep_alive(&self) -> &'static [u8] {
+        if self.inner.is_complete() {
+            b""
+        } else {
+            b": ping\n\n"
+        }
+    }
 }
 
 /// The stream translator for a step, if its stream is not passed through untouched.

@@ -163,6 +163,8 @@ struct Got {
     /// The API the step speaks, and how the caller's API is reached from it.
     spoken: ApiKind,
     xl: Xlate,
+    /// When the request was sent (its credential was put on before).
+    sent: Instant,
 }
 
 /// Performs one exchange with the step's upstream.
@@ -217,6 +219,7 @@ pub(crate) async fn run(
                 inflight,
                 spoken,
                 xl,
+                sent,
             };
             read(call, got, record).await
         }
@@ -629,7 +632,10 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     // expiry it was given with: set aside and fetched again (at most once a minute), and the
     // call tried again with the new one, so that a revocation costs the caller nothing.
     let renewed = matches!(status.as_u16(), 401 | 403)
-        && up.cloud.as_ref().is_some_and(|c| c.credential_refused());
+        && up
+            .cloud
+            .as_ref()
+            .is_some_and(|c| c.credential_refused(got.sent));
     // A platform's error answer is read to be put in the caller's shape.
     let platform_shape = up.cloud.as_ref().is_some_and(|c| c.maps_errors());
     if !judge::worth_reading(status.as_u16()) && !got.xl.translating() && !platform_shape {

@@ -27,7 +27,8 @@ pub trait EventTranslator: Send {
     fn push(&mut self, chunk: &[u8]) -> Vec<u8>;
     /// The upstream ended; writes no terminal unless the upstream's terminal was read.
     fn finish(&mut self) -> Vec<u8>;
-    /// A keep-alive in the caller's shape that commits nothing (an SSE comment by default).
+    /// A keep-alive in the caller's shape that commits nothing (an SSE comment by default);
+    /// empty once the caller's stream has ended (its terminal or error event written).
     fn keep_alive(&self) -> &'static [u8] {
         b": ping\n\n"
     }
@@ -258,8 +259,11 @@ impl Translated {
                         // comments, dropped reasoning): the caller hears a keep-alive of its
                         // own API, so that neither its idle watchdog nor legate's `idle_timeout`
                         // takes a living stream for a stalled one.
-                        if self.parser.pending_bytes() < pending && self.keep_alive_due() {
-                            let ping = self.translator.keep_alive();
+                        let ping = self.translator.keep_alive();
+                        if !ping.is_empty()
+                            && self.parser.pending_bytes() < pending
+                            && self.keep_alive_due()
+                        {
                             return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(ping)))));
                         }
                     }

@@ -70,8 +70,11 @@ impl StreamTranslator {
     /// API carries (keep-alive comments, reasoning a translation drops): Anthropic's own `ping`
     /// event once `message_start` is out (Anthropic SDKs refuse any event before it), else an
     /// SSE comment, which every SSE client skips.
+    /// Nothing once the stream's terminal or error event was written: nothing follows those.
     pub fn keep_alive(&self) -> &'static [u8] {
         match &self.state {
+            State::ToAnthropic(s) if s.is_done() => b"",
+            State::ToOpenAi(s) if s.is_done() => b"",
             State::ToAnthropic(s) if s.started() => b"event: ping\ndata: {\"type\": \"ping\"}\n\n",
             _ => b": ping\n\n",
         }

@@ -90,6 +90,11 @@ impl ToAnthropic {
         self.complete
     }
 
+    /// Its terminal or error was written: nothing follows.
+    pub(super) fn is_done(&self) -> bool {
+        self.done
+    }
+
     /// `message_start` was written.
     pub(super) fn started(&self) -> bool {
         self.started

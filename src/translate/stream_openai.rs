@@ -70,6 +70,11 @@ impl ToOpenAi {
         self.complete
     }
 
+    /// Its terminal or error was written: nothing follows.
+    pub(super) fn is_done(&self) -> bool {
+        self.done
+    }
+
     pub(super) fn on_event(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
         if self.done || event.data.trim().is_empty() {
             return;
@@ -299,8 +304,9 @@ impl ToOpenAi {
 
     /// message_stop: the finish chunk, the usage chunk (empty choices) and `[DONE]`.
     fn complete(&mut self, out: &mut Vec<u8>) {
+        // `max_tokens`, or the context window: the reasons that become `length`.
         if let Some(problem) = self.unchecked.take()
-            && self.stop_reason.as_deref() != Some("max_tokens")
+            && finish_reason(self.stop_reason.as_deref()) != "length"
         {
             return self.fail(out, "api_error", &problem);
         }

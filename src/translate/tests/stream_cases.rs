@@ -413,23 +413,27 @@ fn an_anthropic_tool_input_the_output_limit_cut_reaches_openai_callers_as_it_cam
         events.push(anthropic_end(stop));
         events.concat()
     };
-    // Anthropic says `max_tokens` only after the block's stop: the verdict waits for it.
-    let out = translate(
-        Dir::OpenAiToAnthropic,
-        false,
-        input("max_tokens", false).as_bytes(),
-        &[],
-    );
-    let view = openai_view(&out).map(|v| (v.error, v.done, v.finish_reason, v.calls));
-    let call = (
-        "toolu_1".to_owned(),
-        "write".to_owned(),
-        "{\"path\": \"a".to_owned(),
-    );
-    assert_eq!(
-        view,
-        Ok((None, true, Some("length".to_owned()), [(0, call)].into()))
-    );
+    // Anthropic says `max_tokens` only after the block's stop: the verdict waits for it. The
+    // context window's cut is a `length` too.
+    for stop in ["max_tokens", "model_context_window_exceeded"] {
+        let out = translate(
+            Dir::OpenAiToAnthropic,
+            false,
+            input(stop, false).as_bytes(),
+            &[],
+        );
+        let view = openai_view(&out).map(|v| (v.error, v.done, v.finish_reason, v.calls));
+        let call = (
+            "toolu_1".to_owned(),
+            "write".to_owned(),
+            "{\"path\": \"a".to_owned(),
+        );
+        assert_eq!(
+            view,
+            Ok((None, true, Some("length".to_owned()), [(0, call)].into())),
+            "{stop}"
+        );
+    }
     // Any other end, or more content after the call, is the broken call it looks like.
     for (stop, more) in [("tool_use", false), ("max_tokens", true)] {
         let out = translate(
@@ -440,6 +444,26 @@ fn an_anthropic_tool_input_the_output_limit_cut_reaches_openai_callers_as_it_cam
         );
         let view = openai_view(&out).map(|v| (v.error.is_some(), v.done, v.finish_reason));
         assert_eq!(view, Ok((true, false, None)), "{stop} {more}");
+    }
+}
+
+/// Nothing follows a stream's error or terminal event, a keep-alive neither.
+#[test]
+fn no_keep_alive_after_the_stream_ended() {
+    for (dir, error) in [
+        (
+            Dir::AnthropicToOpenAi,
+            "data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\"}}\n\n",
+        ),
+        (
+            Dir::OpenAiToAnthropic,
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"boom\"}}\n\n",
+        ),
+    ] {
+        let mut t = StreamTranslator::with_created(dir, false, CREATED);
+        assert!(!t.keep_alive().is_empty(), "{dir:?}");
+        assert!(!t.push(error.as_bytes()).is_empty());
+        assert!(t.keep_alive().is_empty(), "{dir:?}");
     }
 }
 
