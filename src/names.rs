@@ -11,6 +11,13 @@ pub fn is_pattern(pattern: &str) -> bool {
     pattern.ends_with('*')
 }
 
+/// Whether `label`, the metric label `route::Labels::model` gave `model`, is the model's own
+/// name: a name the config spells out. A caller naming a model literally like a configured
+/// pattern (`claude-*`), or `other`, gets that label too, yet is as unbounded as any unknown name.
+pub fn labels_itself(label: &str, model: &str) -> bool {
+    label == model && !is_pattern(model) && model != "other"
+}
+
 /// How specifically `pattern` matches `name`: `None` when it does not; an exact name ranks
 /// above every pattern, a longer prefix above a shorter one.
 pub fn specificity(pattern: &str, name: &str) -> Option<usize> {
@@ -67,5 +74,12 @@ mod tests {
         assert_eq!(specificity("*", "anything"), Some(0));
         assert_eq!(specificity("gpt-4o", "gpt-4o-mini"), None);
         assert!(is_pattern("x*") && !is_pattern("x"));
+        assert!(labels_itself("claude-x", "claude-x"));
+        assert!(
+            !labels_itself("claude-*", "claude-*"),
+            "a pattern named literally"
+        );
+        assert!(!labels_itself("other", "other"));
+        assert!(!labels_itself("claude-*", "claude-x"));
     }
 }

@@ -68,7 +68,7 @@ impl Breakers {
     pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
         // The label is the model itself only for a name the config spells out; a name that a
         // `*` pattern matches is the caller's choice, as unbounded as an unknown one.
-        let exact = model_label == model && !crate::names::is_pattern(model);
+        let exact = crate::names::labels_itself(model_label, model);
         let mut map = self.map.lock();
         let Map {
             configured,

@@ -41,9 +41,7 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         tenant: crate::route::tenant_name(tenant),
         price: crate::meter::price_for(&call.snap.cfg.prices, call.step.target()),
         target: call.step.shared_target().clone(),
-        // The label is the model's own name exactly when the config names it (else `other`,
-        // or the pattern it matched).
-        named: if call.model_label == call.step.model() && call.model_label != "other" {
+        named: if crate::names::labels_itself(call.model_label, call.step.model()) {
             crate::meter::Named::Configured
         } else {
             crate::meter::Named::Unknown
