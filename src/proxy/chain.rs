@@ -221,18 +221,12 @@ async fn step_body(
     let counting = inb.endpoint.op == Operation::CountTokens;
     let estimated = counting && on_platform;
     if !xl.translating() && !estimated {
-        if let Some(rebuilt) = conversation::rebuilt_for_relay(inb) {
-            let fitted = rebuilt.and_then(|bytes| {
-                let meta = upstream
-                    .dialect()
-                    .parse_request(&bytes)
-                    .map_err(|e| e.to_string())?;
-                route::fit(&bytes::Bytes::from(bytes), &meta, step, upstream, limit)
-                    .map_err(|e| e.message())
-            });
-            return Ok(fitted.map_err(|why| unfit(inb, exec, step, &why)));
-        }
-        return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
+        // Most requests go as they came; only a continued translated response is rebuilt.
+        let Some(conv) = conversation::rebuilding(inb) else {
+            return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
+        };
+        let fitted = conversation::rebuilt_body(conv, inb, step, upstream, limit).await;
+        return Ok(fitted.map_err(|why| unfit(inb, exec, step, &why)));
     }
     if counting {
         return Ok(Err(

@@ -232,7 +232,9 @@ impl Conversation {
     /// the entry is kept in this process's memory instead.
     fn keep_entry(&self, id: &str, data: Vec<u8>) {
         if let Some(memory) = self.store.memory() {
-            memory.put_serialised(id, data);
+            // The earlier turn this one continues is held whole in this one's entry.
+            let continues = self.prior.as_ref().and(self.prior_id.as_deref());
+            memory.keep(id, data, continues);
             return;
         }
         let Some(redis) = self.store.redis() else {
@@ -290,13 +292,55 @@ pub(crate) fn unknown_previous(id: &str) -> String {
     )
 }
 
-/// The body for a step that relays the Responses API when the caller continues from a
-/// response legate made itself (a translated step's): its provider never saw that id, so it
-/// gets the conversation instead. None when the body goes as it came.
-pub(crate) fn rebuilt_for_relay(inb: &Inbound) -> Option<Result<Vec<u8>, String>> {
-    let conv = inb.conversation.as_ref()?;
-    let prior = conv.prior.as_ref().filter(|p| !p.passthrough)?;
-    Some(responses::rebuild(&inb.body, prior).map_err(|e| e.0))
+/// The body a step of the caller's own API relays, fitted to the step (`generate` and
+/// `input_tokens` alike): the caller's own, or, when it continues from a response legate made
+/// itself (a translated step's), whose id the provider never saw, the conversation rebuilt
+/// from the store. `Ok(Err(why))`: the rebuilt conversation cannot go to this step.
+///
+/// The rebuild walks every stored turn, up to `[responses] max_bytes` of JSON: it runs on a
+/// blocking thread, as a translation does, so a long conversation holds no worker.
+pub(crate) async fn relay_body(
+    inb: &Inbound,
+    step: &crate::config::ChainStep,
+    api: ApiKind,
+    limit: Option<u64>,
+) -> Result<Result<Bytes, String>, ProxyError> {
+    match rebuilding(inb) {
+        Some(conv) => Ok(rebuilt_body(conv, inb, step, api, limit).await),
+        None => crate::route::fit(&inb.body, &inb.meta, step, api, limit).map(Ok),
+    }
+}
+
+/// The conversation [`relay_body`] rebuilds, if any: one continuing a response legate made.
+pub(crate) fn rebuilding(inb: &Inbound) -> Option<Arc<Conversation>> {
+    inb.conversation
+        .as_ref()
+        .filter(|c| c.prior.as_ref().is_some_and(|p| !p.passthrough))
+        .cloned()
+}
+
+/// [`relay_body`] of a conversation to rebuild.
+pub(crate) async fn rebuilt_body(
+    conv: Arc<Conversation>,
+    inb: &Inbound,
+    step: &crate::config::ChainStep,
+    api: ApiKind,
+    limit: Option<u64>,
+) -> Result<Bytes, String> {
+    let (body, step) = (inb.body.clone(), step.clone());
+    tokio::task::spawn_blocking(move || {
+        let Some(prior) = &conv.prior else {
+            return Err("the conversation was not loaded".to_owned());
+        };
+        let bytes = Bytes::from(responses::rebuild(&body, prior).map_err(|e| e.0)?);
+        let meta = api
+            .dialect()
+            .parse_request(&bytes)
+            .map_err(|e| e.to_string())?;
+        crate::route::fit(&bytes, &meta, &step, api, limit).map_err(|e| e.message())
+    })
+    .await
+    .map_err(|_| "the rebuild was interrupted".to_owned())?
 }
 
 /// `resp_` and the first 24 bytes of an HMAC of the request id under a key drawn once per

@@ -351,21 +351,9 @@ pub async fn input_tokens(
         Xlate::None | Xlate::Classic(_) => {
             // Continuing a response legate made (a translated step's), the provider never
             // saw its id: it counts the conversation, as `POST /v1/responses` sends it.
-            let body = match super::conversation::rebuilt_for_relay(inb) {
-                Some(rebuilt) => {
-                    let bytes = Bytes::from(
-                        rebuilt.map_err(|message| ProxyError::InvalidRequest { message })?,
-                    );
-                    let meta = ApiKind::Responses
-                        .dialect()
-                        .parse_request(&bytes)
-                        .map_err(|e| ProxyError::InvalidRequest {
-                            message: e.to_string(),
-                        })?;
-                    crate::route::fit(&bytes, &meta, step, ApiKind::Responses, None)?
-                }
-                None => crate::route::fit(&inb.body, &inb.meta, step, ApiKind::Responses, None)?,
-            };
+            let body = super::conversation::relay_body(inb, step, ApiKind::Responses, None)
+                .await?
+                .map_err(|message| ProxyError::InvalidRequest { message })?;
             return forward(
                 up,
                 (answers, snap.cfg.server.limits.max_buffered_bytes),

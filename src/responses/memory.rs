@@ -10,6 +10,12 @@
 //! is not asked of the provider either). Each tenant keeps about its fair share of the bound
 //! (whole entries are evicted, so one just over it may drop below it by a large entry), and
 //! what others leave unused.
+//!
+//! A turn that continues an earlier one (`previous_response_id`) is kept with the whole
+//! conversation, so the earlier turn's entry holds nothing the later one lacks: a chain of n
+//! turns holds about n²/2 turns' bytes. Continued entries give way first (the oldest first), so
+//! that one long conversation spends its own superseded turns before the last turn of any other
+//! conversation; the earlier turns stay readable, and continuable again, until room is needed.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -68,6 +74,8 @@ struct Entry {
 #[derive(Default)]
 struct Owner {
     order: VecDeque<(Arc<str>, u64)>,
+    /// Entries a later turn continued, in the order they were continued: evicted first.
+    continued: VecDeque<(Arc<str>, u64)>,
     bytes: usize,
     live: usize,
 }
@@ -110,7 +118,7 @@ impl Inner {
                 // Nothing left to evict: the entry fits within the bound alone.
                 break;
             };
-            if !self.trim_front(&n, |_| true) && !self.trim_any() {
+            if !self.trim_continued(&n) && !self.trim_front(&n, |_| true) && !self.trim_any() {
                 break;
             }
         }
@@ -149,6 +157,27 @@ impl Inner {
     fn trim_any(&mut self) -> bool {
         let names: Vec<Arc<str>> = self.owners.keys().cloned().collect();
         names.iter().any(|n| self.trim_front(n, |_| true))
+    }
+
+    /// Evicts the entry `owner`'s later turns continued first, if one is still kept (the
+    /// places of entries gone or replaced since are dropped on the way). True when one was.
+    fn trim_continued(&mut self, owner: &Arc<str>) -> bool {
+        loop {
+            let Some(o) = self.owners.get_mut(owner) else {
+                return false;
+            };
+            let Some((id, generation)) = o.continued.pop_front() else {
+                return false;
+            };
+            if self
+                .map
+                .get(&id)
+                .is_some_and(|e| e.generation == generation)
+            {
+                self.remove(&id);
+                return true;
+            }
+        }
     }
 
     /// Drops the places at the front of `owner`'s order whose entry is gone, and then its
@@ -229,7 +258,14 @@ impl MemoryStore {
 
     /// Keeps a serialised `Stored`. The serialised size is what the bound is about (as it
     /// would be in Redis).
-    pub fn put_serialised(&self, id: &str, mut data: Vec<u8>) {
+    pub fn put_serialised(&self, id: &str, data: Vec<u8>) {
+        self.keep(id, data, None);
+    }
+
+    /// Keeps a serialised `Stored` of a turn that continued `continues` (its
+    /// `previous_response_id`, whose entry the turn's own holds whole): that entry is
+    /// evicted before any turn not continued.
+    pub fn keep(&self, id: &str, mut data: Vec<u8>, continues: Option<&str>) {
         // A Vec written by appending holds up to twice its length; the entry is counted at its
         // length, so it must not keep the rest (glibc shrinks an allocation in place).
         data.shrink_to_fit();
@@ -265,14 +301,27 @@ impl MemoryStore {
         };
         // In the map before any compaction below, which keeps only the places of entries
         // in it: the new entry's place must be one of them.
-        inner.map.insert(id, entry);
+        inner.map.insert(id.clone(), entry);
+        let Inner { map, owners, .. } = &mut *inner;
+        let Some(o) = owners.get_mut(&owner) else {
+            return;
+        };
+        // The continued entry is the same owner's (a tenant continues only its own).
+        let earlier = continues
+            .filter(|c| **c != *id)
+            .and_then(|c| map.get_key_value(c))
+            .filter(|(_, e)| e.owner == owner);
+        if let Some((earlier, e)) = earlier {
+            o.continued.push_back((earlier.clone(), e.generation));
+        }
+        let live = |(id, g): &(Arc<str>, u64)| map.get(id).is_some_and(|e| e.generation == *g);
         if compact {
             // Deleted and replaced ids behind a live front: drop their stale places.
-            let Inner { map, owners, .. } = &mut *inner;
-            if let Some(o) = owners.get_mut(&owner) {
-                o.order
-                    .retain(|(id, g)| map.get(id).is_some_and(|e| e.generation == *g));
-            }
+            o.order.retain(live);
+        }
+        if o.continued.len() > 2 * o.live + 64 {
+            // Entries continued again, or gone another way: their places are stale.
+            o.continued.retain(live);
         }
     }
 
@@ -354,6 +403,51 @@ mod tests {
         store.put("d", &stored(&"x".repeat(one * 3), "t"));
         assert_eq!(store.get("d"), None);
         assert!(store.get("b").is_some());
+    }
+
+    /// One long conversation spends its own continued turns before the last turn of another.
+    #[tokio::test]
+    async fn continued_turns_give_way_first() {
+        let one = ten_bytes("other", "t");
+        let store = MemoryStore::new(one * 4, Duration::from_secs(60));
+        let data = || serde_json::to_vec(&stored("0123456789", "t")).unwrap_or_default();
+        store.keep("other", data(), None);
+        store.keep("c00", data(), None);
+        for i in 1..20 {
+            store.keep(&format!("c{i:02}"), data(), Some(&format!("c{:02}", i - 1)));
+        }
+        assert!(
+            store.get("other").is_some(),
+            "another conversation's last turn stays"
+        );
+        assert!(store.get("c19").is_some() && store.get("c17").is_some());
+        assert_eq!(store.get("c16"), None, "the oldest continued turns went");
+        assert!(store.bytes() <= one * 4);
+        // The continued ones left go next, oldest first; then the oldest of all.
+        store.keep("x", data(), None);
+        assert_eq!((store.get("c17"), store.get("c18").is_some()), (None, true));
+        store.keep("y", data(), None);
+        assert_eq!(store.get("c18"), None);
+        store.keep("z", data(), None);
+        assert_eq!(store.get("other"), None);
+        assert!(
+            store.get("c19").is_some(),
+            "the conversation's last turn stays"
+        );
+        // A turn continued again, replaced or gone leaves no place that evicts a live one,
+        // and the places do not pile up.
+        for _ in 0..200 {
+            store.keep("z", data(), Some("y"));
+            store.keep("y", data(), Some("z"));
+        }
+        assert!(store.get("y").is_some() && store.get("z").is_some());
+        let inner = store.lock();
+        assert!(
+            inner
+                .owners
+                .values()
+                .all(|o| o.continued.len() <= 2 * o.live + 64)
+        );
     }
 
     #[tokio::test]

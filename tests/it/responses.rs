@@ -522,3 +522,50 @@ async fn an_unreachable_conversation_store_is_a_503_and_callers_share_one_attemp
     }
     assert!(env.mock.requests().is_empty());
 }
+
+/// One long conversation, each of whose turns the store keeps whole, spends its own earlier
+/// turns before another conversation's last one: the store evicts continued turns first.
+#[tokio::test]
+async fn a_long_conversation_evicts_its_own_earlier_turns_first() {
+    let env = harness::start_with(
+        Script::from_json(r#"{"default":{"content":[{"type":"text","text":"an answer"}]}}"#)
+            .unwrap(),
+        &format!("{MODELS}[responses]\nmax_bytes = 10000\n"),
+    )
+    .await;
+    let id_of = |obj: &Value| obj["id"].as_str().unwrap().to_owned();
+    let resp = responses(&env, r#"{"model":"agent","input":"another conversation"}"#).await;
+    assert_eq!(resp.status(), 200);
+    let other = id_of(&resp.json().await.unwrap());
+    let resp = responses(&env, r#"{"model":"agent","input":"turn 0"}"#).await;
+    let mut chain = vec![id_of(&resp.json().await.unwrap())];
+    for turn in 1..12 {
+        let body = format!(
+            r#"{{"model":"agent","previous_response_id":"{}","input":"turn {turn}"}}"#,
+            chain[turn - 1]
+        );
+        let resp = responses(&env, &body).await;
+        assert_eq!(resp.status(), 200, "turn {turn}");
+        chain.push(id_of(&resp.json().await.unwrap()));
+    }
+    let sent: Value = serde_json::from_slice(&env.mock.requests()[12].body).unwrap();
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 23, "{sent}");
+    let get = |id: &str| {
+        env.http
+            .get(env.url(&format!("/v1/responses/{id}")))
+            .header("authorization", "Bearer caller-key")
+            .send()
+    };
+    // Each response was made here, by a translated step: one the store holds is answered
+    // from it, and one it let go is asked of the provider (with one tenant, as SPEC §11 says).
+    for (id, held) in [(&other, true), (&chain[11], true), (&chain[0], false)] {
+        let before = env.mock.requests().len();
+        let resp = get(id).await.unwrap();
+        let got = env.mock.requests().len() - before;
+        assert_eq!((got, held), (usize::from(!held), held), "{id}");
+        if held {
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.json::<Value>().await.unwrap()["id"], id.as_str());
+        }
+    }
+}
