@@ -6,36 +6,62 @@
 
 use std::sync::LazyLock;
 
-use regex::RegexSet;
+use std::borrow::Cow;
 
-/// (kind, pattern). The first matching kind is reported, so narrower kinds come first.
-const PATTERNS: [(&str, &str); 10] = [
+use regex::{Regex, RegexSet};
+
+/// (kind, pattern). The first matching kind is reported, so narrower kinds come first. A
+/// pattern starts at a word boundary where its prefix is short enough to occur inside a word
+/// (`task-…` is no `sk-` key), or also after `_`, as in `TOKEN_ghp_…`.
+const PATTERNS: [(&str, &str); 17] = [
     ("an Anthropic API key", r"sk-ant-[A-Za-z0-9_\-]{16,}"),
     (
         "an OpenAI-style API key",
-        r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
+        r"(?:\b|_)sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
     ),
     ("an AWS access key id", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     (
-        "a private key",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+        "an AWS secret access key",
+        r"(?i)aws_?secret_?access_?key\W{1,4}[A-Za-z0-9/+]{40}",
     ),
-    ("a GitHub token", r"\bgh[pousr]_[A-Za-z0-9]{36,}"),
-    ("a GitHub token", r"\bgithub_pat_[A-Za-z0-9_]{22,}"),
-    ("a Slack token", r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),
-    ("a Google API key", r"\bAIza[0-9A-Za-z_\-]{35}"),
+    // The whole block, up to its end line (or the end of the text): redacted whole, and an
+    // edit that fills the body of an empty block in a file makes a block the file lacked.
+    (
+        "a private key",
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?s:.*?)(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\z)",
+    ),
+    ("a GitHub token", r"gh[pousr]_[A-Za-z0-9]{36,}"),
+    ("a GitHub token", r"github_pat_[A-Za-z0-9_]{22,}"),
+    ("a GitLab token", r"glpat-[A-Za-z0-9_\-]{20,}"),
+    ("a Slack token", r"(?:\b|_)xox[abprs]-[A-Za-z0-9\-]{10,}"),
+    (
+        "a Stripe key",
+        r"(?:\b|_)[rs]k_(?:live|test)_[A-Za-z0-9]{16,}",
+    ),
+    ("a Hugging Face token", r"(?:\b|_)hf_[A-Za-z0-9]{30,}"),
+    ("a Google API key", r"(?:\b|_)AIza[0-9A-Za-z_\-]{35}"),
     (
         "a Google OAuth access token",
-        r"\bya29\.[0-9A-Za-z_\-]{10,}",
+        r"(?:\b|_)ya29\.[0-9A-Za-z_\-]{10,}",
     ),
     (
         "a JSON Web Token",
-        r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}",
+        r"(?:\b|_)eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}",
+    ),
+    ("an npm token", r"(?:\b|_)npm_[A-Za-z0-9]{36}"),
+    ("a PyPI token", r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{20,}"),
+    (
+        "a bearer token",
+        r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{20,}=*",
     ),
 ];
 
 static SET: LazyLock<Option<RegexSet>> =
     LazyLock::new(|| RegexSet::new(PATTERNS.iter().map(|(_, p)| *p)).ok());
+
+/// Each pattern alone, to find where it matches.
+static EACH: LazyLock<Option<Vec<Regex>>> =
+    LazyLock::new(|| PATTERNS.iter().map(|(_, p)| Regex::new(p).ok()).collect());
 
 /// What the scan found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +83,44 @@ pub(crate) fn scan(text: &str) -> Scan {
     }
 }
 
+/// A key-like string in `after` that `before` did not hold, as an edit makes one: the kind of
+/// the first. An edit may leave a key the file held already (the file is the user's), but not
+/// complete or add one.
+pub(crate) fn introduced(before: &str, after: &str) -> Scan {
+    let (Some(set), Some(each)) = (SET.as_ref(), EACH.as_ref()) else {
+        return Scan::Unavailable;
+    };
+    for i in set.matches(after).iter() {
+        if each[i]
+            .find_iter(after)
+            .any(|m| !before.contains(m.as_str()))
+        {
+            return Scan::Found(PATTERNS[i].0);
+        }
+    }
+    Scan::Clean
+}
+
+/// `text` with every key-like string replaced by a note naming its kind (`Err` when the
+/// patterns did not compile: the caller withholds the whole text then).
+pub(crate) fn redact(text: &str) -> Result<Cow<'_, str>, ()> {
+    let (Some(set), Some(each)) = (SET.as_ref(), EACH.as_ref()) else {
+        return Err(());
+    };
+    let found = set.matches(text);
+    if !found.matched_any() {
+        return Ok(Cow::Borrowed(text));
+    }
+    let mut out = text.to_owned();
+    for i in found.iter() {
+        let note = format!("[{} withheld]", PATTERNS[i].0);
+        if let Cow::Owned(replaced) = each[i].replace_all(&out, regex::NoExpand(&note)) {
+            out = replaced;
+        }
+    }
+    Ok(Cow::Owned(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +128,7 @@ mod tests {
     #[test]
     fn the_patterns_compile() {
         assert!(SET.is_some());
+        assert!(EACH.as_ref().is_some_and(|e| e.len() == PATTERNS.len()));
     }
 
     #[test]
@@ -102,6 +167,28 @@ mod tests {
                 "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
                 "a JSON Web Token",
             ),
+            (
+                "TOKEN_ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+                "a GitHub token",
+            ),
+            ("glpat-abcdefghij0123456789", "a GitLab token"),
+            ("STRIPE=sk_live_abcdefghij0123456789", "a Stripe key"),
+            (
+                "hf_abcdefghijklmnopqrstuvwxyz01234567",
+                "a Hugging Face token",
+            ),
+            (
+                "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                "an AWS secret access key",
+            ),
+            (
+                "Authorization: Bearer 0123456789abcdef0123456789abcdef",
+                "a bearer token",
+            ),
+            (
+                "X_sk-proj-abcdefghijklmnopqrstuvwx",
+                "an OpenAI-style API key",
+            ),
         ];
         for (text, kind) in cases {
             assert_eq!(scan(text), Scan::Found(kind), "{text}");
@@ -118,8 +205,36 @@ mod tests {
             "-----BEGIN PUBLIC KEY-----",
             "grep -r 'sk-ant-' .",
             "AKIA lowercase akiaiosfodnn7example",
+            "Authorization: Bearer ${TOKEN}",
+            "ask_live_session",
         ] {
             assert_eq!(scan(text), Scan::Clean, "{text}");
         }
+    }
+
+    #[test]
+    fn an_edit_may_keep_a_key_but_not_complete_or_add_one() {
+        let key = "sk-ant-api03-abcdefghijklmnop_QRSTUV";
+        let kept = format!("A={key}\nB=1\n");
+        assert_eq!(introduced(&kept, &kept.replace("B=1", "B=2")), Scan::Clean);
+        let stub = "A=sk-ant-api03-CHANGEME\n";
+        let done = stub.replace("CHANGEME", "abcdefghijklmnop_QRSTUV");
+        assert_eq!(introduced(stub, &done), Scan::Found("an Anthropic API key"));
+        let empty = "-----BEGIN RSA PRIVATE KEY-----\n-----END RSA PRIVATE KEY-----\n";
+        let filled = empty.replace("KEY-----\n-----END", "KEY-----\nMIIEowIBAAKCAQEA\n-----END");
+        assert_eq!(introduced(empty, &filled), Scan::Found("a private key"));
+    }
+
+    #[test]
+    fn redaction_names_the_kind_and_keeps_the_rest() -> Result<(), ()> {
+        let text = "env: ANTHROPIC_API_KEY=sk-ant-api03-abcdefghijklmnop_QRSTUV PATH=/bin\n\
+                    -----BEGIN PRIVATE KEY-----\nMIIE\nabc\n-----END PRIVATE KEY-----\nafter";
+        assert_eq!(
+            redact(text)?,
+            "env: ANTHROPIC_API_KEY=[an Anthropic API key withheld] PATH=/bin\n\
+             [a private key withheld]\nafter"
+        );
+        assert!(matches!(redact("nothing here")?, Cow::Borrowed(_)));
+        Ok(())
     }
 }

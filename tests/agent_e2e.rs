@@ -958,3 +958,72 @@ async fn a_crash_after_a_fsynced_tool_use_resumes_rerunning_reads_and_interrupti
         ]
     );
 }
+
+/// No key reaches the model, the disk or the transcript: not one in the agent's environment
+/// (a provider key exported in the same shell), nor one the model writes as a file name, builds
+/// by editing a placeholder, or finds by searching the transcript of a refused write.
+#[tokio::test]
+async fn keys_stay_out_of_commands_files_results_and_the_transcript() {
+    const PROVIDER_KEY: &str = "sk-ant-api03-EnvEnvEnvEnvEnvEnv0123";
+    const AGENT_KEY: &str = "opaque-agent-credential-0123";
+    const WRITTEN_KEY: &str = "sk-ant-api03-AAAABBBBCCCCDDDDEEEE";
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("env", "run_command", json!({"command": "env; echo PARENT; tr '\\0' '\\n' < /proc/$PPID/environ"})),
+            ("name", "write_file", json!({"path": format!("keys/{WRITTEN_KEY}"), "content": "x"})),
+            ("stub", "write_file", json!({"path": ".env", "content": "A=sk-ant-api03-CHANGEME\n"})),
+            ("fill", "edit_file", json!({"path": ".env", "old_string": "CHANGEME", "new_string": "AAAABBBBCCCCDDDDEEEE"})),
+            ("body", "write_file", json!({"path": "notes.txt", "content": WRITTEN_KEY})),
+            ("find", "search", json!({"pattern": "AAAABBBB"})),
+        ]),
+        text_reply("Done."),
+    ]}))
+    .await;
+    let mut cmd = s.agent(&["tidy up", "--transcript", "run.jsonl"]);
+    cmd.env("ANTHROPIC_API_KEY", PROVIDER_KEY)
+        .env("LEGATE_AGENT_KEY", AGENT_KEY);
+    let out = run(cmd).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let results = tool_results(&s.model_requests().await[1]);
+    let text = |i: usize| results[i]["content"].as_str().unwrap().to_owned();
+    let env = text(0);
+    // The command's own environment lacks them; the agent's, read from /proc, has them
+    // withheld from the output.
+    let (own, parents) = env.split_once("PARENT\n").unwrap();
+    assert!(own.contains("PATH="), "{own}");
+    for name in ["ANTHROPIC_API_KEY", "LEGATE_AGENT_KEY"] {
+        assert!(
+            !own.contains(&format!("\n{name}=")),
+            "the command got {name}: {own}"
+        );
+        let withheld = format!("{name}=[${name} withheld]");
+        assert!(parents.contains(&withheld), "{parents}");
+    }
+    assert!(text(1).starts_with("denied by secret_scan"), "{}", text(1));
+    assert_eq!(results[2]["is_error"], false);
+    assert!(
+        text(3).contains("would leave an Anthropic API key"),
+        "{}",
+        text(3)
+    );
+    assert!(text(4).starts_with("denied by secret_scan"), "{}", text(4));
+    assert!(!text(5).contains("run.jsonl"), "{}", text(5));
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join(".env")).unwrap(),
+        "A=sk-ant-api03-CHANGEME\n"
+    );
+    assert!(!s.ws().join("keys").exists());
+    let log = std::fs::read_to_string(s.ws().join("run.jsonl")).unwrap();
+    for key in [PROVIDER_KEY, AGENT_KEY, WRITTEN_KEY] {
+        assert!(!log.contains(key), "{key} in the transcript");
+    }
+    // The model's own calls go back to it as its history; nothing else it was sent holds a key.
+    for request in s.model_requests().await {
+        for key in [PROVIDER_KEY, AGENT_KEY] {
+            assert!(
+                !request.to_string().contains(key),
+                "{key} sent to the model"
+            );
+        }
+    }
+}

@@ -7,6 +7,7 @@
 //! a recorded 'not run' result instead, so the turn stays answered in the transcript and the
 //! loop stops at the top of the next turn.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Write;
 
@@ -16,6 +17,7 @@ use super::cancel::Signal;
 use super::conversation::{self, ToolUse};
 use super::hooks::{Cancelled, HookChain};
 use super::resume::{INTERRUPTED, NOT_RUN_TRUNCATED, RecordedResult};
+use super::secrets;
 use super::shown::bounded;
 use super::tools::{Call, CallError, ToolContext, ToolKind, ToolOutput, spec};
 use super::transcript::{Record, Writer};
@@ -129,7 +131,13 @@ impl Dispatcher<'_> {
         let output = match (&call, decision.allow) {
             (Ok(call), true) => {
                 log(&call.describe());
-                call.run(self.tools).await
+                let mut output = call.run(self.tools).await;
+                // What goes back to the model (and into the transcript) holds no key: one in
+                // a file read, or printed by a command, is replaced by a note.
+                if let Cow::Owned(redacted) = secrets::redact(&output.content) {
+                    output.content = redacted;
+                }
+                output
             }
             _ => {
                 let denied = format!("denied by {}: {}", decision.hook, decision.reason);

@@ -4,7 +4,9 @@
 //!
 //! Environment: `LEGATE_URL` (when `--url` is not given) and `LEGATE_AGENT_KEY` (the key sent
 //! to legate, `legate-agent` by default; legate ignores it unless `[[clients]]` is set). They
-//! are read here, in [`run`], and nowhere else.
+//! are read here, in [`run`], and nowhere else. `secrets` reads the whole environment for
+//! another end: the credentials in it (those two among them) are kept from commands the model
+//! runs, and from what the model is shown.
 
 #[path = "loop.rs"]
 mod agent_loop;
@@ -15,6 +17,7 @@ mod dispatch;
 mod hooks;
 mod reply;
 mod resume;
+mod secrets;
 mod shown;
 mod tools;
 mod transcript;

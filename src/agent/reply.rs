@@ -208,6 +208,14 @@ impl ReplyBuilder {
             ));
         };
         if let Some(partial) = building.partial_json.take() {
+            // No `input_json_delta` at all: the input is the one the start gave (Anthropic
+            // streams `{}` there, then deltas; an upstream that sends the input whole in the
+            // start is read as the SDKs read it).
+            if partial.trim().is_empty()
+                && building.block.get("input").is_some_and(Value::is_object)
+            {
+                return Ok(());
+            }
             let input = match parse_input(&partial) {
                 Ok(input) => input,
                 Err(detail) => {
@@ -409,6 +417,31 @@ mod tests {
         );
         assert_eq!(reply.stop_reason, StopReason::ToolUse);
         assert_eq!(reply.usage.total(), 25 + 4 + 15);
+        assert!(reply.input_errors.is_empty());
+    }
+
+    /// An input given whole in the block's start, with no delta, is the call's input (as the
+    /// SDKs read it); a start's `{}` followed by deltas is replaced by them.
+    #[test]
+    fn an_input_given_in_the_start_is_kept() {
+        let mut events = vec![
+            start(json!({"input_tokens": 1, "output_tokens": 1})),
+            block_start(
+                0,
+                json!({"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a"}}),
+            ),
+            block_stop(0),
+            block_start(
+                1,
+                json!({"type": "tool_use", "id": "t2", "name": "list_dir", "input": {}}),
+            ),
+            block_stop(1),
+        ];
+        events.extend(end("tool_use", json!({"output_tokens": 8})));
+        let (_, reply) = run(&events);
+        let reply = reply.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reply.content[0]["input"], json!({"path": "a"}));
+        assert_eq!(reply.content[1]["input"], json!({}));
         assert!(reply.input_errors.is_empty());
     }
 

@@ -206,12 +206,30 @@ impl Writer {
         if self.owes_newline {
             line.push(b'\n');
         }
-        serde_json::to_writer(&mut line, record).map_err(io::Error::other)?;
+        // A key the model wrote (in a call the secret scan refused, or its text), or the
+        // task held, is not kept on disk either.
+        let mut value = serde_json::to_value(record).map_err(io::Error::other)?;
+        redact_strings(&mut value);
+        serde_json::to_writer(&mut line, &value).map_err(io::Error::other)?;
         line.push(b'\n');
         file.write_all(&line)?;
         file.sync_data()?;
         self.owes_newline = false;
         Ok(())
+    }
+}
+
+/// Every string in `value` with its keys withheld (`secrets::redact`).
+fn redact_strings(value: &mut Value) {
+    match value {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(redacted) = super::secrets::redact(s) {
+                *s = redacted;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_strings),
+        Value::Object(members) => members.values_mut().for_each(redact_strings),
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
 }
 

@@ -117,6 +117,12 @@ impl Workspace {
         Ok(resolved)
     }
 
+    /// Whether `path`, a real path (no symlink in it), is the run's transcript: for a walk
+    /// over directories, whose files do not go through [`Workspace::resolve`].
+    pub(super) fn is_transcript(&self, path: &Path) -> bool {
+        self.transcript.as_deref() == Some(path)
+    }
+
     /// `path` relative to the root, for messages and search results.
     pub(super) fn display<'a>(&self, path: &'a Path) -> std::borrow::Cow<'a, str> {
         match path.strip_prefix(&self.root) {

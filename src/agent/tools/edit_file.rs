@@ -99,6 +99,23 @@ fn edit_in_place(path: &Path, input: &Input) -> Result<usize, ToolError> {
         path: shown.to_owned(),
     })?;
     let (edited, count) = replace(&text, input, shown)?;
+    // The secret scan saw only the new text: an edit can still complete a key the file
+    // held part of (a placeholder), or fill an empty private-key block.
+    match crate::key_shapes::introduced(&text, &edited) {
+        crate::key_shapes::Scan::Clean => {}
+        crate::key_shapes::Scan::Found(kind) => {
+            return Err(ToolError::KeyLike {
+                path: shown.to_owned(),
+                kind,
+            });
+        }
+        crate::key_shapes::Scan::Unavailable => {
+            return Err(ToolError::KeyLike {
+                path: shown.to_owned(),
+                kind: "text the secret scan cannot check (its patterns failed to load)",
+            });
+        }
+    }
     let rewrite = |file: &mut std::fs::File| -> std::io::Result<()> {
         file.rewind()?;
         file.write_all(edited.as_bytes())?;

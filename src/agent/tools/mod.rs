@@ -8,6 +8,8 @@ pub(super) mod edit_file;
 pub(super) mod list_dir;
 mod open;
 mod output;
+#[cfg(unix)]
+mod process_tree;
 pub(super) mod read_file;
 pub(super) mod run_command;
 pub(super) mod search;
@@ -176,11 +178,12 @@ impl Call {
         }
     }
 
-    /// Text the call would put on disk or hand to a shell, for the secret scan.
+    /// Text the call would put on disk or hand to a shell, for the secret scan: a written
+    /// file's name too, which stays on disk as its content does.
     pub(super) fn written_text(&self) -> Vec<&str> {
         match self {
-            Call::WriteFile(i) => vec![&i.content],
-            Call::EditFile(i) => vec![&i.new_string],
+            Call::WriteFile(i) => vec![&i.path, &i.content],
+            Call::EditFile(i) => vec![&i.path, &i.new_string],
             Call::RunCommand(i) => vec![&i.command],
             Call::ReadFile(_) | Call::ListDir(_) | Call::Search(_) => Vec::new(),
         }
@@ -271,20 +274,54 @@ impl ToolOutput {
 #[derive(Debug)]
 pub(super) enum ToolError {
     Path(PathError),
-    Io { path: String, source: io::Error },
-    IsDirectory { path: String },
-    NotRegular { path: String, kind: &'static str },
-    NotDirectory { path: String },
-    Binary { path: String },
-    TooLarge { path: String, size: u64, limit: u64 },
+    Io {
+        path: String,
+        source: io::Error,
+    },
+    IsDirectory {
+        path: String,
+    },
+    NotRegular {
+        path: String,
+        kind: &'static str,
+    },
+    NotDirectory {
+        path: String,
+    },
+    Binary {
+        path: String,
+    },
+    TooLarge {
+        path: String,
+        size: u64,
+        limit: u64,
+    },
     EmptyOldString,
-    OldStringMissing { path: String },
-    OldStringNotUnique { path: String, count: usize },
+    OldStringMissing {
+        path: String,
+    },
+    OldStringNotUnique {
+        path: String,
+        count: usize,
+    },
+    /// An edit would leave a key-like string the file did not hold.
+    KeyLike {
+        path: String,
+        kind: &'static str,
+    },
     BadPattern(regex::Error),
     Spawn(io::Error),
-    TimedOut { secs: u64, output: String },
-    Cancelled { by: Signal, output: String },
-    NotStarted { by: Signal },
+    TimedOut {
+        secs: u64,
+        output: String,
+    },
+    Cancelled {
+        by: Signal,
+        output: String,
+    },
+    NotStarted {
+        by: Signal,
+    },
 }
 
 impl From<PathError> for ToolError {
@@ -320,6 +357,11 @@ impl fmt::Display for ToolError {
                 f,
                 "{path}: old_string occurs {count} times; give more context to make it unique, \
                  or set replace_all; nothing changed"
+            ),
+            ToolError::KeyLike { path, kind } => write!(
+                f,
+                "{path}: the edit would leave {kind} in the file; the agent writes no keys; \
+                 nothing changed"
             ),
             ToolError::BadPattern(e) => write!(f, "invalid regex: {e}"),
             ToolError::Spawn(e) => write!(f, "cannot start sh: {e}"),
@@ -407,7 +449,11 @@ mod tests {
         let write = Call::parse("write_file", &json!({"path": "a.txt", "content": "hi"}))?;
         assert_eq!(write.kind(), ToolKind::Write);
         assert_eq!(write.paths(), ["a.txt"]);
-        assert_eq!(write.written_text(), ["hi"]);
+        assert_eq!(
+            write.written_text(),
+            ["a.txt", "hi"],
+            "the name stays on disk too"
+        );
         let list = Call::parse("list_dir", &json!({}))?;
         assert_eq!(list.kind(), ToolKind::ReadOnly);
         assert_eq!(list.paths(), ["."]);

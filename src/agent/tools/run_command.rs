@@ -1,7 +1,8 @@
 //! `run_command`: `sh -c COMMAND` in the workspace root, with a timeout, stdin closed, and
 //! stdout / stderr captured head+tail. The command runs in its own process group so a timeout
 //! or a signal to the agent (Ctrl-C, SIGTERM, SIGHUP) kills everything it started, not only the
-//! shell.
+//! shell; descendants that left the group (`setsid`) are found and killed with it. Its
+//! environment lacks the credentials of the agent's own (`secrets`).
 //!
 //! A non-zero exit status is a normal result (the model reads the code); only a command that
 //! could not start, timed out or was cancelled is a tool error.
@@ -104,6 +105,11 @@ pub(crate) async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    // The model reads what the command prints: credentials in the agent's own environment
+    // (a provider key exported for `legate serve` in the same shell) are not handed to it.
+    for name in crate::agent::secrets::scrubbed_names() {
+        cmd.env_remove(name);
+    }
     #[cfg(unix)]
     cmd.process_group(0);
     let mut child = cmd.spawn().map_err(ToolError::Spawn)?;
@@ -228,17 +234,11 @@ async fn drain(readers: [Option<JoinHandle<()>>; 2], pid: Option<u32>) {
     }
 }
 
-/// Kills the command's process group. Done through kill(1): legate forbids unsafe code, and
-/// the standard library only signals single processes.
+/// Kills the command's process group and what left it (`process_tree`).
 fn kill_group(pid: Option<u32>) {
     #[cfg(unix)]
     if let Some(pid) = pid {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pid}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        super::process_tree::kill_tree(pid);
     }
     #[cfg(not(unix))]
     let _ = pid;
@@ -342,6 +342,49 @@ mod tests {
             Err(ToolError::TimedOut { secs: 1, output }) => assert!(output.contains("begun")),
             other => panic!("expected a timeout, got {other:?}"),
         }
+        Ok(())
+    }
+
+    /// A child that left the group with `setsid` is killed with it.
+    #[tokio::test]
+    async fn timeout_kills_what_left_the_group() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let ws = Workspace::open(dir.path())?;
+        let pid_file = dir.path().join("pid");
+        let command = "setsid sh -c 'echo $$ > pid.tmp; mv pid.tmp pid; exec sleep 30' & sleep 30";
+        let result = run_in(&ws, command, Some(1)).await;
+        assert!(matches!(result, Err(ToolError::TimedOut { secs: 1, .. })));
+        let pid = std::fs::read_to_string(&pid_file)?.trim().to_owned();
+        // SIGKILL is delivered at once, but the process's exit and reaping follow: a bounded
+        // poll for it to be gone (or a zombie awaiting init).
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !gone() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone(), "the setsid child {pid} outlived the timeout");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_command_gets_no_credentials_of_the_agents()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let ws = Workspace::open(dir.path())?;
+        let out = run_in(&ws, "env", None).await?;
+        for name in crate::agent::secrets::scrubbed_names() {
+            assert!(
+                !out.contains(&format!("\n{name}=")),
+                "{name} reached the command"
+            );
+        }
+        assert!(out.contains("PATH="), "{out}");
         Ok(())
     }
 

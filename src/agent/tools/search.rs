@@ -104,7 +104,9 @@ fn search(
             stack.extend(children);
             continue;
         }
-        if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
+        // The walk starts at a resolved path and never follows a symlink, so the paths it
+        // meets are real ones, comparable with the transcript's.
+        if !meta.is_file() || meta.len() > MAX_FILE_BYTES || ws.is_transcript(&path) {
             continue;
         }
         for hit in search_file(&path, regex) {
