@@ -111,10 +111,14 @@ async fn execute(
     for (i, step) in steps.iter().enumerate() {
         if i > 0 {
             let from = steps[i - 1].target();
+            // A `provider:*` step's model is the caller's: labelled by the bounded model
+            // label (the pattern it matched, or `other`), as every other series is.
+            let label =
+                |s: &ChainStep| format!("{}:{}", s.provider(), snap.labels.model(s.model()));
             proxy
                 .metrics
                 .fallbacks
-                .with_label_values(&[requested, from, step.target()])
+                .with_label_values(&[requested, &label(&steps[i - 1]), &label(step)])
                 .inc();
             tracing::info!(from = %from, to = %step.target(), "falling back to the next chain step");
         }

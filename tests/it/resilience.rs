@@ -561,3 +561,37 @@ async fn chaos_every_call_succeeds_and_retries_stay_within_the_budget() {
         .unwrap_or(0.0);
     assert!(attempts - refused <= TOTAL as f64 + retries + fallbacks);
 }
+
+/// A `provider:*` step sends the caller's model name: its fallbacks are labelled by the
+/// pattern it matched, as every other series is, so made-up names add no series.
+#[tokio::test]
+async fn fallbacks_from_a_star_step_are_labelled_by_the_pattern() {
+    let env = with_script(
+        "[retry]\nbase_delay = \"10ms\"\nmax_delay = \"40ms\"\nmax_attempts = 1\n\
+         [[models]]\nname = \"claude-*\"\nchain = [\"anthropic:*\", \"anthropic:claude-spare\"]\n",
+        r#"{"replies":[
+            {"match":{"model":"claude-made-up-1"},"times":0,"status":529},
+            {"match":{"model":"claude-made-up-2"},"times":0,"status":529}]}"#,
+    )
+    .await;
+    for name in ["claude-made-up-1", "claude-made-up-2"] {
+        let body = BODY.replace("\"m\"", &format!("\"{name}\""));
+        let resp = env.messages(body).await;
+        assert_eq!(resp.status(), 200, "{name}");
+        assert_eq!(
+            resp.headers()["x-legate-served-by"],
+            "anthropic:claude-spare"
+        );
+    }
+    let labels = [
+        ("model", "claude-*"),
+        ("from", "anthropic:claude-*"),
+        ("to", "anthropic:claude-spare"),
+    ];
+    assert_eq!(
+        env.metric("legate_fallbacks_total", &labels).await,
+        Some(2.0)
+    );
+    let text = env.metrics_text().await;
+    assert!(!text.contains("made-up"), "{text}");
+}
