@@ -60,6 +60,12 @@ async fn spans_continue_the_callers_trace_with_one_child_per_attempt() {
             .iter()
             .all(|s| hex::encode(&s.trace_id) == CALLER_TRACE)
     );
+    // Filed under legate's service name (`[telemetry] service_name`, "legate" by default).
+    let services = collector.got.lock().unwrap().span_services.clone();
+    assert!(
+        !services.is_empty() && services.iter().all(|s| s == "legate"),
+        "{services:?}"
+    );
     let request = spans
         .iter()
         .find(|s| hex::encode(&s.parent_span_id) == CALLER_SPAN)

@@ -24,6 +24,8 @@ pub(crate) struct Received {
     /// histogram points exported.
     pub metric_models: Vec<String>,
     pub content_types: Vec<String>,
+    /// The `service.name` of each span export's resource ("" when it has none).
+    pub span_services: Vec<String>,
 }
 
 pub(crate) struct Collector {
@@ -62,6 +64,13 @@ impl Collector {
                             if path == "/v1/traces" {
                                 let msg = ExportTraceServiceRequest::decode(body).unwrap();
                                 for rs in msg.resource_spans {
+                                    let attrs = rs.resource.map(|r| r.attributes);
+                                    let name =
+                                        attrs.as_deref().and_then(|a| find(a, "service.name"));
+                                    r.span_services.push(match name {
+                                        Some(any_value::Value::StringValue(s)) => s.clone(),
+                                        _ => String::new(),
+                                    });
                                     for ss in rs.scope_spans {
                                         r.spans.extend(ss.spans);
                                     }

@@ -59,7 +59,7 @@ impl Otel {
         let mut span_task = None;
         let traces = match &cfg.traces_endpoint {
             Some(url) => {
-                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                let mut exporter = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
                     .with_http_client(http.clone())
                     .with_endpoint(url.clone())
@@ -69,6 +69,10 @@ impl Otel {
                     .with_retry_policy(no_retries())
                     .build()
                     .map_err(|e| format!("telemetry: {e}"))?;
+                // The provider hands its resource to its processors, and the SDK's own pass it
+                // on to their exporter; ours owns the exporter in its task, so it is given here
+                // (without it every span was exported with no `service.name`).
+                opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
                 let (processor, task) = export::QueueProcessor::start(
                     exporter,
                     cfg.queue_size,
