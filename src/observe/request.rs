@@ -299,15 +299,14 @@ impl Drop for AttemptScope {
             return;
         };
         a.duration = a.started.elapsed();
-        if self.ended {
-            self.obs.update(|f| f.steps.push(a));
-            return;
+        if !self.ended {
+            a.why = Some("cut short: the request ended before this attempt did".to_string());
         }
-        a.why = Some("cut short: the request ended before this attempt did".to_string());
         self.obs.update(|f| {
             f.steps.push(a);
-            // A request whose caller left is never stamped with its count: count its attempts
-            // sent here (stamping, at shutdown's grace, writes the same count again).
+            // A request whose caller left is never stamped with its count (whether it left
+            // during an attempt or in the wait before the next): its attempts are counted as
+            // they end (stamping writes the same count again).
             let sent = f.steps.iter().filter(|s| s.sent).count();
             f.attempts = f.attempts.max(u32::try_from(sent).unwrap_or(u32::MAX));
         });

@@ -432,3 +432,39 @@ async fn an_attempt_cut_short_by_its_callers_leaving_is_in_the_journal() {
     let why = steps[0]["why"].as_str().unwrap();
     assert!(why.contains("cut short"), "{why}");
 }
+
+/// A caller that leaves while legate waits to retry is recorded with the attempt it cost
+/// (the record is never stamped with the count, as an answered request's is).
+#[tokio::test]
+async fn a_caller_gone_during_a_retry_wait_is_recorded_with_its_attempt() {
+    let env = env(
+        "",
+        r#"{"replies":[{"status":529,"headers":{"retry-after":"15"}}]}"#,
+    )
+    .await;
+    let asking = tokio::spawn({
+        let req = env
+            .http
+            .post(env.url("/v1/messages"))
+            .body(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#);
+        async move { req.send().await }
+    });
+    // The first attempt was answered 529 (its outcome is counted when it ends): legate now
+    // waits out its retry-after, and the caller leaves.
+    let outcome = [("outcome", "retryable")];
+    env.wait_metric("legate_upstream_attempts_total", &outcome, 1.0)
+        .await;
+    asking.abort();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let list = loop {
+        let list = env.admin_json("/admin/requests?status=499").await;
+        if !list["requests"].as_array().unwrap().is_empty() {
+            break list;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no 499 recorded");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let doc = &list["requests"][0];
+    assert_eq!(doc["attempts"], 1, "{doc}");
+    assert_eq!(env.mock.stats().requests, 1);
+}
