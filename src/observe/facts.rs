@@ -209,11 +209,13 @@ impl Facts {
         self.status.unwrap_or(crate::proxy::record::CLIENT_GONE)
     }
 
-    /// `error_type` as logged: legate's own error kind, else what the status says.
+    /// `error_type` as logged: legate's own error kind, else what the status says. A 499 is
+    /// the caller's leaving whatever legate made of it (a body cut off mid-upload is an
+    /// unreadable body to the code that read it).
     pub fn error_type(&self) -> Option<&'static str> {
         match (self.error_type, self.status()) {
+            (_, 499) => Some("client_gone"),
             (Some(e), _) => Some(e),
-            (None, 499) => Some("client_gone"),
             (None, s) if s >= 400 => Some("upstream_error"),
             _ => None,
         }
@@ -304,5 +306,25 @@ mod tests {
         let back: Vec<_> = (&steps).into_iter().rev().map(|a| a.step).collect();
         assert_eq!(back, [3, 2, 1]);
         assert_eq!(steps.len(), 3);
+    }
+
+    /// A caller that left mid-upload is `client_gone`, though the body's reader called it
+    /// an unreadable body; other errors keep legate's own kind.
+    #[test]
+    fn a_499_is_always_client_gone() {
+        let mut f = Facts::new(
+            super::super::RequestId::new(0, 1),
+            "anthropic",
+            Cow::Borrowed("POST"),
+            Cow::Borrowed("/v1/messages"),
+            Instant::now(),
+        );
+        f.error_type = Some("invalid_request");
+        assert_eq!(f.error_type(), Some("client_gone"));
+        f.status = Some(400);
+        assert_eq!(f.error_type(), Some("invalid_request"));
+        f.error_type = None;
+        f.status = Some(502);
+        assert_eq!(f.error_type(), Some("upstream_error"));
     }
 }

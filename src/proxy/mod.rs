@@ -174,6 +174,30 @@ impl Proxy {
         self.ids.issued()
     }
 
+    /// Records a request whose head the connection refused before it could be served (a
+    /// malformed or badly framed head, one too large, a transfer coding or version legate does
+    /// not speak), as every other request is: an access-log line and journal entry under a
+    /// request id of its own, and `legate_requests_total`. Returns that id, for the answer.
+    pub fn refused_head(&self, head: &crate::server::listener::RefusedHead) -> String {
+        let started = Instant::now();
+        let rid = self.ids.next_id();
+        let api = head.api.as_str();
+        let obs = crate::observe::RequestObs::start(
+            &self.observer,
+            rid,
+            api,
+            &head.method,
+            &head.path,
+            &http::HeaderMap::new(),
+            started,
+        );
+        let mut rec = RequestRecord::new(self.metrics.clone(), api, started);
+        rec.observe(obs.clone());
+        obs.update(|f| f.error_type = Some(head.error.kind()));
+        rec.finish(head.error.status().as_u16());
+        rid.render()
+    }
+
     /// Reports finished requests to `observer` (access log, journal, export).
     pub fn with_observer(mut self, observer: Arc<crate::observe::Observer>) -> Self {
         self.observer = observer;

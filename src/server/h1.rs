@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CallerBody;
 use super::conn::ConnWatch;
-use super::listener::BoxError;
+use super::listener::{BoxError, OnRefused, RefusedHead};
 use crate::upstream::h1::chunked::{Decoder, Step};
 use body::{Pipe, RequestBody, Want};
 use request::{Framing, Refusal};
@@ -112,11 +112,12 @@ pub(super) async fn start<T: AsyncRead + Unpin>(
 }
 
 /// Serves HTTP/1 requests on `io` (whose first bytes are in `buf`) with `handler` until the
-/// caller closes, a request asks to, or `stop` fires between requests.
+/// caller closes, a request asks to, or `stop` fires between requests. A head refused before
+/// the handler could see it is told to `on_refused`, when there is one.
 pub(super) async fn serve<T, H, F, B>(
     io: T,
     buf: BytesMut,
-    handler: &H,
+    (handler, on_refused): (&H, Option<&OnRefused>),
     peer: SocketAddr,
     watch: &Arc<ConnWatch>,
     stop: &CancellationToken,
@@ -145,10 +146,18 @@ where
             Ok(None) => return Ok(()),
             Err(refused) => {
                 // In the caller's API shape, as every refusal (SPEC §5), though no route is
-                // known yet: the shape is read off what there is of the head.
-                let error = refused.why.error();
-                let body = error.render(refused.api, "").into_body();
-                response::refusal(error.status(), &body, &mut conn.out);
+                // known yet: the shape is read off what there is of the head. Recorded as a
+                // request, when the plane records them, under a request id of its own.
+                let seen = RefusedHead {
+                    api: refused.api,
+                    error: refused.why.error(),
+                    method: refused.method,
+                    path: refused.path,
+                };
+                let rid = on_refused.and_then(|record| record(&seen));
+                let rid = rid.as_deref();
+                let body = seen.error.render(seen.api, rid.unwrap_or("")).into_body();
+                response::refusal(seen.error.status(), &body, rid, &mut conn.out);
                 poll_fn(|cx| conn.poll_write_out(cx)).await?;
                 // The caller may still be sending the head: read it away, so the close does
                 // not reset the answer.

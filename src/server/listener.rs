@@ -45,7 +45,24 @@ pub struct Plane<L> {
     pub max_connections: usize,
     pub gauge: prometheus::IntGauge,
     pub workers: Option<Arc<Workers>>,
+    /// Told of each HTTP/1 request head refused before a handler could see it (the data
+    /// plane records it as a request); `None`: refused without a record (the admin plane).
+    pub on_refused: Option<OnRefused>,
 }
+
+/// A request head an HTTP/1 connection refused (400 malformed or badly framed, 431, 501, 505),
+/// answered and closed before any handler saw it.
+pub struct RefusedHead {
+    /// The API whose error shape the answer takes.
+    pub api: crate::api::ApiKind,
+    pub error: crate::error::ProxyError,
+    /// From the head's first line, as far as it gives them (`-` otherwise).
+    pub method: http::Method,
+    pub path: String,
+}
+
+/// Records a refused head; returns the request id its answer carries.
+pub type OnRefused = Arc<dyn Fn(&RefusedHead) -> Option<String> + Send + Sync>;
 
 /// Serves `listener` with `handler` until `stop` fires; then waits for open connections to
 /// finish, up to `grace`, calling `on_grace_expired` if they have not (so open streams can be
@@ -112,6 +129,7 @@ pub async fn serve<H, F, B, L>(
                 let stop = stop.clone();
                 let open = Open::new(&plane.gauge);
                 let roster = roster.clone();
+                let on_refused = plane.on_refused.clone();
                 // Built where it runs: the socket's readiness then comes from that worker's own
                 // I/O driver, not from this thread's (which would wake the worker per read).
                 let serve_one = move |stream: TcpStream| async move {
@@ -123,7 +141,8 @@ pub async fn serve<H, F, B, L>(
                         match h1::start(&mut io, &mut first, &stop).await {
                             h1::Start::Gone => Ok(()),
                             h1::Start::H1 => {
-                                h1::serve(io, first, &*h, peer, &watch, &stop, HTTP1_MAX_BUF)
+                                let refused = on_refused.as_ref();
+                                h1::serve(io, first, (&*h, refused), peer, &watch, &stop, HTTP1_MAX_BUF)
                                     .await
                                     .map_err(BoxError::from)
                             }

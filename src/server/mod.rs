@@ -146,12 +146,17 @@ pub async fn start_reloadable(
         max_connections: listener::data_cap(limits.max_connections, limits.admin_max_connections),
         gauge: proxy.metrics.connections.with_label_values(&["data"]),
         workers: data_workers,
+        on_refused: Some({
+            let proxy = proxy.clone();
+            Arc::new(move |head: &listener::RefusedHead| Some(proxy.refused_head(head)))
+        }),
     };
     let admin_plane = listener::Plane {
         limits: conn_limits,
         max_connections: limits.admin_max_connections,
         gauge: proxy.metrics.connections.with_label_values(&["admin"]),
         workers: None,
+        on_refused: None,
     };
     let data_task = tokio::spawn(listener::serve(
         data,

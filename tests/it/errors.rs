@@ -397,3 +397,52 @@ async fn an_admin_path_asked_with_another_method_is_405_with_the_one_it_takes() 
         .unwrap();
     assert_eq!(unknown.status(), 404);
 }
+
+/// A head the connection refuses before any route could see it is still a request: answered
+/// in the caller's shape under a request id, logged in the journal, and counted.
+#[tokio::test]
+async fn a_refused_head_is_answered_recorded_and_counted() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = harness::start("").await;
+    let heads: [(&str, u16); 3] = [
+        (
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+            400,
+        ),
+        ("POST /v1/chat/completions HTTP/1.2\r\nhost: x\r\n\r\n", 505),
+        (
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            501,
+        ),
+    ];
+    for (head, status) in heads {
+        let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+            .await
+            .unwrap();
+        sock.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        sock.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{answer}"
+        );
+        let rid = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("x-legate-request-id: "))
+            .unwrap_or_else(|| panic!("no request id: {answer}"));
+        let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+        assert_eq!(doc["status"], status, "{doc}");
+        assert_eq!(doc["error_type"], "bad_head", "{doc}");
+        assert_eq!(doc["method"], "POST", "{doc}");
+        assert_eq!(doc["attempts"], 0, "{doc}");
+        let code = status.to_string();
+        assert_eq!(
+            env.metric("legate_requests_total", &[("status", code.as_str())])
+                .await,
+            Some(1.0),
+            "{status}"
+        );
+    }
+    assert_eq!(env.mock.stats().requests, 0);
+}

@@ -102,6 +102,35 @@ pub(super) fn parse(buf: &mut BytesMut, max: usize) -> Result<Option<Head>, Refu
 pub(super) struct Refusal {
     pub why: Refused,
     pub api: ApiKind,
+    /// The method and path as far as the head's first line gives them (`-` where it does
+    /// not), for the access log.
+    pub method: Method,
+    pub path: String,
+}
+
+impl Refusal {
+    fn of(why: Refused, head: &[u8]) -> Refusal {
+        let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+        let mut words = line.trim_ascii().splitn(3, |b| *b == b' ');
+        let method = words
+            .next()
+            .filter(|m| m.len() <= 16)
+            .and_then(|m| Method::from_bytes(m).ok());
+        let target = words.next().unwrap_or_default();
+        let path = target.split(|b| *b == b'?').next().unwrap_or_default();
+        let path = &path[..path.len().min(256)];
+        Refusal {
+            why,
+            api: api_of(head),
+            method: method
+                .or_else(|| Method::from_bytes(b"-").ok())
+                .unwrap_or(Method::GET),
+            path: match path.first() {
+                Some(b'/') => String::from_utf8_lossy(path).into_owned(),
+                _ => "-".to_owned(),
+            },
+        }
+    }
 }
 
 fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Option<Head>, Refusal> {
@@ -118,20 +147,12 @@ fn parse_with(buf: &mut BytesMut, max: usize, spans: &mut Spans) -> Result<Optio
     let (len, method, version, target) = match locate(buf, max, spans) {
         Ok(Some(found)) => found,
         Ok(None) => return Ok(None),
-        Err(why) => {
-            return Err(Refusal {
-                why,
-                api: api_of(buf),
-            });
-        }
+        Err(why) => return Err(Refusal::of(why, buf)),
     };
     let head: Bytes = buf.split_to(len).freeze();
     finish(&head, method, version, target, spans)
         .map(Some)
-        .map_err(|why| Refusal {
-            why,
-            api: api_of(&head),
-        })
+        .map_err(|why| Refusal::of(why, &head))
 }
 
 /// Where a complete head is: its length, method, version and target (as offsets into it).

@@ -114,12 +114,23 @@ pub(super) fn encode(
 }
 
 /// A whole response for a request head that was refused; the connection closes after it.
-pub(super) fn refusal(status: StatusCode, body: &[u8], out: &mut Vec<u8>) {
+pub(super) fn refusal(
+    status: StatusCode,
+    body: &[u8],
+    request_id: Option<&str>,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\ncontent-type: application/json\r\n");
+    if let Some(id) = request_id {
+        // legate's own id (`lgt_` and hex digits): nothing in it needs escaping.
+        out.extend_from_slice(b"x-legate-request-id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     content_length(body.len() as u64, out);
     out.extend_from_slice(b"connection: close\r\ndate: ");
     out.extend_from_slice(&date());
@@ -254,9 +265,13 @@ mod tests {
     #[test]
     fn a_refusal_closes() {
         let mut out = Vec::new();
-        refusal(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, b"{}", &mut out);
+        refusal(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, b"{}", None, &mut out);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\ndate: "), "{text}");
         assert!(text.ends_with("\r\n\r\n{}"), "{text}");
+        let mut out = Vec::new();
+        refusal(StatusCode::BAD_REQUEST, b"{}", Some("lgt_1"), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\r\nx-legate-request-id: lgt_1\r\n"), "{text}");
     }
 }

@@ -121,7 +121,7 @@ fn open_with(
         serve(
             server,
             BytesMut::new(),
-            &handler,
+            (&handler, None),
             peer,
             &watch,
             &st,
