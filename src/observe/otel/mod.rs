@@ -164,22 +164,26 @@ impl Otel {
         if let Some((p, _)) = &self.traces {
             let _ = p.shutdown();
         }
+        // The queued spans and the last metrics leave side by side, within one `wait` in
+        // all: one after the other, a hung collector held the exit for twice as long.
         let task = self.span_task.lock().take();
-        if let Some(t) = task {
-            let _ = tokio::time::timeout(wait, t).await;
-        }
-        if let Some((p, _)) = &self.metrics {
-            let p = p.clone();
-            // The SDK's reader thread blocks until the collector answers (or times out).
-            let _ = tokio::time::timeout(
-                wait,
-                tokio::task::spawn_blocking(move || {
+        let spans = async {
+            if let Some(t) = task {
+                let _ = t.await;
+            }
+        };
+        let metrics = async {
+            if let Some((p, _)) = &self.metrics {
+                let p = p.clone();
+                // The SDK's reader thread blocks until the collector answers (or times out).
+                let _ = tokio::task::spawn_blocking(move || {
                     let _ = p.force_flush();
                     let _ = p.shutdown();
-                }),
-            )
-            .await;
-        }
+                })
+                .await;
+            }
+        };
+        let _ = tokio::time::timeout(wait, futures_util::future::join(spans, metrics)).await;
     }
 }
 

@@ -265,13 +265,21 @@ mod tests {
     #[test]
     fn a_refusal_closes() {
         let mut out = Vec::new();
-        refusal(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, b"{}", None, &mut out);
+        refusal(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            b"{}",
+            None,
+            &mut out,
+        );
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\ndate: "), "{text}");
         assert!(text.ends_with("\r\n\r\n{}"), "{text}");
         let mut out = Vec::new();
         refusal(StatusCode::BAD_REQUEST, b"{}", Some("lgt_1"), &mut out);
         let text = String::from_utf8(out).unwrap();
-        assert!(text.contains("\r\nx-legate-request-id: lgt_1\r\n"), "{text}");
+        assert!(
+            text.contains("\r\nx-legate-request-id: lgt_1\r\n"),
+            "{text}"
+        );
     }
 }
