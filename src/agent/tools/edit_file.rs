@@ -132,6 +132,9 @@ fn replace(text: &str, input: &Input, shown: &str) -> Result<(String, usize), To
     }
     let count = text.matches(input.old_string.as_str()).count();
     match count {
+        0 if input.old_string.contains(" withheld]") => Err(ToolError::OldStringWithheld {
+            path: shown.to_owned(),
+        }),
         0 => Err(ToolError::OldStringMissing {
             path: shown.to_owned(),
         }),
@@ -179,6 +182,12 @@ mod tests {
         assert!(matches!(
             replace(text, &input("", "d", true), "f"),
             Err(ToolError::EmptyOldString)
+        ));
+        // A note the model was shown for a key, copied into old_string, is not in the file.
+        let withheld = input("k = [an Anthropic API key withheld]", "k = 1", false);
+        assert!(matches!(
+            replace("k = sk-ant-…\n", &withheld, "f"),
+            Err(ToolError::OldStringWithheld { .. })
         ));
     }
 

@@ -300,6 +300,11 @@ pub(super) enum ToolError {
     OldStringMissing {
         path: String,
     },
+    /// Not found, and the model's old_string holds a redaction note (`secrets`): the file has
+    /// the key the note stands for, which the model was never shown.
+    OldStringWithheld {
+        path: String,
+    },
     OldStringNotUnique {
         path: String,
         count: usize,
@@ -353,6 +358,12 @@ impl fmt::Display for ToolError {
             ToolError::OldStringMissing { path } => {
                 write!(f, "{path}: old_string not found; nothing changed")
             }
+            ToolError::OldStringWithheld { path } => write!(
+                f,
+                "{path}: old_string not found; nothing changed. It holds a note that stands for \
+                 a key-like string the tools do not show (`[… withheld]`): choose old_string \
+                 from the text around it"
+            ),
             ToolError::OldStringNotUnique { path, count } => write!(
                 f,
                 "{path}: old_string occurs {count} times; give more context to make it unique, \
