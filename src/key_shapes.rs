@@ -12,47 +12,57 @@ use regex::{Regex, RegexSet};
 
 /// (kind, pattern). The first matching kind is reported, so narrower kinds come first. A
 /// pattern starts at a word boundary where its prefix is short enough to occur inside a word
-/// (`task-…` is no `sk-` key), or also after `_`, as in `TOKEN_ghp_…`.
+/// (`task-…` is no `sk-` key), or also after `_`, as in `TOKEN_ghp_…`. Boundaries are ASCII
+/// ones (`(?-u:\b)`): a Unicode boundary makes the regex engine leave its fast path on text
+/// that is not ASCII, and these run over every tool result.
 const PATTERNS: [(&str, &str); 17] = [
     ("an Anthropic API key", r"sk-ant-[A-Za-z0-9_\-]{16,}"),
     (
         "an OpenAI-style API key",
-        r"(?:\b|_)sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
+        r"(?:(?-u:\b)|_)sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
     ),
-    ("an AWS access key id", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    (
+        "an AWS access key id",
+        r"(?-u:\b)(?:AKIA|ASIA)[0-9A-Z]{16}(?-u:\b)",
+    ),
     (
         "an AWS secret access key",
         r"(?i)aws_?secret_?access_?key\W{1,4}[A-Za-z0-9/+]{40}",
     ),
-    // The whole block, up to its end line (or the end of the text): redacted whole, and an
-    // edit that fills the body of an empty block in a file makes a block the file lacked.
+    // The block with its body: base64 and line breaks (raw, or written `\n` in source), and
+    // the headers of an encrypted key, up to its end line if there is one. Redacted whole, and
+    // an edit that fills the body of an empty block makes a block the file lacked. Nothing
+    // else belongs to it: a header quoted in code or prose takes no more than its line.
     (
         "a private key",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?s:.*?)(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\z)",
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:(?:Proc-Type|DEK-Info):[^\n]*|[A-Za-z0-9+/=\s]|\\[rn])*(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----)?",
     ),
     ("a GitHub token", r"gh[pousr]_[A-Za-z0-9]{36,}"),
     ("a GitHub token", r"github_pat_[A-Za-z0-9_]{22,}"),
     ("a GitLab token", r"glpat-[A-Za-z0-9_\-]{20,}"),
-    ("a Slack token", r"(?:\b|_)xox[abprs]-[A-Za-z0-9\-]{10,}"),
+    (
+        "a Slack token",
+        r"(?:(?-u:\b)|_)xox[abprs]-[A-Za-z0-9\-]{10,}",
+    ),
     (
         "a Stripe key",
-        r"(?:\b|_)[rs]k_(?:live|test)_[A-Za-z0-9]{16,}",
+        r"(?:(?-u:\b)|_)[rs]k_(?:live|test)_[A-Za-z0-9]{16,}",
     ),
-    ("a Hugging Face token", r"(?:\b|_)hf_[A-Za-z0-9]{30,}"),
-    ("a Google API key", r"(?:\b|_)AIza[0-9A-Za-z_\-]{35}"),
+    ("a Hugging Face token", r"(?:(?-u:\b)|_)hf_[A-Za-z0-9]{30,}"),
+    ("a Google API key", r"(?:(?-u:\b)|_)AIza[0-9A-Za-z_\-]{35}"),
     (
         "a Google OAuth access token",
-        r"(?:\b|_)ya29\.[0-9A-Za-z_\-]{10,}",
+        r"(?:(?-u:\b)|_)ya29\.[0-9A-Za-z_\-]{10,}",
     ),
     (
         "a JSON Web Token",
-        r"(?:\b|_)eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}",
+        r"(?:(?-u:\b)|_)eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}",
     ),
-    ("an npm token", r"(?:\b|_)npm_[A-Za-z0-9]{36}"),
+    ("an npm token", r"(?:(?-u:\b)|_)npm_[A-Za-z0-9]{36}"),
     ("a PyPI token", r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{20,}"),
     (
         "a bearer token",
-        r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{20,}=*",
+        r"(?i)(?-u:\b)bearer\s+[A-Za-z0-9\-._~+/]{20,}=*",
     ),
 ];
 
@@ -83,18 +93,19 @@ pub(crate) fn scan(text: &str) -> Scan {
     }
 }
 
-/// A key-like string in `after` that `before` did not hold, as an edit makes one: the kind of
-/// the first. An edit may leave a key the file held already (the file is the user's), but not
+/// A key-like string in `after` that `before` did not hold (found there by the same pattern),
+/// as an edit makes one: the kind of the first. An edit may leave a key the file held already (the file is the user's), but not
 /// complete or add one.
 pub(crate) fn introduced(before: &str, after: &str) -> Scan {
     let (Some(set), Some(each)) = (SET.as_ref(), EACH.as_ref()) else {
         return Scan::Unavailable;
     };
     for i in set.matches(after).iter() {
-        if each[i]
-            .find_iter(after)
-            .any(|m| !before.contains(m.as_str()))
-        {
+        // What the pattern finds in the text before, gathered once: a file with many
+        // key-like strings is not searched again for each.
+        let held: std::collections::HashSet<&str> =
+            each[i].find_iter(before).map(|m| m.as_str()).collect();
+        if each[i].find_iter(after).any(|m| !held.contains(m.as_str())) {
             return Scan::Found(PATTERNS[i].0);
         }
     }
@@ -223,6 +234,30 @@ mod tests {
         let empty = "-----BEGIN RSA PRIVATE KEY-----\n-----END RSA PRIVATE KEY-----\n";
         let filled = empty.replace("KEY-----\n-----END", "KEY-----\nMIIEowIBAAKCAQEA\n-----END");
         assert_eq!(introduced(empty, &filled), Scan::Found("a private key"));
+    }
+
+    /// A header quoted in code or prose is not a block that runs to the next end line (or to
+    /// the end of the text): what follows it stays, and an edit below it is free.
+    #[test]
+    fn a_quoted_header_takes_no_more_than_its_line() -> Result<(), ()> {
+        let code = "if line == \"-----BEGIN OPENSSH PRIVATE KEY-----\" {\n    parse();\n}\n";
+        assert_eq!(
+            redact(code)?,
+            "if line == \"[a private key withheld]\" {\n    parse();\n}\n"
+        );
+        assert_eq!(
+            introduced(code, &code.replace("parse", "read")),
+            Scan::Clean
+        );
+        let in_source = "(\"-----BEGIN RSA PRIVATE KEY-----\\nMIIE\", \"a private key\"),";
+        assert_eq!(
+            redact(in_source)?,
+            "(\"[a private key withheld]\", \"a private key\"),"
+        );
+        let encrypted = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n\
+                         DEK-Info: AES-128-CBC,00FF\n\nMIIE+abc/==\n-----END RSA PRIVATE KEY-----\nnext";
+        assert_eq!(redact(encrypted)?, "[a private key withheld]\nnext");
+        Ok(())
     }
 
     #[test]

@@ -162,6 +162,18 @@ impl HookChain {
                 }
             }
         }
+        // A note the tools showed in a key's place, written back into a file, would put the
+        // note where the key was (a file rewritten from what was read) or text that means
+        // nothing: refused, with what to do instead.
+        if call.file_text().is_some_and(super::secrets::holds_note) {
+            let reason = format!(
+                "the {} input holds a note that stands for a key-like string the tools do not \
+                 show (`[… withheld]`); the file's own text is not known: edit around it \
+                 with edit_file, leaving that part unchanged",
+                call.name()
+            );
+            return Ok(Decision::deny(Hook::SecretScan, reason));
+        }
         // 4. Approval last: only calls every automatic hook let through reach a human.
         self.approve(call, cancel).await
     }
@@ -259,6 +271,11 @@ mod tests {
             "{}",
             secret.reason
         );
+        // A note shown in a key's place, written back into a file.
+        let note = json!({"path": "a.env", "content": "KEY=[an Anthropic API key withheld]\n"});
+        let noted = decide(&chain, "write_file", note).await;
+        assert_eq!((noted.allow, noted.hook), (false, Hook::SecretScan));
+        assert!(noted.reason.contains("edit around it"), "{}", noted.reason);
         let ok = decide(&chain, "write_file", json!({"path": "a", "content": "x"})).await;
         assert_eq!((ok.allow, ok.hook), (true, Hook::Approval));
         Ok(())

@@ -27,33 +27,55 @@ const SECRET_PARTS: [&str; 10] = [
     "PAT",
 ];
 
-/// Values shorter than this are not looked for in outputs: a short value (`1`, `true`) would
-/// blank out ordinary text, and no key is that short.
-const MIN_REDACTED_LEN: usize = 12;
-
-/// Whether a variable of this name holds a credential: legate's own (`LEGATE_…`: the agent's
-/// key, config overrides that may carry provider keys) and any whose name says so.
+/// Whether a variable of this name holds a credential: any whose name says so, and legate's
+/// config overrides (`LEGATE__…`), which may carry a key or a URL with a password.
 fn secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    upper.starts_with("LEGATE_") || upper.split('_').any(|part| SECRET_PARTS.contains(&part))
+    upper.starts_with("LEGATE__") || upper.split('_').any(|part| SECRET_PARTS.contains(&part))
 }
 
-/// The variables of this process's environment that a command does not get, with their values.
-/// Read once: the environment does not change while the agent runs.
-static SCRUBBED: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
-    std::env::vars_os()
-        .filter_map(|(name, value)| {
-            let name = name.to_string_lossy().into_owned();
-            let value = value.to_string_lossy().into_owned();
-            let secret = secret_name(&name) || key_shapes::scan(&value) != Scan::Clean;
-            secret.then_some((name, value))
-        })
-        .collect()
-});
+/// Whether a scrubbed variable's value is looked for in outputs: one that could be a secret,
+/// 16 bytes or more of letters and digits both, without spaces, and not a URL or a path. A
+/// short or plain value (`legate-agent`, the agent key's documented default; `true`; a
+/// directory) would blank out ordinary text wherever it occurs.
+fn worth_redacting(value: &str) -> bool {
+    value.len() >= 16
+        && !value.contains(char::is_whitespace)
+        && !value.contains("://")
+        && !value.starts_with('/')
+        && value.bytes().any(|b| b.is_ascii_digit())
+        && value.bytes().any(|b| b.is_ascii_alphabetic())
+}
+
+/// A variable kept from commands: its name, and its value when outputs are searched for it.
+type Scrubbed = (String, Option<String>);
+
+/// Of `vars`, those a command does not get.
+fn scrub(vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>) -> Vec<Scrubbed> {
+    vars.filter_map(|(name, value)| {
+        let name = name.to_string_lossy().into_owned();
+        let value = value.to_string_lossy().into_owned();
+        let secret = secret_name(&name) || key_shapes::scan(&value) != Scan::Clean;
+        secret.then(|| (name, worth_redacting(&value).then_some(value)))
+    })
+    .collect()
+}
+
+/// The variables of this process's environment that a command does not get. Read once: the
+/// environment does not change while the agent runs.
+static SCRUBBED: LazyLock<Vec<Scrubbed>> = LazyLock::new(|| scrub(std::env::vars_os()));
 
 /// The names a command's environment is cleared of.
 pub(super) fn scrubbed_names() -> impl Iterator<Item = &'static str> {
     SCRUBBED.iter().map(|(name, _)| name.as_str())
+}
+
+/// Whether `text` holds a note [`redact`] writes in a key's place.
+pub(super) fn holds_note(text: &str) -> bool {
+    static NOTE: LazyLock<Option<regex::Regex>> = LazyLock::new(|| {
+        regex::Regex::new(r"\[(?:\$[A-Za-z_][A-Za-z0-9_]*|an? [A-Za-z -]{1,40}) withheld\]").ok()
+    });
+    text.contains(" withheld]") && NOTE.as_ref().is_none_or(|note| note.is_match(text))
 }
 
 /// `text` as the model and the transcript may see it: the scrubbed variables' values and every
@@ -62,10 +84,11 @@ pub(super) fn redact(text: &str) -> Cow<'_, str> {
     redact_with(text, &SCRUBBED)
 }
 
-fn redact_with<'a>(text: &'a str, scrubbed: &[(String, String)]) -> Cow<'a, str> {
+fn redact_with<'a>(text: &'a str, scrubbed: &[Scrubbed]) -> Cow<'a, str> {
     let mut out = Cow::Borrowed(text);
     for (name, value) in scrubbed {
-        if value.len() >= MIN_REDACTED_LEN && out.contains(value.as_str()) {
+        let Some(value) = value else { continue };
+        if out.contains(value.as_str()) {
             out = Cow::Owned(out.replace(value.as_str(), &format!("[${name} withheld]")));
         }
     }
@@ -96,10 +119,13 @@ mod tests {
             "DB_PASSWORD",
             "GOOGLE_APPLICATION_CREDENTIALS",
             "GITLAB_PAT",
+            "LEGATE__RATELIMIT__REDIS_URL",
         ] {
             assert!(secret_name(name), "{name}");
         }
         for name in [
+            "LEGATE_URL",
+            "LEGATE_LOG",
             "PATH",
             "HOME",
             "SSH_AUTH_SOCK",
@@ -111,11 +137,41 @@ mod tests {
         }
     }
 
+    /// Which variables a command loses, and whose values are looked for in outputs.
+    #[test]
+    fn the_scrub_keeps_ordinary_variables_and_plain_values() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("LEGATE_URL", "http://127.0.0.1:8787"),
+            ("LEGATE_AGENT_KEY", "legate-agent"),
+            ("GITHUB_TOKEN", "opaque0123456789abcdef"),
+            ("NOTES", "sk-ant-api03-abcdefghijklmnop_QRSTUV"),
+            ("LEGATE__RATELIMIT__REDIS_URL", "redis://:pw@h:6379"),
+        ];
+        let scrubbed = scrub(vars.iter().map(|(n, v)| ((*n).into(), (*v).into())));
+        let names: Vec<(&str, bool)> = scrubbed
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.is_some()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("LEGATE_AGENT_KEY", false),
+                ("GITHUB_TOKEN", true),
+                ("NOTES", true),
+                ("LEGATE__RATELIMIT__REDIS_URL", false),
+            ]
+        );
+    }
+
     #[test]
     fn outputs_lose_the_scrubbed_values_and_key_like_strings() {
         let scrubbed = [
-            ("MY_TOKEN".to_owned(), "opaque-value-0123456789".to_owned()),
-            ("SHORT_KEY".to_owned(), "abc".to_owned()),
+            (
+                "MY_TOKEN".to_owned(),
+                Some("opaque-value-0123456789".to_owned()),
+            ),
+            ("SHORT_KEY".to_owned(), None),
         ];
         let text = "MY_TOKEN=opaque-value-0123456789\nSHORT_KEY=abc\n\
                     ANTHROPIC_API_KEY=sk-ant-api03-abcdefghijklmnop_QRSTUV\n";
@@ -128,5 +184,9 @@ mod tests {
             redact_with("plain", &scrubbed),
             Cow::Borrowed("plain")
         ));
+        let notes = redact_with(text, &scrubbed);
+        assert!(holds_note(&notes));
+        assert!(holds_note("A=[$LEGATE_AGENT_KEY withheld]"));
+        assert!(!holds_note("the line is withheld] here") && !holds_note("plain"));
     }
 }

@@ -229,7 +229,7 @@ async fn step_body(
         let Some(conv) = conversation::rebuilding(inb) else {
             return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
         };
-        let fitted = conversation::rebuilt_body(conv, inb, step, upstream, limit).await;
+        let fitted = conversation::rebuilt_body(conv, inb, step, upstream, limit).await?;
         return Ok(fitted.map_err(|why| unfit(inb, exec, step, &why)));
     }
     if counting {

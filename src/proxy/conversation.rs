@@ -306,7 +306,7 @@ pub(crate) async fn relay_body(
     limit: Option<u64>,
 ) -> Result<Result<Bytes, String>, ProxyError> {
     match rebuilding(inb) {
-        Some(conv) => Ok(rebuilt_body(conv, inb, step, api, limit).await),
+        Some(conv) => rebuilt_body(conv, inb, step, api, limit).await,
         None => crate::route::fit(&inb.body, &inb.meta, step, api, limit).map(Ok),
     }
 }
@@ -319,28 +319,37 @@ pub(crate) fn rebuilding(inb: &Inbound) -> Option<Arc<Conversation>> {
         .cloned()
 }
 
-/// [`relay_body`] of a conversation to rebuild.
+/// [`relay_body`] of a conversation to rebuild: `Ok(Err(why))` when the rebuilt conversation
+/// cannot go to the step; an error of legate's own (the fit failing, the blocking thread
+/// lost) is an error.
 pub(crate) async fn rebuilt_body(
     conv: Arc<Conversation>,
     inb: &Inbound,
     step: &crate::config::ChainStep,
     api: ApiKind,
     limit: Option<u64>,
-) -> Result<Bytes, String> {
+) -> Result<Result<Bytes, String>, ProxyError> {
     let (body, step) = (inb.body.clone(), step.clone());
     tokio::task::spawn_blocking(move || {
         let Some(prior) = &conv.prior else {
-            return Err("the conversation was not loaded".to_owned());
+            return Ok(Err("the conversation was not loaded".to_owned()));
         };
-        let bytes = Bytes::from(responses::rebuild(&body, prior).map_err(|e| e.0)?);
-        let meta = api
-            .dialect()
-            .parse_request(&bytes)
-            .map_err(|e| e.to_string())?;
-        crate::route::fit(&bytes, &meta, &step, api, limit).map_err(|e| e.message())
+        let rebuilt = responses::rebuild(&body, prior).map_err(|e| e.0);
+        let read = rebuilt.and_then(|bytes| {
+            let bytes = Bytes::from(bytes);
+            let meta = api
+                .dialect()
+                .parse_request(&bytes)
+                .map_err(|e| e.to_string())?;
+            Ok((bytes, meta))
+        });
+        match read {
+            Ok((bytes, meta)) => crate::route::fit(&bytes, &meta, &step, api, limit).map(Ok),
+            Err(why) => Ok(Err(why)),
+        }
     })
     .await
-    .map_err(|_| "the rebuild was interrupted".to_owned())?
+    .map_err(|_| ProxyError::Internal)?
 }
 
 /// `resp_` and the first 24 bytes of an HMAC of the request id under a key drawn once per

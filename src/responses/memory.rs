@@ -67,6 +67,8 @@ struct Entry {
     kept: Instant,
     generation: u64,
     owner: Arc<str>,
+    /// A later turn continued it: its place is in its owner's `continued` list (once).
+    continued: bool,
 }
 
 /// One owner's entries: their insertion order (with each insertion's generation: older
@@ -298,6 +300,7 @@ impl MemoryStore {
             kept: now,
             generation,
             owner: owner.clone(),
+            continued: false,
         };
         // In the map before any compaction below, which keeps only the places of entries
         // in it: the new entry's place must be one of them.
@@ -307,12 +310,18 @@ impl MemoryStore {
             return;
         };
         // The continued entry is the same owner's (a tenant continues only its own).
+        // Listed once, however often it is continued (a turn retried, a conversation
+        // forked): the list holds at most one place per entry kept.
         let earlier = continues
             .filter(|c| **c != *id)
             .and_then(|c| map.get_key_value(c))
-            .filter(|(_, e)| e.owner == owner);
-        if let Some((earlier, e)) = earlier {
-            o.continued.push_back((earlier.clone(), e.generation));
+            .filter(|(_, e)| e.owner == owner && !e.continued)
+            .map(|(earlier, e)| (earlier.clone(), e.generation));
+        if let Some((earlier, generation)) = earlier {
+            if let Some(e) = map.get_mut(&earlier) {
+                e.continued = true;
+            }
+            o.continued.push_back((earlier, generation));
         }
         let live = |(id, g): &(Arc<str>, u64)| map.get(id).is_some_and(|e| e.generation == *g);
         if compact {
@@ -441,6 +450,17 @@ mod tests {
             store.keep("y", data(), Some("z"));
         }
         assert!(store.get("y").is_some() && store.get("z").is_some());
+        // One response continued many times, each successor deleted: listed once.
+        for i in 0..200 {
+            let next = format!("n{i}");
+            store.keep(&next, data(), Some("y"));
+            store.delete(&next);
+        }
+        let listed = |inner: &Inner| {
+            let places = inner.owners.values().flat_map(|o| &o.continued);
+            places.filter(|(id, _)| &**id == "y").count()
+        };
+        assert_eq!(listed(&store.lock()), 1);
         let inner = store.lock();
         assert!(
             inner

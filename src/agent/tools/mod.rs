@@ -189,6 +189,15 @@ impl Call {
         }
     }
 
+    /// The text a write puts in a file (`write_file` content, `edit_file` replacement).
+    pub(super) fn file_text(&self) -> Option<&str> {
+        match self {
+            Call::WriteFile(i) => Some(&i.content),
+            Call::EditFile(i) => Some(&i.new_string),
+            _ => None,
+        }
+    }
+
     /// A one-line description for a terminal prompt or a log line, the model's text in it
     /// escaped so that it cannot act on the terminal.
     pub(super) fn describe(&self) -> String {

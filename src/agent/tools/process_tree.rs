@@ -15,7 +15,8 @@ use std::process::Stdio;
 /// before; a command still forking after this many rounds is killed with what was found.
 const ROUNDS: usize = 8;
 
-/// Kills the process group led by `pid` and every descendant of `pid`.
+/// Kills the process group led by `pid` and every descendant of `pid`. `pid` must be a
+/// child of this process not reaped yet, so that it is still the command's shell.
 pub(super) fn kill_tree(pid: u32) {
     let group = format!("-{pid}");
     signal("-STOP", std::iter::once(group.clone()));
@@ -33,6 +34,11 @@ pub(super) fn kill_tree(pid: u32) {
     }
     let all = std::iter::once(group).chain(found.iter().map(u32::to_string));
     signal("-KILL", all);
+}
+
+/// Kills the process group led by `pid` (not what left it).
+pub(super) fn kill_group(pid: u32) {
+    signal("-KILL", std::iter::once(format!("-{pid}")));
 }
 
 /// Sends `sig` to `targets` (pids, or `-pgid` for a group) in one kill(1) call. Targets gone
