@@ -94,10 +94,12 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
         tracing::warn!("{w}");
     }
     tracing::info!(config = %origin, "config loaded");
-    // A reload re-reads the config from the same place, with the environment as it is then.
-    let explicit = path.map(std::path::Path::to_path_buf);
+    // A reload re-reads the config from the same place, with the environment as it is then:
+    // the same file (missing, it is an error, never the embedded default), or the embedded
+    // default again (never a file that appeared since).
+    let from = origin.clone();
     let source: legate::server::ConfigSource =
-        std::sync::Arc::new(move || config::load(explicit.as_deref()).map(|(cfg, _)| cfg));
+        std::sync::Arc::new(move || config::load_again(&from));
     let rt = match serve_runtime() {
         Ok(rt) => rt,
         Err(e) => {

@@ -70,16 +70,28 @@ pub fn load_with_env(
     env: &HashMap<String, String>,
 ) -> Result<(Config, Origin), ConfigErrors> {
     let origin = choose_origin(explicit, env, Path::new(LOCAL_CONFIG).is_file());
-    let config = match &origin {
+    let config = load_origin(&origin, env)?;
+    Ok((config, origin))
+}
+
+/// Loads the config again from where it came from at start (a reload), with the process
+/// environment as it is now. A file that went missing is an error, not a reason to fall back
+/// to the embedded default; a config that came from the embedded default still does, though
+/// `./config/legate.toml` may have appeared since.
+pub fn load_again(origin: &Origin) -> Result<Config, ConfigErrors> {
+    load_origin(origin, &process_env())
+}
+
+fn load_origin(origin: &Origin, env: &HashMap<String, String>) -> Result<Config, ConfigErrors> {
+    match origin {
         Origin::Path(p) | Origin::Env(p) | Origin::LocalFile(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| {
                 ConfigError::new(p.display().to_string(), format!("cannot read: {e}"))
             })?;
-            merge_and_validate(&text, env, &p.display().to_string())?
+            merge_and_validate(&text, env, &p.display().to_string())
         }
-        Origin::Embedded => merge_and_validate(DEFAULT_TOML, env, "embedded default")?,
-    };
-    Ok((config, origin))
+        Origin::Embedded => merge_and_validate(DEFAULT_TOML, env, "embedded default"),
+    }
 }
 
 /// Loads a TOML text with `LEGATE__…` overrides from `env`.
@@ -248,6 +260,27 @@ mod tests {
             choose_origin(None, &env_of(&[("LEGATE_CONFIG", "")]), false),
             Origin::Embedded
         );
+    }
+
+    /// A reload reads where the start read: a file gone missing is an error (the embedded
+    /// default, with its public providers and no client keys, would replace the config).
+    #[test]
+    fn a_reload_reads_where_the_start_read() {
+        let dir = std::env::temp_dir().join(format!("legate-load-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let file = dir.join("legate.toml");
+        let _ = std::fs::write(&file, "[server]\nmax_body_bytes = 1234\n");
+        let local = Origin::LocalFile(file.clone());
+        let read = load_origin(&local, &env_of(&[]));
+        assert_eq!(read.map(|c| c.server.max_body_bytes).ok(), Some(1234));
+        let _ = std::fs::remove_file(&file);
+        let gone = load_origin(&local, &env_of(&[]));
+        assert!(
+            gone.is_err_and(|e| e.0[0].message.starts_with("cannot read")),
+            "a missing file is not the embedded default"
+        );
+        assert!(load_origin(&Origin::Embedded, &env_of(&[])).is_ok());
+        let _ = std::fs::remove_dir(&dir);
     }
 
     #[test]

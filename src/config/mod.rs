@@ -20,7 +20,9 @@ pub(crate) mod tls;
 pub mod types;
 pub mod validate;
 
-pub use load::{DEFAULT_TOML, Origin, load, load_str, load_with_env, log_filter, log_filter_or};
+pub use load::{
+    DEFAULT_TOML, Origin, load, load_again, load_str, load_with_env, log_filter, log_filter_or,
+};
 pub use render::{config_hash, render_masked, warnings};
 pub use secret::{KeyCell, KeySource, Secret};
 pub use types::*;

@@ -283,26 +283,35 @@ async fn read_key_file_async(path: &Path) -> io::Result<Secret> {
     parse_key(tokio::fs::read_to_string(path).await?)
 }
 
-/// Trims one trailing newline (files written by `echo` or editors end with one). An empty key,
-/// or one holding control characters (a second newline, a NUL), is treated as unreadable: it
-/// could not be sent in a header, and a half-written file must never replace a good key.
-fn parse_key(mut text: String) -> io::Result<Secret> {
+/// A key as a file or an environment variable holds it: a byte-order mark an editor put
+/// before it and one trailing newline (files written by `echo` or editors end with one) are
+/// dropped, and the spaces around it. An empty key, or one holding control characters (a
+/// second newline, a NUL), is treated as unreadable: it could not be sent in a header, and a
+/// half-written file must never replace a good key.
+pub(crate) fn parse_key(mut text: String) -> io::Result<Secret> {
     if text.ends_with('\n') {
         text.pop();
         if text.ends_with('\r') {
             text.pop();
         }
     }
-    key_problem(&text).map_or(Ok(()), |m| {
+    let key = text
+        .strip_prefix('\u{feff}')
+        .unwrap_or(&text)
+        .trim_matches(' ');
+    key_problem(key).map_or(Ok(()), |m| {
         Err(io::Error::new(io::ErrorKind::InvalidData, m))
     })?;
+    if key.len() != text.len() {
+        text = key.to_owned();
+    }
     Ok(Secret::new(text))
 }
 
-/// Why a key file's content (after its trailing newline) cannot be a key; never quotes it.
+/// Why a key's text (after its trailing newline) cannot be a key; never quotes it.
 pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
     if key.is_empty() {
-        Some("the file is empty")
+        Some("there is no key (empty, or only spaces)")
     } else if key.chars().any(char::is_control) {
         Some("the key holds control characters (a line break, tab or NUL)")
     } else {
@@ -393,6 +402,21 @@ mod tests {
         let cell = KeyCell::from_source(&KeySource::File { path });
         assert_eq!(exposed(&cell), Some("sk-2".into()));
         Ok(())
+    }
+
+    /// Spaces only is no key (it was sent as an empty credential); a byte-order mark and the
+    /// spaces around a key are not part of it.
+    #[test]
+    fn a_key_is_read_without_spaces_or_a_byte_order_mark() {
+        let key = |t: &str| parse_key(t.to_owned()).ok().map(|s| s.expose().to_owned());
+        assert_eq!(key("   \n"), None);
+        assert_eq!(key("\u{feff}sk-3\n"), Some("sk-3".to_owned()));
+        assert_eq!(key(" sk-4 \r\n"), Some("sk-4".to_owned()));
+        assert_eq!(
+            key("sk-5\r"),
+            None,
+            "a lone carriage return is a control character"
+        );
     }
 
     #[test]

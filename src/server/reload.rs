@@ -107,6 +107,18 @@ impl Reloader {
                 return ReloadOutcome::Refused(lines);
             }
         };
+        // The data plane keeps listening where it started until a restart: the rule that a
+        // non-loopback address needs [[clients]] holds for that address, whatever the new
+        // file says its next one will be.
+        if !crate::loopback::is_loopback_ip(self.listen.ip()) && cfg.clients.is_empty() {
+            let line = format!(
+                "server.listen: the data plane listens on `{}`, reachable from other hosts, \
+                 until a restart; a config without [[clients]] keys cannot apply to it",
+                self.listen
+            );
+            tracing::error!(problem = %line, "config reload refused; the running config stays");
+            return ReloadOutcome::Refused(vec![line]);
+        }
         let mut restart_required = Vec::new();
         if cfg.server.listen != self.listen {
             restart_required.push("server.listen".to_string());
@@ -193,6 +205,57 @@ impl Reloader {
         let handles = std::mem::take(&mut *self.watchers.lock());
         for h in handles {
             h.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::proxy::Snapshot;
+
+    const CLIENTS: &str = "[[clients]]\ntenant = \"a\"\nkey_sha256 = \"f10f781241e2246678b6b45c857069208152a53863e47fac33f607ab405006f4\"\n";
+
+    fn config(toml: &str) -> Config {
+        crate::config::load_str(toml, &HashMap::new()).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    /// Started on a non-loopback address with client keys, legate keeps that address until a
+    /// restart: a reload that drops the keys (saying its next address is loopback) would leave
+    /// the port open to anyone, and is refused.
+    #[tokio::test]
+    async fn keys_guarding_a_public_listener_stay_until_a_restart() {
+        let started = config(&format!("[server]\nlisten = \"10.1.2.3:8787\"\n{CLIENTS}"));
+        let registry = prometheus::Registry::new();
+        let metrics =
+            Arc::new(crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}")));
+        let lanes = Arc::new(crate::upstream::Lanes::new(metrics.clone()));
+        let snapshot =
+            Snapshot::new(Arc::new(started.clone()), &lanes).unwrap_or_else(|e| panic!("{e}"));
+        let ledger = Arc::new(crate::meter::Ledger::default());
+        let ip = started.server.listen.ip();
+        let proxy = Arc::new(Proxy::new(snapshot, lanes, metrics, ledger, ip));
+        let next = Arc::new(parking_lot::Mutex::new(String::new()));
+        let read = next.clone();
+        let source: ConfigSource =
+            Arc::new(move || crate::config::load_str(&read.lock(), &HashMap::new()));
+        let reloader = Reloader::new(Some(source), proxy, &started, Vec::new());
+        *next.lock() = "[server]\nlisten = \"127.0.0.1:8787\"\n".to_owned();
+        match reloader.reload() {
+            ReloadOutcome::Refused(lines) => {
+                assert!(lines[0].contains("10.1.2.3:8787"), "{lines:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // With the keys kept, the reload goes through (the address waits for a restart).
+        *next.lock() = format!("[server]\nlisten = \"127.0.0.1:8787\"\n{CLIENTS}");
+        match reloader.reload() {
+            ReloadOutcome::Applied {
+                restart_required, ..
+            } => assert_eq!(restart_required, ["server.listen"]),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -91,7 +91,7 @@ key_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         "server.default_deadline: longer than one year, the longest duration legate accepts"
             .to_owned(),
         format!(
-            "providers.anthropic.api_key_file: `{}`: the file is empty",
+            "providers.anthropic.api_key_file: `{}`: there is no key (empty, or only spaces)",
             empty.display()
         ),
         format!(
@@ -100,7 +100,7 @@ key_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
             control.display()
         ),
         format!(
-            "providers.openai.api_key_file: `{}`: the file is empty",
+            "providers.openai.api_key_file: `{}`: there is no key (empty, or only spaces)",
             newline.display()
         ),
         "clients[0].key_sha256: this is the SHA-256 of the empty string: an empty key would \

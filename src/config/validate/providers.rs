@@ -7,7 +7,7 @@ use super::{Cx, cloud};
 use crate::config::adapt::mask_userinfo;
 use crate::config::cloud::Platform;
 use crate::config::file::{ProviderFile, ProviderKind};
-use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig, Secret};
+use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig};
 
 /// What other sections need to know about the providers, including those whose own entry had
 /// errors (so a typo in one provider does not also flag every chain that names it).
@@ -182,11 +182,19 @@ fn key_source(p: &ProviderFile, at: &str, cx: &mut Cx) -> KeySource {
                 );
                 return KeySource::None;
             }
-            let value = cx
-                .env
-                .get(var)
-                .filter(|v| !v.is_empty())
-                .map(|v| Secret::new(v.clone()));
+            // Read as a key file is: a Secret mounted as an environment variable often keeps
+            // its trailing newline, which no header can carry.
+            let value = match cx.env.get(var).filter(|v| !v.is_empty()) {
+                None => None,
+                Some(v) => match crate::config::secret::parse_key(v.clone()) {
+                    Ok(key) => Some(key),
+                    Err(e) => {
+                        // Names the variable, never its value.
+                        cx.err(&format!("{at}.api_key_env"), format!("${var}: {e}"));
+                        return KeySource::None;
+                    }
+                },
+            };
             KeySource::Env {
                 var: var.clone(),
                 value,

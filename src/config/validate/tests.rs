@@ -560,3 +560,30 @@ fn a_key_pasted_into_a_path_url_name_or_key_is_not_printed_back() {
         assert!(!text.contains("PASTEDSECRET"), "{text}");
     }
 }
+
+/// A key in the environment is read as a key file is: a Secret mounted as a variable keeps its
+/// trailing newline, which was sent as part of the key (every request then failed); a value
+/// that is still no key is refused, naming the variable and not the value.
+#[test]
+fn an_environment_key_loses_its_trailing_newline() -> TestResult {
+    let env = |v: &str| HashMap::from([("ANTHROPIC_API_KEY".to_owned(), v.to_owned())]);
+    let cfg = load_str("", &env("sk-ant-x\n"))?;
+    let key = match &cfg.providers["anthropic"].key {
+        KeySource::Env { value, .. } => value.as_ref().map(|k| k.expose().to_owned()),
+        _ => None,
+    };
+    assert_eq!(key.as_deref(), Some("sk-ant-x"));
+    let errors = load_str("", &env("sk-ant-x\n\n"))
+        .err()
+        .map(|e| e.0)
+        .unwrap_or_default();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "providers.anthropic.api_key_env");
+    assert!(
+        errors[0].message.starts_with("$ANTHROPIC_API_KEY: "),
+        "{}",
+        errors[0].message
+    );
+    assert!(!errors[0].message.contains("sk-ant-x"));
+    Ok(())
+}
