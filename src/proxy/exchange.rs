@@ -197,8 +197,15 @@ pub(crate) async fn run(
             return refused;
         }
     };
-    let sent = Instant::now();
     let metrics = &proxy.metrics;
+    // Past the shutdown's grace, the turn a request waited for comes free as the requests
+    // ahead are cut: it is not sent now (its answer could not be waited for), so that it goes
+    // out as unsent, one the SDK may send again to another replica.
+    if proxy.abort_streams.is_cancelled() {
+        spent.stay();
+        return Exchanged::Shed(ProxyError::ShuttingDown);
+    }
+    let sent = Instant::now();
     // Decremented on every path, a dropped future (the caller went away) included.
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
     // Counted here, once the request is really about to leave.

@@ -527,3 +527,45 @@ async fn an_upload_cut_by_shutdown_is_answered_503() {
         "{metrics}"
     );
 }
+
+/// A request still waiting for its turn when `shutdown_grace` runs out is not sent once the
+/// requests ahead of it are cut: it is answered 503 as never sent (no `x-should-retry: false`,
+/// no attempt), so its SDK sends it again to the replica taking over.
+#[tokio::test]
+async fn a_request_queued_at_the_end_of_the_grace_is_not_sent() {
+    let script = legate::mock::Script::from_json(r#"{"default":{"delay_ms":20000}}"#).unwrap();
+    let mock = harness::start_mock(script).await;
+    let toml = harness::config_toml_with(&mock.base_url(), "", "max_concurrency = 1\n", "")
+        .replace(
+            "first_byte_timeout = \"5s\"",
+            "first_byte_timeout = \"30s\"",
+        )
+        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"300ms\"");
+    let env = harness::start_toml(mock, &toml).await;
+    let send = |env: &harness::Env| {
+        let req = env
+            .http
+            .post(env.url("/v1/messages"))
+            .body(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#);
+        tokio::spawn(async move { req.send().await.unwrap() })
+    };
+    let first = send(&env);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while env.mock.stats().requests == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = send(&env);
+    let queued = [("priority", "interactive")];
+    env.wait_metric("legate_queue_depth", &queued, 1.0).await;
+    let harness::Env { legate, mock, .. } = env;
+    legate.shutdown().await;
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(first.status(), 503);
+    assert_eq!(first.headers()["x-legate-attempts"], "1");
+    assert_eq!(first.headers()["x-should-retry"], "false");
+    assert_eq!(second.status(), 503);
+    assert!(second.headers().get("x-legate-attempts").is_none());
+    assert!(second.headers().get("x-should-retry").is_none());
+    assert_eq!(second.headers()["retry-after"], "1");
+    assert_eq!(mock.stats().requests, 1);
+}
