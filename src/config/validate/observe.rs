@@ -10,8 +10,25 @@ use super::Cx;
 use crate::config::file::TelemetryFile;
 use crate::config::observe::{JournalConfig, LogConfig, ObserveConfig, TelemetryConfig};
 
+/// The most spans that may wait for export.
+const MAX_QUEUE: usize = 1 << 20;
+
 /// Largest capture prefix: the journal holds `size` of them, twice.
 const MAX_CAPTURE_BYTES: usize = 1 << 20;
+
+/// A directive of `filter` that is a word alone but no level (and not a module of legate's,
+/// which is a deliberate `legate` or `legate::…`).
+fn bare_word(filter: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    filter.split(',').map(str::trim).find(|d| {
+        !d.is_empty()
+            && d.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d))
+            && *d != "legate"
+            && !d.starts_with("legate::")
+    })
+}
 
 pub(crate) fn build(
     log: LogConfig,
@@ -25,6 +42,18 @@ pub(crate) fn build(
         cx.err(
             "log.level",
             "not a log filter (e.g. info, warn, legate=debug)",
+        );
+    } else if let Some(word) = bare_word(&log.level) {
+        // The filter syntax reads a bare word as a module name: `warning` would log that
+        // module alone, and every line legate writes (the access log too) would be lost.
+        cx.err(
+            "log.level",
+            format!(
+                "`{}` is not a level (trace, debug, info, warn, error, off); a word alone \
+                 names a module, whose lines alone would be logged: write `warn`, or \
+                 `module=level`",
+                crate::config::shown::shown(word)
+            ),
         );
     }
     if journal.size > 1_000_000 {
@@ -123,6 +152,14 @@ fn build_telemetry(t: &TelemetryFile, cx: &mut Cx) -> TelemetryConfig {
         .or_else(|| env_millis(env_interval.as_deref(), "OTEL_METRIC_EXPORT_INTERVAL", cx))
         .unwrap_or(d.metrics_interval);
     let queue_size = t.queue_size.map_or(d.queue_size, |n| n.get());
+    // Spans are held in memory (a few hundred bytes each), and a count past tokio's channel
+    // limit made the start panic.
+    if queue_size > MAX_QUEUE {
+        cx.err(
+            "telemetry.queue_size",
+            format!("at most {MAX_QUEUE} spans wait for export, not {queue_size}"),
+        );
+    }
     if disabled {
         return TelemetryConfig {
             traces_endpoint: None,

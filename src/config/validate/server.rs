@@ -7,7 +7,30 @@ use crate::config::{ServerConfig, ServerLimits};
 /// tokio's own variable for its worker count; kept working, and it wins over the file.
 pub(crate) const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
 
+/// The most connections a plane may be given: a process holds no more descriptors than
+/// this on any system legate runs on, and a larger count overflowed the semaphore that holds
+/// the slots (a panic at start for the data plane, a dead admin plane beside a live one).
+const MAX_CONNECTIONS: usize = 1 << 20;
+/// The admin plane's cap: probes, scrapes and operators, counted apart from the data plane.
+const MAX_ADMIN_CONNECTIONS: usize = 1 << 16;
+
 pub(crate) fn build(s: &ServerFile, cx: &mut Cx) -> ServerConfig {
+    for (key, n, max) in [
+        (
+            "server.max_connections",
+            s.max_connections.get(),
+            MAX_CONNECTIONS,
+        ),
+        (
+            "server.admin_max_connections",
+            s.admin_max_connections.get(),
+            MAX_ADMIN_CONNECTIONS,
+        ),
+    ] {
+        if n > max {
+            cx.err(key, format!("at most {max}, not {n}"));
+        }
+    }
     // Port 0 asks the OS for a free port, so two such listeners never collide.
     if s.listen == s.admin_listen && s.listen.port() != 0 {
         cx.err(

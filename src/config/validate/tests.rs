@@ -587,3 +587,55 @@ fn an_environment_key_loses_its_trailing_newline() -> TestResult {
     assert!(!errors[0].message.contains("sk-ant-x"));
     Ok(())
 }
+
+/// `warning` passed as a log filter, read as the name of a module: every line legate logs,
+/// the access log too, was then lost.
+#[test]
+fn a_word_that_is_no_level_is_refused_as_the_log_level() {
+    for bad in ["warning", "information", "info,debgu"] {
+        let toml = format!("[log]\nlevel = \"{bad}\"\n");
+        let errors = load_str(&toml, &no_env())
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{bad}: {errors:?}");
+        assert_eq!(errors[0].path, "log.level");
+        assert!(
+            errors[0].message.contains("is not a level"),
+            "{}",
+            errors[0].message
+        );
+    }
+    for good in ["warn", "INFO", "legate=debug,hyper=warn", "legate", "off"] {
+        let toml = format!("[log]\nlevel = \"{good}\"\n");
+        assert!(load_str(&toml, &no_env()).is_ok(), "{good}");
+    }
+}
+
+/// Counts past what a plane or the span queue can hold were accepted by check, then made the
+/// start panic (or the admin plane die beside a live data plane).
+#[test]
+fn counts_past_what_serve_can_hold_are_refused() {
+    let huge = 1u64 << 61;
+    for (toml, path) in [
+        (
+            format!("[server]\nmax_connections = {huge}\n"),
+            "server.max_connections",
+        ),
+        (
+            format!("[server]\nadmin_max_connections = {huge}\n"),
+            "server.admin_max_connections",
+        ),
+        (
+            format!("[telemetry]\nqueue_size = {huge}\n"),
+            "telemetry.queue_size",
+        ),
+    ] {
+        let errors = load_str(&toml, &no_env())
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{toml}: {errors:?}");
+        assert_eq!(errors[0].path, path);
+    }
+}
