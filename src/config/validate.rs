@@ -48,7 +48,14 @@ impl<'e> Cx<'e> {
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
         };
         if !self.failed.iter().any(under) {
-            self.errors.push(ConfigError::new(path, message));
+            // A table's name is part of the path (`providers.<name>`): one that looks like a
+            // key, pasted where a name goes, is not printed back there either.
+            let shown_path = path
+                .split('.')
+                .map(crate::config::shown::shown)
+                .collect::<Vec<_>>()
+                .join(".");
+            self.errors.push(ConfigError::new(shown_path, message));
         }
     }
 

@@ -15,7 +15,10 @@ pub(crate) fn tenants(
         if !ok {
             cx.err(
                 &format!("tenants.{name}"),
-                format!("tenant name `{name}` is not a lowercase identifier ([a-z0-9_-]+)"),
+                format!(
+                    "tenant name `{}` is not a lowercase identifier ([a-z0-9_-]+)",
+                    crate::config::shown::shown(name)
+                ),
             );
         }
         ok

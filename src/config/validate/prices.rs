@@ -42,7 +42,10 @@ fn target(s: &str, path: &str, cx: &mut Cx) -> bool {
         Err(m) => cx.err(path, m),
         Ok((provider, _)) if !super::is_ident(provider) => cx.err(
             path,
-            format!("provider name `{provider}` is not a lowercase identifier ([a-z0-9_-]+)"),
+            format!(
+                "provider name `{}` is not a lowercase identifier ([a-z0-9_-]+)",
+                crate::config::shown::shown(provider)
+            ),
         ),
         Ok(_) => return true,
     }

@@ -7,6 +7,7 @@ use super::{Cx, cloud};
 use crate::config::adapt::mask_userinfo;
 use crate::config::cloud::Platform;
 use crate::config::file::{ProviderFile, ProviderKind};
+use crate::config::shown::shown;
 use crate::config::{ApiKind, AuthHeader, KeySource, ProviderConfig};
 
 /// What other sections need to know about the providers, including those whose own entry had
@@ -39,7 +40,10 @@ pub(crate) fn build(files: &BTreeMap<String, ProviderFile>, cx: &mut Cx) -> Prov
         if !super::is_ident(name) {
             cx.err(
                 &at,
-                format!("provider name `{name}` is not a lowercase identifier ([a-z0-9_-]+)"),
+                format!(
+                    "provider name `{}` is not a lowercase identifier ([a-z0-9_-]+)",
+                    shown(name)
+                ),
             );
         }
         let kind = declared_kind(name, p, &at, cx);

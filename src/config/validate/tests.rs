@@ -639,3 +639,26 @@ fn counts_past_what_serve_can_hold_are_refused() {
         assert_eq!(errors[0].path, path);
     }
 }
+
+/// A key pasted as a provider's or tenant's table name is not printed back, in the message or
+/// in the key path that names the table.
+#[test]
+fn a_key_pasted_as_a_table_name_is_not_printed_back() {
+    let key = "sk-ant-api03-Zx9PastedKeyAbCdEfGh12";
+    let toml = format!(
+        "[providers.\"{key}\"]\nkind = \"anthropic\"\n[tenants.\"{key}\"]\npriority = \"batch\"\n"
+    );
+    let errors = load_str(&toml, &no_env())
+        .err()
+        .map(|e| e.0)
+        .unwrap_or_default();
+    assert!(errors.len() >= 2, "{errors:?}");
+    for e in &errors {
+        assert!(!e.to_string().contains(key), "{e}");
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.path.starts_with("providers.<35 characters"))
+    );
+}
