@@ -169,16 +169,25 @@ fn merge_and_validate(
     if !has_providers {
         builder = builder.add_source(File::from_str(DEFAULT_PROVIDERS_TOML, FileFormat::Toml));
     }
-    let overrides = Environment::with_prefix("LEGATE")
-        .separator("__")
-        .try_parsing(true)
-        .source(Some(
-            env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        ));
+    // Amounts in USD are exact decimal strings: parsed as numbers they would go through a
+    // float (`…234.567891` read back as `…234.568`) and take forms the file refuses (`1e2`).
+    let exact = |k: &String| k.to_ascii_uppercase().ends_with("_USD");
+    let overrides = |parse: bool| {
+        Environment::with_prefix("LEGATE")
+            .separator("__")
+            .try_parsing(parse)
+            .source(Some(
+                env.iter()
+                    .filter(|(k, _)| exact(k) != parse)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ))
+    };
     // The crate's message may quote an override's value, which may be a key: not shown.
     let merged = builder
         .add_source(File::from_str(toml, FileFormat::Toml))
-        .add_source(overrides)
+        .add_source(overrides(true))
+        .add_source(overrides(false))
         .build()
         .map_err(|_| {
             ConfigError::new(
@@ -189,8 +198,41 @@ fn merge_and_validate(
         })?;
     let (file, errors, failed) = de::read_all::<FileConfig>(&merged.cache);
     match file {
-        Some(file) => validate::validate(file, (errors, failed), env),
+        Some(mut file) => {
+            key_source_from_env(&mut file, env);
+            validate::validate(file, (errors, failed), env)
+        }
         None => Err(ConfigErrors(errors)),
+    }
+}
+
+/// A provider's key source chosen in the environment replaces the file's: a key file given
+/// by `LEGATE__PROVIDERS__<NAME>__API_KEY_FILE` drops the file's `api_key_env` (the embedded
+/// default and the image's config set one), and an empty `…__API_KEY_ENV` unsets it. Else the
+/// two would be "both set", and switching a deployment to a mounted key file would need a
+/// config file of its own.
+fn key_source_from_env(file: &mut FileConfig, env: &HashMap<String, String>) {
+    for (var, value) in env {
+        let upper = var.to_ascii_uppercase();
+        let Some(rest) = upper.strip_prefix("LEGATE__PROVIDERS__") else {
+            continue;
+        };
+        let (name, chosen) = if let Some(name) = rest.strip_suffix("__API_KEY_FILE") {
+            (name, !value.is_empty())
+        } else if let Some(name) = rest.strip_suffix("__API_KEY_ENV") {
+            (name, value.is_empty())
+        } else {
+            continue;
+        };
+        let sets_env = env.keys().any(|k| {
+            k.eq_ignore_ascii_case(&format!("LEGATE__PROVIDERS__{name}__API_KEY_ENV"))
+                && !env[k].is_empty()
+        });
+        if chosen && !sets_env {
+            if let Some(p) = file.providers.get_mut(&name.to_ascii_lowercase()) {
+                p.api_key_env = None;
+            }
+        }
     }
 }
 

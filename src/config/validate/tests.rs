@@ -662,3 +662,44 @@ fn a_key_pasted_as_a_table_name_is_not_printed_back() {
             .any(|e| e.path.starts_with("providers.<35 characters"))
     );
 }
+
+/// A budget given in the environment stays the exact decimal it was written as (it went
+/// through a float), and takes no form the file refuses.
+#[test]
+fn a_budget_from_the_environment_stays_exact() -> TestResult {
+    let var = "LEGATE__TENANTS__DEFAULT__DAILY_BUDGET_USD";
+    let env = |v: &str| HashMap::from([(var.to_owned(), v.to_owned())]);
+    let cfg = load_str("", &env("12345678901234.567891"))?;
+    let pico = cfg.tenants["default"].daily_budget_pico;
+    assert_eq!(pico, 12_345_678_901_234_567_891_000_000);
+    assert!(
+        load_str("", &env("1e2")).is_err(),
+        "the file refuses 1e2 too"
+    );
+    Ok(())
+}
+
+/// A deployment switches a provider to a mounted key file from the environment alone: the
+/// file's (or the embedded default's) `api_key_env` gives way, and an empty one unsets it.
+#[test]
+fn a_key_file_chosen_in_the_environment_replaces_the_files_variable() -> TestResult {
+    let (_dir, key) = crate::config::load::temp_file("key", "sk-file\n")?;
+    let var = "LEGATE__PROVIDERS__ANTHROPIC__API_KEY_FILE";
+    let env = HashMap::from([(var.to_owned(), key.display().to_string())]);
+    let cfg = load_str("", &env)?;
+    assert!(matches!(&cfg.providers["anthropic"].key, KeySource::File { path } if *path == key));
+    let unset = HashMap::from([(
+        "LEGATE__PROVIDERS__OPENAI__API_KEY_ENV".to_owned(),
+        String::new(),
+    )]);
+    let cfg = load_str("", &unset)?;
+    assert!(matches!(&cfg.providers["openai"].key, KeySource::None));
+    // Both named in the environment is still the one conflict.
+    let mut both = env.clone();
+    both.insert(
+        "LEGATE__PROVIDERS__ANTHROPIC__API_KEY_ENV".to_owned(),
+        "K".to_owned(),
+    );
+    assert!(load_str("", &both).is_err());
+    Ok(())
+}
