@@ -231,15 +231,16 @@ fn is_env_var_name(s: &str) -> bool {
 /// rather than the first request.
 pub(crate) fn existing_file(file: &Path, path: &str, cx: &mut Cx) -> bool {
     let written = file.to_string_lossy();
-    let shown = crate::config::shown::shown(&written);
+    // Only a message shows it: the key patterns are not compiled for a config that is fine.
+    let shown = || crate::config::shown::shown(&written).into_owned();
     let problem = match std::fs::metadata(file) {
         Ok(meta) if meta.is_file() => return true,
         _ if file.as_os_str().is_empty() => "must not be empty".to_owned(),
-        Ok(_) => format!("`{shown}` is not a regular file"),
+        Ok(_) => format!("`{}` is not a regular file", shown()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            format!("file `{shown}` does not exist")
+            format!("file `{}` does not exist", shown())
         }
-        Err(e) => format!("cannot read `{shown}`: {e}"),
+        Err(e) => format!("cannot read `{}`: {e}", shown()),
     };
     cx.err(path, problem);
     false
@@ -249,10 +250,13 @@ pub(crate) fn existing_file(file: &Path, path: &str, cx: &mut Cx) -> bool {
 /// removed so request paths can be appended verbatim. Messages show a URL only with its
 /// userinfo masked, and an unparseable one not at all.
 pub(crate) fn normalize_base_url(s: &str) -> Result<String, String> {
-    let masked = mask_userinfo(s);
-    let shown = crate::config::shown::shown(&masked);
+    // Only a message shows it: the key patterns are not compiled for a URL that is fine.
+    let shown = || crate::config::shown::shown(&mask_userinfo(s)).into_owned();
     if s.contains('#') || s.contains('?') {
-        return Err(format!("`{shown}` must not contain a query or fragment"));
+        return Err(format!(
+            "`{}` must not contain a query or fragment",
+            shown()
+        ));
     }
     let uri: http::Uri = s
         .parse()
@@ -260,14 +264,15 @@ pub(crate) fn normalize_base_url(s: &str) -> Result<String, String> {
     let scheme = uri.scheme_str().map(str::to_ascii_lowercase);
     let scheme = match scheme.as_deref() {
         Some(sc @ ("http" | "https")) => sc.to_owned(),
-        _ => return Err(format!("`{shown}` must start with http:// or https://")),
+        _ => return Err(format!("`{}` must start with http:// or https://", shown())),
     };
     let Some(authority) = uri.authority().filter(|a| !a.host().is_empty()) else {
-        return Err(format!("`{shown}` has no host"));
+        return Err(format!("`{}` has no host", shown()));
     };
     if authority.as_str().contains('@') {
         return Err(format!(
-            "`{shown}` must not carry credentials; use api_key_env or api_key_file"
+            "`{}` must not carry credentials; use api_key_env or api_key_file",
+            shown()
         ));
     }
     let prefix = uri.path().trim_end_matches('/');
