@@ -63,6 +63,12 @@ pub fn resolve<'a>(cfg: &'a Config, api: ApiKind, model: &str) -> Result<Resolve
         // Responses callers are routed like the other OpenAI API.
         ApiKind::OpenAi | ApiKind::Responses => &cfg.routing.openai,
     };
+    // No provider speaks this API: only the names [[models]] routes are served on it.
+    if provider.is_empty() {
+        return Err(ProxyError::ModelNotFound {
+            model: model.to_owned(),
+        });
+    }
     Ok(Resolved::Default(ChainStep::new(
         provider, model, None, false,
     )))

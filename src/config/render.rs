@@ -136,8 +136,8 @@ pub fn effective(cfg: &Config) -> FileConfig {
             })
             .collect(),
         routing: RoutingFile {
-            anthropic: Some(cfg.routing.anthropic.clone()),
-            openai: Some(cfg.routing.openai.clone()),
+            anthropic: Some(cfg.routing.anthropic.clone()).filter(|p| !p.is_empty()),
+            openai: Some(cfg.routing.openai.clone()).filter(|p| !p.is_empty()),
         },
         clients: cfg
             .clients
@@ -256,6 +256,20 @@ fn provider(p: &ProviderConfig) -> ProviderFile {
 /// Problems that do not make the config invalid but that an operator should know about.
 pub fn warnings(cfg: &Config) -> Vec<String> {
     let mut out = Vec::new();
+    for (route, api) in [
+        (&cfg.routing.anthropic, "the Anthropic API (/v1/messages)"),
+        (
+            &cfg.routing.openai,
+            "the OpenAI APIs (/v1/chat/completions, /v1/responses)",
+        ),
+    ] {
+        if route.is_empty() {
+            out.push(format!(
+                "routing: no provider speaks {api}; on it legate serves only the names \
+                 [[models]] routes (translated), and any other model is 404 model_not_found"
+            ));
+        }
+    }
     for p in cfg.providers.values() {
         provider_warnings(p, &mut out);
     }

@@ -543,3 +543,32 @@ async fn a_refusal_in_a_translated_stream_is_a_refusal_for_a_responses_caller() 
     assert_eq!(v["error"]["message"], "prompt is too long", "{v}");
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A deployment with a provider of one API only (an Ollama server speaking Chat
+/// Completions): no provider of the other kind need be declared. The other API serves the
+/// names [[models]] routes, translated, and any other model is 404 model_not_found, with
+/// nothing sent.
+#[tokio::test]
+async fn one_api_alone_serves_the_other_through_its_models_only() {
+    let mock = crate::harness::start_mock(legate::mock::Script::default()).await;
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [providers.ollama]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [[models]]\nname = \"claude-local\"\nchain = [\"ollama:llama3\"]\n",
+        mock.base_url()
+    );
+    let env = crate::harness::start_toml(mock, &toml).await;
+    let ask = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    let resp = env.messages(ask("claude-local")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "ollama:llama3");
+    let resp = env.messages(ask("claude-elsewhere")).await;
+    assert_eq!(resp.status(), 404);
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "not_found_error", "{err}");
+    assert_eq!(env.mock.requests().len(), 1);
+}

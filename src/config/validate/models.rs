@@ -98,13 +98,18 @@ fn route(named: Option<&String>, api: ApiKind, providers: &Providers, cx: &mut C
     let key = api.as_str();
     let path = format!("routing.{key}");
     let Some(name) = named.cloned().or_else(|| default_route(api, providers)) else {
-        cx.err(
-            &path,
-            format!(
-                "no provider of kind {key} to serve this API; declare one under [providers] \
-                 and name it here"
-            ),
-        );
+        // No provider speaks this API (an Ollama-only or Anthropic-only deployment): it has no
+        // default, and only the names [[models]] routes are served on it (`render::warnings`
+        // says so). Several of its kind and none named is a choice left to the operator.
+        if providers.kinds.values().any(|k| *k == Some(api)) {
+            cx.err(
+                &path,
+                format!(
+                    "several providers of kind {key} and none named after it: name the one \
+                     that serves this API's models not in [[models]]"
+                ),
+            );
+        }
         return String::new();
     };
     match providers.kinds.get(&name) {

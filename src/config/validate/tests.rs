@@ -280,14 +280,25 @@ fn duplicate_models_and_prices_are_refused() {
 }
 
 #[test]
-fn routing_must_name_a_provider_of_the_right_kind() {
+fn routing_must_name_a_provider_of_the_right_kind() -> TestResult {
     refused_at("[routing]\nanthropic = \"nowhere\"", "routing.anthropic");
     refused_at("[routing]\nopenai = \"anthropic\"", "routing.openai");
-    refused_at("[providers.anthropic]\n", "routing.openai");
     refused_at(
         "[providers.a1]\nkind = \"anthropic\"\n[providers.a2]\nkind = \"anthropic\"\n[providers.openai]\n",
         "routing.anthropic",
     );
+    // No provider of a kind at all: that API has no default (only [[models]] names), and
+    // `check` warns of it.
+    let cfg = load_str("[providers.anthropic]\n", &no_env())?;
+    assert_eq!(cfg.routing.openai, "");
+    let warned = crate::config::render::warnings(&cfg);
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.contains("no provider speaks the OpenAI APIs")),
+        "{warned:?}"
+    );
+    Ok(())
 }
 
 #[test]
