@@ -197,13 +197,29 @@ fn merge_and_validate(
             )
         })?;
     let (file, errors, failed) = de::read_all::<FileConfig>(&merged.cache);
-    match file {
+    let result = match file {
         Some(mut file) => {
             key_source_from_env(&mut file, env);
             validate::validate(file, (errors, failed), env)
         }
         None => Err(ConfigErrors(errors)),
+    };
+    result.map_err(|e| name_overrides(e, env))
+}
+
+/// Each problem whose value came from a `LEGATE__…` override says so: the file holds another
+/// value, or none, and the operator looking at it would not find the one refused.
+fn name_overrides(mut errors: ConfigErrors, env: &HashMap<String, String>) -> ConfigErrors {
+    for e in &mut errors.0 {
+        if e.path.is_empty() || e.path.contains(['[', '<', ' ']) {
+            continue;
+        }
+        let var = format!("LEGATE__{}", e.path.replace('.', "__").to_ascii_uppercase());
+        if let Some(set) = env.keys().find(|k| k.eq_ignore_ascii_case(&var)) {
+            e.message.push_str(&format!(" (the value of ${set})"));
+        }
     }
+    errors
 }
 
 /// A provider's key source chosen in the environment replaces the file's: a key file given

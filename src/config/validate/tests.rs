@@ -714,3 +714,26 @@ fn a_key_file_chosen_in_the_environment_replaces_the_files_variable() -> TestRes
     assert!(load_str("", &both).is_err());
     Ok(())
 }
+
+/// A value refused that came from the environment names its variable: the file shows
+/// another, or none.
+#[test]
+fn a_refused_override_names_its_variable() {
+    let var = "LEGATE__SERVER__MAX_BODY_BYTES";
+    let env = HashMap::from([(var.to_owned(), "0".to_owned())]);
+    let errors = load_str("", &env).err().map(|e| e.0).unwrap_or_default();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "server.max_body_bytes");
+    assert!(
+        errors[0]
+            .message
+            .ends_with(&format!("(the value of ${var})")),
+        "{}",
+        errors[0].message
+    );
+    let from_file = load_str("[server]\nmax_body_bytes = 0\n", &no_env()).err();
+    let message = from_file
+        .map(|e| e.0[0].message.clone())
+        .unwrap_or_default();
+    assert!(!message.contains("the value of $"), "{message}");
+}
