@@ -197,15 +197,8 @@ pub(crate) async fn run(
             return refused;
         }
     };
-    let metrics = &proxy.metrics;
-    // Past the shutdown's grace, the turn a request waited for comes free as the requests
-    // ahead are cut: it is not sent now (its answer could not be waited for), so that it goes
-    // out as unsent, one the SDK may send again to another replica.
-    if proxy.abort_streams.is_cancelled() {
-        spent.stay();
-        return Exchanged::Shed(ProxyError::ShuttingDown);
-    }
     let sent = Instant::now();
+    let metrics = &proxy.metrics;
     // Decremented on every path, a dropped future (the caller went away) included.
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
     // Counted here, once the request is really about to leave.
@@ -331,7 +324,13 @@ async fn request(
 
 /// Pacing, then a concurrency slot in priority order, never past the deadline.
 async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
-    let Call { up, inb, snap, .. } = *call;
+    let Call {
+        up,
+        inb,
+        snap,
+        proxy,
+        ..
+    } = *call;
     // When the provider's rate limit runs low, background and batch calls wait their slot so
     // that what is left lasts until the reset.
     // They wait in a place of the provider's queue: counted, bounded by `queue_limit`, and
@@ -347,14 +346,29 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
             }));
         }
     }
-    match tokio::time::timeout_at(inb.deadline, up.gate.acquire(inb.priority)).await {
-        Ok(Ok(p)) => Ok(p),
-        Ok(Err(_)) => Err(Exchanged::Shed(ProxyError::Shed {
+    let shed = |_| {
+        Exchanged::Shed(ProxyError::Shed {
             retry_after: Duration::from_secs(1),
             counting: false,
-        })),
-        Err(_) => Err(Exchanged::Deadline { in_flight: false }),
+        })
+    };
+    let mut acquire = std::pin::pin!(up.gate.acquire(inb.priority));
+    // Nearly always a turn is free at once, and nothing more is asked.
+    if let Some(got) = futures_util::FutureExt::now_or_never(acquire.as_mut()) {
+        return got.map_err(shed);
     }
+    let got = match tokio::time::timeout_at(inb.deadline, acquire).await {
+        Ok(got) => got.map_err(shed)?,
+        Err(_) => return Err(Exchanged::Deadline { in_flight: false }),
+    };
+    // A turn waited for may come free because the shutdown's grace ran out and cut the
+    // requests ahead: it is not taken (its answer could not be waited for), so the request
+    // goes back unsent, one the SDK may send again to another replica. Asked only after a
+    // wait: the token's flag is behind a lock that every request would share.
+    if proxy.abort_streams.is_cancelled() {
+        return Err(Exchanged::Shed(ProxyError::ShuttingDown));
+    }
+    Ok(got)
 }
 
 /// The answer's head and body; Bedrock's binary event stream is read as the SSE it carries
