@@ -1,13 +1,15 @@
-//! AWS credentials for Bedrock: the default chain's sources (environment keys, web identity
-//! through STS, the container credentials endpoint) and SigV4 signing with the official
-//! `aws-sigv4` signer.
+//! AWS credentials for Bedrock: the default chain's sources (environment keys, a profile of
+//! the shared credentials file, web identity through STS, the container credentials endpoint,
+//! the instance metadata service) and SigV4 signing with the official `aws-sigv4` signer.
 //!
 //! The chain itself is small HTTP against documented endpoints, written here rather than taken
 //! from `aws-config`: that crate brings its own HTTP stack, TLS backend and the generated STS
-//! and SSO clients, a build cost out of proportion to three requests.
+//! and SSO clients, a build cost out of proportion to a few requests. What it has and this
+//! has not: SSO, role-assuming and process profiles of `~/.aws/config`.
 
+use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, header};
@@ -90,7 +92,43 @@ pub async fn fetch(client: &FetchClient, source: &AwsSource) -> Result<Fetched<A
             let answer = fetch::call(client, req, "the container credentials endpoint").await?;
             container_answer(&answer)
         }
+        AwsSource::Profile { file, profile } => profile_keys(file, profile).await,
+        AwsSource::Instance { url } => super::imds::fetch(client, url).await,
         AwsSource::Missing => Err(format!("no AWS credentials: {}", source.describe())),
+    }
+}
+
+/// The shared credentials file is read again this often: it says nothing of when its keys
+/// stop working, and tools that rotate keys write them there.
+const PROFILE_REREAD: Duration = Duration::from_secs(300);
+
+/// A profile's keys, read from the file on a blocking thread (it is a file read).
+async fn profile_keys(file: &Path, profile: &str) -> Result<Fetched<AwsCreds>, String> {
+    use crate::config::aws_profile::{Found, find, read};
+    let (path, name) = (file.to_owned(), profile.to_owned());
+    let found = tokio::task::spawn_blocking(move || read(&path).map(|t| find(&t, &name)))
+        .await
+        .map_err(|_| "the shared credentials file could not be read".to_owned())?
+        .map_err(|e| {
+            format!(
+                "cannot read the shared credentials file {}: {}",
+                file.display(),
+                e.kind()
+            )
+        })?;
+    match found {
+        Found::Keys(k) => Ok(Fetched {
+            value: AwsCreds {
+                access_key_id: Secret::new(k.access_key_id),
+                secret_access_key: Secret::new(k.secret_access_key),
+                session_token: k.session_token.map(|t| Arc::new(Secret::new(t))),
+            },
+            expires: Some(SystemTime::now() + PROFILE_REREAD),
+        }),
+        Found::NoKeys | Found::NoProfile => Err(format!(
+            "the shared credentials file {} no longer holds keys for its profile",
+            file.display()
+        )),
     }
 }
 
@@ -137,7 +175,7 @@ struct ContainerCreds {
     expiration: Option<String>,
 }
 
-fn container_answer(body: &[u8]) -> Result<Fetched<AwsCreds>, String> {
+pub(super) fn container_answer(body: &[u8]) -> Result<Fetched<AwsCreds>, String> {
     let c: ContainerCreds = serde_json::from_slice(body)
         .map_err(|_| "the container credentials endpoint sent no credentials".to_owned())?;
     let expires = match &c.expiration {

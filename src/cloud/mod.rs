@@ -12,6 +12,7 @@ pub mod errors;
 pub mod eventstream;
 pub mod fetch;
 pub mod google;
+mod imds;
 
 use std::sync::Arc;
 use std::time::SystemTime;

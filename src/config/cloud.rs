@@ -69,6 +69,12 @@ pub enum AwsSource {
         auth_token_file: Option<PathBuf>,
         auth_token: Option<Secret>,
     },
+    /// A profile's static keys in the shared credentials file (`~/.aws/credentials`), read
+    /// again every few minutes so that keys rotated in the file are taken up.
+    Profile { file: PathBuf, profile: String },
+    /// The EC2 instance metadata service (IMDSv2): the instance role's credentials, the
+    /// chain's last source (unless `AWS_EC2_METADATA_DISABLED=true`).
+    Instance { url: String },
     /// Nothing in the chain: every request to the provider is a 502 that says so.
     Missing,
 }
@@ -149,9 +155,19 @@ impl AwsSource {
             AwsSource::Container { url, .. } => {
                 format!("container credentials endpoint {}", mask_userinfo(url))
             }
+            AwsSource::Profile { file, profile } => format!(
+                "profile {} of the shared credentials file {}",
+                crate::config::shown::shown(profile),
+                crate::config::shown::shown(&file.to_string_lossy())
+            ),
+            AwsSource::Instance { url } => format!(
+                "the EC2 instance metadata service (IMDSv2) at {}, the chain's last source",
+                mask_userinfo(url)
+            ),
             AwsSource::Missing => "none found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, \
-                 AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN, or \
-                 AWS_CONTAINER_CREDENTIALS_FULL_URI"
+                 a profile in the shared credentials file, AWS_WEB_IDENTITY_TOKEN_FILE + \
+                 AWS_ROLE_ARN, or AWS_CONTAINER_CREDENTIALS_FULL_URI (the instance metadata \
+                 service is off: AWS_EC2_METADATA_DISABLED)"
                 .to_owned(),
         }
     }

@@ -8,6 +8,7 @@
 use std::fmt;
 
 pub mod adapt;
+pub mod aws_profile;
 pub mod cloud;
 mod de;
 pub mod file;

@@ -939,3 +939,99 @@ chain = ["vertex-sa:{VERTEX_MODEL}"]
     assert_eq!(v["error"]["type"], "permission_error");
     assert!(!v.to_string().contains("CANARY"));
 }
+
+#[tokio::test]
+async fn bedrock_takes_the_instance_role_or_a_profile_when_nothing_comes_before() {
+    let one = r#"{"model":"b","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let home = tempfile::tempdir().unwrap();
+    let home_s = home.path().display().to_string();
+    // No key, profile, web identity or container endpoint: the instance metadata service,
+    // session token first (the fake refuses reads without one).
+    let instance = [
+        ("HOME", home_s.as_str()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", ""),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "{MOCK}"),
+    ];
+    let c = start_env(r#"{"replies":[]}"#, CloudOptions::default(), "", &instance).await;
+    let env = &c.env;
+    for _ in 0..2 {
+        assert_eq!(env.messages(one).await.status(), 200);
+    }
+    let counts = issued(env).await;
+    assert_eq!(
+        (
+            counts["imds_token"].as_u64(),
+            counts["imds"].as_u64(),
+            counts.get("sts"),
+            counts.get("refused")
+        ),
+        (Some(1), Some(1), None, None),
+        "{counts}"
+    );
+    let reqs = env.mock.requests();
+    assert!(
+        reqs[0]
+            .header("authorization")
+            .unwrap()
+            .starts_with("AWS4-HMAC-SHA256 Credential=ASIACANARY")
+    );
+    let state = env.admin_json("/admin/state").await;
+    let cred = &state["providers"]["bedrock"]["credential"];
+    assert!(
+        cred["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("the EC2 instance metadata service"),
+        "{cred}"
+    );
+    assert!(cred["expires_at"].as_u64().is_some());
+    assert!(!state.to_string().contains("CANARY"));
+
+    // A profile of the shared credentials file comes before the instance role.
+    let file = home.path().join("credentials");
+    std::fs::write(
+        &file,
+        "[default]\naws_access_key_id = AKIADEFAULTPROFILE\naws_secret_access_key = wrong\n\
+         [ci]\naws_access_key_id = AKIACANARYPROFILE\naws_secret_access_key = CANARY-profile-secret\n",
+    )
+    .unwrap();
+    let file_s = file.display().to_string();
+    let profile = [
+        ("HOME", home_s.as_str()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", ""),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "{MOCK}"),
+        ("AWS_SHARED_CREDENTIALS_FILE", file_s.as_str()),
+        ("AWS_PROFILE", "ci"),
+    ];
+    let opts = CloudOptions {
+        aws_static_key: Some(("AKIACANARYPROFILE".into(), "CANARY-profile-secret".into())),
+        ..CloudOptions::default()
+    };
+    let c = start_env(r#"{"replies":[]}"#, opts, "", &profile).await;
+    let env = &c.env;
+    assert_eq!(env.messages(one).await.status(), 200);
+    let reqs = env.mock.requests();
+    assert!(
+        reqs[0]
+            .header("authorization")
+            .unwrap()
+            .starts_with("AWS4-HMAC-SHA256 Credential=AKIACANARYPROFILE/")
+    );
+    assert_eq!(issued(env).await.get("imds_token"), None);
+
+    // A metadata service that does not answer is a 502 naming it, with nothing sent upstream.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let absent = [
+        ("HOME", home_s.as_str()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", ""),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", gone.as_str()),
+    ];
+    let c = start_env(r#"{"replies":[]}"#, CloudOptions::default(), "", &absent).await;
+    let resp = c.env.messages(one).await;
+    assert_eq!(resp.status(), 502);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("instance metadata service"), "{text}");
+    assert!(c.env.mock.requests().is_empty());
+}

@@ -42,10 +42,10 @@ fn foreign_keys(kind: ProviderKind, p: &ProviderFile, at: &str, cx: &mut Cx) {
         ),
         ("api_version", p.api_version.is_some(), &[Az]),
         ("deployments", p.deployments.is_some(), &[Az]),
-        ("credentials_file", p.credentials_file.is_some(), &[Vx]),
+        ("credentials_file", p.credentials_file.is_some(), &[Br, Vx]),
         ("sts_endpoint", p.sts_endpoint.is_some(), &[Br]),
         ("credentials_url", p.credentials_url.is_some(), &[Br]),
-        ("metadata_url", p.metadata_url.is_some(), &[Vx]),
+        ("metadata_url", p.metadata_url.is_some(), &[Br, Vx]),
         ("token_url", p.token_url.is_some(), &[Vx, Az]),
     ];
     for (key, set, kinds) in keys {
@@ -144,6 +144,7 @@ fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
     let anthropic_version = non_empty(&p.anthropic_version, &format!("{at}.anthropic_version"), cx);
     let sts_endpoint = url(&p.sts_endpoint, &format!("{at}.sts_endpoint"), cx);
     let credentials_url = url(&p.credentials_url, &format!("{at}.credentials_url"), cx);
+    let metadata_url = url(&p.metadata_url, &format!("{at}.metadata_url"), cx);
     let region = match p.region.is_some() {
         true => region?,
         // From the environment it is checked as the key is: it goes into host names.
@@ -161,7 +162,12 @@ fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
             }
         },
     };
-    let credentials = aws_chain(cx, &region, sts_endpoint, credentials_url);
+    let endpoints = AwsEndpoints {
+        sts: sts_endpoint,
+        container: credentials_url,
+        metadata: metadata_url,
+    };
+    let credentials = aws_chain(p, at, cx, &region, endpoints);
     Some(BedrockConfig {
         region,
         anthropic_version: anthropic_version
@@ -170,12 +176,21 @@ fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
     })
 }
 
-/// The AWS default chain: environment keys, then web identity, then the container endpoint.
+/// The endpoints of the AWS chain that config can set (each else from the environment).
+struct AwsEndpoints {
+    sts: Option<String>,
+    container: Option<String>,
+    metadata: Option<String>,
+}
+
+/// The AWS default chain, in the SDKs' order: environment keys, the shared credentials file,
+/// web identity, the container endpoint, then the instance metadata service.
 fn aws_chain(
-    cx: &Cx,
+    p: &ProviderFile,
+    at: &str,
+    cx: &mut Cx,
     region: &str,
-    sts_endpoint: Option<String>,
-    credentials_url: Option<String>,
+    endpoints: AwsEndpoints,
 ) -> AwsSource {
     if let (Some(id), Some(secret)) = (
         env(cx, "AWS_ACCESS_KEY_ID"),
@@ -187,11 +202,15 @@ fn aws_chain(
             session_token: env(cx, "AWS_SESSION_TOKEN").map(Secret::new),
         };
     }
+    if let Some(source) = aws_profile(p, at, cx) {
+        return source;
+    }
     if let (Some(file), Some(role_arn)) = (
         env(cx, "AWS_WEB_IDENTITY_TOKEN_FILE"),
         env(cx, "AWS_ROLE_ARN"),
     ) {
-        let sts_endpoint = sts_endpoint
+        let sts_endpoint = endpoints
+            .sts
             .or_else(|| env(cx, "AWS_ENDPOINT_URL_STS"))
             .or_else(|| env(cx, "AWS_ENDPOINT_URL"))
             .unwrap_or_else(|| format!("https://sts.{region}.amazonaws.com"));
@@ -202,20 +221,84 @@ fn aws_chain(
             sts_endpoint: sts_endpoint.trim_end_matches('/').to_owned(),
         };
     }
-    let url = credentials_url
+    let url = endpoints
+        .container
         .or_else(|| env(cx, "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
         .or_else(|| {
             env(cx, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
                 .map(|p| format!("http://169.254.170.2{p}"))
         });
-    match url {
-        Some(url) => AwsSource::Container {
+    if let Some(url) = url {
+        return AwsSource::Container {
             url,
             auth_token_file: env(cx, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").map(PathBuf::from),
             auth_token: env(cx, "AWS_CONTAINER_AUTHORIZATION_TOKEN").map(Secret::new),
-        },
-        None => AwsSource::Missing,
+        };
     }
+    let disabled =
+        env(cx, "AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    // A `metadata_url` in the file is asked for: the variable does not turn it off.
+    match endpoints.metadata {
+        Some(url) => AwsSource::Instance { url },
+        None if disabled => AwsSource::Missing,
+        None => AwsSource::Instance {
+            url: env(cx, "AWS_EC2_METADATA_SERVICE_ENDPOINT")
+                .and_then(|u| super::providers::normalize_base_url(&u).ok())
+                .unwrap_or_else(|| "http://169.254.169.254".to_owned()),
+        },
+    }
+}
+
+/// The shared credentials file's source, when it holds the profile's keys: `credentials_file`,
+/// else `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`; the profile `AWS_PROFILE`,
+/// else `default`. A file or a profile the operator named that gives no keys is an error:
+/// the SDKs would find such a profile in `~/.aws/config` (SSO, a role, a process), with
+/// machinery legate does not have, and going on down the chain would serve under another
+/// identity than the one asked for.
+fn aws_profile(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<AwsSource> {
+    use crate::config::aws_profile::{Found, find, read};
+    let configured = p
+        .credentials_file
+        .clone()
+        .filter(|f| !f.as_os_str().is_empty());
+    let named = env(cx, "AWS_PROFILE");
+    let file = match configured.clone() {
+        Some(f) => f,
+        None => match env(cx, "AWS_SHARED_CREDENTIALS_FILE") {
+            Some(f) => PathBuf::from(f),
+            None => PathBuf::from(env(cx, "HOME")?)
+                .join(".aws")
+                .join("credentials"),
+        },
+    };
+    let profile = named.clone().unwrap_or_else(|| "default".to_owned());
+    let shown_file = || crate::config::shown::shown(&file.to_string_lossy()).into_owned();
+    let shown_profile = || crate::config::shown::shown(&profile).into_owned();
+    let problem = match read(&file) {
+        Ok(text) => match find(&text, &profile) {
+            Found::Keys(_) => return Some(AwsSource::Profile { file, profile }),
+            Found::NoKeys => format!(
+                "profile `{}` in {} has no aws_access_key_id and aws_secret_access_key \
+                 (legate reads static keys only, not SSO, role or process profiles)",
+                shown_profile(),
+                shown_file()
+            ),
+            Found::NoProfile => format!("{} has no profile `{}`", shown_file(), shown_profile()),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            format!("{} does not exist", shown_file())
+        }
+        Err(e) => format!("cannot read {}: {e}", shown_file()),
+    };
+    if configured.is_some() {
+        cx.err(&format!("{at}.credentials_file"), problem);
+    } else if named.is_some() {
+        cx.err(
+            at,
+            format!("AWS_PROFILE names a profile legate cannot use: {problem}"),
+        );
+    }
+    None
 }
 
 fn vertex(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<VertexConfig> {

@@ -1,5 +1,5 @@
-//! The fake credential endpoints: STS, the container endpoint, the GCE metadata server,
-//! Google's token endpoint and Entra ID. Each checks what the real one requires of the caller
+//! The fake credential endpoints: STS, the container endpoint, the EC2 instance metadata
+//! service (IMDSv2), the GCE metadata server, Google's token endpoint and Entra ID. Each checks what the real one requires of the caller
 //! and issues fresh, expiring credentials.
 
 use std::collections::HashMap;
@@ -13,6 +13,10 @@ use http::{Method, Response, StatusCode};
 
 use super::{Cloud, simple};
 use crate::mock::body::MockBody;
+
+/// Where the instance metadata service lists the instance's role, and that role.
+const IMDS_ROLES: &str = "/latest/meta-data/iam/security-credentials/";
+const IMDS_ROLE: &str = "legate-instance-role";
 
 fn form(body: &Bytes) -> HashMap<String, String> {
     form_urlencoded::parse(body).into_owned().collect()
@@ -87,6 +91,38 @@ pub(super) fn answer(cloud: &Cloud, parts: &Parts, body: &Bytes) -> Option<Respo
                 "Expiration": iso8601(exp), "AccountId": "123456789012",
             });
             simple(StatusCode::OK, "application/json", body.to_string())
+        }
+        (&Method::PUT, "/latest/api/token") => {
+            let ttl = header("x-aws-ec2-metadata-token-ttl-seconds").parse::<u32>();
+            if !ttl.is_ok_and(|t| (1..=21600).contains(&t)) {
+                return Some(refused(cloud, StatusCode::BAD_REQUEST, "bad token TTL"));
+            }
+            cloud.count("imds_token");
+            let (token, _) = cloud.issue_token("imds-");
+            simple(StatusCode::OK, "text/plain", token)
+        }
+        (&Method::GET, p) if p.starts_with(IMDS_ROLES) => {
+            // IMDSv2 only, as hardened instances answer: a read without a session token is
+            // refused.
+            if cloud
+                .check_token(header("x-aws-ec2-metadata-token"))
+                .is_err()
+            {
+                return Some(refused(cloud, StatusCode::UNAUTHORIZED, "no session token"));
+            }
+            match &p[IMDS_ROLES.len()..] {
+                "" => simple(StatusCode::OK, "text/plain", IMDS_ROLE),
+                IMDS_ROLE => {
+                    cloud.count("imds");
+                    let (id, secret, token, exp) = cloud.issue_aws();
+                    let body = serde_json::json!({
+                        "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": id,
+                        "SecretAccessKey": secret, "Token": token, "Expiration": iso8601(exp),
+                    });
+                    simple(StatusCode::OK, "application/json", body.to_string())
+                }
+                _ => simple(StatusCode::NOT_FOUND, "text/plain", "not found"),
+            }
         }
         (&Method::GET, "/computeMetadata/v1/instance/service-accounts/default/token") => {
             if header("metadata-flavor") != "Google" {

@@ -5,6 +5,8 @@
 //! every issued secret contains `CANARY`, so leak tests can search for it):
 //! - `POST /sts/` — STS `AssumeRoleWithWebIdentity` (form), XML answer;
 //! - `GET /aws/credentials` — the container credentials endpoint (needs `Authorization`);
+//! - `PUT /latest/api/token`, then `GET /latest/meta-data/iam/security-credentials/[ROLE]` —
+//!   the EC2 instance metadata service, version 2 only (reads need the session token);
 //! - `GET /computeMetadata/v1/instance/service-accounts/default/token` — the GCE metadata
 //!   server (needs `Metadata-Flavor: Google`);
 //! - `POST /google/token` — Google's token endpoint: a service-account JWT (`jwt-bearer`) or a

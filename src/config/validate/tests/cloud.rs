@@ -32,7 +32,15 @@ fn bedrock_follows_the_aws_default_chain() {
         cfg.providers["br"].base_url,
         "https://bedrock-runtime.eu-west-1.amazonaws.com"
     );
-    assert!(matches!(aws(&cfg), AwsSource::Missing));
+    // Nothing else set: the chain ends at the instance metadata service, unless it is off.
+    assert_eq!(
+        aws(&cfg),
+        &AwsSource::Instance {
+            url: "http://169.254.169.254".into()
+        }
+    );
+    let off = [("AWS_EC2_METADATA_DISABLED", "TRUE")];
+    assert_eq!(aws(&load(BEDROCK, &off)), &AwsSource::Missing);
 
     let keys = [
         ("AWS_ACCESS_KEY_ID", "AKID"),
@@ -85,6 +93,115 @@ fn bedrock_follows_the_aws_default_chain() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join(".aws")).unwrap();
+    let home_file = dir.path().join(".aws").join("credentials");
+    std::fs::write(
+        &home_file,
+        "[default]\naws_access_key_id = AKIDHOME\naws_secret_access_key = s\n\
+         [sso]\nsso_session = corp\n",
+    )
+    .unwrap();
+    let home = dir.path().display().to_string();
+    let web = [
+        ("HOME", home.as_str()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+        ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
+    ];
+    // The profile comes before web identity, as in the SDKs' chain.
+    assert_eq!(
+        aws(&load(BEDROCK, &web)),
+        &AwsSource::Profile {
+            file: home_file.clone(),
+            profile: "default".into()
+        }
+    );
+    // Environment keys come before it.
+    let keys = [
+        ("HOME", home.as_str()),
+        ("AWS_ACCESS_KEY_ID", "AKID"),
+        ("AWS_SECRET_ACCESS_KEY", "x"),
+    ];
+    assert!(matches!(
+        aws(&load(BEDROCK, &keys)),
+        AwsSource::Static { .. }
+    ));
+
+    // AWS_SHARED_CREDENTIALS_FILE and AWS_PROFILE choose the file and the profile.
+    let other = dir.path().join("creds");
+    std::fs::write(
+        &other,
+        "[ci]\naws_access_key_id=A\naws_secret_access_key=B\n",
+    )
+    .unwrap();
+    let other_s = other.display().to_string();
+    let chosen = [
+        ("HOME", home.as_str()),
+        ("AWS_SHARED_CREDENTIALS_FILE", other_s.as_str()),
+        ("AWS_PROFILE", "ci"),
+    ];
+    assert_eq!(
+        aws(&load(BEDROCK, &chosen)),
+        &AwsSource::Profile {
+            file: other.clone(),
+            profile: "ci".into()
+        }
+    );
+    // No default profile there, and none named: the chain goes on.
+    let unnamed = [("AWS_SHARED_CREDENTIALS_FILE", other_s.as_str())];
+    assert!(matches!(
+        aws(&load(BEDROCK, &unnamed)),
+        AwsSource::Instance { .. }
+    ));
+
+    // A profile the operator named that gives no keys is refused, not passed over for
+    // another identity.
+    for profile in ["sso", "absent"] {
+        let named = [("HOME", home.as_str()), ("AWS_PROFILE", profile)];
+        let errs = load_str(&format!("{DIRECT}{BEDROCK}"), &env_of(&named))
+            .expect_err("an unusable named profile");
+        assert!(errs.has_path("providers.br"), "{errs}");
+        assert!(errs.to_string().contains("AWS_PROFILE"), "{errs}");
+    }
+    // So is a configured file that does not hold it.
+    let toml = format!(
+        "{BEDROCK}credentials_file = \"{}\"\n",
+        dir.path().join("nope").display()
+    );
+    let errs = load_str(&format!("{DIRECT}{toml}"), &env_of(&[]))
+        .expect_err("a configured file that is not there");
+    assert!(errs.has_path("providers.br.credentials_file"), "{errs}");
+    let toml = format!("{BEDROCK}credentials_file = \"{}\"\n", other.display());
+    assert!(matches!(
+        aws(&load(&toml, &[("AWS_PROFILE", "ci")])),
+        AwsSource::Profile { .. }
+    ));
+}
+
+#[test]
+fn bedrock_instance_metadata_endpoint_comes_from_config_or_the_environment() {
+    let env = [(
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+        "http://[fd00:ec2::254]/",
+    )];
+    assert_eq!(
+        aws(&load(BEDROCK, &env)),
+        &AwsSource::Instance {
+            url: "http://[fd00:ec2::254]".into()
+        }
+    );
+    // Set in the file, it is asked for: the variable that turns the default off does not.
+    let toml = format!("{BEDROCK}metadata_url = \"http://127.0.0.1:9/\"\n");
+    assert_eq!(
+        aws(&load(&toml, &[("AWS_EC2_METADATA_DISABLED", "true")])),
+        &AwsSource::Instance {
+            url: "http://127.0.0.1:9".into()
+        }
+    );
 }
 
 #[test]
