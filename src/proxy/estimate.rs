@@ -52,20 +52,23 @@ pub async fn answer(
         Some(dir)
     };
     // The translation walks the whole body as the count does: both in the count's turn.
-    let (body, model) = (inb.body.clone(), step.model().to_owned());
+    let (body, model, caller) = (inb.body.clone(), step.model().to_owned(), inb.endpoint.api);
     let counted = counted(gate, inb, move || {
         let translated;
-        let sent = match dir {
-            None => &body[..],
+        let (kind, sent) = match dir {
+            None => (upstream, &body[..]),
             Some(dir) => match translate::request(dir, &body, &model) {
                 Ok((sent, _)) => {
                     translated = sent;
-                    &translated[..]
+                    (upstream, &translated[..])
                 }
-                Err(e) => return Err(e.0),
+                // A request this step could not be sent (a forced server tool, a Files-API
+                // image) is still counted, as the caller wrote it: a count is an estimate,
+                // never a 400 (SPEC §3), and the request itself gets the refusal.
+                Err(_) => (caller, &body[..]),
             },
         };
-        tokens::input_tokens(upstream, &model, sent)
+        tokens::input_tokens(kind, &model, sent)
             .ok_or_else(|| "the translated request is not JSON".to_owned())
     })
     .await?;

@@ -9,12 +9,20 @@ use super::mapping::{
 };
 use super::{Untranslatable, anthropic as an, openai as oa};
 
-/// Upstream Anthropic message → the OpenAI caller's `chat.completion`.
+/// Upstream Anthropic message → the OpenAI caller's `chat.completion`. A 200 body that is
+/// not a message (`{}`, an array, an error object some gateways wrap in a 200) is no answer:
+/// every field of the message has a default, so what makes it one is said here.
 pub(super) fn to_openai(upstream_body: &[u8], created: u64) -> Result<Vec<u8>, Untranslatable> {
+    let not_message = || Untranslatable("the upstream body is not an Anthropic message".to_owned());
     // The parser's error text may quote the body: the message names the problem only.
-    let message: an::MessageResponse = serde_json::from_slice(upstream_body)
-        .map_err(|_| Untranslatable("the upstream body is not an Anthropic message".to_owned()))?;
-    serialise(&openai_completion(message, created))
+    let value: Value = serde_json::from_slice(upstream_body).map_err(|_| not_message())?;
+    let is_message = value.get("type").is_none_or(|t| t == "message")
+        && value.get("content").is_some_and(Value::is_array);
+    if !is_message {
+        return Err(not_message());
+    }
+    let message: an::MessageResponse = serde_json::from_value(value).map_err(|_| not_message())?;
+    serialise(&openai_completion(message, created)?)
 }
 
 /// Upstream `chat.completion` → the Anthropic caller's message.
@@ -30,8 +38,14 @@ fn serialise<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, Untranslatable> 
 }
 
 /// Text blocks join into `content` (thinking and server-tool blocks are dropped), tool_use
-/// blocks become `tool_calls`.
-pub(super) fn openai_completion(message: an::MessageResponse, created: u64) -> oa::Completion {
+/// blocks become `tool_calls`. A tool input that is not a JSON object fails the answer, as
+/// in the other direction (SPEC §10), unless the output limit cut the message: then its input
+/// ends mid-way by design and goes on as it came, under finish reason `length`.
+pub(super) fn openai_completion(
+    message: an::MessageResponse,
+    created: u64,
+) -> Result<oa::Completion, Untranslatable> {
+    let cut = message.stop_reason.as_deref() == Some("max_tokens");
     let mut text: Option<String> = None;
     let mut calls = Vec::new();
     for block in message.content {
@@ -39,18 +53,24 @@ pub(super) fn openai_completion(message: an::MessageResponse, created: u64) -> o
             an::Block::Text { text: t, .. } => text.get_or_insert_with(String::new).push_str(&t),
             an::Block::ToolUse {
                 id, name, input, ..
-            } => calls.push(oa::ToolCall {
-                id,
-                kind: oa::function_kind(),
-                function: Some(oa::FunctionCall {
-                    name,
-                    arguments: if input.is_null() {
-                        "{}".to_owned()
-                    } else {
-                        input.to_string()
-                    },
-                }),
-            }),
+            } => {
+                let arguments = match input {
+                    Value::Object(_) => input.to_string(),
+                    Value::Null if cut => "{}".to_owned(),
+                    _ if cut => input.to_string(),
+                    _ => {
+                        return Err(Untranslatable(format!(
+                            "the upstream model called tool `{name}` with an input that is \
+                             not a JSON object"
+                        )));
+                    }
+                };
+                calls.push(oa::ToolCall {
+                    id,
+                    kind: oa::function_kind(),
+                    function: Some(oa::FunctionCall { name, arguments }),
+                })
+            }
             _ => {}
         }
     }
@@ -60,7 +80,7 @@ pub(super) fn openai_completion(message: an::MessageResponse, created: u64) -> o
         None if calls.is_empty() => Some(String::new()),
         None => None,
     };
-    oa::Completion {
+    Ok(oa::Completion {
         id: openai_id(&message.id),
         object: "chat.completion".to_owned(),
         created,
@@ -71,7 +91,7 @@ pub(super) fn openai_completion(message: an::MessageResponse, created: u64) -> o
             finish_reason(message.stop_reason.as_deref()),
         )],
         usage: Some(openai_usage(&message.usage)),
-    }
+    })
 }
 
 /// The first choice becomes the message: its text (and refusal) as a text block, then one
@@ -252,5 +272,39 @@ mod tests {
         let no_choice = json!({"id": "c", "model": "m", "choices": []});
         assert!(to_anthropic(no_choice.to_string().as_bytes()).is_err());
         assert!(to_openai(b"<html>", 0).is_err());
+    }
+
+    #[test]
+    fn a_body_that_is_no_message_or_a_tool_input_that_is_no_object_is_untranslatable() {
+        // Every field of a message has a default: `{}` must not pass for an empty answer.
+        for body in [
+            json!({}),
+            json!([]),
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
+        ] {
+            assert!(to_openai(body.to_string().as_bytes(), 0).is_err(), "{body}");
+        }
+        let with_input = |input: Value, stop: &str| {
+            json!({"type": "message", "id": "msg_1", "model": "m", "role": "assistant",
+                "stop_reason": stop, "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "f", "input": input}]})
+            .to_string()
+        };
+        for input in [json!("abc"), json!([1, 2]), Value::Null] {
+            assert!(
+                to_openai(with_input(input.clone(), "tool_use").as_bytes(), 0).is_err(),
+                "{input}"
+            );
+        }
+        // Cut by the output limit, the input goes on as it came, under `length`.
+        let out = to_openai(with_input(Value::Null, "max_tokens").as_bytes(), 0)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .unwrap_or_default();
+        assert_eq!(out["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{}"
+        );
     }
 }

@@ -42,6 +42,9 @@ pub(super) struct ToAnthropic {
     usage: Option<oa::Usage>,
     /// A content delta has been written: the caller's stream is past its commit point.
     committed: bool,
+    /// A chunk carried the first choice: without one the stream is no answer (the streamed
+    /// form of a completion with no choices, SPEC §10).
+    chose: bool,
     /// The open tool call's name and arguments so far, for the check at its end.
     tool_name: String,
     tool_args: String,
@@ -138,6 +141,7 @@ impl ToAnthropic {
         }
         // n > 1 is refused at request time: only the first choice exists.
         for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+            self.chose = true;
             let delta = choice.delta;
             self.refused |= delta.refusal.as_ref().is_some_and(|r| !r.is_empty());
             for text in [delta.content, delta.refusal].into_iter().flatten() {
@@ -384,6 +388,13 @@ impl ToAnthropic {
     /// `[DONE]`: closes the open block, opens calls whose id never came (with a stand-in id),
     /// then message_delta (stop reason, full usage) and message_stop.
     fn complete(&mut self, out: &mut Vec<u8>) {
+        if !self.chose {
+            return self.fail(
+                out,
+                "api_error",
+                "the upstream stream carried no choices (no answer to pass on)",
+            );
+        }
         self.start("", "", None, out);
         if !self.close(out) {
             return;

@@ -118,6 +118,34 @@ async fn count_tokens_through_a_cross_provider_alias_is_estimated_locally() {
 }
 
 #[tokio::test]
+async fn count_tokens_of_a_request_the_translated_step_cannot_take_is_still_an_estimate() {
+    let env = harness::start(CHAINS).await;
+    // A forced server tool and a Files-API image: neither can go to an OpenAI step.
+    for body in [
+        json!({"model": "xgpt", "messages": [{"role": "user", "content": "hello"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "tool", "name": "web_search"}}),
+        json!({"model": "xgpt", "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]}),
+    ] {
+        let resp = env
+            .http
+            .post(env.url("/v1/messages/count_tokens"))
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{body}");
+        assert_eq!(resp.headers()["x-legate-estimate"], "true");
+        let v: Value = resp.json().await.unwrap();
+        assert!(v["input_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
+    }
+    assert!(env.mock.requests().is_empty(), "no upstream call");
+}
+
+#[tokio::test]
 async fn max_tokens_is_capped_at_the_output_limit_of_a_model_legate_chose() {
     let env = harness::start(&format!(
         "{CHAINS}\n[[models]]\nname = \"local\"\nchain = [\"openai:llama-3.1-8b\"]\n\n[[limits]]\nmodel = \"llama-3.1*\"\nmax_output_tokens = 2048\n"

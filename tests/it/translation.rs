@@ -304,6 +304,78 @@ async fn a_broken_streamed_tool_call_before_content_is_a_502_after_its_retries()
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
+/// What is no answer in the other direction is none here either: a 200 body that is not an
+/// Anthropic message (`{}`, a 200-wrapped error), a tool input that is not a JSON object, and
+/// a chat stream with no choice in it are each retried, then 502 `upstream_answer_unusable`
+/// (SPEC §10), never served as an empty or broken answer.
+#[tokio::test]
+async fn a_body_that_is_no_answer_is_retried_then_a_502_in_both_directions() {
+    let not_object = r#"{"type":"message","id":"msg_1","role":"assistant","model":"m","stop_reason":"tool_use","content":[{"type":"tool_use","id":"toolu_1","name":"write","input":"abc"}],"usage":{"input_tokens":1,"output_tokens":1}}"#;
+    let usage_only = [
+        crate::rawup::chat_chunk("{}", "null").replace(
+            r#""choices":[{"index":0,"delta":{},"finish_reason":null}]"#,
+            r#""choices":[]"#,
+        ),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let cases = [
+        (
+            "application/json",
+            "{}",
+            "/v1/chat/completions",
+            "via-anthropic",
+            "not an Anthropic message",
+        ),
+        (
+            "application/json",
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+            "/v1/chat/completions",
+            "via-anthropic",
+            "not an Anthropic message",
+        ),
+        (
+            "application/json",
+            not_object,
+            "/v1/chat/completions",
+            "via-anthropic",
+            "tool `write`",
+        ),
+        (
+            "text/event-stream",
+            usage_only.as_str(),
+            "/v1/messages",
+            "via-openai",
+            "no choices",
+        ),
+    ];
+    for (ct, body, path, model, said) in cases {
+        let (env, up) = crate::rawup::behind_with(crate::rawup::reply_of(ct, body), CHAINS).await;
+        let req = format!(
+            r#"{{"model":"{model}","max_tokens":16,"stream":{},"messages":[{{"role":"user","content":"x"}}]}}"#,
+            ct != "application/json"
+        );
+        let resp = env
+            .http
+            .post(env.url(path))
+            .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
+            .body(req)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 502, "{body}");
+        assert_eq!(resp.headers()["x-legate-attempts"], "3", "{body}");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains(said), "{body}: {text}");
+        assert_eq!(
+            up.requests.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "{body}"
+        );
+    }
+}
+
 /// A tool call the output limit cut (finish `length`) is not a broken answer: the same request
 /// would be cut the same way, so it is served once, under `max_tokens`, whole or streamed, and
 /// never retried into three bills.

@@ -521,3 +521,43 @@ fn a_streamed_refusal_ends_with_a_refusal_stop_as_a_whole_answer_does() {
     assert_eq!(view.text, "I can't help with that.");
     assert_eq!(view.stop_reason.as_deref(), Some("refusal"));
 }
+
+#[test]
+fn an_openai_stream_without_a_choice_is_an_error_not_an_empty_answer() {
+    // Only the usage chunk, or nothing at all, before `[DONE]`: the streamed form of a
+    // completion with no choices.
+    for input in [
+        [openai_usage_chunk(), "data: [DONE]\n\n".to_owned()].concat(),
+        "data: [DONE]\n\n".to_owned(),
+    ] {
+        let out = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
+        // Ends in an error (message_start, preamble held back before the commit point, may
+        // come first), never in message_stop.
+        let got = events(&out);
+        let last = &got.last().expect("an event").1;
+        assert!(got.len() <= 2, "{got:?}");
+        assert_eq!(last["type"], "error");
+        assert!(
+            last["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no choices")),
+            "{got:?}"
+        );
+    }
+    // An empty answer with a choice is still an answer.
+    let empty = [
+        chunk(json!({"role": "assistant", "content": ""}), Some("stop")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let got = events(&translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        empty.as_bytes(),
+        &[],
+    ));
+    assert_eq!(
+        got.last().map(|e| e.1["type"].clone()),
+        Some(json!("message_stop"))
+    );
+}
