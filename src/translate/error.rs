@@ -10,7 +10,7 @@ pub(super) fn to_anthropic(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) 
     let detail = parse_openai(upstream_body);
     let (kind, message) = match detail {
         Some(detail) => (anthropic_type(&detail, Some(status)), detail.message),
-        None => (status_type(status), String::new()),
+        None => (status_type(status), loose_message(upstream_body)),
     };
     (
         status,
@@ -22,7 +22,7 @@ pub(super) fn to_anthropic(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) 
 pub(super) fn to_openai(status: u16, upstream_body: &[u8]) -> (u16, Vec<u8>) {
     let (kind, message) = match serde_json::from_slice::<an::ErrorBody>(upstream_body) {
         Ok(body) => (body.error.kind, body.error.message),
-        Err(_) => (status_type(status).to_owned(), String::new()),
+        Err(_) => (status_type(status).to_owned(), loose_message(upstream_body)),
     };
     (
         status,
@@ -37,6 +37,51 @@ fn fallback_message(message: String, status: u16) -> String {
     } else {
         message
     }
+}
+
+/// The longest message taken from an error body of no known shape.
+const LOOSE_LIMIT: usize = 1024;
+
+/// The message of an error body in neither API's shape, as compatible servers send them:
+/// `{"error": "…"}` (Ollama), `{"detail": "…"}` or FastAPI's `{"detail": [{"msg": …}]}`
+/// (vLLM and other Python servers), `{"message": "…"}`, or a short line of plain text — not
+/// an HTML page, which a load balancer's error is. Empty when none is found; cut at
+/// [`LOOSE_LIMIT`] bytes.
+fn loose_message(body: &[u8]) -> String {
+    use serde_json::Value;
+    let text = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => {
+            let as_text = |v: &Value| v.as_str().map(str::to_owned);
+            let details = || {
+                let msgs: Vec<&str> = v
+                    .get("detail")?
+                    .as_array()?
+                    .iter()
+                    .filter_map(|d| d.get("msg").and_then(Value::as_str))
+                    .collect();
+                (!msgs.is_empty()).then(|| msgs.join("; "))
+            };
+            v.get("error")
+                .and_then(as_text)
+                .or_else(|| v.get("detail").and_then(as_text))
+                .or_else(details)
+                .or_else(|| v.get("message").and_then(as_text))
+                .unwrap_or_default()
+        }
+        Err(_) => match std::str::from_utf8(body).map(str::trim) {
+            Ok(t) if !t.starts_with('<') && !t.contains('\n') => t.to_owned(),
+            _ => String::new(),
+        },
+    };
+    let text = text.trim();
+    if text.len() <= LOOSE_LIMIT {
+        return text.to_owned();
+    }
+    let mut end = LOOSE_LIMIT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// `{"error":{…}}`, or the error object at the top level as some compatible servers send it.
@@ -136,6 +181,39 @@ mod tests {
 
     fn parse(bytes: &[u8]) -> Value {
         serde_json::from_slice(bytes).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn error_bodies_of_compatible_servers_keep_their_message() {
+        let message = |out: &[u8]| parse(out)["error"]["message"].as_str().map(str::to_owned);
+        for (body, want) in [
+            (
+                r#"{"error":"model 'llama9' not found"}"#,
+                "model 'llama9' not found",
+            ),
+            (r#"{"detail":"Not Found"}"#, "Not Found"),
+            (
+                r#"{"detail":[{"loc":["body","messages"],"msg":"field required"},{"msg":"bad"}]}"#,
+                "field required; bad",
+            ),
+            (
+                r#"{"object":"error","message":"too long","code":400}"#,
+                "too long",
+            ),
+            ("upstream connect error", "upstream connect error"),
+        ] {
+            let (status, out) = to_anthropic(400, body.as_bytes());
+            assert_eq!(status, 400);
+            assert_eq!(message(&out).as_deref(), Some(want), "{body}");
+            let (_, out) = to_openai(400, body.as_bytes());
+            assert_eq!(message(&out).as_deref(), Some(want), "{body}");
+        }
+        // An HTML page is not a message; a long one is cut.
+        let (_, out) = to_anthropic(502, b"<html><body>Bad Gateway</body></html>");
+        assert!(message(&out).is_some_and(|m| m.contains("without a readable error")));
+        let long = format!(r#"{{"error":"{}"}}"#, "é".repeat(2000));
+        let (_, out) = to_anthropic(500, long.as_bytes());
+        assert!(message(&out).is_some_and(|m| m.len() <= LOOSE_LIMIT + 3 && m.ends_with('…')));
     }
 
     #[test]

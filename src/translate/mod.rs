@@ -28,7 +28,7 @@
 //! | `disable_parallel_tool_use: true` | `parallel_tool_calls: false` | dropped with `none` |
 //! | `stop_sequences` | `stop` (string or list) | — |
 //! | `max_tokens` | `max_completion_tokens` | OpenAI → Anthropic: `max_completion_tokens`, else `max_tokens`, else 4096 |
-//! | `temperature`, `top_p` | `temperature`, `top_p` | OpenAI temperature above 1 is clamped to 1 (`temperature_clamped`) |
+//! | `temperature`, `top_p` | `temperature`, `top_p` | OpenAI temperature above 1 is clamped to 1 (`temperature_clamped`); to Anthropic, `top_p` given with `temperature` is dropped (`top_p`): Claude's newer models refuse the two together |
 //! | `metadata.user_id` | `user` | — |
 //! | `stream` | `stream` (+ `stream_options.include_usage: true` upstream) | — |
 //! | `output_config.format` (or the beta `output_format`) `{type: json_schema, schema}` | `response_format: {type: json_schema, json_schema: {name: "output", schema}}` | structured output is carried both ways; OpenAI `json_object` (no schema) or another format type: untranslatable, never served as free text; other `output_config` keys dropped (`output_config`) |
@@ -96,7 +96,7 @@
 //! `custom_tool_calls`, `strict`, `tool_result_images`, `document_titles`, `misplaced_media`,
 //! `unsupported_blocks`, `unsupported_parts`, `input_audio`, `image_detail`, `message_names`,
 //! `function_messages`, `empty_messages`, `invalid_tool_arguments`,
-//! `assistant_prefill`, `temperature_clamped`.
+//! `assistant_prefill`, `temperature_clamped`, `top_p`.
 
 mod anthropic;
 mod error;

@@ -79,8 +79,16 @@ pub(super) fn convert(
             oa::Stop::One(one) => vec![one],
             oa::Stop::Many(many) => many,
         }),
+        // Claude's newer models refuse the two together ("cannot both be specified"), and
+        // Anthropic advises one or the other: temperature, the one callers mostly mean, stays.
+        top_p: match (temperature, req.top_p) {
+            (Some(_), Some(_)) => {
+                fit.drop("top_p");
+                None
+            }
+            (_, top_p) => top_p,
+        },
         temperature,
-        top_p: req.top_p,
         extra: output_config
             .map(|c| Map::from_iter([("output_config".to_owned(), c)]))
             .unwrap_or_default(),
@@ -233,7 +241,24 @@ fn messages(messages: Vec<oa::Message>, fit: &mut Fitting) -> Result<Conversatio
     };
     // Nothing left (only non-text parts): no system at all rather than an empty list.
     let system = system.filter(|s| !matches!(s, an::Content::Blocks(b) if b.is_empty()));
+    for message in &mut out {
+        drop_blank_text(&mut message.content, fit);
+    }
     Ok((system, out))
+}
+
+/// Anthropic refuses a text block of whitespace only in a list of blocks; OpenAI takes an
+/// empty message, which a merge of same-role turns turns into such a block. Dropped unless
+/// nothing else is left (then the provider says what is wrong with the turn).
+fn drop_blank_text(content: &mut an::Content, fit: &mut Fitting) {
+    let an::Content::Blocks(blocks) = content else {
+        return;
+    };
+    let blank = |b: &an::Block| matches!(b, an::Block::Text { text, .. } if text.trim().is_empty());
+    if blocks.iter().any(blank) && !blocks.iter().all(blank) {
+        blocks.retain(|b| !blank(b));
+        fit.drop("empty_messages");
+    }
 }
 
 fn push_turn(out: &mut Vec<an::Message>, role: an::Role, content: an::Content) {

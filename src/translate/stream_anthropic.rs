@@ -227,7 +227,9 @@ impl ToAnthropic {
     }
 
     /// Applies one tool-call fragment; false when it belongs to an already closed block.
-    fn tool(&mut self, call: oa::ToolCallDelta, out: &mut Vec<u8>) -> bool {
+    fn tool(&mut self, mut call: oa::ToolCallDelta, out: &mut Vec<u8>) -> bool {
+        // Some servers send `"id": ""` on the fragments after the first: no id, not a new one.
+        call.id = call.id.filter(|id| !id.is_empty());
         let function = call.function.unwrap_or_default();
         let arguments = function.arguments.unwrap_or_default();
         // The latest call at that index; a fragment with another id there starts a new call:

@@ -153,6 +153,48 @@ fn temperature_above_anthropics_range_is_clamped() -> Result<(), Untranslatable>
 }
 
 #[test]
+fn top_p_beside_temperature_is_dropped_for_anthropic() -> Result<(), Untranslatable> {
+    let with = |extra: Value| {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        translate(Dir::OpenAiToAnthropic, &body)
+    };
+    let (out, dropped) = with(json!({"temperature": 0.2, "top_p": 0.4}))?;
+    assert_eq!(
+        (out["temperature"].clone(), out.get("top_p")),
+        (json!(0.2), None)
+    );
+    assert_eq!(dropped, ["top_p"]);
+    // Alone, either goes as it came.
+    let (out, dropped) = with(json!({"top_p": 0.4}))?;
+    assert_eq!((out["top_p"].clone(), dropped.len()), (json!(0.4), 0));
+    let (out, _) = with(json!({"temperature": 0}))?;
+    assert_eq!(out["temperature"], 0.0);
+    Ok(())
+}
+
+#[test]
+fn blank_text_merged_into_a_turn_is_dropped_for_anthropic() -> Result<(), Untranslatable> {
+    let body = json!({"model": "m", "messages": [
+        {"role": "user", "content": ""},
+        {"role": "user", "content": [{"type": "text", "text": " "}, {"type": "text", "text": "hi"}]}
+    ]});
+    let (out, dropped) = translate(Dir::OpenAiToAnthropic, &body)?;
+    assert_eq!(
+        out["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    );
+    assert_eq!(dropped, ["empty_messages"]);
+    // A lone empty message is left for the provider to refuse as it would.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": ""}]});
+    let (out, _) = translate(Dir::OpenAiToAnthropic, &body)?;
+    assert_eq!(out["messages"], json!([{"role": "user", "content": ""}]));
+    Ok(())
+}
+
+#[test]
 fn only_server_tools_leave_no_tools_and_no_choice() -> Result<(), Untranslatable> {
     let body = json!({"model": "m", "max_tokens": 5,
         "tools": [{"type": "web_search_20250305", "name": "web_search"}],

@@ -157,6 +157,10 @@ fn single_text(content: an::Content) -> an::Content {
 
 fn normalise_anthropic(mut req: an::Request) -> an::Request {
     req.model = "m".to_owned();
+    // To Anthropic, top_p goes only without temperature (newer Claude models refuse both).
+    if req.temperature.is_some() {
+        req.top_p = None;
+    }
     req.system = req.system.map(single_text);
     for message in &mut req.messages {
         message.content = single_text(message.content.clone());

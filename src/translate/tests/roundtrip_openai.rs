@@ -183,6 +183,10 @@ fn single_part(content: oa::Content) -> oa::Content {
 
 fn normalise_openai(mut req: oa::Request) -> oa::Request {
     req.model = "m".to_owned();
+    // To Anthropic, top_p goes only without temperature (newer Claude models refuse both).
+    if req.temperature.is_some() {
+        req.top_p = None;
+    }
     req.stop = req.stop.map(|s| match s {
         oa::Stop::One(one) => oa::Stop::Many(vec![one]),
         many => many,

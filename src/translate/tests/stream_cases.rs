@@ -561,3 +561,32 @@ fn an_openai_stream_without_a_choice_is_an_error_not_an_empty_answer() {
         Some(json!("message_stop"))
     );
 }
+
+#[test]
+fn an_empty_id_on_a_later_fragment_continues_the_call() {
+    let input = [
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get", "arguments": "{\"a\":"}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "", "function": {"arguments": "1}"}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let out = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
+    let view = anthropic_view(&out);
+    let tools = vec![(
+        "call_1".to_owned(),
+        "get".to_owned(),
+        "{\"a\":1}".to_owned(),
+    )];
+    assert_eq!(
+        view.map(|v| (v.tools, v.stop_reason)),
+        Ok((tools, Some("tool_use".to_owned())))
+    );
+}
