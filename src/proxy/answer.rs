@@ -7,6 +7,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode, header};
 
+use crate::api::ApiKind;
 use crate::policy::admission::Permit;
 use crate::policy::breaker::Ticket;
 use crate::proxy::body::{Accounting, Mode, TapBody};
@@ -195,6 +196,24 @@ pub(crate) fn media_type(headers: &HeaderMap) -> &str {
 /// count and `x-should-retry` are stamped once, by `Proxy::handle`.
 fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
     response::set_header(resp, "x-legate-served-by", call.step.target());
+    let (caller, upstream) = (call.inb.endpoint.api, call.up.kind);
+    let named = match (caller, upstream) {
+        (ApiKind::Anthropic, ApiKind::OpenAi) => Some(("x-request-id", "request-id")),
+        (ApiKind::OpenAi | ApiKind::Responses, ApiKind::Anthropic) => {
+            Some(("request-id", "x-request-id"))
+        }
+        _ => None,
+    };
+    // Translated: each SDK reads the provider's request id under its own API's name
+    // (`request-id`, `x-request-id`); the upstream's stays too.
+    if let Some((theirs, ours)) = named {
+        let headers = resp.headers_mut();
+        if !headers.contains_key(ours)
+            && let Some(id) = headers.get(theirs).cloned()
+        {
+            headers.insert(ours, id);
+        }
+    }
 }
 
 #[cfg(test)]

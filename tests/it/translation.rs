@@ -92,6 +92,36 @@ async fn an_anthropic_caller_is_served_by_an_openai_provider() {
     assert_eq!(translated, Some(1.0));
 }
 
+/// Each SDK reads the provider's request id under its own API's name (`request-id` for
+/// Anthropic's, `x-request-id` for OpenAI's): a translated answer carries it under both.
+#[tokio::test]
+async fn a_translated_answer_names_the_request_id_as_the_callers_sdk_reads_it() {
+    let env =
+        harness::start_with(legate::mock::Script::from_json(TOOL_REPLY).unwrap(), CHAINS).await;
+    let resp = env.messages(VIA_OPENAI).await;
+    assert_eq!(resp.status(), 200);
+    let h = resp.headers();
+    assert!(h["x-request-id"].to_str().unwrap().starts_with("req_mock_"));
+    assert_eq!(h["request-id"], h["x-request-id"]);
+    let resp = env
+        .chat(
+            r#"{"model":"via-anthropic","stream":true,"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let h = resp.headers();
+    assert!(h["request-id"].to_str().unwrap().starts_with("req_mock_"));
+    assert_eq!(h["x-request-id"], h["request-id"]);
+    // Not translated: only the provider's own name.
+    let resp = env
+        .messages(
+            r#"{"model":"claude-x","max_tokens":8,"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .await;
+    assert!(resp.headers().get("request-id").is_some());
+    assert!(resp.headers().get("x-request-id").is_none());
+}
+
 #[tokio::test]
 async fn an_anthropic_stream_from_an_openai_provider_carries_the_tool_call_intact() {
     let env =
