@@ -24,6 +24,15 @@ EXAMPLES = {
 }
 
 
+# file -> the pod annotation naming the containers the identity webhook must leave alone; GKE's
+# metadata server answers every container and has no such opt-out.
+SKIP_ANNOTATIONS = {
+    "eks-irsa.yaml": ("eks.amazonaws.com/skip-containers", ","),
+    "eks-pod-identity.yaml": ("eks.amazonaws.com/skip-containers", ","),
+    "aks-workload-identity.yaml": ("azure.workload.identity/skip-containers", ";"),
+}
+
+
 def docs(name):
     import yaml
 
@@ -87,3 +96,27 @@ def test_legate_check_names_the_documented_credential_source(name, legate_bin):
     assert out.returncode == 0, out.stderr
     assert f"# credentials: {EXAMPLES[name][0]}" in out.stdout, out.stdout
     assert "without a provider key" not in out.stderr
+
+
+@pytest.mark.parametrize("name", sorted(SKIP_ANNOTATIONS))
+def test_the_webhook_leaves_the_agent_without_the_identity(name):
+    # The EKS and Azure webhooks inject the identity into every container the pod does not name:
+    # only legate may hold it.
+    template = docs(name)["Deployment"]["spec"]["template"]
+    annotation, separator = SKIP_ANNOTATIONS[name]
+    value = (template["metadata"].get("annotations") or {}).get(annotation, "")
+    skipped = {n.strip() for n in value.split(separator)}
+    assert {c["name"] for c in template["spec"]["containers"]} <= skipped, (name, value)
+    assert "legate" not in skipped, name
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_legate_has_the_examples_probes(name):
+    # The same probes as deployment.yaml. Without the readiness probe legate's container stays
+    # ready while /readyz fails, and the LegateNotReady alert never fires for these pods.
+    example = deploytool.load_yaml(deploytool.K8S / "deployment.yaml")
+    reference, _ = legate_env(example["spec"]["template"]["spec"])
+    sidecar, _ = legate_env(docs(name)["Deployment"]["spec"]["template"]["spec"])
+    for probe in ("startupProbe", "readinessProbe"):
+        assert sidecar.get(probe) == reference[probe], (name, probe)
+    assert sidecar["livenessProbe"]["httpGet"] == reference["livenessProbe"]["httpGet"], name

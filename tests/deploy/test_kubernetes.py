@@ -1,12 +1,16 @@
 """The Kubernetes manifests agree with each other and with legate's config: the sidecar is the
 same in the example and in the kustomize component, key files come from the mounted Secret, the
 grace period covers shutdown_grace, probes and scrapes hit the admin port, the agent is pointed
-at the data plane, and every container is locked down. kubernetes-validate checks the schemas in
-.ci/deploy-checks; here the component's patch is merged into a plain Deployment and validated."""
+at the data plane, every container is locked down, legate's buffers fit its memory limit, Claude
+prices cover dated snapshots, and the example never applies a placeholder Secret.
+kubernetes-validate checks the schemas in .ci/deploy-checks; here the component's patch is
+merged into a plain Deployment and validated."""
 
 import copy
 import ipaddress
 import posixpath
+import re
+import tomllib
 
 import kubernetes_validate
 import pytest
@@ -17,6 +21,11 @@ from deploytool import K8S
 
 GRACE_MARGIN_S = 5
 SECRET_NAME = "legate-provider-keys"
+# README's defaults for the [server] keys that bound what legate holds in memory.
+DEFAULT_MAX_BUFFERED_BYTES = 268435456
+DEFAULT_MAX_BODY_BYTES = 33554432
+# Room for legate's own memory beyond the two buffers bounded by max_buffered_bytes.
+OWN_MEMORY_BYTES = 32 * 2**20
 
 
 def example_deployment():
@@ -252,3 +261,64 @@ def test_the_component_patch_yields_a_valid_deployment(version):
     assert merged["spec"]["template"]["metadata"]["annotations"]["team"] == "agents"
     assert merged["spec"]["template"]["metadata"]["labels"]["app"] == "existing-agent"
     assert legate_container(spec)["restartPolicy"] == "Always"
+
+
+def memory_bytes(quantity):
+    """A Kubernetes memory quantity ("256Mi", "1Gi", "512M", "1000") in bytes."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(quantity))
+    assert m, f"unsupported memory quantity {quantity!r}"
+    factor = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+              "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[m.group(2)]
+    return int(m.group(1)) * factor
+
+
+def configs_and_pods():
+    """(name, legate's config, pod spec) for every pod that runs legate: the example, the
+    component, and the cloud examples."""
+    out = [
+        ("deployment.yaml", deploytool.configmap_config(), example_deployment()["spec"]["template"]["spec"]),
+        ("sidecar/legate.toml", tomllib.loads((K8S / "sidecar" / "legate.toml").read_text(encoding="utf-8")),
+         component_patch()["spec"]["template"]["spec"]),
+    ]
+    for path in sorted((K8S / "cloud").glob("*.yaml")):
+        with open(path, encoding="utf-8") as f:
+            docs = {d["kind"]: d for d in yaml.safe_load_all(f) if d}
+        out.append((f"cloud/{path.name}", tomllib.loads(docs["ConfigMap"]["data"]["legate.toml"]),
+                    docs["Deployment"]["spec"]["template"]["spec"]))
+    return out
+
+
+def test_the_example_kustomization_leaves_the_secret_out():
+    # `kubectl apply -k` must never replace the real keys with secret.example.yaml's placeholders.
+    for resource in deploytool.load_yaml(K8S / "kustomization.yaml")["resources"]:
+        with open(K8S / resource, encoding="utf-8") as f:
+            kinds = {d["kind"] for d in yaml.safe_load_all(f) if d}
+        assert "Secret" not in kinds, resource
+
+
+LEGATE_PODS = configs_and_pods()
+
+
+@pytest.mark.parametrize("name,config,spec", LEGATE_PODS, ids=[c[0] for c in LEGATE_PODS])
+def test_legates_buffers_fit_its_memory_limit(name, config, spec):
+    # Request bodies held in memory and upstream answers held whole each have a bound of
+    # max_buffered_bytes: both full, legate must still be under the limit, so that it sheds
+    # with 529 before the kubelet kills it.
+    server = config.get("server", {})
+    buffered = server.get("max_buffered_bytes", DEFAULT_MAX_BUFFERED_BYTES)
+    limit = memory_bytes(legate_container(spec)["resources"]["limits"]["memory"])
+    assert 2 * buffered + OWN_MEMORY_BYTES <= limit, (name, buffered, limit)
+    assert server.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES) <= buffered, name
+
+
+@pytest.mark.parametrize("name,config,spec", LEGATE_PODS, ids=[c[0] for c in LEGATE_PODS])
+def test_claude_prices_cover_dated_snapshots(name, config, spec):
+    # Clients send dated snapshots (claude-sonnet-4-5-20250929, Bedrock's ...-20250929-v1:0,
+    # Vertex's ...@20250929): a Claude price is a prefix pattern, else they go unpriced. OpenAI
+    # names stay exact: gpt-4o* would price gpt-4o-mini and gpt-4o-audio-preview as gpt-4o.
+    for price in config.get("prices", []):
+        provider, _, model = price["model"].partition(":")
+        if "claude" in model:
+            assert model.endswith("*"), (name, price["model"])
+        elif config["providers"][provider].get("kind", provider) in ("openai", "azure-openai"):
+            assert not model.endswith("*"), (name, price["model"])
