@@ -431,6 +431,23 @@ async fn a_reply_cut_at_max_tokens_inside_a_tool_use_exits_4_without_running_it(
 }
 
 #[tokio::test]
+async fn a_reply_whose_tool_calls_share_an_id_exits_5_without_running_any() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[
+            ("dup", "write_file", json!({"path": "a.txt", "content": "a"})),
+            ("dup", "write_file", json!({"path": "b.txt", "content": "b"})),
+        ]),
+        text_reply("never requested"),
+    ]}))
+    .await;
+    let out = s.run(&["write two files"]).await;
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert!(stderr(&out).contains("share the id"), "{}", stderr(&out));
+    assert!(!s.ws().join("a.txt").exists() && !s.ws().join("b.txt").exists());
+    assert_eq!(s.model_requests().await.len(), 1);
+}
+
+#[tokio::test]
 async fn the_turn_limit_exits_2() {
     let s = stack(json!({"default": {
         "content": [{"type": "tool_use", "name": "list_dir", "input": {}}],

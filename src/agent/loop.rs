@@ -14,7 +14,7 @@ use super::client::{Client, ClientError};
 use super::conversation::{self, Conversation};
 use super::dispatch::{Dispatcher, Halt, Mode};
 use super::hooks::{Approve, HookChain};
-use super::reply::Reply;
+use super::reply::{Reply, StreamError};
 use super::resume::OpenTurn;
 use super::tools::{self, ToolContext};
 use super::transcript::{Record, Writer};
@@ -188,6 +188,16 @@ impl Agent {
                     // Nothing to answer: the model is done in all but name.
                     return Some(Outcome::Finished);
                 }
+                // Each result answers one id: with an id missing or given twice, the calls
+                // cannot all be answered (the API refuses the next request), so none runs.
+                if let Some(detail) = unanswerable(&uses) {
+                    return Some(Outcome::Upstream(ClientError::Stream(
+                        StreamError::Malformed {
+                            event: "content_block_start".to_owned(),
+                            detail,
+                        },
+                    )));
+                }
                 self.conversation.push_assistant(reply.content);
                 let mut dispatcher = Dispatcher {
                     hooks: &self.hooks,
@@ -277,6 +287,26 @@ impl TextOut {
 }
 
 /// What the model is told about where it works and what it may do.
+/// Why the calls of a reply cannot each get their own result, if they cannot.
+fn unanswerable(uses: &[conversation::ToolUse]) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    for u in uses {
+        if u.id.is_empty() {
+            return Some(format!(
+                "a tool_use block for `{}` has no id; no call ran",
+                u.name
+            ));
+        }
+        if !seen.insert(u.id.as_str()) {
+            return Some(format!(
+                "two tool_use blocks share the id {:?}; no call ran",
+                u.id
+            ));
+        }
+    }
+    None
+}
+
 pub(super) fn system_prompt(root: &std::path::Path, approve: Approve) -> String {
     let approval = match approve {
         Approve::Auto => "Every tool call that passes the automatic checks runs.",
