@@ -105,29 +105,23 @@ const PROFILE_REREAD: Duration = Duration::from_secs(300);
 /// A profile's keys, read from the file on a blocking thread (it is a file read).
 async fn profile_keys(file: &Path, profile: &str) -> Result<Fetched<AwsCreds>, String> {
     use crate::config::aws_profile::{Found, find, read};
+    let shown = crate::config::shown::shown(&file.to_string_lossy()).into_owned();
     let (path, name) = (file.to_owned(), profile.to_owned());
     let found = tokio::task::spawn_blocking(move || read(&path).map(|t| find(&t, &name)))
         .await
         .map_err(|_| "the shared credentials file could not be read".to_owned())?
-        .map_err(|e| {
-            format!(
-                "cannot read the shared credentials file {}: {}",
-                file.display(),
-                e.kind()
-            )
-        })?;
+        .map_err(|e| format!("cannot read the shared credentials file {shown}: {e}"))?;
     match found {
         Found::Keys(k) => Ok(Fetched {
             value: AwsCreds {
-                access_key_id: Secret::new(k.access_key_id),
-                secret_access_key: Secret::new(k.secret_access_key),
-                session_token: k.session_token.map(|t| Arc::new(Secret::new(t))),
+                access_key_id: k.access_key_id,
+                secret_access_key: k.secret_access_key,
+                session_token: k.session_token.map(Arc::new),
             },
             expires: Some(SystemTime::now() + PROFILE_REREAD),
         }),
-        Found::NoKeys | Found::NoProfile => Err(format!(
-            "the shared credentials file {} no longer holds keys for its profile",
-            file.display()
+        Found::Partial | Found::NoKeys | Found::NoProfile { .. } => Err(format!(
+            "the shared credentials file {shown} no longer holds both keys of its profile"
         )),
     }
 }

@@ -42,8 +42,11 @@ pub(super) async fn fetch(client: &FetchClient, base: &str) -> Result<Fetched<Aw
                 TOKEN_TIMEOUT.as_secs()
             )
         })??;
-    let mut token = HeaderValue::from_maybe_shared(token)
-        .map_err(|_| format!("{what} sent a session token that is not a header value"))?;
+    let token = token.trim_ascii();
+    let mut token = HeaderValue::from_bytes(token)
+        .ok()
+        .filter(|_| !token.is_empty())
+        .ok_or_else(|| format!("{what} sent a session token that is not a header value"))?;
     token.set_sensitive(true);
     let get = |path: String| {
         Request::builder()
@@ -53,11 +56,16 @@ pub(super) async fn fetch(client: &FetchClient, base: &str) -> Result<Fetched<Aw
             .body(Full::new(Bytes::new()))
             .map_err(|_| "the instance metadata URL is not valid".to_owned())
     };
-    let roles = fetch::call(client, get(ROLE_PATH.to_owned())?, what).await?;
+    let no_role = || format!("{what} names no instance role (is one attached to the instance?)");
+    // Without a role the service answers 404 here.
+    let roles = match fetch::call(client, get(ROLE_PATH.to_owned())?, what).await {
+        Err(e) if e.ends_with("answered 404") => return Err(no_role()),
+        other => other?,
+    };
     let role = std::str::from_utf8(&roles)
         .ok()
         .and_then(|r| r.lines().map(str::trim).find(|l| !l.is_empty()))
-        .ok_or_else(|| format!("{what} names no instance role (is one attached?)"))?;
+        .ok_or_else(no_role)?;
     // The name goes into the path: anything but a role name's characters is not one.
     if !role
         .bytes()

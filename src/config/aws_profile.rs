@@ -8,25 +8,32 @@
 
 use std::path::Path;
 
+use crate::config::Secret;
+
 /// A credentials file is a few hundred bytes per profile; one larger than this is not one.
 pub const FILE_LIMIT: u64 = 1 << 20;
 
-/// One profile's keys.
+/// One profile's keys (secrets: their `Debug` shows none).
 #[derive(Debug, PartialEq, Eq)]
 pub struct ProfileKeys {
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub session_token: Option<String>,
+    pub access_key_id: Secret,
+    pub secret_access_key: Secret,
+    pub session_token: Option<Secret>,
 }
 
 /// What the file holds for a profile.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Found {
     Keys(ProfileKeys),
-    /// The profile is there without both keys.
+    /// One of the two keys only.
+    Partial,
+    /// The profile is there without keys.
     NoKeys,
-    /// No `[profile]` section.
-    NoProfile,
+    /// No `[name]` section; `config_style`: there is a `[profile name]` one, the form of
+    /// `~/.aws/config`, which the credentials file does not use.
+    NoProfile {
+        config_style: bool,
+    },
 }
 
 /// The keys of `profile` in the text of a credentials file: `[name]` sections of
@@ -35,8 +42,10 @@ pub enum Found {
 /// twice is read as one (the later lines win).
 pub fn find(text: &str, profile: &str) -> Found {
     let mut in_profile = false;
-    let mut seen = false;
+    let (mut seen, mut config_style) = (false, false);
     let (mut id, mut secret, mut token) = (None, None, None);
+    // A file saved with a byte-order mark (older Windows editors) starts with one.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
@@ -46,6 +55,9 @@ pub fn find(text: &str, profile: &str) -> Found {
             let name = rest.split(']').next().unwrap_or("").trim();
             in_profile = name == profile;
             seen |= in_profile;
+            config_style |= name
+                .strip_prefix("profile ")
+                .is_some_and(|n| n.trim() == profile);
             continue;
         }
         if !in_profile {
@@ -65,13 +77,14 @@ pub fn find(text: &str, profile: &str) -> Found {
         *slot = (!value.is_empty()).then(|| value.to_owned());
     }
     match (id, secret) {
-        (Some(access_key_id), Some(secret_access_key)) => Found::Keys(ProfileKeys {
-            access_key_id,
-            secret_access_key,
-            session_token: token,
+        (Some(id), Some(secret)) => Found::Keys(ProfileKeys {
+            access_key_id: Secret::new(id),
+            secret_access_key: Secret::new(secret),
+            session_token: token.map(Secret::new),
         }),
+        (Some(_), None) | (None, Some(_)) => Found::Partial,
         _ if seen => Found::NoKeys,
-        _ => Found::NoProfile,
+        _ => Found::NoProfile { config_style },
     }
 }
 
@@ -113,17 +126,17 @@ sso_account_id = 123456789012
         assert_eq!(
             find(FILE, "default"),
             Found::Keys(ProfileKeys {
-                access_key_id: "AKIDDEFAULT".into(),
-                secret_access_key: "secret/default+1".into(),
+                access_key_id: Secret::new("AKIDDEFAULT".into()),
+                secret_access_key: Secret::new("secret/default+1".into()),
                 session_token: None,
             })
         );
         assert_eq!(
             find(FILE, "ci"),
             Found::Keys(ProfileKeys {
-                access_key_id: "AKIDCI".into(),
-                secret_access_key: "secret-ci".into(),
-                session_token: Some("token-ci".into()),
+                access_key_id: Secret::new("AKIDCI".into()),
+                secret_access_key: Secret::new("secret-ci".into()),
+                session_token: Some(Secret::new("token-ci".into())),
             })
         );
     }
@@ -131,16 +144,29 @@ sso_account_id = 123456789012
     #[test]
     fn a_profile_without_keys_or_absent_is_told_apart() {
         assert_eq!(find(FILE, "sso-user"), Found::NoKeys);
-        assert_eq!(find(FILE, "prod"), Found::NoProfile);
-        assert_eq!(find("", "default"), Found::NoProfile);
-        // Keys of another profile are never taken.
+        let absent = Found::NoProfile {
+            config_style: false,
+        };
+        assert_eq!(find(FILE, "prod"), absent);
+        assert_eq!(find("", "default"), absent);
+        // Keys of another profile are never taken; one key of two is told apart.
         assert_eq!(
             find(
                 "[a]\naws_access_key_id=X\n[b]\naws_secret_access_key=Y\n",
                 "b"
             ),
-            Found::NoKeys
+            Found::Partial
         );
+        assert_eq!(
+            find("[profile dev]\naws_access_key_id=X\n", "dev"),
+            Found::NoProfile { config_style: true }
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_crlf_lines_are_read_through() {
+        let text = "\u{feff}[default]\r\naws_access_key_id = A\r\naws_secret_access_key = B\r\n";
+        assert!(matches!(find(text, "default"), Found::Keys(_)));
     }
 
     #[test]

@@ -210,7 +210,7 @@ async fn step_body(
     proxy: &Proxy,
     snap: &Snapshot,
     inb: &Inbound,
-    step: &ChainStep,
+    (step, last): (&ChainStep, bool),
     (upstream, on_platform): (ApiKind, bool),
     exec: &mut Exec,
 ) -> Result<Result<bytes::Bytes, StepEnd>, ProxyError> {
@@ -234,7 +234,7 @@ async fn step_body(
     }
     if counting {
         return Ok(Err(
-            match estimate::answer(inb, step, upstream, &proxy.estimates).await? {
+            match estimate::answer(inb, (step, last), upstream, &proxy.estimates).await? {
                 Ok(resp) => StepEnd::Answer(resp),
                 Err(why) => unfit(inb, exec, step, &why),
             },
@@ -278,7 +278,8 @@ async fn run_step(
         .ok_or(ProxyError::Internal)?;
     let spoken = up.speaks(inb.endpoint.api);
     let on_platform = up.cloud.is_some();
-    let body = match step_body(proxy, snap, inb, step, (spoken, on_platform), exec).await? {
+    let last = later.is_empty();
+    let body = match step_body(proxy, snap, inb, (step, last), (spoken, on_platform), exec).await? {
         Ok(body) => body,
         Err(end) => return Ok(end),
     };

@@ -32,10 +32,13 @@ pub const CONCURRENT: usize = 4;
 pub const WAIT: Duration = Duration::from_secs(2);
 
 /// The estimate for `step` (of kind `upstream`), or why this step cannot take the request;
-/// shed (`Err`) when no count is free within `WAIT`.
+/// shed (`Err`) when no count is free within `WAIT`. A request the `last` step of its chain
+/// cannot take either is still counted, as the caller wrote it: a count is an estimate, never
+/// a 400 (SPEC §3), and the request itself gets the refusal. Before the last step it moves on,
+/// as the request would, to a step that may count it for real.
 pub async fn answer(
     inb: &Inbound,
-    step: &ChainStep,
+    (step, last): (&ChainStep, bool),
     upstream: ApiKind,
     gate: &Arc<Semaphore>,
 ) -> Result<Result<Response<ProxyBody>, String>, ProxyError> {
@@ -63,9 +66,9 @@ pub async fn answer(
                     (upstream, &translated[..])
                 }
                 // A request this step could not be sent (a forced server tool, a Files-API
-                // image) is still counted, as the caller wrote it: a count is an estimate,
-                // never a 400 (SPEC §3), and the request itself gets the refusal.
-                Err(_) => (caller, &body[..]),
+                // image).
+                Err(_) if last => (caller, &body[..]),
+                Err(e) => return Err(e.0),
             },
         };
         tokens::input_tokens(kind, &model, sent)

@@ -81,7 +81,13 @@ fn loose_message(body: &[u8]) -> String {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &text[..end])
+    // Cut between words: a key the upstream echoed is redacted whole later, and a cut through
+    // one would leave a part the redactor cannot recognise. A first kilobyte without a space
+    // is not a message to cut.
+    match text[..end].rfind(char::is_whitespace) {
+        Some(space) => format!("{}…", text[..space].trim_end()),
+        None => String::new(),
+    }
 }
 
 /// `{"error":{…}}`, or the error object at the top level as some compatible servers send it.
@@ -211,9 +217,19 @@ mod tests {
         // An HTML page is not a message; a long one is cut.
         let (_, out) = to_anthropic(502, b"<html><body>Bad Gateway</body></html>");
         assert!(message(&out).is_some_and(|m| m.contains("without a readable error")));
-        let long = format!(r#"{{"error":"{}"}}"#, "é".repeat(2000));
+        let long = format!(r#"{{"error":"{}"}}"#, "é ".repeat(1000));
         let (_, out) = to_anthropic(500, long.as_bytes());
-        assert!(message(&out).is_some_and(|m| m.len() <= LOOSE_LIMIT + 3 && m.ends_with('…')));
+        assert!(message(&out).is_some_and(|m| m.len() <= LOOSE_LIMIT + 3 && m.ends_with("é…")));
+        // Never cut through a word (a key the upstream echoed is redacted whole, later).
+        let key = "sk-".to_owned() + &"a".repeat(60);
+        let long = format!(r#"{{"error":"{} {key} more"}}"#, "x".repeat(1000));
+        let (_, out) = to_anthropic(500, long.as_bytes());
+        assert!(message(&out).is_some_and(|m| !m.contains("sk-")), "{out:?}");
+        let (_, out) = to_anthropic(
+            500,
+            format!(r#"{{"error":"{}"}}"#, "k".repeat(2000)).as_bytes(),
+        );
+        assert!(message(&out).is_some_and(|m| m.contains("without a readable error")));
     }
 
     #[test]

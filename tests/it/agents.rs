@@ -119,7 +119,10 @@ async fn count_tokens_through_a_cross_provider_alias_is_estimated_locally() {
 
 #[tokio::test]
 async fn count_tokens_of_a_request_the_translated_step_cannot_take_is_still_an_estimate() {
-    let env = harness::start(CHAINS).await;
+    let chains = format!(
+        "{CHAINS}\n[[models]]\nname = \"gpt-then-claude\"\nchain = [\"openai:gpt-4o-mini\", \"anthropic:claude-haiku-4-5\"]\n"
+    );
+    let env = harness::start(&chains).await;
     // A forced server tool and a Files-API image: neither can go to an OpenAI step.
     for body in [
         json!({"model": "xgpt", "messages": [{"role": "user", "content": "hello"}],
@@ -143,6 +146,28 @@ async fn count_tokens_of_a_request_the_translated_step_cannot_take_is_still_an_e
         assert!(v["input_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
     }
     assert!(env.mock.requests().is_empty(), "no upstream call");
+    // With a later step that can take it, the count goes there, as the request would.
+    let body = json!({"model": "gpt-then-claude", "messages": [{"role": "user", "content": "hello"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        "tool_choice": {"type": "tool", "name": "web_search"}});
+    let resp = env
+        .http
+        .post(env.url("/v1/messages/count_tokens"))
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:claude-haiku-4-5"
+    );
+    assert!(resp.headers().get("x-legate-estimate").is_none());
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].path, "/v1/messages/count_tokens");
 }
 
 #[tokio::test]

@@ -1034,4 +1034,26 @@ async fn bedrock_takes_the_instance_role_or_a_profile_when_nothing_comes_before(
     let text = resp.text().await.unwrap();
     assert!(text.contains("instance metadata service"), "{text}");
     assert!(c.env.mock.requests().is_empty());
+
+    // One that takes the connection and never answers (a container behind a hop limit of 1
+    // gets no token back) is given up on after a second, not the fetch's ten.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            conns.push(conn);
+        }
+    });
+    let hung = [
+        ("HOME", home_s.as_str()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", ""),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", silent_url.as_str()),
+    ];
+    let c = start_env(r#"{"replies":[]}"#, CloudOptions::default(), "", &hung).await;
+    let resp = c.env.messages(one).await;
+    assert_eq!(resp.status(), 502);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("gave no session token within 1s"), "{text}");
+    held.abort();
 }

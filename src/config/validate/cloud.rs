@@ -183,8 +183,11 @@ struct AwsEndpoints {
     metadata: Option<String>,
 }
 
-/// The AWS default chain, in the SDKs' order: environment keys, the shared credentials file,
-/// web identity, the container endpoint, then the instance metadata service.
+/// The AWS default chain: environment keys, web identity, the shared credentials file, the
+/// container endpoint, then the instance metadata service. Web identity comes before the file
+/// as in botocore and the Java SDK (some SDKs read the file first): in a pod, the token the
+/// IRSA webhook mounts is the identity asked for, and a credentials file baked into an image
+/// is not. A `credentials_file` in legate's config is asked for by name: it comes first.
 fn aws_chain(
     p: &ProviderFile,
     at: &str,
@@ -192,6 +195,13 @@ fn aws_chain(
     region: &str,
     endpoints: AwsEndpoints,
 ) -> AwsSource {
+    let configured = p
+        .credentials_file
+        .clone()
+        .filter(|f| !f.as_os_str().is_empty());
+    if let Some(file) = configured {
+        return aws_profile(Some(file), at, cx).unwrap_or(AwsSource::Missing);
+    }
     if let (Some(id), Some(secret)) = (
         env(cx, "AWS_ACCESS_KEY_ID"),
         env(cx, "AWS_SECRET_ACCESS_KEY"),
@@ -201,9 +211,6 @@ fn aws_chain(
             secret_access_key: Secret::new(secret),
             session_token: env(cx, "AWS_SESSION_TOKEN").map(Secret::new),
         };
-    }
-    if let Some(source) = aws_profile(p, at, cx) {
-        return source;
     }
     if let (Some(file), Some(role_arn)) = (
         env(cx, "AWS_WEB_IDENTITY_TOKEN_FILE"),
@@ -220,6 +227,9 @@ fn aws_chain(
             session_name: env(cx, "AWS_ROLE_SESSION_NAME").unwrap_or_else(|| "legate".to_owned()),
             sts_endpoint: sts_endpoint.trim_end_matches('/').to_owned(),
         };
+    }
+    if let Some(source) = aws_profile(None, at, cx) {
+        return source;
     }
     let url = endpoints
         .container
@@ -238,57 +248,111 @@ fn aws_chain(
     let disabled =
         env(cx, "AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
     // A `metadata_url` in the file is asked for: the variable does not turn it off.
-    match endpoints.metadata {
-        Some(url) => AwsSource::Instance { url },
-        None if disabled => AwsSource::Missing,
-        None => AwsSource::Instance {
-            url: env(cx, "AWS_EC2_METADATA_SERVICE_ENDPOINT")
-                .and_then(|u| super::providers::normalize_base_url(&u).ok())
-                .unwrap_or_else(|| "http://169.254.169.254".to_owned()),
-        },
+    if let Some(url) = endpoints.metadata {
+        return AwsSource::Instance { url };
     }
+    if disabled {
+        return AwsSource::Missing;
+    }
+    let url = match env(cx, "AWS_EC2_METADATA_SERVICE_ENDPOINT") {
+        None => "http://169.254.169.254".to_owned(),
+        Some(u) => match super::providers::normalize_base_url(&u) {
+            Ok(u) => u,
+            Err(m) => {
+                cx.err(
+                    &format!("{at}.metadata_url (AWS_EC2_METADATA_SERVICE_ENDPOINT)"),
+                    m,
+                );
+                return AwsSource::Missing;
+            }
+        },
+    };
+    AwsSource::Instance { url }
 }
 
-/// The shared credentials file's source, when it holds the profile's keys: `credentials_file`,
-/// else `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`; the profile `AWS_PROFILE`,
-/// else `default`. A file or a profile the operator named that gives no keys is an error:
-/// the SDKs would find such a profile in `~/.aws/config` (SSO, a role, a process), with
-/// machinery legate does not have, and going on down the chain would serve under another
-/// identity than the one asked for.
-fn aws_profile(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<AwsSource> {
+/// The shared credentials file's source, when it holds the profile's keys: `configured`
+/// (`credentials_file`), else `AWS_SHARED_CREDENTIALS_FILE` (a leading `~/` is the home
+/// directory, as the SDKs read it), else `~/.aws/credentials`; the profile `AWS_PROFILE`,
+/// else `default`. A file or a profile the operator named that gives no keys is an error, as
+/// is a profile with one key of the two: the SDKs would find such a profile in
+/// `~/.aws/config` (SSO, a role, a process, or keys), which legate does not read, and going on
+/// down the chain would serve under another identity than the one asked for.
+fn aws_profile(configured: Option<PathBuf>, at: &str, cx: &mut Cx) -> Option<AwsSource> {
     use crate::config::aws_profile::{Found, find, read};
-    let configured = p
-        .credentials_file
-        .clone()
-        .filter(|f| !f.as_os_str().is_empty());
     let named = env(cx, "AWS_PROFILE");
+    let home = env(cx, "HOME");
     let file = match configured.clone() {
-        Some(f) => f,
+        Some(f) => Some(f),
         None => match env(cx, "AWS_SHARED_CREDENTIALS_FILE") {
-            Some(f) => PathBuf::from(f),
-            None => PathBuf::from(env(cx, "HOME")?)
-                .join(".aws")
-                .join("credentials"),
+            Some(f) => match (f.strip_prefix("~/"), &home) {
+                (Some(rest), Some(home)) => Some(PathBuf::from(home).join(rest)),
+                _ => Some(PathBuf::from(f)),
+            },
+            None => home
+                .as_ref()
+                .map(|h| PathBuf::from(h).join(".aws").join("credentials")),
         },
     };
     let profile = named.clone().unwrap_or_else(|| "default".to_owned());
-    let shown_file = || crate::config::shown::shown(&file.to_string_lossy()).into_owned();
     let shown_profile = || crate::config::shown::shown(&profile).into_owned();
-    let problem = match read(&file) {
-        Ok(text) => match find(&text, &profile) {
-            Found::Keys(_) => return Some(AwsSource::Profile { file, profile }),
-            Found::NoKeys => format!(
-                "profile `{}` in {} has no aws_access_key_id and aws_secret_access_key \
-                 (legate reads static keys only, not SSO, role or process profiles)",
-                shown_profile(),
-                shown_file()
-            ),
-            Found::NoProfile => format!("{} has no profile `{}`", shown_file(), shown_profile()),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            format!("{} does not exist", shown_file())
+    const NOT_READ: &str = "legate reads a profile's static keys from the shared credentials \
+         file only, not ~/.aws/config (SSO, role_arn, credential_process or keys there)";
+    let problem = match &file {
+        None => format!(
+            "no shared credentials file to find profile `{}` in (HOME is not set)",
+            shown_profile()
+        ),
+        Some(file) => {
+            let shown_file = || crate::config::shown::shown(&file.to_string_lossy()).into_owned();
+            match read(file) {
+                Ok(text) => match find(&text, &profile) {
+                    Found::Keys(_) => {
+                        return Some(AwsSource::Profile {
+                            file: file.clone(),
+                            profile,
+                        });
+                    }
+                    Found::Partial => {
+                        // One key of two is a mistake wherever it is: never passed over.
+                        cx.err(
+                            at,
+                            format!(
+                                "profile `{}` in {} has only one of aws_access_key_id and \
+                                 aws_secret_access_key",
+                                shown_profile(),
+                                shown_file()
+                            ),
+                        );
+                        return None;
+                    }
+                    Found::NoKeys => format!(
+                        "profile `{}` in {} has no aws_access_key_id and \
+                         aws_secret_access_key ({NOT_READ})",
+                        shown_profile(),
+                        shown_file()
+                    ),
+                    Found::NoProfile { config_style } => format!(
+                        "{} has no profile `{}`{} ({NOT_READ})",
+                        shown_file(),
+                        shown_profile(),
+                        if config_style {
+                            format!(
+                                "; a `[profile {}]` section is ~/.aws/config's form: in the \
+                                 credentials file it is written `[{}]`",
+                                shown_profile(),
+                                shown_profile()
+                            )
+                        } else {
+                            String::new()
+                        }
+                    ),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    format!("{} does not exist ({NOT_READ})", shown_file())
+                }
+                Err(e) => format!("cannot read {}: {e}", shown_file()),
+            }
         }
-        Err(e) => format!("cannot read {}: {e}", shown_file()),
     };
     if configured.is_some() {
         cx.err(&format!("{at}.credentials_file"), problem);

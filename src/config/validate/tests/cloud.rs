@@ -107,20 +107,24 @@ fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys
     )
     .unwrap();
     let home = dir.path().display().to_string();
-    let web = [
-        ("HOME", home.as_str()),
-        ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
-        ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
-    ];
-    // The profile comes before web identity, as in the SDKs' chain.
     assert_eq!(
-        aws(&load(BEDROCK, &web)),
+        aws(&load(BEDROCK, &[("HOME", home.as_str())])),
         &AwsSource::Profile {
             file: home_file.clone(),
             profile: "default".into()
         }
     );
-    // Environment keys come before it.
+    // Web identity comes before it (a file baked into an image is not the pod's identity),
+    // and environment keys before both.
+    let web = [
+        ("HOME", home.as_str()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+        ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
+    ];
+    assert!(matches!(
+        aws(&load(BEDROCK, &web)),
+        AwsSource::WebIdentity { .. }
+    ));
     let keys = [
         ("HOME", home.as_str()),
         ("AWS_ACCESS_KEY_ID", "AKID"),
@@ -129,6 +133,12 @@ fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys
     assert!(matches!(
         aws(&load(BEDROCK, &keys)),
         AwsSource::Static { .. }
+    ));
+    // A file named in legate's config is asked for: it comes first.
+    let toml = format!("{BEDROCK}credentials_file = \"{}\"\n", home_file.display());
+    assert!(matches!(
+        aws(&load(&toml, &keys)),
+        AwsSource::Profile { .. }
     ));
 
     // AWS_SHARED_CREDENTIALS_FILE and AWS_PROFILE choose the file and the profile.
@@ -144,6 +154,16 @@ fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys
         ("AWS_SHARED_CREDENTIALS_FILE", other_s.as_str()),
         ("AWS_PROFILE", "ci"),
     ];
+    // `~/` is the home directory, as the SDKs read the variable.
+    let tilde = [
+        ("HOME", home.as_str()),
+        ("AWS_SHARED_CREDENTIALS_FILE", "~/creds"),
+        ("AWS_PROFILE", "ci"),
+    ];
+    assert!(matches!(
+        aws(&load(BEDROCK, &tilde)),
+        AwsSource::Profile { .. }
+    ));
     assert_eq!(
         aws(&load(BEDROCK, &chosen)),
         &AwsSource::Profile {
@@ -159,14 +179,42 @@ fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys
     ));
 
     // A profile the operator named that gives no keys is refused, not passed over for
-    // another identity.
-    for profile in ["sso", "absent"] {
-        let named = [("HOME", home.as_str()), ("AWS_PROFILE", profile)];
-        let errs = load_str(&format!("{DIRECT}{BEDROCK}"), &env_of(&named))
-            .expect_err("an unusable named profile");
+    // another identity; so is one without a HOME to find the file in.
+    let named = |profile: &'static str, with_home: bool| {
+        let mut pairs = vec![("AWS_PROFILE", profile)];
+        if with_home {
+            pairs.push(("HOME", home.as_str()));
+        }
+        load_str(&format!("{DIRECT}{BEDROCK}"), &env_of(&pairs))
+    };
+    for (profile, with_home, said) in [
+        ("sso", true, "~/.aws/config"),
+        ("absent", true, "has no profile `absent`"),
+        ("default", false, "HOME is not set"),
+    ] {
+        let errs = named(profile, with_home).expect_err("an unusable named profile");
         assert!(errs.has_path("providers.br"), "{errs}");
-        assert!(errs.to_string().contains("AWS_PROFILE"), "{errs}");
+        let text = errs.to_string();
+        assert!(
+            text.contains("AWS_PROFILE") && text.contains(said),
+            "{text}"
+        );
     }
+    // One key of two is refused even in the default profile, and a `[profile x]` section is
+    // told apart.
+    std::fs::write(
+        &home_file,
+        "[default]\naws_access_key_id = AKIDHOME\n[profile dev]\naws_access_key_id = A\n",
+    )
+    .unwrap();
+    let errs = load_str(
+        &format!("{DIRECT}{BEDROCK}"),
+        &env_of(&[("HOME", home.as_str())]),
+    )
+    .expect_err("half a key pair");
+    assert!(errs.to_string().contains("only one of"), "{errs}");
+    let errs = named("dev", true).expect_err("a config-style section");
+    assert!(errs.to_string().contains("`[dev]`"), "{errs}");
     // So is a configured file that does not hold it.
     let toml = format!(
         "{BEDROCK}credentials_file = \"{}\"\n",
@@ -184,6 +232,13 @@ fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys
 
 #[test]
 fn bedrock_instance_metadata_endpoint_comes_from_config_or_the_environment() {
+    let bad = [("AWS_EC2_METADATA_SERVICE_ENDPOINT", "not a url")];
+    let errs = load_str(&format!("{DIRECT}{BEDROCK}"), &env_of(&bad)).expect_err("a bad URL");
+    assert!(
+        errs.to_string()
+            .contains("AWS_EC2_METADATA_SERVICE_ENDPOINT"),
+        "{errs}"
+    );
     let env = [(
         "AWS_EC2_METADATA_SERVICE_ENDPOINT",
         "http://[fd00:ec2::254]/",
