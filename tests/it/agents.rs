@@ -94,20 +94,24 @@ async fn system_messages_after_the_first_turn_stay_in_place_on_an_anthropic_step
     );
 }
 
-#[tokio::test]
-async fn count_tokens_through_a_cross_provider_alias_is_estimated_locally() {
-    let env = harness::start(CHAINS).await;
-    let body = json!({"model": "xgpt", "system": "You are terse.",
-        "messages": [{"role": "user", "content": "Hello world"}]});
-    let resp = env
-        .http
-        .post(env.url("/v1/messages/count_tokens?beta=true"))
+/// `POST /v1/messages/count_tokens{query}` with `body`.
+async fn count_tokens(env: &harness::Env, query: &str, body: &Value) -> reqwest::Response {
+    env.http
+        .post(env.url(&format!("/v1/messages/count_tokens{query}")))
         .header("anthropic-version", "2023-06-01")
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn count_tokens_through_a_cross_provider_alias_is_estimated_locally() {
+    let env = harness::start(CHAINS).await;
+    let body = json!({"model": "xgpt", "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Hello world"}]});
+    let resp = count_tokens(&env, "?beta=true", &body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-legate-estimate"], "true");
     assert_eq!(resp.headers()["x-legate-served-by"], "openai:gpt-4o-mini");
@@ -131,15 +135,7 @@ async fn count_tokens_of_a_request_the_translated_step_cannot_take_is_still_an_e
         json!({"model": "xgpt", "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]}),
     ] {
-        let resp = env
-            .http
-            .post(env.url("/v1/messages/count_tokens"))
-            .header("anthropic-version", "2023-06-01")
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
+        let resp = count_tokens(&env, "", &body).await;
         assert_eq!(resp.status(), 200, "{body}");
         assert_eq!(resp.headers()["x-legate-estimate"], "true");
         let v: Value = resp.json().await.unwrap();
@@ -150,15 +146,7 @@ async fn count_tokens_of_a_request_the_translated_step_cannot_take_is_still_an_e
     let body = json!({"model": "gpt-then-claude", "messages": [{"role": "user", "content": "hello"}],
         "tools": [{"type": "web_search_20250305", "name": "web_search"}],
         "tool_choice": {"type": "tool", "name": "web_search"}});
-    let resp = env
-        .http
-        .post(env.url("/v1/messages/count_tokens"))
-        .header("anthropic-version", "2023-06-01")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let resp = count_tokens(&env, "", &body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["x-legate-served-by"],
