@@ -296,7 +296,7 @@ fn aws_profile(configured: Option<PathBuf>, at: &str, cx: &mut Cx) -> Option<Aws
     let profile = named.clone().unwrap_or_else(|| "default".to_owned());
     let shown_profile = || crate::config::shown::shown(&profile).into_owned();
     const NOT_READ: &str = "legate reads a profile's static keys from the shared credentials \
-         file only, not ~/.aws/config (SSO, role_arn, credential_process or keys there)";
+         file only, not ~/.aws/config, nor its SSO, role_arn or credential_process profiles";
     let problem = match &file {
         None => format!(
             "no shared credentials file to find profile `{}` in (HOME is not set)",
