@@ -257,16 +257,15 @@ impl State {
         let chat_index = call["index"].as_u64().unwrap_or(0);
         // A fragment with another id at the open call's index starts a new call: some servers
         // (Ollama) number every call 0, or none, and send them one after another.
-        let id = call["id"].as_str();
+        // `"id": ""` on a later fragment (some servers send it) is no id, not a new one.
+        let id = call["id"].as_str().filter(|id| !id.is_empty());
         let same = matches!(&self.open, Open::Call { chat_index: i, upstream_id, .. }
             if *i == chat_index && (id.is_none() || upstream_id.is_none() || id == upstream_id.as_deref()));
         if !same {
             if self.close(out).is_err() {
                 return;
             }
-            let call_id = call["id"]
-                .as_str()
-                .map_or_else(|| format!("call_legate_{chat_index}"), str::to_owned);
+            let call_id = id.map_or_else(|| format!("call_legate_{chat_index}"), str::to_owned);
             let name = call
                 .pointer("/function/name")
                 .and_then(Value::as_str)

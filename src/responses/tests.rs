@@ -385,6 +385,27 @@ fn a_message_the_output_limit_cut_is_an_incomplete_item() {
     assert_eq!(with_call["output"][1]["status"], "incomplete");
 }
 
+/// `"id": ""` on a later fragment continues the call (some servers send it).
+#[test]
+fn an_empty_id_on_a_later_fragment_continues_the_call() {
+    let wire = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\",\"function\":{\"name\":\"weather\",\"arguments\":\"{\\\"city\\\":\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"\",\"function\":{\"arguments\":\"\\\"Paris\\\"}\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut s = ResponsesStream::from_chat(ctx());
+    let mut out = s.push(wire.as_bytes());
+    out.extend(s.finish());
+    let evs = events(&out);
+    let last = evs.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.completed", "{evs:?}");
+    let output = &last["response"]["output"];
+    assert_eq!(output.as_array().map(Vec::len), Some(1), "{output}");
+    assert_eq!(output[0]["call_id"], "a");
+    assert_eq!(output[0]["arguments"], r#"{"city":"Paris"}"#);
+}
+
 /// Calls that share index 0 (Ollama), or carry none, with ids of their own: two function calls,
 /// not one with the arguments of both.
 #[test]
