@@ -118,6 +118,8 @@ struct State {
     model: String,
     seq: u64,
     started: bool,
+    /// A chat chunk carried the first choice (a chat stream without one is no answer).
+    chose: bool,
     ended: bool,
     open: Open,
     done_items: Vec<Value>,
@@ -133,6 +135,7 @@ impl State {
             model: String::new(),
             seq: 0,
             started: false,
+            chose: false,
             ended: false,
             open: Open::None,
             done_items: Vec::new(),
@@ -154,6 +157,12 @@ impl State {
             return;
         }
         if ev.data.starts_with("[DONE]") {
+            // No chunk carried a choice: the streamed form of a completion with no choices,
+            // no answer (SPEC §10), not an empty completed response.
+            if !self.chose {
+                let why = "the upstream stream carried no choices (no answer to pass on)";
+                return self.fail(out, &json!({"code": "server_error", "message": why}));
+            }
             self.start(out);
             return self.complete(out);
         }
@@ -173,6 +182,7 @@ impl State {
         let Some(choice) = chunk.pointer("/choices/0") else {
             return;
         };
+        self.chose = true;
         let delta = &choice["delta"];
         for (key, refusal) in [("content", false), ("refusal", true)] {
             if let Some(text) = delta[key].as_str().filter(|t| !t.is_empty()) {

@@ -385,6 +385,24 @@ fn a_message_the_output_limit_cut_is_an_incomplete_item() {
     assert_eq!(with_call["output"][1]["status"], "incomplete");
 }
 
+/// A chat stream whose chunks carry no choice (only usage, or only `[DONE]`) is no answer:
+/// an error and `response.failed`, never an empty `response.completed`.
+#[test]
+fn a_chat_stream_without_a_choice_fails() {
+    for wire in [
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":0}}\n\ndata: [DONE]\n\n",
+        "data: [DONE]\n\n",
+    ] {
+        let mut s = ResponsesStream::from_chat(ctx());
+        let mut out = s.push(wire.as_bytes());
+        out.extend(s.finish());
+        let evs = events(&out);
+        let kinds = types(&evs);
+        assert_eq!(kinds.last(), Some(&"response.failed"), "{evs:?}");
+        assert!(kinds.contains(&"error") && !kinds.contains(&"response.completed"));
+    }
+}
+
 /// `"id": ""` on a later fragment continues the call (some servers send it).
 #[test]
 fn an_empty_id_on_a_later_fragment_continues_the_call() {

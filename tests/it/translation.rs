@@ -406,6 +406,39 @@ async fn a_body_that_is_no_answer_is_retried_then_a_502_in_both_directions() {
     }
 }
 
+/// A Responses caller served by a Chat-only step gets the same verdict on a chat stream with
+/// no choice: retried, then 502, never an empty `response.completed`.
+#[tokio::test]
+async fn a_chat_stream_without_a_choice_is_no_answer_for_a_responses_caller_either() {
+    let body = [
+        crate::rawup::chat_chunk("{}", "null").replace(
+            r#""choices":[{"index":0,"delta":{},"finish_reason":null}]"#,
+            r#""choices":[]"#,
+        ),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let reply = crate::rawup::reply_of("text/event-stream", &body);
+    let up = crate::rawup::start(move |_req| {
+        let action = crate::rawup::Action::Reply(reply.clone());
+        async move { action }
+    })
+    .await;
+    let chat_only = format!(
+        "[providers.chat]\nkind = \"openai\"\nbase_url = \"{}\"\napi_key_env = \"OPENAI_API_KEY\"\nresponses = false\n\n[[models]]\nname = \"local\"\nchain = [\"chat:llama\"]\n{CHAINS}",
+        up.url
+    );
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", &chat_only)).await;
+    let resp = env
+        .responses(r#"{"model":"local","stream":true,"input":"hi"}"#)
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-legate-attempts"], "3");
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("no choices"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
 /// A tool call the output limit cut (finish `length`) is not a broken answer: the same request
 /// would be cut the same way, so it is served once, under `max_tokens`, whole or streamed, and
 /// never retried into three bills.
