@@ -357,8 +357,12 @@ impl Proxy {
             f.overhead = Some(overhead);
             f.attempts = stats.attempts;
             // Nearly always the target of the attempt that answered: shared, not copied.
+            // The header escapes what it cannot hold; the record keeps the name itself.
             f.served_by = served_by.map(|s| match f.steps.last() {
                 Some(a) if a.called.target() == s => a.called.shared_target().clone(),
+                Some(a) if response::escaped(a.called.target()) == s => {
+                    a.called.shared_target().clone()
+                }
                 _ => std::sync::Arc::from(s),
             });
         });

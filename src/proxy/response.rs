@@ -174,6 +174,29 @@ pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &st
     }
 }
 
+/// `set_header` for a value that may hold what a header cannot (a model name the caller
+/// chose, with non-ASCII or control characters): those bytes, and `%`, are written as `%XX`
+/// rather than the header being left out.
+pub fn set_header_text(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
+    let v = HeaderValue::from_str(value).or_else(|_| HeaderValue::from_str(&escaped(value)));
+    if let Ok(v) = v {
+        resp.headers_mut().insert(header_name(name), v);
+    }
+}
+
+/// `value` with every byte outside printable ASCII (and `%`) percent-encoded.
+pub fn escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 8);
+    for b in value.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// `set_header` for a value built for it: its bytes become the header's, not a copy.
 pub fn set_header_owned(resp: &mut Response<ProxyBody>, name: &'static str, value: String) {
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {

@@ -468,3 +468,24 @@ async fn a_caller_gone_during_a_retry_wait_is_recorded_with_its_attempt() {
     assert_eq!(doc["attempts"], 1, "{doc}");
     assert_eq!(env.mock.stats().requests, 1);
 }
+
+/// A model name a header cannot hold (non-ASCII, a control character) still names the step
+/// that served it: escaped in `x-legate-served-by`, as it is in the request's record.
+#[tokio::test]
+async fn a_model_name_a_header_cannot_hold_is_escaped_in_served_by() {
+    let env = harness::start("").await;
+    let body = serde_json::json!({"model": "f\u{f6}\u{f6}\u{7}", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let resp = env.messages(body.to_string()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:f%C3%B6%C3%B6%07"
+    );
+    let rid = resp.headers()["x-legate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    assert_eq!(doc["served_by"], "anthropic:f\u{f6}\u{f6}\u{7}", "{doc}");
+}
