@@ -37,8 +37,10 @@ pub(super) async fn fetch(client: &FetchClient, base: &str) -> Result<Fetched<Aw
         .await
         .map_err(|_| {
             format!(
-                "{what} gave no session token within {}s (not an EC2 instance, or a container \
-                 behind a metadata hop limit of 1)",
+                "{what} gave no session token within {}s: not an EC2 instance, or a container \
+                 behind a metadata hop limit of 1. It is the AWS chain's last source, asked \
+                 because none before it was set (AWS_ACCESS_KEY_ID, AWS_WEB_IDENTITY_TOKEN_FILE, \
+                 a profile in ~/.aws/credentials, AWS_CONTAINER_CREDENTIALS_FULL_URI)",
                 TOKEN_TIMEOUT.as_secs()
             )
         })??;
