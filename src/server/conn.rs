@@ -39,6 +39,13 @@ use tokio::time::{Instant, Sleep};
 /// one is chosen only once every other is busy or younger still.
 pub const EVICTABLE_AFTER: Duration = Duration::from_millis(100);
 
+/// The grace an HTTP/2 connection closed for a new peer gets after its GOAWAY, with nothing in
+/// flight: enough for a client that reads its socket to answer the GOAWAY's PING (a round trip
+/// on the same host) and for a stream that raced the GOAWAY to arrive (it is then served). A
+/// client that does not read its idle connections (some SDKs' HTTP/2 transports) would
+/// otherwise hold the slot for the whole `header_read_timeout` while the new peer waits.
+pub const EVICTED_GRACE: Duration = Duration::from_secs(1);
+
 /// Bytes that HTTP/2 streams cut for want of credit may leave with hyper on one connection
 /// (see [`super::stall`]) before it is asked to end with GOAWAY: one whole answer at the most
 /// legate holds (`proxy::upread`'s 16 MiB). One such stream, or a few streams cut with
@@ -202,6 +209,12 @@ impl ConnWatch {
             && now.saturating_duration_since(s.idle_since) >= EVICTABLE_AFTER
     }
 
+    /// It was chosen to be closed for a new peer and is still open (an HTTP/2 one in its
+    /// GOAWAY's grace).
+    pub fn closing_for_room(&self) -> bool {
+        self.lock().evicted
+    }
+
     /// Closes the connection now if it may be chosen at `now` ([`ConnWatch::idleness`]): an
     /// HTTP/1 one at once, an HTTP/2 one after GOAWAY and its usual grace; whether it was.
     pub fn evict_if_idle(&self, now: Instant) -> bool {
@@ -339,9 +352,16 @@ impl ConnWatch {
         };
         let idle = s.idle_since
             + if s.goaway {
-                self.limits
+                let grace = self
+                    .limits
                     .header_read_timeout
-                    .min(self.limits.connection_idle_timeout)
+                    .min(self.limits.connection_idle_timeout);
+                // Closed for a new peer: that peer waits on this grace.
+                if s.evicted {
+                    grace.min(EVICTED_GRACE)
+                } else {
+                    grace
+                }
             } else {
                 self.limits.connection_idle_timeout
             };
@@ -789,9 +809,11 @@ mod tests {
         assert!(w.evict_if_idle(evicted));
         let asked = asked.await.unwrap();
         assert_eq!(asked, evicted);
-        // Streams whose answers hyper still holds get the grace any GOAWAY gets.
+        // Closed for a new peer that waits on it, it gets a short grace, not
+        // `header_read_timeout`: a client that never reads its idle connection (and so never
+        // answers the GOAWAY's PING) holds the slot no longer than that.
         let dropped = dropped.await.unwrap();
-        assert_eq!(dropped - asked, LIMITS.header_read_timeout);
+        assert_eq!(dropped - asked, EVICTED_GRACE);
     }
 
     /// A watched connection with a request in flight, over a socket that holds 1 KiB: the

@@ -39,11 +39,23 @@ impl Roster {
     }
 
     /// Closes the open connection that has waited longest for a request (one with nothing
-    /// pending first); whether there was one.
+    /// pending first); whether there was one. While a connection closed this way is still
+    /// open (an HTTP/2 one in its GOAWAY's short grace), none other is: its slot is coming,
+    /// and a full plane asking again every [`EVICTABLE_AFTER`] would otherwise send every
+    /// idle HTTP/2 connection GOAWAY in turn for one new peer.
+    ///
+    /// [`EVICTABLE_AFTER`]: super::conn::EVICTABLE_AFTER
     pub fn evict_longest_idle(&self) -> bool {
         let now = tokio::time::Instant::now();
         let mut watches = self.watches.lock();
         watches.retain(|w| w.strong_count() > 0);
+        if watches
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|w| w.closing_for_room())
+        {
+            return false;
+        }
         let chosen = watches
             .iter()
             .filter_map(Weak::upgrade)
@@ -98,9 +110,15 @@ mod tests {
         assert!(!roster.evict_longest_idle());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(newer.idleness(now()).is_some());
+        // While the chosen one is still closing (an HTTP/2 one in its GOAWAY's grace), no
+        // other is closed: its slot is on its way.
+        assert!(!roster.evict_longest_idle());
+        assert!(newer.idleness(now()).is_some());
+        drop(older);
         assert!(roster.evict_longest_idle());
         assert!(newer.idleness(now()).is_none());
         // Only the busy one is left.
+        drop(newer);
         assert!(!roster.evict_longest_idle());
     }
 

@@ -20,6 +20,7 @@ mod cloud;
 mod cloud_secrets;
 mod connections;
 mod errors;
+mod h2_evict;
 mod h2_head;
 mod h2_limits;
 mod h2_upstream;
