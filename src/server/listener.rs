@@ -280,6 +280,16 @@ where
 /// Counts a connection in its plane's gauge until it is dropped, served or not.
 struct Open(prometheus::IntGauge);
 
+/// Connections ended, both planes, since start: a connection's end frees what it held (a
+/// stalled reader's cut streams, buffers), which the idle trim must hear of as it hears of
+/// requests (`release`).
+static ENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many connections have ended since start.
+pub fn connections_ended() -> u64 {
+    ENDED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Open {
     fn new(gauge: &prometheus::IntGauge) -> Open {
         gauge.inc();
@@ -290,6 +300,7 @@ impl Open {
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.dec();
+        ENDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -383,5 +394,17 @@ mod tests {
         assert!(slot.is_some());
         // Under a kubelet probe's 1 s timeout with room to spare (it was 1 s and more).
         assert!(waited <= Duration::from_millis(250), "{waited:?}");
+    }
+
+    #[test]
+    fn a_connections_end_is_counted_for_the_idle_trim() {
+        let gauge = prometheus::IntGauge::new("test_open", "open").unwrap();
+        let before = connections_ended();
+        let open = Open::new(&gauge);
+        assert_eq!(gauge.get(), 1);
+        drop(open);
+        assert_eq!(gauge.get(), 0);
+        // Other tests' connections may end meanwhile: at least this one is counted.
+        assert!(connections_ended() > before);
     }
 }

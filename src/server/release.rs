@@ -8,7 +8,9 @@
 //!
 //! `malloc_trim` gives those pages back, but it walks the heap under the allocator's lock, so a
 //! request allocating at the same time would wait for it: it runs only after a whole
-//! [`CHECK_EVERY`] period in which no request arrived, once per quiet spell, never under load.
+//! [`CHECK_EVERY`] period in which no request arrived and no connection ended, once per quiet
+//! spell, never under load. A connection's end counts as a request does: what it held (streams
+//! cut for a reader that never read them) is freed then, with no request to follow.
 //! A process that is never idle never trims, and then has nothing a trim would find either:
 //! its freed pages are being reused.
 //!
@@ -61,10 +63,13 @@ pub fn spawn(proxy: Arc<Proxy>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut quiet = Quiet::new(proxy.requests_seen());
+        // Requests, and connections' ends: memory a connection held (streams cut for a
+        // reader that never read them) is freed when it ends, with no request to follow.
+        let activity = || proxy.requests_seen() + super::listener::connections_ended();
+        let mut quiet = Quiet::new(activity());
         loop {
             ticks.tick().await;
-            if quiet.tick(proxy.requests_seen()) {
+            if quiet.tick(activity()) {
                 let started = Instant::now();
                 let released = trim();
                 tracing::debug!(
