@@ -43,6 +43,9 @@ pub struct BedrockConfig {
     pub region: String,
     pub anthropic_version: String,
     pub credentials: AwsSource,
+    /// `AWS_PROFILE` when environment keys came first in the chain and it goes unused: the
+    /// SDKs disagree on which wins, so `legate check` says which did.
+    pub unused_profile: Option<String>,
 }
 
 /// Where Bedrock's SigV4 credentials come from: the AWS default chain, first match wins.

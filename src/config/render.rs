@@ -317,6 +317,16 @@ fn provider_warnings(p: &ProviderConfig, out: &mut Vec<String>) {
         ));
     }
     credential_endpoint_warnings(p, &at, out);
+    if let Platform::Bedrock(b) = &p.platform
+        && let Some(profile) = &b.unused_profile
+    {
+        out.push(format!(
+            "{at}: AWS_PROFILE names profile `{}`, but AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY are set and come first in the AWS chain: the profile is not \
+             used (unset them to use it)",
+            crate::config::shown::shown(profile)
+        ));
+    }
     if p.base_url.starts_with("http://") {
         let tls_files = [
             ("ca_file", &p.ca_file),

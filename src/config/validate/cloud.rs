@@ -168,11 +168,16 @@ fn bedrock(p: &ProviderFile, at: &str, cx: &mut Cx) -> Option<BedrockConfig> {
         metadata: metadata_url,
     };
     let credentials = aws_chain(p, at, cx, &region, endpoints);
+    let unused_profile = match credentials {
+        AwsSource::Static { .. } => env(cx, "AWS_PROFILE"),
+        _ => None,
+    };
     Some(BedrockConfig {
         region,
         anthropic_version: anthropic_version
             .unwrap_or_else(|| BEDROCK_ANTHROPIC_VERSION.to_owned()),
         credentials,
+        unused_profile,
     })
 }
 

@@ -231,6 +231,31 @@ fn bedrock_reads_a_profile_of_the_shared_credentials_file_after_environment_keys
 }
 
 #[test]
+fn environment_keys_beside_a_named_profile_are_used_and_check_says_so() {
+    let both = [
+        ("AWS_ACCESS_KEY_ID", "AKID"),
+        ("AWS_SECRET_ACCESS_KEY", "x"),
+        ("AWS_PROFILE", "dev"),
+    ];
+    let cfg = load(BEDROCK, &both);
+    assert!(matches!(aws(&cfg), AwsSource::Static { .. }));
+    let warned = crate::config::render::warnings(&cfg);
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.starts_with("providers.br: AWS_PROFILE names profile `dev`")),
+        "{warned:?}"
+    );
+    // Keys alone: nothing to say.
+    let cfg = load(BEDROCK, &both[..2]);
+    assert!(
+        !crate::config::render::warnings(&cfg)
+            .iter()
+            .any(|w| w.contains("AWS_PROFILE"))
+    );
+}
+
+#[test]
 fn bedrock_instance_metadata_endpoint_comes_from_config_or_the_environment() {
     let bad = [("AWS_EC2_METADATA_SERVICE_ENDPOINT", "not a url")];
     let errs = load_str(&format!("{DIRECT}{BEDROCK}"), &env_of(&bad)).expect_err("a bad URL");
