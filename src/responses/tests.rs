@@ -385,6 +385,22 @@ fn a_message_the_output_limit_cut_is_an_incomplete_item() {
     assert_eq!(with_call["output"][1]["status"], "incomplete");
 }
 
+/// The events a chat stream `wire` becomes, whole.
+fn chat_events(wire: &str) -> Vec<Value> {
+    let mut s = ResponsesStream::from_chat(ctx());
+    let mut out = s.push(wire.as_bytes());
+    out.extend(s.finish());
+    events(&out)
+}
+
+/// The `output` of the `response.completed` a chat stream `wire` ends with.
+fn completed_output(wire: &str) -> Value {
+    let evs = chat_events(wire);
+    let last = evs.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.completed", "{evs:?}");
+    last["response"]["output"].clone()
+}
+
 /// A chat stream whose chunks carry no choice (only usage, or only `[DONE]`) is no answer:
 /// an error and `response.failed`, never an empty `response.completed`.
 #[test]
@@ -393,10 +409,7 @@ fn a_chat_stream_without_a_choice_fails() {
         "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":0}}\n\ndata: [DONE]\n\n",
         "data: [DONE]\n\n",
     ] {
-        let mut s = ResponsesStream::from_chat(ctx());
-        let mut out = s.push(wire.as_bytes());
-        out.extend(s.finish());
-        let evs = events(&out);
+        let evs = chat_events(wire);
         let kinds = types(&evs);
         assert_eq!(kinds.last(), Some(&"response.failed"), "{evs:?}");
         assert!(kinds.contains(&"error") && !kinds.contains(&"response.completed"));
@@ -412,13 +425,7 @@ fn an_empty_id_on_a_later_fragment_continues_the_call() {
         "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
         "data: [DONE]\n\n",
     );
-    let mut s = ResponsesStream::from_chat(ctx());
-    let mut out = s.push(wire.as_bytes());
-    out.extend(s.finish());
-    let evs = events(&out);
-    let last = evs.last().cloned().unwrap_or_default();
-    assert_eq!(last["type"], "response.completed", "{evs:?}");
-    let output = &last["response"]["output"];
+    let output = &completed_output(wire);
     assert_eq!(output.as_array().map(Vec::len), Some(1), "{output}");
     assert_eq!(output[0]["call_id"], "a");
     assert_eq!(output[0]["arguments"], r#"{"city":"Paris"}"#);
@@ -434,13 +441,7 @@ fn calls_sharing_an_index_with_ids_of_their_own_are_calls_of_their_own() {
         "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
         "data: [DONE]\n\n",
     );
-    let mut s = ResponsesStream::from_chat(ctx());
-    let mut out = s.push(wire.as_bytes());
-    out.extend(s.finish());
-    let evs = events(&out);
-    let last = evs.last().cloned().unwrap_or_default();
-    assert_eq!(last["type"], "response.completed", "{evs:?}");
-    let output = &last["response"]["output"];
+    let output = &completed_output(wire);
     assert_eq!(output[0]["call_id"], "a");
     assert_eq!(output[0]["arguments"], r#"{"city":"Paris"}"#);
     assert_eq!(output[1]["call_id"], "b");

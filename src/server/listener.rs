@@ -48,6 +48,10 @@ pub struct Plane<L> {
     /// Told of each HTTP/1 request head refused before a handler could see it (the data
     /// plane records it as a request); `None`: refused without a record (the admin plane).
     pub on_refused: Option<OnRefused>,
+    /// Whether a connection's end counts for the idle trim ([`connections_ended`]): the data
+    /// plane's, whose connections hold callers' answers; not the admin plane's, where every
+    /// kubelet probe opens and ends one and would wake the trim each few seconds for nothing.
+    pub counts_ends: bool,
 }
 
 /// A request head an HTTP/1 connection refused (400 malformed or badly framed, 431, 501, 505),
@@ -127,7 +131,7 @@ pub async fn serve<H, F, B, L>(
                 let h = handler.clone();
                 let h2 = h2.clone();
                 let stop = stop.clone();
-                let open = Open::new(&plane.gauge);
+                let open = Open::new(&plane.gauge, plane.counts_ends);
                 let roster = roster.clone();
                 let on_refused = plane.on_refused.clone();
                 // Built where it runs: the socket's readiness then comes from that worker's own
@@ -278,11 +282,11 @@ where
 }
 
 /// Counts a connection in its plane's gauge until it is dropped, served or not.
-struct Open(prometheus::IntGauge);
+struct Open(prometheus::IntGauge, bool);
 
-/// Connections ended, both planes, since start: a connection's end frees what it held (a
-/// stalled reader's cut streams, buffers), which the idle trim must hear of as it hears of
-/// requests (`release`).
+/// Data-plane connections ended since start: a connection's end frees what it held (a stalled
+/// reader's cut streams, buffers), which the idle trim must hear of as it hears of requests
+/// (`release`).
 static ENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many connections have ended since start.
@@ -291,16 +295,18 @@ pub fn connections_ended() -> u64 {
 }
 
 impl Open {
-    fn new(gauge: &prometheus::IntGauge) -> Open {
+    fn new(gauge: &prometheus::IntGauge, counts_end: bool) -> Open {
         gauge.inc();
-        Open(gauge.clone())
+        Open(gauge.clone(), counts_end)
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.dec();
-        ENDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.1 {
+            ENDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
@@ -400,11 +406,14 @@ mod tests {
     fn a_connections_end_is_counted_for_the_idle_trim() {
         let gauge = prometheus::IntGauge::new("test_open", "open").unwrap();
         let before = connections_ended();
-        let open = Open::new(&gauge);
+        let open = Open::new(&gauge, true);
         assert_eq!(gauge.get(), 1);
         drop(open);
         assert_eq!(gauge.get(), 0);
         // Other tests' connections may end meanwhile: at least this one is counted.
         assert!(connections_ended() > before);
+        // An admin connection's end is not (asserted on the gauge: the count is shared).
+        let admin = Open::new(&gauge, false);
+        assert!(!admin.1);
     }
 }

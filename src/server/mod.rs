@@ -150,6 +150,7 @@ pub async fn start_reloadable(
             let proxy = proxy.clone();
             Arc::new(move |head: &listener::RefusedHead| Some(proxy.refused_head(head)))
         }),
+        counts_ends: true,
     };
     let admin_plane = listener::Plane {
         limits: conn_limits,
@@ -157,6 +158,7 @@ pub async fn start_reloadable(
         gauge: proxy.metrics.connections.with_label_values(&["admin"]),
         workers: None,
         on_refused: None,
+        counts_ends: false,
     };
     let data_task = tokio::spawn(listener::serve(
         data,

@@ -8,9 +8,10 @@
 //!
 //! `malloc_trim` gives those pages back, but it walks the heap under the allocator's lock, so a
 //! request allocating at the same time would wait for it: it runs only after a whole
-//! [`CHECK_EVERY`] period in which no request arrived and no connection ended, once per quiet
-//! spell, never under load. A connection's end counts as a request does: what it held (streams
-//! cut for a reader that never read them) is freed then, with no request to follow.
+//! [`CHECK_EVERY`] period in which no request arrived and no data-plane connection ended, once
+//! per quiet spell, never under load. A connection's end counts as a request does: what it held
+//! (streams cut for a reader that never read them) is freed then, with no request to follow.
+//! The admin plane's do not: a kubelet probe ends one every few seconds.
 //! A process that is never idle never trims, and then has nothing a trim would find either:
 //! its freed pages are being reused.
 //!
@@ -63,8 +64,8 @@ pub fn spawn(proxy: Arc<Proxy>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Requests, and connections' ends: memory a connection held (streams cut for a
-        // reader that never read them) is freed when it ends, with no request to follow.
+        // Requests, and data-plane connections' ends: memory a connection held (streams cut
+        // for a reader that never read them) is freed when it ends, with no request to follow.
         let activity = || proxy.requests_seen() + super::listener::connections_ended();
         let mut quiet = Quiet::new(activity());
         loop {

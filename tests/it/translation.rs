@@ -385,15 +385,10 @@ async fn a_body_that_is_no_answer_is_retried_then_a_502_in_both_directions() {
             r#"{{"model":"{model}","max_tokens":16,"stream":{},"messages":[{{"role":"user","content":"x"}}]}}"#,
             ct != "application/json"
         );
-        let resp = env
-            .http
-            .post(env.url(path))
-            .header("content-type", "application/json")
-            .header("anthropic-version", "2023-06-01")
-            .body(req)
-            .send()
-            .await
-            .unwrap();
+        let resp = match path {
+            "/v1/messages" => env.messages(req).await,
+            _ => env.chat(req).await,
+        };
         assert_eq!(resp.status(), 502, "{body}");
         assert_eq!(resp.headers()["x-legate-attempts"], "3", "{body}");
         let text = resp.text().await.unwrap();
