@@ -409,7 +409,18 @@ async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> 
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
     match (status.is_success(), is_sse) {
-        (true, true) => stream(call, got, record).await,
+        (true, true) if call.inb.meta.stream => stream(call, got, record).await,
+        // The other way round: a caller that asked for a whole answer parses one JSON body,
+        // and an event stream relayed to it is a success its SDK cannot read.
+        (true, true) => {
+            tracing::warn!(provider = %call.up.name, "upstream answered a request for a whole answer with an event stream");
+            Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
+                provider: call.up.name.clone(),
+                reason:
+                    "a whole answer was asked for, and it answered with an event stream instead"
+                        .to_owned(),
+            })
+        }
         // A caller that asked for a stream reads events: a whole body handed to it would read
         // as a stream that ended cleanly with nothing in it (SPEC §7), so it is a failure.
         (true, false) if call.inb.meta.stream => {

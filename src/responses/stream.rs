@@ -109,6 +109,10 @@ enum Open {
         call_id: String,
         name: String,
         args: String,
+        /// `response.output_item.added` was written. It waits for the first argument
+        /// fragment (or the item's end): some servers send a name in pieces, and the item
+        /// announced must carry all of it.
+        announced: bool,
     },
 }
 
@@ -276,35 +280,31 @@ impl State {
                 return;
             }
             let call_id = id.map_or_else(|| format!("call_legate_{chat_index}"), str::to_owned);
-            let name = call
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let item = json!({"id": format!("fc_{call_id}"), "type": "function_call",
-                              "status": "in_progress", "call_id": call_id, "name": name,
-                              "arguments": ""});
-            let at = self.index();
-            self.emit(
-                out,
-                "response.output_item.added",
-                json!({"output_index": at, "item": item}),
-            );
             self.open = Open::Call {
                 chat_index,
                 upstream_id: id.map(str::to_owned),
                 call_id,
-                name: name.to_owned(),
+                name: String::new(),
                 args: String::new(),
+                announced: false,
             };
+        }
+        let name_piece = call.pointer("/function/name").and_then(Value::as_str);
+        if let (Open::Call { name, .. }, Some(part)) = (&mut self.open, name_piece)
+            && name.len() + part.len() <= crate::translate::MAX_TOOL_NAME
+        {
+            name.push_str(part);
         }
         let at = self.index();
         let piece = call
             .pointer("/function/arguments")
             .and_then(Value::as_str)
             .unwrap_or("");
-        if let Open::Call { call_id, args, .. } = &mut self.open
-            && !piece.is_empty()
-        {
+        if piece.is_empty() {
+            return;
+        }
+        self.announce(out);
+        if let Open::Call { call_id, args, .. } = &mut self.open {
             args.push_str(piece);
             let data =
                 json!({"item_id": format!("fc_{call_id}"), "output_index": at, "delta": piece});
@@ -312,10 +312,34 @@ impl State {
         }
     }
 
+    /// Writes the open call's `response.output_item.added`, once.
+    fn announce(&mut self, out: &mut Vec<u8>) {
+        let at = self.index();
+        let Open::Call {
+            call_id,
+            name,
+            announced: announced @ false,
+            ..
+        } = &mut self.open
+        else {
+            return;
+        };
+        *announced = true;
+        let item = json!({"id": format!("fc_{call_id}"), "type": "function_call",
+                          "status": "in_progress", "call_id": call_id, "name": name,
+                          "arguments": ""});
+        self.emit(
+            out,
+            "response.output_item.added",
+            json!({"output_index": at, "item": item}),
+        );
+    }
+
     /// Ends the open item with its done events. A tool call whose arguments are not a JSON
     /// object fails the stream (SPEC §10): never a clean end with broken input. One the output
     /// limit cut (known at `[DONE]`, when this runs for the last item) is an `incomplete` item.
     fn close(&mut self, out: &mut Vec<u8>) -> Result<(), ()> {
+        self.announce(out);
         let at = self.index();
         let item = match std::mem::replace(&mut self.open, Open::None) {
             Open::None => return Ok(()),

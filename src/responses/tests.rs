@@ -431,6 +431,33 @@ fn an_empty_id_on_a_later_fragment_continues_the_call() {
     assert_eq!(output[0]["arguments"], r#"{"city":"Paris"}"#);
 }
 
+/// A name sent in pieces (as some servers send it) is the item's name whole: in
+/// `response.output_item.added`, which waits for the first argument fragment, and after.
+#[test]
+fn a_tool_name_in_pieces_is_the_items_name_whole() {
+    let wire = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\",\"function\":{\"name\":\"get_\",\"arguments\":\"\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"weather\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n",
+        // A name whole, and then its arguments in their own fragment.
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"b\",\"function\":{\"name\":\"now\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let evs = chat_events(wire);
+    let added: Vec<_> = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .map(|e| e["item"]["name"].clone())
+        .collect();
+    assert_eq!(added, [json!("get_weather"), json!("now")], "{evs:?}");
+    let output = &completed_output(wire);
+    assert_eq!(output[0]["name"], "get_weather", "{output}");
+    assert_eq!(output[0]["arguments"], "{}");
+    assert_eq!(output[1]["name"], "now");
+}
+
 /// Calls that share index 0 (Ollama), or carry none, with ids of their own: two function calls,
 /// not one with the arguments of both.
 #[test]

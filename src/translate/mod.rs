@@ -115,6 +115,10 @@ mod structured;
 mod tests;
 
 use std::fmt;
+
+/// A tool's name streamed in pieces is kept to this many bytes (APIs allow 64 or 128
+/// characters): an upstream sending pieces without end cannot grow it further (SPEC §14).
+pub(crate) const MAX_TOOL_NAME: usize = 1 << 10;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::api::ApiKind;

@@ -79,7 +79,9 @@ struct Call {
 
 #[derive(Debug)]
 enum CallState {
-    /// Fragments seen before the one carrying the id.
+    /// Fragments seen before the call opens: it opens once it has its id and a first
+    /// argument fragment (a name may come in pieces before that: the block's start must
+    /// carry all of it), or when anything else is to be written.
     Waiting {
         name: String,
         arguments: String,
@@ -145,6 +147,9 @@ impl ToAnthropic {
             let delta = choice.delta;
             self.refused |= delta.refusal.as_ref().is_some_and(|r| !r.is_empty());
             for text in [delta.content, delta.refusal].into_iter().flatten() {
+                if !text.is_empty() && !self.open_waiting(None, out) {
+                    return;
+                }
                 self.text(&text, out);
             }
             for call in delta.tool_calls.unwrap_or_default() {
@@ -250,6 +255,14 @@ impl ToAnthropic {
                 self.calls.len() - 1
             }
         };
+        // A call still waiting on its arguments opens before another one writes anything.
+        if !self.open_waiting(Some(position), out) {
+            return true;
+        }
+        if call.id.is_some() && self.calls[position].id.is_none() {
+            self.calls[position].id.clone_from(&call.id);
+        }
+        let id = self.calls[position].id.clone();
         match &mut self.calls[position].state {
             CallState::Closed => return false,
             CallState::Open => {
@@ -262,12 +275,36 @@ impl ToAnthropic {
                 arguments: held,
             } => {
                 if let Some(part) = function.name {
-                    name.push_str(&part);
+                    if name.len() + part.len() <= super::MAX_TOOL_NAME {
+                        name.push_str(&part);
+                    }
                 }
                 held.push_str(&arguments);
-                if let Some(id) = call.id {
+                if let (Some(id), false) = (id, held.is_empty()) {
                     let (name, held) = (std::mem::take(name), std::mem::take(held));
                     self.open_tool(position, &id, name, held, out);
+                }
+            }
+        }
+        true
+    }
+
+    /// Opens the calls that have their id but are still waiting on their arguments (all but
+    /// `except`), in the order they came, before something else is written: blocks keep the
+    /// order of the stream. False once the stream has failed.
+    fn open_waiting(&mut self, except: Option<usize>, out: &mut Vec<u8>) -> bool {
+        for position in 0..self.calls.len() {
+            if Some(position) == except {
+                continue;
+            }
+            let Some(id) = self.calls[position].id.clone() else {
+                continue;
+            };
+            if let CallState::Waiting { name, arguments } = &mut self.calls[position].state {
+                let (name, arguments) = (std::mem::take(name), std::mem::take(arguments));
+                self.open_tool(position, &id, name, arguments, out);
+                if self.done {
+                    return false;
                 }
             }
         }
@@ -402,9 +439,11 @@ impl ToAnthropic {
             return;
         }
         for position in 0..self.calls.len() {
+            let index = self.calls[position].index;
+            let id = self.calls[position].id.clone();
             if let CallState::Waiting { name, arguments } = &mut self.calls[position].state {
                 let (name, arguments) = (std::mem::take(name), std::mem::take(arguments));
-                let id = format!("call_legate_{}", self.calls[position].index);
+                let id = id.unwrap_or_else(|| format!("call_legate_{index}"));
                 self.open_tool(position, &id, name, arguments, out);
                 if self.done || !self.close(out) {
                     return;

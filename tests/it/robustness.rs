@@ -266,6 +266,39 @@ async fn a_whole_body_answering_a_stream_request_is_a_failure_not_an_empty_strea
     assert!(whole.text().await.unwrap().contains("msg_1"));
 }
 
+/// The other way round: an upstream (a gateway that ignores `"stream": false`) answering a
+/// request for a whole answer with an event stream. Relayed, it reached the caller as a 200
+/// its SDK could not parse as JSON; it is a failure instead, retried, then 502 saying why.
+#[tokio::test]
+async fn an_event_stream_answering_a_whole_request_is_a_failure_not_relayed() {
+    let events = crate::rawup::anthropic_stream("hi");
+    let up = crate::rawup::start(move |_req| {
+        let reply = crate::rawup::reply_of("text/event-stream", &events);
+        async move { crate::rawup::Action::Reply(reply) }
+    })
+    .await;
+    let retry = "[retry]\nbase_delay = \"1ms\"\nmax_delay = \"2ms\"\n";
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", retry)).await;
+    let resp = env.messages(BODY).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "api_error", "{v}");
+    let text = v["error"]["message"].as_str().unwrap();
+    assert!(text.contains("a whole answer was asked for"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // Asked for as a stream, the same answer is served, event for event.
+    let stream = r#"{"model":"claude-r","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let streamed = env.messages(stream).await;
+    assert_eq!(streamed.status(), 200);
+    let text = streamed.text().await.unwrap();
+    assert!(text.contains("event: message_stop"), "{text}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
+
 /// An upstream that answers the first request with `head` and `first`, then writes `chunk`
 /// every `every` (at once when zero) until legate lets the connection go or `cap` bytes are
 /// written. Resolves with the bytes written.

@@ -590,3 +590,62 @@ fn an_empty_id_on_a_later_fragment_continues_the_call() {
         Ok((tools, Some("tool_use".to_owned())))
     );
 }
+
+/// Some servers stream a tool's name in pieces, as they do its arguments. The block's start
+/// carries the whole name: it opens with the first argument fragment, not with the id.
+#[test]
+fn a_tool_name_in_pieces_reaches_the_block_whole() {
+    let input = [
+        chunk(json!({"content": "Let me look."}), None),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"name": "weather"}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Oslo\"}"}}]}),
+            None,
+        ),
+        // A second call whose name comes whole but whose arguments never do: it opens at
+        // the end with its own id and `{}`.
+        chunk(
+            json!({"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
+            "function": {"name": "now", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let out = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
+    let view = anthropic_view(&out);
+    let tools = vec![
+        (
+            "call_1".to_owned(),
+            "get_weather".to_owned(),
+            "{\"city\":\"Oslo\"}".to_owned(),
+        ),
+        ("call_2".to_owned(), "now".to_owned(), "{}".to_owned()),
+    ];
+    assert_eq!(
+        view.map(|v| (v.text, v.tools, v.error, v.stop_reason)),
+        Ok((
+            "Let me look.".to_owned(),
+            tools,
+            None,
+            Some("tool_use".to_owned())
+        ))
+    );
+}
