@@ -285,6 +285,12 @@ impl Gate {
         st.inflight = st.inflight.saturating_sub(1);
     }
 
+    /// Counts a caller of priority `p` shed before it took a place (the pacer's wait would
+    /// outlast its deadline).
+    pub fn count_shed(&self, p: Priority) {
+        self.shed.with_label_values(&[p.as_str()]).inc();
+    }
+
     pub fn inflight(&self) -> usize {
         self.lock().inflight
     }

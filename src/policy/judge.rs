@@ -132,9 +132,11 @@ pub fn judge(happened: Happened, cx: Context) -> Verdict {
         H::TimedOut => again(cx, None, Report::Failure, "timeout"),
         H::Unreachable => again(cx, None, Report::Failure, "connect_error"),
         H::TlsRefused => verdict(Action::NextStep, Report::Failure, Some("connect_error")),
+        // Broken by the deadline's timer, or broken once it had passed: either way the
+        // caller's deadline ended it, and says nothing about the provider.
         H::Broken if cx.deadline_passed => verdict(
             Action::GiveUp(GiveUp::Deadline),
-            Report::Failure,
+            Report::Neutral,
             Some("retryable"),
         ),
         H::Broken => again(cx, None, Report::Failure, "retryable"),
@@ -330,7 +332,8 @@ mod tests {
             row(H::Broken, CX),
             (Retry { wait: None }, Failure, Some("retryable"))
         );
-        assert_eq!(row(H::Broken, late), (deadline, Failure, Some("retryable")));
+        // The caller's deadline broke it: nothing said about the provider.
+        assert_eq!(row(H::Broken, late), (deadline, Neutral, Some("retryable")));
         // An HTTP error status is left to the executor's own deadline check.
         assert_eq!(judge(err(529), late).action, Retry { wait: None });
         assert_eq!(row(H::Stream, CX), (Commit, AtStreamEnd, Some("ok")));

@@ -28,6 +28,16 @@ pub use crate::server::listener::BoxError;
 
 /// Why a stream still open when shutdown's grace ran out ends.
 const SHUTDOWN: &str = "legate is shutting down and the stream outlived shutdown_grace";
+/// What a failure mid-body tells the breaker: the caller's own deadline says nothing about
+/// the provider (a short `x-legate-deadline-ms` must not open the breaker for every caller).
+fn fault_of(why: &str) -> Outcome {
+    if why == PAST_DEADLINE {
+        Outcome::Neutral
+    } else {
+        Outcome::Failure
+    }
+}
+
 const PAST_DEADLINE: &str = "the answer did not come within the request deadline (server.default_deadline or x-legate-deadline-ms)";
 
 /// Non-streaming bodies larger than this are forwarded but not parsed for usage.
@@ -265,7 +275,7 @@ impl TapBody {
             Mode::Sse(_) => self.fail_stream(why),
             Mode::Json { .. } => {
                 tracing::warn!(reason = why, "upstream response failed after it started");
-                self.complete(Some(502), Outcome::Failure);
+                self.complete(Some(502), fault_of(why));
                 self.failed_json = true;
                 State::Done
             }
@@ -303,7 +313,7 @@ impl TapBody {
             reason = why,
             "upstream stream failed after the response started"
         );
-        self.complete(Some(502), Outcome::Failure);
+        self.complete(Some(502), fault_of(why));
         let event = match &self.mode {
             Mode::Sse(watch) => watch.error_event(stream_failure(why)),
             Mode::Json { .. } => stream_error_event(self.api, why),

@@ -109,6 +109,12 @@ async fn execute(
     let requested = snap.labels.model(&inb.meta.model);
     proxy.budget.deposit();
     for (i, step) in steps.iter().enumerate() {
+        // Nothing is sent once the deadline has passed: its answer could not be waited for,
+        // and the provider would make it all the same (a later step after a slow failure, or
+        // `x-legate-deadline-ms: 0`).
+        if Instant::now() >= inb.deadline {
+            return Err(ProxyError::DeadlineExceeded);
+        }
         if i > 0 {
             let from = steps[i - 1].target();
             // A `provider:*` step's model is the caller's: labelled by the bounded model

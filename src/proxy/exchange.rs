@@ -336,8 +336,14 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     // They wait in a place of the provider's queue: counted, bounded by `queue_limit`, and
     // shed lowest priority first.
     if let Some(wait) = up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below) {
+        // A wait the deadline cannot cover is a refusal before any attempt: shed (529), with
+        // the pacer's wait as its retry-after, not a 504 that tells the SDK not to retry.
         if Instant::now() + wait >= inb.deadline {
-            return Err(Exchanged::Deadline { in_flight: false });
+            up.gate.count_shed(inb.priority);
+            return Err(Exchanged::Shed(ProxyError::Shed {
+                retry_after: wait.max(Duration::from_secs(1)),
+                counting: false,
+            }));
         }
         if up.gate.pace(inb.priority, wait).await.is_err() {
             return Err(Exchanged::Shed(ProxyError::Shed {

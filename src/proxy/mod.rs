@@ -278,8 +278,19 @@ impl Proxy {
                 Ok(resp) => resp,
                 Err(err) => {
                     obs.update(|f| f.error_type = Some(err.kind()));
+                    // Refused by legate before anything was sent: the request counts against
+                    // no `requests_per_minute` (an SDK retrying a 529 would otherwise spend
+                    // its tenant's requests on answers that never reached a provider).
                     if stats.attempts == 0
-                        && matches!(err, ProxyError::CredentialUnavailable { .. })
+                        && matches!(
+                            err,
+                            ProxyError::CredentialUnavailable { .. }
+                                | ProxyError::Shed { .. }
+                                | ProxyError::AllBreakersOpen { .. }
+                                | ProxyError::DeadlineExceeded
+                                | ProxyError::ShuttingDown
+                                | ProxyError::BuffersFull { .. }
+                        )
                     {
                         if let Some(rec) = record.as_mut() {
                             rec.never_sent();

@@ -80,8 +80,9 @@ impl RequestRecord {
         self.earlier.1 = self.earlier.1.saturating_add(cost_pico);
     }
 
-    /// Nothing was sent upstream: legate could not obtain the platform credential. The
-    /// request counts against none of the tenant's limits (SPEC §13).
+    /// Nothing was sent upstream: legate refused the request itself (no platform credential,
+    /// SPEC §13; shed; every breaker open; the deadline spent waiting). The request counts
+    /// against none of the tenant's limits.
     pub fn never_sent(&mut self) {
         if let Some(r) = self.reservation.as_mut() {
             r.never_sent();

@@ -115,3 +115,40 @@ async fn callers_that_stop_waiting_leave_the_queue_and_its_gauge_at_once() {
     assert_eq!(env.metric("legate_queue_depth", depth).await, Some(0.0));
     assert_eq!(env.mock.stats().inflight, 1);
 }
+
+/// A background call the provider's pacer would hold past its deadline is refused at once
+/// as shed (529, with the pacer's wait as `retry-after`, counted in `legate_shed_total`), a
+/// refusal before any attempt that the SDK may retry, not a 504 telling it not to.
+#[tokio::test]
+async fn a_pace_longer_than_the_deadline_is_shed_with_its_wait() {
+    let script = r#"{"default":{"headers":{"x-ratelimit-limit-requests":"100",
+        "x-ratelimit-remaining-requests":"1","x-ratelimit-reset-requests":"60s"}}}"#;
+    let env = harness::start_with(legate::mock::Script::from_json(script).unwrap(), "").await;
+    let body = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(env.chat(body).await.status(), 200);
+    let background = || {
+        env.http
+            .post(env.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-legate-priority", "background")
+            .header("x-legate-deadline-ms", "20000")
+            .body(body)
+            .send()
+    };
+    // The one call left before the reset goes at once; the next would wait about 60 s.
+    assert_eq!(background().await.unwrap().status(), 200);
+    let shed = background().await.unwrap();
+    assert_eq!(shed.status(), 529);
+    let wait: u64 = shed.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((50..=60).contains(&wait), "{wait}");
+    assert!(!shed.headers().contains_key("x-should-retry"));
+    assert_eq!(env.mock.stats().requests, 2);
+    let counted = env
+        .metric("legate_shed_total", &[("priority", "background")])
+        .await;
+    assert_eq!(counted, Some(1.0));
+}

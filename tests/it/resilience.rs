@@ -595,3 +595,91 @@ async fn fallbacks_from_a_star_step_are_labelled_by_the_pattern() {
     let text = env.metrics_text().await;
     assert!(!text.contains("made-up"), "{text}");
 }
+
+/// A caller's deadline shorter than the model's time to its first content ends the caller's
+/// streams in 504s, and says nothing about the provider: the breaker stays closed for every
+/// other caller (it opened after two such streams, and a plain request was passed over).
+#[tokio::test]
+async fn a_callers_short_deadline_does_not_open_the_breaker() {
+    let env = with_script(
+        BREAKER,
+        r#"{"replies":[{"match":{"model":"claude-primary","stream":true},"times":0,"event_gap_ms":400}]}"#,
+    )
+    .await;
+    for _ in 0..3 {
+        let resp = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .header("x-legate-deadline-ms", "150")
+            .body(large(true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 504);
+    }
+    assert_eq!(count_for(&env, "claude-primary"), 3);
+    let resp = env.messages(large(false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:claude-primary"
+    );
+    let state = env
+        .metric(
+            "legate_breaker_state",
+            &[("provider", "anthropic"), ("model", "claude-primary")],
+        )
+        .await;
+    assert_eq!(state, Some(0.0));
+}
+
+/// A deadline already passed sends nothing: not the first step, not a later one.
+#[tokio::test]
+async fn nothing_is_sent_once_the_deadline_has_passed() {
+    let env = with_script(CHAIN, r#"{"replies":[]}"#).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .header("x-legate-deadline-ms", "0")
+        .body(large(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+    assert_eq!(env.mock.stats().requests, 0);
+    // The same request with time left is served.
+    assert_eq!(env.messages(large(false)).await.status(), 200);
+    assert_eq!(env.mock.stats().requests, 1);
+}
+
+/// A request legate refuses itself before sending anything (here its deadline had passed;
+/// shed with 529 and every breaker open alike) gives back what it took from
+/// `requests_per_minute`: an SDK retrying such refusals would otherwise spend its tenant's
+/// requests on answers that never reached a provider.
+#[tokio::test]
+async fn a_request_refused_before_sending_spends_no_requests_per_minute() {
+    let env = with_script(
+        &format!("{CHAIN}\n[tenants.default]\nrequests_per_minute = 2\n"),
+        r#"{"replies":[]}"#,
+    )
+    .await;
+    for _ in 0..3 {
+        let resp = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .header("x-legate-deadline-ms", "0")
+            .body(large(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 504);
+    }
+    for _ in 0..2 {
+        assert_eq!(env.messages(large(false)).await.status(), 200);
+    }
+    assert_eq!(env.messages(large(false)).await.status(), 429);
+    assert_eq!(env.mock.stats().requests, 2);
+}

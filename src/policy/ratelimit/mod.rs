@@ -16,12 +16,14 @@ pub mod memory;
 pub mod redis;
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use prometheus::IntGauge;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -147,6 +149,42 @@ pub struct Settlement {
     pub hold_id: u64,
 }
 
+impl Settlement {
+    /// Only the release of the hold: what may be sent again when it is unknown whether a
+    /// call reached the store (a timeout), since removing a hold twice removes it once, where
+    /// a refund or a cost applied twice would count twice. None without a hold.
+    fn hold_only(&self) -> Option<Settlement> {
+        (self.held_pico > 0).then(|| Settlement {
+            tenant: self.tenant.clone(),
+            tpm: self.tpm,
+            refund: 0,
+            cost_pico: 0,
+            budget_pico: self.budget_pico,
+            rpm: self.rpm,
+            request_back: false,
+            held_pico: self.held_pico,
+            hold_id: self.hold_id,
+        })
+    }
+
+    /// The release of the hold an admission `ask` may have taken in a store that did not
+    /// answer in time (None without one).
+    fn release_of(ask: &Ask) -> Option<Settlement> {
+        Settlement {
+            tenant: ask.tenant.clone(),
+            tpm: ask.tpm,
+            refund: 0,
+            cost_pico: 0,
+            budget_pico: ask.budget_pico,
+            rpm: ask.rpm,
+            request_back: false,
+            held_pico: ask.held(),
+            hold_id: ask.hold_id,
+        }
+        .hold_only()
+    }
+}
+
 #[derive(Debug)]
 pub struct StoreError(pub String);
 
@@ -188,12 +226,20 @@ pub struct Limiter {
     /// While degraded, the shared store is tried again no sooner than this (unix ms).
     retry_shared_at: AtomicU64,
     degraded_gauge: IntGauge,
+    /// Settlements the shared store could not be given, sent in order once it answers again.
+    /// Without them a hold lost to a slow moment stayed for minutes (until its lifetime
+    /// lapsed), refusing the tenant's requests as "held by requests in flight" when none were.
+    deferred: Mutex<VecDeque<Settlement>>,
+    /// A task is sending the deferred settlements.
+    flushing: AtomicBool,
 }
 
 /// How long a shared-store call may take before the local buckets answer instead.
 const SHARED_TIMEOUT: Duration = Duration::from_millis(250);
 /// While the shared store is down, how often one request tries it again.
 const SHARED_RETRY_EVERY_MS: u64 = 1000;
+/// Deferred settlements kept at most (the oldest go first: a hold lapses on its own anyway).
+const DEFERRED_MAX: usize = 4096;
 
 impl Limiter {
     pub fn new(shared: Option<Box<dyn Store>>, degraded_gauge: IntGauge) -> Self {
@@ -203,7 +249,25 @@ impl Limiter {
             degraded: AtomicBool::new(false),
             retry_shared_at: AtomicU64::new(0),
             degraded_gauge,
+            deferred: Mutex::new(VecDeque::new()),
+            flushing: AtomicBool::new(false),
         }
+    }
+
+    fn defer(&self, s: Option<Settlement>) {
+        let Some(s) = s else {
+            return;
+        };
+        let mut deferred = self.deferred.lock();
+        if deferred.len() >= DEFERRED_MAX {
+            deferred.pop_front();
+        }
+        deferred.push_back(s);
+    }
+
+    /// Settlements waiting for the shared store (for tests and `/admin/state`).
+    pub fn deferred_settlements(&self) -> usize {
+        self.deferred.lock().len()
     }
 
     pub fn is_shared(&self) -> bool {
@@ -252,6 +316,9 @@ impl Limiter {
                 Ok(Err(e)) => self.on_shared_error(now, &e.0),
                 Err(_) => self.on_shared_error(now, "timed out"),
             }
+            // The script may have run there all the same, holding the request's estimated cost
+            // against the budget: that hold is released once the store answers again.
+            self.defer(Settlement::release_of(ask));
         }
         match self.local.admit_now(ask, now) {
             Ok(d) => (d, Charged::Local),
@@ -260,23 +327,46 @@ impl Limiter {
         }
     }
 
-    /// Settles in the shared store, which charged the request.
-    async fn settle_shared(&self, s: &Settlement) {
-        let now = Now::wall();
-        // Unreachable now: the settlement is dropped, never applied to the local buckets, which
-        // did not charge this request (a refund there would hand the tenant tokens it never
-        // took from them, up to a whole reservation per request in flight across the outage).
-        // What is lost is bounded by one reservation: a refund not given back leaves the shared
-        // bucket low until it refills (within a minute), and a debt or cost not recorded is
-        // usage the shared store does not see, as it does not see any served on local buckets.
-        let Some(shared) = self.shared_usable(now) else {
+    /// Settles in the shared store, which charged the request; once it answers, what was
+    /// deferred is sent too, in order, until a call fails again.
+    async fn settle_shared(&self, s: Settlement) {
+        if !self.settle_once(s).await || self.flushing.swap(true, Ordering::AcqRel) {
             return;
-        };
-        match tokio::time::timeout(SHARED_TIMEOUT, shared.settle(s, now)).await {
-            Ok(Ok(())) => self.on_shared_ok(),
-            Ok(Err(e)) => self.on_shared_error(now, &e.0),
-            Err(_) => self.on_shared_error(now, "timed out"),
         }
+        loop {
+            let next = self.deferred.lock().pop_front();
+            let Some(d) = next else { break };
+            if !self.settle_once(d).await {
+                break;
+            }
+        }
+        self.flushing.store(false, Ordering::Release);
+    }
+
+    /// One settlement sent to the shared store; true if it answered. Never applied to the
+    /// local buckets, which did not charge this request (a refund there would hand the tenant
+    /// tokens it never took from them). While the store is known to be down the settlement
+    /// waits in `deferred`, whole (it was never sent); after a failed or timed-out call only
+    /// its hold's release waits (the call may have been applied). What may be lost: a refund
+    /// not given back leaves the shared bucket low until it refills (within a minute), and a
+    /// cost not recorded is usage the shared store does not see.
+    async fn settle_once(&self, s: Settlement) -> bool {
+        let now = Now::wall();
+        let Some(shared) = self.shared_usable(now) else {
+            self.defer(Some(s));
+            return false;
+        };
+        let why = match tokio::time::timeout(SHARED_TIMEOUT, shared.settle(&s, now)).await {
+            Ok(Ok(())) => {
+                self.on_shared_ok();
+                return true;
+            }
+            Ok(Err(e)) => e.0,
+            Err(_) => "timed out".to_owned(),
+        };
+        self.on_shared_error(now, &why);
+        self.defer(s.hold_only());
+        false
     }
 
     /// Settles in the store that `charged` the request, without waiting: at once for local
@@ -289,7 +379,7 @@ impl Limiter {
             Charged::Local => self.local.settle_now(&s, Now::wall()),
             Charged::Shared => {
                 let me = self.clone();
-                tokio::spawn(async move { me.settle_shared(&s).await });
+                tokio::spawn(async move { me.settle_shared(s).await });
             }
         }
     }
@@ -338,9 +428,9 @@ impl Reservation {
         }
     }
 
-    /// Nothing was sent upstream for this request because legate could not obtain the
-    /// platform credential: it is counted against none of the tenant's limits (SPEC §13), its
-    /// tokens refunded in full and its request given back.
+    /// Nothing was sent upstream for this request (legate could not obtain the platform
+    /// credential, SPEC §13, or refused the request itself): it is counted against none of
+    /// the tenant's limits, its tokens refunded in full and its request given back.
     pub fn never_sent(&mut self) {
         self.request_back = self.rpm > 0;
         self.settle(0, 0);

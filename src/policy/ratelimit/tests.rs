@@ -12,6 +12,8 @@ use super::*;
 struct Flaky {
     up: AtomicBool,
     refunds: Mutex<Vec<i64>>,
+    /// Every settlement it got: (refund, hold released, the hold's id).
+    got: Mutex<Vec<(i64, u128, u64)>>,
 }
 
 struct FlakyStore(Arc<Flaky>);
@@ -31,6 +33,7 @@ impl Store for FlakyStore {
         let up = self.0.up.load(Ordering::Relaxed);
         if up {
             self.0.refunds.lock().push(s.refund);
+            self.0.got.lock().push((s.refund, s.held_pico, s.hold_id));
         }
         Box::pin(async move {
             match up {
@@ -164,4 +167,66 @@ async fn an_answer_without_usage_spends_its_estimate_at_the_answering_steps_pric
     r = limiter.admit(&free).await;
     Reservation::new(limiter.clone(), &free, r.1, 4).keep(Some(price));
     assert_eq!(limiter.local_snapshot()["t"]["spent_today_pico_usd"], "102");
+}
+
+/// A hold of the budget taken in the shared store (or maybe taken: an admission that timed
+/// out may have run there) is released there once it answers again, in order, whatever
+/// happened in between: a settlement made while the store was known to be down is sent
+/// whole, one whose call failed sends only its hold's release (it may have been applied),
+/// and an admission that failed sends the release of the hold it may have taken.
+#[tokio::test]
+async fn holds_the_shared_store_missed_are_released_once_it_answers() {
+    let (limiter, flaky) = limiter();
+    let held = |id: u64| Ask {
+        budget_pico: 1_000_000,
+        hold_pico: 600,
+        hold_id: id,
+        ..ask("t", 10)
+    };
+    bring_back(&limiter, &flaky);
+    let mut failed_call = reserve(&limiter, &held(1), Charged::Shared).await;
+    let mut while_down = reserve(&limiter, &held(2), Charged::Shared).await;
+    // The store stops answering: the first settlement's call fails.
+    flaky.up.store(false, Ordering::Relaxed);
+    failed_call.settle(4, 0);
+    let degraded = async {
+        while !limiter.is_degraded() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), degraded)
+        .await
+        .unwrap();
+    // Still down once its pause is over: an admission tries it, fails, and is served on
+    // local buckets. (One made during the pause does not try it: it takes no hold there.)
+    limiter.retry_shared_at.store(0, Ordering::Relaxed);
+    let _local = reserve(&limiter, &held(3), Charged::Local).await;
+    // During the pause: a settlement, never sent.
+    while_down.settle(7, 0);
+    let deferred = async {
+        while limiter.deferred_settlements() < 3 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), deferred)
+        .await
+        .unwrap();
+    assert!(flaky.got.lock().is_empty());
+
+    bring_back(&limiter, &flaky);
+    let mut next = reserve(&limiter, &held(4), Charged::Shared).await;
+    next.settle(10, 0);
+    let all_sent = async {
+        while flaky.got.lock().len() < 4 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), all_sent)
+        .await
+        .unwrap();
+    assert_eq!(
+        *flaky.got.lock(),
+        vec![(0, 600, 4), (0, 600, 1), (0, 600, 3), (3, 600, 2)]
+    );
+    assert_eq!(limiter.deferred_settlements(), 0);
 }
