@@ -68,7 +68,15 @@ pub fn classify_status(status: u16, quota: bool) -> Verdict {
 
 /// The wait an upstream asked for: `retry-after-ms` (milliseconds, fractional allowed) first,
 /// else `retry-after` as seconds or as an HTTP date.
+///
+/// A wait of zero (`retry-after: 0`, a date already past) is no wait asked for: the backoff
+/// applies, as the SDKs read it (wire-protocol §C5), instead of `max_attempts` calls back to
+/// back at an upstream that says it is overloaded.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    asked_wait(headers, now).filter(|d| !d.is_zero())
+}
+
+fn asked_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &str| {
         headers
             .get(name)
@@ -76,7 +84,7 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .map(str::trim)
     };
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if let Some(d) = seconds(ms / 1000.0) {
+        if let Some(d) = seconds(ms / 1000.0).filter(|d| !d.is_zero()) {
             return Some(d);
         }
     }
@@ -281,6 +289,18 @@ mod tests {
         assert_eq!(retry_after(&h, now), Some(Duration::from_secs(86_400)));
         h.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h, now), None);
+        // No wait at all is no wait asked for: the backoff applies.
+        for zero in ["0", "0.0"] {
+            h.insert("retry-after", HeaderValue::from_static(zero));
+            assert_eq!(retry_after(&h, now), None, "{zero}");
+        }
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(3));
+        h.insert("retry-after", HeaderValue::from_str(&past).unwrap());
+        assert_eq!(retry_after(&h, now), None);
+        let mut h = HeaderMap::new();
+        h.insert("retry-after-ms", HeaderValue::from_static("0"));
+        h.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(2)));
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
     }
 
