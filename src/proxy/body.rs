@@ -349,12 +349,15 @@ impl TapBody {
     /// handed back for the caller to close.
     fn settle(&mut self, served: bool) -> Option<Accounting> {
         let usage = self.usage();
+        // A stream's usage is final once its final event came; before it, what was reported
+        // (the input, one output token) is a part of what the provider bills.
+        let partial = matches!(&self.mode, Mode::Sse(watch) if !watch.saw_terminal);
         let mut acct = self.acct.take()?;
         match usage {
             Some(u) => {
                 let u = u.bounded(&acct.sink.target);
                 let cost = acct.sink.record(u);
-                acct.record.settle(u, cost, &acct.sink);
+                acct.record.settle(u, cost, &acct.sink, partial);
             }
             None if acct.status < 400 => {
                 if served {

@@ -598,7 +598,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                         let u = u.bounded(&up.name);
                         let sink = answer::sink(call, rec);
                         let cost = sink.record(u);
-                        rec.settle(u, cost, &sink);
+                        rec.settle(u, cost, &sink, false);
                     }
                     None => {
                         answer::sink(call, rec).record_unreported();

@@ -97,8 +97,10 @@ impl RequestRecord {
         }
     }
 
-    /// Settles the reservation with what the provider reported to `sink`.
-    pub fn settle(&mut self, usage: Usage, cost_pico: u128, sink: &UsageSink) {
+    /// Settles the reservation with what the provider reported to `sink`; `partial`: the
+    /// report is not the final one (a stream cut before it), and the charge is at least what
+    /// [`RequestRecord::keep_reservation`] would charge.
+    pub fn settle(&mut self, usage: Usage, cost_pico: u128, sink: &UsageSink, partial: bool) {
         let estimated = self.reservation.as_ref().map(|r| r.estimated_input);
         let input = usage
             .input
@@ -119,10 +121,15 @@ impl RequestRecord {
                 .estimate_ratio(&self.metrics)
                 .observe(r.estimated_input as f64 / input as f64);
         }
-        r.settle(
+        let used = (
             input + usage.output + self.earlier.0,
             cost_pico + self.earlier.1,
         );
+        if partial {
+            r.settle_at_least(used, self.earlier, sink.price);
+        } else {
+            r.settle(used.0, used.1);
+        }
     }
 
     /// The model's label, shared with the config's labels (None: `other`).

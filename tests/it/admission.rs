@@ -461,3 +461,48 @@ async fn calls_held_by_the_pacer_count_as_queued_and_are_bounded() {
     );
     assert_eq!(env.mock.stats().requests, 2);
 }
+
+/// A caller that leaves a stream after its first content has seen only `message_start`'s
+/// usage (the input and one output token). The provider bills what it generated all the
+/// same, so the request keeps its whole reservation: settled with the part alone, a caller
+/// leaving every stream early passed any tokens-per-minute limit.
+#[tokio::test]
+async fn a_stream_left_before_its_final_usage_keeps_its_reservation() {
+    let env = harness::start_with(
+        legate::mock::Script::from_json(
+            r#"{"default":{"event_gap_ms":300,"usage":{"input_tokens":10,"output_tokens":800},
+                "content":[{"type":"text","text":"a b c d e f g h"}]}}"#,
+        )
+        .unwrap(),
+        "[tenants.default]\ntokens_per_minute = 1000\n",
+    )
+    .await;
+    let body = r#"{"model":"claude-t","max_tokens":900,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    // Over a socket of its own, read up to the first content, then closed.
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut sock, head.as_bytes())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("text_delta") {
+        let n = tokio::io::AsyncReadExt::read(&mut sock, &mut buf)
+            .await
+            .unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(sock);
+    env.wait_metric("legate_requests_total", &[("status", "499")], 1.0)
+        .await;
+    // About 900 of the 1,000 tokens stay taken: another such request does not fit.
+    let refused = env.messages(body).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(env.mock.stats().requests, 1);
+}

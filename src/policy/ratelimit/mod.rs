@@ -448,6 +448,34 @@ impl Reservation {
 
     /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
     pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128, price: Option<crate::meter::Price>) {
+        let (tokens, cost_pico) = self.kept(tokens, cost_pico, price);
+        self.settle(tokens, cost_pico);
+    }
+
+    /// Settles a request whose usage was reported only in part: a stream that ended before
+    /// its final usage (Anthropic's `message_start` reports the input and one output token;
+    /// the caller left, or the stream broke, before `message_delta`). The provider bills what
+    /// it generated, which legate did not see: the charge is what was reported, or what `keep`
+    /// charges if that is more. Settling with the part alone let a caller that leaves every
+    /// stream early pass its tokens-per-minute limit and its budget.
+    pub fn settle_at_least(
+        &mut self,
+        (used_tokens, cost_pico): (u64, u128),
+        (earlier_tokens, earlier_pico): (u64, u128),
+        price: Option<crate::meter::Price>,
+    ) {
+        let (kept_tokens, kept_pico) = self.kept(earlier_tokens, earlier_pico, price);
+        self.settle(used_tokens.max(kept_tokens), cost_pico.max(kept_pico));
+    }
+
+    /// What `keep_plus` settles with: the reservation and its estimate's cost, plus `tokens`
+    /// and `cost_pico`.
+    fn kept(
+        &self,
+        tokens: u64,
+        cost_pico: u128,
+        price: Option<crate::meter::Price>,
+    ) -> (u64, u128) {
         let estimate = match price {
             Some(p) if self.held_pico > 0 => crate::meter::Usage {
                 input: self.estimated_input,
@@ -457,10 +485,10 @@ impl Reservation {
             .cost_pico(&p),
             _ => 0,
         };
-        self.settle(
+        (
             self.reserved.saturating_add(tokens),
             cost_pico.saturating_add(estimate),
-        );
+        )
     }
 
     /// Settles with the tokens actually used and their cost.
