@@ -133,6 +133,13 @@ pub struct Ticket {
     probe: bool,
 }
 
+impl Ticket {
+    /// This call is its half-open breaker's one probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Success,

@@ -306,6 +306,7 @@ async fn run_step(
         strip_usage,
         traceparent: None,
         can_fall_back: up.cloud.is_some() && later_may_serve(proxy, snap, later),
+        probe: false,
     };
     let end = attempts(&mut call, breaker.as_ref(), exec, record).await?;
     // Counted once the step answers: a translated request its breaker or its failures pass
@@ -356,6 +357,7 @@ async fn attempts(
         if n > 1 {
             series.retries(&proxy.metrics).inc();
         }
+        call.probe = ticket.is_probe();
         let server = server.cloned();
         let (exchanged, verdict) = attempt(call, n, server, exec, record, &count).await;
         let moved_on = MovedOn::after(&exchanged, n, retry.max_retry_after);

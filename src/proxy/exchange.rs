@@ -51,6 +51,10 @@ pub(crate) struct Call<'a> {
     /// A later chain step may answer if this one cannot: a platform credential still being
     /// fetched is waited for only briefly (`cloud::cache::Wait::brief`).
     pub(crate) can_fall_back: bool,
+    /// This attempt is its half-open breaker's one probe: it is not paced. Held in the
+    /// pacer (a background call's wait may be minutes), the probe kept every other caller of
+    /// the target refused, interactive ones included, until it went out.
+    pub(crate) probe: bool,
 }
 
 /// Upstream attempts made and time spent outside legate (upstream waits, backoff), for the
@@ -335,7 +339,12 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     // that what is left lasts until the reset.
     // They wait in a place of the provider's queue: counted, bounded by `queue_limit`, and
     // shed lowest priority first.
-    if let Some(wait) = up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below) {
+    let paced = if call.probe {
+        None
+    } else {
+        up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below)
+    };
+    if let Some(wait) = paced {
         // A wait the deadline cannot cover is a refusal before any attempt: shed (529), with
         // the pacer's wait as its retry-after, not a 504 that tells the SDK not to retry.
         if Instant::now() + wait >= inb.deadline {

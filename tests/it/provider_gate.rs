@@ -3,6 +3,8 @@
 //! disconnect) leave the queue and its gauge at once. The mock never answers, so whatever reaches
 //! it stays in flight for the test's length.
 
+use std::time::Duration;
+
 use crate::harness::{self, Env};
 
 const HANG: &str = r#"{"default":{"hang":true}}"#;
@@ -151,4 +153,58 @@ async fn a_pace_longer_than_the_deadline_is_shed_with_its_wait() {
         .metric("legate_shed_total", &[("priority", "background")])
         .await;
     assert_eq!(counted, Some(1.0));
+}
+
+/// A background call that wins a half-open breaker's probe is not paced: held in the pacer
+/// for the provider's reset (a minute here), it kept every other caller of the target
+/// refused with 529 "circuit breakers open", interactive ones included.
+#[tokio::test]
+async fn a_breakers_probe_is_not_held_by_the_pacer() {
+    let script = r#"{"replies":[
+        {"headers":{"x-ratelimit-limit-requests":"100","x-ratelimit-remaining-requests":"1",
+                    "x-ratelimit-reset-requests":"60s"}},
+        {},{"status":529},{"status":529}]}"#;
+    let extra = "[retry]\nmax_attempts = 1\n[breaker]\nmin_calls = 2\nfailure_ratio = 0.5\nopen_for = \"200ms\"\n\
+        [[models]]\nname = \"gpt-test\"\nchain = [\"openai:gpt-test\"]\n";
+    let env = harness::start_with(legate::mock::Script::from_json(script).unwrap(), extra).await;
+    let body = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    let call = |priority: &'static str| {
+        env.http
+            .post(env.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-legate-priority", priority)
+            .body(body)
+            .send()
+    };
+    // The pacer's reading (one call left for a minute), and its one free slot taken.
+    assert_eq!(call("interactive").await.unwrap().status(), 200);
+    assert_eq!(call("background").await.unwrap().status(), 200);
+    // Two failures open the breaker.
+    for _ in 0..2 {
+        assert_eq!(call("interactive").await.unwrap().status(), 529);
+    }
+    let breaker = [("provider", "openai"), ("model", "gpt-test")];
+    assert_eq!(
+        env.metric("legate_breaker_state", &breaker).await,
+        Some(1.0)
+    );
+    // Once open_for has passed, a background call is the probe, sent at once.
+    let probed = async {
+        loop {
+            let resp = call("background").await.unwrap();
+            if resp.status() == 200 {
+                break;
+            }
+            assert_eq!(resp.status(), 529);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), probed)
+        .await
+        .expect("the probe was held");
+    assert_eq!(
+        env.metric("legate_breaker_state", &breaker).await,
+        Some(0.0)
+    );
+    assert_eq!(call("interactive").await.unwrap().status(), 200);
 }
