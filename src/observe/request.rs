@@ -216,16 +216,23 @@ impl RequestObs {
         });
     }
 
-    /// Starts one attempt at `step`. Its `traceparent` (the attempt span as parent) is what
-    /// the upstream request carries when export is on.
+    /// Starts one attempt at `step`, at `now`. Its `traceparent` (the attempt span as parent)
+    /// is what the upstream request carries when export is on. Its wall-clock start is the
+    /// request's, moved on by the monotonic time since: no second clock is read.
     pub fn begin_attempt(
         &self,
-        step_no: usize,
-        step: &ChainStep,
+        (step_no, step): (usize, &ChainStep),
         kind: ApiKind,
         server: Option<Arc<str>>,
+        now: Instant,
     ) -> AttemptScope {
-        let trace = self.0.read(|f| f.trace).flatten();
+        let (trace, wall) = self
+            .0
+            .read(|f| {
+                let wall = f.started_wall + now.saturating_duration_since(f.started);
+                (f.trace, wall)
+            })
+            .unwrap_or((None, SystemTime::UNIX_EPOCH));
         let span_id = trace.map(|_| traceparent::new_span_id());
         let header = trace.zip(span_id).and_then(|(t, s)| {
             HeaderValue::from_str(&traceparent::format(&t.trace_id, &s, t.sampled)).ok()
@@ -237,8 +244,8 @@ impl RequestObs {
                 called: step.clone(),
                 provider_kind: kind.as_str(),
                 server,
-                started: Instant::now(),
-                started_wall: SystemTime::now(),
+                started: now,
+                started_wall: wall,
                 duration: std::time::Duration::ZERO,
                 status: None,
                 outcome: "aborted",
@@ -282,8 +289,10 @@ impl AttemptScope {
         outcome: &'static str,
         why: Option<String>,
         sent: bool,
+        at: Instant,
     ) {
         if let Some(a) = self.facts.as_mut() {
+            a.duration = at.saturating_duration_since(a.started);
             a.sent = sent;
             a.status = status;
             a.outcome = outcome;
@@ -298,8 +307,8 @@ impl Drop for AttemptScope {
         let Some(mut a) = self.facts.take() else {
             return;
         };
-        a.duration = a.started.elapsed();
         if !self.ended {
+            a.duration = a.started.elapsed();
             a.why = Some("cut short: the request ended before this attempt did".to_string());
         }
         self.obs.update(|f| {

@@ -162,7 +162,7 @@ impl Ticket {
     pub fn committed(mut self) -> Ticket {
         if self.probe {
             if let Some(b) = self.breaker.take() {
-                b.record(true, Outcome::Success);
+                b.record(true, Outcome::Success, Instant::now());
                 return Ticket {
                     breaker: Some(b),
                     probe: false,
@@ -172,9 +172,14 @@ impl Ticket {
         self
     }
 
-    pub fn report(mut self, outcome: Outcome) {
+    pub fn report(self, outcome: Outcome) {
+        self.report_at(outcome, Instant::now());
+    }
+
+    /// `report`, with the caller's reading of the clock.
+    pub fn report_at(mut self, outcome: Outcome, now: Instant) {
         if let Some(b) = self.breaker.take() {
-            b.record(self.probe, outcome);
+            b.record(self.probe, outcome, now);
         }
     }
 }
@@ -182,7 +187,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(b) = self.breaker.take() {
-            b.record(self.probe, Outcome::Neutral);
+            b.record(self.probe, Outcome::Neutral, Instant::now());
         }
     }
 }
@@ -228,7 +233,11 @@ impl Breaker {
     }
 
     pub fn admit(self: &Arc<Self>) -> Admission {
-        let now = Instant::now();
+        self.admit_at(Instant::now())
+    }
+
+    /// `admit`, with the caller's reading of the clock.
+    pub fn admit_at(self: &Arc<Self>, now: Instant) -> Admission {
         let mut inner = self.lock();
         let probe = match inner.state {
             State::Closed => false,
@@ -250,9 +259,8 @@ impl Breaker {
         })
     }
 
-    fn record(&self, probe: bool, outcome: Outcome) {
+    fn record(&self, probe: bool, outcome: Outcome, now: Instant) {
         let cfg = self.cfg.load();
-        let now = Instant::now();
         let mut inner = self.lock();
         if probe {
             match outcome {

@@ -351,7 +351,9 @@ async fn attempts(
     let count = |label: &str| series.count_attempt(&proxy.metrics, label);
     let mut backoff = Backoff::new(retry);
     for n in 1..=retry.max_attempts {
-        let Some(ticket) = ticket(breaker, exec, inb, step, &count) else {
+        // The attempt's start, read once for its breaker and its journal entry.
+        let now = Instant::now();
+        let Some(ticket) = ticket((breaker, now), exec, inb, step, &count) else {
             return Ok(StepEnd::Unavailable);
         };
         if n > 1 {
@@ -359,9 +361,10 @@ async fn attempts(
         }
         call.probe = ticket.is_probe();
         let server = server.cloned();
-        let (exchanged, verdict) = attempt(call, n, server, exec, record, &count).await;
+        let (exchanged, verdict, ended) =
+            attempt(call, (n, now), server, exec, record, &count).await;
         let moved_on = MovedOn::after(&exchanged, n, retry.max_retry_after);
-        let wait = match act(call, exchanged, verdict, ticket, exec, record)? {
+        let wait = match act(call, (exchanged, verdict, ended), ticket, exec, record)? {
             Next::Answer(resp) => return Ok(StepEnd::Answer(resp)),
             Next::Unavailable => {
                 inb.obs.moved_on(moved_on.why());
@@ -381,23 +384,29 @@ async fn attempts(
 /// verdict is the caller's.
 async fn attempt(
     call: &mut Call<'_>,
-    n: u32,
+    (n, started): (u32, Instant),
     server: Option<Arc<str>>,
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
     count: &(dyn Fn(&str) + Sync),
-) -> (Exchanged, Verdict) {
+) -> (Exchanged, Verdict, Instant) {
     let (inb, retry) = (call.inb, &call.snap.cfg.retry);
-    let mut scope = inb
-        .obs
-        .begin_attempt(exec.step_no, call.step, call.up.kind, server);
+    let mut scope = inb.obs.begin_attempt(
+        (exec.step_no, call.step),
+        call.up.kind,
+        server,
+        started.into_std(),
+    );
     call.traceparent = scope.traceparent();
     let sent_before = exec.spent.attempts;
+    exec.spent.take_back();
     let exchanged = exchange::run(call, &mut exec.spent, &mut scope, record).await;
+    // The attempt's end, read once (by the exchange, as its wait ended, if it waited).
+    let ended = exec.spent.take_back().unwrap_or_else(Instant::now);
     let verdict = judge::judge(
         exchanged.happened(),
         Context {
-            deadline_passed: Instant::now() >= inb.deadline,
+            deadline_passed: ended >= inb.deadline,
             last_attempt: n == retry.max_attempts,
             max_retry_after: retry.max_retry_after,
         },
@@ -418,20 +427,21 @@ async fn attempt(
         outcome,
         why,
         exec.spent.attempts > sent_before && !never_connected,
+        ended.into_std(),
     );
-    (exchanged, verdict)
+    (exchanged, verdict, ended)
 }
 
 /// The step's breaker lets one more exchange through (its ticket), or it is open and the step
 /// is passed over (None), remembering when it admits a probe again.
 fn ticket(
-    breaker: Option<&Arc<Breaker>>,
+    (breaker, now): (Option<&Arc<Breaker>>, Instant),
     exec: &mut Exec,
     inb: &Inbound,
     step: &ChainStep,
     count: &dyn Fn(&str),
 ) -> Option<Ticket> {
-    let ticket = match breaker.map(Breaker::admit) {
+    let ticket = match breaker.map(|b| b.admit_at(now)) {
         Some(Admission::Refused { until }) => {
             count("breaker_open");
             exec.earliest_probe = Some(exec.earliest_probe.map_or(until, |e| e.min(until)));
@@ -479,12 +489,15 @@ enum Next {
 /// later, or gives up.
 fn act(
     call: &Call<'_>,
-    exchanged: Exchanged,
-    verdict: Verdict,
+    (exchanged, verdict, ended): (Exchanged, Verdict, Instant),
     ticket: Ticket,
     exec: &mut Exec,
     record: &mut Option<RequestRecord>,
 ) -> Result<Next, ProxyError> {
+    let report = |ticket: Ticket, outcome| {
+        ticket.report_at(outcome, ended);
+        None
+    };
     let ticket = match verdict.breaker {
         // A committed stream's outcome is known when it ends: its body reports it.
         Report::AtStreamEnd => Some(ticket.committed()),
@@ -544,11 +557,6 @@ impl MovedOn {
             MovedOn::Spent(n) => format!("{n} attempts spent on retryable failures"),
         }
     }
-}
-
-fn report(ticket: Ticket, outcome: Outcome) -> Option<Ticket> {
-    ticket.report(outcome);
-    None
 }
 
 /// The caller's response for a committed outcome.

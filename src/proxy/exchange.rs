@@ -66,6 +66,9 @@ pub struct Spent {
     /// Since when the request has been waiting outside legate, if it is now: a wait cut short
     /// (by shutdown's grace) still counts as outside, not as legate's own time.
     away_since: Option<Instant>,
+    /// When the last wait ended: the attempt's end, read once for its verdict, its breaker
+    /// and its journal entry.
+    back_at: Option<Instant>,
 }
 
 impl Spent {
@@ -78,7 +81,13 @@ impl Spent {
     pub(crate) fn come_back(&mut self, at: Instant) {
         if let Some(since) = self.away_since.take() {
             self.outside += at.saturating_duration_since(since);
+            self.back_at = Some(at);
         }
+    }
+
+    /// When the last wait ended, if one did since this was last asked.
+    pub(crate) fn take_back(&mut self) -> Option<Instant> {
+        self.back_at.take()
     }
 
     /// The wait begun by `leave` is not counted after all (a turn refused).
@@ -193,15 +202,17 @@ pub(crate) async fn run(
         req.headers_mut().insert("traceparent", tp.clone());
     }
     // The wait for a turn and the upstream call both count as outside legate.
-    spent.leave(Instant::now());
-    let permit = match turn(call).await {
+    let left = Instant::now();
+    spent.leave(left);
+    let (permit, waited) = match turn(call).await {
         Ok(p) => p,
         Err(refused) => {
             spent.stay();
             return refused;
         }
     };
-    let sent = Instant::now();
+    // A turn had at once (nearly always) is the same instant: the clock is not read again.
+    let sent = if waited { Instant::now() } else { left };
     let metrics = &proxy.metrics;
     // Decremented on every path, a dropped future (the caller went away) included.
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());
@@ -326,8 +337,9 @@ async fn request(
     .await
 }
 
-/// Pacing, then a concurrency slot in priority order, never past the deadline.
-async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
+/// Pacing, then a concurrency slot in priority order, never past the deadline; whether it
+/// waited for either.
+async fn turn(call: &Call<'_>) -> Result<(Permit, bool), Exchanged> {
     let Call {
         up,
         inb,
@@ -344,6 +356,7 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     } else {
         up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below)
     };
+    let waited = paced.is_some();
     if let Some(wait) = paced {
         // A wait the deadline cannot cover is a refusal before any attempt: shed (529), with
         // the pacer's wait as its retry-after, not a 504 that tells the SDK not to retry.
@@ -370,7 +383,7 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     let mut acquire = std::pin::pin!(up.gate.acquire(inb.priority));
     // Nearly always a turn is free at once, and nothing more is asked.
     if let Some(got) = futures_util::FutureExt::now_or_never(acquire.as_mut()) {
-        return got.map_err(shed);
+        return got.map(|p| (p, waited)).map_err(shed);
     }
     let got = match tokio::time::timeout_at(inb.deadline, acquire).await {
         Ok(got) => got.map_err(shed)?,
@@ -383,7 +396,7 @@ async fn turn(call: &Call<'_>) -> Result<Permit, Exchanged> {
     if proxy.abort_streams.is_cancelled() {
         return Err(Exchanged::Shed(ProxyError::ShuttingDown));
     }
-    Ok(got)
+    Ok((got, true))
 }
 
 /// The answer's head and body; Bedrock's binary event stream is read as the SSE it carries

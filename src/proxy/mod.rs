@@ -316,9 +316,9 @@ impl Proxy {
                     resp
                 }
             };
-            proxy.stamp(&mut resp, stats, started, api_label, &obs);
+            let stamped = proxy.stamp(&mut resp, stats, started, api_label, &obs);
             if let Some(rec) = record.take() {
-                rec.finish(resp.status().as_u16());
+                rec.finish_at(resp.status().as_u16(), stamped);
             }
             response::set_header_owned(&mut resp, "x-legate-request-id", rid.render());
             Ok(crate::observe::capture::wrap(resp, obs, &snap))
@@ -326,7 +326,7 @@ impl Proxy {
     }
 
     /// legate's own response headers, stamped here only, on answers and errors alike, and the
-    /// overhead metric.
+    /// overhead metric; the instant it was stamped at.
     fn stamp(
         &self,
         resp: &mut Response<ProxyBody>,
@@ -334,9 +334,12 @@ impl Proxy {
         started: Instant,
         api_label: &str,
         obs: &crate::observe::RequestObs,
-    ) {
+    ) -> Instant {
         // Time inside legate before the response headers, upstream waits excluded.
-        let overhead = started.elapsed().saturating_sub(stats.outside);
+        let now = Instant::now();
+        let overhead = now
+            .saturating_duration_since(started)
+            .saturating_sub(stats.outside);
         if stats.attempts > 0 {
             response::set_count(resp, "x-legate-attempts", stats.attempts);
             if resp.status().as_u16() >= 400 {
@@ -377,6 +380,7 @@ impl Proxy {
                 _ => std::sync::Arc::from(s),
             });
         });
+        now
     }
 
     /// The request's way through legate's policies, in their fixed order (the numbered steps

@@ -151,11 +151,16 @@ impl RequestRecord {
 
     /// Records the request as answered with `status` (now, for local and buffered answers),
     /// unless the caller was already seen to go away: that stays a 499.
-    pub fn finish(mut self, status: u16) {
+    pub fn finish(self, status: u16) {
+        self.finish_at(status, Instant::now());
+    }
+
+    /// `finish`, the request ended at `at` (the caller's reading of the clock).
+    pub fn finish_at(mut self, status: u16, at: Instant) {
         if !self.gone {
             self.status = Some(status);
         }
-        self.write();
+        self.write_at(at);
     }
 
     /// Names what ended the request, when it is legate's own doing rather than what its
@@ -173,6 +178,10 @@ impl RequestRecord {
     }
 
     fn write(&mut self) {
+        self.write_at(Instant::now());
+    }
+
+    fn write_at(&mut self, at: Instant) {
         if self.recorded {
             return;
         }
@@ -181,7 +190,7 @@ impl RequestRecord {
         let m = &self.metrics;
         let series = m.series.request(self.api, self.model(), self.tenant());
         series.count_request(m, &status);
-        let elapsed = self.started.elapsed();
+        let elapsed = at.saturating_duration_since(self.started);
         series.duration(m).observe(elapsed.as_secs_f64());
         if let Some(o) = self.obs.take() {
             let status = self.status;

@@ -123,7 +123,7 @@ impl PooledClient {
     ) -> Result<Response<ResponseBody>, SendError> {
         let key = Key::of(req.uri()).ok_or(SendError::NotAbsolute)?;
         let uri = req.uri().clone();
-        let mut conn = match self.conns().checkout(&key) {
+        let mut conn = match self.conns().checkout(&key, sent.into_std()) {
             Some(c) => c,
             None => Box::pin(self.open(&key, &uri)).await?,
         };
@@ -158,7 +158,9 @@ impl PooledClient {
                         // may have room (the one going away takes no new stream).
                         let listed = match why {
                             Unprocessed::Refused => None,
-                            Unprocessed::GoneAway => self.conns().checkout(&key),
+                            Unprocessed::GoneAway => {
+                                self.conns().checkout(&key, std::time::Instant::now())
+                            }
                         };
                         conn = match listed {
                             Some(c) => c,
