@@ -28,13 +28,15 @@ pub use crate::server::listener::BoxError;
 
 /// Why a stream still open when shutdown's grace ran out ends.
 const SHUTDOWN: &str = "legate is shutting down and the stream outlived shutdown_grace";
-/// What a failure mid-body tells the breaker: the caller's own deadline says nothing about
-/// the provider (a short `x-legate-deadline-ms` must not open the breaker for every caller).
-fn fault_of(why: &str) -> Outcome {
+/// How a failure mid-body is recorded, and what it tells the breaker: the caller's own
+/// deadline is a 504 (SPEC §5) and says nothing about the provider (a short
+/// `x-legate-deadline-ms` must not open the breaker for every caller); anything else is the
+/// upstream's failure, 502.
+fn fault_of(why: &str) -> (u16, Outcome) {
     if why == PAST_DEADLINE {
-        Outcome::Neutral
+        (504, Outcome::Neutral)
     } else {
-        Outcome::Failure
+        (502, Outcome::Failure)
     }
 }
 
@@ -275,7 +277,8 @@ impl TapBody {
             Mode::Sse(_) => self.fail_stream(why),
             Mode::Json { .. } => {
                 tracing::warn!(reason = why, "upstream response failed after it started");
-                self.complete(Some(502), fault_of(why));
+                let (status, outcome) = fault_of(why);
+                self.complete(Some(status), outcome);
                 self.failed_json = true;
                 State::Done
             }
@@ -313,7 +316,8 @@ impl TapBody {
             reason = why,
             "upstream stream failed after the response started"
         );
-        self.complete(Some(502), fault_of(why));
+        let (status, outcome) = fault_of(why);
+        self.complete(Some(status), outcome);
         let event = match &self.mode {
             Mode::Sse(watch) => watch.error_event(stream_failure(why)),
             Mode::Json { .. } => stream_error_event(self.api, why),

@@ -130,7 +130,13 @@ struct State {
     finish_reason: Option<String>,
     usage: Value,
     final_response: Option<Value>,
+    /// Bytes of text and arguments kept for the done events and the final response.
+    kept: usize,
 }
+
+/// Text and arguments one translated answer keeps at most (SPEC §14: a bounded buffer), as
+/// much as a whole answer legate holds: beyond it the stream fails instead of growing.
+const MAX_KEPT: usize = 16 << 20;
 
 impl State {
     fn new(ctx: ResponseCtx) -> Self {
@@ -146,7 +152,20 @@ impl State {
             finish_reason: None,
             usage: Value::Null,
             final_response: None,
+            kept: 0,
         }
+    }
+
+    /// Counts `n` more bytes kept; false (and the stream failed) past `MAX_KEPT`.
+    fn keep(&mut self, out: &mut Vec<u8>, n: usize) -> bool {
+        self.kept += n;
+        if self.kept <= MAX_KEPT {
+            return true;
+        }
+        let error = json!({"type": "server_error", "code": "server_error",
+            "message": "the upstream answer is too large to translate (over 16 MiB of text and tool arguments)"});
+        self.fail(out, &error);
+        false
     }
 
     fn emit(&mut self, out: &mut Vec<u8>, kind: &str, mut data: Value) {
@@ -218,6 +237,9 @@ impl State {
     }
 
     fn text_delta(&mut self, out: &mut Vec<u8>, piece: &str, refusal: bool) {
+        if !self.keep(out, piece.len()) {
+            return;
+        }
         if !matches!(&self.open, Open::Text { refusal: r, .. } if *r == refusal) {
             if self.close(out).is_err() {
                 return;
@@ -300,7 +322,7 @@ impl State {
             .pointer("/function/arguments")
             .and_then(Value::as_str)
             .unwrap_or("");
-        if piece.is_empty() {
+        if piece.is_empty() || !self.keep(out, piece.len()) {
             return;
         }
         self.announce(out);

@@ -688,3 +688,29 @@ mod walk_matches_values {
         }
     }
 }
+
+/// The text and arguments a translated stream keeps for its done events and final response
+/// are bounded (SPEC §14): past 16 MiB the stream fails instead of growing.
+#[test]
+fn a_translated_stream_past_its_bound_fails() {
+    let piece = "x".repeat(1 << 20);
+    let chunk = format!(
+        "data: {}\n\n",
+        json!({"choices": [{"index": 0, "delta": {"content": piece}}]})
+    );
+    let wire = chunk.repeat(17);
+    let evs = chat_events(&wire);
+    let kinds = types(&evs);
+    assert_eq!(
+        kinds.last(),
+        Some(&"response.failed"),
+        "{:?}",
+        &kinds[kinds.len().saturating_sub(3)..]
+    );
+    assert!(kinds.contains(&"error"));
+    let deltas = kinds
+        .iter()
+        .filter(|k| **k == "response.output_text.delta")
+        .count();
+    assert_eq!(deltas, 16);
+}

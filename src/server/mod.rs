@@ -221,6 +221,10 @@ impl RunningServer {
 /// line with both bound addresses to stdout so that scripts and tests started with port 0 can
 /// find them.
 pub async fn run(cfg: Config, registry: Registry, source: ConfigSource) -> Result<(), String> {
+    // Installed before anything is served: a signal that comes between readiness and its
+    // handler took the default action (SIGHUP killed the process, SIGTERM ended it without
+    // draining). One that comes before the wait below is kept for it.
+    let signals = Signals::install();
     let server = start_reloadable(cfg, registry, Some(source)).await?;
     {
         use std::io::Write;
@@ -233,24 +237,54 @@ pub async fn run(cfg: Config, registry: Registry, source: ConfigSource) -> Resul
         let _ = out.flush();
     }
     tracing::info!(data = %server.data_addr, admin = %server.admin_addr, "legate serving");
-    wait_for_signal(&server.reloader).await;
+    signals.wait(&server.reloader).await;
     tracing::info!("shutting down: draining in-flight requests");
     server.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn wait_for_signal(reloader: &Arc<Reloader>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("could not install signal handlers; stopping on Ctrl-C only");
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
+/// The process's SIGTERM, SIGINT and SIGHUP handlers (None: they could not be installed).
+struct Signals(
+    Option<(
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+    )>,
+);
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
+        ) {
+            (Ok(term), Ok(int), Ok(hup)) => Signals(Some((term, int, hup))),
+            _ => Signals(None),
+        }
+    }
+
+    /// Runs until SIGTERM or SIGINT, reloading on SIGHUP.
+    async fn wait(self, reloader: &Arc<Reloader>) {
+        let Some((term, int, hup)) = self.0 else {
+            tracing::error!("could not install signal handlers; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        wait_for_signal(reloader, (term, int, hup)).await;
+    }
+}
+
+async fn wait_for_signal(
+    reloader: &Arc<Reloader>,
+    (mut term, mut int, mut hup): (
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+    ),
+) {
     loop {
         tokio::select! {
             _ = term.recv() => return,

@@ -50,12 +50,21 @@ pub(super) struct ToAnthropic {
     tool_args: String,
     /// The open call's arguments outgrew `CHECK_LIMIT`: they cannot be vouched for.
     tool_args_overflow: bool,
+    /// Calls that have their id but wait for their first argument fragment: only while there
+    /// are any does a fragment or a text delta look for them (a walk over every call per
+    /// event made a stream of many calls cost calls × events).
+    waiting_with_id: usize,
+    /// Bytes of arguments held by calls still waiting (bounded by `CHECK_LIMIT` in all).
+    waiting_bytes: usize,
 }
 
 /// Held arguments beyond this are written out (the stream commits) rather than held longer.
 const HOLD_LIMIT: usize = 256 << 10;
 /// Arguments beyond this cannot be checked and are refused (a bounded buffer, SPEC §14).
 const CHECK_LIMIT: usize = 16 << 20;
+/// Tool calls in one answer beyond this end the stream with an error (a bounded list: no
+/// provider's answer comes near it).
+const MAX_CALLS: usize = 1024;
 
 #[derive(Debug, Clone, Copy)]
 enum Open {
@@ -243,6 +252,14 @@ impl ToAnthropic {
         let another = |c: &Call| matches!((&c.id, &call.id), (Some(had), Some(new)) if had != new);
         let position = match found {
             Some(position) if !another(&self.calls[position]) => position,
+            _ if self.calls.len() >= MAX_CALLS => {
+                self.fail(
+                    out,
+                    "api_error",
+                    "the upstream model made more tool calls than legate carries in one answer (1,024)",
+                );
+                return true;
+            }
             _ => {
                 self.calls.push(Call {
                     index: call.index,
@@ -261,6 +278,9 @@ impl ToAnthropic {
         }
         if call.id.is_some() && self.calls[position].id.is_none() {
             self.calls[position].id.clone_from(&call.id);
+            if matches!(self.calls[position].state, CallState::Waiting { .. }) {
+                self.waiting_with_id += 1;
+            }
         }
         let id = self.calls[position].id.clone();
         match &mut self.calls[position].state {
@@ -279,6 +299,15 @@ impl ToAnthropic {
                         name.push_str(&part);
                     }
                 }
+                self.waiting_bytes += arguments.len();
+                if self.waiting_bytes > CHECK_LIMIT {
+                    self.fail(
+                        out,
+                        "api_error",
+                        "the upstream model called a tool with arguments too large to check",
+                    );
+                    return true;
+                }
                 held.push_str(&arguments);
                 if let (Some(id), false) = (id, held.is_empty()) {
                     let (name, held) = (std::mem::take(name), std::mem::take(held));
@@ -293,6 +322,9 @@ impl ToAnthropic {
     /// `except`), in the order they came, before something else is written: blocks keep the
     /// order of the stream. False once the stream has failed.
     fn open_waiting(&mut self, except: Option<usize>, out: &mut Vec<u8>) -> bool {
+        if self.waiting_with_id == 0 {
+            return true;
+        }
         for position in 0..self.calls.len() {
             if Some(position) == except {
                 continue;
@@ -319,6 +351,12 @@ impl ToAnthropic {
         arguments: String,
         out: &mut Vec<u8>,
     ) {
+        if matches!(self.calls[position].state, CallState::Waiting { .. }) {
+            if self.calls[position].id.is_some() {
+                self.waiting_with_id = self.waiting_with_id.saturating_sub(1);
+            }
+            self.waiting_bytes = self.waiting_bytes.saturating_sub(arguments.len());
+        }
         if !self.close(out) {
             return;
         }

@@ -453,3 +453,44 @@ async fn a_request_without_an_answer_at_shutdown_grace_gets_a_503() {
     );
     assert_eq!(legate.wait().await.unwrap().code(), Some(0));
 }
+
+/// A SIGHUP or SIGTERM sent the moment legate says it listens (a config reloader's, a pod
+/// deleted while it starts) is handled: the reload happens and serving goes on, and SIGTERM
+/// drains and exits 0. Before the handlers were installed ahead of readiness, the default
+/// action killed the process in about half the runs.
+#[tokio::test]
+async fn a_signal_right_after_start_is_handled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, mock_url) = start_mock(None).await;
+    let cfg = write_config(dir.path(), &mock_url, "");
+    let env = [("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")];
+    let serve = ["serve", "--config", cfg.to_str().unwrap()];
+    for _ in 0..5 {
+        let (mut legate, line) = spawn(&serve, &env, None).await;
+        signal_now(&legate, libc::SIGHUP);
+        let (_, admin) = addrs(&line);
+        let ready = reqwest::get(format!("{admin}/readyz")).await.unwrap();
+        assert_eq!(ready.status(), 200);
+        let (mut fresh, _) = spawn(&serve, &env, None).await;
+        signal_now(&fresh, libc::SIGTERM);
+        for child in [&mut fresh, &mut legate] {
+            if child.id().is_some() {
+                sigterm(child);
+            }
+            let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(status.code(), Some(0), "{status:?}");
+        }
+    }
+}
+
+/// Sends `signal` to `child` at once: `kill(1)`, a process of its own, starts a millisecond
+/// or more after the call, well after the moment this is about.
+#[expect(unsafe_code, reason = "kill(2) has no safe binding in std")]
+fn signal_now(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) takes plain integers and touches no memory of this process.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}

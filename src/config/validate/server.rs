@@ -31,13 +31,17 @@ pub(crate) fn build(s: &ServerFile, cx: &mut Cx) -> ServerConfig {
             cx.err(key, format!("at most {max}, not {n}"));
         }
     }
-    // Port 0 asks the OS for a free port, so two such listeners never collide.
-    if s.listen == s.admin_listen && s.listen.port() != 0 {
+    // Port 0 asks the OS for a free port, so two such listeners never collide. An
+    // unspecified address (0.0.0.0, ::) takes its port on every address, the other's too.
+    let overlap = s.listen.ip() == s.admin_listen.ip()
+        || s.listen.ip().is_unspecified()
+        || s.admin_listen.ip().is_unspecified();
+    if overlap && s.listen.port() == s.admin_listen.port() && s.listen.port() != 0 {
         cx.err(
             "server.admin_listen",
             format!(
-                "`{}` is also the data plane's listen address",
-                s.admin_listen
+                "`{}` takes the port of the data plane's listen address `{}`",
+                s.admin_listen, s.listen
             ),
         );
     }

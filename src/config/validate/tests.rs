@@ -317,6 +317,20 @@ fn public_listen_requires_client_keys() -> TestResult {
         "[server]\nlisten = \"127.0.0.1:8787\"\nadmin_listen = \"127.0.0.1:8787\"",
         "server.admin_listen",
     );
+    // An unspecified address takes the port on every address: `serve` could not bind both.
+    for admin in ["0.0.0.0:8787", "[::]:8787"] {
+        refused_at(
+            &format!("[server]\nlisten = \"127.0.0.1:8787\"\nadmin_listen = \"{admin}\""),
+            "server.admin_listen",
+        );
+    }
+    assert!(
+        load_str(
+            "[server]\nlisten = \"127.0.0.1:8787\"\nadmin_listen = \"127.0.0.2:8787\"",
+            &no_env()
+        )
+        .is_ok()
+    );
     assert!(
         load_str(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"",

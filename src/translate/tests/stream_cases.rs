@@ -649,3 +649,38 @@ fn a_tool_name_in_pieces_reaches_the_block_whole() {
         ))
     );
 }
+
+/// What a stream of tool calls may hold is bounded (SPEC §14): calls past 1,024 in one answer,
+/// or arguments held past 16 MiB for calls still without an id, end the stream in an error
+/// event instead of growing legate's memory for as long as the upstream sends.
+#[test]
+fn tool_calls_beyond_the_bounds_end_the_stream_in_an_error() {
+    let many: String = (0..1100)
+        .map(|i| {
+            chunk(
+                json!({"tool_calls": [{"index": i, "id": format!("call_{i}"), "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]}),
+                None,
+            )
+        })
+        .collect();
+    let out = translate(Dir::AnthropicToOpenAi, false, many.as_bytes(), &[]);
+    let view = anthropic_view(&out).unwrap();
+    assert_eq!(view.error.as_deref(), Some("api_error"));
+    assert!(String::from_utf8_lossy(&out).contains("(1,024)"));
+    assert_eq!(view.tools.len(), 1024);
+
+    let piece = "x".repeat(1 << 20);
+    let held: String = (0..17)
+        .map(|_| {
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+                None,
+            )
+        })
+        .collect();
+    let out = translate(Dir::AnthropicToOpenAi, false, held.as_bytes(), &[]);
+    let view = anthropic_view(&out).unwrap();
+    assert_eq!(view.error.as_deref(), Some("api_error"));
+    assert!(String::from_utf8_lossy(&out).contains("too large to check"));
+}

@@ -147,6 +147,13 @@ fn parse_with(
             && framing != Framing::Close
             && !(framing == Framing::Chunked && seen.length.is_some())
             && !seen.close;
+        let mut headers = headers;
+        if seen.chunked_last.is_some() && seen.length.is_some() {
+            // The length is not the body's (RFC 9112 §6.3: a recipient removes it before
+            // passing the message on): relayed, the caller read that many bytes of a longer
+            // answer as the whole of it.
+            headers.remove(http::header::CONTENT_LENGTH);
+        }
         let (mut parts, ()) = http::Response::new(()).into_parts();
         parts.status = status;
         parts.version = version;
@@ -283,6 +290,12 @@ mod tests {
             !chunked.keep_alive,
             "a coding and a length: not trusted again"
         );
+        // Nor is the length passed on: it is not the body's.
+        assert!(chunked.parts.headers.get("content-length").is_none());
+        let coded = f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ncontent-length: 3\r\n\r\n");
+        assert!(coded.parts.headers.get("content-length").is_none());
+        let length = f("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n");
+        assert_eq!(length.parts.headers["content-length"], "3");
         let plain = f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
         assert!(plain.keep_alive);
         let gz = f("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
