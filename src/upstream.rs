@@ -307,11 +307,7 @@ impl Upstream {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
-        let key_name = (!self.keyless && with_key).then(|| match self.auth_header {
-            AuthHeader::XApiKey => (HeaderName::from_static("x-api-key"), false),
-            AuthHeader::Bearer => (header::AUTHORIZATION, true),
-            AuthHeader::ApiKey => (HeaderName::from_static("api-key"), false),
-        });
+        let key_name = (!self.keyless && with_key).then(|| self.key_name());
         *req.headers_mut() = forwardable(inbound, key_name.as_ref().map(|(n, _)| n));
         let headers = req.headers_mut();
         if translated {
@@ -357,6 +353,32 @@ impl Upstream {
             })?;
         headers.insert(name, value);
         Ok(req)
+    }
+
+    /// The header the provider's key goes in, and whether it is written as a bearer token.
+    fn key_name(&self) -> (HeaderName, bool) {
+        match self.auth_header {
+            AuthHeader::XApiKey => (HeaderName::from_static("x-api-key"), false),
+            AuthHeader::Bearer => (header::AUTHORIZATION, true),
+            AuthHeader::ApiKey => (HeaderName::from_static("api-key"), false),
+        }
+    }
+
+    /// Writes the key loaded now into a request [`Upstream::build_request`] made with its key
+    /// some time ago (a request that then waited for its turn): a key file rotated meanwhile
+    /// (the old key revoked) is what the provider must see. Nothing changes when no key is
+    /// loaded, or the request carries none.
+    pub fn renew_key(&self, headers: &mut HeaderMap) {
+        if self.keyless {
+            return;
+        }
+        let (name, bearer) = self.key_name();
+        if !headers.contains_key(&name) {
+            return;
+        }
+        if let Some(value) = self.key.current().and_then(|k| k.header_value(bearer)) {
+            headers.insert(name, value);
+        }
     }
 
     /// Whether a key is loaded now (for `/admin/state`; never the key itself).

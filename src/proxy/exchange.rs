@@ -212,7 +212,15 @@ pub(crate) async fn run(
         }
     };
     // A turn had at once (nearly always) is the same instant: the clock is not read again.
-    let sent = if waited { Instant::now() } else { left };
+    let sent = if waited {
+        // The key written when the request was made may have been rotated while it waited.
+        if up.cloud.is_none() {
+            up.renew_key(req.headers_mut());
+        }
+        Instant::now()
+    } else {
+        left
+    };
     let metrics = &proxy.metrics;
     // Decremented on every path, a dropped future (the caller went away) included.
     let inflight = InflightGuard::new(call.series.inflight(metrics).clone());

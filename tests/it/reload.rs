@@ -288,3 +288,72 @@ async fn responses_store_bounds_apply_on_reload_and_its_kind_needs_a_restart() {
         "{v}"
     );
 }
+
+/// A request that waits for its turn at the provider (`max_concurrency` reached) while the key
+/// file is rotated goes out with the new key: the key it was made with may have been revoked
+/// (the provider's 401 would reach the agent as a refusal that is not retried).
+#[tokio::test]
+async fn a_request_waiting_for_its_turn_goes_out_with_the_rotated_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("key");
+    std::fs::write(&key_path, "sk-ant-first-key\n").unwrap();
+    let script = |key: &str| {
+        format!(
+            r#"{{"expect_key":"{key}","replies":[{{"match":{{"model":"claude-slow"}},"times":0,"delay_ms":3000}}]}}"#
+        )
+    };
+    let mock =
+        harness::start_mock(legate::mock::Script::from_json(&script("sk-ant-first-key")).unwrap())
+            .await;
+    // Both providers read the same file: the OpenAI one tells when the watchers saw it change.
+    let key_file = format!("api_key_file = \"{}\"", key_path.display());
+    let toml = harness::config_toml(&mock.base_url(), "")
+        .replace(
+            "api_key_env = \"ANTHROPIC_API_KEY\"",
+            &format!("{key_file}\nmax_concurrency = 1"),
+        )
+        .replace("api_key_env = \"OPENAI_API_KEY\"", &key_file);
+    let env = harness::start_toml(mock, &toml).await;
+    let send = |model: &str| {
+        let req = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .body(format!(
+                r#"{{"model":"{model}","max_tokens":1,"messages":[]}}"#
+            ));
+        tokio::spawn(async move { req.send().await.unwrap().status().as_u16() })
+    };
+    let slow = send("claude-slow");
+    env.mock.wait_requests(1).await;
+    let waiting = send("claude-quick");
+    env.wait_metric("legate_queue_depth", &[("priority", "interactive")], 1.0)
+        .await;
+
+    env.script(&script("sk-ant-second-key"));
+    let staged = dir.path().join("key.new");
+    std::fs::write(&staged, "sk-ant-second-key\n").unwrap();
+    std::fs::rename(&staged, &key_path).unwrap();
+    let chat = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    let seen = async {
+        while env.chat(chat).await.status() != 200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), seen)
+        .await
+        .expect("the rotated key was picked up");
+
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(waiting.await.unwrap(), 200);
+    let quick = env
+        .mock
+        .requests()
+        .into_iter()
+        .find(|r| String::from_utf8_lossy(&r.body).contains("claude-quick"))
+        .unwrap();
+    assert_eq!(
+        harness::header_values(&quick.headers, "x-api-key"),
+        vec!["sk-ant-second-key"]
+    );
+}
