@@ -32,6 +32,11 @@ pub trait EventTranslator: Send {
     fn keep_alive(&self) -> &'static [u8] {
         b": ping\n\n"
     }
+    /// The caller's stream has ended (its terminal or error event written): what the upstream
+    /// sends after it is not the caller's.
+    fn ended(&self) -> bool {
+        self.keep_alive().is_empty()
+    }
 }
 
 impl EventTranslator for StreamTranslator {
@@ -242,16 +247,23 @@ impl Translated {
                             }
                             self.usage.observe(&ev);
                         }
-                        if self.parser.pending_bytes() > self.max_event {
+                        // The chunk's complete events are translated first: a final event in
+                        // it, followed by the start of an oversized line, still ends the
+                        // caller's stream whole.
+                        let out = self.translator.push(&data);
+                        if self.parser.pending_bytes() > self.max_event && !self.translator.ended()
+                        {
                             // Ends like a cut (no terminal event): the stream is broken.
                             tracing::warn!(
                                 "upstream stream event larger than server.max_event_bytes"
                             );
                             self.ended = true;
                             self.oversize = true;
+                            if !out.is_empty() {
+                                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                            }
                             return Poll::Ready(None);
                         }
-                        let out = self.translator.push(&data);
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                         }

@@ -105,8 +105,10 @@ impl SseWatch {
         // Forward exactly the bytes of complete events; a partial one stays back so that an
         // error event legate may have to append never lands inside it.
         let held = self.parser.pending_bytes();
-        if held > self.max_event {
-            // An upstream that never finishes an event must not make legate buffer it.
+        // An upstream that never finishes an event must not make legate buffer it. After the
+        // final event (or the provider's error) nothing more is relayed: what follows it is
+        // not the caller's, and must not turn a whole answer into a failure (or a retry).
+        if held > self.max_event && !(self.saw_terminal || self.error_data.is_some()) {
             self.oversize = true;
         }
         let available = self.pending.len() + data.len();

@@ -106,3 +106,38 @@ async fn an_oversized_event_on_a_translated_stream_is_named_as_one() {
     cut_at_the_limit(&resp.text().await.unwrap());
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// What an upstream sends after its final event is not the caller's: the start of a line
+/// longer than `max_event_bytes` right behind the final event, in the same read, neither
+/// turns the whole answer into a failure (an error event after `message_stop`, or a retry that
+/// made the call again) nor, on a translated stream, loses the final event.
+#[tokio::test]
+async fn an_oversized_line_after_the_final_event_takes_nothing_from_the_answer() {
+    for translated in [false, true] {
+        let up = rawup::start(move |_req| async move {
+            let mut bytes = rawup::sse_head();
+            if translated {
+                bytes.extend_from_slice(rawup::chat_stream_hi().as_bytes());
+            } else {
+                bytes.extend_from_slice(rawup::anthropic_stream("whole").as_bytes());
+            }
+            // A comment line of 3,000 bytes against a limit of 1,024, in the same write.
+            bytes.extend_from_slice(b": ");
+            bytes.extend(std::iter::repeat_n(b'x', 3000));
+            Action::ReplyAndHang(bytes)
+        })
+        .await;
+        let chain = "[[models]]\nname = \"via-openai\"\nchain = [\"openai:gpt-backend\"]\n";
+        let toml = harness::config_toml_with(&up.url, "max_event_bytes = 1024\n", "", chain);
+        let env = harness::start_alone(&toml).await;
+        let model = if translated { "via-openai" } else { "claude-r" };
+        let body = STREAM.replace("claude-r", model);
+        let resp = env.messages(body).await;
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("event: message_stop"), "{translated}: {text}");
+        assert!(!text.contains("event: error"), "{translated}: {text}");
+        assert!(!text.contains("xxxx"));
+        assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
