@@ -184,9 +184,26 @@ impl Proxy {
         let mut share =
             buffers::BufferShare::new(self.buffers.clone()).within(snap.buffer_part(tenant));
         let h2 = parts.version == http::Version::HTTP_2;
-        let body = self
+        let priority_of = || {
+            let tenant_cfg = cfg.tenant(tenant);
+            requested_priority(&parts.headers)
+                .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority))
+        };
+        let body = match self
             .read_body(cfg, &parts.headers, h2, body, &mut share, (record, spent))
-            .await?;
+            .await
+        {
+            Ok(body) => body,
+            Err(e @ ProxyError::BuffersFull { .. }) => {
+                // Shed with 529 as the admission queue sheds: counted with them.
+                self.metrics
+                    .shed
+                    .with_label_values(&[priority_of().as_str()])
+                    .inc();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         crate::observe::capture::request_body(obs, snap, &parts.headers, &body);
         let meta = parse_meta(endpoint, &body)?;
         let label = snap.labels.shared_model(&meta.model);
@@ -206,8 +223,7 @@ impl Proxy {
         let deadline = deadline(&parts.headers, cfg.server.default_deadline, arrived);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(tenant);
-        let priority = requested_priority(&parts.headers)
-            .map_or(tenant_cfg.priority, |p| p.max(tenant_cfg.priority));
+        let priority = priority_of();
         obs.update(|f| f.priority = Some(priority.as_str()));
         // Counting tokens is never metered.
         let counting = matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens);

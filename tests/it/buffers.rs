@@ -48,6 +48,11 @@ async fn bodies_beyond_max_buffered_bytes_are_shed_with_529_until_the_share_come
     assert!(resp.headers().contains_key("retry-after"));
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["type"], "overloaded_error");
+    // Counted as shed, as the admission queue's 529s are.
+    let shed = env
+        .metric("legate_shed_total", &[("priority", "interactive")])
+        .await;
+    assert_eq!(shed, Some(1.0));
     let served_before = env.mock.stats().requests;
 
     // The slow upload completes and is served; its share comes back.
