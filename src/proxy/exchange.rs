@@ -213,9 +213,28 @@ pub(crate) async fn run(
     };
     // A turn had at once (nearly always) is the same instant: the clock is not read again.
     let sent = if waited {
-        // The key written when the request was made may have been rotated while it waited.
         if up.cloud.is_none() {
+            // The key written when the request was made may have been rotated while it waited.
             up.renew_key(req.headers_mut());
+        } else {
+            // A platform's signature or token was made for the moment the request was built:
+            // AWS refuses a signature more than five minutes old, and a token may have expired
+            // meanwhile. The request is made (and signed) again for the moment it is sent.
+            req = match request(call, spoken, xl.translating()).await {
+                Ok(mut again) => {
+                    if let Some(tp) = &call.traceparent {
+                        again.headers_mut().insert("traceparent", tp.clone());
+                    }
+                    again
+                }
+                Err(e) => {
+                    spent.stay();
+                    return match e {
+                        ProxyError::DeadlineExceeded => Exchanged::Deadline { in_flight: false },
+                        e => Exchanged::Unsendable(e),
+                    };
+                }
+            };
         }
         Instant::now()
     } else {

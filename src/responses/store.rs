@@ -263,6 +263,10 @@ pub struct RedisConversations {
     /// soon as it has the answer, does not race its own write. Bounded with the writes
     /// (`reserve_write` counts each entry's bytes twice: here and in its command).
     writing: Mutex<std::collections::HashMap<String, Arc<[u8]>>>,
+    /// Ids deleted while their write was on its way: the write goes on another connection,
+    /// so Redis may run it after the DEL, and the entry must be deleted again once it is.
+    /// Bounded with `writing` (an id is put here only when it was taken from there).
+    deleted_in_flight: Mutex<std::collections::HashSet<String>>,
 }
 
 /// An entry's place among the bytes waiting to be written, given back when dropped.
@@ -314,6 +318,7 @@ impl RedisConversations {
             pending: Arc::new(AtomicUsize::new(0)),
             max_pending,
             writing: Mutex::new(std::collections::HashMap::new()),
+            deleted_in_flight: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -387,6 +392,19 @@ impl RedisConversations {
     pub async fn put_serialised(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         let written = self.write(id, bytes).await;
         self.writing.lock().remove(id);
+        if self.deleted_in_flight.lock().remove(id) {
+            // A DELETE was answered while this write was on its way: what the write left (in
+            // Redis, or kept here when Redis did not take it) goes too.
+            self.local.delete(id);
+            self.local.delete(&sent_key(id));
+            if written.is_ok()
+                && let Err(e) = self
+                    .run::<u64>(redis::cmd("DEL").arg(key(id)).clone())
+                    .await
+            {
+                tracing::warn!(error = %e.0, "a deleted response written after its DELETE could not be deleted again");
+            }
+        }
         written
     }
 
@@ -448,14 +466,17 @@ impl RedisConversations {
     /// Deletes Redis's entry and any kept here; an error when Redis cannot be asked, unless
     /// the entry was kept here only because it was never sent.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        self.writing.lock().remove(id);
+        let in_flight = self.writing.lock().remove(id).is_some();
+        if in_flight {
+            self.deleted_in_flight.lock().insert(id.to_owned());
+        }
         let unsent = self.local.delete(id);
         let unsure = self.local.delete(&sent_key(id));
         match self
             .run::<u64>(redis::cmd("DEL").arg(key(id)).clone())
             .await
         {
-            Ok(n) => Ok(n > 0 || unsent),
+            Ok(n) => Ok(n > 0 || unsent || in_flight),
             Err(_) if unsent && !unsure => Ok(true),
             Err(e) => Err(e),
         }

@@ -1057,3 +1057,55 @@ async fn bedrock_takes_the_instance_role_or_a_profile_when_nothing_comes_before(
     assert!(text.contains("gave no session token within 1s"), "{text}");
     held.abort();
 }
+
+/// A Bedrock request that waits for its turn (`max_concurrency` reached) is signed when it
+/// goes out, not when it was made: AWS refuses a signature more than five minutes old, and
+/// the pacer and the queue may hold a request that long.
+#[tokio::test]
+async fn a_cloud_request_that_waited_for_its_turn_is_signed_when_sent() {
+    let extra = format!(
+        r#"
+[providers.bedrock1]
+kind = "bedrock"
+region = "us-east-1"
+base_url = "{{MOCK}}"
+sts_endpoint = "{{MOCK}}/sts"
+max_concurrency = 1
+
+[[models]]
+name = "b1"
+chain = ["bedrock1:{BEDROCK_MODEL}"]
+"#
+    );
+    let c = start_env(
+        r#"{"default":{"delay_ms":2500}}"#,
+        CloudOptions::default(),
+        &extra,
+        &[],
+    )
+    .await;
+    let env = &c.env;
+    let send = || {
+        let req = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .body(r#"{"model":"b1","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#);
+        tokio::spawn(async move { req.send().await.unwrap().status().as_u16() })
+    };
+    let first = send();
+    env.mock.wait_requests(1).await;
+    let second = send();
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(second.await.unwrap(), 200);
+    let seconds = |r: &legate::mock::RecordedRequest| {
+        let date = harness::header_values(&r.headers, "x-amz-date")[0].to_owned();
+        let t = &date[9..15];
+        let n = |i: usize| t[i..i + 2].parse::<u64>().unwrap();
+        n(0) * 3600 + n(2) * 60 + n(4)
+    };
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 2);
+    let waited = (seconds(&reqs[1]) + 86_400 - seconds(&reqs[0])) % 86_400;
+    assert!(waited >= 2, "signed {waited} s after the first");
+}

@@ -502,3 +502,37 @@ async fn an_entry_being_written_is_found_before_redis_holds_it() {
     assert!(store.delete("resp_w").await.unwrap());
     assert_eq!(store.get("resp_w").await.unwrap(), None);
 }
+
+/// A DELETE answered while the entry's write is on its way (on another connection, so Redis
+/// may run the write after the DEL) deletes what the write leaves too: the deleted response
+/// came back, with its full TTL, readable and continuable.
+#[tokio::test]
+async fn a_delete_during_the_entrys_write_is_not_undone_by_it() {
+    use legate::responses::store::{RedisConversations, Stored};
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let entry = Stored {
+        input: vec![serde_json::json!({"role": "user", "content": "Oslo?"})],
+        response: serde_json::json!({"id": "resp_d", "output": []}),
+        passthrough: false,
+        owner: "team-a".to_owned(),
+    };
+    let bytes: Arc<[u8]> = Arc::from(serde_json::to_vec(&entry).unwrap());
+    let store = RedisConversations::new(&redis.url(), Duration::from_secs(60), 1 << 20).unwrap();
+    store.will_write("resp_d", bytes.clone());
+    // The DELETE reaches Redis first; the write after it.
+    assert!(store.delete("resp_d").await.unwrap());
+    store
+        .put_serialised("resp_d", bytes.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(store.get("resp_d").await.unwrap(), None);
+    // A write no DELETE overtook stays.
+    store.will_write("resp_e", bytes.clone());
+    store
+        .put_serialised("resp_e", bytes.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(store.get("resp_e").await.unwrap(), Some(entry));
+}
