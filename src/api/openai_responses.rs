@@ -22,7 +22,7 @@ use super::{
 use crate::meter::Usage;
 use crate::sse::SseEvent;
 
-pub(crate) use stream::usage_of_member;
+pub(crate) use stream::{event_type, usage_of_member};
 
 /// The OpenAI Responses dialect.
 pub struct OpenAiResponses;

@@ -188,7 +188,10 @@ impl Conversation {
     /// which the store never keeps). `store: false` responses are not: their provider keeps
     /// nothing to ask about.
     pub(crate) fn note_started(&self, ev: &SseEvent) {
-        if !self.several || !self.keep || ev.event.as_deref() != Some("response.created") {
+        if !self.several
+            || !self.keep
+            || crate::api::openai_responses::event_type(ev).as_deref() != Some("response.created")
+        {
             return;
         }
         let data = ev.data.as_bytes();
@@ -207,8 +210,10 @@ impl Conversation {
     /// `response` (`Some(None)`: read, and there is none), or None for an event it does not
     /// read, so that the stream's watch need not walk the same event again for it.
     pub(crate) fn keep_terminal(&self, ev: &SseEvent) -> Option<Option<Usage>> {
+        // The event's type as the stream's classifier reads it: the `event:` name, else the
+        // data's `type` (a provider that leaves out `event:` lines is kept too).
         if !matches!(
-            ev.event.as_deref(),
+            crate::api::openai_responses::event_type(ev).as_deref(),
             Some("response.completed" | "response.incomplete")
         ) {
             return None;

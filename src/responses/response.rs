@@ -175,12 +175,22 @@ pub fn from_chat(body: &[u8], ctx: &ResponseCtx) -> Result<Value, Untranslatable
     } else if let Some(text) = message["refusal"].as_str().filter(|t| !t.is_empty()) {
         output.push(message_item(&item_id, text, true, text_cut));
     }
-    for call in message["tool_calls"].as_array().into_iter().flatten() {
-        let id = call["id"].as_str().unwrap_or_default();
+    for (n, call) in message["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        // A call without an id (some compatible servers) gets a stand-in, as a streamed one
+        // does: calls sharing `""` could not be told apart when their outputs come back.
+        let id = match call["id"].as_str().filter(|id| !id.is_empty()) {
+            Some(id) => std::borrow::Cow::Borrowed(id),
+            None => std::borrow::Cow::Owned(format!("call_legate_{n}")),
+        };
         let name = call.pointer("/function/name").and_then(Value::as_str);
         let args = call.pointer("/function/arguments").and_then(Value::as_str);
         output.push(call_item(
-            id,
+            &id,
             name.unwrap_or_default(),
             args.unwrap_or("{}"),
             cut,

@@ -196,6 +196,14 @@ fn chat_answer_becomes_a_response_object() {
     let bad = json!({"model": "g", "choices": [{"message": {"tool_calls": [
         {"id": "c", "function": {"name": "f", "arguments": "[1]"}}]}, "finish_reason": "tool_calls"}]});
     assert!(response_for(Target::Chat, bad.to_string().as_bytes(), &ctx()).is_err());
+    // Calls without ids (some compatible servers) get stand-ins of their own, as streamed
+    // ones do: two calls sharing "" could not be told apart when their outputs come back.
+    let idless = json!({"model": "g", "choices": [{"message": {"tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}},
+        {"id": "", "function": {"name": "g", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]});
+    let obj = response_for(Target::Chat, idless.to_string().as_bytes(), &ctx()).unwrap_or_default();
+    assert_eq!(obj["output"][0]["call_id"], "call_legate_0");
+    assert_eq!(obj["output"][1]["call_id"], "call_legate_1");
 }
 
 #[test]

@@ -569,3 +569,42 @@ async fn a_long_conversation_evicts_its_own_earlier_turns_first() {
         }
     }
 }
+
+/// A provider that streams its Responses events without `event:` lines (each names its type
+/// in `type`, as every event must) has its streamed turn kept too, as the same turn answered
+/// whole is: a translated next turn is rebuilt from it, where it got the 400 asking for the
+/// whole conversation.
+#[tokio::test]
+async fn a_relayed_stream_without_event_lines_is_kept_for_a_translated_next_turn() {
+    let up = crate::rawup::start(|req| async move {
+        if req.head.starts_with("POST /v1/responses") {
+            let response = json!({"id": "resp_up1", "object": "response", "status": "completed",
+                "model": "gpt-real", "output": [{"type": "message", "id": "msg_1", "role": "assistant",
+                "status": "completed", "content": [{"type": "output_text", "text": "relayed", "annotations": []}]}],
+                "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}});
+            let created = json!({"type": "response.created", "sequence_number": 0,
+                "response": {"id": "resp_up1", "object": "response", "status": "in_progress", "output": []}});
+            let delta = json!({"type": "response.output_text.delta", "sequence_number": 1,
+                "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "relayed"});
+            let done = json!({"type": "response.completed", "sequence_number": 2, "response": response});
+            let body = format!("data: {created}\n\ndata: {delta}\n\ndata: {done}\n\n");
+            crate::rawup::Action::Reply(crate::rawup::reply_of("text/event-stream", &body))
+        } else {
+            crate::rawup::Action::Reply(crate::rawup::json_reply(
+                r#"{"id":"msg_2","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"second"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":1}}"#,
+            ))
+        }
+    })
+    .await;
+    let toml = harness::config_toml_with(&up.url, "", "", MODELS);
+    let env = harness::start_alone(&toml).await;
+    let resp = responses(&env, r#"{"model":"fast","input":"hi","stream":true}"#).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("response.completed"), "{text}");
+    let second = r#"{"model":"agent","previous_response_id":"resp_up1","input":"next"}"#;
+    let resp = responses(&env, second).await;
+    assert_eq!(resp.status(), 200);
+    let obj: Value = resp.json().await.unwrap();
+    assert_eq!(obj["output"][0]["content"][0]["text"], "second");
+}

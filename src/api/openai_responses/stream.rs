@@ -12,7 +12,7 @@ use crate::usage::{flat, usage_object};
 
 /// The event's type: the `event:` name, else the data's `type` (borrowed from the event when
 /// it can be: this runs for every event of every Responses stream).
-fn event_type(ev: &SseEvent) -> Option<Cow<'_, str>> {
+pub(crate) fn event_type(ev: &SseEvent) -> Option<Cow<'_, str>> {
     #[derive(Deserialize)]
     struct Typed<'a> {
         #[serde(rename = "type", borrow)]
