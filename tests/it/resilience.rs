@@ -36,6 +36,18 @@ fn count_for(env: &Env, model: &str) -> usize {
         .count()
 }
 
+/// `body` to /v1/messages with `x-legate-deadline-ms: ms`.
+async fn within(env: &Env, ms: &str, body: String) -> reqwest::Response {
+    env.http
+        .post(env.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .header("x-legate-deadline-ms", ms)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn with_script(extra: &str, script: &str) -> Env {
     harness::start_with(legate::mock::Script::from_json(script).unwrap(), extra).await
 }
@@ -191,15 +203,7 @@ async fn a_hanging_primary_times_out_and_falls_back_within_the_deadline() {
         .replace("[retry]\n", "[retry]\nmax_attempts = 1\n");
     let env = harness::start_toml(env.mock, &toml).await;
     let started = Instant::now();
-    let resp = env
-        .http
-        .post(env.url("/v1/messages"))
-        .header("anthropic-version", "2023-06-01")
-        .header("x-legate-deadline-ms", "3000")
-        .body(large(false))
-        .send()
-        .await
-        .unwrap();
+    let resp = within(&env, "3000", large(false)).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["x-legate-served-by"],
@@ -607,15 +611,7 @@ async fn a_callers_short_deadline_does_not_open_the_breaker() {
     )
     .await;
     for _ in 0..3 {
-        let resp = env
-            .http
-            .post(env.url("/v1/messages"))
-            .header("anthropic-version", "2023-06-01")
-            .header("x-legate-deadline-ms", "150")
-            .body(large(true))
-            .send()
-            .await
-            .unwrap();
+        let resp = within(&env, "150", large(true)).await;
         assert_eq!(resp.status(), 504);
     }
     assert_eq!(count_for(&env, "claude-primary"), 3);
@@ -638,15 +634,7 @@ async fn a_callers_short_deadline_does_not_open_the_breaker() {
 #[tokio::test]
 async fn nothing_is_sent_once_the_deadline_has_passed() {
     let env = with_script(CHAIN, r#"{"replies":[]}"#).await;
-    let resp = env
-        .http
-        .post(env.url("/v1/messages"))
-        .header("anthropic-version", "2023-06-01")
-        .header("x-legate-deadline-ms", "0")
-        .body(large(false))
-        .send()
-        .await
-        .unwrap();
+    let resp = within(&env, "0", large(false)).await;
     assert_eq!(resp.status(), 504);
     assert_eq!(env.mock.stats().requests, 0);
     // The same request with time left is served.
@@ -666,15 +654,7 @@ async fn a_request_refused_before_sending_spends_no_requests_per_minute() {
     )
     .await;
     for _ in 0..3 {
-        let resp = env
-            .http
-            .post(env.url("/v1/messages"))
-            .header("anthropic-version", "2023-06-01")
-            .header("x-legate-deadline-ms", "0")
-            .body(large(false))
-            .send()
-            .await
-            .unwrap();
+        let resp = within(&env, "0", large(false)).await;
         assert_eq!(resp.status(), 504);
     }
     for _ in 0..2 {
