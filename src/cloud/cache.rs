@@ -211,6 +211,13 @@ impl<T: Send + Sync + 'static> Cached<T> {
         })
     }
 
+    /// The held credential if not expired at `now`, refused or not: what is used while no new
+    /// one can be had (a refusal may have been of one call only, and none at all fails every
+    /// call).
+    fn unexpired(&self, now: SystemTime) -> Option<Arc<T>> {
+        self.held_before(now, |h| h.expires)
+    }
+
     /// The held credential if `now` is before the moment `until` picks of it (`None`: never).
     fn held_before(
         &self,
@@ -261,7 +268,10 @@ impl<T: Send + Sync + 'static> Cached<T> {
             match live {
                 Some(rx) => (rx, last.filter(|_| flight.probing), flight.started),
                 None if flight.retry_at.is_some_and(|at| Instant::now() < at) => {
-                    return match usable {
+                    // The endpoint failed a moment ago and is not asked again yet: a refused
+                    // credential not yet expired is used rather than none (every call a 502
+                    // for the backoff's length, the credential perhaps still good).
+                    return match usable.or_else(|| self.unexpired(now)) {
                         Some(v) => Ok(v),
                         None => Err(Unavailable::Failed(
                             flight.last_error.clone().unwrap_or_default(),
@@ -299,7 +309,11 @@ impl<T: Send + Sync + 'static> Cached<T> {
         match waited {
             Ok(Ok(got)) => match got.as_ref() {
                 Some(Ok(v)) => Ok(v.clone()),
-                Some(Err(e)) => Err(Unavailable::Failed(e.clone())),
+                // The fetch failed: a refused credential not yet expired is used rather than
+                // none, as it is while the endpoint is not asked again.
+                Some(Err(e)) => self
+                    .unexpired(SystemTime::now())
+                    .ok_or_else(|| Unavailable::Failed(e.clone())),
                 None => Err(Unavailable::Failed(ENDED.into())),
             },
             // The fetch's task ended without an outcome (it panicked).
@@ -772,7 +786,16 @@ mod tests {
         }
         assert!(cell.refused(Instant::now()));
         let failing = || async { Err::<Fetched<u32>, _>("down".to_owned()) };
-        assert!(cell.get(failing, later()).await.is_err());
+        // The fetch that fails, and every call while the endpoint is not asked again: the
+        // refused credential, not yet expired, rather than none (it was an error for the
+        // call that waited on the fetch, and for every call of the backoff after it).
+        assert_eq!(cell.get(failing, later()).await, Ok(Arc::new(1)));
+        assert_eq!(cell.get(failing, later()).await, Ok(Arc::new(1)));
+        // Refused again during the backoff: still used, not an error for the backoff's length.
+        if let Some(h) = cell.held.lock().as_mut() {
+            h.fetched_at -= Duration::from_secs(61);
+        }
+        assert!(cell.refused(Instant::now()));
         assert_eq!(cell.get(failing, later()).await, Ok(Arc::new(1)));
     }
 }
