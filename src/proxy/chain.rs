@@ -231,8 +231,9 @@ async fn step_body(
     let counting = inb.endpoint.op == Operation::CountTokens;
     let estimated = counting && on_platform;
     if !xl.translating() && !estimated {
-        // Most requests go as they came; only a continued translated response is rebuilt.
-        let Some(conv) = conversation::rebuilding(inb) else {
+        // Most requests go as they came; only a response this step's provider did not make
+        // (a translated one, or another provider's) is rebuilt.
+        let Some(conv) = conversation::rebuilding(inb, step.provider()) else {
             return route::fit(&inb.body, &inb.meta, step, upstream, limit).map(Ok);
         };
         let fitted = conversation::rebuilt_body(conv, inb, step, upstream, limit).await?;

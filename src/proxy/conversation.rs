@@ -164,13 +164,13 @@ impl Conversation {
     /// step rebuilding the conversation from it would answer a model that silently lost them.
     /// The next turn is then as unknown as its predecessor was: relayed as it comes, or a
     /// 400 that asks for the whole conversation on a translated step.
-    fn keep_relayed(&self, id: &str, response: &[u8]) {
+    fn keep_relayed(&self, id: &str, response: &[u8], provider: &str) {
         if self.keep {
             self.own(id);
             if self.prior_id.is_some() && self.prior.is_none() {
                 return;
             }
-            let entry = Stored::serialise(&self.input, response, true, &self.tenant);
+            let entry = Stored::serialise(&self.input, response, (true, provider), &self.tenant);
             self.keep_entry(id, entry);
         }
     }
@@ -209,7 +209,7 @@ impl Conversation {
     /// The walk that finds the id finds the usage too: returns the `usage` of the event's
     /// `response` (`Some(None)`: read, and there is none), or None for an event it does not
     /// read, so that the stream's watch need not walk the same event again for it.
-    pub(crate) fn keep_terminal(&self, ev: &SseEvent) -> Option<Option<Usage>> {
+    pub(crate) fn keep_terminal(&self, ev: &SseEvent, provider: &str) -> Option<Option<Usage>> {
         // The event's type as the stream's classifier reads it: the `event:` name, else the
         // data's `type` (a provider that leaves out `event:` lines is kept too).
         if !matches!(
@@ -226,7 +226,7 @@ impl Conversation {
         let (id, usage) = read_relayed(response);
         // Relayed, so kept as a relayed response (its provider answers for it).
         if let Some(id) = id {
-            self.keep_relayed(&id, response);
+            self.keep_relayed(&id, response, provider);
         }
         Some(usage)
     }
@@ -310,18 +310,30 @@ pub(crate) async fn relay_body(
     api: ApiKind,
     limit: Option<u64>,
 ) -> Result<Result<Bytes, String>, ProxyError> {
-    match rebuilding(inb) {
+    match rebuilding(inb, step.provider()) {
         Some(conv) => rebuilt_body(conv, inb, step, api, limit).await,
         None => crate::route::fit(&inb.body, &inb.meta, step, api, limit).map(Ok),
     }
 }
 
 /// The conversation [`relay_body`] rebuilds, if any: one continuing a response legate made.
-pub(crate) fn rebuilding(inb: &Inbound) -> Option<Arc<Conversation>> {
+pub(crate) fn rebuilding(inb: &Inbound, provider: &str) -> Option<Arc<Conversation>> {
     inb.conversation
         .as_ref()
-        .filter(|c| c.prior.as_ref().is_some_and(|p| !p.passthrough))
+        .filter(|c| {
+            c.prior
+                .as_ref()
+                .is_some_and(|p| made_elsewhere(p, provider))
+        })
         .cloned()
+}
+
+/// Whether `provider` cannot continue `prior` by its id: legate made it (a translated step's),
+/// or another provider relayed it (a chain that fell back from one provider of the Responses
+/// API to another: the first one's id means nothing to the second, which answered 400
+/// `previous_response_not_found`, though the store holds the whole conversation).
+fn made_elsewhere(prior: &Stored, provider: &str) -> bool {
+    !prior.passthrough || (!prior.provider.is_empty() && prior.provider != provider)
 }
 
 /// [`relay_body`] of a conversation to rebuild: `Ok(Err(why))` when the rebuilt conversation
@@ -463,10 +475,30 @@ pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn Even
 
 /// The conversation that keeps the final response of a relayed (untranslated) Responses
 /// stream: the stream's one watch reads its events and hands it the terminal one.
-pub(crate) fn stream_keeper(xl: Xlate, inb: &Inbound) -> Option<Arc<Conversation>> {
+pub(crate) fn stream_keeper(xl: Xlate, inb: &Inbound, provider: &str) -> Option<Keeper> {
     match (xl, &inb.conversation) {
-        (Xlate::None, Some(conv)) if conv.keep => Some(conv.clone()),
+        (Xlate::None, Some(conv)) if conv.keep => Some(Keeper {
+            conv: conv.clone(),
+            provider: provider.to_owned(),
+        }),
         _ => None,
+    }
+}
+
+/// What keeps a relayed stream's final response: the conversation, and the provider that
+/// relayed it (whose ids another provider cannot continue).
+pub(crate) struct Keeper {
+    conv: Arc<Conversation>,
+    provider: String,
+}
+
+impl Keeper {
+    pub(crate) fn note_started(&self, ev: &SseEvent) {
+        self.conv.note_started(ev);
+    }
+
+    pub(crate) fn keep_terminal(&self, ev: &SseEvent) -> Option<Option<Usage>> {
+        self.conv.keep_terminal(ev, &self.provider)
     }
 }
 
@@ -556,6 +588,7 @@ pub(crate) fn translate_whole(
     xl: Xlate,
     inb: &Inbound,
     body: &Bytes,
+    provider: &str,
 ) -> Result<WholeAnswer, String> {
     match (xl, &inb.conversation) {
         (Xlate::Classic(dir), _) => translate::response(dir, body)
@@ -575,7 +608,7 @@ pub(crate) fn translate_whole(
             // Not an object, or no string `id`: not kept.
             let (id, usage) = read_relayed(body);
             if let Some(id) = id {
-                conv.keep_relayed(&id, body);
+                conv.keep_relayed(&id, body, provider);
             }
             Ok(WholeAnswer {
                 body: body.clone(),

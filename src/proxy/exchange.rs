@@ -505,7 +505,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
         SseWatch::new(api)
             .with_max_event(max_event)
             .strip_usage(call.strip_usage)
-            .keeping(conversation::stream_keeper(got.xl, inb)),
+            .keeping(conversation::stream_keeper(got.xl, inb, &up.name)),
     );
     let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
     let pre = pre.await;
@@ -604,7 +604,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             ))
         }
         Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
-            match conversation::translate_whole(got.xl, inb, &body) {
+            match conversation::translate_whole(got.xl, inb, &body, &up.name) {
                 Ok(answer) => {
                     usage_read = answer.usage;
                     Whole::Complete(answer.body)

@@ -7,14 +7,11 @@
 //! also takes out of the forwarded bytes what that request added (`api::openai_chat::unasked`):
 //! usage is read from the events first, then they are edited.
 
-use std::sync::Arc;
-
 use bytes::{Bytes, BytesMut};
 
 use crate::api::openai_chat::unasked::{self, ChunkEdit};
 use crate::api::openai_responses::Lifecycle;
 use crate::api::{ApiKind, LocalError, StreamEventKind, has_usage_object};
-use crate::proxy::conversation::Conversation;
 use crate::sse::SseParser;
 use crate::usage::StreamUsage;
 
@@ -41,7 +38,7 @@ pub struct SseWatch {
     /// Edits for complete events not yet handed out, in stream order.
     edits: Vec<Edit>,
     /// A relayed Responses stream: the conversation that keeps its final response.
-    keep: Option<Arc<Conversation>>,
+    keep: Option<crate::proxy::conversation::Keeper>,
     /// A Responses stream: what an ending legate writes must follow (its numbering, its
     /// response).
     lifecycle: Option<Box<Lifecycle>>,
@@ -78,7 +75,7 @@ impl SseWatch {
 
     /// The terminal event's response is kept in `conv`'s store (a relayed Responses stream:
     /// this watch is the one reader of its events).
-    pub fn keeping(mut self, conv: Option<Arc<Conversation>>) -> Self {
+    pub(crate) fn keeping(mut self, conv: Option<crate::proxy::conversation::Keeper>) -> Self {
         self.keep = conv;
         self
     }

@@ -356,6 +356,7 @@ mod tests {
             input: vec![json!({"role": "user", "content": text})],
             response: json!({"id": "r", "output": [{"type": "message"}]}),
             passthrough: false,
+            provider: String::new(),
             owner: owner.to_owned(),
         }
     }
@@ -544,10 +545,10 @@ mod tests {
         assert_eq!(owner_of(&by_serde), "team-a");
         let response = serde_json::to_vec(&s.response).unwrap_or_default();
         let items = crate::responses::Items::Values(s.input.clone());
-        let written = Stored::serialise(&items, &response, true, "team-b");
+        let written = Stored::serialise(&items, &response, (true, "openai"), "team-b");
         assert_eq!(owner_of(&written), "team-b");
         assert_eq!(
-            owner_of(&Stored::serialise(&items, &response, true, "")),
+            owner_of(&Stored::serialise(&items, &response, (true, "openai"), "")),
             ""
         );
         assert_eq!(owner_of(b"{\"input\":[],\"response\":{\"x\":\"y\"}}"), "");

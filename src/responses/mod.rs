@@ -304,6 +304,11 @@ pub fn rebuild(body: &[u8], prior: &Stored) -> Result<Vec<u8>, Untranslatable> {
         .map_err(|e| Untranslatable(format!("the body is not a valid Responses request: {e}")))?;
     let mut items = prior.input.clone();
     items.extend(prior.output().iter().cloned());
+    if prior.passthrough {
+        // A provider's reasoning items (their ids, their encrypted content) are its own: no
+        // other provider, and no translation, can read them back.
+        items.retain(|item| item["type"] != "reasoning");
+    }
     items.extend(input_items(body));
     req.insert("input".into(), Value::Array(items));
     req.remove("previous_response_id");

@@ -38,6 +38,11 @@ pub struct Stored {
     /// Relayed from a provider that keeps it too: its own endpoints answer for it.
     #[serde(default)]
     pub passthrough: bool,
+    /// The provider that made a relayed response (empty for one built here, or kept before
+    /// providers were recorded): its id means nothing to another provider, so a turn that
+    /// continues it on another step is rebuilt from the store.
+    #[serde(default)]
+    pub provider: String,
     /// The tenant whose request made it: no other tenant reads, continues or deletes it.
     /// Empty for an entry kept before owners were recorded (see [`Stored::belongs_to`]).
     #[serde(default)]
@@ -51,10 +56,20 @@ impl Stored {
     /// An entry as the stores keep it, written around a response object's own JSON text: the
     /// same layout `Stored` serialises to, without parsing the response into a tree first.
     /// `response` must be one JSON value.
-    pub fn serialise(input: &Items, response: &[u8], passthrough: bool, owner: &str) -> Vec<u8> {
-        Stored::write(input, (passthrough, owner), response.len(), |out| {
-            out.extend_from_slice(response);
-        })
+    pub fn serialise(
+        input: &Items,
+        response: &[u8],
+        (passthrough, provider): (bool, &str),
+        owner: &str,
+    ) -> Vec<u8> {
+        Stored::write(
+            input,
+            (passthrough, provider, owner),
+            response.len(),
+            |out| {
+                out.extend_from_slice(response);
+            },
+        )
     }
 
     /// An entry as the stores keep it, for a response object built as a tree (no copy of
@@ -65,30 +80,38 @@ impl Stored {
         passthrough: bool,
         owner: &str,
     ) -> Vec<u8> {
-        Stored::write(input, (passthrough, owner), 0, |out| {
+        Stored::write(input, (passthrough, "", owner), 0, |out| {
             // Writing a tree of values into a Vec cannot fail.
             let _ = serde_json::to_writer(out, response);
         })
     }
 
-    /// `{"input":…,"response":…,"passthrough":…,"owner":…}`, the layout `Stored` serialises
+    /// `{"input":…,"response":…,"passthrough":…,"provider":…,"owner":…}`, the layout `Stored` serialises
     /// to, with the input items written as they are held and the response by `response`
     /// (`response_len`: its size when known, so the entry is written into the room it needs).
     fn write(
         input: &Items,
-        (passthrough, owner): (bool, &str),
+        (passthrough, provider, owner): (bool, &str, &str),
         response_len: usize,
         response: impl FnOnce(&mut Vec<u8>),
     ) -> Vec<u8> {
         const RESPONSE: &[u8] = b",\"response\":";
         const OWNER: &[u8] = b",\"owner\":";
+        const PROVIDER: &[u8] = b",\"provider\":";
         let end: &[u8] = if passthrough {
             b",\"passthrough\":true"
         } else {
             b",\"passthrough\":false"
         };
         // Tenant names are `[a-z0-9_-]+` (config validation): quoted, they need no escapes.
-        let rest = RESPONSE.len() + response_len + end.len() + OWNER.len() + owner.len() + 3;
+        let rest = RESPONSE.len()
+            + response_len
+            + end.len()
+            + PROVIDER.len()
+            + provider.len()
+            + OWNER.len()
+            + owner.len()
+            + 5;
         // With the input as text and the response's length known (a relayed answer), the
         // whole entry is one allocation of exactly its size: a first one for the input, grown
         // for the rest, cost a realloc that copied the input, per kept response.
@@ -105,6 +128,9 @@ impl Stored {
         out.extend_from_slice(RESPONSE);
         response(&mut out);
         out.extend_from_slice(end);
+        // Provider names are config names too (`[a-z0-9_-]+`); written as JSON all the same.
+        out.extend_from_slice(PROVIDER);
+        let _ = serde_json::to_writer(&mut out, provider);
         out.extend_from_slice(OWNER);
         // Writing a string into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut out, owner);
@@ -500,6 +526,7 @@ mod tests {
             input: vec![json!({"role": "user", "content": text})],
             response: json!({"id": "r", "output": [{"type": "message"}]}),
             passthrough: false,
+            provider: String::new(),
             owner: "team-a".to_owned(),
         }
     }
@@ -648,10 +675,11 @@ mod tests {
         let s = stored("hi");
         let response = serde_json::to_vec(&s.response).unwrap_or_default();
         for passthrough in [false, true] {
+            let provider = if passthrough { "openai" } else { "" };
             let data = Stored::serialise(
                 &Items::Values(s.input.clone()),
                 &response,
-                passthrough,
+                (passthrough, provider),
                 "team-a",
             );
             let back: Stored = serde_json::from_slice(&data).unwrap_or_else(|_| stored("bad"));
@@ -659,6 +687,7 @@ mod tests {
                 back,
                 Stored {
                     passthrough,
+                    provider: provider.to_owned(),
                     ..s.clone()
                 }
             );
@@ -666,7 +695,12 @@ mod tests {
         let store = MemoryStore::new(1 << 20, Duration::from_secs(60));
         store.put_serialised(
             "a",
-            Stored::serialise(&Items::Values(s.input.clone()), &response, false, "team-a"),
+            Stored::serialise(
+                &Items::Values(s.input.clone()),
+                &response,
+                (false, ""),
+                "team-a",
+            ),
         );
         assert_eq!(store.get("a"), Some(s));
     }

@@ -518,6 +518,7 @@ fn previous_response_is_rebuilt_into_the_input() {
         input: vec![json!({"role": "user", "content": "a"})],
         response: json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}),
         passthrough: false,
+        provider: String::new(),
         owner: "default".to_owned(),
     };
     let body = br#"{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"c","output":"ok"}]}"#;
@@ -591,7 +592,12 @@ fn a_first_turns_input_array_is_kept_as_its_text() {
     let start = shared.as_ptr() as usize;
     assert!((start..start + shared.len()).contains(&(view.as_ptr() as usize)));
     // Written into the store as it came, it reads back as the same items.
-    let entry = Stored::serialise(&turn.input, br#"{"id":"r","output":[]}"#, true, "team-a");
+    let entry = Stored::serialise(
+        &turn.input,
+        br#"{"id":"r","output":[]}"#,
+        (true, "openai"),
+        "team-a",
+    );
     // Made in one allocation of exactly its size.
     assert_eq!(entry.capacity(), entry.len());
     let stored: Stored = serde_json::from_slice(&entry).unwrap();

@@ -472,6 +472,7 @@ async fn an_entry_being_written_is_found_before_redis_holds_it() {
         input: vec![serde_json::json!({"role": "user", "content": "Oslo?"})],
         response: serde_json::json!({"id": "resp_w", "output": []}),
         passthrough: false,
+        provider: String::new(),
         owner: "team-a".to_owned(),
     };
     let bytes: Arc<[u8]> = Arc::from(serde_json::to_vec(&entry).unwrap());
@@ -516,6 +517,7 @@ async fn a_delete_during_the_entrys_write_is_not_undone_by_it() {
         input: vec![serde_json::json!({"role": "user", "content": "Oslo?"})],
         response: serde_json::json!({"id": "resp_d", "output": []}),
         passthrough: false,
+        provider: String::new(),
         owner: "team-a".to_owned(),
     };
     let bytes: Arc<[u8]> = Arc::from(serde_json::to_vec(&entry).unwrap());

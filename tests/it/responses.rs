@@ -608,3 +608,61 @@ async fn a_relayed_stream_without_event_lines_is_kept_for_a_translated_next_turn
     let obj: Value = resp.json().await.unwrap();
     assert_eq!(obj["output"][0]["content"][0]["text"], "second");
 }
+
+/// A chain that falls back from one provider of the Responses API to another: the second
+/// never saw the first's response ids, so a turn continuing one of them is rebuilt from the
+/// store for it (as for a translated step), where it was forwarded as is and the provider
+/// answered 400 `previous_response_not_found`, a refusal the chain does not route around. A
+/// turn continuing a response on the provider that made it still goes by id.
+#[tokio::test]
+async fn a_fallback_to_another_responses_provider_carries_the_conversation() {
+    let extra = r#"
+[providers.openai2]
+kind = "openai"
+base_url = "{MOCK}"
+api_key_env = "OPENAI_API_KEY"
+
+[[models]]
+name = "pp"
+chain = ["openai:gpt-one", "openai2:gpt-two"]
+"#;
+    let script = r#"{"replies":[
+        {"match":{"model":"gpt-one"},"content":[{"type":"text","text":"first"}]},
+        {"match":{"model":"gpt-one"},"status":500},
+        {"match":{"model":"gpt-one"},"status":500},
+        {"match":{"model":"gpt-one"},"status":500}]}"#;
+    let env = harness::start_with(Script::from_json(script).unwrap(), extra).await;
+    let first = responses(&env, r#"{"model":"pp","input":"hi"}"#).await;
+    assert_eq!(first.status(), 200);
+    let id = first.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let second = format!(r#"{{"model":"pp","previous_response_id":"{id}","input":"next"}}"#);
+    let resp = responses(&env, &second).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "openai2:gpt-two");
+    let reqs = env.mock.requests();
+    let sent: Value = serde_json::from_slice(&reqs.last().unwrap().body).unwrap();
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 3, "{sent}");
+    let text = |i: usize| input[i].to_string();
+    assert!(
+        text(0).contains("\"hi\"") && input[0]["role"] == "user",
+        "{sent}"
+    );
+    assert!(
+        text(1).contains("first") && input[1]["role"] == "assistant",
+        "{sent}"
+    );
+    assert!(text(2).contains("next"), "{sent}");
+    // The first provider answers again: its own response is continued by id.
+    let third = format!(r#"{{"model":"pp","previous_response_id":"{id}","input":"again"}}"#);
+    let resp = responses(&env, &third).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-served-by"], "openai:gpt-one");
+    let reqs = env.mock.requests();
+    let sent: Value = serde_json::from_slice(&reqs.last().unwrap().body).unwrap();
+    assert_eq!(sent["previous_response_id"], id.as_str(), "{sent}");
+}
