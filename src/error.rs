@@ -50,6 +50,10 @@ pub enum ProxyError {
     ModelNotFound { model: String },
     /// A stored response the caller's tenant may not see: another tenant's.
     ResponseNotFound { id: String },
+    /// A `previous_response_id` legate does not hold for the caller and may not forward: 400
+    /// in OpenAI's own shape for it (`code` `previous_response_not_found`, `param` naming the
+    /// field), so an SDK or agent that handles the provider's answer handles legate's too.
+    PreviousResponseNotFound { id: String },
     /// Body larger than `server.max_body_bytes`.
     TooLarge { limit: usize },
     /// `[[clients]]` is configured and the caller's key matches none (or is missing).
@@ -113,9 +117,9 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::InvalidRequest { .. } | ProxyError::NeverFits { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::InvalidRequest { .. }
+            | ProxyError::PreviousResponseNotFound { .. }
+            | ProxyError::NeverFits { .. } => StatusCode::BAD_REQUEST,
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Shed { .. } => overloaded(),
             ProxyError::NotFound { .. }
@@ -147,6 +151,7 @@ impl ProxyError {
     pub fn source(&self) -> Source {
         match self {
             ProxyError::InvalidRequest { .. }
+            | ProxyError::PreviousResponseNotFound { .. }
             | ProxyError::NotFound { .. }
             | ProxyError::ModelNotFound { .. }
             | ProxyError::ResponseNotFound { .. }
@@ -184,6 +189,7 @@ impl ProxyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::InvalidRequest { .. } => "invalid_request",
+            ProxyError::PreviousResponseNotFound { .. } => "previous_response_not_found",
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::ResponseNotFound { .. } => "response_not_found",
@@ -217,6 +223,7 @@ impl ProxyError {
     pub fn class(&self) -> ErrorClass {
         match self {
             ProxyError::InvalidRequest { .. }
+            | ProxyError::PreviousResponseNotFound { .. }
             | ProxyError::ForbiddenTarget
             | ProxyError::BodyTimeout
             | ProxyError::NeverFits { .. } => ErrorClass::InvalidRequest,
@@ -262,8 +269,17 @@ impl ProxyError {
             | ProxyError::BuffersFull { .. } => "overloaded",
             ProxyError::RateLimited { .. } => "rate_limit_exceeded",
             ProxyError::NeverFits { .. } => "request_too_large_for_limit",
+            ProxyError::PreviousResponseNotFound { .. } => "previous_response_not_found",
             ProxyError::Internal => "internal_error",
             _ => self.kind(),
+        }
+    }
+
+    /// The request field the error is about, where OpenAI names one (`error.param`).
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::PreviousResponseNotFound { .. } => Some("previous_response_id"),
+            _ => None,
         }
     }
 
@@ -275,7 +291,12 @@ impl ProxyError {
                 "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /v1/chat/completions, POST /v1/responses and GET/DELETE /v1/responses/{{id}}"
             ),
             ProxyError::ResponseNotFound { id } => format!(
-                "no response with id `{id}` is kept for this caller"
+                "no response with id `{}` is kept for this caller",
+                shown_id(id)
+            ),
+            ProxyError::PreviousResponseNotFound { id } => format!(
+                "Previous response with id '{}' not found: legate never relayed it for this caller, or it expired; resend the whole conversation as input",
+                shown_id(id)
             ),
             ProxyError::ModelNotFound { model } => format!(
                 "model `{model}` is not configured in legate; GET /v1/models lists the names it serves"
@@ -394,6 +415,7 @@ impl ProxyError {
     pub fn render(&self, api: ApiKind, request_id: &str) -> Response<Bytes> {
         let message = self.message();
         let local = LocalError {
+            param: self.param(),
             class: self.class(),
             code: self.code(),
             message: &message,
@@ -432,6 +454,19 @@ impl ProxyError {
 fn overloaded() -> StatusCode {
     StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
 }
+
+/// An id the caller sent, as an error message repeats it: whole up to [`SHOWN_ID`] characters
+/// (every id a provider or legate makes is far shorter), else its start and `…`, so that a
+/// caller's megabyte-long "id" is not sent back whole.
+pub(crate) fn shown_id(id: &str) -> std::borrow::Cow<'_, str> {
+    match id.char_indices().nth(SHOWN_ID) {
+        None => std::borrow::Cow::Borrowed(id),
+        Some((at, _)) => std::borrow::Cow::Owned(format!("{}…", &id[..at])),
+    }
+}
+
+/// The most characters of a caller's id an error message repeats.
+const SHOWN_ID: usize = 128;
 
 /// `retry-after` in whole seconds (rounded up) and `retry-after-ms`, as the SDKs read them.
 pub fn set_retry_after(headers: &mut http::HeaderMap, wait: std::time::Duration) {
@@ -472,6 +507,15 @@ mod tests {
         assert_eq!(v["error"]["type"], "authentication_error");
         assert_eq!(v["error"]["code"], "invalid_api_key");
         assert!(v["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn a_long_id_is_repeated_in_part_on_a_character_boundary() {
+        assert_eq!(shown_id("resp_1"), "resp_1");
+        let exact = "é".repeat(SHOWN_ID);
+        assert_eq!(shown_id(&exact), exact);
+        let long = "é".repeat(SHOWN_ID + 1);
+        assert_eq!(shown_id(&long), format!("{}…", "é".repeat(SHOWN_ID)));
     }
 
     #[test]

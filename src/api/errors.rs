@@ -122,6 +122,8 @@ pub struct LocalError<'a> {
     pub class: ErrorClass,
     pub code: &'static str,
     pub message: &'a str,
+    /// The request field the error is about (OpenAI's `error.param`), where there is one.
+    pub param: Option<&'static str>,
 }
 
 /// The parts of an error body or error event legate reads (never its message for decisions).

@@ -406,6 +406,7 @@ pub fn stream_error_event(api: ApiKind, message: &str) -> Bytes {
 /// A stream that failed under legate, as the error its caller is told.
 fn stream_failure(message: &str) -> LocalError<'_> {
     LocalError {
+        param: None,
         class: ErrorClass::Server,
         code: "upstream_stream_error",
         message,

@@ -198,12 +198,22 @@ fn unfit(inb: &Inbound, exec: &mut Exec, step: &ChainStep, why: &str) -> StepEnd
     inb.obs.passed_over(exec.step_no, step, "unfit", why);
     exec.any_admitted = true;
     if exec.last.is_none() {
-        exec.last = Some(Failure::Error(ProxyError::InvalidRequest {
-            message: format!(
-                "this request cannot be served by {} (another API): {why}",
-                step.target()
-            ),
-        }));
+        // A translated step cannot continue a response legate does not hold: the caller is
+        // told so as OpenAI tells it, whatever else the step could not honour.
+        let error = match inb.conversation.as_deref() {
+            Some(c) if c.prior.is_none() && c.prior_id.is_some() => {
+                ProxyError::PreviousResponseNotFound {
+                    id: c.prior_id.clone().unwrap_or_default(),
+                }
+            }
+            _ => ProxyError::InvalidRequest {
+                message: format!(
+                    "this request cannot be served by {} (another API): {why}",
+                    step.target()
+                ),
+            },
+        };
+        exec.last = Some(Failure::Error(error));
     }
     StepEnd::Unavailable
 }

@@ -76,18 +76,14 @@ impl Conversation {
         if let (Some(id), Some(p)) = (&prior_id, &prior)
             && !p.belongs_to(&tenant, open)
         {
-            return Err(ProxyError::InvalidRequest {
-                message: unknown_previous(id),
-            });
+            return Err(ProxyError::PreviousResponseNotFound { id: id.clone() });
         }
         // With several tenants, one no longer kept may be another tenant's: not passed on,
         // unless it is known to be this tenant's.
         if let (Some(id), None, true) = (&prior_id, &prior, several)
             && !store.owners.is(id, &tenant)
         {
-            return Err(ProxyError::InvalidRequest {
-                message: unknown_previous(id),
-            });
+            return Err(ProxyError::PreviousResponseNotFound { id: id.clone() });
         }
         // A first turn's input is this request's as it was sent (its text, not parsed).
         let input = match &prior {
@@ -290,10 +286,11 @@ impl Conversation {
     }
 }
 
-pub(crate) fn unknown_previous(id: &str) -> String {
+fn unknown_previous(id: &str) -> String {
     format!(
-        "previous_response_id `{id}` is unknown (legate never relayed it, or it expired); \
-         resend the whole conversation as input"
+        "previous_response_id `{}` is unknown (legate never relayed it, or it expired); \
+         resend the whole conversation as input",
+        crate::error::shown_id(id)
     )
 }
 

@@ -807,6 +807,7 @@ fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
     );
     dialect.error_body(
         api::LocalError {
+            param: None,
             class: dialect.errors().class_for_status(status.as_u16()),
             code: "upstream_error_unreadable",
             message: &message,

@@ -203,9 +203,6 @@ pub async fn stored_response(
             }
         });
     }
-    if method == Method::DELETE {
-        let _ = store.delete(id).await;
-    }
     let Some(up) = responses_provider(snap, &snap.cfg) else {
         return Err(ProxyError::NotFound {
             method: method.to_string(),
@@ -213,7 +210,7 @@ pub async fn stored_response(
         });
     };
     let upstream_path = format!("/v1/responses/{rest}");
-    forward(
+    let answer = forward(
         up,
         (answers, max),
         method.clone(),
@@ -222,7 +219,18 @@ pub async fn stored_response(
         headers,
         Bytes::new(),
     )
-    .await
+    .await;
+    // legate's copy goes once the provider's has: a DELETE the provider failed leaves the
+    // response there, and a later turn continuing it on another step is still rebuilt from
+    // the copy (and, with several tenants, still known as the caller's).
+    let gone = |r: &Response<ProxyBody>| r.status().is_success() || r.status() == 404;
+    if method == Method::DELETE
+        && answer.as_ref().is_ok_and(gone)
+        && let Err(e) = store.delete(id).await
+    {
+        tracing::warn!(error = %e.0, "a deleted response's copy was not deleted from the store");
+    }
+    answer
 }
 
 /// One plain upstream call for the small endpoints: credential injected, answer passed back,
@@ -373,9 +381,7 @@ pub async fn input_tokens(
     if let Some(c) = &conv
         && let (Some(id), None) = (&c.prior_id, &c.prior)
     {
-        return Err(ProxyError::InvalidRequest {
-            message: super::conversation::unknown_previous(id),
-        });
+        return Err(ProxyError::PreviousResponseNotFound { id: id.clone() });
     }
     // The translation walks the whole body (up to `max_body_bytes`): a count's turn, on a
     // blocking thread, as every local estimate is (`estimate.rs`).

@@ -249,13 +249,31 @@ async fn an_unknown_previous_response_id_on_a_translated_route_is_a_400() {
     .await;
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.unwrap();
+    // OpenAI's own shape for it, which the SDKs and agents already handle.
     assert_eq!(err["error"]["type"], "invalid_request_error");
+    assert_eq!(err["error"]["code"], "previous_response_not_found");
+    assert_eq!(err["error"]["param"], "previous_response_id");
     assert!(
         err["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("resp_never")
+            .contains("'resp_never' not found")
     );
+    // A caller's id is repeated only in part when it is long: no echo of a huge string.
+    let long = "r".repeat(100_000);
+    let resp = responses(
+        &env,
+        &format!(r#"{{"model":"agent","previous_response_id":"{long}","input":"hi"}}"#),
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("'{}…'", &long[..128])),
+        "{message}"
+    );
+    assert!(message.len() < 400, "{}", message.len());
     assert!(env.mock.requests().is_empty());
 }
 
@@ -330,6 +348,8 @@ async fn input_tokens_counts_the_conversation_a_turn_continues() {
         .await
         .unwrap();
     assert_eq!(unknown.status(), 400);
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_eq!(unknown["error"]["code"], "previous_response_not_found");
     // Relayed: the provider gets the conversation, not an id it never saw.
     let relayed = count("fast", &prior).await.unwrap();
     assert_eq!(relayed.status(), 200);
@@ -665,4 +685,53 @@ chain = ["openai:gpt-one", "openai2:gpt-two"]
     let reqs = env.mock.requests();
     let sent: Value = serde_json::from_slice(&reqs.last().unwrap().body).unwrap();
     assert_eq!(sent["previous_response_id"], id.as_str(), "{sent}");
+}
+
+/// A relayed response's copy goes when the provider's has gone, not before: a DELETE the
+/// provider failed leaves the copy, and a later turn that falls back to a translated step is
+/// still rebuilt from it. Once the provider deleted it, so has legate.
+#[tokio::test]
+async fn a_relayed_delete_keeps_the_copy_until_the_provider_deleted_it() {
+    let env = start("{}").await;
+    let resp = responses(&env, r#"{"model":"fast","input":"remember me"}"#).await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let delete = || {
+        env.http
+            .delete(env.url(&format!("/v1/responses/{id}")))
+            .header("authorization", "Bearer caller-key")
+            .send()
+    };
+    // The turn goes by id to the first step, which fails, and then to the Anthropic step,
+    // which needs the conversation from legate's copy.
+    let next = format!(r#"{{"model":"spare","previous_response_id":"{id}","input":"next"}}"#);
+    let first_step_down = || {
+        let down = r#"{"match":{"model":"gpt-down"},"status":500}"#;
+        Script::from_json(&format!(r#"{{"replies":[{}]}}"#, [down; 6].join(","))).unwrap()
+    };
+    let failing =
+        format!(r#"{{"replies":[{{"match":{{"path":"/v1/responses/{id}"}},"status":500}}]}}"#);
+    env.mock.set_script(Script::from_json(&failing).unwrap());
+    assert_eq!(delete().await.unwrap().status(), 500);
+    env.mock.set_script(first_step_down());
+    let resp = responses(&env, &next).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-legate-served-by"],
+        "anthropic:claude-spare"
+    );
+    let sent = env.mock.requests().last().unwrap().body.clone();
+    assert!(String::from_utf8_lossy(&sent).contains("remember me"));
+
+    env.mock.set_script(Script::default());
+    assert_eq!(delete().await.unwrap().status(), 200);
+    // Now the copy is gone: a translated step cannot continue the response.
+    let next = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"next"}}"#);
+    let resp = responses(&env, &next).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
 }

@@ -108,12 +108,8 @@ async fn a_tenant_cannot_read_delete_or_continue_another_tenants_responses() {
             )
             .await;
             assert_eq!(status, 400, "team-b counts {id} on {model}: {counted}");
-            assert!(
-                err["error"]["message"]
-                    .as_str()
-                    .unwrap()
-                    .contains("unknown")
-            );
+            assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
+            assert_eq!(err["error"]["param"], "previous_response_id", "{err}");
         }
     }
     // An id legate does not keep (evicted, expired, from before a restart, never seen) may be

@@ -173,6 +173,7 @@ mod tests {
     #[test]
     fn local_errors_render_by_class() {
         let e = LocalError {
+            param: None,
             class: C::Overloaded,
             code: "overloaded",
             message: "busy",
@@ -183,6 +184,7 @@ mod tests {
             serde_json::json!({"type":"error","error":{"type":"overloaded_error","message":"busy"},"request_id":"lgt_1"})
         );
         let ev = stream_event(LocalError {
+            param: None,
             class: C::Server,
             ..e
         });

@@ -113,7 +113,7 @@ pub(crate) fn value(e: LocalError<'_>) -> serde_json::Value {
     serde_json::json!({"error": {
         "message": e.message,
         "type": TABLE.row(e.class).error_type,
-        "param": null,
+        "param": e.param,
         "code": e.code,
     }})
 }
@@ -272,6 +272,7 @@ mod tests {
     #[test]
     fn local_errors_keep_their_code() {
         let e = LocalError {
+            param: None,
             class: C::RateLimited,
             code: "rate_limit_exceeded",
             message: "wait",

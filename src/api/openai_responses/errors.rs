@@ -40,7 +40,7 @@ pub(super) fn body(e: LocalError<'_>) -> Bytes {
 /// follows what was relayed: [`super::Lifecycle`].
 pub(super) fn stream_event(e: LocalError<'_>) -> Bytes {
     let error = json!({
-        "type": "error", "code": e.code, "message": e.message, "param": null,
+        "type": "error", "code": e.code, "message": e.message, "param": e.param,
         "sequence_number": 1_000_000_000u64,
     });
     let failed = json!({
@@ -155,6 +155,7 @@ mod tests {
     #[test]
     fn local_stream_errors_end_with_response_failed() {
         let e = LocalError {
+            param: None,
             class: C::Server,
             code: "upstream_stream_error",
             message: "cut",

@@ -133,6 +133,7 @@ mod tests {
 
     fn failure() -> LocalError<'static> {
         LocalError {
+            param: None,
             class: ErrorClass::Server,
             code: "upstream_stream_error",
             message: "cut",
