@@ -213,6 +213,11 @@ impl State {
             }
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            // A call that failed the stream ends it: nothing is written after its
+            // `response.failed`.
+            if self.ended {
+                return;
+            }
             self.call_delta(out, call);
         }
         if let Some(reason) = choice["finish_reason"].as_str() {
@@ -300,6 +305,22 @@ impl State {
         if !same {
             if self.close(out).is_err() {
                 return;
+            }
+            // Every call's item, id included, is kept for the final response: a bounded list
+            // of bounded ids.
+            let why = if self.done_items.len() >= crate::translate::MAX_CALLS {
+                Some(
+                    "the upstream model made more tool calls than legate carries in one answer (1,024)",
+                )
+            } else if id.is_some_and(|id| id.len() > crate::translate::MAX_TOOL_ID) {
+                Some("the upstream model gave a tool call an id longer than legate carries (1 KiB)")
+            } else {
+                None
+            };
+            if let Some(message) = why {
+                let error =
+                    json!({"type": "server_error", "code": "server_error", "message": message});
+                return self.fail(out, &error);
             }
             let call_id = id.map_or_else(|| format!("call_legate_{chat_index}"), str::to_owned);
             self.open = Open::Call {

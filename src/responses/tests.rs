@@ -728,3 +728,56 @@ fn a_translated_stream_past_its_bound_fails() {
         .count();
     assert_eq!(deltas, 16);
 }
+
+/// The calls a translated stream keeps are a bounded list of bounded ids: past 1,024 calls, or
+/// at an id over 1 KiB, the stream fails, and nothing follows its `response.failed` (several
+/// calls in the chunk that failed it included).
+#[test]
+fn a_translated_stream_bounds_its_calls_and_their_ids() {
+    let call = |i: usize, id: &str| json!({"index": i, "id": id, "function": {"name": "f", "arguments": "{}"}});
+    let chunk = |calls: Vec<Value>| {
+        format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})
+        )
+    };
+    let many: String = (0..1030)
+        .map(|i| chunk(vec![call(i, &format!("call_{i}"))]))
+        .collect();
+    let kinds_of = |wire: &str| {
+        let evs = chat_events(wire);
+        types(&evs)
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let kinds = kinds_of(&many);
+    assert_eq!(kinds.last().map(String::as_str), Some("response.failed"));
+    let added = kinds
+        .iter()
+        .filter(|k| *k == "response.output_item.added")
+        .count();
+    assert_eq!(added, 1024);
+
+    let long = "c".repeat(1025);
+    let wire = chunk(vec![call(0, "call_a"), call(1, &long), call(2, "call_c")]);
+    let kinds = kinds_of(&wire);
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("response.failed"),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.iter().filter(|k| *k == "response.failed").count(), 1);
+    let added = kinds
+        .iter()
+        .filter(|k| *k == "response.output_item.added")
+        .count();
+    assert_eq!(added, 1, "{kinds:?}");
+    let fine = "c".repeat(1024);
+    let kinds = kinds_of(&(chunk(vec![call(0, &fine)]) + "data: [DONE]\n\n"));
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("response.completed"),
+        "{kinds:?}"
+    );
+}

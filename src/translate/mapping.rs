@@ -47,7 +47,8 @@ pub(super) fn finish_reason(stop_reason: Option<&str>) -> &'static str {
 
 /// OpenAI `finish_reason` → Anthropic `stop_reason`. `has_tool_calls` repairs servers that
 /// report `stop` for a turn that called tools: an Anthropic agent loop runs tools only on
-/// `tool_use`. An answer that carried `refusal` text (`refused`) and ends with a plain `stop`
+/// `tool_use`; and ones that report `tool_calls` for a turn that called none, which would send
+/// such a loop looking for `tool_use` blocks there are none of. An answer that carried `refusal` text (`refused`) and ends with a plain `stop`
 /// (or none) is a refusal, streamed or not.
 pub(super) fn stop_reason(
     finish_reason: Option<&str>,
@@ -57,7 +58,7 @@ pub(super) fn stop_reason(
     match finish_reason {
         None | Some("stop") if refused => "refusal",
         Some("length") => "max_tokens",
-        Some("tool_calls" | "function_call") => "tool_use",
+        Some("tool_calls" | "function_call") if has_tool_calls => "tool_use",
         Some("content_filter") => "refusal",
         _ if has_tool_calls => "tool_use",
         _ => "end_turn",
@@ -191,6 +192,7 @@ mod tests {
         assert_eq!(finish_reason(Some("stop_sequence")), "stop");
         assert_eq!(stop_reason(Some("stop"), true, false), "tool_use");
         assert_eq!(stop_reason(None, false, false), "end_turn");
+        assert_eq!(stop_reason(Some("tool_calls"), false, false), "end_turn");
         assert_eq!(stop_reason(Some("stop"), false, true), "refusal");
         assert_eq!(stop_reason(Some("length"), false, true), "max_tokens");
     }

@@ -22,7 +22,7 @@
 //! | assistant `tool_use` blocks | assistant `tool_calls` (`arguments` = input as JSON string) | tool calls follow the text (no interleaving); in the history, arguments that are not a JSON object become `{}` (`invalid_tool_arguments`) |
 //! | user `tool_result` blocks | `tool` messages (`tool_call_id`), before the rest of the user turn | `is_error` is carried as a `[tool error]` prefix of the text and restored from it; images in results dropped (`tool_result_images`); tool ids outside `[A-Za-z0-9_-]` get `_` |
 //! | consecutive turns of one role | tool messages + user message | merged back into one Anthropic turn |
-//! | final assistant turn (prefill) | final assistant message | OpenAI answers after it rather than continuing it (`assistant_prefill`) |
+//! | final assistant turn (prefill) | final assistant message | sent as it is, in both directions, and counted (`assistant_prefill`): OpenAI answers after it, where Anthropic continues it |
 //! | `tools` (custom: name, description, `input_schema`) | `tools` (`function`: name, description, `parameters`) | server tools (`type` other than `custom`) dropped (`server_tools`); OpenAI non-function tools dropped (`custom_tools`), `strict` dropped; no `parameters` = empty object schema |
 //! | `tool_choice` auto / any / none / tool{name} | `"auto"` / `"required"` / `"none"` / `{type:function,function:{name}}` | forcing a server tool (by name, or `any` with only server tools) or an OpenAI custom tool: untranslatable; OpenAI `allowed_tools` narrows `tools` to the allowed ones |
 //! | `disable_parallel_tool_use: true` | `parallel_tool_calls: false` | dropped with `none` |
@@ -119,6 +119,13 @@ use std::fmt;
 /// A tool's name streamed in pieces is kept to this many bytes (APIs allow 64 or 128
 /// characters): an upstream sending pieces without end cannot grow it further (SPEC §14).
 pub(crate) const MAX_TOOL_NAME: usize = 1 << 10;
+/// A tool call's id longer than this ends a translated stream with an error: ids are kept
+/// for the whole answer (every provider's are a few dozen characters), and an upstream's
+/// megabyte-long ones would otherwise be kept, and written, by the thousand.
+pub(crate) const MAX_TOOL_ID: usize = 1 << 10;
+/// Tool calls in one answer beyond this end a translated stream with an error (a bounded
+/// list: no provider's answer comes near it).
+pub(crate) const MAX_CALLS: usize = 1024;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::api::ApiKind;

@@ -244,6 +244,11 @@ fn messages(messages: Vec<oa::Message>, fit: &mut Fitting) -> Result<Conversatio
     for message in &mut out {
         drop_blank_text(&mut message.content, fit);
     }
+    if out.last().is_some_and(|m| m.role == an::Role::Assistant) {
+        // Anthropic continues a final assistant turn (a prefill; refused by its newest
+        // models) where OpenAI answers after it: sent as it is, and counted.
+        fit.drop("assistant_prefill");
+    }
     Ok((system, out))
 }
 

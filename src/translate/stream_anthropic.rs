@@ -24,7 +24,7 @@ use serde_json::json;
 use super::error::{anthropic_detail, anthropic_type, parse_openai};
 use super::mapping::{anthropic_id, anthropic_tool_id, anthropic_usage, stop_reason};
 use super::stream::{is_done, write_anthropic};
-use super::{anthropic as an, openai as oa};
+use super::{MAX_CALLS, MAX_TOOL_ID, anthropic as an, openai as oa};
 use crate::sse::SseEvent;
 
 #[derive(Debug, Default)]
@@ -62,9 +62,6 @@ pub(super) struct ToAnthropic {
 const HOLD_LIMIT: usize = 256 << 10;
 /// Arguments beyond this cannot be checked and are refused (a bounded buffer, SPEC §14).
 const CHECK_LIMIT: usize = 16 << 20;
-/// Tool calls in one answer beyond this end the stream with an error (a bounded list: no
-/// provider's answer comes near it).
-const MAX_CALLS: usize = 1024;
 
 #[derive(Debug, Clone, Copy)]
 enum Open {
@@ -244,6 +241,14 @@ impl ToAnthropic {
     fn tool(&mut self, mut call: oa::ToolCallDelta, out: &mut Vec<u8>) -> bool {
         // Some servers send `"id": ""` on the fragments after the first: no id, not a new one.
         call.id = call.id.filter(|id| !id.is_empty());
+        if call.id.as_ref().is_some_and(|id| id.len() > MAX_TOOL_ID) {
+            self.fail(
+                out,
+                "api_error",
+                "the upstream model gave a tool call an id longer than legate carries (1 KiB)",
+            );
+            return true;
+        }
         let function = call.function.unwrap_or_default();
         let arguments = function.arguments.unwrap_or_default();
         // The latest call at that index; a fragment with another id there starts a new call:

@@ -146,6 +146,10 @@ impl ToOpenAi {
             an::Block::ToolUse {
                 id, name, input, ..
             } => {
+                if self.calls.len() >= super::MAX_CALLS {
+                    let message = "the upstream model made more tool calls than legate carries in one answer (1,024)";
+                    return self.fail(out, "api_error", message);
+                }
                 let call = self.calls.len() as u64;
                 self.calls.push((index, call));
                 // Anthropic starts with `{}` and streams the input; a filled input is sent whole.

@@ -388,3 +388,20 @@ fn a_system_without_text_is_left_out() -> Result<(), Untranslatable> {
     assert_eq!(dropped, ["unsupported_parts"]);
     Ok(())
 }
+
+/// A Chat caller's final assistant message reaches Anthropic as it is, where it is a prefill
+/// (continued, not answered after): counted, as the other direction counts it.
+#[test]
+fn a_final_assistant_message_is_counted_as_a_prefill() -> Result<(), Untranslatable> {
+    let body = json!({"model": "m", "messages": [
+        {"role": "user", "content": "Write a haiku."},
+        {"role": "assistant", "content": "partial"}]});
+    let (out, dropped) = translate(Dir::OpenAiToAnthropic, &body)?;
+    assert_eq!(dropped, ["assistant_prefill"]);
+    assert_eq!(out["messages"][1]["content"], "partial");
+    let body = json!({"model": "m", "messages": [
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Hi."}]});
+    assert!(translate(Dir::OpenAiToAnthropic, &body)?.1.is_empty());
+    Ok(())
+}

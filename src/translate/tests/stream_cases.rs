@@ -684,3 +684,55 @@ fn tool_calls_beyond_the_bounds_end_the_stream_in_an_error() {
     assert_eq!(view.error.as_deref(), Some("api_error"));
     assert!(String::from_utf8_lossy(&out).contains("too large to check"));
 }
+
+/// Ids are kept for the whole answer, so an id over 1 KiB ends the stream in an error event;
+/// and an Anthropic answer of more than 1,024 tool calls ends an OpenAI caller's stream in one
+/// (each call is looked up by its block on every fragment).
+#[test]
+fn long_ids_and_too_many_anthropic_calls_end_the_stream_in_an_error() {
+    let with_id = |id: &str| {
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]}),
+            Some("tool_calls"),
+        )
+    };
+    let out = translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        with_id(&"i".repeat(1025)).as_bytes(),
+        &[],
+    );
+    let view = anthropic_view(&out).unwrap();
+    assert_eq!(view.error.as_deref(), Some("api_error"));
+    assert!(String::from_utf8_lossy(&out).contains("longer than legate carries"));
+    assert!(view.tools.is_empty());
+    let out = translate(
+        Dir::AnthropicToOpenAi,
+        false,
+        with_id(&"i".repeat(1024)).as_bytes(),
+        &[],
+    );
+    assert_eq!(anthropic_view(&out).unwrap().tools.len(), 1);
+
+    let blocks: String = (0..1030)
+        .map(|i| {
+            [
+                anthropic_event(&json!({"type": "content_block_start", "index": i,
+                    "content_block": {"type": "tool_use", "id": format!("toolu_{i}"), "name": "f", "input": {}}})),
+                anthropic_event(&json!({"type": "content_block_stop", "index": i})),
+            ]
+            .concat()
+        })
+        .collect();
+    let input = [anthropic_start(), blocks, anthropic_end("tool_use")].concat();
+    let out = translate(Dir::OpenAiToAnthropic, false, input.as_bytes(), &[]);
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.contains("(1,024)"),
+        "{}",
+        &text[text.len().saturating_sub(300)..]
+    );
+    assert!(!text.contains("toolu_1024"));
+    assert!(text.contains("toolu_1023"));
+}
