@@ -262,6 +262,16 @@ impl ConnWatch {
         self.on_bytes();
     }
 
+    /// What came of a next head was only blank lines, skipped: the connection is idle again,
+    /// held to the idle timeout (which runs from the last answer, so a caller trickling blank
+    /// lines is still closed at it) rather than to the header read timeout.
+    pub fn head_withdrawn(&self) {
+        let mut s = self.lock();
+        if s.inflight == 0 {
+            s.head_started = None;
+        }
+    }
+
     fn on_bytes(&self) {
         let mut s = self.lock();
         if s.inflight == 0 && s.head_started.is_none() && !s.frames {

@@ -138,10 +138,18 @@ where
         after_big: b"",
         max_buf,
         head_seen: 0,
+        blank_only: false,
     };
     let mut stopped = pin!(stop.cancelled());
     loop {
-        let head = match poll_fn(|cx| conn.poll_head(cx, stopped.as_mut())).await {
+        let head = poll_fn(|cx| {
+            let head = conn.poll_head(cx, stopped.as_mut());
+            if std::mem::take(&mut conn.blank_only) {
+                watch.head_withdrawn();
+            }
+            head
+        });
+        let head = match head.await {
             Ok(Some(head)) => head,
             Ok(None) => return Ok(()),
             Err(refused) => {
@@ -294,6 +302,9 @@ struct Conn<T> {
     max_buf: usize,
     /// How much of `buf` a parse found to be a head without its end (0: none yet).
     head_seen: usize,
+    /// What had come of a next head was only blank lines, now skipped (RFC 9112 §2.2: some
+    /// clients send a CRLF after a body): the connection is idle again, not reading a head.
+    blank_only: bool,
 }
 
 /// Where the writing of one response is.
@@ -317,10 +328,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             let from = self.head_seen.saturating_sub(3);
             if self.head_seen == 0 || self.buf.len() >= self.max_buf || ends_head(&self.buf[from..])
             {
+                let had = self.buf.len();
                 if let Some(head) = request::parse(&mut self.buf, self.max_buf)? {
                     self.head_seen = 0;
                     return Poll::Ready(Ok(Some(head)));
                 }
+                // Emptied by the parse: there were only blank lines.
+                self.blank_only |= had > 0 && self.buf.is_empty();
                 self.head_seen = self.buf.len();
             }
             // A head begun is awaited (within the header read timeout); none is not.

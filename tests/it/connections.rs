@@ -806,3 +806,34 @@ async fn an_http2_caller_starving_streams_of_large_answers_gets_goaway() {
     wait_gauge(&env, "data", 0.0).await;
     drop((first, second));
 }
+
+/// Blank lines after a request (some clients send a CRLF after a body; RFC 9112 §2.2 has them
+/// skipped) are no head begun: the connection stays idle, held to the idle timeout, not to
+/// the header read timeout, whether they came with the request or after its answer.
+#[tokio::test]
+async fn blank_lines_after_a_request_leave_the_connection_idle() {
+    let env = start("header_read_timeout = \"300ms\"\nconnection_idle_timeout = \"2s\"\n").await;
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let mut with = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    with.write_all(format!("{req}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (got, took) = until_closed(&mut with).await;
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert!(took >= Duration::from_millis(1500), "closed after {took:?}");
+
+    let mut after = TcpStream::connect(env.legate.data_addr).await.unwrap();
+    assert!(one_answer(&mut after).await.starts_with("HTTP/1.1 200"));
+    after.write_all(b"\r\n\r\n").await.unwrap();
+    // Past the header read timeout, the connection still carries the next request.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(one_answer(&mut after).await.starts_with("HTTP/1.1 200"));
+    after.write_all(b"\r\n").await.unwrap();
+    let (got, took) = until_closed(&mut after).await;
+    assert!(got.is_empty());
+    assert!(took >= Duration::from_millis(1200), "closed after {took:?}");
+    assert_eq!(env.mock.stats().requests, 3);
+}
