@@ -422,16 +422,22 @@ impl Proxy {
                 Ok(inbound) => inbound,
                 Err(e) => break 'served Err(e),
             };
-            if endpoint.op == Operation::InputTokens {
-                break 'served responses::input_tokens(
-                    &snap,
-                    (&self.answers, &self.estimates),
-                    &inbound,
-                )
-                .await;
+            let priority = inbound.priority;
+            let result = if endpoint.op == Operation::InputTokens {
+                responses::input_tokens(&snap, (&self.answers, &self.estimates), &inbound).await
+            } else {
+                // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
+                chain::run(&self, &snap, inbound, &mut record, &mut stats).await
+            };
+            // A local token count with no turn free in time is shed with 529, as the
+            // admission queue sheds: counted with them.
+            if let Err(ProxyError::Shed { counting: true, .. }) = &result {
+                self.metrics
+                    .shed
+                    .with_label_values(&[priority.as_str()])
+                    .inc();
             }
-            // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
-            chain::run(&self, &snap, inbound, &mut record, &mut stats).await
+            result
         };
         Served {
             proxy: self,

@@ -203,11 +203,10 @@ pub async fn stored_response(
             }
         });
     }
+    // No provider to ask: legate holds no such response, which is what the caller is told
+    // (not that the endpoint is unknown: it serves the responses it translated).
     let Some(up) = responses_provider(snap, &snap.cfg) else {
-        return Err(ProxyError::NotFound {
-            method: method.to_string(),
-            path: path.to_owned(),
-        });
+        return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     };
     let upstream_path = format!("/v1/responses/{rest}");
     let answer = forward(

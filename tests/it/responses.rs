@@ -735,3 +735,30 @@ async fn a_relayed_delete_keeps_the_copy_until_the_provider_deleted_it() {
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
 }
+
+/// With no provider of the Responses API to ask, a response legate does not hold is one it
+/// does not have (404 `response_not_found`), not an endpoint it does not serve.
+#[tokio::test]
+async fn without_a_responses_provider_an_unknown_response_is_not_found() {
+    let mock = harness::start_mock(Script::default()).await;
+    let chat = "[providers.chat]\nkind = \"openai\"\nbase_url = \"{MOCK}\"\napi_key_env = \"OPENAI_API_KEY\"\nresponses = false\n";
+    let toml = harness::config_toml_with(&mock.base_url(), "", "", chat)
+        .replace("openai = \"openai\"", "openai = \"chat\"");
+    let env = harness::start_toml(mock, &toml).await;
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let resp = env
+            .http
+            .request(method.clone(), env.url("/v1/responses/resp_gone"))
+            .header("authorization", "Bearer caller-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "{method}");
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(
+            err["error"]["code"], "response_not_found",
+            "{method}: {err}"
+        );
+    }
+    assert!(env.mock.requests().is_empty());
+}
