@@ -155,6 +155,11 @@ pub(crate) fn json_shaped(status: StatusCode, body: &[u8]) -> bool {
     }
 }
 
+/// Whether `body` is one whole JSON value (read to its end, nothing built).
+pub(crate) fn json_whole(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+}
+
 /// An answer's media type for a message: `text/html` from `text/html; charset=utf-8`, when it
 /// reads as one (a registered top-level type, a short subtype of the characters media types
 /// use); else a word saying what it is. A provider's header is not echoed as it came: one that

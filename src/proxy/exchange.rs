@@ -490,34 +490,75 @@ async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> 
     }
 }
 
+/// The provider may bill what it reported before an attempt failed, or before the caller
+/// left (the input tokens of an Anthropic `message_start`): metered on this attempt's provider
+/// and model, and charged to the request.
+fn meter_unserved(
+    call: &Call<'_>,
+    record: &mut Option<RequestRecord>,
+    incoming: &UpstreamBody,
+    watch: &SseWatch,
+) {
+    let usage = incoming.upstream_usage().or_else(|| watch.usage());
+    if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
+        let u = u.bounded(&call.up.name);
+        let cost = answer::sink(call, rec).record_unserved(u);
+        rec.charge_attempt(u, cost);
+    }
+}
+
+/// A stream being read to its commit point; dropped with the stream still in it (the caller
+/// left, and the request's future with it), it meters what the provider reported so far.
+struct UnservedMeter<'c, 'a, 'r> {
+    call: &'c Call<'a>,
+    record: &'r mut Option<RequestRecord>,
+    read: Option<(UpstreamBody, Box<SseWatch>)>,
+}
+
+impl Drop for UnservedMeter<'_, '_, '_> {
+    fn drop(&mut self) {
+        if let Some((incoming, watch)) = &self.read {
+            meter_unserved(self.call, self.record, incoming, watch);
+        }
+    }
+}
+
 /// A stream read up to its commit point, its preamble held back.
 async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
     let Call { proxy, up, inb, .. } = *call;
     let api = inb.endpoint.api;
     let max_event = call.snap.cfg.server.limits.max_event_bytes;
-    let mut incoming = match conversation::stream_translator(got.xl, inb) {
+    let incoming = match conversation::stream_translator(got.xl, inb) {
         Some(tr) => {
             UpstreamBody::translated(got.incoming, tr, got.spoken, max_event, up.idle_timeout)
         }
         None => UpstreamBody::Plain(got.incoming),
     };
-    let mut watch = Box::new(
+    let watch = Box::new(
         SseWatch::new(api)
             .with_max_event(max_event)
             .strip_usage(call.strip_usage)
             .keeping(conversation::stream_keeper(got.xl, inb, &up.name)),
     );
-    let pre = upread::read_to_commit(&mut incoming, &mut watch, up.idle_timeout, inb.deadline);
-    let pre = pre.await;
+    // Read within a guard that meters what the provider reported if the caller leaves before
+    // the commit point: the request's future is then dropped here, mid-read.
+    let mut meter = UnservedMeter {
+        call,
+        record,
+        read: Some((incoming, watch)),
+    };
+    let pre = {
+        let Some((incoming, watch)) = meter.read.as_mut() else {
+            return Exchanged::Broken(ProxyError::Internal);
+        };
+        upread::read_to_commit(incoming, watch, up.idle_timeout, inb.deadline).await
+    };
+    let Some((incoming, watch)) = meter.read.take() else {
+        return Exchanged::Broken(ProxyError::Internal);
+    };
+    let record = &mut *meter.record;
     if pre.is_err() {
-        // The provider may bill what it reported before failing (the input tokens of an
-        // Anthropic message_start): metered on this attempt's provider and model.
-        let usage = incoming.upstream_usage().or_else(|| watch.usage());
-        if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
-            let u = u.bounded(&up.name);
-            let cost = answer::sink(call, rec).record_unserved(u);
-            rec.charge_attempt(u, cost);
-        }
+        meter_unserved(call, record, &incoming, &watch);
     }
     match pre {
         Ok(held) => {
@@ -584,6 +625,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
 /// any other failure instead of reaching the caller as a broken response.
 async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> Exchanged {
     let Call { up, inb, .. } = *call;
+    let until_close = matches!(&got.incoming, Raw::Http(b) if b.until_close());
     let mut incoming = UpstreamBody::Plain(got.incoming);
     let max = call.snap.cfg.server.limits.max_buffered_bytes;
     let mut share = AnswerShare::new(&call.proxy.answers, max).within(inb.answer_part.clone());
@@ -602,6 +644,11 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             Whole::Unusable(format!(
                 "the success answer is not JSON (content-type {kind})"
             ))
+        }
+        // A body that ended with its connection may have been cut there: only JSON that
+        // ends is an answer (the usual framings, a length or chunks, say where it ends).
+        Whole::Complete(body) if until_close && !answer::json_whole(&body) => {
+            Whole::Broken("the answer ended with its connection before its JSON did")
         }
         Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
             match conversation::translate_whole(got.xl, inb, &body, &up.name) {

@@ -30,6 +30,11 @@ impl std::fmt::Display for BodyError {
 impl std::error::Error for BodyError {}
 
 impl ResponseBody {
+    /// An HTTP/1 body delimited by the connection's close, whose cut looks like its end.
+    pub fn until_close(&self) -> bool {
+        matches!(self, ResponseBody::H1(b) if b.until_close())
+    }
+
     /// An HTTP/2 answer's connection takes no new request, and is let go once its other
     /// streams are done: the answer stalled past the provider's `idle_timeout`, and what
     /// stalled it (a peer gone without a FIN, a connection whose flow-control window is never

@@ -209,7 +209,13 @@ impl PooledClient {
                 "a reused upstream connection failed before answering; sending once more on a fresh one"
             );
             *req.uri_mut() = uri.clone();
-            conn = Box::pin(self.open(&key, &uri)).await?;
+            // The request went out on the reused connection: if no fresh one can be had, the
+            // failure is that one's, after sending (not "could not connect", which would say
+            // the provider never got it).
+            conn = match Box::pin(self.open(&key, &uri)).await {
+                Ok(fresh) => fresh,
+                Err(_) => return Err(SendError::H1(err)),
+            };
         }
     }
 

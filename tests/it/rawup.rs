@@ -39,6 +39,9 @@ pub(crate) enum Action {
     Close,
     /// Reset the connection (RST, not FIN) without a byte.
     Reset,
+    /// Stop listening (new connections are refused), then close this one without a byte: a
+    /// provider going down with the request.
+    CloseAndStopListening,
 }
 
 pub(crate) struct RawUpstream {
@@ -58,11 +61,20 @@ where
     let connections = Arc::new(AtomicUsize::new(0));
     let handler = Arc::new(handler);
     let (r, c) = (requests.clone(), connections.clone());
+    let stop = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
+        loop {
+            let (sock, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(_) => return,
+                },
+                // Dropping the listener refuses every later connection.
+                () = stop.notified() => return,
+            };
             let conn = c.fetch_add(1, Ordering::SeqCst);
-            let (h, r) = (handler.clone(), r.clone());
-            tokio::spawn(serve(sock, conn, h, r));
+            let (h, r, st) = (handler.clone(), r.clone(), stop.clone());
+            tokio::spawn(serve(sock, conn, h, r, st));
         }
     });
     RawUpstream {
@@ -72,8 +84,13 @@ where
     }
 }
 
-async fn serve<F, Fut>(mut sock: TcpStream, conn: usize, handler: Arc<F>, count: Arc<AtomicUsize>)
-where
+async fn serve<F, Fut>(
+    mut sock: TcpStream,
+    conn: usize,
+    handler: Arc<F>,
+    count: Arc<AtomicUsize>,
+    stop: Arc<tokio::sync::Notify>,
+) where
     F: Fn(RawRequest) -> Fut,
     Fut: Future<Output = Action>,
 {
@@ -126,6 +143,10 @@ where
                 }
             }
             Action::Close => return,
+            Action::CloseAndStopListening => {
+                stop.notify_one();
+                return;
+            }
             Action::Reset => {
                 let _ = sock.set_zero_linger();
                 return;

@@ -602,3 +602,38 @@ async fn a_request_queued_at_the_end_of_the_grace_is_not_sent() {
     assert_eq!(second.headers()["retry-after"], "1");
     assert_eq!(mock.stats().requests, 1);
 }
+
+/// A whole answer delimited by the connection's close (no length, no chunked coding) cannot be
+/// told from one cut where the connection broke, except by its JSON: one whose JSON does not
+/// end is a cut answer (retried, then 502), not a success relayed with half its body. One whose
+/// JSON ends is served.
+#[tokio::test]
+async fn an_answer_ended_by_its_connection_must_be_whole_json() {
+    const MESSAGE: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-r","content":[{"type":"text","text":"fine"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":7,"output_tokens":3}}"#;
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let c = cut.clone();
+    let up = crate::rawup::start(move |_req| {
+        let body = if c.load(std::sync::atomic::Ordering::SeqCst) {
+            &MESSAGE[..40]
+        } else {
+            MESSAGE
+        };
+        let reply =
+            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{body}").into_bytes();
+        async move { crate::rawup::Action::ReplyAndClose(reply) }
+    })
+    .await;
+    let retry = "[retry]\nbase_delay = \"1ms\"\nmax_delay = \"2ms\"\n";
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", retry)).await;
+    let resp = env.messages(BODY).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-legate-attempts"], "3");
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "api_error", "{v}");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    let resp = env.messages(BODY).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), MESSAGE);
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 4);
+}

@@ -258,3 +258,32 @@ async fn a_fresh_connection_closed_without_an_answer_is_an_ordinary_attempt() {
     assert_eq!(up.requests.load(Ordering::SeqCst), 2);
     assert_eq!(metric_or_zero(&env, "legate_retries_total", &[]).await, 1.0);
 }
+
+/// The request sent again after the race must go on a fresh connection; when none can be had
+/// (the provider went down with the request), the failure is the reused connection's, after
+/// sending: the answer and the journal say the request went out, not that legate could not
+/// connect.
+#[tokio::test]
+async fn a_race_whose_fresh_connection_is_refused_reports_the_request_as_sent() {
+    let (up, hit, _) = faulty_on_reuse(|| Action::CloseAndStopListening).await;
+    let env = legate_against(&up.url, 1).await;
+    let mut sent = 0;
+    let mut last = None;
+    while !hit.load(Ordering::SeqCst) && sent < TRIES {
+        last = Some(env.messages(BODY).await);
+        sent += 1;
+    }
+    assert!(
+        hit.load(Ordering::SeqCst),
+        "no request ever reused a connection"
+    );
+    let resp = last.unwrap();
+    assert_eq!(resp.status(), 502);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("after legate began sending the request"),
+        "{text}"
+    );
+    // Each caller request reached the provider once: the one the race met is not sent again.
+    assert_eq!(up.requests.load(Ordering::SeqCst), sent);
+}

@@ -31,6 +31,9 @@ pub struct H1Body {
     home: Arc<Conns>,
     /// An error ended it: it is over, but not complete.
     broken: bool,
+    /// Delimited by the connection's close (no length, no chunked coding): a cut cannot be
+    /// told from its end.
+    until_close: bool,
 }
 
 impl H1Body {
@@ -52,11 +55,17 @@ impl H1Body {
             keep_alive,
             home,
             broken: false,
+            until_close: framing == Framing::Close,
         };
         if framing == Framing::Empty {
             body.ended(true);
         }
         body
+    }
+
+    /// Whether the body ends where the connection does (see the field).
+    pub fn until_close(&self) -> bool {
+        self.until_close
     }
 
     /// The body is over: the connection goes back to its list when `clean` and nothing was
