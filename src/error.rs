@@ -288,15 +288,17 @@ impl ProxyError {
         match self {
             ProxyError::InvalidRequest { message } => message.clone(),
             ProxyError::NotFound { method, path } => format!(
-                "legate does not serve {method} {path}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /v1/chat/completions, POST /v1/responses and GET/DELETE /v1/responses/{{id}}"
+                "legate does not serve {} {}; it serves POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /v1/chat/completions, POST /v1/responses and GET/DELETE /v1/responses/{{id}}",
+                shown(method),
+                shown(path)
             ),
             ProxyError::ResponseNotFound { id } => format!(
                 "no response with id `{}` is kept for this caller",
-                shown_id(id)
+                shown(id)
             ),
             ProxyError::PreviousResponseNotFound { id } => format!(
                 "Previous response with id '{}' not found: legate never relayed it for this caller, or it expired; resend the whole conversation as input",
-                shown_id(id)
+                shown(id)
             ),
             ProxyError::ModelNotFound { model } => format!(
                 "model `{model}` is not configured in legate; GET /v1/models lists the names it serves"
@@ -455,10 +457,10 @@ fn overloaded() -> StatusCode {
     StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
 }
 
-/// An id the caller sent, as an error message repeats it: whole up to [`SHOWN_ID`] characters
-/// (every id a provider or legate makes is far shorter), else its start and `…`, so that a
-/// caller's megabyte-long "id" is not sent back whole.
-pub(crate) fn shown_id(id: &str) -> std::borrow::Cow<'_, str> {
+/// What the caller sent (an id, a method, a path), as an error message repeats it: whole up to
+/// [`SHOWN_ID`] characters (every id a provider or legate makes is far shorter), else its
+/// start and `…`, so that a caller's megabyte-long "id" is not sent back whole.
+pub(crate) fn shown(id: &str) -> std::borrow::Cow<'_, str> {
     match id.char_indices().nth(SHOWN_ID) {
         None => std::borrow::Cow::Borrowed(id),
         Some((at, _)) => std::borrow::Cow::Owned(format!("{}…", &id[..at])),
@@ -511,11 +513,11 @@ mod tests {
 
     #[test]
     fn a_long_id_is_repeated_in_part_on_a_character_boundary() {
-        assert_eq!(shown_id("resp_1"), "resp_1");
+        assert_eq!(shown("resp_1"), "resp_1");
         let exact = "é".repeat(SHOWN_ID);
-        assert_eq!(shown_id(&exact), exact);
+        assert_eq!(shown(&exact), exact);
         let long = "é".repeat(SHOWN_ID + 1);
-        assert_eq!(shown_id(&long), format!("{}…", "é".repeat(SHOWN_ID)));
+        assert_eq!(shown(&long), format!("{}…", "é".repeat(SHOWN_ID)));
     }
 
     #[test]

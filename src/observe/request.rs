@@ -89,6 +89,9 @@ const API_PATHS: &[&str] = &[
 ];
 
 /// `s` as one of `known`, borrowed, or else a copy.
+/// The most of a method the record keeps (every standard method is shorter).
+const MAX_METHOD: usize = 16;
+
 fn borrowed_or_copied(s: &str, known: &[&'static str]) -> Cow<'static, str> {
     match known.iter().find(|k| **k == s) {
         Some(k) => Cow::Borrowed(k),
@@ -112,7 +115,11 @@ impl RequestObs {
         let mut facts = Facts::new(
             request_id,
             api,
-            borrowed_or_copied(method.as_str(), METHODS),
+            // Bounded too: a method outside HTTP's own is any token the caller chose (ASCII).
+            borrowed_or_copied(
+                &method.as_str()[..method.as_str().len().min(MAX_METHOD)],
+                METHODS,
+            ),
             // Bounded: a path is caller-chosen. Cut at its 256th character and copied once
             // (collecting the characters grew the string a few times).
             match path.char_indices().nth(256) {

@@ -290,7 +290,7 @@ fn unknown_previous(id: &str) -> String {
     format!(
         "previous_response_id `{}` is unknown (legate never relayed it, or it expired); \
          resend the whole conversation as input",
-        crate::error::shown_id(id)
+        crate::error::shown(id)
     )
 }
 

@@ -446,3 +446,34 @@ async fn a_refused_head_is_answered_recorded_and_counted() {
     }
     assert_eq!(env.mock.stats().requests, 0);
 }
+
+/// A method is any token the caller chooses: a 60,000-character one is answered (404) with
+/// its message, its journal entry and its access-log line kept to a bounded part of it.
+#[tokio::test]
+async fn a_huge_method_is_repeated_and_recorded_only_in_part() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = harness::start("").await;
+    let method = "X".repeat(60_000);
+    let head = format!(
+        "{method} /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    sock.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    sock.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 404 "),
+        "{}",
+        &answer[..200.min(answer.len())]
+    );
+    assert!(answer.len() < 2_000, "{} bytes", answer.len());
+    let rid = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("x-legate-request-id: "))
+        .unwrap_or_else(|| panic!("no request id: {answer}"));
+    let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    assert_eq!(doc["method"], "X".repeat(16), "{doc}");
+}

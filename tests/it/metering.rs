@@ -197,3 +197,43 @@ async fn a_request_served_without_reported_usage_counts_in_the_ledger() {
     assert_eq!(entry["input_tokens"], 0, "{doc}");
     assert_eq!(entry["cost_pico_usd"], "0", "{doc}");
 }
+
+/// A caller that leaves before a stream's first content (an agent's cancel while the model
+/// thinks over a long prompt) still has what the provider reported metered: the input tokens
+/// of its `message_start`, which the provider bills.
+#[tokio::test]
+async fn a_caller_leaving_before_the_first_content_is_metered_what_was_reported() {
+    let start = r#"{"type":"message_start","message":{"id":"msg_r","type":"message","role":"assistant","model":"claude-r","content":[],"stop_reason":null,"usage":{"input_tokens":7,"output_tokens":1}}}"#;
+    let event = format!("event: message_start\ndata: {start}\n\n");
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+        event.len()
+    );
+    // The answer's first event, and then nothing until legate goes away.
+    let up = crate::rawup::start(move |_req| {
+        let reply = head.clone().into_bytes();
+        async move { crate::rawup::Action::ReplyAndHang(reply) }
+    })
+    .await;
+    let env = harness::start_alone(&harness::config_toml_with(&up.url, "", "", "")).await;
+    let url = env.url("/v1/messages");
+    let caller = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("x-api-key", "dummy-client-key")
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(r#"{"model":"claude-r","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await
+    });
+    // The answer's head came (its first event with it, in the same write): then the caller
+    // leaves.
+    env.wait_metric("legate_upstream_duration_seconds_count", &[], 1.0)
+        .await;
+    caller.abort();
+    env.wait_metric("legate_tokens_total", &[("kind", "input")], 7.0)
+        .await;
+    env.wait_metric("legate_requests_total", &[("status", "499")], 1.0)
+        .await;
+}

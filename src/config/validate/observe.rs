@@ -184,12 +184,22 @@ fn join(base: &str, signal: &str) -> String {
 }
 
 fn check_url(url: &str, path: &str, cx: &mut Cx) {
+    let parsed = url.parse::<http::Uri>().ok();
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
-        && url.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
+        && parsed.as_ref().is_some_and(|u| u.host().is_some());
     if !ok {
         cx.err(
             path,
             "expected an http:// or https:// URL of an OTLP collector (e.g. http://127.0.0.1:4318)",
+        );
+    } else if parsed
+        .and_then(|u| u.authority().cloned())
+        .is_some_and(|a| a.as_str().contains('@'))
+    {
+        // Never sent as credentials by the exporter, and a URL reaches logs whole.
+        cx.err(
+            path,
+            "must not carry credentials (user:password@); give the collector's in [telemetry.headers] or OTEL_EXPORTER_OTLP_HEADERS",
         );
     }
 }

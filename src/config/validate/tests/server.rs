@@ -1,6 +1,6 @@
 //! `[server]` keys that are more than a type: the runtime's worker threads.
 
-use super::{TestResult, message_at, no_env, refused_at};
+use super::{TestResult, errors_of, message_at, no_env, refused_at};
 use crate::config::load::env_of;
 use crate::config::load_str;
 
@@ -37,4 +37,32 @@ fn tokio_worker_threads_overrides_the_file_and_is_checked_alike() -> TestResult 
         assert!(msg.contains("TOKIO_WORKER_THREADS"), "{msg}");
     }
     Ok(())
+}
+
+/// A collector's URL with credentials in it is refused (the exporter never sends them, and a
+/// URL reaches logs whole), from the file and from the environment, without echoing them.
+#[test]
+fn an_otlp_url_with_credentials_is_refused_without_echo() {
+    let file = "[telemetry]\notlp_endpoint = \"http://otel:SECRET42@127.0.0.1:4318\"";
+    let msg = message_at(&errors_of(file), "telemetry.otlp_endpoint");
+    assert!(msg.contains("must not carry credentials"), "{msg}");
+    assert!(!msg.contains("SECRET42"), "{msg}");
+    let env = env_of(&[(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "https://u:SECRET42@collector.example/v1/traces",
+    )]);
+    let Err(errs) = load_str("", &env) else {
+        panic!("credentials in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT accepted");
+    };
+    let msg = message_at(&errs, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    assert!(msg.contains("must not carry credentials"), "{msg}");
+    assert!(!msg.contains("SECRET42"), "{msg}");
+    // Without them, the same URLs are taken.
+    assert!(
+        load_str(
+            "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"",
+            &no_env()
+        )
+        .is_ok()
+    );
 }
