@@ -80,6 +80,13 @@ impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
         }
     }
 
+    /// Keeps only the entries whose key `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.map.retain(|k, _| keep(k));
+        let map = &self.map;
+        self.order.retain(|_, k| map.contains_key(k));
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.map.iter().map(|(k, (v, _))| (k, v))
     }
@@ -182,5 +189,21 @@ mod tests {
         assert_eq!(lru.touch("z"), None);
         let (_, evicted) = lru.entry(&"c".into(), || 3);
         assert_eq!(evicted, Some(("b".to_string(), 2)));
+    }
+
+    #[test]
+    fn retained_entries_keep_their_order_and_the_rest_go() {
+        let mut lru: Lru<String, u32> = Lru::new(3);
+        for (k, v) in [("p:a", 1), ("q:b", 2), ("p:c", 3)] {
+            lru.entry(&k.into(), || v);
+        }
+        lru.retain(|k| !k.starts_with("p:"));
+        assert_eq!(lru.len(), 1);
+        assert_eq!(lru.touch("p:a"), None);
+        // The order holds only what is left: two new entries evict nothing until full.
+        assert_eq!(lru.entry(&"r".into(), || 4).1, None);
+        assert_eq!(lru.entry(&"s".into(), || 5).1, None);
+        let (_, evicted) = lru.entry(&"t".into(), || 6);
+        assert_eq!(evicted, Some(("q:b".to_string(), 2)));
     }
 }

@@ -121,22 +121,39 @@ impl Lanes {
     }
 
     /// The cloud side of provider `cfg`, with the credential its last incarnation held when
-    /// the source is the same.
+    /// the source is the same. Nothing is kept for the next incarnation until the config is
+    /// taken ([`Lanes::settle`]): a refused reload leaves the running one's.
     fn cloud(&self, cfg: &ProviderConfig) -> Result<Option<CloudProvider>, String> {
-        let mut clouds = self.clouds.lock();
+        let clouds = self.clouds.lock();
         let refreshes = self.metrics.credential_refreshes.clone();
-        let cloud = CloudProvider::new(cfg, refreshes, clouds.get(&cfg.name))?;
-        match &cloud {
-            Some(c) => clouds.insert(cfg.name.clone(), c.kept()),
-            None => clouds.remove(&cfg.name),
-        };
-        Ok(cloud)
+        CloudProvider::new(cfg, refreshes, clouds.get(&cfg.name))
     }
 
+    /// A config's upstreams were all made: its providers' gates take its sizes, and their
+    /// credentials are kept for the next reload. Until then a config that may still be
+    /// refused (a CA file that cannot be read, a credential source that cannot be set up)
+    /// changes nothing the running one uses.
+    pub(crate) fn settle<'n>(
+        &self,
+        providers: impl Iterator<Item = (&'n str, usize, Option<crate::cloud::Kept>)>,
+        queue_limit: usize,
+    ) {
+        let (map, mut clouds) = (self.map.lock(), self.clouds.lock());
+        for (name, max_concurrency, cloud) in providers {
+            if let Some((gate, _)) = map.get(name) {
+                gate.resize(max_concurrency, queue_limit);
+            }
+            match cloud {
+                Some(kept) => clouds.insert(name.to_owned(), kept),
+                None => clouds.remove(name),
+            };
+        }
+    }
+
+    /// The provider's lane: the one it had (resized only by [`Lanes::settle`]), or a new one.
     fn get(&self, provider: &str, max: usize, queue_limit: usize) -> Lane {
         let mut map = self.map.lock();
         if let Some((gate, pacer)) = map.get(provider) {
-            gate.resize(max, queue_limit);
             return (gate.clone(), pacer.clone());
         }
         let lane = (

@@ -64,6 +64,31 @@ impl Breakers {
         self.cfg.store(Arc::new(cfg));
     }
 
+    /// Forgets `provider`'s breakers: a reload pointed it at another endpoint (another
+    /// `base_url`, or kind), whose health the old endpoint's failures say nothing about. Its
+    /// models start closed, their series at 0; a breaker a request in flight still holds
+    /// decides nothing for later requests.
+    pub fn forget_provider(&self, provider: &str) {
+        let mut map = self.map.lock();
+        let ours = |k: &String| {
+            k.strip_prefix(provider)
+                .is_some_and(|rest| rest.starts_with(':'))
+        };
+        let gauge = &self.gauge;
+        map.configured.retain(|k, _| {
+            if !ours(k) {
+                return true;
+            }
+            // A configured model's label is the model itself.
+            let model = &k[provider.len() + 1..];
+            if let Ok(g) = gauge.get_metric_with_label_values(&[provider, model]) {
+                g.set(0);
+            }
+            false
+        });
+        map.others.retain(|k| !ours(k));
+    }
+
     /// The breaker of `provider:model`; `model_label` is the bounded metric label.
     pub fn get(&self, provider: &str, model: &str, model_label: &str) -> Option<Arc<Breaker>> {
         // The label is the model itself only for a name the config spells out; a name that a

@@ -37,6 +37,17 @@ impl Snapshot {
                 .map_err(|e| format!("providers.{name}: {e}"))?;
             upstreams.insert(name.clone(), Arc::new(up));
         }
+        // Every upstream was made: now the config may change what the running one shares.
+        lanes.settle(
+            cfg.providers.iter().map(|(name, p)| {
+                let kept = upstreams
+                    .get(name)
+                    .and_then(|u| u.cloud.as_ref())
+                    .map(crate::cloud::CloudProvider::kept);
+                (name.as_str(), p.max_concurrency, kept)
+            }),
+            cfg.shedding.queue_limit,
+        );
         let labels = Labels::from_config(&cfg);
         let hash = crate::config::render::config_hash(&cfg);
         let buffer_parts = tenant_parts(&cfg, cfg.server.max_body_bytes);
@@ -253,5 +264,50 @@ mod parts_tests {
         assert_eq!(other, Some(half));
         assert!(snapshot("").estimate_part("default").is_none());
         assert!(new.estimate_part("nobody").is_none());
+    }
+}
+
+#[cfg(test)]
+mod lanes_tests {
+    use std::collections::HashMap as StdMap;
+    use std::sync::Arc;
+
+    use futures_util::FutureExt;
+
+    use super::Snapshot;
+    use crate::config::Priority;
+
+    /// A config that cannot be made into upstreams (here: a CA file gone between its check
+    /// and its use) changes nothing the running one shares: a provider's `max_concurrency`
+    /// stays as it was, where the refused config had resized its gate already.
+    #[tokio::test]
+    async fn a_refused_config_leaves_the_gates_as_they_were() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let ca = dir.path().join("ca.pem");
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&ca, made.cert.pem()).unwrap_or_else(|e| panic!("{e}"));
+        let env: StdMap<String, String> = StdMap::new();
+        let load = |toml: &str| {
+            Arc::new(crate::config::load_str(toml, &env).unwrap_or_else(|e| panic!("{e:?}")))
+        };
+        let registry = prometheus::Registry::new();
+        let metrics = crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}"));
+        let lanes = crate::upstream::Lanes::new(Arc::new(metrics));
+        let one = "[providers.anthropic]\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:9\"\nmax_concurrency = 1\n";
+        let running = Snapshot::new(load(one), &lanes).unwrap_or_else(|e| panic!("{e}"));
+        let refused = load(&format!(
+            "{}\n[providers.openai]\nkind = \"openai\"\nbase_url = \"https://127.0.0.1:9\"\nca_file = \"{}\"\n",
+            one.replace("max_concurrency = 1", "max_concurrency = 4"),
+            ca.display()
+        ));
+        std::fs::remove_file(&ca).unwrap_or_else(|e| panic!("{e}"));
+        assert!(Snapshot::new(refused, &lanes).is_err());
+        let gate = running.upstreams["anthropic"].gate.clone();
+        let _first = gate.acquire(Priority::Interactive).await;
+        assert!(
+            gate.acquire(Priority::Interactive).now_or_never().is_none(),
+            "a second request got a slot: the refused config's max_concurrency applies"
+        );
     }
 }

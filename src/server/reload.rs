@@ -179,6 +179,18 @@ impl Reloader {
             .collect();
         let config_hash = snapshot.hash.clone();
         self.proxy.breakers.set_config(breaker);
+        // A provider sent to another endpoint starts with its breakers closed.
+        let before = self.proxy.snapshot.load();
+        for (name, p) in &snapshot.cfg.providers {
+            let moved = before
+                .cfg
+                .providers
+                .get(name)
+                .is_some_and(|old| old.base_url != p.base_url || old.kind != p.kind);
+            if moved {
+                self.proxy.breakers.forget_provider(name);
+            }
+        }
         self.proxy.budget.set_ratio(ratio);
         let (max_bytes, ttl) = responses;
         let fixed = self.proxy.conversations.reconfigure(max_bytes, ttl);
