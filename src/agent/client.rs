@@ -33,6 +33,10 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// `limits.max_event_bytes`. legate never relays a larger one, so more means whatever `--url`
 /// points at is misbehaving, and reading on would buffer without bound (SPEC §14).
 const MAX_EVENT_BYTES: usize = 4 << 20;
+/// The most bytes a whole reply may take on the wire: a reply of `max_tokens` (8,192) tokens
+/// is a few megabytes of events at most; what passes this is not a reply, and holding it
+/// would grow the agent (and its transcript) without bound.
+const MAX_REPLY_BYTES: usize = 64 << 20;
 
 /// Why a turn's request failed.
 #[derive(Debug)]
@@ -145,10 +149,10 @@ impl Client {
                 url: self.uri.to_string(),
                 detail: e.to_string(),
             })?;
-        let response = self
-            .http
-            .request(request)
+        // legate answers within its own timeouts; this only guards against it hanging.
+        let response = tokio::time::timeout(IDLE_TIMEOUT, self.http.request(request))
             .await
+            .map_err(|_| ClientError::Idle(IDLE_TIMEOUT))?
             .map_err(ClientError::Connect)?;
         let status = response.status();
         let mut body = response.into_body();
@@ -182,10 +186,20 @@ async fn read_stream(
 ) -> Result<Reply, ClientError> {
     let mut parser = SseParser::new();
     let mut builder = ReplyBuilder::new();
+    let mut read = 0usize;
     loop {
         let chunk = next_chunk(body).await?;
         match &chunk {
-            Some(data) => parser.push(data),
+            Some(data) => {
+                read = read.saturating_add(data.len());
+                if read > MAX_REPLY_BYTES {
+                    return Err(StreamError::ReplyTooLarge {
+                        limit: MAX_REPLY_BYTES,
+                    }
+                    .into());
+                }
+                parser.push(data);
+            }
             None => parser.finish(),
         }
         if parser.pending_bytes() > MAX_EVENT_BYTES {
@@ -416,6 +430,29 @@ mod tests {
                 }))
             ),
             "{result:?}"
+        );
+    }
+
+    /// Events each within their bound, but without end: the reply as a whole is bounded too.
+    #[tokio::test]
+    async fn a_reply_without_end_is_cut_off_at_the_bound() {
+        let mut response = sse_response(&text_stream(false));
+        let piece = json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "x".repeat(1 << 20)}});
+        let event = format!("event: content_block_delta\ndata: {piece}\n\n");
+        for _ in 0..(MAX_REPLY_BYTES >> 20) + 1 {
+            response.push_str(&event);
+        }
+        let result = send(response).await;
+        assert!(
+            matches!(
+                result,
+                Err(ClientError::Stream(StreamError::ReplyTooLarge {
+                    limit: MAX_REPLY_BYTES
+                }))
+            ),
+            "{:?}",
+            result.map(|_| ())
         );
     }
 

@@ -169,10 +169,10 @@ fn log(what: &str) {
     let _ = writeln!(std::io::stderr(), "{}", log_line(what));
 }
 
-/// The `[tool]` line: escaped, since tool names, paths and commands come from the model, and
-/// cut short.
+/// The `[tool]` line: escaped, since tool names, paths and commands come from the model, cut
+/// short, and without the keys the model is kept from (stderr goes to CI logs too).
 fn log_line(what: &str) -> String {
-    format!("[tool] {}", bounded(what, 200))
+    format!("[tool] {}", bounded(&secrets::redact(what), 200))
 }
 
 #[cfg(test)]
@@ -347,6 +347,13 @@ mod tests {
             ["use:1", "result:1", "result:2", "result:3", "result:4"]
         );
         Ok(())
+    }
+
+    #[test]
+    fn log_lines_hold_no_key() {
+        let line = log_line("read_file sk-ant-api03-abcdefghijklmnop_QRSTUV");
+        assert!(!line.contains("abcdefghijklmnop"), "{line}");
+        assert!(line.contains("withheld"), "{line}");
     }
 
     #[test]

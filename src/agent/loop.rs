@@ -273,7 +273,7 @@ impl TextOut {
             return;
         }
         let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.write_all(super::shown::reply_text(text).as_bytes());
         let _ = stdout.flush();
         self.at_line_start = text.ends_with('\n');
     }
@@ -288,7 +288,7 @@ impl TextOut {
 
 /// What the model is told about where it works and what it may do.
 /// Why the calls of a reply cannot each get their own result, if they cannot.
-fn unanswerable(uses: &[conversation::ToolUse]) -> Option<String> {
+pub(super) fn unanswerable(uses: &[conversation::ToolUse]) -> Option<String> {
     let mut seen = std::collections::HashSet::new();
     for u in uses {
         if u.id.is_empty() {

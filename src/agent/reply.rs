@@ -25,6 +25,8 @@ pub(super) enum StreamError {
     Incomplete,
     /// An event, or a line without its end, grew past this many bytes.
     TooLarge { limit: usize },
+    /// The whole reply passed this many bytes.
+    ReplyTooLarge { limit: usize },
 }
 
 impl fmt::Display for StreamError {
@@ -42,6 +44,11 @@ impl fmt::Display for StreamError {
                 f,
                 "an event in the stream passed {limit} bytes without ending; the stream was \
                  abandoned"
+            ),
+            StreamError::ReplyTooLarge { limit } => write!(
+                f,
+                "the reply passed {limit} bytes, far more than its max_tokens allows; the stream \
+                 was abandoned"
             ),
         }
     }

@@ -79,16 +79,43 @@ pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
                 ..
             } => {
                 close(open.take(), &mut out.conversation);
-                out.conversation.push_assistant(content.clone());
-                out.last_stop = Some(StopReason::parse(stop_reason));
+                let stop = StopReason::parse(stop_reason);
                 let tool_uses = conversation::tool_uses(content);
-                if !tool_uses.is_empty() {
-                    open = Some(OpenTurn {
-                        tool_uses,
-                        results: HashMap::new(),
-                        truncated: stop_reason != "tool_use",
-                    });
+                // As the live loop followed the reply (`Agent::follow`): only a reply that
+                // stopped for its calls, or was cut off among them, leaves calls to answer.
+                let calls_open = match stop {
+                    StopReason::ToolUse => Some(false),
+                    StopReason::MaxTokens | StopReason::ContextWindowExceeded => Some(true),
+                    _ => None,
+                };
+                match calls_open {
+                    _ if tool_uses.is_empty() => out.conversation.push_assistant(content.clone()),
+                    // Calls whose ids cannot all be answered: none ran, the reply was not
+                    // kept, and the request that made it is sent again.
+                    Some(false) if super::agent_loop::unanswerable(&tool_uses).is_some() => {
+                        out.last_stop = None;
+                        continue;
+                    }
+                    Some(truncated) => {
+                        out.conversation.push_assistant(content.clone());
+                        open = Some(OpenTurn {
+                            tool_uses,
+                            results: HashMap::new(),
+                            truncated,
+                        });
+                    }
+                    // A reply that ended (finished, refused, an unknown stop) with calls in
+                    // it: they never ran and are never asked for; the text stays for a
+                    // follow-up, without calls no result would answer.
+                    None => out.conversation.push_assistant(
+                        content
+                            .iter()
+                            .filter(|b| b["type"] != "tool_use")
+                            .cloned()
+                            .collect(),
+                    ),
                 }
+                out.last_stop = Some(stop);
             }
             // The intent alone decides nothing: only a result shows the call was answered.
             Record::ToolUse { .. } => {}
@@ -274,6 +301,48 @@ mod tests {
         ]);
         assert_eq!(answered.last_stop, None);
         assert!(answered.conversation.awaits_reply());
+    }
+
+    /// A reply that ended (refused, finished) with calls in it is followed as the live loop
+    /// followed it: nothing opens, the run stopped where it did, and a follow-up gets the
+    /// reply's text without calls no result answers.
+    #[test]
+    fn calls_in_a_reply_that_ended_are_never_answered() {
+        for (stop, last) in [
+            ("refusal", StopReason::Refusal),
+            ("end_turn", StopReason::EndTurn),
+        ] {
+            let rebuilt = rebuild(&[
+                task(),
+                user("t"),
+                assistant(vec![conversation::text("so"), call("a", "list_dir")], stop),
+            ]);
+            assert_eq!(rebuilt.open_turn, None, "{stop}");
+            assert_eq!(rebuilt.last_stop, Some(last), "{stop}");
+            let messages = rebuilt.conversation.messages();
+            assert_eq!(
+                messages[1]["content"],
+                json!([{"type": "text", "text": "so"}])
+            );
+        }
+    }
+
+    /// Calls that cannot all be answered (an id given twice) never ran live, and the reply
+    /// was not kept: a resume sends the request again, with no result for either call.
+    #[test]
+    fn a_reply_with_unanswerable_calls_is_left_out() {
+        let rebuilt = rebuild(&[
+            task(),
+            user("t"),
+            assistant(
+                vec![call("x", "list_dir"), call("x", "run_command")],
+                "tool_use",
+            ),
+        ]);
+        assert_eq!(rebuilt.open_turn, None);
+        assert_eq!(rebuilt.last_stop, None);
+        assert_eq!(rebuilt.conversation.messages().len(), 1);
+        assert!(rebuilt.conversation.awaits_reply());
     }
 
     #[test]

@@ -13,6 +13,24 @@ pub(super) fn escape(text: &str) -> String {
     out
 }
 
+/// The model's text as it is printed: lines and tabs kept, every other control character
+/// (an escape sequence that would hide the approval prompt after it, a carriage return that
+/// would write over a line) escaped as [`escape`] does.
+pub(super) fn reply_text(text: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |c: char| c == '\n' || c == '\t' || !(c.is_control() || hides_or_reorders(c));
+    if text.chars().all(plain) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c => push_escaped(&mut out, c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn push_escaped(out: &mut String, c: char) {
     match c {
         '\n' => out.push_str("\\n"),
@@ -90,6 +108,20 @@ mod tests {
         );
         assert_eq!(escape("a\u{202e}b\u{9b}c"), "a\\u{202e}b\\u{9b}c");
         assert_eq!(escape("plain, ünïcode → ok"), "plain, ünïcode → ok");
+    }
+
+    /// The model's own text keeps its lines and tabs, but nothing that would hide or write
+    /// over what follows it (the approval prompt).
+    #[test]
+    fn reply_text_keeps_lines_and_shows_the_rest() {
+        assert!(matches!(
+            reply_text("two\nlines\tand ünïcode"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            reply_text("Listing.\x1b[8m\nnext\r\u{202e}"),
+            "Listing.\\x1b[8m\nnext\\r\\u{202e}"
+        );
     }
 
     #[test]

@@ -131,6 +131,23 @@ fn replace(text: &str, input: &Input, shown: &str) -> Result<(String, usize), To
         return Err(ToolError::EmptyOldString);
     }
     let count = text.matches(input.old_string.as_str()).count();
+    // The edited size, known before the edit is made: `replace_all` of a short string by a
+    // long one multiplies a file the size bound let in.
+    let made = match count {
+        1 => 1,
+        n if input.replace_all => n as u64,
+        _ => 0,
+    };
+    let size = (text.len() as u64)
+        .saturating_sub(made * input.old_string.len() as u64)
+        .saturating_add(made.saturating_mul(input.new_string.len() as u64));
+    if size > MAX_FILE_BYTES {
+        return Err(ToolError::EditTooLarge {
+            path: shown.to_owned(),
+            size,
+            limit: MAX_FILE_BYTES,
+        });
+    }
     match count {
         0 if input.old_string.contains(" withheld]") => Err(ToolError::OldStringWithheld {
             path: shown.to_owned(),
@@ -158,6 +175,29 @@ mod tests {
             new_string: new.to_owned(),
             replace_all: all,
         }
+    }
+
+    /// `replace_all` of a short string by a long one is refused before it is made when the
+    /// file would pass the tool's bound.
+    #[test]
+    fn an_edit_past_the_size_bound_is_refused_before_it_is_made() {
+        let text = "a".repeat(100_000);
+        let long = "b".repeat(1000);
+        let result = replace(&text, &input("a", &long, true), "f.txt");
+        assert!(
+            matches!(
+                &result,
+                Err(ToolError::EditTooLarge {
+                    size: 100_000_000,
+                    ..
+                })
+            ),
+            "{:?}",
+            result.map(|(_, n)| n)
+        );
+        let (edited, n) =
+            replace(&text, &input("a", "bb", true), "f.txt").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((edited.len(), n), (200_000, 100_000));
     }
 
     #[test]

@@ -305,6 +305,12 @@ pub(super) enum ToolError {
         size: u64,
         limit: u64,
     },
+    /// An edit would make the file larger than the tool's bound (`replace_all` multiplies).
+    EditTooLarge {
+        path: String,
+        size: u64,
+        limit: u64,
+    },
     EmptyOldString,
     OldStringMissing {
         path: String,
@@ -363,6 +369,10 @@ impl fmt::Display for ToolError {
                     "{path}: {size} bytes, more than the {limit} this tool handles"
                 )
             }
+            ToolError::EditTooLarge { path, size, limit } => write!(
+                f,
+                "{path}: the edit would make the file {size} bytes, more than the {limit} this tool writes; nothing changed"
+            ),
             ToolError::EmptyOldString => write!(f, "old_string must not be empty"),
             ToolError::OldStringMissing { path } => {
                 write!(f, "{path}: old_string not found; nothing changed")

@@ -61,7 +61,7 @@ pub(crate) async fn run(input: &Input, ws: &Workspace) -> Result<String, ToolErr
     }
     let text = String::from_utf8_lossy(&bytes);
     let selected = select_lines(&text, input.offset, input.limit);
-    Ok(cap_output(selected))
+    Ok(cap_output(selected, input.offset.unwrap_or(1).max(1)))
 }
 
 fn read_capped(path: PathBuf, shown: &str) -> Result<Vec<u8>, ToolError> {
@@ -91,7 +91,9 @@ fn select_lines(text: &str, offset: Option<usize>, limit: Option<usize>) -> Stri
     text.split_inclusive('\n').skip(skip).take(take).collect()
 }
 
-fn cap_output(text: String) -> String {
+/// The text, cut at [`MAX_OUTPUT_BYTES`] with a note naming the file line (`first` is the
+/// file line the text starts at) to read on from.
+fn cap_output(text: String, first: usize) -> String {
     if text.len() <= MAX_OUTPUT_BYTES {
         return text;
     }
@@ -99,9 +101,9 @@ fn cap_output(text: String) -> String {
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    let lines_shown = text[..cut].matches('\n').count();
+    let next = first.saturating_add(text[..cut].matches('\n').count());
     format!(
-        "{}\n[output cut at {cut} of {} bytes after line {lines_shown}; read on with offset/limit]",
+        "{}\n[output cut at {cut} of {} bytes; read on with offset={next}]",
         &text[..cut],
         text.len()
     )
@@ -180,13 +182,25 @@ mod tests {
     #[test]
     fn long_output_is_cut_with_a_note() {
         let text = "x".repeat(MAX_OUTPUT_BYTES + 10);
-        let out = cap_output(text);
+        let out = cap_output(text, 1);
         assert!(out.starts_with("xxx"));
         assert!(
-            out.ends_with("read on with offset/limit]"),
+            out.ends_with("read on with offset=1]"),
             "{}",
             &out[out.len() - 80..]
         );
         assert!(out.len() < MAX_OUTPUT_BYTES + 200);
+    }
+
+    /// The line to read on from is the file's, wherever the read began: the line the cut fell
+    /// in (its start was shown, its end was not).
+    #[test]
+    fn the_note_names_the_file_line_to_read_on_from() {
+        let line = format!("{}\n", "y".repeat(99));
+        let text = line.repeat(MAX_OUTPUT_BYTES / 100 + 10);
+        let shown = MAX_OUTPUT_BYTES / 100;
+        let out = cap_output(text, 10_000);
+        let want = format!("read on with offset={}]", 10_000 + shown);
+        assert!(out.ends_with(&want), "{}", &out[out.len() - 80..]);
     }
 }
