@@ -92,7 +92,7 @@ pub(super) fn rebuild(records: &[Record]) -> Rebuilt {
                     _ if tool_uses.is_empty() => out.conversation.push_assistant(content.clone()),
                     // Calls whose ids cannot all be answered: none ran, the reply was not
                     // kept, and the request that made it is sent again.
-                    Some(false) if super::agent_loop::unanswerable(&tool_uses).is_some() => {
+                    Some(_) if super::agent_loop::unanswerable(&tool_uses).is_some() => {
                         out.last_stop = None;
                         continue;
                     }
@@ -331,18 +331,17 @@ mod tests {
     /// was not kept: a resume sends the request again, with no result for either call.
     #[test]
     fn a_reply_with_unanswerable_calls_is_left_out() {
-        let rebuilt = rebuild(&[
-            task(),
-            user("t"),
-            assistant(
-                vec![call("x", "list_dir"), call("x", "run_command")],
-                "tool_use",
-            ),
-        ]);
-        assert_eq!(rebuilt.open_turn, None);
-        assert_eq!(rebuilt.last_stop, None);
-        assert_eq!(rebuilt.conversation.messages().len(), 1);
-        assert!(rebuilt.conversation.awaits_reply());
+        for stop in ["tool_use", "max_tokens"] {
+            let rebuilt = rebuild(&[
+                task(),
+                user("t"),
+                assistant(vec![call("x", "list_dir"), call("x", "run_command")], stop),
+            ]);
+            assert_eq!(rebuilt.open_turn, None, "{stop}");
+            assert_eq!(rebuilt.last_stop, None, "{stop}");
+            assert_eq!(rebuilt.conversation.messages().len(), 1, "{stop}");
+            assert!(rebuilt.conversation.awaits_reply(), "{stop}");
+        }
     }
 
     #[test]

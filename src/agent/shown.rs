@@ -17,14 +17,22 @@ pub(super) fn escape(text: &str) -> String {
 /// (an escape sequence that would hide the approval prompt after it, a carriage return that
 /// would write over a line) escaped as [`escape`] does.
 pub(super) fn reply_text(text: &str) -> std::borrow::Cow<'_, str> {
-    let plain = |c: char| c == '\n' || c == '\t' || !(c.is_control() || hides_or_reorders(c));
-    if text.chars().all(plain) {
+    let plain =
+        |c: char| matches!(c, '\n' | '\t' | '\r') || !(c.is_control() || hides_or_reorders(c));
+    // A carriage return is kept where it ends a line (CRLF), where it writes over nothing.
+    let lone_cr = |s: &str| {
+        s.match_indices('\r')
+            .any(|(i, _)| !s[i + 1..].starts_with('\n'))
+    };
+    if text.chars().all(plain) && !lone_cr(text) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
         match c {
             '\n' | '\t' => out.push(c),
+            '\r' if chars.peek() == Some(&'\n') => out.push(c),
             c => push_escaped(&mut out, c),
         }
     }
@@ -122,6 +130,11 @@ mod tests {
             reply_text("Listing.\x1b[8m\nnext\r\u{202e}"),
             "Listing.\\x1b[8m\nnext\\r\\u{202e}"
         );
+        assert!(matches!(
+            reply_text("windows\r\nlines\r\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(reply_text("a\r\nb\rc"), "a\r\nb\\rc");
     }
 
     #[test]

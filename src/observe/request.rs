@@ -88,10 +88,10 @@ const API_PATHS: &[&str] = &[
     "/v1/models",
 ];
 
-/// `s` as one of `known`, borrowed, or else a copy.
 /// The most of a method the record keeps (every standard method is shorter).
 const MAX_METHOD: usize = 16;
 
+/// `s` as one of `known`, borrowed, or else a copy.
 fn borrowed_or_copied(s: &str, known: &[&'static str]) -> Cow<'static, str> {
     match known.iter().find(|k| **k == s) {
         Some(k) => Cow::Borrowed(k),

@@ -170,6 +170,8 @@ pub async fn stored_response(
     }
     let max = snap.cfg.server.limits.max_buffered_bytes;
     let bound = (max, &snap.answer_part(tenant));
+    let held = kept.is_some();
+    let deleting = method == Method::DELETE && action.is_empty();
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {
             // Its events were never kept: answering the response whole to a request for its
@@ -203,9 +205,17 @@ pub async fn stored_response(
             }
         });
     }
-    // No provider to ask: legate holds no such response, which is what the caller is told
-    // (not that the endpoint is unknown: it serves the responses it translated).
+    // No provider to ask (a reload took it away): legate holds no such response, which is
+    // what the caller is told (not that the endpoint is unknown: it serves the responses it
+    // translated); a relayed one's copy, all legate has of it, can still be deleted.
     let Some(up) = responses_provider(snap, &snap.cfg) else {
+        if deleting && held {
+            store.delete(id).await.map_err(unavailable)?;
+            return Ok(local_json(
+                StatusCode::OK,
+                &json!({"id": id, "object": "response.deleted", "deleted": true}),
+            ));
+        }
         return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     };
     let upstream_path = format!("/v1/responses/{rest}");
@@ -223,7 +233,7 @@ pub async fn stored_response(
     // response there, and a later turn continuing it on another step is still rebuilt from
     // the copy (and, with several tenants, still known as the caller's).
     let gone = |r: &Response<ProxyBody>| r.status().is_success() || r.status() == 404;
-    if method == Method::DELETE
+    if deleting
         && answer.as_ref().is_ok_and(gone)
         && let Err(e) = store.delete(id).await
     {

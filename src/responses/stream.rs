@@ -132,6 +132,8 @@ struct State {
     final_response: Option<Value>,
     /// Bytes of text and arguments kept for the done events and the final response.
     kept: usize,
+    /// Tool calls begun (bounded at `translate::MAX_CALLS`).
+    calls: usize,
 }
 
 /// Text and arguments one translated answer keeps at most (SPEC §14: a bounded buffer), as
@@ -153,6 +155,7 @@ impl State {
             usage: Value::Null,
             final_response: None,
             kept: 0,
+            calls: 0,
         }
     }
 
@@ -308,7 +311,7 @@ impl State {
             }
             // Every call's item, id included, is kept for the final response: a bounded list
             // of bounded ids.
-            let why = if self.done_items.len() >= crate::translate::MAX_CALLS {
+            let why = if self.calls >= crate::translate::MAX_CALLS {
                 Some(
                     "the upstream model made more tool calls than legate carries in one answer (1,024)",
                 )
@@ -322,6 +325,7 @@ impl State {
                     json!({"type": "server_error", "code": "server_error", "message": message});
                 return self.fail(out, &error);
             }
+            self.calls += 1;
             let call_id = id.map_or_else(|| format!("call_legate_{chat_index}"), str::to_owned);
             self.open = Open::Call {
                 chat_index,

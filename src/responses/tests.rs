@@ -741,8 +741,13 @@ fn a_translated_stream_bounds_its_calls_and_their_ids() {
             json!({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})
         )
     };
-    let many: String = (0..1030)
-        .map(|i| chunk(vec![call(i, &format!("call_{i}"))]))
+    // Text first: an item of its own, not a call.
+    let text = format!(
+        "data: {}\n\n",
+        json!({"choices": [{"index": 0, "delta": {"content": "Calling."}}]})
+    );
+    let many: String = std::iter::once(text)
+        .chain((0..1030).map(|i| chunk(vec![call(i, &format!("call_{i}"))])))
         .collect();
     let kinds_of = |wire: &str| {
         let evs = chat_events(wire);
@@ -757,7 +762,7 @@ fn a_translated_stream_bounds_its_calls_and_their_ids() {
         .iter()
         .filter(|k| *k == "response.output_item.added")
         .count();
-    assert_eq!(added, 1024);
+    assert_eq!(added, 1 + 1024);
 
     let long = "c".repeat(1025);
     let wire = chunk(vec![call(0, "call_a"), call(1, &long), call(2, "call_c")]);

@@ -158,7 +158,7 @@ impl Admin {
                     Some(allow) => {
                         let mut r = json(
                             StatusCode::METHOD_NOT_ALLOWED,
-                            &serde_json::json!({"error": format!("{path} takes {allow}, not {}", req.method())}),
+                            &serde_json::json!({"error": format!("{path} takes {allow}, not {}", crate::error::shown(req.method().as_str()))}),
                         );
                         r.headers_mut()
                             .insert(header::ALLOW, HeaderValue::from_static(allow));

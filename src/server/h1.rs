@@ -144,7 +144,7 @@ where
     loop {
         let head = poll_fn(|cx| {
             let head = conn.poll_head(cx, stopped.as_mut());
-            if std::mem::take(&mut conn.blank_only) {
+            if std::mem::take(&mut conn.blank_only) && conn.buf.is_empty() {
                 watch.head_withdrawn();
             }
             head
@@ -334,7 +334,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                     return Poll::Ready(Ok(Some(head)));
                 }
                 // Emptied by the parse: there were only blank lines.
-                self.blank_only |= had > 0 && self.buf.is_empty();
+                self.blank_only = had > 0 && self.buf.is_empty();
                 self.head_seen = self.buf.len();
             }
             // A head begun is awaited (within the header read timeout); none is not.

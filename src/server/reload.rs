@@ -179,23 +179,31 @@ impl Reloader {
             .collect();
         let config_hash = snapshot.hash.clone();
         self.proxy.breakers.set_config(breaker);
-        // A provider sent to another endpoint starts with its breakers closed.
-        let before = self.proxy.snapshot.load();
-        for (name, p) in &snapshot.cfg.providers {
-            let moved = before
-                .cfg
-                .providers
-                .get(name)
-                .is_some_and(|old| old.base_url != p.base_url || old.kind != p.kind);
-            if moved {
-                self.proxy.breakers.forget_provider(name);
-            }
-        }
+        // A provider sent to another endpoint (its URL, kind or platform settings) starts
+        // with its breakers closed: forgotten once the new config is in place, so that only
+        // requests made before it (still on the old endpoint) can report to the old key.
+        let before = self.proxy.snapshot.load_full();
+        let moved: Vec<String> = snapshot
+            .cfg
+            .providers
+            .iter()
+            .filter(|(name, p)| {
+                before.cfg.providers.get(*name).is_some_and(|old| {
+                    old.base_url != p.base_url
+                        || old.kind != p.kind
+                        || format!("{:?}", old.platform) != format!("{:?}", p.platform)
+                })
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
         self.proxy.budget.set_ratio(ratio);
         let (max_bytes, ttl) = responses;
         let fixed = self.proxy.conversations.reconfigure(max_bytes, ttl);
         restart_required.extend(fixed.into_iter().map(str::to_owned));
         self.proxy.snapshot.store(Arc::new(snapshot));
+        for name in &moved {
+            self.proxy.breakers.forget_provider(name);
+        }
         let old = {
             let mut w = self.watchers.lock();
             std::mem::replace(&mut *w, fresh)

@@ -716,6 +716,7 @@ async fn a_relayed_delete_keeps_the_copy_until_the_provider_deleted_it() {
         format!(r#"{{"replies":[{{"match":{{"path":"/v1/responses/{id}"}},"status":500}}]}}"#);
     env.mock.set_script(Script::from_json(&failing).unwrap());
     assert_eq!(delete().await.unwrap().status(), 500);
+
     env.mock.set_script(first_step_down());
     let resp = responses(&env, &next).await;
     assert_eq!(resp.status(), 200);

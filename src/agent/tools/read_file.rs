@@ -102,6 +102,14 @@ fn cap_output(text: String, first: usize) -> String {
         cut -= 1;
     }
     let next = first.saturating_add(text[..cut].matches('\n').count());
+    if next == first {
+        // One line longer than the cap: reading on from it would show the same start again.
+        return format!(
+            "{}\n[output cut at {cut} of {} bytes: line {first} alone is longer than this tool shows; only its start can be read]",
+            &text[..cut],
+            text.len()
+        );
+    }
     format!(
         "{}\n[output cut at {cut} of {} bytes; read on with offset={next}]",
         &text[..cut],
@@ -185,7 +193,9 @@ mod tests {
         let out = cap_output(text, 1);
         assert!(out.starts_with("xxx"));
         assert!(
-            out.ends_with("read on with offset=1]"),
+            out.ends_with(
+                "line 1 alone is longer than this tool shows; only its start can be read]"
+            ),
             "{}",
             &out[out.len() - 80..]
         );
