@@ -398,11 +398,22 @@ async fn an_admin_path_asked_with_another_method_is_405_with_the_one_it_takes() 
     assert_eq!(unknown.status(), 404);
 }
 
+/// Writes `head` on a connection of its own and reads until legate closes it.
+async fn raw_exchange(env: &harness::Env, head: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    sock.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    sock.read_to_end(&mut answer).await.unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// A head the connection refuses before any route could see it is still a request: answered
 /// in the caller's shape under a request id, logged in the journal, and counted.
 #[tokio::test]
 async fn a_refused_head_is_answered_recorded_and_counted() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let env = harness::start("").await;
     let heads: [(&str, u16); 3] = [
         (
@@ -416,13 +427,7 @@ async fn a_refused_head_is_answered_recorded_and_counted() {
         ),
     ];
     for (head, status) in heads {
-        let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
-            .await
-            .unwrap();
-        sock.write_all(head.as_bytes()).await.unwrap();
-        let mut answer = Vec::new();
-        sock.read_to_end(&mut answer).await.unwrap();
-        let answer = String::from_utf8_lossy(&answer);
+        let answer = raw_exchange(&env, head).await;
         assert!(
             answer.starts_with(&format!("HTTP/1.1 {status} ")),
             "{answer}"
@@ -451,19 +456,12 @@ async fn a_refused_head_is_answered_recorded_and_counted() {
 /// its message, its journal entry and its access-log line kept to a bounded part of it.
 #[tokio::test]
 async fn a_huge_method_is_repeated_and_recorded_only_in_part() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let env = harness::start("").await;
     let method = "X".repeat(60_000);
     let head = format!(
         "{method} /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
     );
-    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
-        .await
-        .unwrap();
-    sock.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    sock.read_to_end(&mut answer).await.unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = raw_exchange(&env, &head).await;
     assert!(
         answer.starts_with("HTTP/1.1 404 "),
         "{}",

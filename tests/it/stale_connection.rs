@@ -51,6 +51,22 @@ async fn faulty_on_reuse(fault: fn() -> Action) -> (rawup::RawUpstream, Arc<Atom
 /// Every request's head and body, in arrival order.
 type Seen = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
 
+/// Sends requests until one met a reused connection (`hit`), within [`TRIES`]: how many were
+/// sent, and the last one's answer.
+async fn until_reused(env: &Env, hit: &AtomicBool) -> (usize, reqwest::Response) {
+    let mut sent = 0;
+    let mut last = None;
+    while !hit.load(Ordering::SeqCst) && sent < TRIES {
+        last = Some(env.messages(BODY).await);
+        sent += 1;
+    }
+    assert!(
+        hit.load(Ordering::SeqCst),
+        "no request ever reused a connection"
+    );
+    (sent, last.expect("a request was sent"))
+}
+
 async fn metric_or_zero(env: &Env, name: &str, labels: &[(&str, &str)]) -> f64 {
     env.metric(name, labels).await.unwrap_or(0.0)
 }
@@ -134,17 +150,7 @@ async fn a_reused_connection_that_held_the_request_before_closing_is_an_attempt(
     })
     .await;
     let env = legate_against(&up.url, 2).await;
-    let mut sent = 0;
-    let mut last = None;
-    while !hit.load(Ordering::SeqCst) && sent < TRIES {
-        last = Some(env.messages(BODY).await);
-        sent += 1;
-    }
-    assert!(
-        hit.load(Ordering::SeqCst),
-        "no request ever reused a connection"
-    );
-    let last = last.unwrap();
+    let (sent, last) = until_reused(&env, &hit).await;
     assert_eq!(last.status(), 200);
     assert_eq!(last.headers()["x-legate-attempts"], "2");
     // The held request once, and once more as the second attempt: not a hidden third.
@@ -267,17 +273,7 @@ async fn a_fresh_connection_closed_without_an_answer_is_an_ordinary_attempt() {
 async fn a_race_whose_fresh_connection_is_refused_reports_the_request_as_sent() {
     let (up, hit, _) = faulty_on_reuse(|| Action::CloseAndStopListening).await;
     let env = legate_against(&up.url, 1).await;
-    let mut sent = 0;
-    let mut last = None;
-    while !hit.load(Ordering::SeqCst) && sent < TRIES {
-        last = Some(env.messages(BODY).await);
-        sent += 1;
-    }
-    assert!(
-        hit.load(Ordering::SeqCst),
-        "no request ever reused a connection"
-    );
-    let resp = last.unwrap();
+    let (sent, resp) = until_reused(&env, &hit).await;
     assert_eq!(resp.status(), 502);
     let text = resp.text().await.unwrap();
     assert!(
