@@ -85,13 +85,37 @@ pub fn load_again(origin: &Origin) -> Result<Config, ConfigErrors> {
 fn load_origin(origin: &Origin, env: &HashMap<String, String>) -> Result<Config, ConfigErrors> {
     match origin {
         Origin::Path(p) | Origin::Env(p) | Origin::LocalFile(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| {
-                ConfigError::new(p.display().to_string(), format!("cannot read: {e}"))
-            })?;
+            let text = read_file(p)?;
             merge_and_validate(&text, env, &p.display().to_string())
         }
         Origin::Embedded => merge_and_validate(DEFAULT_TOML, env, "embedded default"),
     }
+}
+
+/// The most a config file may hold: far past any real one, short of what would take the
+/// process's memory (`--config /dev/zero`).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// A config file's text: a regular file (a FIFO would hold `serve` for ever) of at most
+/// [`MAX_CONFIG_BYTES`].
+fn read_file(p: &Path) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let refused = |why: String| ConfigError::new(p.display().to_string(), why);
+    let meta = std::fs::metadata(p).map_err(|e| refused(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(refused("cannot read: not a regular file".to_owned()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(p)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| refused(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(refused(format!(
+            "cannot read: larger than {} MiB",
+            MAX_CONFIG_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| refused("cannot read: not UTF-8 text".to_owned()))
 }
 
 /// Loads a TOML text with `LEGATE__…` overrides from `env`.
@@ -159,6 +183,7 @@ fn merge_and_validate(
     label: &str,
 ) -> Result<Config, ConfigErrors> {
     check_syntax(toml, label)?;
+    arrays_untouched(env)?;
     let file_only = config::Config::builder()
         .add_source(File::from_str(toml, FileFormat::Toml))
         .build()
@@ -207,6 +232,38 @@ fn merge_and_validate(
     result.map_err(|e| name_overrides(e, env))
 }
 
+/// The `[[…]]` arrays are the file's alone: an override of one (`LEGATE__CLIENTS[0]__…`, which
+/// the `config` crate would take, replacing the whole entry) is refused, naming the variable,
+/// rather than changing the callers' keys or the models from the environment unnoticed.
+fn arrays_untouched(env: &HashMap<String, String>) -> Result<(), ConfigErrors> {
+    const ARRAYS: [&str; 4] = ["MODELS", "CLIENTS", "PRICES", "LIMITS"];
+    let mut refused: Vec<ConfigError> = env
+        .keys()
+        .filter(|var| {
+            let upper = var.to_ascii_uppercase();
+            let Some(rest) = upper.strip_prefix("LEGATE__") else {
+                return false;
+            };
+            let first = rest.split("__").next().unwrap_or_default();
+            let first = first.split('[').next().unwrap_or_default();
+            ARRAYS.contains(&first) || rest.contains('[')
+        })
+        .map(|var| {
+            ConfigError::new(
+                "environment",
+                format!(
+                    "${var}: the [[models]], [[clients]], [[prices]] and [[limits]] entries come from the config file only; set them there"
+                ),
+            )
+        })
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    refused.sort_by(|a, b| a.message.cmp(&b.message));
+    Err(ConfigErrors(refused))
+}
+
 /// Each problem whose value came from a `LEGATE__…` override says so: the file holds another
 /// value, or none, and the operator looking at it would not find the one refused.
 fn name_overrides(mut errors: ConfigErrors, env: &HashMap<String, String>) -> ConfigErrors {
@@ -224,30 +281,48 @@ fn name_overrides(mut errors: ConfigErrors, env: &HashMap<String, String>) -> Co
 
 /// A provider's key source chosen in the environment replaces the file's: a key file given
 /// by `LEGATE__PROVIDERS__<NAME>__API_KEY_FILE` drops the file's `api_key_env` (the embedded
-/// default and the image's config set one), and an empty `…__API_KEY_ENV` unsets it. Else the
-/// two would be "both set", and switching a deployment to a mounted key file would need a
-/// config file of its own.
+/// default and the image's config set one), a variable named by `…__API_KEY_ENV` drops the
+/// file's `api_key_file` (the shipped deploy configs set one), and either set empty unsets
+/// its own. Else the two would be "both set", and switching a deployment from one source to
+/// the other would need a config file of its own. Both set non-empty in the environment stay
+/// both set, and are refused.
 fn key_source_from_env(file: &mut FileConfig, env: &HashMap<String, String>) {
-    for (var, value) in env {
-        let upper = var.to_ascii_uppercase();
-        let Some(rest) = upper.strip_prefix("LEGATE__PROVIDERS__") else {
+    let value_of = |name: &str, key: &str| {
+        let var = format!("LEGATE__PROVIDERS__{name}__{key}");
+        env.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(&var))
+            .map(|(_, v)| v.as_str())
+    };
+    let names: std::collections::BTreeSet<String> = env
+        .keys()
+        .filter_map(|var| {
+            let upper = var.to_ascii_uppercase();
+            let rest = upper.strip_prefix("LEGATE__PROVIDERS__")?;
+            let name = rest
+                .strip_suffix("__API_KEY_FILE")
+                .or_else(|| rest.strip_suffix("__API_KEY_ENV"))?;
+            Some(name.to_owned())
+        })
+        .collect();
+    for name in names {
+        let Some(p) = file.providers.get_mut(&name.to_ascii_lowercase()) else {
             continue;
         };
-        let (name, chosen) = if let Some(name) = rest.strip_suffix("__API_KEY_FILE") {
-            (name, !value.is_empty())
-        } else if let Some(name) = rest.strip_suffix("__API_KEY_ENV") {
-            (name, value.is_empty())
-        } else {
-            continue;
-        };
-        let sets_env = env.keys().any(|k| {
-            k.eq_ignore_ascii_case(&format!("LEGATE__PROVIDERS__{name}__API_KEY_ENV"))
-                && !env[k].is_empty()
-        });
-        if chosen && !sets_env {
-            if let Some(p) = file.providers.get_mut(&name.to_ascii_lowercase()) {
-                p.api_key_env = None;
-            }
+        let (key_file, key_env) = (
+            value_of(&name, "API_KEY_FILE"),
+            value_of(&name, "API_KEY_ENV"),
+        );
+        match (key_file, key_env) {
+            (Some(f), Some(e)) if !f.is_empty() && !e.is_empty() => {}
+            (Some(f), _) if !f.is_empty() => p.api_key_env = None,
+            (_, Some(e)) if !e.is_empty() => p.api_key_file = None,
+            _ => {}
+        }
+        if key_file == Some("") {
+            p.api_key_file = None;
+        }
+        if key_env == Some("") {
+            p.api_key_env = None;
         }
     }
 }

@@ -17,7 +17,12 @@ fn body_of(len: usize) -> String {
 #[tokio::test]
 async fn bodies_beyond_max_buffered_bytes_are_shed_with_529_until_the_share_comes_back() {
     let mock = harness::start_mock(legate::mock::Script::default()).await;
-    let toml = harness::config_toml_with(&mock.base_url(), "max_buffered_bytes = 100000\n", "", "");
+    let toml = harness::config_toml_with(
+        &mock.base_url(),
+        "max_buffered_bytes = 100000\nmax_body_bytes = 100000\n",
+        "",
+        "",
+    );
     let env = harness::start_toml(mock, &toml).await;
 
     // A slow upload declares 80 kB and sends part of it.
@@ -197,7 +202,10 @@ async fn room_for_one(url: &str, answer: usize, alias: &str) -> harness::Env {
     let models = format!("[[models]]\nname = \"{alias}\"\nchain = [\"anthropic:claude-b\"]\n");
     let toml = harness::config_toml_with(
         url,
-        &format!("max_buffered_bytes = {}\n", answer + 700_000),
+        &format!(
+            "max_buffered_bytes = {0}\nmax_body_bytes = {0}\n",
+            answer + 700_000
+        ),
         "",
         &models,
     );
@@ -227,7 +235,12 @@ async fn a_translated_answer_refused_for_memory_keeps_its_reservation() {
     })
     .await;
     let extra = "[[models]]\nname = \"xl\"\nchain = [\"anthropic:claude-b\"]\n[tenants.default]\ntokens_per_minute = 1000\n";
-    let toml = harness::config_toml_with(&up.url, "max_buffered_bytes = 100000\n", "", extra);
+    let toml = harness::config_toml_with(
+        &up.url,
+        "max_buffered_bytes = 100000\nmax_body_bytes = 100000\n",
+        "",
+        extra,
+    );
     let env = harness::start_alone(&toml).await;
     let xl = r#"{"model":"xl","max_tokens":600,"messages":[{"role":"user","content":"hi"}]}"#;
     assert_eq!(env.chat(xl).await.status(), 529);

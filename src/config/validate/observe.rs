@@ -16,14 +16,14 @@ const MAX_QUEUE: usize = 1 << 20;
 /// Largest capture prefix: the journal holds `size` of them, twice.
 const MAX_CAPTURE_BYTES: usize = 1 << 20;
 
-/// A directive of `filter` that is a word alone but no level (and not a module of legate's,
-/// which is a deliberate `legate` or `legate::…`).
+/// A directive of `filter` that is a word alone (no `=level`, no span filter) but no level,
+/// and not a module of legate's (a deliberate `legate` or `legate::…`): `warning`, `warn-only`
+/// or a pasted key would each log one unknown module alone.
 fn bare_word(filter: &str) -> Option<&str> {
     const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
     filter.split(',').map(str::trim).find(|d| {
         !d.is_empty()
-            && d.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            && !d.contains(['=', '['])
             && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d))
             && *d != "legate"
             && !d.starts_with("legate::")

@@ -35,6 +35,14 @@ pub(crate) fn build(files: &BTreeMap<String, ProviderFile>, cx: &mut Cx) -> Prov
         configs: BTreeMap::new(),
         kinds: BTreeMap::new(),
     };
+    if files.is_empty() {
+        // An empty `[providers]` table replaces the defaults with nothing: every request
+        // would be a 404.
+        cx.err(
+            "providers",
+            "no provider is configured; name at least one ([providers.NAME] with a kind), or leave [providers] out for the defaults",
+        );
+    }
     for (name, p) in files {
         let at = format!("providers.{name}");
         if !super::is_ident(name) {

@@ -45,6 +45,17 @@ pub(crate) fn build(s: &ServerFile, cx: &mut Cx) -> ServerConfig {
             ),
         );
     }
+    if s.max_body_bytes.get() > s.max_buffered_bytes.get() {
+        // Such a body could never be held: refused 529 with retry-after for ever, and retried.
+        cx.err(
+            "server.max_body_bytes",
+            format!(
+                "{} is more than server.max_buffered_bytes ({}), all the bodies legate holds at once: a body that size could never be read; lower it or raise max_buffered_bytes",
+                s.max_body_bytes.get(),
+                s.max_buffered_bytes.get()
+            ),
+        );
+    }
     ServerConfig {
         listen: s.listen,
         admin_listen: s.admin_listen,

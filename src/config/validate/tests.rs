@@ -617,7 +617,15 @@ fn an_environment_key_loses_its_trailing_newline() -> TestResult {
 /// the access log too, was then lost.
 #[test]
 fn a_word_that_is_no_level_is_refused_as_the_log_level() {
-    for bad in ["warning", "information", "info,debgu"] {
+    let pasted = "sk-ant-api03-SECRETSECRETSECRET1234567890abcdefXYZ";
+    for bad in [
+        "warning",
+        "information",
+        "info,debgu",
+        "warn-only",
+        "info,a.b",
+        pasted,
+    ] {
         let toml = format!("[log]\nlevel = \"{bad}\"\n");
         let errors = load_str(&toml, &no_env())
             .err()
@@ -627,6 +635,11 @@ fn a_word_that_is_no_level_is_refused_as_the_log_level() {
         assert_eq!(errors[0].path, "log.level");
         assert!(
             errors[0].message.contains("is not a level"),
+            "{}",
+            errors[0].message
+        );
+        assert!(
+            !errors[0].message.contains("SECRETSECRET"),
             "{}",
             errors[0].message
         );
@@ -750,4 +763,128 @@ fn a_refused_override_names_its_variable() {
         .map(|e| e.0[0].message.clone())
         .unwrap_or_default();
     assert!(!message.contains("the value of $"), "{message}");
+}
+
+/// A body larger than every body legate holds at once could never be read: refused 529 with
+/// `retry-after` for ever. The two bounds are checked against each other.
+#[test]
+fn a_body_limit_past_the_buffered_bound_is_refused() {
+    let errors = load_str(
+        "[server]\nmax_body_bytes = 100000\nmax_buffered_bytes = 1000\n",
+        &no_env(),
+    )
+    .err()
+    .map(|e| e.0)
+    .unwrap_or_default();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "server.max_body_bytes");
+    assert!(
+        load_str(
+            "[server]\nmax_body_bytes = 1000\nmax_buffered_bytes = 1000\n",
+            &no_env()
+        )
+        .is_ok()
+    );
+}
+
+/// An empty `[providers]` table replaces the defaults with nothing, and is refused.
+#[test]
+fn an_empty_providers_table_is_refused() {
+    let errors = load_str("[providers]\n", &no_env())
+        .err()
+        .map(|e| e.0)
+        .unwrap_or_default();
+    assert!(errors.iter().any(|e| e.path == "providers"), "{errors:?}");
+}
+
+/// `[[…]]` entries come from the file alone: an override the `config` crate would take by
+/// index (replacing a whole client or model) is refused, naming its variable.
+#[test]
+fn overrides_of_the_arrays_are_refused_by_name() {
+    let file = "[[models]]\nname = \"m\"\nchain = [\"anthropic:claude-x\"]\n";
+    for var in [
+        "LEGATE__CLIENTS[0]__TENANT",
+        "LEGATE__MODELS[0]__NAME",
+        "LEGATE__MODELS__0__NAME",
+        "legate__prices__model",
+    ] {
+        let env = crate::config::load::env_of(&[(var, "x")]);
+        let errors = load_str(file, &env).err().map(|e| e.0).unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{var}: {errors:?}");
+        assert!(errors[0].message.contains(var), "{}", errors[0].message);
+    }
+    let env = crate::config::load::env_of(&[("LEGATE__RETRY__MAX_ATTEMPTS", "5")]);
+    assert!(load_str(file, &env).is_ok());
+}
+
+/// A key source chosen in the environment replaces the file's either way: a variable named
+/// there drops the file's key file, and a key file given there drops the file's variable.
+#[test]
+fn a_key_source_from_the_environment_replaces_the_files() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-test-key\n")?;
+    let with_file = format!(
+        "[providers.anthropic]\nkind = \"anthropic\"\napi_key_file = \"{}\"\n",
+        key.display()
+    );
+    let env = crate::config::load::env_of(&[(
+        "LEGATE__PROVIDERS__ANTHROPIC__API_KEY_ENV",
+        "ANTHROPIC_API_KEY",
+    )]);
+    let cfg = load_str(&with_file, &env)?;
+    assert!(matches!(
+        cfg.providers["anthropic"].key,
+        crate::config::KeySource::Env { .. }
+    ));
+    let with_env =
+        "[providers.anthropic]\nkind = \"anthropic\"\napi_key_env = \"ANTHROPIC_API_KEY\"\n";
+    let path = key.display().to_string();
+    let env = crate::config::load::env_of(&[(
+        "LEGATE__PROVIDERS__ANTHROPIC__API_KEY_FILE",
+        path.as_str(),
+    )]);
+    let cfg = load_str(with_env, &env)?;
+    assert!(matches!(
+        cfg.providers["anthropic"].key,
+        crate::config::KeySource::File { .. }
+    ));
+    // Both set in the environment stay both set, and are refused.
+    let env = crate::config::load::env_of(&[
+        ("LEGATE__PROVIDERS__ANTHROPIC__API_KEY_FILE", path.as_str()),
+        (
+            "LEGATE__PROVIDERS__ANTHROPIC__API_KEY_ENV",
+            "ANTHROPIC_API_KEY",
+        ),
+    ]);
+    assert!(load_str(with_env, &env).is_err());
+    Ok(())
+}
+
+/// A config file is read only when it is a regular file of at most 16 MiB: `--config
+/// /dev/zero` took the process's memory, and a FIFO would hold `serve` for ever.
+#[test]
+fn a_config_file_is_a_bounded_regular_file() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let huge = dir.path().join("huge.toml");
+    std::fs::write(&huge, vec![b'#'; (16 << 20) + 1])?;
+    let message = |path: &std::path::Path| match crate::config::load_with_env(Some(path), &no_env())
+    {
+        Err(e) => e.0.first().map(|e| e.message.clone()).unwrap_or_default(),
+        Ok(_) => String::new(),
+    };
+    assert!(
+        message(&huge).contains("larger than 16 MiB"),
+        "{}",
+        message(&huge)
+    );
+    assert!(
+        message(std::path::Path::new("/dev/zero")).contains("not a regular file"),
+        "{}",
+        message(std::path::Path::new("/dev/zero"))
+    );
+    let fine = dir.path().join("fine.toml");
+    std::fs::write(&fine, "# nothing\n")?;
+    assert!(crate::config::load_with_env(Some(&fine), &no_env()).is_ok());
+    Ok(())
 }
