@@ -194,25 +194,18 @@ fn merge_and_validate(
     if !has_providers {
         builder = builder.add_source(File::from_str(DEFAULT_PROVIDERS_TOML, FileFormat::Toml));
     }
-    // Amounts in USD are exact decimal strings: parsed as numbers they would go through a
-    // float (`…234.567891` read back as `…234.568`) and take forms the file refuses (`1e2`).
-    let exact = |k: &String| k.to_ascii_uppercase().ends_with("_USD");
-    let overrides = |parse: bool| {
-        Environment::with_prefix("LEGATE")
-            .separator("__")
-            .try_parsing(parse)
-            .source(Some(
-                env.iter()
-                    .filter(|(k, _)| exact(k) != parse)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            ))
-    };
+    // Every override is read as the string it is: the typed reader (`de`) makes a number or a
+    // boolean of one only where the key takes a number or a boolean. Parsed here, a string
+    // that looks like a number was rewritten (a collector header `007` sent as `7`, a project
+    // id `0123` as `123`), and an amount in USD went through a float.
+    let overrides = Environment::with_prefix("LEGATE")
+        .separator("__")
+        .try_parsing(false)
+        .source(Some(env.clone()));
     // The crate's message may quote an override's value, which may be a key: not shown.
     let merged = builder
         .add_source(File::from_str(toml, FileFormat::Toml))
-        .add_source(overrides(true))
-        .add_source(overrides(false))
+        .add_source(overrides)
         .build()
         .map_err(|_| {
             ConfigError::new(

@@ -888,3 +888,29 @@ fn a_config_file_is_a_bounded_regular_file() -> TestResult {
     assert!(crate::config::load_with_env(Some(&fine), &no_env()).is_ok());
     Ok(())
 }
+
+/// An override is the string it is unless its key takes a number or a boolean: a string that
+/// looks like a number stays as it was written.
+#[test]
+fn overrides_keep_strings_and_type_numbers_and_booleans() -> TestResult {
+    let env = crate::config::load::env_of(&[
+        ("LEGATE__TELEMETRY__SERVICE_NAME", "1.50"),
+        ("LEGATE__TELEMETRY__HEADERS__X_SCOPE_ORGID", "007"),
+        ("LEGATE__RETRY__MAX_ATTEMPTS", "5"),
+        ("LEGATE__PROVIDERS__OPENAI__RESPONSES", "false"),
+    ]);
+    let cfg = load_str("", &env)?;
+    assert_eq!(cfg.observe.telemetry.service_name, "1.50");
+    assert!(
+        cfg.observe
+            .telemetry
+            .headers
+            .iter()
+            .any(|(k, v)| k == "x_scope_orgid" && v == "007"),
+        "{:?}",
+        cfg.observe.telemetry.headers
+    );
+    assert_eq!(cfg.retry.max_attempts, 5);
+    assert!(!cfg.providers["openai"].responses);
+    Ok(())
+}
