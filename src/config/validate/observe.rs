@@ -87,21 +87,25 @@ fn build_telemetry(t: &TelemetryFile, cx: &mut Cx) -> TelemetryConfig {
 
     let (traces_endpoint, metrics_endpoint) = match &t.otlp_endpoint {
         Some(b) => {
-            check_url(b, "telemetry.otlp_endpoint", cx);
+            check_base(b, "telemetry.otlp_endpoint", cx);
             (Some(join(b, "v1/traces")), Some(join(b, "v1/metrics")))
         }
         None => {
-            let from_base = |signal: &str| env_base.as_ref().map(|b| join(b, signal));
-            let traces = env_traces.clone().or_else(|| from_base("v1/traces"));
-            let metrics = env_metrics.clone().or_else(|| from_base("v1/metrics"));
+            // Each URL is checked under the variable the operator set.
+            if let Some(b) = &env_base {
+                check_base(b, "OTEL_EXPORTER_OTLP_ENDPOINT", cx);
+            }
             for (var, url) in [
-                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces),
-                ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", &metrics),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &env_traces),
+                ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", &env_metrics),
             ] {
                 if let Some(u) = url {
                     check_url(u, var, cx);
                 }
             }
+            let from_base = |signal: &str| env_base.as_ref().map(|b| join(b, signal));
+            let traces = env_traces.clone().or_else(|| from_base("v1/traces"));
+            let metrics = env_metrics.clone().or_else(|| from_base("v1/metrics"));
             (traces, metrics)
         }
     };
@@ -130,10 +134,25 @@ fn build_telemetry(t: &TelemetryFile, cx: &mut Cx) -> TelemetryConfig {
             }
             out
         }
-        None => env_headers
-            .as_deref()
-            .map(parse_header_list)
-            .unwrap_or_default(),
+        None => {
+            let (headers, bad) = env_headers
+                .as_deref()
+                .map(parse_header_list)
+                .unwrap_or_default();
+            if !bad.is_empty() {
+                // Dropped in silence, the collector's credentials went missing and its 401s
+                // were the first sign. Positions only: a value may be a token.
+                let at: Vec<String> = bad.iter().map(ToString::to_string).collect();
+                cx.err(
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    format!(
+                        "entry {} is not `name=value` with a header name and a value HTTP allows (values percent-encoded); entries are comma-separated",
+                        at.join(", ")
+                    ),
+                );
+            }
+            headers
+        }
     };
     let service_name = match &t.service_name {
         Some(s) if s.trim().is_empty() => {
@@ -183,6 +202,18 @@ fn join(base: &str, signal: &str) -> String {
     format!("{}/{signal}", base.trim_end_matches('/'))
 }
 
+/// A base URL, to which `/v1/traces` and `/v1/metrics` are appended: a query would end up
+/// before them.
+fn check_base(url: &str, path: &str, cx: &mut Cx) {
+    check_url(url, path, cx);
+    if url.contains('?') {
+        cx.err(
+            path,
+            "a base URL takes no query (the signal's path is appended to it); give the collector's credentials as headers",
+        );
+    }
+}
+
 fn check_url(url: &str, path: &str, cx: &mut Cx) {
     let parsed = url.parse::<http::Uri>().ok();
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
@@ -205,15 +236,27 @@ fn check_url(url: &str, path: &str, cx: &mut Cx) {
 }
 
 /// `k1=v1,k2=v2` (values may be percent-encoded per the OTel spec; `%20` and friends decoded).
-fn parse_header_list(s: &str) -> Vec<(String, String)> {
-    s.split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), percent_decode(v.trim())))
-        .filter(|(k, v)| {
-            http::HeaderName::from_bytes(k.as_bytes()).is_ok()
-                && http::HeaderValue::from_str(v).is_ok()
-        })
-        .collect()
+/// The entries that are headers, and the 1-based positions of those that are not (empty
+/// entries, as a trailing comma leaves, are skipped).
+fn parse_header_list(s: &str) -> (Vec<(String, String)>, Vec<usize>) {
+    let (mut headers, mut bad) = (Vec::new(), Vec::new());
+    for (i, kv) in s.split(',').enumerate() {
+        if kv.trim().is_empty() {
+            continue;
+        }
+        let header = kv
+            .split_once('=')
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), percent_decode(v.trim())))
+            .filter(|(k, v)| {
+                http::HeaderName::from_bytes(k.as_bytes()).is_ok()
+                    && http::HeaderValue::from_str(v).is_ok()
+            });
+        match header {
+            Some(h) => headers.push(h),
+            None => bad.push(i + 1),
+        }
+    }
+    (headers, bad)
 }
 
 fn percent_decode(s: &str) -> String {

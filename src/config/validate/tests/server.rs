@@ -66,3 +66,50 @@ fn an_otlp_url_with_credentials_is_refused_without_echo() {
         .is_ok()
     );
 }
+
+/// Each collector URL is checked under the variable that was set; a base URL takes no query
+/// (the signal's path would follow it); and an `OTEL_EXPORTER_OTLP_HEADERS` entry that is no
+/// header is refused by position, never dropped in silence nor quoted.
+#[test]
+fn otlp_variables_are_checked_under_their_own_names() {
+    let errs = |vars: &[(&str, &str)]| match load_str("", &env_of(vars)) {
+        Err(e) => {
+            e.0.iter()
+                .map(|e| (e.path.clone(), e.message.clone()))
+                .collect()
+        }
+        Ok(_) => Vec::new(),
+    };
+    let got = errs(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "OTEL_EXPORTER_OTLP_ENDPOINT");
+    let got = errs(&[(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "http://c:4318/?api_key=SECRET42",
+    )]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].1.contains("takes no query") && !got[0].1.contains("SECRET42"),
+        "{got:?}"
+    );
+    let got = errs(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "x-org=7,Authorization: Bearer SECRET42,,k=v",
+        ),
+    ]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "OTEL_EXPORTER_OTLP_HEADERS");
+    assert!(
+        got[0].1.contains("entry 2 ") && !got[0].1.contains("SECRET42"),
+        "{got:?}"
+    );
+    assert!(
+        errs(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20x,"),
+        ])
+        .is_empty()
+    );
+}
