@@ -93,6 +93,15 @@ const FAMILIES: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+/// A pacing slot booked for one call ([`Pacer::book`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Booking {
+    /// How long the call waits for its slot.
+    pub wait: Duration,
+    slot: Instant,
+    next: Instant,
+}
+
 impl Pacer {
     pub fn new(provider: &str, gauge: GaugeVec) -> Self {
         Pacer {
@@ -201,7 +210,13 @@ impl Pacer {
     }
 
     /// How long a call of priority `p` should wait before it is sent; `None` for no wait.
+    #[cfg(test)]
     pub fn delay(&self, p: Priority, pace_below: f64) -> Option<Duration> {
+        self.book(p, pace_below).map(|b| b.wait)
+    }
+
+    /// A slot booked: the wait until it, and what gives it back ([`Pacer::give_back`]).
+    pub fn book(&self, p: Priority, pace_below: f64) -> Option<Booking> {
         if p == Priority::Interactive {
             return None;
         }
@@ -217,9 +232,20 @@ impl Pacer {
         let slots = u32::try_from(t.remaining.max(1)).unwrap_or(u32::MAX);
         let interval = t.reset_at.saturating_duration_since(now) / slots;
         let slot = st.next_slot.map_or(now, |n| n.max(now)).min(t.reset_at);
-        st.next_slot = Some((slot + interval).min(t.reset_at));
+        let next = (slot + interval).min(t.reset_at);
+        st.next_slot = Some(next);
         let wait = slot.saturating_duration_since(now);
-        (!wait.is_zero()).then_some(wait)
+        (!wait.is_zero()).then_some(Booking { wait, slot, next })
+    }
+
+    /// A booked slot the call will not use (it was shed before it was sent) is given back
+    /// when no later call has booked since: otherwise every shed call a client retries would
+    /// push the calls that do wait further towards the reset.
+    pub fn give_back(&self, b: Booking) {
+        let mut st = self.lock();
+        if st.next_slot == Some(b.next) {
+            st.next_slot = Some(b.slot);
+        }
     }
 
     /// For `/admin/state`.
@@ -340,6 +366,31 @@ mod tests {
         // After the reset nothing waits.
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(p.delay(Priority::Batch, 0.2), None);
+    }
+
+    /// A slot given back (its call was shed) is the next call's; one given back after a later
+    /// booking stays taken, so no two calls share a slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_given_back_is_booked_again() {
+        let p = pacer();
+        p.observe(&headers(&[
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "4"),
+            ("x-ratelimit-reset-requests", "2s"),
+        ]));
+        assert!(p.book(Priority::Batch, 0.2).is_none());
+        let shed = p.book(Priority::Batch, 0.2).unwrap();
+        assert_eq!(shed.wait, Duration::from_millis(500));
+        p.give_back(shed);
+        let again = p.book(Priority::Batch, 0.2).unwrap();
+        assert_eq!(again.wait, Duration::from_millis(500));
+        let later = p.book(Priority::Batch, 0.2).unwrap();
+        assert_eq!(later.wait, Duration::from_millis(1000));
+        p.give_back(again);
+        assert_eq!(
+            p.book(Priority::Batch, 0.2).map(|b| b.wait),
+            Some(Duration::from_millis(1500))
+        );
     }
 
     /// More callers than the limit has left wait for the reset, and no longer: slots spaced

@@ -381,24 +381,27 @@ async fn turn(call: &Call<'_>) -> Result<(Permit, bool), Exchanged> {
     let paced = if call.probe {
         None
     } else {
-        up.pacer.delay(inb.priority, snap.cfg.shedding.pace_below)
+        up.pacer.book(inb.priority, snap.cfg.shedding.pace_below)
     };
     let waited = paced.is_some();
-    if let Some(wait) = paced {
+    if let Some(booked) = paced {
+        let wait = booked.wait;
         // A wait the deadline cannot cover is a refusal before any attempt: shed (529), with
-        // the pacer's wait as its retry-after, not a 504 that tells the SDK not to retry.
-        if Instant::now() + wait >= inb.deadline {
-            up.gate.count_shed(inb.priority);
-            return Err(Exchanged::Shed(ProxyError::Shed {
+        // the pacer's wait as its retry-after, not a 504 that tells the SDK not to retry. A
+        // call shed gives its slot back; either way it is told to come back at its slot.
+        let shed = |booked| {
+            up.pacer.give_back(booked);
+            Exchanged::Shed(ProxyError::Shed {
                 retry_after: wait.max(Duration::from_secs(1)),
                 counting: false,
-            }));
+            })
+        };
+        if Instant::now() + wait >= inb.deadline {
+            up.gate.count_shed(inb.priority);
+            return Err(shed(booked));
         }
         if up.gate.pace(inb.priority, wait).await.is_err() {
-            return Err(Exchanged::Shed(ProxyError::Shed {
-                retry_after: Duration::from_secs(1),
-                counting: false,
-            }));
+            return Err(shed(booked));
         }
     }
     let shed = |_| {

@@ -75,6 +75,34 @@ async fn a_reservation_that_can_never_fit_is_a_400() {
     assert_eq!(env.mock.stats().requests, 0);
 }
 
+/// The input is an estimate (bytes / 4), far above what the provider bills for an image's
+/// base64: a prompt estimated past the whole minute reserves the whole minute and is served,
+/// not refused for ever. An OpenAI caller that sends no `max_tokens` to a tenant whose minute
+/// is below `default_output_reservation` is served too (it was a 400 naming a `max_tokens` it
+/// never sent).
+#[tokio::test]
+async fn an_estimate_past_the_minute_waits_for_a_full_bucket_instead_of_a_400() {
+    let env = harness::start("[tenants.default]\ntokens_per_minute = 1000\n").await;
+    let image = "A".repeat(40_000);
+    let body = format!(
+        r#"{{"model":"claude-t","max_tokens":10,"messages":[{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{image}"}}}}]}}]}}"#
+    );
+    let first = env.messages(body.clone()).await;
+    assert_eq!(first.status(), 200);
+    let _ = first.bytes().await.unwrap();
+    // It took the whole minute: the next waits for the bucket.
+    let second = env.messages(body).await;
+    assert_eq!(second.status(), 429);
+    assert_eq!(env.mock.stats().requests, 1);
+
+    let env = harness::start("[tenants.default]\ntokens_per_minute = 2000\n").await;
+    let chat = env
+        .chat(r#"{"model":"gpt-t","messages":[{"role":"user","content":"hi"}]}"#)
+        .await;
+    assert_eq!(chat.status(), 200);
+    assert_eq!(env.mock.stats().requests, 1);
+}
+
 async fn settles(stream: bool) {
     let env = harness::start_with(
         legate::mock::Script::from_json(

@@ -26,7 +26,9 @@ impl Bucket {
         let cap = i128::from(limit_per_min) * UNITS_PER_TOKEN;
         let elapsed = i128::from(now_ms.saturating_sub(self.last_ms));
         self.level = (self.level + elapsed * i128::from(limit_per_min)).min(cap);
-        self.last_ms = self.last_ms.max(now_ms);
+        // A time ahead of the clock (a wall clock stepped back) is not kept: kept, the bucket
+        // would refill only once the clock caught up with it.
+        self.last_ms = now_ms;
     }
 
     /// Takes `n` tokens, or says how many milliseconds until they would be there.
@@ -65,6 +67,19 @@ mod tests {
         assert_eq!(b.take(3, 1, 0), Err(20_000));
         assert_eq!(b.take(3, 1, 19_999), Err(1));
         assert_eq!(b.take(3, 1, 20_000), Ok(()));
+    }
+
+    /// A clock stepped back freezes the bucket for no longer than the step's own refill:
+    /// it refills again from the earlier time on.
+    #[test]
+    fn a_time_ahead_of_the_clock_is_not_kept() {
+        let mut b = Bucket::full(60, 1_000_000_000);
+        for _ in 0..60 {
+            assert_eq!(b.take(60, 1, 1_000_000_000), Ok(()));
+        }
+        // The clock steps back by a day: one token a second from then on.
+        assert_eq!(b.take(60, 1, 1_000), Err(1_000));
+        assert_eq!(b.take(60, 1, 2_000), Ok(()));
     }
 
     #[test]

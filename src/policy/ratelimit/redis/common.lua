@@ -34,10 +34,16 @@ local function now_ms(override)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A number a bucket can hold: finite (tonumber reads 'nan' and 'inf' too, which would be
+-- written back and fail PEXPIRE on every later call).
+local function finite(x)
+  return x ~= nil and x == x and x ~= math.huge and x ~= -math.huge
+end
+
 local function load(key, limit, now)
   local v = redis.call('HMGET', key, 'level', 'last_ms')
   local level, last = tonumber(v[1]), tonumber(v[2])
-  if level == nil or last == nil then
+  if not finite(level) or not finite(last) then
     return { level = limit * UNITS, last = now }
   end
   return { level = level, last = last }
@@ -53,7 +59,9 @@ local function refill(b, limit, now)
   local cap = limit * UNITS
   local elapsed = math.max(now - b.last, 0)
   b.level = math.min(b.level + elapsed * limit, cap)
-  b.last = math.max(b.last, now)
+  -- A time ahead of the clock (the clock stepped back, or the key was written wrong) is not
+  -- kept: kept, the bucket would refill only once the clock caught up with it.
+  b.last = now
 end
 
 -- Takes n tokens and returns nil, or returns the milliseconds until they would be there.

@@ -435,6 +435,59 @@ fn holds_whose_set_is_gone_hold_nothing_and_the_set_lives_as_long_as_the_sum() {
     });
 }
 
+/// A bucket whose time is ahead of the server's clock (the clock stepped back, or the key was
+/// written wrong) refills from the clock's time, and one holding what is no number (`nan`,
+/// `inf`) is a new bucket: the first froze its tenant while it kept retrying, the second
+/// failed every later call at PEXPIRE.
+#[test]
+fn a_bucket_ahead_of_the_clock_or_not_a_number_does_not_lock_its_tenant_out() {
+    let Some((server, redis, rt)) = store_on_server() else {
+        return;
+    };
+    let client = Client::open(server.url()).unwrap();
+    let now = 20_000 * DAY_MS;
+    rt.block_on(async {
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let write = |key: &'static str, level: &'static str, last: &'static str| {
+            let mut conn = conn.clone();
+            async move {
+                redis::cmd("HSET")
+                    .arg(key)
+                    .arg("level")
+                    .arg(level)
+                    .arg("last_ms")
+                    .arg(last)
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .unwrap()
+            }
+        };
+        write("legate:rl:{ahead}:req", "0", "99999999999999").await;
+        redis.pin_clock(now);
+        let first = redis
+            .admit(&ask("ahead", 60, 0, 0, 0), Now { ms: now })
+            .await;
+        assert!(matches!(first, Ok(Decision::Refuse { .. })), "{first:?}");
+        // One request of 60/min is there a second later.
+        redis.pin_clock(now + 1_000);
+        let later = redis
+            .admit(&ask("ahead", 60, 0, 0, 0), Now { ms: now + 1_000 })
+            .await;
+        assert_eq!(later.unwrap(), Decision::Admit);
+        for (tenant, key, level) in [
+            ("nan", "legate:rl:{nan}:req", "nan"),
+            ("inf", "legate:rl:{inf}:req", "-inf"),
+        ] {
+            write(key, level, "1000").await;
+            let got = redis
+                .admit(&ask(tenant, 60, 0, 0, 0), Now { ms: now + 1_000 })
+                .await;
+            assert_eq!(got.unwrap(), Decision::Admit, "{tenant}");
+        }
+        let _ = &mut conn;
+    });
+}
+
 #[test]
 fn buckets_expire_once_they_would_be_full_and_spend_after_two_days() {
     let Some((server, redis, rt)) = store_on_server() else {
