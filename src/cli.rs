@@ -26,6 +26,7 @@ pub enum Command {
     },
     /// Validate a config and print it, secrets masked. Exit 0 valid, 1 invalid.
     Check {
+        /// Config file (else $LEGATE_CONFIG, else ./config/legate.toml, else the embedded default).
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -52,7 +53,8 @@ pub enum Command {
     /// Run the bundled headless agent loop through legate.
     #[command(
         after_help = "Exit codes: 0 finished, 1 could not run, 2 max turns, 3 token budget, \
-                      4 truncated reply, 5 upstream error, 130 cancelled (Ctrl-C)."
+                      4 truncated reply, 5 upstream error, 64 a command line that cannot run, \
+                      130 cancelled (Ctrl-C; 143 on SIGTERM, 129 on SIGHUP)."
     )]
     Agent(crate::agent::AgentArgs),
 }

@@ -105,12 +105,16 @@ pub fn oauth_token(
         return Err(format!("{what} sent an empty access_token"));
     }
     // Any number of seconds may come; no credential is kept longer than `MAX_LIFE` anyway, and
-    // the sum must not overflow.
-    let expiry = t
-        .expires_in
-        .map(|s| std::time::SystemTime::now() + Duration::from_secs(s).min(super::cache::MAX_LIFE));
-    Ok((t.access_token, expiry))
+    // the sum must not overflow. A token said to have no life at all is given the usual one:
+    // kept as never expiring, it would be renewed only once the platform refused it.
+    let life = t.expires_in.map_or(ASSUMED_TOKEN_LIFE, Duration::from_secs);
+    let expiry = std::time::SystemTime::now() + life.min(super::cache::MAX_LIFE);
+    Ok((t.access_token, Some(expiry)))
 }
+
+/// The life taken for an OAuth2 token whose answer gives none (RFC 6749 §5.1 makes
+/// `expires_in` only recommended): an hour, the life Google and Entra give their tokens.
+pub const ASSUMED_TOKEN_LIFE: Duration = Duration::from_secs(3600);
 
 /// Reads a token file (a projected service-account token: re-read on every refresh, since the
 /// kubelet rotates it).
@@ -123,4 +127,25 @@ pub async fn read_token_file(path: &std::path::Path, what: &str) -> Result<Strin
         return Err(format!("the {what} {} is empty", path.display()));
     }
     Ok(t.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    /// A token answer without `expires_in` is given the usual hour, so that it is renewed
+    /// ahead of time like any other; one with it keeps its own life.
+    #[test]
+    fn a_token_without_a_life_gets_an_hour() {
+        let life = |body: &str| {
+            let (_, exp) = oauth_token(body.as_bytes(), "t").unwrap();
+            exp.unwrap()
+                .duration_since(SystemTime::now())
+                .unwrap()
+                .as_secs()
+        };
+        assert!((3590..=3600).contains(&life(r#"{"access_token":"a"}"#)));
+        assert!((110..=120).contains(&life(r#"{"access_token":"a","expires_in":120}"#)));
+    }
 }

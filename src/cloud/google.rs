@@ -267,6 +267,8 @@ async fn impersonate(client: &FetchClient, url: &str, federated: &str) -> Result
         aws_smithy_types::date_time::Format::DateTime,
     )
     .ok()
-    .and_then(|d| SystemTime::try_from(d).ok());
+    .and_then(|d| SystemTime::try_from(d).ok())
+    // An expiry that cannot be read is taken as the usual hour, not as none (see `fetch`).
+    .or_else(|| Some(SystemTime::now() + fetch::ASSUMED_TOKEN_LIFE));
     Ok((t.access_token, expires))
 }

@@ -221,9 +221,10 @@ impl Proxy {
         let rid = self.ids.next_id();
         let snap = self.snapshot.load_full();
         let endpoint = inbound::classify(req.method(), req.uri().path());
-        // One model is answered in the caller's own shape, told apart by its headers.
+        // The model list and one model are answered (and counted) in the caller's own shape,
+        // told apart by its headers: both APIs share their paths.
         let api = match endpoint {
-            Some(e) if e.op != Operation::Model => e.api,
+            Some(e) if !matches!(e.op, Operation::Model | Operation::Models) => e.api,
             _ => inbound::shape_for_unknown(req.headers()),
         };
         let http1 = matches!(
@@ -251,7 +252,17 @@ impl Proxy {
         let mut rec = RequestRecord::new(self.metrics.clone(), api_label, started);
         rec.observe(obs.clone());
         if websocket {
-            let refused = responses::refuse_websocket(rec, &obs, &rid.render());
+            // legate's own headers, as on every other answer (`x-legate-overhead-ms`).
+            let mut refused = responses::refuse_websocket(&obs);
+            let stamped = self.stamp(
+                &mut refused,
+                exchange::Spent::default(),
+                started,
+                api_label,
+                &obs,
+            );
+            rec.finish_at(426, stamped);
+            response::set_header_owned(&mut refused, "x-legate-request-id", rid.render());
             return Either::Left(std::future::ready(Ok(refused)));
         }
         let span = obs.span().clone();
@@ -285,6 +296,7 @@ impl Proxy {
                         && matches!(
                             err,
                             ProxyError::CredentialUnavailable { .. }
+                                | ProxyError::NoProviderKey { .. }
                                 | ProxyError::Shed { .. }
                                 | ProxyError::AllBreakersOpen { .. }
                                 | ProxyError::DeadlineExceeded

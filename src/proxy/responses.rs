@@ -14,7 +14,6 @@ use crate::config::{Config, StoreKind};
 use crate::error::ProxyError;
 use crate::observe::RequestObs;
 use crate::proxy::buffers::{self, AnswerShare, BufferBudget};
-use crate::proxy::record::RequestRecord;
 use crate::proxy::response::ProxyBody;
 use crate::proxy::upbody::{Raw, UpstreamBody};
 use crate::proxy::upread::{self, Whole};
@@ -51,18 +50,11 @@ pub fn is_websocket_upgrade(method: &Method, path: &str, headers: &HeaderMap) ->
 }
 
 /// Refuses a WebSocket upgrade before the key or the body is read, so that a WebSocket-first
-/// client falls back at once; counted (api="responses", status 426) and logged, so the
-/// fallback can be seen.
-pub(crate) fn refuse_websocket(
-    rec: RequestRecord,
-    obs: &RequestObs,
-    request_id: &str,
-) -> Response<ProxyBody> {
+/// client falls back at once; the caller stamps, counts (api="responses", status 426) and
+/// logs it, so the fallback can be seen.
+pub(crate) fn refuse_websocket(obs: &RequestObs) -> Response<ProxyBody> {
     obs.update(|f| f.error_type = Some("websocket_not_supported"));
-    rec.finish(426);
-    let mut resp = upgrade_required();
-    crate::proxy::response::set_header(&mut resp, "x-legate-request-id", request_id);
-    resp
+    upgrade_required()
 }
 
 fn upgrade_required() -> Response<ProxyBody> {
@@ -221,6 +213,7 @@ pub async fn stored_response(
     let upstream_path = format!("/v1/responses/{rest}");
     let answer = forward(
         up,
+        &up.name,
         (answers, max),
         method.clone(),
         &upstream_path,
@@ -244,9 +237,12 @@ pub async fn stored_response(
 
 /// One plain upstream call for the small endpoints: credential injected, answer passed back,
 /// held whole as the chain's answers are (counted in `answers` with bound `max`, at most
-/// 16 MiB).
+/// 16 MiB). `served_by` is what `x-legate-served-by` names: the step's `provider:model`, or
+/// the provider alone where no model is asked for (a stored response's id).
+#[allow(clippy::too_many_arguments)]
 pub async fn forward(
     up: &Upstream,
+    served_by: &str,
     (answers, max): (&Arc<BufferBudget>, usize),
     method: Method,
     path: &str,
@@ -337,7 +333,7 @@ pub async fn forward(
     if let Some(r) = redact {
         r.headers(out.headers_mut());
     }
-    crate::proxy::response::set_header(&mut out, "x-legate-served-by", &up.name);
+    crate::proxy::response::set_header_text(&mut out, "x-legate-served-by", served_by);
     Ok(out)
 }
 
@@ -373,6 +369,7 @@ pub async fn input_tokens(
                 .map_err(|message| ProxyError::InvalidRequest { message })?;
             return forward(
                 up,
+                step.target(),
                 (answers, snap.cfg.server.limits.max_buffered_bytes),
                 Method::POST,
                 "/v1/responses/input_tokens",

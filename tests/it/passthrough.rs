@@ -203,6 +203,33 @@ chain = ["anthropic:claude-a", { target = "anthropic:claude-b", max_tokens = 100
     assert_eq!(v["has_more"], false);
 }
 
+/// The model list is one path for both APIs: it is counted under the API whose shape the
+/// caller's headers name (an Anthropic SDK sends `anthropic-version`, an OpenAI one does not),
+/// as one model is, and its errors come in that shape.
+#[tokio::test]
+async fn the_model_list_is_counted_under_the_callers_api() {
+    let env = harness::start("").await;
+    let openai = env.http.get(env.url("/v1/models")).send().await.unwrap();
+    assert_eq!(openai.status(), 200);
+    env.wait_metric("legate_requests_total", &[("api", "openai")], 1.0)
+        .await;
+    let anthropic = env
+        .http
+        .get(env.url("/v1/models"))
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anthropic.status(), 200);
+    env.wait_metric("legate_requests_total", &[("api", "anthropic")], 1.0)
+        .await;
+    assert_eq!(
+        env.metric("legate_requests_total", &[("api", "openai")])
+            .await,
+        Some(1.0)
+    );
+}
+
 #[tokio::test]
 async fn head_on_the_model_paths_is_get_without_the_body() {
     let env = harness::start(

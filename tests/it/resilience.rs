@@ -663,3 +663,35 @@ async fn a_request_refused_before_sending_spends_no_requests_per_minute() {
     assert_eq!(env.messages(large(false)).await.status(), 429);
     assert_eq!(env.mock.stats().requests, 2);
 }
+
+/// A provider with no key is refused by legate before anything is sent: the 500 gives back
+/// what it took from `requests_per_minute`, as the other refusals before sending do.
+#[tokio::test]
+async fn a_provider_without_a_key_spends_no_requests_per_minute() {
+    let env = with_script(
+        "[tenants.default]\nrequests_per_minute = 2\n\n\
+         [providers.keyless]\nkind = \"anthropic\"\nbase_url = \"{MOCK}\"\n\
+         api_key_env = \"LEGATE_TEST_KEY_NEVER_SET\"\n\n\
+         [[models]]\nname = \"keyless\"\nchain = [\"keyless:claude-x\"]\n",
+        r#"{"replies":[]}"#,
+    )
+    .await;
+    let body = r#"{"model":"keyless","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..3 {
+        let resp = env.messages(body).await;
+        assert_eq!(resp.status(), 500);
+        let err: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["type"], "api_error", "{err}");
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no API key")),
+            "{err}"
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(env.messages(large(false)).await.status(), 200);
+    }
+    assert_eq!(env.messages(large(false)).await.status(), 429);
+    assert_eq!(env.mock.stats().requests, 2);
+}

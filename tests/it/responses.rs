@@ -291,7 +291,16 @@ async fn a_websocket_upgrade_gets_426_at_once() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 426);
+    // legate's own headers, as on every answer.
+    assert!(resp.headers().contains_key("x-legate-overhead-ms"));
+    assert!(resp.headers().contains_key("x-legate-request-id"));
     assert!(env.mock.requests().is_empty());
+    env.wait_metric(
+        "legate_requests_total",
+        &[("api", "responses"), ("status", "426")],
+        1.0,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -306,6 +315,8 @@ async fn input_tokens_is_forwarded_or_estimated() {
     let forwarded = post("fast").await.unwrap();
     assert_eq!(forwarded.status(), 200);
     assert!(forwarded.headers().get("x-legate-estimate").is_none());
+    // The step that answered, as on every upstream answer: provider and model.
+    assert_eq!(forwarded.headers()["x-legate-served-by"], "openai:gpt-real");
     let estimated = post("agent").await.unwrap();
     assert_eq!(estimated.headers()["x-legate-estimate"], "true");
     let v: Value = estimated.json().await.unwrap();

@@ -109,11 +109,36 @@ fn build_telemetry(t: &TelemetryFile, cx: &mut Cx) -> TelemetryConfig {
             (traces, metrics)
         }
     };
-    if let Some(p) = protocol.filter(|p| p.trim() != "http/protobuf") {
-        if traces_endpoint.is_some() && !disabled {
+    // The general variable and each signal's own (which the OpenTelemetry spec lets override
+    // it): a collector's gRPC port sent http/protobuf would refuse every export.
+    let protocols = [
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            protocol,
+            traces_endpoint.is_some(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"),
+            traces_endpoint.is_some(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+            env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"),
+            metrics_endpoint.is_some(),
+        ),
+    ];
+    for (var, value, exported) in protocols {
+        if let Some(p) = value.filter(|p| p.trim() != "http/protobuf")
+            && exported
+            && !disabled
+        {
             cx.err(
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-                format!("`{p}` is not supported; legate exports OTLP over http/protobuf"),
+                var,
+                format!(
+                    "`{}` is not supported; legate exports OTLP over http/protobuf",
+                    crate::config::shown::shown(&p)
+                ),
             );
         }
     }

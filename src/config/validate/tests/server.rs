@@ -113,3 +113,24 @@ fn otlp_variables_are_checked_under_their_own_names() {
         .is_empty()
     );
 }
+
+/// A signal's own protocol variable overrides the general one (OpenTelemetry's spec): gRPC
+/// asked for there is refused under its name, as the general variable's is; with nothing
+/// exported, neither is looked at.
+#[test]
+fn a_signals_own_otlp_protocol_is_checked_too() {
+    let errs = |vars: &[(&str, &str)]| match load_str("", &env_of(vars)) {
+        Err(e) => e.0.iter().map(|e| e.path.clone()).collect(),
+        Ok(_) => Vec::<String>::new(),
+    };
+    let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+    for var in [
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    ] {
+        assert_eq!(errs(&[base, (var, "grpc")]), vec![var.to_owned()]);
+        assert!(errs(&[base, (var, "http/protobuf")]).is_empty(), "{var}");
+        assert!(errs(&[(var, "grpc")]).is_empty(), "{var}");
+    }
+}
