@@ -55,7 +55,37 @@ impl Visitor<'_> for DurationVisitor {
 }
 
 fn show_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&humantime::format_duration(*d).to_string())
+    s.serialize_str(&shown_duration(*d))
+}
+
+/// A duration as an operator writes one, in days, hours, minutes, seconds and milliseconds
+/// (`1d 2h`, `90s` is `1m 30s`): humantime's own format counts months and years of 30.44 and
+/// 365.25 days (`365d` came out as `11months 30days 3h 50m 24s`). Parsed back by humantime,
+/// it is the same duration (below a millisecond: micro- and nanoseconds).
+pub(crate) fn shown_duration(d: Duration) -> String {
+    use std::fmt::Write;
+    let secs = d.as_secs();
+    let nanos = d.subsec_nanos();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3_600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+        (u64::from(nanos / 1_000_000), "ms"),
+        (u64::from(nanos / 1_000 % 1_000), "us"),
+        (u64::from(nanos % 1_000), "ns"),
+    ];
+    let mut out = String::new();
+    for (n, unit) in parts.into_iter().filter(|(n, _)| *n > 0) {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        let _ = write!(out, "{n}{unit}");
+    }
+    if out.is_empty() {
+        out.push_str("0s");
+    }
+    out
 }
 
 /// A duration, zero allowed (`shutdown_grace = "0s"`: stop at once).
@@ -89,7 +119,7 @@ pub mod positive_duration {
 
         pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
             match d {
-                Some(d) => s.serialize_some(&humantime::format_duration(*d).to_string()),
+                Some(d) => s.serialize_some(&shown_duration(*d)),
                 None => s.serialize_none(),
             }
         }

@@ -5,7 +5,7 @@ use super::Cx;
 use crate::config::{BreakerConfig, RetryConfig};
 
 pub(crate) fn check(r: &RetryConfig, b: &BreakerConfig, cx: &mut Cx) {
-    let show = |d| humantime::format_duration(d).to_string();
+    let show = crate::config::adapt::shown_duration;
     if r.max_delay < r.base_delay {
         cx.err(
             "retry.max_delay",
