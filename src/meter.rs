@@ -146,13 +146,17 @@ impl Usage {
         .fold(0u128, u128::saturating_add)
     }
 
-    /// The usage as legate accounts it: each count at most [`MAX_REPORTED_TOKENS`]. A provider
-    /// that reports more (2^64 − 1, say, from a bug or a hostile stand-in) would otherwise
-    /// drive a tenant's token bucket and daily budget so far below zero that it stayed locked
-    /// out until a restart, and add a fortune to the cost counters; such a report is logged.
-    pub fn bounded(self, upstream: &str) -> Usage {
-        let counts = [self.input, self.output, self.cache_read, self.cache_write];
-        if counts.iter().all(|&n| n <= MAX_REPORTED_TOKENS) {
+    /// The usage as legate accounts it: each count at most [`MAX_REPORTED_TOKENS`], and the
+    /// output at most `max_output`, the `max_tokens` the request asked for when it named one
+    /// (no provider writes more than it was asked for). A provider that reports more (2^64 − 1,
+    /// say, from a bug or a hostile stand-in) would otherwise drive a tenant's token bucket
+    /// and daily budget so far below zero that it stayed locked out until a restart (2^24
+    /// output tokens alone cost more than many a daily budget), and add a fortune to the cost
+    /// counters; such a report is logged.
+    pub fn bounded(self, upstream: &str, max_output: Option<u64>) -> Usage {
+        let most_output = max_output.map_or(MAX_REPORTED_TOKENS, |m| m.min(MAX_REPORTED_TOKENS));
+        let inputs = [self.input, self.cache_read, self.cache_write];
+        if inputs.iter().all(|&n| n <= MAX_REPORTED_TOKENS) && self.output <= most_output {
             return self;
         }
         tracing::warn!(
@@ -162,12 +166,13 @@ impl Usage {
             cache_read = self.cache_read,
             cache_write = self.cache_write,
             max = MAX_REPORTED_TOKENS,
-            "upstream reported more tokens than any model takes or writes; counted as the maximum"
+            max_output = most_output,
+            "upstream reported more tokens than any model takes, or more output than was asked for; counted as the maximum"
         );
         let cap = |n: u64| n.min(MAX_REPORTED_TOKENS);
         Usage {
             input: cap(self.input),
-            output: cap(self.output),
+            output: self.output.min(most_output),
             cache_read: cap(self.cache_read),
             cache_write: cap(self.cache_write),
         }
@@ -341,6 +346,26 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Output is counted at most as asked for; every kind at most 2^24; a sane report as is.
+    #[test]
+    fn reported_usage_is_bounded_by_what_was_asked_for() {
+        let huge = Usage {
+            input: u64::MAX,
+            output: u64::MAX,
+            cache_read: 5,
+            cache_write: 0,
+        };
+        let asked = huge.bounded("p", Some(100));
+        assert_eq!((asked.input, asked.output), (MAX_REPORTED_TOKENS, 100));
+        assert_eq!(huge.bounded("p", None).output, MAX_REPORTED_TOKENS);
+        let sane = Usage {
+            input: 10,
+            output: 90,
+            ..Usage::default()
+        };
+        assert_eq!(sane.bounded("p", Some(100)), sane);
+    }
 
     #[test]
     fn prices_parse_exactly() {

@@ -47,6 +47,7 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         } else {
             crate::meter::Named::Unknown
         },
+        max_output: call.inb.meta.max_tokens,
     }
 }
 

@@ -359,7 +359,7 @@ impl TapBody {
         let mut acct = self.acct.take()?;
         match usage {
             Some(u) => {
-                let u = u.bounded(&acct.sink.target);
+                let u = u.bounded(&acct.sink.target, acct.sink.max_output);
                 let cost = acct.sink.record(u);
                 acct.record.settle(u, cost, &acct.sink, partial);
             }

@@ -504,7 +504,7 @@ fn meter_unserved(
 ) {
     let usage = incoming.upstream_usage().or_else(|| watch.usage());
     if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
-        let u = u.bounded(&call.up.name);
+        let u = u.bounded(&call.up.name, call.inb.meta.max_tokens);
         let cost = answer::sink(call, rec).record_unserved(u);
         rec.charge_attempt(u, cost);
     }
@@ -656,7 +656,14 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
         Whole::Complete(body) if conversation::rewrites_whole(got.xl, inb) => {
             match conversation::translate_whole(got.xl, inb, &body, &up.name) {
                 Ok(answer) => {
-                    usage_read = answer.usage;
+                    // A translated answer's usage is the provider's, read off its own body:
+                    // the translation writes zeros where none came, which read back would
+                    // meter a free answer and refund the whole reservation.
+                    usage_read = answer.usage.or_else(|| {
+                        got.xl
+                            .translating()
+                            .then(|| got.spoken.dialect().usage_of_body(&body))
+                    });
                     Whole::Complete(answer.body)
                 }
                 Err(e) => {
@@ -694,7 +701,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                     usage_read.unwrap_or_else(|| inb.endpoint.api.dialect().usage_of_body(&body));
                 match usage {
                     Some(u) => {
-                        let u = u.bounded(&up.name);
+                        let u = u.bounded(&up.name, inb.meta.max_tokens);
                         let sink = answer::sink(call, rec);
                         let cost = sink.record(u);
                         rec.settle(u, cost, &sink, false);

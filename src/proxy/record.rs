@@ -275,6 +275,9 @@ pub struct UsageSink {
     /// Whether the config names the model (its ledger entry is kept apart from other names).
     pub named: crate::meter::Named,
     pub price: Option<Price>,
+    /// The `max_tokens` the request asked for, if it named one: the most output it is
+    /// counted for ([`Usage::bounded`]).
+    pub max_output: Option<u64>,
 }
 
 impl UsageSink {

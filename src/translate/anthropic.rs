@@ -192,7 +192,7 @@ pub(super) struct MessageResponse {
     pub stop_reason: Option<String>,
     #[serde(default)]
     pub stop_sequence: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient::or_default")]
     pub usage: Usage,
 }
 
@@ -273,7 +273,11 @@ pub(super) enum StreamEvent {
     },
     MessageDelta {
         delta: MessageDeltaBody,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "super::lenient::option"
+        )]
         usage: Option<Usage>,
     },
     MessageStop,

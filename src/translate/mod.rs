@@ -101,6 +101,7 @@
 mod anthropic;
 mod error;
 mod fitting;
+mod lenient;
 mod mapping;
 mod openai;
 mod request_anthropic;

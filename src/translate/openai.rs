@@ -222,7 +222,11 @@ pub(super) struct Completion {
     pub model: String,
     #[serde(default)]
     pub choices: Vec<Choice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::lenient::option"
+    )]
     pub usage: Option<Usage>,
 }
 
@@ -322,7 +326,11 @@ pub(super) struct Chunk {
     pub model: String,
     #[serde(default)]
     pub choices: Vec<ChunkChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::lenient::option"
+    )]
     pub usage: Option<Usage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorDetail>,

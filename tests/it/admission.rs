@@ -423,9 +423,11 @@ async fn a_low_upstream_rate_limit_spaces_batch_calls_but_not_interactive_ones()
     );
 }
 
-/// A provider reporting absurd usage (2^64 − 1 output tokens) is counted as 2^24 tokens, and
-/// the tenant's bucket is charged at most a minute's worth beyond the reservation: the
-/// tenant waits about a minute, not until the end of time.
+/// A provider reporting absurd usage (2^64 − 1 output tokens) is counted for the output the
+/// request asked for at most (`max_tokens`; 2^24 tokens when it named none): no provider
+/// writes more. Counted as 2^24, one report cost more than many a daily budget and left the
+/// tenant locked out (of its budget until midnight, of its tokens for a minute); now the next
+/// request is served.
 #[tokio::test]
 async fn absurd_reported_usage_is_bounded_and_cannot_lock_a_tenant_out() {
     let env = harness::start_with(
@@ -444,17 +446,12 @@ async fn absurd_reported_usage_is_bounded_and_cannot_lock_a_tenant_out() {
     assert_eq!(
         env.metric("legate_tokens_total", &[("kind", "output")])
             .await,
-        Some(16_777_216.0)
+        Some(100.0)
     );
     let second = env.messages(body).await;
-    assert_eq!(second.status(), 429);
-    let wait: f64 = second.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(wait > 0.0 && wait <= 120.0, "retry-after {wait}");
-    assert_eq!(env.mock.stats().requests, 1);
+    assert_eq!(second.status(), 200);
+    let _ = second.bytes().await.unwrap();
+    assert_eq!(env.mock.stats().requests, 2);
 }
 
 /// Batch calls the pacer holds back (the provider's rate limit is low) wait in places of the

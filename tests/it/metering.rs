@@ -237,3 +237,43 @@ async fn a_caller_leaving_before_the_first_content_is_metered_what_was_reported(
     env.wait_metric("legate_requests_total", &[("status", "499")], 1.0)
         .await;
 }
+
+/// A translated whole answer whose provider reported no usage (an OpenAI-compatible server
+/// that leaves it out, or sends null) is metered as unreported: the request keeps its
+/// reservation, as the same answer relayed untranslated does. Metered off legate's own
+/// translation, whose usage reads zero where none came, it was a free answer with its whole
+/// reservation refunded. A usage the translation cannot read (a negative count) is no reason
+/// to refuse the answer.
+#[tokio::test]
+async fn a_translated_answer_without_usage_keeps_its_reservation() {
+    for usage in [
+        "",
+        r#","usage":null"#,
+        r#","usage":{"prompt_tokens":-5,"completion_tokens":3}"#,
+    ] {
+        let body = format!(
+            r#"{{"id":"c1","object":"chat.completion","created":1,"model":"gpt-x","choices":[{{"index":0,"message":{{"role":"assistant","content":"hello"}},"finish_reason":"stop"}}]{usage}}}"#
+        );
+        let env = harness::start_with(
+            legate::mock::Script::from_json(&format!(r#"{{"default":{{"body":{body}}}}}"#))
+                .unwrap(),
+            "[tenants.default]\ntokens_per_minute = 1000\n\n[[models]]\nname = \"gpt-x\"\nchain = [\"openai:gpt-x\"]\n",
+        )
+        .await;
+        let ask =
+            r#"{"model":"gpt-x","max_tokens":900,"messages":[{"role":"user","content":"hi"}]}"#;
+        let first = env.messages(ask).await;
+        assert_eq!(first.status(), 200, "{usage}");
+        let answer: serde_json::Value = first.json().await.unwrap();
+        assert_eq!(answer["content"][0]["text"], "hello", "{usage}");
+        // The reservation (about 905 tokens of 1000) stands: the next one waits.
+        assert_eq!(env.messages(ask).await.status(), 429, "{usage}");
+        assert_eq!(env.mock.stats().requests, 1, "{usage}");
+        assert_eq!(
+            env.metric("legate_tokens_total", &[("kind", "input")])
+                .await,
+            None,
+            "{usage}"
+        );
+    }
+}
