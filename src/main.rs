@@ -107,11 +107,15 @@ fn serve(path: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(legate::server::run(
+    let served = rt.block_on(legate::server::run(
         cfg,
         prometheus::Registry::new(),
         source,
-    )) {
+    ));
+    // Dropped, the runtime would wait for every blocking thread: one stuck reading a file on a
+    // hung mount would keep the process from exiting after its drain.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("legate: {e}");

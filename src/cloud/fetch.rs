@@ -119,9 +119,9 @@ pub const ASSUMED_TOKEN_LIFE: Duration = Duration::from_secs(3600);
 /// Reads a token file (a projected service-account token: re-read on every refresh, since the
 /// kubelet rotates it).
 pub async fn read_token_file(path: &std::path::Path, what: &str) -> Result<String, String> {
-    let text = tokio::fs::read_to_string(path)
+    let text = crate::config::read::bounded_text_async(path, crate::config::read::SMALL)
         .await
-        .map_err(|e| format!("cannot read the {what} {}: {}", path.display(), e.kind()))?;
+        .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))?;
     let t = text.trim();
     if t.is_empty() {
         return Err(format!("the {what} {} is empty", path.display()));

@@ -81,13 +81,14 @@ pub async fn fetch(client: &FetchClient, source: &GoogleSource) -> Result<Fetche
 }
 
 async fn read_key_file(path: &Path) -> Result<KeyFile, String> {
-    let text = tokio::fs::read(path).await.map_err(|e| {
-        format!(
-            "cannot read the Google credentials file {}: {}",
-            path.display(),
-            e.kind()
-        )
-    })?;
+    let text = crate::config::read::bounded_async(path, crate::config::read::SMALL)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot read the Google credentials file {}: {e}",
+                path.display()
+            )
+        })?;
     serde_json::from_slice(&text)
         .map_err(|_| format!("{} is not a Google credentials JSON file", path.display()))
 }

@@ -89,16 +89,10 @@ pub fn find(text: &str, profile: &str) -> Found {
 }
 
 /// Reads a credentials file, refusing one past [`FILE_LIMIT`].
+/// A regular file only: a FIFO at the path would hold the reading thread for ever
+/// (`config::read`).
 pub fn read(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(FILE_LIMIT + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > FILE_LIMIT {
-        return Err(std::io::Error::other("larger than 1 MiB"));
-    }
-    Ok(text)
+    super::read::bounded_text(path, FILE_LIMIT)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod de;
 pub mod file;
 pub mod load;
 pub mod observe;
+pub(crate) mod read;
 pub mod render;
 pub mod secret;
 pub(crate) mod shown;

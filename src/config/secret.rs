@@ -276,11 +276,11 @@ fn warn_unreadable(path: &Path, err: &io::Error, has_key: bool) {
 }
 
 fn read_key_file(path: &Path) -> io::Result<Secret> {
-    parse_key(std::fs::read_to_string(path)?)
+    parse_key(super::read::bounded_text(path, super::read::SMALL)?)
 }
 
 async fn read_key_file_async(path: &Path) -> io::Result<Secret> {
-    parse_key(tokio::fs::read_to_string(path).await?)
+    parse_key(super::read::bounded_text_async(path, super::read::SMALL).await?)
 }
 
 /// A key as a file or an environment variable holds it: a byte-order mark an editor put
@@ -321,7 +321,7 @@ pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
 
 /// Reads a key file the way the running proxy does, to refuse a bad one before starting.
 pub(crate) fn check_key_file(path: &Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+    let text = super::read::bounded_text(path, super::read::SMALL).map_err(|e| match e.kind() {
         io::ErrorKind::InvalidData => "the file is not UTF-8 text".to_owned(),
         _ => format!("cannot read: {e}"),
     })?;
@@ -502,6 +502,38 @@ mod tests {
             wait_for(&cell, Some("second")).await,
             "symlink swap not seen"
         );
+        if let Some(h) = handle {
+            h.abort();
+        }
+        Ok(())
+    }
+
+    /// A FIFO put at the key's path for a while (or a huge file) is refused at once and the
+    /// last good key kept; the watcher goes on, and takes the key a regular file brings back.
+    /// The FIFO held the watcher's read for ever: every later rotation went unseen.
+    #[tokio::test]
+    async fn a_fifo_or_a_huge_file_at_the_path_does_not_stop_the_watcher() -> io::Result<()> {
+        let (dir, path) = temp_file("key", "key-one\n")?;
+        let cell = Arc::new(KeyCell::from_source(&KeySource::File {
+            path: path.clone(),
+        }));
+        let handle = cell.spawn_watch();
+        std::fs::remove_file(&path)?;
+        let made = std::process::Command::new("mkfifo").arg(&path).status()?;
+        assert!(made.success());
+        let mut failing = None;
+        poll_once(&cell, &path, &mut failing).await;
+        assert!(failing.is_some_and(|f| f.contains("not a regular file")));
+        std::fs::remove_file(&path)?;
+        std::fs::write(&path, vec![b'k'; 100 << 10])?;
+        let mut failing = None;
+        poll_once(&cell, &path, &mut failing).await;
+        assert!(failing.is_some_and(|f| f.contains("larger than")));
+        assert_eq!(exposed(&cell), Some("key-one".into()));
+        let staged = dir.path().join("key.new");
+        std::fs::write(&staged, "key-two\n")?;
+        std::fs::rename(&staged, &path)?;
+        assert!(wait_for(&cell, Some("key-two")).await, "rotation not seen");
         if let Some(h) = handle {
             h.abort();
         }

@@ -10,9 +10,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The certificates of a PEM file (at least one).
 pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .collect();
+    let pem = pem_file(path)?;
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
     let certs = certs.map_err(|e| format!("{}: not PEM certificates: {e}", path.display()))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate found", path.display()));
@@ -22,8 +21,13 @@ pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, St
 
 /// The private key of a PEM file.
 pub(crate) fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path)
+    PrivateKeyDer::from_pem_slice(&pem_file(path)?)
         .map_err(|e| format!("{}: not a usable PEM private key: {e}", path.display()))
+}
+
+/// A PEM file's bytes: a regular file of at most 16 MiB (`config::read`).
+fn pem_file(path: &Path) -> Result<Vec<u8>, String> {
+    super::read::bounded(path, super::read::LARGE).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The roots `ca_file` adds, each checked usable as a trust anchor.

@@ -237,10 +237,17 @@ pub async fn run(cfg: Config, registry: Registry, source: ConfigSource) -> Resul
         let _ = out.flush();
     }
     tracing::info!(data = %server.data_addr, admin = %server.admin_addr, "legate serving");
+    let mut signals = signals;
     signals.wait(&server.reloader).await;
     tracing::info!("shutting down: draining in-flight requests");
-    server.shutdown().await;
-    tracing::info!("stopped");
+    // A second SIGTERM or SIGINT during the drain (an operator's second Ctrl-C) ends it at once:
+    // what is still in flight is cut when the runtime stops.
+    tokio::select! {
+        () = server.shutdown() => tracing::info!("stopped"),
+        () = signals.next_stop() => {
+            tracing::warn!("a second stop signal during the drain: stopping now, cutting what is still in flight");
+        }
+    }
     Ok(())
 }
 
@@ -267,33 +274,75 @@ impl Signals {
     }
 
     /// Runs until SIGTERM or SIGINT, reloading on SIGHUP.
-    async fn wait(self, reloader: &Arc<Reloader>) {
-        let Some((term, int, hup)) = self.0 else {
+    async fn wait(&mut self, reloader: &Arc<Reloader>) {
+        let Some((term, int, hup)) = &mut self.0 else {
             tracing::error!("could not install signal handlers; stopping on Ctrl-C only");
             let _ = tokio::signal::ctrl_c().await;
             return;
         };
         wait_for_signal(reloader, (term, int, hup)).await;
     }
+
+    /// The next SIGTERM or SIGINT (never, without handlers).
+    async fn next_stop(&mut self) {
+        match &mut self.0 {
+            Some((term, int, _)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
+/// Waits for SIGTERM or SIGINT, reloading on each SIGHUP. A reload runs on the blocking pool
+/// while the signals are still listened to: one that never ends (a config or key file on a
+/// hung mount) must not keep SIGTERM from being seen. One reload runs at a time; SIGHUPs that
+/// come meanwhile make one more after it.
 async fn wait_for_signal(
     reloader: &Arc<Reloader>,
-    (mut term, mut int, mut hup): (
-        tokio::signal::unix::Signal,
-        tokio::signal::unix::Signal,
-        tokio::signal::unix::Signal,
+    (term, int, hup): (
+        &mut tokio::signal::unix::Signal,
+        &mut tokio::signal::unix::Signal,
+        &mut tokio::signal::unix::Signal,
     ),
 ) {
+    let start = || {
+        let reloader = Arc::clone(reloader);
+        // Reading and validating the config is blocking work: off the runtime worker.
+        tokio::task::spawn_blocking(move || {
+            reloader.reload();
+        })
+    };
+    let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    let mut again = false;
     loop {
         tokio::select! {
             _ = term.recv() => return,
             _ = int.recv() => return,
             _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading the config");
-                // Reading and validating the config is blocking work: off the runtime worker.
-                let reloader = Arc::clone(reloader);
-                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+                if running.is_some() {
+                    tracing::info!("SIGHUP: a reload is under way; another follows it");
+                    again = true;
+                } else {
+                    tracing::info!("SIGHUP: reloading the config");
+                    running = Some(start());
+                }
+            }
+            _ = async {
+                match running.as_mut() {
+                    Some(reload) => {
+                        let _ = reload.await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }, if running.is_some() => {
+                running = std::mem::take(&mut again).then(|| {
+                    tracing::info!("reloading the config again (a SIGHUP came during the last reload)");
+                    start()
+                });
             }
         }
     }

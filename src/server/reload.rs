@@ -204,13 +204,11 @@ impl Reloader {
         for name in &moved {
             self.proxy.breakers.forget_provider(name);
         }
-        let old = {
-            let mut w = self.watchers.lock();
-            std::mem::replace(&mut *w, fresh)
-        };
-        for h in old {
-            h.abort();
-        }
+        // The old key watchers are left to end by themselves, once the last request of the
+        // old config drops its key cells (a watcher holds its cell weakly): a request still on
+        // the old config (queued, or retrying after a backoff) would otherwise go on sending
+        // the key it read before a rotation.
+        drop(std::mem::replace(&mut *self.watchers.lock(), fresh));
         for key in &restart_required {
             tracing::warn!(setting = %key, "changed in the config, but takes effect only after a restart");
         }

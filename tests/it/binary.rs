@@ -2,6 +2,8 @@
 //! as separate processes, secrets never leaking (logs at debug level, metrics, admin, error
 //! bodies), and SIGTERM draining an open stream.
 
+use std::time::Duration;
+
 use futures_util::StreamExt;
 use tokio::process::Child;
 
@@ -493,4 +495,64 @@ fn signal_now(child: &Child, signal: libc::c_int) {
     let pid = libc::pid_t::try_from(child.id().unwrap()).unwrap();
     // SAFETY: kill(2) takes plain integers and touches no memory of this process.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
+/// A second SIGTERM during the drain (an operator's second Ctrl-C) ends it at once: the stream
+/// still open is cut and the process exits, where it waited out the whole `shutdown_grace`
+/// (a minute here).
+#[tokio::test]
+async fn a_second_sigterm_during_the_drain_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        r#"{"default":{"event_gap_ms":2000,"content":[{"type":"text","text":"a b c d e f g h i j k l m n o p"}]}}"#,
+    )
+    .unwrap();
+    let (_mock, mock_url) = start_mock(Some(&script)).await;
+    let cfg = write_config(dir.path(), &mock_url, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("shutdown_grace = \"10s\"", "shutdown_grace = \"60s\"");
+    std::fs::write(&cfg, text).unwrap();
+    let (mut legate, line) = spawn(
+        &["serve", "--config", cfg.to_str().unwrap()],
+        &[("ANTHROPIC_API_KEY", "k"), ("OPENAI_API_KEY", "k")],
+        None,
+    )
+    .await;
+    let (data, admin) = addrs(&line);
+    let resp = reqwest::Client::new()
+        .post(format!("{data}/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    sigterm(&legate);
+    // The first signal is handled (the drain has begun) before the second is sent.
+    let admin_http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    while admin_http
+        .get(format!("{admin}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        tokio::task::yield_now().await;
+    }
+    sigterm(&legate);
+    let status = tokio::time::timeout(Duration::from_secs(20), legate.wait())
+        .await
+        .expect("the second SIGTERM ends the drain")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    while let Some(Ok(chunk)) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(!text.contains("event: message_stop"), "{text}");
 }

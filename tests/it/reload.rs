@@ -294,6 +294,18 @@ async fn responses_store_bounds_apply_on_reload_and_its_kind_needs_a_restart() {
 /// (the provider's 401 would reach the agent as a refusal that is not retried).
 #[tokio::test]
 async fn a_request_waiting_for_its_turn_goes_out_with_the_rotated_key() {
+    waiting_request_takes_the_rotated_key(false).await;
+}
+
+/// The same after a reload that came while it waited: the request is on the old config, whose
+/// key watcher was stopped by the reload, so it went out with the key read before the
+/// rotation.
+#[tokio::test]
+async fn a_request_waiting_across_a_reload_goes_out_with_the_rotated_key() {
+    waiting_request_takes_the_rotated_key(true).await;
+}
+
+async fn waiting_request_takes_the_rotated_key(reload_first: bool) {
     let dir = tempfile::tempdir().unwrap();
     let key_path = dir.path().join("key");
     std::fs::write(&key_path, "sk-ant-first-key\n").unwrap();
@@ -313,7 +325,9 @@ async fn a_request_waiting_for_its_turn_goes_out_with_the_rotated_key() {
             &format!("{key_file}\nmax_concurrency = 1"),
         )
         .replace("api_key_env = \"OPENAI_API_KEY\"", &key_file);
-    let env = harness::start_toml(mock, &toml).await;
+    let config = dir.path().join("legate.toml");
+    std::fs::write(&config, &toml).unwrap();
+    let env = harness::start_file(mock, &config).await;
     let send = |model: &str| {
         let req = env
             .http
@@ -329,6 +343,9 @@ async fn a_request_waiting_for_its_turn_goes_out_with_the_rotated_key() {
     let waiting = send("claude-quick");
     env.wait_metric("legate_queue_depth", &[("priority", "interactive")], 1.0)
         .await;
+    if reload_first {
+        assert_eq!(reload(&env).await.0, 200);
+    }
 
     env.script(&script("sk-ant-second-key"));
     let staged = dir.path().join("key.new");
@@ -356,40 +373,4 @@ async fn a_request_waiting_for_its_turn_goes_out_with_the_rotated_key() {
         harness::header_values(&quick.headers, "x-api-key"),
         vec!["sk-ant-second-key"]
     );
-}
-
-/// A reload that points a provider at another endpoint (its `base_url`) starts that provider's
-/// breakers closed: the old endpoint's failures say nothing of the new one's health. A reload
-/// that keeps the endpoint keeps them as they were.
-#[tokio::test]
-async fn a_provider_moved_to_another_endpoint_starts_with_closed_breakers() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("legate.toml");
-    let failing = harness::start_mock(
-        legate::mock::Script::from_json(r#"{"replies":[{"times":0,"status":503}]}"#).unwrap(),
-    )
-    .await;
-    let healthy = harness::start_mock(legate::mock::Script::default()).await;
-    let breaker = "[retry]\nmax_attempts = 1\n[breaker]\nmin_calls = 2\nfailure_ratio = 0.5\nopen_for = \"300s\"\n";
-    let on = |url: &str| harness::config_toml(url, &format!("{breaker}{}", chain_to("claude-x")));
-    std::fs::write(&path, on(&failing.base_url())).unwrap();
-    let healthy_url = healthy.base_url();
-    let env = harness::start_file(failing, &path).await;
-    let state = [("provider", "anthropic"), ("model", "claude-x")];
-    let plain = STREAM.replace("true", "false");
-    for _ in 0..2 {
-        assert_eq!(env.messages(plain.clone()).await.status(), 503);
-    }
-    env.wait_metric("legate_breaker_state", &state, 1.0).await;
-    assert_eq!(env.messages(plain.clone()).await.status(), 529);
-    // The same endpoint again: still open.
-    assert_eq!(reload(&env).await.0, 200);
-    assert_eq!(env.messages(plain.clone()).await.status(), 529);
-    // Another endpoint: closed, and served there.
-    std::fs::write(&path, on(&healthy_url)).unwrap();
-    assert_eq!(reload(&env).await.0, 200);
-    assert_eq!(env.metric("legate_breaker_state", &state).await, Some(0.0));
-    assert_eq!(env.messages(plain).await.status(), 200);
-    assert_eq!(env.mock.requests().len(), 2);
-    assert_eq!(healthy.requests().len(), 1);
 }
