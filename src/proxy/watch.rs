@@ -35,6 +35,8 @@ pub struct SseWatch {
     last_end: u64,
     /// Stream offset of the first byte not yet handed out (`pending` starts there).
     handed: u64,
+    /// Stream offset where the final event ends: nothing after it is read or handed out.
+    end_at: Option<u64>,
     /// Edits for complete events not yet handed out, in stream order.
     edits: Vec<Edit>,
     /// A relayed Responses stream: the conversation that keeps its final response.
@@ -67,6 +69,7 @@ impl SseWatch {
             strip_usage: false,
             last_end: 0,
             handed: 0,
+            end_at: None,
             edits: Vec::new(),
             keep: None,
             lifecycle: (api == ApiKind::Responses).then(Box::default),
@@ -96,6 +99,10 @@ impl SseWatch {
     /// Watches one upstream chunk. Returns the bytes of the events it completed (to forward
     /// now) and whether the first content event was among them.
     pub fn feed(&mut self, data: Bytes) -> (Option<Bytes>, bool) {
+        // After the final event nothing is read: what follows it is not the caller's.
+        if self.end_at.is_some() {
+            return (None, false);
+        }
         let had_content = self.saw_content;
         self.parser.push(&data);
         self.drain_events();
@@ -109,31 +116,55 @@ impl SseWatch {
             self.oversize = true;
         }
         let available = self.pending.len() + data.len();
-        let ready = available.saturating_sub(held);
+        let ready = self.up_to_end(available.saturating_sub(held));
         let started = self.saw_content && !had_content;
+        let ended = self.end_at.is_some();
         if ready == 0 {
-            self.pending.extend_from_slice(&data);
+            if !ended {
+                self.pending.extend_from_slice(&data);
+            }
             return (None, started);
         }
         let out = if self.pending.is_empty() {
-            self.pending.extend_from_slice(&data[ready..]);
+            if !ended {
+                self.pending.extend_from_slice(&data[ready..]);
+            }
             data.slice(..ready)
         } else {
             self.pending.extend_from_slice(&data);
-            self.pending.split_to(ready).freeze()
+            let out = self.pending.split_to(ready).freeze();
+            if ended {
+                self.pending.clear();
+            }
+            out
         };
         (self.hand_out(out), started)
+    }
+
+    /// `ready` bytes from the first not yet handed out, cut at the final event's end: events
+    /// after it in the same read (a provider's junk, an error event after `message_stop`)
+    /// went out when they came in one read with it, and were dropped when they came later.
+    fn up_to_end(&self, ready: usize) -> usize {
+        match self.end_at {
+            Some(end) => {
+                ready.min(usize::try_from(end.saturating_sub(self.handed)).unwrap_or(usize::MAX))
+            }
+            None => ready,
+        }
     }
 
     /// The upstream body ended: releases an event whose last line end was the final byte. A
     /// partial event is never forwarded.
     pub fn finish(&mut self) -> Option<Bytes> {
-        self.parser.finish();
-        self.drain_events();
-        let ready = self
-            .pending
-            .len()
-            .saturating_sub(self.parser.pending_bytes());
+        if self.end_at.is_none() {
+            self.parser.finish();
+            self.drain_events();
+        }
+        let ready = self.up_to_end(
+            self.pending
+                .len()
+                .saturating_sub(self.parser.pending_bytes()),
+        );
         if ready == 0 {
             return None;
         }
@@ -169,7 +200,9 @@ impl SseWatch {
     }
 
     fn drain_events(&mut self) {
-        while let Some(ev) = self.parser.next_event() {
+        while self.end_at.is_none()
+            && let Some(ev) = self.parser.next_event()
+        {
             if let Some(l) = &mut self.lifecycle {
                 l.observe(&ev);
             }
@@ -185,6 +218,7 @@ impl SseWatch {
                 StreamEventKind::Content => self.saw_content = true,
                 StreamEventKind::Terminal => {
                     self.saw_terminal = true;
+                    self.end_at = Some(ev.end_offset);
                     if let Some(conv) = &self.keep {
                         read = conv.keep_terminal(&ev);
                     }
@@ -310,5 +344,35 @@ mod tests {
     fn a_stream_without_usage_members_passes_byte_for_byte() {
         let wire = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
         assert_eq!(forwarded(wire, 5).0, wire);
+    }
+
+    /// Nothing after the final event goes out, nor counts (an error event after
+    /// `message_stop` failed a finished answer), however the bytes are split: it went out when
+    /// it came in the same read as the final event.
+    #[test]
+    fn nothing_after_the_final_event_is_read_in_any_chunking() {
+        let done = concat!(
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let after = concat!(
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" EXTRA\"}}\n\n",
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"x\"}}\n\n",
+        );
+        let wire = format!("{done}{after}");
+        for step in [1, 7, done.len(), wire.len()] {
+            let mut w = SseWatch::new(ApiKind::Anthropic);
+            let mut out = Vec::new();
+            for piece in wire.as_bytes().chunks(step) {
+                if let (Some(b), _) = w.feed(Bytes::copy_from_slice(piece)) {
+                    out.extend_from_slice(&b);
+                }
+            }
+            if let Some(b) = w.finish() {
+                out.extend_from_slice(&b);
+            }
+            assert_eq!(String::from_utf8(out).unwrap(), done, "step {step}");
+            assert!(w.saw_terminal && w.error_data.is_none(), "step {step}");
+        }
     }
 }

@@ -50,6 +50,9 @@ pub(super) struct ToAnthropic {
     tool_args: String,
     /// The open call's arguments outgrew `CHECK_LIMIT`: they cannot be vouched for.
     tool_args_overflow: bool,
+    /// The open call is being closed because another call's fragment came: if its arguments
+    /// are not whole then, the calls were streamed interleaved.
+    opening_another: bool,
     /// Calls that have their id but wait for their first argument fragment: only while there
     /// are any does a fragment or a text delta look for them (a walk over every call per
     /// event made a stream of many calls cost calls × events).
@@ -362,7 +365,10 @@ impl ToAnthropic {
             }
             self.waiting_bytes = self.waiting_bytes.saturating_sub(arguments.len());
         }
-        if !self.close(out) {
+        self.opening_another = true;
+        let closed = self.close(out);
+        self.opening_another = false;
+        if !closed {
             return;
         }
         self.tool_name.clone_from(&name);
@@ -443,15 +449,23 @@ impl ToAnthropic {
                 // Anthropic streams such a cut itself (retrying would be cut the same way).
                 let cut = self.finish_reason.as_deref() == Some("length");
                 if overflow || !(cut || super::mapping::is_json_object(&args)) {
-                    let what = if overflow {
-                        "arguments too large to check"
+                    let message = if overflow {
+                        format!(
+                            "the upstream model called tool `{}` with arguments too large to check",
+                            self.tool_name
+                        )
+                    } else if self.opening_another {
+                        // Not the model's arguments: the way they were streamed.
+                        format!(
+                            "the upstream streamed its tool calls interleaved (a fragment of another call came before the arguments of `{}` were whole), which legate does not translate",
+                            self.tool_name
+                        )
                     } else {
-                        "arguments that are not a JSON object"
+                        format!(
+                            "the upstream model called tool `{}` with arguments that are not a JSON object",
+                            self.tool_name
+                        )
                     };
-                    let message = format!(
-                        "the upstream model called tool `{}` with {what}",
-                        self.tool_name
-                    );
                     self.fail(out, "api_error", &message);
                     return false;
                 }

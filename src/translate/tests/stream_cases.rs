@@ -197,6 +197,11 @@ fn interleaved_tool_arguments_end_in_an_error_not_a_corrupt_input() {
         view.map(|v| (v.error, v.stopped)),
         Ok((Some("api_error".to_owned()), false))
     );
+    // The error says what happened: the calls' interleaving, not the model's arguments.
+    let raw = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(raw.contains("interleaved"), "{raw}");
+    assert!(!raw.contains("not a JSON object"), "{raw}");
 }
 
 /// Ollama numbers every call of a turn 0 (and some servers send no index at all), sending the
