@@ -94,7 +94,7 @@ pub enum ProxyError {
         limit: &'static str,
         retry_after: std::time::Duration,
     },
-    /// The request's `max_tokens` alone is more than the tenant's whole per-minute limit.
+    /// The request reserves more tokens than the tenant's whole per-minute limit.
     NeverFits { tokens: u64, tokens_per_minute: u64 },
     /// The admission queue shed this lower-priority request, or (`counting`) no local token
     /// count was free in time.
@@ -385,7 +385,7 @@ impl ProxyError {
                 retry_after.as_secs_f64().ceil()
             ),
             ProxyError::NeverFits { tokens, tokens_per_minute } => format!(
-                "this request's max_tokens ({tokens}) is more than the tenant's whole limit of {tokens_per_minute} tokens per minute: it can never fit; lower max_tokens"
+                "this request reserves {tokens} tokens (estimated input + max_tokens), more than the tenant's whole limit of {tokens_per_minute} tokens per minute; lower max_tokens or shorten the prompt"
             ),
             ProxyError::Shed {
                 retry_after,

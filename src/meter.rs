@@ -147,8 +147,8 @@ impl Usage {
     }
 
     /// The usage as legate accounts it: each count at most [`MAX_REPORTED_TOKENS`], and the
-    /// output at most `max_output`, the `max_tokens` the request asked for when it named one
-    /// (no provider writes more than it was asked for). A provider that reports more (2^64 − 1,
+    /// output at most `max_output`, what the request's `max_tokens` allows when it named one
+    /// (no provider writes more than it was asked for; `proxy::answer::output_bound`). A provider that reports more (2^64 − 1,
     /// say, from a bug or a hostile stand-in) would otherwise drive a tenant's token bucket
     /// and daily budget so far below zero that it stayed locked out until a restart (2^24
     /// output tokens alone cost more than many a daily budget), and add a fortune to the cost

@@ -82,6 +82,9 @@ pub struct Upstream {
     uris: Vec<(&'static str, Uri)>,
     client: HttpClient,
     key: Arc<KeyCell>,
+    /// This config made the key cell (its watcher is to be started); else it shares the one
+    /// of a config before it, watched already.
+    key_is_new: bool,
     /// No key source configured (a local vLLM / Ollama server): no credential is sent.
     keyless: bool,
     key_hint: String,
@@ -106,6 +109,14 @@ pub struct Lanes {
     /// Cloud providers' credentials, by provider name: a reload that keeps a provider's
     /// credential source keeps its credential (`cloud::Kept`).
     clouds: parking_lot::Mutex<rustc_hash::FxHashMap<String, crate::cloud::Kept>>,
+    /// Key cells read from files, by provider name and path: a reload that keeps a provider's
+    /// key file shares its cell (and the one watcher that keeps it current) with the configs
+    /// before it, whose requests may still be in flight. A cell of its own per config left
+    /// those requests with the key read before a rotation, or, kept current, one watcher per
+    /// reload while they lasted. Held weakly: a cell goes with the last config using it.
+    keys: parking_lot::Mutex<
+        rustc_hash::FxHashMap<String, (std::path::PathBuf, std::sync::Weak<KeyCell>)>,
+    >,
 }
 
 /// One provider's gate and pacer.
@@ -117,7 +128,26 @@ impl Lanes {
             metrics,
             map: Default::default(),
             clouds: Default::default(),
+            keys: Default::default(),
         }
+    }
+
+    /// Provider `cfg`'s key cell, and whether it is new (and so needs a watcher of its own):
+    /// the cell of the configs before when its key comes from the same file.
+    fn key(&self, cfg: &ProviderConfig) -> (Arc<KeyCell>, bool) {
+        let KeySource::File { path } = &cfg.key else {
+            return (Arc::new(KeyCell::from_source(&cfg.key)), false);
+        };
+        let mut keys = self.keys.lock();
+        if let Some((kept_path, cell)) = keys.get(&cfg.name)
+            && kept_path == path
+            && let Some(cell) = cell.upgrade()
+        {
+            return (cell, false);
+        }
+        let cell = Arc::new(KeyCell::from_source(&cfg.key));
+        keys.insert(cfg.name.clone(), (path.clone(), Arc::downgrade(&cell)));
+        (cell, true)
     }
 
     /// The cloud side of provider `cfg`, with the credential its last incarnation held when
@@ -206,7 +236,7 @@ impl Upstream {
             },
         );
         let cloud = lanes.cloud(cfg)?;
-        let key = Arc::new(KeyCell::from_source(&cfg.key));
+        let (key, key_is_new) = lanes.key(cfg);
         let key_hint = match &cfg.key {
             KeySource::Env { var, .. } => format!("set the environment variable {var}"),
             KeySource::File { path } => format!("check the key file {}", path.display()),
@@ -225,6 +255,7 @@ impl Upstream {
             uris,
             client,
             key,
+            key_is_new,
             keyless: matches!(cfg.key, KeySource::None),
             key_hint,
             auth_header: cfg.auth_header,
@@ -236,9 +267,10 @@ impl Upstream {
         })
     }
 
-    /// Starts the key-file watcher, if the key comes from a file.
+    /// Starts the key-file watcher, if the key comes from a file and no config before this one
+    /// watches it already.
     pub fn spawn_key_watch(&self) -> Option<tokio::task::JoinHandle<()>> {
-        self.key.spawn_watch()
+        self.key_is_new.then(|| self.key.spawn_watch()).flatten()
     }
 
     /// Builds the request to a cloud provider: the model in the URL, the platform's body, and

@@ -210,13 +210,13 @@ impl<'de, const N: usize> Visitor<'de> for TopVisitor<'_, N> {
                     continue;
                 }
                 (None, true) => {
-                    bytes += map.next_value::<&'de RawValue>()?.get().len();
+                    bytes += estimated_bytes(map.next_value::<&'de RawValue>()?.get());
                     continue;
                 }
                 (Some(_), false) => map.next_value::<Field<'de>>()?,
                 (Some(_), true) => {
                     let raw = map.next_value::<&'de RawValue>()?;
-                    bytes += raw.get().len();
+                    bytes += estimated_bytes(raw.get());
                     field_of_raw(raw)?
                 }
             };
@@ -231,6 +231,58 @@ impl<'de, const N: usize> Visitor<'de> for TopVisitor<'_, N> {
         Ok(duplicate.map_or(Top::Fields(fields, bytes), Top::Duplicate))
     }
 }
+
+/// A prompt member's bytes as the estimate counts them: as they are, except that a long run
+/// of base64 (an image's or a file's, in an Anthropic `"data": "…"` source or a `data:…;base64,`
+/// URL) counts as [`BASE64_RUN_BYTES`]: a provider bills an image by its pixels (about 1,600
+/// tokens at most), not by its base64, and a 600 KB image read as text was 150,000 tokens,
+/// past a tenant's whole minute. Looked for in values of at least 64 KiB only (a smaller one
+/// is counted as it is, a few thousand tokens at most over): a request of ordinary size pays
+/// nothing for it. A run must be base64 only and at least 1 KiB, so text under a `"data"` key
+/// is counted as text.
+fn estimated_bytes(raw: &str) -> usize {
+    const LOOKED_FOR_FROM: usize = 64 << 10;
+    if raw.len() < LOOKED_FOR_FROM {
+        return raw.len();
+    }
+    static DATA_URL: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b";base64,"));
+    static DATA_KEY: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"data\""));
+    let bytes = raw.as_bytes();
+    let mut counted = bytes.len();
+    let mut discount = |start: usize| {
+        let run = bytes[start..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\\'))
+            .count();
+        // The run must end its string: base64 followed by other text is not an image.
+        if run >= 1024 && bytes.get(start + run) == Some(&b'"') {
+            counted = counted - run + run.min(BASE64_RUN_BYTES);
+        }
+    };
+    for at in DATA_URL.find_iter(bytes) {
+        discount(at + DATA_URL.needle().len());
+    }
+    for at in DATA_KEY.find_iter(bytes) {
+        // `"data"`, a colon and the string's opening quote, with any spaces between.
+        let rest = &bytes[at + DATA_KEY.needle().len()..];
+        let skip = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_whitespace()).count();
+        let mut i = skip(rest);
+        if rest.get(i) != Some(&b':') {
+            continue;
+        }
+        i += 1;
+        i += skip(&rest[i..]);
+        if rest.get(i) == Some(&b'"') {
+            discount(at + DATA_KEY.needle().len() + i + 1);
+        }
+    }
+    counted
+}
+
+/// What one run of base64 counts for in the estimate: 1,600 tokens, the most an image costs.
+const BASE64_RUN_BYTES: usize = 1_600 * 4;
 
 /// A value already read whole (and validated) as raw text, as a [`Field`]: arrays and objects
 /// are told by their first byte, without a second walk over them; a scalar is parsed.
@@ -318,6 +370,25 @@ pub(crate) fn has_usage_object(data: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Base64 runs of images and files count as an image; text under a `data` key, and
+    /// members under 64 KiB, count as they are.
+    #[test]
+    fn base64_runs_count_as_an_image_in_large_members() {
+        let b64 = "QUJD".repeat(50_000);
+        let anthropic = format!(r#"[{{"source":{{"type":"base64","data": "{b64}"}}}}]"#);
+        let url = format!(r#"[{{"image_url":{{"url":"data:image/png;base64,{b64}"}}}}]"#);
+        for raw in [&anthropic, &url] {
+            assert_eq!(
+                estimated_bytes(raw),
+                raw.len() - b64.len() + BASE64_RUN_BYTES
+            );
+        }
+        let text = format!(r#"[{{"data":"{}"}}]"#, "words and spaces ".repeat(10_000));
+        assert_eq!(estimated_bytes(&text), text.len());
+        let small = format!(r#"[{{"data":"{}"}}]"#, "QUJD".repeat(1_000));
+        assert_eq!(estimated_bytes(&small), small.len());
+    }
 
     #[test]
     fn the_sized_read_estimates_as_the_prompt_scan_does() {

@@ -29,6 +29,17 @@ pub(crate) struct Pending {
     pub(crate) inflight: InflightGuard,
 }
 
+/// The most output a request's answer is counted for: its `max_tokens`, times the 128
+/// choices a Chat Completions caller may ask for (`n`, passed through to an OpenAI provider,
+/// whose `completion_tokens` counts every choice's); None when it named no `max_tokens`.
+pub(crate) fn output_bound(inb: &crate::proxy::Inbound) -> Option<u64> {
+    const MOST_CHOICES: u64 = 128;
+    inb.meta.max_tokens.map(|m| match inb.endpoint.api {
+        ApiKind::OpenAi => m.saturating_mul(MOST_CHOICES),
+        ApiKind::Anthropic | ApiKind::Responses => m,
+    })
+}
+
 pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
     let metrics = &call.proxy.metrics;
     let tenant = rec.tenant();
@@ -47,7 +58,7 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
         } else {
             crate::meter::Named::Unknown
         },
-        max_output: call.inb.meta.max_tokens,
+        max_output: output_bound(call.inb),
     }
 }
 

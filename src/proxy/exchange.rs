@@ -504,7 +504,7 @@ fn meter_unserved(
 ) {
     let usage = incoming.upstream_usage().or_else(|| watch.usage());
     if let (Some(u), Some(rec)) = (usage, record.as_mut()) {
-        let u = u.bounded(&call.up.name, call.inb.meta.max_tokens);
+        let u = u.bounded(&call.up.name, answer::output_bound(call.inb));
         let cost = answer::sink(call, rec).record_unserved(u);
         rec.charge_attempt(u, cost);
     }
@@ -701,7 +701,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                     usage_read.unwrap_or_else(|| inb.endpoint.api.dialect().usage_of_body(&body));
                 match usage {
                     Some(u) => {
-                        let u = u.bounded(&up.name, inb.meta.max_tokens);
+                        let u = u.bounded(&up.name, answer::output_bound(inb));
                         let sink = answer::sink(call, rec);
                         let cost = sink.record(u);
                         rec.settle(u, cost, &sink, false);

@@ -34,31 +34,28 @@ impl Proxy {
     ) -> Result<Reservation, ProxyError> {
         // An output the caller did not bound (OpenAI callers often do not) reserves the usual
         // amount, but never more than the tenant's minute leaves after the input: past it,
-        // every such request would be a 400 for a `max_tokens` it never sent.
-        let output = meta.max_tokens.unwrap_or_else(|| {
-            let usual = snap.cfg.ratelimit.default_output_reservation;
-            match t.tokens_per_minute {
+        // every such request would be a 400 for a `max_tokens` it never sent. Its budget hold
+        // is still the usual amount (the most such a request is taken to write).
+        let usual = snap.cfg.ratelimit.default_output_reservation;
+        let output = meta
+            .max_tokens
+            .unwrap_or_else(|| match t.tokens_per_minute {
                 0 => usual,
                 tpm => usual.min(tpm.saturating_sub(meta.approx_input_tokens)),
-            }
-        });
-        // The input is an estimate (bytes / 4: an image's base64 counts as text, far above
-        // what the provider bills for it), so only a `max_tokens` past the whole minute is
-        // sure never to fit; an estimate past it reserves the whole minute, and the request
-        // waits for a full bucket, its real usage settled after.
-        let mut tokens = meta.approx_input_tokens.saturating_add(output);
-        if t.tokens_per_minute > 0 && output > t.tokens_per_minute {
+            });
+        // The estimate counts an image's base64 as what the provider bills for an image, not
+        // as text (`api::fields`), so a request it puts past the whole minute is one that can
+        // never fit.
+        let tokens = meta.approx_input_tokens.saturating_add(output);
+        if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
             return Err(ProxyError::NeverFits {
-                tokens: output,
+                tokens,
                 tokens_per_minute: t.tokens_per_minute,
             });
         }
-        if t.tokens_per_minute > 0 {
-            tokens = tokens.min(t.tokens_per_minute);
-        }
         let hold_pico = match t.daily_budget_pico {
             0 => 0,
-            _ => estimated_cost(&snap.cfg, endpoint, meta, output),
+            _ => estimated_cost(&snap.cfg, endpoint, meta, meta.max_tokens.unwrap_or(usual)),
         };
         let ask = Ask {
             tenant: crate::route::tenant_name(tenant),

@@ -241,10 +241,21 @@ pub async fn run(cfg: Config, registry: Registry, source: ConfigSource) -> Resul
     signals.wait(&server.reloader).await;
     tracing::info!("shutting down: draining in-flight requests");
     // A second SIGTERM or SIGINT during the drain (an operator's second Ctrl-C) ends it at once:
-    // what is still in flight is cut when the runtime stops.
+    // what is still in flight is cut when the runtime stops. One within a second of the first
+    // is the same stop told twice (a terminal's SIGINT to the process group and a
+    // supervisor's SIGTERM after it), not a second one.
+    let first = tokio::time::Instant::now();
+    let second = async {
+        loop {
+            signals.next_stop().await;
+            if first.elapsed() >= std::time::Duration::from_secs(1) {
+                break;
+            }
+        }
+    };
     tokio::select! {
         () = server.shutdown() => tracing::info!("stopped"),
-        () = signals.next_stop() => {
+        () = second => {
             tracing::warn!("a second stop signal during the drain: stopping now, cutting what is still in flight");
         }
     }

@@ -204,11 +204,16 @@ impl Reloader {
         for name in &moved {
             self.proxy.breakers.forget_provider(name);
         }
-        // The old key watchers are left to end by themselves, once the last request of the
-        // old config drops its key cells (a watcher holds its cell weakly): a request still on
-        // the old config (queued, or retrying after a backoff) would otherwise go on sending
-        // the key it read before a rotation.
-        drop(std::mem::replace(&mut *self.watchers.lock(), fresh));
+        // A key file the new config keeps is watched by the watcher already running (the cell
+        // is shared, `Lanes::key`): `fresh` holds the new files' only. The others run on until
+        // the last config using their cell is gone (a watcher holds its cell weakly), so that a
+        // request still on an old config (queued, or retrying after a backoff) sends the key a
+        // rotation brought; those that ended are let go.
+        {
+            let mut w = self.watchers.lock();
+            w.retain(|h| !h.is_finished());
+            w.extend(fresh);
+        }
         for key in &restart_required {
             tracing::warn!(setting = %key, "changed in the config, but takes effect only after a restart");
         }
@@ -275,5 +280,49 @@ mod tests {
             } => assert_eq!(restart_required, ["server.listen"]),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A reload that keeps a provider's key file keeps its key cell and the one watcher of
+    /// it: a hundred reloads while an old config's request was in flight ran a hundred
+    /// watchers of the same file, four reads a second each.
+    #[tokio::test]
+    async fn reloads_that_keep_a_key_file_keep_one_watcher() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let key = dir.path().join("key");
+        std::fs::write(&key, "sk-ant-one\n").unwrap_or_else(|e| panic!("{e}"));
+        let toml = format!(
+            "[providers.anthropic]\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:9\"\napi_key_file = \"{}\"\n",
+            key.display()
+        );
+        let started = config(&toml);
+        let registry = prometheus::Registry::new();
+        let metrics =
+            Arc::new(crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}")));
+        let lanes = Arc::new(crate::upstream::Lanes::new(metrics.clone()));
+        let snapshot =
+            Snapshot::new(Arc::new(started.clone()), &lanes).unwrap_or_else(|e| panic!("{e}"));
+        let watchers: Vec<_> = snapshot
+            .upstreams
+            .values()
+            .filter_map(|u| u.spawn_key_watch())
+            .collect();
+        assert_eq!(watchers.len(), 1);
+        let ledger = Arc::new(crate::meter::Ledger::default());
+        let ip = started.server.listen.ip();
+        let proxy = Arc::new(Proxy::new(snapshot, lanes, metrics, ledger, ip));
+        // The first config's upstream stays in use (a request in flight holds it).
+        let held = proxy.snapshot.load_full();
+        let source: ConfigSource = Arc::new(move || config_result(&toml));
+        let reloader = Reloader::new(Some(source), proxy, &started, watchers);
+        for _ in 0..100 {
+            assert!(matches!(reloader.reload(), ReloadOutcome::Applied { .. }));
+        }
+        assert_eq!(reloader.watchers.lock().len(), 1);
+        drop(held);
+        reloader.stop_watchers();
+    }
+
+    fn config_result(toml: &str) -> Result<Config, crate::config::ConfigErrors> {
+        crate::config::load_str(toml, &HashMap::new())
     }
 }

@@ -454,7 +454,7 @@ impl ToAnthropic {
                             "the upstream model called tool `{}` with arguments too large to check",
                             self.tool_name
                         )
-                    } else if self.opening_another {
+                    } else if self.opening_another && cut_short(&args) {
                         // Not the model's arguments: the way they were streamed.
                         format!(
                             "the upstream streamed its tool calls interleaved (a fragment of another call came before the arguments of `{}` were whole), which legate does not translate",
@@ -554,4 +554,11 @@ fn write_input_delta(block: u64, partial_json: String, out: &mut Vec<u8>) {
             delta,
         },
     );
+}
+
+/// Arguments that are the start of a JSON text cut short (not wrong JSON, nor none): the call
+/// was closed before its last fragment came.
+fn cut_short(args: &str) -> bool {
+    !args.trim().is_empty()
+        && serde_json::from_str::<serde::de::IgnoredAny>(args).is_err_and(|e| e.is_eof())
 }

@@ -75,24 +75,27 @@ async fn a_reservation_that_can_never_fit_is_a_400() {
     assert_eq!(env.mock.stats().requests, 0);
 }
 
-/// The input is an estimate (bytes / 4), far above what the provider bills for an image's
-/// base64: a prompt estimated past the whole minute reserves the whole minute and is served,
-/// not refused for ever. An OpenAI caller that sends no `max_tokens` to a tenant whose minute
-/// is below `default_output_reservation` is served too (it was a 400 naming a `max_tokens` it
-/// never sent).
+/// An image's base64 counts in the estimate as what the provider bills for an image (1,600
+/// tokens at most), not as text: a 200 KB image was 50,000 tokens, past a tenant's whole
+/// minute, and a 400 for ever. A text prompt that size still can never fit (a 400). An OpenAI
+/// caller that sends no `max_tokens` to a tenant whose minute is below
+/// `default_output_reservation` is served (it was a 400 naming a `max_tokens` it never sent).
 #[tokio::test]
-async fn an_estimate_past_the_minute_waits_for_a_full_bucket_instead_of_a_400() {
-    let env = harness::start("[tenants.default]\ntokens_per_minute = 1000\n").await;
-    let image = "A".repeat(40_000);
+async fn an_image_is_estimated_as_an_image_and_text_as_text() {
+    let env = harness::start("[tenants.default]\ntokens_per_minute = 10000\n").await;
+    let image = "iVBORw0KGgo".repeat(20_000);
     let body = format!(
-        r#"{{"model":"claude-t","max_tokens":10,"messages":[{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{image}"}}}}]}}]}}"#
+        r#"{{"model":"claude-t","max_tokens":10,"messages":[{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data": "{image}"}}}}]}}]}}"#
     );
-    let first = env.messages(body.clone()).await;
+    let first = env.messages(body).await;
     assert_eq!(first.status(), 200);
     let _ = first.bytes().await.unwrap();
-    // It took the whole minute: the next waits for the bucket.
-    let second = env.messages(body).await;
-    assert_eq!(second.status(), 429);
+    let text = "hello ".repeat(40_000);
+    let body = format!(
+        r#"{{"model":"claude-t","max_tokens":10,"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    );
+    let refused = env.messages(body).await;
+    assert_eq!(refused.status(), 400);
     assert_eq!(env.mock.stats().requests, 1);
 
     let env = harness::start("[tenants.default]\ntokens_per_minute = 2000\n").await;

@@ -374,3 +374,39 @@ async fn waiting_request_takes_the_rotated_key(reload_first: bool) {
         vec!["sk-ant-second-key"]
     );
 }
+
+/// A reload that points a provider at another endpoint (its `base_url`) starts that provider's
+/// breakers closed: the old endpoint's failures say nothing of the new one's health. A reload
+/// that keeps the endpoint keeps them as they were.
+#[tokio::test]
+async fn a_provider_moved_to_another_endpoint_starts_with_closed_breakers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let failing = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"replies":[{"times":0,"status":503}]}"#).unwrap(),
+    )
+    .await;
+    let healthy = harness::start_mock(legate::mock::Script::default()).await;
+    let breaker = "[retry]\nmax_attempts = 1\n[breaker]\nmin_calls = 2\nfailure_ratio = 0.5\nopen_for = \"300s\"\n";
+    let on = |url: &str| harness::config_toml(url, &format!("{breaker}{}", chain_to("claude-x")));
+    std::fs::write(&path, on(&failing.base_url())).unwrap();
+    let healthy_url = healthy.base_url();
+    let env = harness::start_file(failing, &path).await;
+    let state = [("provider", "anthropic"), ("model", "claude-x")];
+    let plain = STREAM.replace("true", "false");
+    for _ in 0..2 {
+        assert_eq!(env.messages(plain.clone()).await.status(), 503);
+    }
+    env.wait_metric("legate_breaker_state", &state, 1.0).await;
+    assert_eq!(env.messages(plain.clone()).await.status(), 529);
+    // The same endpoint again: still open.
+    assert_eq!(reload(&env).await.0, 200);
+    assert_eq!(env.messages(plain.clone()).await.status(), 529);
+    // Another endpoint: closed, and served there.
+    std::fs::write(&path, on(&healthy_url)).unwrap();
+    assert_eq!(reload(&env).await.0, 200);
+    assert_eq!(env.metric("legate_breaker_state", &state).await, Some(0.0));
+    assert_eq!(env.messages(plain).await.status(), 200);
+    assert_eq!(env.mock.requests().len(), 2);
+    assert_eq!(healthy.requests().len(), 1);
+}

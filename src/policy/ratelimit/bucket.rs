@@ -7,6 +7,10 @@
 
 pub const UNITS_PER_TOKEN: i128 = 60_000;
 
+/// How far ahead of the clock a bucket's time may be before it is taken as a step of the
+/// clock (and the clock's time is taken instead): the Redis script uses the same bound.
+pub const CLOCK_STEP_MS: u64 = 2_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
     pub level: i128,
@@ -26,9 +30,16 @@ impl Bucket {
         let cap = i128::from(limit_per_min) * UNITS_PER_TOKEN;
         let elapsed = i128::from(now_ms.saturating_sub(self.last_ms));
         self.level = (self.level + elapsed * i128::from(limit_per_min)).min(cap);
-        // A time ahead of the clock (a wall clock stepped back) is not kept: kept, the bucket
-        // would refill only once the clock caught up with it.
-        self.last_ms = now_ms;
+        // A time far ahead of the clock (a wall clock stepped back, a key written wrong) is
+        // not kept: kept, the bucket would refill only once the clock caught up with it. One
+        // a little ahead is (callers read the clock before they take the store's lock, so
+        // they may come in a slightly different order): going back to it would count the
+        // time between twice.
+        if self.last_ms <= now_ms.saturating_add(CLOCK_STEP_MS) {
+            self.last_ms = self.last_ms.max(now_ms);
+        } else {
+            self.last_ms = now_ms;
+        }
     }
 
     /// Takes `n` tokens, or says how many milliseconds until they would be there.

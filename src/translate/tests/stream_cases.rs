@@ -202,6 +202,20 @@ fn interleaved_tool_arguments_end_in_an_error_not_a_corrupt_input() {
     let raw = String::from_utf8_lossy(&raw);
     assert!(raw.contains("interleaved"), "{raw}");
     assert!(!raw.contains("not a JSON object"), "{raw}");
+    // Calls one after the other, the first with whole arguments that are no object: the
+    // model's arguments are the cause, and the error says so.
+    let input = [
+        call(0, Some("a"), "[1,2]"),
+        call(1, Some("b"), "{}"),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let raw = translate(Dir::AnthropicToOpenAi, false, input.as_bytes(), &[]);
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(
+        raw.contains("not a JSON object") && !raw.contains("interleaved"),
+        "{raw}"
+    );
 }
 
 /// Ollama numbers every call of a turn 0 (and some servers send no index at all), sending the

@@ -15,6 +15,8 @@ local UNITS = 60000
 local DAY_MS = 86400000
 -- An absent bucket starts full, so a bucket's keys may vanish once it would be full again.
 local IDLE_MARGIN_MS = 60000
+-- bucket.rs CLOCK_STEP_MS.
+local CLOCK_STEP_MS = 2000
 -- A day's spend outlives the day so that a late settlement still finds it.
 local SPEND_TTL_MS = 2 * DAY_MS
 local SPEND_MAX = '9223372036854775807'
@@ -59,9 +61,14 @@ local function refill(b, limit, now)
   local cap = limit * UNITS
   local elapsed = math.max(now - b.last, 0)
   b.level = math.min(b.level + elapsed * limit, cap)
-  -- A time ahead of the clock (the clock stepped back, or the key was written wrong) is not
-  -- kept: kept, the bucket would refill only once the clock caught up with it.
-  b.last = now
+  -- A time far ahead of the clock (the clock stepped back, or the key was written wrong) is
+  -- not kept: kept, the bucket would refill only once the clock caught up with it. One a
+  -- little ahead is, as bucket.rs keeps it (CLOCK_STEP_MS).
+  if b.last <= now + CLOCK_STEP_MS then
+    b.last = math.max(b.last, now)
+  else
+    b.last = now
+  end
 end
 
 -- Takes n tokens and returns nil, or returns the milliseconds until they would be there.
