@@ -251,15 +251,7 @@ mod tests {
     #[tokio::test]
     async fn keys_guarding_a_public_listener_stay_until_a_restart() {
         let started = config(&format!("[server]\nlisten = \"10.1.2.3:8787\"\n{CLIENTS}"));
-        let registry = prometheus::Registry::new();
-        let metrics =
-            Arc::new(crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}")));
-        let lanes = Arc::new(crate::upstream::Lanes::new(metrics.clone()));
-        let snapshot =
-            Snapshot::new(Arc::new(started.clone()), &lanes).unwrap_or_else(|e| panic!("{e}"));
-        let ledger = Arc::new(crate::meter::Ledger::default());
-        let ip = started.server.listen.ip();
-        let proxy = Arc::new(Proxy::new(snapshot, lanes, metrics, ledger, ip));
+        let (proxy, _) = proxy_on(&started);
         let next = Arc::new(parking_lot::Mutex::new(String::new()));
         let read = next.clone();
         let source: ConfigSource =
@@ -295,21 +287,8 @@ mod tests {
             key.display()
         );
         let started = config(&toml);
-        let registry = prometheus::Registry::new();
-        let metrics =
-            Arc::new(crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}")));
-        let lanes = Arc::new(crate::upstream::Lanes::new(metrics.clone()));
-        let snapshot =
-            Snapshot::new(Arc::new(started.clone()), &lanes).unwrap_or_else(|e| panic!("{e}"));
-        let watchers: Vec<_> = snapshot
-            .upstreams
-            .values()
-            .filter_map(|u| u.spawn_key_watch())
-            .collect();
+        let (proxy, watchers) = proxy_on(&started);
         assert_eq!(watchers.len(), 1);
-        let ledger = Arc::new(crate::meter::Ledger::default());
-        let ip = started.server.listen.ip();
-        let proxy = Arc::new(Proxy::new(snapshot, lanes, metrics, ledger, ip));
         // The first config's upstream stays in use (a request in flight holds it).
         let held = proxy.snapshot.load_full();
         let source: ConfigSource = Arc::new(move || config_result(&toml));
@@ -320,6 +299,27 @@ mod tests {
         assert_eq!(reloader.watchers.lock().len(), 1);
         drop(held);
         reloader.stop_watchers();
+    }
+
+    /// A proxy on config `started`, as `serve` makes it, and its key watchers.
+    fn proxy_on(started: &Config) -> (Arc<Proxy>, Vec<JoinHandle<()>>) {
+        let registry = prometheus::Registry::new();
+        let metrics =
+            Arc::new(crate::telemetry::Metrics::new(&registry).unwrap_or_else(|e| panic!("{e}")));
+        let lanes = Arc::new(crate::upstream::Lanes::new(metrics.clone()));
+        let snapshot =
+            Snapshot::new(Arc::new(started.clone()), &lanes).unwrap_or_else(|e| panic!("{e}"));
+        let watchers = snapshot
+            .upstreams
+            .values()
+            .filter_map(|u| u.spawn_key_watch())
+            .collect();
+        let ledger = Arc::new(crate::meter::Ledger::default());
+        let ip = started.server.listen.ip();
+        (
+            Arc::new(Proxy::new(snapshot, lanes, metrics, ledger, ip)),
+            watchers,
+        )
     }
 
     fn config_result(toml: &str) -> Result<Config, crate::config::ConfigErrors> {

@@ -225,33 +225,10 @@ async fn drains_an_open_stream(workers: usize) {
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
     }
-    let http = reqwest::Client::new();
-    let resp = http
-        .post(format!("{data}/v1/messages"))
-        .header("anthropic-version", "2023-06-01")
-        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let (mut stream, mut text) = first_of_stream(&data).await;
     sigterm(&legate);
     // Readiness turns false while the stream is still open.
-    let admin_http = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
-    loop {
-        let r = admin_http
-            .get(format!("{admin}/readyz"))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 503 {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    wait_draining(&admin).await;
     // New connections to the data plane are refused.
     let fresh = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
@@ -371,15 +348,7 @@ async fn streams_outliving_shutdown_grace_end_with_an_error_event() {
         r#"{"default":{"event_gap_ms":200,"content":[{"type":"text","text":"a b c d e f g h i j k l m n o p"}]}}"#,
     )
     .await;
-    let resp = reqwest::Client::new()
-        .post(format!("{data}/v1/messages"))
-        .header("anthropic-version", "2023-06-01")
-        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let (mut stream, mut text) = first_of_stream(&data).await;
     sigterm(&legate);
     while let Some(Ok(chunk)) = stream.next().await {
         text.push_str(std::str::from_utf8(&chunk).unwrap());
@@ -522,29 +491,10 @@ async fn a_second_sigterm_during_the_drain_stops_at_once() {
     )
     .await;
     let (data, admin) = addrs(&line);
-    let resp = reqwest::Client::new()
-        .post(format!("{data}/v1/messages"))
-        .header("anthropic-version", "2023-06-01")
-        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let (mut stream, mut text) = first_of_stream(&data).await;
     sigterm(&legate);
     // The first signal is handled (the drain has begun) before the second is sent.
-    let admin_http = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
-    while admin_http
-        .get(format!("{admin}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status() == 200)
-    {
-        tokio::task::yield_now().await;
-    }
+    wait_draining(&admin).await;
     // One within a second of the first is the same stop told twice: sent again until one
     // counts (bounded: the drain alone would take half a minute).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -563,4 +513,38 @@ async fn a_second_sigterm_during_the_drain_stops_at_once() {
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
     assert!(!text.contains("event: message_stop"), "{text}");
+}
+
+/// A streamed `/v1/messages` request to `data`, and the text of its first chunk.
+async fn first_of_stream(
+    data: &str,
+) -> (
+    impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+    String,
+) {
+    let resp = reqwest::Client::new()
+        .post(format!("{data}/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .body(r#"{"model":"m","max_tokens":9,"stream":true,"messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    (stream, text)
+}
+
+/// Waits until `/readyz` on `admin` answers 503: a SIGTERM has been handled.
+async fn wait_draining(admin: &str) {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    loop {
+        let r = http.get(format!("{admin}/readyz")).send().await.unwrap();
+        if r.status() == 503 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
 }
