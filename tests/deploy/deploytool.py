@@ -23,7 +23,8 @@ K8S = DEPLOY / "kubernetes"
 PROMETHEUS = DEPLOY / "prometheus"
 
 
-# SPEC §8: the metric names legate exports, the only legate_* names dashboards and rules may use.
+# SPEC §8: the metric names legate exports, the only legate_* names dashboards and rules may use
+# (and the one extension the shipped alerts need).
 SPEC_METRICS = {
     "legate_requests_total": "counter",
     "legate_overhead_seconds": "histogram",
@@ -43,6 +44,10 @@ SPEC_METRICS = {
     "legate_upstream_ratelimit_remaining_ratio": "gauge",
     "legate_config_reloads_total": "counter",
     "legate_build_info": "gauge",
+    "legate_telemetry_dropped_total": "counter",
+    # An extension the README lists under Metrics: the Redis rate-limit store out of reach,
+    # which the README tells operators to alert on.
+    "legate_ratelimit_store_degraded": "gauge",
 }
 
 
