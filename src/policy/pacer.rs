@@ -102,6 +102,27 @@ pub struct Booking {
     next: Instant,
 }
 
+/// A booked slot not yet used ([`Pacer::hold`]): given back when dropped.
+pub struct Held<'a> {
+    pacer: &'a Pacer,
+    booking: Option<Booking>,
+}
+
+impl Held<'_> {
+    /// The slot was waited for and is taken: nothing is given back.
+    pub fn used(mut self) {
+        self.booking = None;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.booking.take() {
+            self.pacer.give_back(b);
+        }
+    }
+}
+
 impl Pacer {
     pub fn new(provider: &str, gauge: GaugeVec) -> Self {
         Pacer {
@@ -248,6 +269,15 @@ impl Pacer {
         }
     }
 
+    /// A booked slot that is given back unless it is used: a call dropped during its wait
+    /// (its caller left) frees its slot as a shed one does.
+    pub fn hold(&self, b: Booking) -> Held<'_> {
+        Held {
+            pacer: self,
+            booking: Some(b),
+        }
+    }
+
     /// For `/admin/state`.
     pub fn snapshot(&self) -> serde_json::Value {
         self.refresh();
@@ -390,6 +420,28 @@ mod tests {
         assert_eq!(
             p.book(Priority::Batch, 0.2).map(|b| b.wait),
             Some(Duration::from_millis(1500))
+        );
+    }
+
+    /// A held slot is given back when dropped (its call went away during the wait), and kept
+    /// once used.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_slot_dropped_is_given_back_and_one_used_is_not() {
+        let p = pacer();
+        p.observe(&headers(&[
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "4"),
+            ("x-ratelimit-reset-requests", "2s"),
+        ]));
+        assert!(p.book(Priority::Batch, 0.2).is_none());
+        let left = p.book(Priority::Batch, 0.2).unwrap();
+        drop(p.hold(left));
+        let used = p.book(Priority::Batch, 0.2).unwrap();
+        assert_eq!(used.wait, Duration::from_millis(500));
+        p.hold(used).used();
+        assert_eq!(
+            p.book(Priority::Batch, 0.2).map(|b| b.wait),
+            Some(Duration::from_millis(1000))
         );
     }
 

@@ -388,21 +388,21 @@ async fn turn(call: &Call<'_>) -> Result<(Permit, bool), Exchanged> {
         let wait = booked.wait;
         // A wait the deadline cannot cover is a refusal before any attempt: shed (529), with
         // the pacer's wait as its retry-after, not a 504 that tells the SDK not to retry. A
-        // call shed gives its slot back; either way it is told to come back at its slot.
-        let shed = |booked| {
-            up.pacer.give_back(booked);
-            Exchanged::Shed(ProxyError::Shed {
-                retry_after: wait.max(Duration::from_secs(1)),
-                counting: false,
-            })
-        };
+        // call shed gives its slot back, and so does one dropped while it waits (its caller
+        // left); a shed one is told to come back at its slot.
+        let held = up.pacer.hold(booked);
+        let shed = Exchanged::Shed(ProxyError::Shed {
+            retry_after: wait.max(Duration::from_secs(1)),
+            counting: false,
+        });
         if Instant::now() + wait >= inb.deadline {
             up.gate.count_shed(inb.priority);
-            return Err(shed(booked));
+            return Err(shed);
         }
         if up.gate.pace(inb.priority, wait).await.is_err() {
-            return Err(shed(booked));
+            return Err(shed);
         }
+        held.used();
     }
     let shed = |_| {
         Exchanged::Shed(ProxyError::Shed {

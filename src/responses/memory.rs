@@ -9,7 +9,8 @@
 //! (whose next turn would get 400 "unknown": with several tenants an id legate no longer keeps
 //! is not asked of the provider either). Each tenant keeps about its fair share of the bound
 //! (whole entries are evicted, so one just over it may drop below it by a large entry), and
-//! what others leave unused.
+//! what others leave unused; an entry that would fit only by taking another owner below that
+//! is not kept.
 //!
 //! A turn that continues an earlier one (`previous_response_id`) is kept with the whole
 //! conversation, so the earlier turn's entry holds nothing the later one lacks: a chain of n
@@ -102,28 +103,63 @@ impl Inner {
     }
 
     /// Sweeps the expired entries, then evicts until `bytes` more fit within `max_bytes`: the
-    /// oldest of the owner holding the most (`bytes` counted with `owner`'s).
-    fn make_room(&mut self, bytes: usize, owner: Option<&Arc<str>>, now: Instant) {
+    /// oldest of the owner holding the most (`bytes` counted with `owner`'s). False, with
+    /// nothing evicted for it, when they fit only by taking the others below what a fair
+    /// share leaves them: the entry is `owner`'s to go without.
+    fn make_room(&mut self, bytes: usize, owner: Option<&Arc<str>>, now: Instant) -> bool {
         // Entries share one TTL, so each owner's insertion order is its expiry order: its
         // expired entries are at its front.
         let ttl = self.ttl;
         while let Some(name) = self.stale_or_expired_front(now) {
             self.trim_front(&name, |e| e.kept + ttl <= now);
         }
+        if let Some(owner) = owner {
+            // Heaviest-first eviction brings every owner down to a common level; once that
+            // level is below the entry itself, the owner holds the entry alone and is still
+            // the heaviest. Each other owner keeps up to the entry's size, then.
+            let others: usize = self
+                .owners
+                .iter()
+                .filter(|(n, _)| *n != owner)
+                .map(|(_, o)| o.bytes.min(bytes))
+                .sum();
+            if bytes + others > self.max_bytes {
+                return false;
+            }
+        }
         while self.bytes + bytes > self.max_bytes {
+            // On a tie another owner gives way before `owner`: its new entry is what asks.
+            let weight = |n: &Arc<str>, o: &Owner| match Some(n) == owner {
+                true => (o.bytes + bytes, false),
+                false => (o.bytes, true),
+            };
             let heaviest = self
                 .owners
                 .iter()
-                .max_by_key(|(n, o)| o.bytes + if Some(*n) == owner { bytes } else { 0 })
-                .map(|(n, _)| n.clone());
+                .max_by_key(|(n, o)| weight(n, o))
+                .map(|(n, o)| (n.clone(), weight(n, o).0));
+            let newcomer = owner.filter(|n| !self.owners.contains_key(*n));
+            let heaviest = match (heaviest, newcomer) {
+                (Some((_, most)), Some(n)) if bytes > most => Some(n.clone()),
+                (Some((n, _)), _) => Some(n),
+                (None, n) => n.cloned(),
+            };
             let Some(n) = heaviest else {
                 // Nothing left to evict: the entry fits within the bound alone.
                 break;
             };
-            if !self.trim_continued(&n) && !self.trim_front(&n, |_| true) && !self.trim_any() {
+            if self.trim_continued(&n) || self.trim_front(&n, |_| true) {
+                continue;
+            }
+            if Some(&n) == owner {
+                // The asking owner has nothing of its own left to give.
+                return false;
+            }
+            if !self.trim_any() {
                 break;
             }
         }
+        true
     }
 
     /// Takes `id`'s entry out, with its bytes.
@@ -284,7 +320,9 @@ impl MemoryStore {
             Some((kept, _)) => kept.clone(),
             None => Arc::from(name),
         };
-        inner.make_room(bytes, Some(&owner), now);
+        if !inner.make_room(bytes, Some(&owner), now) {
+            return;
+        }
         let generation = inner.next_generation;
         inner.next_generation += 1;
         let id: Arc<str> = Arc::from(id);
@@ -498,6 +536,38 @@ mod tests {
         assert_eq!((kept("a"), kept("b")), (5, 5));
         assert_eq!(store.get("b02"), None, "b's oldest, once b holds the most");
         assert!(store.get("b00").is_none() && store.get("b03").is_some());
+    }
+
+    /// One tenant's single large entry never takes another below what a fair share leaves
+    /// it: the entry is not kept, whether its tenant is new or holds entries already.
+    #[tokio::test]
+    async fn a_large_entry_does_not_take_another_tenant_below_its_share() {
+        let one = ten_bytes("b00", "team-b");
+        let store = MemoryStore::new(one * 10, Duration::from_secs(60));
+        for i in 0..7 {
+            store.put(&format!("b{i:02}"), &stored("0123456789", "team-b"));
+        }
+        let b_kept = |store: &MemoryStore| {
+            (0..7)
+                .filter(|i| store.get(&format!("b{i:02}")).is_some())
+                .count()
+        };
+        // About six entries' bytes: b would be left four of its seven, below half.
+        let large = stored(&"x".repeat(one * 6 - one + 10), "team-a");
+        store.put("a-large", &large);
+        assert_eq!((store.get("a-large"), b_kept(&store)), (None, 7));
+        store.put("a-small", &stored("0123456789", "team-a"));
+        store.put("a-large", &large);
+        assert_eq!(store.get("a-large"), None);
+        assert!(store.get("a-small").is_some(), "a's own entry stays");
+        assert_eq!(b_kept(&store), 7);
+        // Up to half fits, taken from b's oldest.
+        let half = stored(&"x".repeat(one * 4 - one + 10), "team-a");
+        store.put("a-half", &half);
+        assert!(store.get("a-half").is_some());
+        assert_eq!(b_kept(&store), 5);
+        assert_eq!(store.get("b00"), None);
+        assert!(store.bytes() <= one * 10);
     }
 
     /// Places of deleted entries pile up behind a live one and are compacted away; every

@@ -297,18 +297,20 @@ impl TurnFields {
 }
 
 /// The body with `previous_response_id` resolved: the earlier turn's input and output items
-/// come before this request's input, and the field is removed. Only for translated steps;
+/// (but reasoning items) come before this request's input, and the field is removed. Only for translated steps;
 /// a passthrough step gets the caller's bytes.
 pub fn rebuild(body: &[u8], prior: &Stored) -> Result<Vec<u8>, Untranslatable> {
     let mut req: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| Untranslatable(format!("the body is not a valid Responses request: {e}")))?;
-    let mut items = prior.input.clone();
-    items.extend(prior.output().iter().cloned());
-    if prior.passthrough {
-        // A provider's reasoning items (their ids, their encrypted content) are its own: no
-        // other provider, and no translation, can read them back.
-        items.retain(|item| item["type"] != "reasoning");
-    }
+    // A provider's reasoning items (their ids, their encrypted content) are its own: no other
+    // provider, and no translation, can read them back. Which provider made one is not kept:
+    // a translated turn's stored input carries the relayed turns' before it, and a rebuilt
+    // body goes to another provider, or to a translation that drops them anyway.
+    let stored = prior.input.iter().chain(prior.output());
+    let mut items: Vec<Value> = stored
+        .filter(|item| item["type"] != "reasoning")
+        .cloned()
+        .collect();
     items.extend(input_items(body));
     req.insert("input".into(), Value::Array(items));
     req.remove("previous_response_id");

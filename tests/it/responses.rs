@@ -698,6 +698,61 @@ chain = ["openai:gpt-one", "openai2:gpt-two"]
     assert_eq!(sent["previous_response_id"], id.as_str(), "{sent}");
 }
 
+/// A provider's reasoning items reach no other provider: carried in a translated turn's
+/// stored input, they are left out when a later turn is rebuilt for a relaying step.
+#[tokio::test]
+async fn reasoning_items_carried_through_a_translated_turn_reach_no_other_provider() {
+    let extra = r#"
+[providers.openai2]
+kind = "openai"
+base_url = "{MOCK}"
+api_key_env = "OPENAI_API_KEY"
+
+[[models]]
+name = "one"
+chain = ["openai:gpt-one"]
+
+[[models]]
+name = "two"
+chain = ["openai2:gpt-two"]
+
+[[models]]
+name = "agent"
+chain = ["anthropic:claude-x"]
+"#;
+    let script = r#"{"replies":[
+        {"match":{"model":"gpt-one"},"content":[
+            {"type":"thinking","thinking":"hmm","signature":"sig"},
+            {"type":"text","text":"first"}]}]}"#;
+    let env = harness::start_with(Script::from_json(script).unwrap(), extra).await;
+    let first = responses(&env, r#"{"model":"one","input":"hi"}"#).await;
+    assert_eq!(first.status(), 200);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(first["output"][0]["type"], "reasoning", "{first}");
+    let turn = |model: &str, prior: &Value| {
+        let prior = prior["id"].as_str().unwrap_or_default();
+        format!(r#"{{"model":"{model}","previous_response_id":"{prior}","input":"next"}}"#)
+    };
+    let second = responses(&env, &turn("agent", &first)).await;
+    assert_eq!(second.status(), 200);
+    let second: Value = second.json().await.unwrap();
+    let third = responses(&env, &turn("two", &second)).await;
+    assert_eq!(third.status(), 200);
+    assert_eq!(third.headers()["x-legate-served-by"], "openai2:gpt-two");
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 3);
+    let sent: Value = serde_json::from_slice(&reqs[2].body).unwrap();
+    let input = sent["input"].as_array().unwrap();
+    let types: Vec<&str> = input
+        .iter()
+        .map(|i| i["type"].as_str().unwrap_or("message"))
+        .collect();
+    assert!(!types.contains(&"reasoning"), "{sent}");
+    // The conversation is whole but for it: hi, first, next, the second answer, next.
+    assert_eq!(input.len(), 5, "{sent}");
+    assert!(input[1].to_string().contains("first"), "{sent}");
+}
+
 /// A relayed response's copy goes when the provider's has gone, not before: a DELETE the
 /// provider failed leaves the copy, and a later turn that falls back to a translated step is
 /// still rebuilt from it. Once the provider deleted it, so has legate.
