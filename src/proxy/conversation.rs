@@ -232,6 +232,10 @@ impl Conversation {
     /// waiting to be written (`[responses] max_bytes`): beyond it, or when the write fails,
     /// the entry is kept in this process's memory instead.
     fn keep_entry(&self, id: &str, data: Vec<u8>) {
+        if self.store.deleted.buried(id) {
+            // Deleted while its stream ran: the caller's delete stands.
+            return;
+        }
         if let Some(memory) = self.store.memory() {
             // The earlier turn this one continues is held whole in this one's entry.
             let continues = self.prior.as_ref().and(self.prior_id.as_deref());

@@ -178,6 +178,7 @@ pub async fn stored_response(
             }
             (&Method::GET, "") => held_json(&kept.response, answers, bound)?,
             (&Method::DELETE, "") => {
+                store.deleted.bury(id);
                 store.delete(id).await.map_err(unavailable)?;
                 local_json(
                     StatusCode::OK,
@@ -202,6 +203,7 @@ pub async fn stored_response(
     // translated); a relayed one's copy, all legate has of it, can still be deleted.
     let Some(up) = responses_provider(snap, &snap.cfg) else {
         if deleting && held {
+            store.deleted.bury(id);
             store.delete(id).await.map_err(unavailable)?;
             return Ok(local_json(
                 StatusCode::OK,
@@ -225,12 +227,14 @@ pub async fn stored_response(
     // legate's copy goes once the provider's has: a DELETE the provider failed leaves the
     // response there, and a later turn continuing it on another step is still rebuilt from
     // the copy (and, with several tenants, still known as the caller's).
+    // A response still streaming is kept when its stream ends: its id is remembered so that
+    // it is not.
     let gone = |r: &Response<ProxyBody>| r.status().is_success() || r.status() == 404;
-    if deleting
-        && answer.as_ref().is_ok_and(gone)
-        && let Err(e) = store.delete(id).await
-    {
-        tracing::warn!(error = %e.0, "a deleted response's copy was not deleted from the store");
+    if deleting && answer.as_ref().is_ok_and(gone) {
+        store.deleted.bury(id);
+        if let Err(e) = store.delete(id).await {
+            tracing::warn!(error = %e.0, "a deleted response's copy was not deleted from the store");
+        }
     }
     answer
 }

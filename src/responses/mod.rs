@@ -48,6 +48,7 @@ pub mod request;
 pub mod response;
 pub mod store;
 pub mod stream;
+pub mod tombstones;
 
 #[cfg(test)]
 mod tests;

@@ -162,6 +162,8 @@ pub struct ConversationStore {
     backend: Backend,
     /// Whose each relayed response is, beyond what the backend keeps (see `owners.rs`).
     pub owners: Owners,
+    /// Responses deleted while their stream ran, not to be kept when it ends.
+    pub deleted: super::tombstones::Tombstones,
 }
 
 enum Backend {
@@ -174,6 +176,7 @@ impl ConversationStore {
         ConversationStore {
             backend: Backend::Memory(store),
             owners: Owners::default(),
+            deleted: Default::default(),
         }
     }
 
@@ -181,6 +184,7 @@ impl ConversationStore {
         ConversationStore {
             backend: Backend::Redis(Box::new(store)),
             owners: Owners::default(),
+            deleted: Default::default(),
         }
     }
 

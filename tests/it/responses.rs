@@ -803,6 +803,56 @@ async fn a_relayed_delete_keeps_the_copy_until_the_provider_deleted_it() {
     assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
 }
 
+/// A response deleted while its stream still runs is not kept when the stream ends: the
+/// caller's delete stands, and a translated next turn cannot continue it.
+#[tokio::test]
+async fn a_response_deleted_during_its_stream_is_not_kept_after_it() {
+    let env = start(
+        r#"{"default":{"event_gap_ms":100,"content":[{"type":"text","text":"a b c d e f"}]}}"#,
+    )
+    .await;
+    let resp = responses(
+        &env,
+        r#"{"model":"fast","input":"forget me","stream":true}"#,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut parser = SseParser::new();
+    let mut stream = resp.bytes_stream();
+    let mut id = None;
+    let mut last = String::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        parser.push(&chunk);
+        while let Some(ev) = parser.next_event() {
+            let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+            last = ev.event.clone().unwrap_or_default();
+            if id.is_none() && last == "response.created" {
+                let created = data["response"]["id"].as_str().unwrap().to_owned();
+                let deleted = env
+                    .http
+                    .delete(env.url(&format!("/v1/responses/{created}")))
+                    .header("authorization", "Bearer caller-key")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(deleted.status(), 200);
+                id = Some(created);
+            }
+        }
+    }
+    assert_eq!(
+        last, "response.completed",
+        "the stream ran to its end after the delete"
+    );
+    let id = id.expect("a response.created event");
+    let next = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"next"}}"#);
+    let resp = responses(&env, &next).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
+    assert_eq!(env.mock.requests().len(), 2, "the stream and the delete");
+}
+
 /// With no provider of the Responses API to ask, a response legate does not hold is one it
 /// does not have (404 `response_not_found`), not an endpoint it does not serve.
 #[tokio::test]
