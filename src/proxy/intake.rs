@@ -301,6 +301,7 @@ fn estimated_cost(cfg: &Config, endpoint: Endpoint, meta: &RequestMeta, output: 
 // Looked up by name: a `&str` name is parsed and validated again on every lookup.
 const PRIORITY: http::HeaderName = http::HeaderName::from_static("x-legate-priority");
 const DEADLINE_MS: http::HeaderName = http::HeaderName::from_static("x-legate-deadline-ms");
+const STAINLESS_TIMEOUT: http::HeaderName = http::HeaderName::from_static("x-stainless-timeout");
 
 /// `x-legate-priority`, if the caller sent a valid one.
 pub(super) fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
@@ -365,7 +366,10 @@ fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
     })
 }
 
-/// `x-legate-deadline-ms` may shorten the configured deadline, never extend it.
+/// `x-legate-deadline-ms` may shorten the configured deadline, never extend it; so does an
+/// official SDK's own timeout (`x-stainless-timeout`, in seconds), less a margin. The SDK
+/// retries a call it timed out on its own, and each of its retries runs the whole chain
+/// again: answered 504 (`x-should-retry: false`) a little before its timer fires, it does not.
 pub(super) fn deadline(
     headers: &HeaderMap,
     default: Duration,
@@ -376,6 +380,26 @@ pub(super) fn deadline(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_millis);
-    let d = asked.map_or(default, |a| a.min(default));
+    let sdk = headers
+        .get(&STAINLESS_TIMEOUT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(sdk_timeout);
+    let d = [asked, sdk]
+        .into_iter()
+        .flatten()
+        .fold(default, Duration::min);
     arrived + d
+}
+
+/// The deadline an SDK's `x-stainless-timeout` leaves legate: its seconds (an integer, or a
+/// decimal from the Python SDKs) less 5 % and 200 ms for the time the request took to get here
+/// and the answer to get back, and at least half of them. None for anything else
+/// (`NOT_GIVEN`, which the Python SDKs send when no timeout applies, or a number out of range).
+fn sdk_timeout(v: &str) -> Option<Duration> {
+    let secs: f64 = v.trim().parse().ok()?;
+    if !(secs > 0.0 && secs < 1e9) {
+        return None;
+    }
+    let left = (secs * 0.95 - 0.2).max(secs / 2.0);
+    Some(Duration::from_secs_f64(left))
 }

@@ -27,6 +27,8 @@ def run_claude(legate, tmp_path, model, prompt, timeout=120):
         "ANTHROPIC_API_KEY": CLIENT_KEY,
         # legate retries and falls back; the client must not multiply that.
         "CLAUDE_CODE_MAX_RETRIES": "0",
+        # A stream broken after its content would be sent again, whole, without streaming.
+        "CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK": "1",
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
         "DISABLE_AUTOUPDATER": "1",
@@ -138,6 +140,18 @@ def test_overloaded_chain_is_not_retried_by_claude_code(mock, legate, tmp_path):
     assert done.returncode != 0
     assert mock.calls() == [("/v1/messages?beta=true", MODEL)] * 2
     assert legate.metric("legate_requests_total", api="anthropic", status="529") == 1
+
+
+def test_a_stream_broken_after_content_is_sent_once(mock, legate, tmp_path):
+    """A stream cut after its first content ends in an error event (past the commit point
+    nothing can be retried); with the README's settings Claude Code does not send the turn
+    again, whole, as its non-streaming fallback would."""
+    mock.script({"default": {"cut_after": 4, "content": [
+        {"type": "text", "text": "one two three four five six seven eight"}]}})
+    done = run_claude(legate, tmp_path, MODEL, "hi")
+    assert done.returncode != 0
+    assert mock.calls() == [("/v1/messages?beta=true", MODEL)]
+    assert legate.metric("legate_requests_total", api="anthropic", status="502") == 1
 
 
 def context_report(mock, legate, tmp_path, model):

@@ -630,6 +630,39 @@ async fn a_callers_short_deadline_does_not_open_the_breaker() {
     assert_eq!(state, Some(0.0));
 }
 
+/// An official SDK's own timeout (`x-stainless-timeout`, seconds) shortens the deadline: legate
+/// answers 504, which the SDK does not retry, before the SDK's timer fires and it retries on
+/// its own. `NOT_GIVEN` (a Python SDK's streaming call) and a longer timeout change nothing.
+#[tokio::test]
+async fn an_sdks_own_timeout_shortens_the_deadline() {
+    let env = with_script(
+        "",
+        r#"{"replies":[{"match":{"model":"claude-slow"},"times":0,"delay_ms":5000}]}"#,
+    )
+    .await;
+    let send = |model: &str, timeout: &str| {
+        env.http
+            .post(env.url("/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .header("x-stainless-timeout", timeout)
+            .timeout(std::time::Duration::from_secs(4))
+            .body(format!(
+                r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ))
+            .send()
+    };
+    let resp = send("claude-slow", "1").await.unwrap();
+    assert_eq!(resp.status(), 504);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let resp = send("claude-slow", "1.5").await.unwrap();
+    assert_eq!(resp.status(), 504);
+    assert_eq!(env.mock.stats().requests, 2, "one attempt each");
+    for timeout in ["NOT_GIVEN", "600.0", "600", "-1", "nan"] {
+        let resp = send("claude-x", timeout).await.unwrap();
+        assert_eq!(resp.status(), 200, "{timeout}");
+    }
+}
+
 /// A deadline already passed sends nothing: not the first step, not a later one.
 #[tokio::test]
 async fn nothing_is_sent_once_the_deadline_has_passed() {
