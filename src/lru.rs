@@ -46,10 +46,11 @@ impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
     /// least recently used entry first when full (returned to the caller).
     pub fn entry(&mut self, key: &K, make: impl FnOnce() -> V) -> (&mut V, Option<(K, V)>) {
         let mut evicted = None;
-        if self.map.len() >= self.cap && !self.map.contains_key(key) {
-            if let Some((_, oldest)) = self.order.pop_first() {
-                evicted = self.map.remove(&oldest).map(|(v, _)| (oldest, v));
-            }
+        if self.map.len() >= self.cap
+            && !self.map.contains_key(key)
+            && let Some((_, oldest)) = self.order.pop_first()
+        {
+            evicted = self.map.remove(&oldest).map(|(v, _)| (oldest, v));
         }
         let value = match self.map.entry(key.clone()) {
             Entry::Occupied(o) => {

@@ -34,10 +34,10 @@ pub fn best<'a, T>(
 ) -> Option<(&'a str, T)> {
     let mut found: Option<(usize, &'a str, T)> = None;
     for (pattern, value) in entries {
-        if let Some(rank) = specificity(pattern, name) {
-            if found.as_ref().is_none_or(|(r, _, _)| rank > *r) {
-                found = Some((rank, pattern, value));
-            }
+        if let Some(rank) = specificity(pattern, name)
+            && found.as_ref().is_none_or(|(r, _, _)| rank > *r)
+        {
+            found = Some((rank, pattern, value));
         }
     }
     found.map(|(_, pattern, value)| (pattern, value))

@@ -97,19 +97,19 @@ pub fn fit(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    if let (Some(cap), Some(asked)) = (cap, meta.max_tokens) {
-        if asked > cap {
-            for key in api.dialect().max_tokens_keys() {
-                if let Some(changed) = splice::replace_top_level(&out, key, &cap.to_string()) {
-                    out = Cow::Owned(changed);
-                }
+    if let (Some(cap), Some(asked)) = (cap, meta.max_tokens)
+        && asked > cap
+    {
+        for key in api.dialect().max_tokens_keys() {
+            if let Some(changed) = splice::replace_top_level(&out, key, &cap.to_string()) {
+                out = Cow::Owned(changed);
             }
         }
     }
-    if step.drop_thinking {
-        if let Some(changed) = splice::remove_top_level(&out, "thinking") {
-            out = Cow::Owned(changed);
-        }
+    if step.drop_thinking
+        && let Some(changed) = splice::remove_top_level(&out, "thinking")
+    {
+        out = Cow::Owned(changed);
     }
     Ok(match out {
         Cow::Borrowed(_) => body.clone(),

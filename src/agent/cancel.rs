@@ -92,10 +92,10 @@ impl Cancel {
     /// it cannot be raised any more.
     pub(super) async fn cancelled(&self) -> Signal {
         let mut rx = self.0.clone();
-        if let Ok(raised) = rx.wait_for(Option::is_some).await {
-            if let Some(signal) = *raised {
-                return signal;
-            }
+        if let Ok(raised) = rx.wait_for(Option::is_some).await
+            && let Some(signal) = *raised
+        {
+            return signal;
         }
         std::future::pending().await
     }

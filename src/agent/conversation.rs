@@ -64,11 +64,11 @@ impl Conversation {
         if blocks.is_empty() {
             return;
         }
-        if let Some(last) = self.messages.last_mut().filter(|m| m["role"] == "user") {
-            if let Some(Value::Array(content)) = last.get_mut("content") {
-                content.extend(blocks);
-                return;
-            }
+        if let Some(last) = self.messages.last_mut().filter(|m| m["role"] == "user")
+            && let Some(Value::Array(content)) = last.get_mut("content")
+        {
+            content.extend(blocks);
+            return;
         }
         self.messages
             .push(json!({"role": "user", "content": blocks}));

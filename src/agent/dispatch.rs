@@ -237,6 +237,7 @@ mod tests {
             Ok(b) => b,
             Err(h) => return Err(format!("{h:?}").into()),
         };
+        drop(writer);
         let records = crate::agent::transcript::load(&f.log)?.records;
         std::fs::remove_file(&f.log)?;
         Ok((blocks, records))

@@ -107,14 +107,27 @@ pub async fn run(args: AgentArgs) -> i32 {
             turns,
             tokens,
         }) => {
-            eprintln!("legate agent: {outcome} ({turns} turns, {tokens} tokens)");
+            eprintln!(
+                "{}",
+                said(&format!("{outcome} ({turns} turns, {tokens} tokens)"))
+            );
             outcome.exit_code()
         }
         Err(e) => {
-            eprintln!("legate agent: {e}");
+            eprintln!("{}", said(&e.to_string()));
             e.exit_code()
         }
     }
+}
+
+/// The run's last line. An upstream error's text is the provider's (and may quote the model):
+/// its keys are withheld and its control characters escaped, as in the `[tool]` lines, so
+/// that it can neither leak a key into a CI log nor rewrite the terminal's line.
+fn said(text: &str) -> String {
+    format!(
+        "legate agent: {}",
+        shown::bounded(&secrets::redact(text), 2000)
+    )
 }
 
 /// What keeps a run from starting.
@@ -349,10 +362,10 @@ async fn continue_run(agent: &mut Agent, rebuilt: Rebuilt, follow_up: Option<Str
         return Outcome::Transcript(e);
     }
     agent.conversation = rebuilt.conversation;
-    if let Some(open) = &rebuilt.open_turn {
-        if let Err(stop) = agent.close_open_turn(open).await {
-            return stop;
-        }
+    if let Some(open) = &rebuilt.open_turn
+        && let Err(stop) = agent.close_open_turn(open).await
+    {
+        return stop;
     }
     if let Some(task) = follow_up {
         let content = agent_loop::task_message(&task);
@@ -411,6 +424,20 @@ mod tests {
 
     fn parse(argv: &[&str]) -> Result<AgentArgs, clap::Error> {
         Cli::try_parse_from(std::iter::once("agent").chain(argv.iter().copied())).map(|c| c.args)
+    }
+
+    /// An upstream error's text reaches the last line with its keys withheld and its control
+    /// characters escaped: it cannot pass for another line on a terminal.
+    #[test]
+    fn the_last_line_holds_no_key_and_no_control_character() {
+        let line = said(
+            "upstream error (HTTP 400 invalid_request_error): \x1b[2K\r legate agent: finished \
+             (3 turns) key sk-ant-api03-abcdefghijklmnop_QRSTUV",
+        );
+        assert!(!line.contains('\x1b') && !line.contains('\r'), "{line}");
+        assert!(!line.contains("abcdefghijklmnop"), "{line}");
+        assert!(line.starts_with("legate agent: upstream error"), "{line}");
+        assert!(said(&"x".repeat(5000)).len() < 2100);
     }
 
     #[test]

@@ -97,18 +97,44 @@ pub(super) struct Loaded {
     pub records: Vec<Record>,
     /// Bytes up to the end of the last whole record; a torn line after it is cut off.
     pub valid_len: u64,
+    /// The file, locked ([`hold`]) before it was read: the run resuming it is its only writer.
+    file: Option<File>,
 }
 
-/// Reads a transcript for `--resume`.
+/// Reads a transcript for `--resume`, locked first: a run still writing it (killed by its
+/// caller but not dead, or started in another terminal) would interleave its records with
+/// this run's, each answering the same calls, and the resume would cut its last line off.
 pub(super) fn load(path: &Path) -> Result<Loaded, TranscriptError> {
-    let bytes = std::fs::read(path).map_err(|source| TranscriptError::Io {
+    let io = |source| TranscriptError::Io {
         path: path.to_owned(),
         source,
-    })?;
-    parse(&bytes).map_err(|(line, detail)| TranscriptError::BadLine {
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    hold(&file).map_err(io)?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
+    let mut loaded = parse(&bytes).map_err(|(line, detail)| TranscriptError::BadLine {
         path: path.to_owned(),
         line,
         detail,
+    })?;
+    loaded.file = Some(file);
+    Ok(loaded)
+}
+
+/// Takes the transcript's lock (`flock`, exclusive, not waiting), held while the file is
+/// open: another run holding it is an error, never a wait.
+fn hold(file: &File) -> io::Result<()> {
+    file.try_lock().map_err(|e| match e {
+        std::fs::TryLockError::WouldBlock => io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "another run of legate agent is writing it (it holds the file's lock)",
+        ),
+        std::fs::TryLockError::Error(e) => e,
     })
 }
 
@@ -141,7 +167,11 @@ fn parse(bytes: &[u8]) -> Result<Loaded, (usize, String)> {
             Err(e) => return Err((line_no, e.to_string())),
         }
     }
-    Ok(Loaded { records, valid_len })
+    Ok(Loaded {
+        records,
+        valid_len,
+        file: None,
+    })
 }
 
 /// Appends records, fsyncing each; a no-op without a file.
@@ -165,19 +195,28 @@ impl Writer {
     /// A new transcript. An existing non-empty file is refused: it belongs to another run,
     /// and `--resume` is the way to continue it.
     pub(super) fn create(path: &Path) -> io::Result<Writer> {
-        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
-            return Err(io::Error::new(
+        let exists = || {
+            io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!(
                     "{} exists; continue it with --resume or choose another file",
                     path.display()
                 ),
-            ));
+            )
+        };
+        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+            return Err(exists());
         }
         // O_APPEND: every record lands at the end of the file as it is then, so a file cut
         // short from outside gets whole records after the cut, never a run of NUL bytes up to
         // the writer's old offset.
         let file = OpenOptions::new().create(true).append(true).open(path)?;
+        // Locked, then looked at again: of two runs started on the same new file, the second
+        // finds it locked, or holding the first one's records.
+        hold(&file)?;
+        if file.metadata()?.len() > 0 {
+            return Err(exists());
+        }
         Ok(Writer {
             file: Some(file),
             owes_newline: false,
@@ -186,7 +225,12 @@ impl Writer {
 
     /// Continues a loaded transcript, cutting off a torn last line first.
     pub(super) fn resume(path: &Path, loaded: &Loaded) -> io::Result<Writer> {
-        let file = OpenOptions::new().append(true).open(path)?;
+        // The locked file `load` read (its lock is shared by the copy, and held while either
+        // is open).
+        let file = match &loaded.file {
+            Some(held) => held.try_clone()?,
+            None => OpenOptions::new().append(true).open(path)?,
+        };
         file.set_len(loaded.valid_len)?;
         file.sync_data()?;
         let owes_newline = loaded.valid_len > 0 && !ends_with_newline(path, loaded.valid_len)?;
@@ -321,6 +365,37 @@ mod tests {
         Ok(())
     }
 
+    /// A transcript one run writes cannot be resumed, or started, by another until it ends.
+    #[test]
+    fn a_transcript_in_use_is_refused_to_a_second_run() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.jsonl");
+        let mut first = Writer::create(&path)?;
+        let busy = |e: &TranscriptError| matches!(e, TranscriptError::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock);
+        assert!(load(&path).is_err_and(|e| busy(&e)));
+        first.write(&sample()[0])?;
+        let empty = dir.path().join("new.jsonl");
+        let racing = Writer::create(&empty)?;
+        assert_eq!(
+            Writer::create(&empty).err().map(|e| e.kind()),
+            Some(io::ErrorKind::WouldBlock),
+            "two runs started on one new file"
+        );
+        drop((first, racing));
+        let loaded = load(&path)?;
+        assert!(
+            load(&path).is_err_and(|e| busy(&e)),
+            "the resuming run holds it"
+        );
+        let mut resumed = Writer::resume(&path, &loaded)?;
+        drop(loaded);
+        assert!(load(&path).is_err_and(|e| busy(&e)), "so does its writer");
+        resumed.write(&sample()[1])?;
+        drop(resumed);
+        assert_eq!(load(&path)?.records, sample()[..2].to_vec());
+        Ok(())
+    }
+
     #[test]
     fn a_torn_last_line_is_dropped_and_overwritten() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
@@ -338,7 +413,7 @@ mod tests {
         assert_eq!(loaded.valid_len, whole);
         let mut writer = Writer::resume(&path, &loaded)?;
         writer.write(&sample()[3])?;
-        drop(writer);
+        drop((writer, loaded));
         assert_eq!(load(&path)?.records.len(), 3);
         Ok(())
     }
@@ -352,7 +427,7 @@ mod tests {
         assert_eq!(loaded.records.len(), 1);
         let mut writer = Writer::resume(&path, &loaded)?;
         writer.write(&sample()[1])?;
-        drop(writer);
+        drop((writer, loaded));
         assert_eq!(load(&path)?.records, sample()[..2].to_vec());
         Ok(())
     }

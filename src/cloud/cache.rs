@@ -259,10 +259,10 @@ impl<T: Send + Sync + 'static> Cached<T> {
                 .filter(|rx| rx.has_changed().is_ok())
                 .cloned();
             // A fetch that ended since the look above left a credential: no second one.
-            if live.is_none() {
-                if let Some(v) = self.fresh(SystemTime::now()) {
-                    return Ok(v);
-                }
+            if live.is_none()
+                && let Some(v) = self.fresh(SystemTime::now())
+            {
+                return Ok(v);
             }
             let last = flight.last_error.clone().filter(|_| usable.is_none());
             match live {

@@ -67,10 +67,10 @@ pub(crate) fn problems(
     client: Option<(&Path, &Path)>,
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
-    if let Some(ca) = ca_file {
-        if let Err(e) = add_ca_file(&mut rustls::RootCertStore::empty(), ca) {
-            out.push(("ca_file", e));
-        }
+    if let Some(ca) = ca_file
+        && let Err(e) = add_ca_file(&mut rustls::RootCertStore::empty(), ca)
+    {
+        out.push(("ca_file", e));
     }
     if let Some((cert, key)) = client {
         let named = match (read_certs(cert), read_key(key)) {

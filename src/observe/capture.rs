@@ -235,10 +235,10 @@ impl Body for ObservedBody {
         let span = this.obs.span().clone();
         let _in = span.enter();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                this.observe(data);
-            }
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            this.observe(data);
         }
         polled
     }

@@ -40,11 +40,11 @@ struct Fields(Vec<(String, Value)>);
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == RECORD_FIELD {
-            if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(value) {
-                self.0.extend(m);
-                return;
-            }
+        if field.name() == RECORD_FIELD
+            && let Ok(Value::Object(m)) = serde_json::from_str::<Value>(value)
+        {
+            self.0.extend(m);
+            return;
         }
         self.0.push((field.name().to_string(), Value::from(value)));
     }
@@ -90,10 +90,10 @@ where
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 let ext = span.extensions();
-                if let Some(f) = ext.get::<FormattedFields<JsonFields>>() {
-                    if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(f.as_str()) {
-                        span_fields.extend(m);
-                    }
+                if let Some(f) = ext.get::<FormattedFields<JsonFields>>()
+                    && let Ok(Value::Object(m)) = serde_json::from_str::<Value>(f.as_str())
+                {
+                    span_fields.extend(m);
                 }
             }
         }

@@ -160,14 +160,14 @@ impl Ticket {
     /// upstream: its success is given now, so other callers are not refused for the whole
     /// length of the stream; what the stream does afterwards counts as an ordinary call.
     pub fn committed(mut self) -> Ticket {
-        if self.probe {
-            if let Some(b) = self.breaker.take() {
-                b.record(true, Outcome::Success, Instant::now());
-                return Ticket {
-                    breaker: Some(b),
-                    probe: false,
-                };
-            }
+        if self.probe
+            && let Some(b) = self.breaker.take()
+        {
+            b.record(true, Outcome::Success, Instant::now());
+            return Ticket {
+                breaker: Some(b),
+                probe: false,
+            };
         }
         self
     }

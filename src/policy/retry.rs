@@ -83,10 +83,10 @@ fn asked_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if let Some(d) = seconds(ms / 1000.0).filter(|d| !d.is_zero()) {
-            return Some(d);
-        }
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && let Some(d) = seconds(ms / 1000.0).filter(|d| !d.is_zero())
+    {
+        return Some(d);
     }
     let ra = text("retry-after")?;
     if let Ok(secs) = ra.parse::<f64>() {

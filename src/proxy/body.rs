@@ -203,12 +203,10 @@ impl TapBody {
             }
             Mode::Sse(watch) => {
                 let (out, started) = watch.feed(data);
-                if started {
-                    if let Some(acct) = &self.acct {
-                        acct.record.first_content();
-                        acct.ttft
-                            .observe(acct.record.started().elapsed().as_secs_f64());
-                    }
+                if started && let Some(acct) = &self.acct {
+                    acct.record.first_content();
+                    acct.ttft
+                        .observe(acct.record.started().elapsed().as_secs_f64());
                 }
                 out
             }
@@ -381,12 +379,13 @@ impl Drop for TapBody {
         // OpenAI SDKs close their connection at `[DONE]`, often before the provider's body
         // has ended behind it, and such a caller has not left early. Recorded as the end
         // of the stream would have been.
-        if let Mode::Sse(watch) = &self.mode {
-            if self.acct.is_some() && (watch.saw_terminal || watch.error_data.is_some()) {
-                let errored = watch.error_data.is_some();
-                self.complete_relayed(errored);
-                return;
-            }
+        if let Mode::Sse(watch) = &self.mode
+            && self.acct.is_some()
+            && (watch.saw_terminal || watch.error_data.is_some())
+        {
+            let errored = watch.error_data.is_some();
+            self.complete_relayed(errored);
+            return;
         }
         // Still accounting means the caller went away before the end: whatever usage was seen
         // is still billed by the provider, so it is recorded, and the request counts as 499.

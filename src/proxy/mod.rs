@@ -303,10 +303,9 @@ impl Proxy {
                                 | ProxyError::ShuttingDown
                                 | ProxyError::BuffersFull { .. }
                         )
+                        && let Some(rec) = record.as_mut()
                     {
-                        if let Some(rec) = record.as_mut() {
-                            rec.never_sent();
-                        }
+                        rec.never_sent();
                     }
                     if err.source() != crate::error::Source::Client {
                         tracing::warn!(request_id = %rid, error = err.kind(), "request failed");

@@ -235,10 +235,10 @@ impl Drop for RequestRecord {
     fn drop(&mut self) {
         // Not settled: no attempt served (or reported usage); what the failed ones reported
         // is charged all the same, the rest of the reservation refunded.
-        if let Some(mut r) = self.reservation.take() {
-            if self.earlier != (0, 0) {
-                r.settle(self.earlier.0, self.earlier.1);
-            }
+        if let Some(mut r) = self.reservation.take()
+            && self.earlier != (0, 0)
+        {
+            r.settle(self.earlier.0, self.earlier.1);
         }
         self.write();
     }

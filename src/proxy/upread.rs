@@ -145,10 +145,10 @@ pub(super) async fn read_to_commit(
                 ));
             }
             Some(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    if let (Some(out), _) = watch.feed(data) {
-                        held.extend_from_slice(&out);
-                    }
+                if let Ok(data) = frame.into_data()
+                    && let (Some(out), _) = watch.feed(data)
+                {
+                    held.extend_from_slice(&out);
                 }
             }
         }

@@ -238,16 +238,17 @@ impl SseWatch {
                 _ => self.usage.observe(&ev),
             }
             let start = std::mem::replace(&mut self.last_end, ev.end_offset);
-            if self.strip_usage && ev.event.is_none() {
-                if let Some(edit) = unasked::edit_chunk(&ev.data) {
-                    self.edits.push(Edit {
-                        start,
-                        end: ev.end_offset,
-                        data: ev.data,
-                        edit,
-                    });
-                    continue;
-                }
+            if self.strip_usage
+                && ev.event.is_none()
+                && let Some(edit) = unasked::edit_chunk(&ev.data)
+            {
+                self.edits.push(Edit {
+                    start,
+                    end: ev.end_offset,
+                    data: ev.data,
+                    edit,
+                });
+                continue;
             }
             // Done with: its buffers serve the next events.
             self.parser.recycle(ev);

@@ -258,13 +258,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Capped<S> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            if let Err(why) = this.bound.feed(&buf.filled()[before..]) {
-                if why == LARGER || why == DECLARED_LARGER {
-                    this.too_large.store(true, Ordering::Release);
-                }
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
+        if let Poll::Ready(Ok(())) = polled
+            && let Err(why) = this.bound.feed(&buf.filled()[before..])
+        {
+            if why == LARGER || why == DECLARED_LARGER {
+                this.too_large.store(true, Ordering::Release);
             }
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
         }
         polled
     }

@@ -106,10 +106,10 @@ where
                 let (r, mut w) = sock.into_split();
                 let mut r = BufReader::new(r);
                 while let Some(args) = read_command(&mut r).await {
-                    if let Some(reply) = answer(&args) {
-                        if w.write_all(&reply).await.is_err() {
-                            return;
-                        }
+                    if let Some(reply) = answer(&args)
+                        && w.write_all(&reply).await.is_err()
+                    {
+                        return;
                     }
                 }
             });

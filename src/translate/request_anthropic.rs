@@ -431,11 +431,11 @@ fn tool_result(tool_call_id: String, content: oa::Content, fit: &mut Fitting) ->
         }
         oa::Content::Parts(parts) => {
             let mut blocks = into_blocks(text_content(oa::Content::Parts(parts), fit));
-            if let Some(an::Block::Text { text, .. }) = blocks.first_mut() {
-                if let Some(rest) = strip_error(text).map(str::to_owned) {
-                    is_error = Some(true);
-                    *text = rest;
-                }
+            if let Some(an::Block::Text { text, .. }) = blocks.first_mut()
+                && let Some(rest) = strip_error(text).map(str::to_owned)
+            {
+                is_error = Some(true);
+                *text = rest;
             }
             blocks.retain(|b| !matches!(b, an::Block::Text { text, .. } if text.is_empty()));
             (!blocks.is_empty()).then_some(an::Content::Blocks(blocks))

@@ -302,10 +302,10 @@ impl ToAnthropic {
                 name,
                 arguments: held,
             } => {
-                if let Some(part) = function.name {
-                    if name.len() + part.len() <= super::MAX_TOOL_NAME {
-                        name.push_str(&part);
-                    }
+                if let Some(part) = function.name
+                    && name.len() + part.len() <= super::MAX_TOOL_NAME
+                {
+                    name.push_str(&part);
                 }
                 self.waiting_bytes += arguments.len();
                 if self.waiting_bytes > CHECK_LIMIT {

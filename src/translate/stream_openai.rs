@@ -191,14 +191,14 @@ impl ToOpenAi {
                 if partial_json.is_empty() {
                     return;
                 }
-                if let Some((block, _, slot)) = &mut self.tool {
-                    if *block == index {
-                        match slot {
-                            Some(args) if args.len() + partial_json.len() <= CHECK_LIMIT => {
-                                args.push_str(&partial_json);
-                            }
-                            _ => *slot = None,
+                if let Some((block, _, slot)) = &mut self.tool
+                    && *block == index
+                {
+                    match slot {
+                        Some(args) if args.len() + partial_json.len() <= CHECK_LIMIT => {
+                            args.push_str(&partial_json);
                         }
+                        _ => *slot = None,
                     }
                 }
                 // The held first chunk goes out with the first fragment, as one chunk.

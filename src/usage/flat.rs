@@ -56,10 +56,10 @@ pub(crate) fn members<const N: usize>(
         }
         let value_start = skip_ws(obj, i + 1);
         let value_end = skip_value(obj, value_start)?;
-        if let Some(k) = keys.iter().position(|k| k.as_bytes() == key) {
-            if out[k].replace(value_start..value_end).is_some() {
-                return None;
-            }
+        if let Some(k) = keys.iter().position(|k| k.as_bytes() == key)
+            && out[k].replace(value_start..value_end).is_some()
+        {
+            return None;
         }
         i = skip_ws(obj, value_end);
         match obj.get(i) {

@@ -187,12 +187,11 @@ async fn an_openai_caller_is_served_by_an_anthropic_provider_streaming_and_not()
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let mut args = String::new();
     for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
-        if let Ok(chunk) = serde_json::from_str::<serde_json::Value>(line) {
-            if let Some(a) =
+        if let Ok(chunk) = serde_json::from_str::<serde_json::Value>(line)
+            && let Some(a) =
                 chunk["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
-            {
-                args.push_str(a);
-            }
+        {
+            args.push_str(a);
         }
     }
     let args: serde_json::Value = serde_json::from_str(&args).unwrap();

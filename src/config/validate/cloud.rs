@@ -450,10 +450,10 @@ fn deployments(items: &[DeploymentFile], at: &str, cx: &mut Cx) -> BTreeMap<Stri
         let deployment = cx.required(d.deployment.as_ref(), &format!("{p}.deployment"));
         let deployment =
             deployment.and_then(|_| deployment_name(&d.deployment, &format!("{p}.deployment"), cx));
-        if let (Some(m), Some(d)) = (model, deployment) {
-            if out.insert(m.clone(), d).is_some() {
-                cx.err(&p, format!("model `{m}` is listed twice"));
-            }
+        if let (Some(m), Some(d)) = (model, deployment)
+            && out.insert(m.clone(), d).is_some()
+        {
+            cx.err(&p, format!("model `{m}` is listed twice"));
         }
     }
     out

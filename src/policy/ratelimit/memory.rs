@@ -67,10 +67,10 @@ impl MemoryStore {
                 .get_or_insert_with(|| Bucket::full(ask.tpm, now.ms));
             if let Err(wait) = b.take(ask.tpm, ask.tokens, now.ms) {
                 // Both limits or neither: give back the request token just taken.
-                if ask.rpm > 0 {
-                    if let Some(r) = st.requests.as_mut() {
-                        r.give(ask.rpm, 1, now.ms);
-                    }
+                if ask.rpm > 0
+                    && let Some(r) = st.requests.as_mut()
+                {
+                    r.give(ask.rpm, 1, now.ms);
                 }
                 return Ok(refuse(Limit::Tokens, wait));
             }

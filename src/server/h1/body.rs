@@ -126,10 +126,10 @@ impl Pipe {
         set_waker(&mut s.reader, cx.waker());
         // The connection usually polls this reader itself and sees the want when the handler
         // returns; only a reader on another task must wake it.
-        if let Some(conn) = &s.conn {
-            if !conn.will_wake(cx.waker()) {
-                conn.wake_by_ref();
-            }
+        if let Some(conn) = &s.conn
+            && !conn.will_wake(cx.waker())
+        {
+            conn.wake_by_ref();
         }
         Poll::Pending
     }
@@ -195,9 +195,9 @@ fn set_waker(slot: &mut Option<Waker>, waker: &Waker) {
 
 /// Wakes a reader on another task; one on the connection's own task is polled next anyway.
 fn wake_reader(s: &mut Shared, cx: &Context<'_>) {
-    if let Some(reader) = &s.reader {
-        if !reader.will_wake(cx.waker()) {
-            reader.wake_by_ref();
-        }
+    if let Some(reader) = &s.reader
+        && !reader.will_wake(cx.waker())
+    {
+        reader.wake_by_ref();
     }
 }

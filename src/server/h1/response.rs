@@ -81,10 +81,11 @@ pub(super) fn encode(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let framing = if bodiless {
-        if declared.is_none() && *method == Method::HEAD {
-            if let Some(n) = length.filter(|n| *n > 0) {
-                content_length(n, out);
-            }
+        if declared.is_none()
+            && *method == Method::HEAD
+            && let Some(n) = length.filter(|n| *n > 0)
+        {
+            content_length(n, out);
         }
         Out::None
     } else if let Some(n) = declared.or(length) {
