@@ -460,6 +460,19 @@ async fn read(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -> 
         return Exchanged::Broken(crate::proxy::response::opaque_answer(&call.up.name));
     }
     let status = got.parts.status;
+    // A success without content, or a redirection legate does not follow, answers nothing the
+    // caller asked: an SDK handed it reads an empty success, or follows the redirection past
+    // legate.
+    if status == StatusCode::NO_CONTENT
+        || status == StatusCode::RESET_CONTENT
+        || status.is_redirection()
+    {
+        tracing::warn!(provider = %call.up.name, %status, "upstream answered a generation without an answer");
+        return Exchanged::Broken(ProxyError::UpstreamAnswerUnusable {
+            provider: call.up.name.clone(),
+            reason: format!("it answered {status}, which carries no answer"),
+        });
+    }
     let is_sse = got
         .parts
         .headers

@@ -246,6 +246,29 @@ async fn a_malformed_upstream_head_is_named_as_such_not_as_a_connect_failure() {
     }
 }
 
+/// A 204 (with or without a body named), 205 or redirection answers no generation: the caller
+/// gets 502 `upstream_answer_unusable` after the retries, never an empty success or a redirection
+/// its SDK would follow past legate.
+#[tokio::test]
+async fn a_success_without_content_or_a_redirection_is_unusable() {
+    for reply in [
+        "HTTP/1.1 204 No Content\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\ncontent-length: 11\r\n\r\n{\"ok\":true}",
+        "HTTP/1.1 205 Reset Content\r\ncontent-length: 0\r\n\r\n",
+        "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/\r\ncontent-length: 0\r\n\r\n",
+    ] {
+        let (env, up) = crate::rawup::behind(reply.as_bytes().to_vec()).await;
+        let resp = env.messages(BODY).await;
+        assert_eq!(resp.status(), 502, "{reply}");
+        assert!(resp.headers().get("location").is_none());
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "api_error", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("carries no answer"), "{message}");
+        assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+}
+
 /// A caller that asked for a stream and got a whole JSON body would read a stream that ended
 /// cleanly with nothing in it. The answer is a failure instead: retried, then 502 saying why,
 /// and the caller sees an error, never an empty success.

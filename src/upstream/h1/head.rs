@@ -143,9 +143,20 @@ fn parse_with(
         let framing = seen.framing(status, method);
         // Both a transfer coding and a length is how a response is split (RFC 9112 §6.3): the
         // answer is read by its coding, and the connection not trusted again.
+        // A 204 that names a body (a coding, or a length above zero), or a 304 that names a
+        // coding, has none by the RFC, but its peer may send one: read as the next request's
+        // answer, it made that request fail and be sent again, or answered it with this one's.
+        let named_body = match status {
+            StatusCode::NO_CONTENT => {
+                seen.chunked_last.is_some() || seen.length.is_some_and(|n| n > 0)
+            }
+            StatusCode::NOT_MODIFIED => seen.chunked_last.is_some(),
+            _ => false,
+        };
         let keep_alive = version == Version::HTTP_11
             && framing != Framing::Close
             && !(framing == Framing::Chunked && seen.length.is_some())
+            && !named_body
             && !seen.close;
         let mut headers = headers;
         if seen.chunked_last.is_some() && seen.length.is_some() {
@@ -310,6 +321,13 @@ mod tests {
         assert!(!old.keep_alive);
         let empty = f("HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n");
         assert_eq!(empty.framing, Framing::Empty);
+        // A body named where none may be: its bytes may follow, so the connection goes.
+        assert!(!empty.keep_alive);
+        assert!(!f("HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n").keep_alive);
+        assert!(!f("HTTP/1.1 304 Not Modified\r\ntransfer-encoding: chunked\r\n\r\n").keep_alive);
+        assert!(f("HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n").keep_alive);
+        assert!(f("HTTP/1.1 204 No Content\r\n\r\n").keep_alive);
+        assert!(f("HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n").keep_alive);
         let same = f("HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\ncontent-length: 4\r\n\r\n");
         assert_eq!(same.framing, Framing::Length(4));
         let head = parse(
