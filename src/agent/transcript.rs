@@ -263,7 +263,9 @@ impl Writer {
     }
 }
 
-/// Every string in `value` with its keys withheld (`secrets::redact`).
+/// Every string in `value` with its keys withheld (`secrets::redact`). A thinking block whose
+/// text holds one is left out instead: its signature covers the text as the model wrote it,
+/// and the altered pair, sent again on a resume, would be refused by the provider.
 fn redact_strings(value: &mut Value) {
     match value {
         Value::String(s) => {
@@ -271,10 +273,21 @@ fn redact_strings(value: &mut Value) {
                 *s = redacted;
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(redact_strings),
+        Value::Array(items) => {
+            items.retain(|item| !signed_with_a_key(item));
+            items.iter_mut().for_each(redact_strings);
+        }
         Value::Object(members) => members.values_mut().for_each(redact_strings),
         Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
+}
+
+/// A thinking block whose text redaction would change.
+fn signed_with_a_key(item: &Value) -> bool {
+    item["type"] == "thinking"
+        && item["thinking"]
+            .as_str()
+            .is_some_and(|t| matches!(super::secrets::redact(t), std::borrow::Cow::Owned(_)))
 }
 
 fn ends_with_newline(path: &Path, len: u64) -> io::Result<bool> {
@@ -362,6 +375,35 @@ mod tests {
             Writer::create(&path).is_err(),
             "an existing transcript is not clobbered"
         );
+        Ok(())
+    }
+
+    /// A thinking block that quotes a key is left out of its record whole (its signature would
+    /// no longer match an altered text); one without a key keeps its text and signature.
+    #[test]
+    fn a_signed_thinking_block_holding_a_key_is_left_out_not_altered()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.jsonl");
+        let mut writer = Writer::create(&path)?;
+        let keyed = json!({"type": "thinking", "thinking": "the key AKIAIOSFODNN7EXAMPLE", "signature": "sig"});
+        let plain = json!({"type": "thinking", "thinking": "hmm", "signature": "sig2"});
+        let text = json!({"type": "text", "text": "done"});
+        writer.write(&Record::Assistant {
+            content: vec![keyed, plain.clone(), text.clone()],
+            stop_reason: "end_turn".to_owned(),
+            usage: Usage::default(),
+        })?;
+        drop(writer);
+        let kept = std::fs::read_to_string(&path)?;
+        assert!(
+            !kept.contains("AKIA") && !kept.contains("\"sig\""),
+            "{kept}"
+        );
+        match &load(&path)?.records[..] {
+            [Record::Assistant { content, .. }] => assert_eq!(content, &vec![plain, text]),
+            other => panic!("{other:?}"),
+        }
         Ok(())
     }
 
