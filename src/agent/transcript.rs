@@ -109,11 +109,9 @@ pub(super) fn load(path: &Path) -> Result<Loaded, TranscriptError> {
         path: path.to_owned(),
         source,
     };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .open(path)
-        .map_err(io)?;
+    // Read-only: a finished run's transcript can be looked at (and its outcome told) without
+    // write access; the lock is the same on a descriptor opened for reading.
+    let mut file = File::open(path).map_err(io)?;
     hold(&file).map_err(io)?;
     let mut bytes = Vec::new();
     io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
@@ -178,6 +176,8 @@ fn parse(bytes: &[u8]) -> Result<Loaded, (usize, String)> {
 #[derive(Debug)]
 pub(super) struct Writer {
     file: Option<File>,
+    /// The resumed transcript's lock ([`load`]'s file), held while this writer lives.
+    _lock: Option<File>,
     /// A newline is owed before the next record (the file ended in a whole record that lacked
     /// its newline).
     owes_newline: bool,
@@ -188,6 +188,7 @@ impl Writer {
     pub(super) fn none() -> Writer {
         Writer {
             file: None,
+            _lock: None,
             owes_newline: false,
         }
     }
@@ -219,23 +220,23 @@ impl Writer {
         }
         Ok(Writer {
             file: Some(file),
+            _lock: None,
             owes_newline: false,
         })
     }
 
     /// Continues a loaded transcript, cutting off a torn last line first.
     pub(super) fn resume(path: &Path, loaded: &Loaded) -> io::Result<Writer> {
-        // The locked file `load` read (its lock is shared by the copy, and held while either
-        // is open).
-        let file = match &loaded.file {
-            Some(held) => held.try_clone()?,
-            None => OpenOptions::new().append(true).open(path)?,
-        };
+        // The lock `load` took is shared by a copy of its descriptor, kept here: held while
+        // either is open.
+        let lock = loaded.file.as_ref().map(File::try_clone).transpose()?;
+        let file = OpenOptions::new().append(true).open(path)?;
         file.set_len(loaded.valid_len)?;
         file.sync_data()?;
         let owes_newline = loaded.valid_len > 0 && !ends_with_newline(path, loaded.valid_len)?;
         Ok(Writer {
             file: Some(file),
+            _lock: lock,
             owes_newline,
         })
     }

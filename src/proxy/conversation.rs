@@ -148,7 +148,10 @@ impl Conversation {
             return;
         }
         if let Some(id) = response["id"].as_str() {
-            let entry = Stored::serialise_tree(&self.input, response, false, &self.tenant);
+            // Its input carries the items of the provider the turn before it had them from.
+            let origin = self.prior.as_ref().map_or("", |p| p.provider.as_str());
+            let entry =
+                Stored::serialise_tree(&self.input, response, (false, origin), &self.tenant);
             self.keep_entry(id, entry);
         }
     }
@@ -166,7 +169,21 @@ impl Conversation {
             if self.prior_id.is_some() && self.prior.is_none() {
                 return;
             }
-            let entry = Stored::serialise(&self.input, response, (true, provider), &self.tenant);
+            // The items carried from another provider's turns are made this provider's: the
+            // entry's reasoning is its provider's alone.
+            let fitted;
+            let input = match (&self.prior, &self.input) {
+                (Some(p), Items::Values(all)) if p.provider != provider => {
+                    let carried = (p.input.len() + p.output().len()).min(all.len());
+                    let mut items = all[..carried].to_vec();
+                    crate::responses::foreign(&mut items);
+                    items.extend_from_slice(&all[carried..]);
+                    fitted = Items::Values(items);
+                    &fitted
+                }
+                _ => &self.input,
+            };
+            let entry = Stored::serialise(input, response, (true, provider), &self.tenant);
             self.keep_entry(id, entry);
         }
     }
@@ -281,7 +298,7 @@ impl Conversation {
         let body = match (&self.prior_id, &self.prior) {
             (Some(id), None) => return Err(unknown_previous(id)),
             (Some(_), Some(prior)) => {
-                rebuilt = responses::rebuild(body, prior).map_err(|e| e.0)?;
+                rebuilt = responses::rebuild(body, prior, None).map_err(|e| e.0)?;
                 rebuilt.as_slice()
             }
             _ => body,
@@ -352,7 +369,7 @@ pub(crate) async fn rebuilt_body(
         let Some(prior) = &conv.prior else {
             return Ok(Err("the conversation was not loaded".to_owned()));
         };
-        let rebuilt = responses::rebuild(&body, prior).map_err(|e| e.0);
+        let rebuilt = responses::rebuild(&body, prior, Some(step.provider())).map_err(|e| e.0);
         let read = rebuilt.and_then(|bytes| {
             let bytes = Bytes::from(bytes);
             let meta = api

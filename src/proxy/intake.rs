@@ -302,6 +302,8 @@ fn estimated_cost(cfg: &Config, endpoint: Endpoint, meta: &RequestMeta, output: 
 const PRIORITY: http::HeaderName = http::HeaderName::from_static("x-legate-priority");
 const DEADLINE_MS: http::HeaderName = http::HeaderName::from_static("x-legate-deadline-ms");
 const STAINLESS_TIMEOUT: http::HeaderName = http::HeaderName::from_static("x-stainless-timeout");
+const STAINLESS_READ_TIMEOUT: http::HeaderName =
+    http::HeaderName::from_static("x-stainless-read-timeout");
 
 /// `x-legate-priority`, if the caller sent a valid one.
 pub(super) fn requested_priority(headers: &HeaderMap) -> Option<Priority> {
@@ -367,9 +369,12 @@ fn parse_count_tokens(body: &[u8]) -> Result<RequestMeta, ProxyError> {
 }
 
 /// `x-legate-deadline-ms` may shorten the configured deadline, never extend it; so does an
-/// official SDK's own timeout (`x-stainless-timeout`, in seconds), less a margin. The SDK
-/// retries a call it timed out on its own, and each of its retries runs the whole chain
-/// again: answered 504 (`x-should-retry: false`) a little before its timer fires, it does not.
+/// official SDK's own timeout, less a margin. The SDK retries a call it timed out on its own,
+/// and each of its retries runs the whole chain again: answered 504 (`x-should-retry: false`)
+/// a little before its timer fires, it does not. The SDKs say it in seconds, in two headers:
+/// `x-stainless-timeout` (the TypeScript SDKs' whole timeout; the Python SDKs' only when set on
+/// the call) and `x-stainless-read-timeout` (the Python SDKs' read timeout, which a whole answer
+/// or a stream's first bytes must come within: legate sends nothing before either).
 pub(super) fn deadline(
     headers: &HeaderMap,
     default: Duration,
@@ -380,26 +385,28 @@ pub(super) fn deadline(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_millis);
-    let sdk = headers
-        .get(&STAINLESS_TIMEOUT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(sdk_timeout);
-    let d = [asked, sdk]
+    let sdk = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(sdk_timeout)
+    };
+    let d = [asked, sdk(&STAINLESS_TIMEOUT), sdk(&STAINLESS_READ_TIMEOUT)]
         .into_iter()
         .flatten()
         .fold(default, Duration::min);
     arrived + d
 }
 
-/// The deadline an SDK's `x-stainless-timeout` leaves legate: its seconds (an integer, or a
-/// decimal from the Python SDKs) less 5 % and 200 ms for the time the request took to get here
-/// and the answer to get back, and at least half of them. None for anything else
+/// The deadline an SDK's timeout header leaves legate: its seconds (an integer, or a decimal
+/// from the Python SDKs) less 5 % (at most 2 s) and 200 ms, for the time the request took to
+/// get here and the answer to get back, and at least half of them. None for anything else
 /// (`NOT_GIVEN`, which the Python SDKs send when no timeout applies, or a number out of range).
 fn sdk_timeout(v: &str) -> Option<Duration> {
     let secs: f64 = v.trim().parse().ok()?;
     if !(secs > 0.0 && secs < 1e9) {
         return None;
     }
-    let left = (secs * 0.95 - 0.2).max(secs / 2.0);
+    let left = (secs - (secs * 0.05).min(2.0) - 0.2).max(secs / 2.0);
     Some(Duration::from_secs_f64(left))
 }

@@ -178,7 +178,6 @@ pub async fn stored_response(
             }
             (&Method::GET, "") => held_json(&kept.response, answers, bound)?,
             (&Method::DELETE, "") => {
-                store.deleted.bury(id);
                 store.delete(id).await.map_err(unavailable)?;
                 local_json(
                     StatusCode::OK,
@@ -203,7 +202,6 @@ pub async fn stored_response(
     // translated); a relayed one's copy, all legate has of it, can still be deleted.
     let Some(up) = responses_provider(snap, &snap.cfg) else {
         if deleting && held {
-            store.deleted.bury(id);
             store.delete(id).await.map_err(unavailable)?;
             return Ok(local_json(
                 StatusCode::OK,
@@ -283,6 +281,18 @@ pub async fn forward(
     if crate::proxy::response::opaque_coding(&parts.headers) {
         return Err(crate::proxy::response::opaque_answer(&up.name));
     }
+    // legate follows no redirection, and one passed on would be followed by the SDK, past
+    // legate and its credential.
+    if parts.status.is_redirection() {
+        tracing::warn!(provider = %up.name, status = %parts.status, "upstream answered with a redirection");
+        return Err(ProxyError::UpstreamAnswerUnusable {
+            provider: up.name.clone(),
+            reason: format!(
+                "it answered {}, a redirection legate does not follow",
+                parts.status
+            ),
+        });
+    }
     let mut incoming = UpstreamBody::Plain(Raw::Http(incoming));
     let mut share = AnswerShare::new(answers, max);
     let deadline = tokio::time::Instant::now() + up.idle_timeout;
@@ -293,6 +303,8 @@ pub async fn forward(
         // events asked for again (`GET …?stream=true`) are an event stream, passed on whole
         // once the provider has replayed them.
         Whole::Complete(b) if asks_stream(query) && is_event_stream(&parts.headers) => b,
+        // A deletion answered without content is a deletion.
+        Whole::Complete(b) if parts.status == http::StatusCode::NO_CONTENT && b.is_empty() => b,
         Whole::Complete(b) if !crate::proxy::answer::json_shaped(parts.status, &b) => {
             if parts.status.is_success() {
                 let kind = crate::proxy::answer::media_type(&parts.headers);

@@ -297,21 +297,36 @@ impl TurnFields {
     }
 }
 
+/// Items of one provider made fit for another, or for a translation: its reasoning items
+/// (their ids, their encrypted content) are its own, which no other can read back, and the
+/// ids of its output items name items only it holds (and, without their reasoning, that it
+/// would refuse).
+pub fn foreign(items: &mut Vec<Value>) {
+    items.retain(|item| item["type"] != "reasoning");
+    for item in items.iter_mut() {
+        if let Some(fields) = item.as_object_mut()
+            && matches!(
+                fields.get("type").and_then(Value::as_str),
+                Some("message" | "function_call")
+            )
+        {
+            fields.remove("id");
+        }
+    }
+}
+
 /// The body with `previous_response_id` resolved: the earlier turn's input and output items
-/// (but reasoning items) come before this request's input, and the field is removed. Only for translated steps;
-/// a passthrough step gets the caller's bytes.
-pub fn rebuild(body: &[u8], prior: &Stored) -> Result<Vec<u8>, Untranslatable> {
+/// come before this request's input, and the field is removed. For a translated step (`to`
+/// None) or a relaying one (`to` its provider) that cannot continue the response by its id.
+pub fn rebuild(body: &[u8], prior: &Stored, to: Option<&str>) -> Result<Vec<u8>, Untranslatable> {
     let mut req: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| Untranslatable(format!("the body is not a valid Responses request: {e}")))?;
-    // A provider's reasoning items (their ids, their encrypted content) are its own: no other
-    // provider, and no translation, can read them back. Which provider made one is not kept:
-    // a translated turn's stored input carries the relayed turns' before it, and a rebuilt
-    // body goes to another provider, or to a translation that drops them anyway.
-    let stored = prior.input.iter().chain(prior.output());
-    let mut items: Vec<Value> = stored
-        .filter(|item| item["type"] != "reasoning")
-        .cloned()
-        .collect();
+    let mut items: Vec<Value> = prior.input.iter().chain(prior.output()).cloned().collect();
+    if !prior.provider.is_empty() && to == Some(prior.provider.as_str()) {
+        // Back to the provider whose items these are: its reasoning goes with them.
+    } else {
+        foreign(&mut items);
+    }
     items.extend(input_items(body));
     req.insert("input".into(), Value::Array(items));
     req.remove("previous_response_id");

@@ -38,9 +38,11 @@ pub struct Stored {
     /// Relayed from a provider that keeps it too: its own endpoints answer for it.
     #[serde(default)]
     pub passthrough: bool,
-    /// The provider that made a relayed response (empty for one built here, or kept before
-    /// providers were recorded): its id means nothing to another provider, so a turn that
-    /// continues it on another step is rebuilt from the store.
+    /// The provider that made a relayed response: its id means nothing to another provider,
+    /// so a turn that continues it on another step is rebuilt from the store. For one built
+    /// here, the provider whose items (reasoning, item ids) its input carries from the relayed
+    /// turns before it. Empty when none, or for an entry kept before providers were recorded.
+    /// The input's reasoning items are this provider's alone, and go to no other.
     #[serde(default)]
     pub provider: String,
     /// The tenant whose request made it: no other tenant reads, continues or deletes it.
@@ -77,10 +79,10 @@ impl Stored {
     pub fn serialise_tree(
         input: &Items,
         response: &Value,
-        passthrough: bool,
+        (passthrough, provider): (bool, &str),
         owner: &str,
     ) -> Vec<u8> {
-        Stored::write(input, (passthrough, "", owner), 0, |out| {
+        Stored::write(input, (passthrough, provider, owner), 0, |out| {
             // Writing a tree of values into a Vec cannot fail.
             let _ = serde_json::to_writer(out, response);
         })

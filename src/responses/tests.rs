@@ -526,8 +526,8 @@ fn previous_response_is_rebuilt_into_the_input() {
         Turn::read(body).previous_response_id.as_deref(),
         Some("resp_1")
     );
-    let rebuilt: Value =
-        serde_json::from_slice(&rebuild(body, &prior).unwrap_or_default()).unwrap_or_default();
+    let rebuilt: Value = serde_json::from_slice(&rebuild(body, &prior, None).unwrap_or_default())
+        .unwrap_or_default();
     assert_eq!(rebuilt.get("previous_response_id"), None);
     let input = rebuilt["input"].as_array().cloned().unwrap_or_default();
     assert_eq!(input.len(), 3);
@@ -605,7 +605,7 @@ fn a_first_turns_input_array_is_kept_as_its_text() {
     assert!(stored.passthrough);
     assert_eq!(stored.owner, "team-a");
     // The same layout as a `Stored` written from values.
-    let tree = Stored::serialise_tree(&turn.input, &json!({"id": "r"}), false, "default");
+    let tree = Stored::serialise_tree(&turn.input, &json!({"id": "r"}), (false, ""), "default");
     let stored: Stored = serde_json::from_slice(&tree).unwrap();
     assert_eq!(stored.response, json!({"id": "r"}));
     assert!(!stored.passthrough);

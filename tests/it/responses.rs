@@ -748,9 +748,36 @@ chain = ["anthropic:claude-x"]
         .map(|i| i["type"].as_str().unwrap_or("message"))
         .collect();
     assert!(!types.contains(&"reasoning"), "{sent}");
-    // The conversation is whole but for it: hi, first, next, the second answer, next.
+    // The conversation is whole but for it: hi, first, next, the second answer, next. The
+    // first answer's item id is the first provider's, and goes too.
     assert_eq!(input.len(), 5, "{sent}");
     assert!(input[1].to_string().contains("first"), "{sent}");
+    assert!(input[1].get("id").is_none(), "{sent}");
+    // Back to the provider that made them, its reasoning and ids go with the conversation.
+    let fourth = responses(&env, &turn("one", &second)).await;
+    assert_eq!(fourth.status(), 200);
+    assert_eq!(fourth.headers()["x-legate-served-by"], "openai:gpt-one");
+    let reqs = env.mock.requests();
+    let sent: Value = serde_json::from_slice(&reqs[3].body).unwrap();
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 6, "{sent}");
+    assert_eq!(input[1]["type"], "reasoning", "{sent}");
+    assert!(input[2].get("id").is_some(), "{sent}");
+    // A turn relayed to the other provider continuing that one keeps none of the first's
+    // reasoning in its own entry: a translated turn after it, back to the first provider,
+    // is sent none either.
+    let fourth: Value = fourth.json().await.unwrap();
+    let fifth = responses(&env, &turn("two", &fourth)).await;
+    assert_eq!(fifth.status(), 200);
+    let fifth: Value = fifth.json().await.unwrap();
+    let sixth = responses(&env, &turn("agent", &fifth)).await;
+    assert_eq!(sixth.status(), 200);
+    let sixth: Value = sixth.json().await.unwrap();
+    let seventh = responses(&env, &turn("two", &sixth)).await;
+    assert_eq!(seventh.status(), 200);
+    let reqs = env.mock.requests();
+    let sent = String::from_utf8_lossy(&reqs.last().unwrap().body).into_owned();
+    assert!(!sent.contains("reasoning"), "{sent}");
 }
 
 /// A relayed response's copy goes when the provider's has gone, not before: a DELETE the
@@ -851,6 +878,39 @@ async fn a_response_deleted_during_its_stream_is_not_kept_after_it() {
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["code"], "previous_response_not_found", "{err}");
     assert_eq!(env.mock.requests().len(), 2, "the stream and the delete");
+}
+
+/// A provider that answers a DELETE with 204 (no content) has deleted the response, and
+/// so has legate; a redirection on a stored response's endpoints is not passed on for the SDK
+/// to follow past legate: 502.
+#[tokio::test]
+async fn a_204_deletion_is_a_deletion_and_a_redirection_is_not_passed_on() {
+    let env = start("{}").await;
+    let resp = responses(&env, r#"{"model":"fast","input":"remember me"}"#).await;
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/responses/{id}");
+    let script = format!(
+        r#"{{"replies":[{{"match":{{"path":"{path}"}},"status":302,"headers":{{"location":"http://127.0.0.1:1/x"}},"body":""}},
+                     {{"match":{{"path":"{path}"}},"status":204,"body":""}}]}}"#
+    );
+    env.mock.set_script(Script::from_json(&script).unwrap());
+    let call = |method: reqwest::Method| {
+        env.http
+            .request(method, env.url(&path))
+            .header("authorization", "Bearer caller-key")
+            .send()
+    };
+    let got = call(reqwest::Method::GET).await.unwrap();
+    assert_eq!(got.status(), 502);
+    assert!(got.headers().get("location").is_none());
+    let deleted = call(reqwest::Method::DELETE).await.unwrap();
+    assert_eq!(deleted.status(), 204);
+    let next = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"next"}}"#);
+    let resp = responses(&env, &next).await;
+    assert_eq!(resp.status(), 400, "the copy went with the provider's");
 }
 
 /// With no provider of the Responses API to ask, a response legate does not hold is one it

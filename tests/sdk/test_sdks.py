@@ -148,3 +148,25 @@ def test_openai_sdk_streaming_with_usage(mock, legate):
     assert usage.completion_tokens == 3
     assert legate.metric("legate_tokens_total", provider="openai", kind="output") == 3
     assert legate.metric("legate_tokens_total", provider="openai", kind="input") == 5
+
+
+@pytest.mark.parametrize("sdk", ["anthropic", "openai"])
+def test_an_sdk_timeout_is_answered_504_before_the_sdk_retries(mock, legate, sdk):
+    """A client-level timeout shorter than the provider's answer: legate reads it from the
+    SDK's own headers and answers 504 (x-should-retry: false) before the SDK gives up, so the
+    SDK, at its default max_retries, does not send the call again: one upstream call."""
+    mock.script({"default": {"delay_ms": 5000}})
+    if sdk == "anthropic":
+        client = anthropic.Anthropic(base_url=legate.url, api_key="dummy", timeout=2.0)
+        call = lambda: client.messages.create(  # noqa: E731
+            model="claude-sdk", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+        error = anthropic.APIStatusError
+    else:
+        client = openai.OpenAI(base_url=legate.url + "/v1", api_key="dummy", timeout=2.0)
+        call = lambda: client.chat.completions.create(  # noqa: E731
+            model="served-by-openai", messages=[{"role": "user", "content": "hi"}])
+        error = openai.APIStatusError
+    with pytest.raises(error) as raised:
+        call()
+    assert raised.value.status_code == 504
+    assert len(mock.requests()) == 1
