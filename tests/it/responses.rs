@@ -59,6 +59,14 @@ fn first_delta(evs: &[(Instant, String, Value)]) -> usize {
         .expect("a text delta")
 }
 
+/// A second provider of the Responses API on the same mock.
+const OPENAI2: &str = r#"
+[providers.openai2]
+kind = "openai"
+base_url = "{MOCK}"
+api_key_env = "OPENAI_API_KEY"
+"#;
+
 async fn start(script: &str) -> Env {
     harness::start_with(Script::from_json(script).unwrap(), MODELS).await
 }
@@ -647,22 +655,20 @@ async fn a_relayed_stream_without_event_lines_is_kept_for_a_translated_next_turn
 /// turn continuing a response on the provider that made it still goes by id.
 #[tokio::test]
 async fn a_fallback_to_another_responses_provider_carries_the_conversation() {
-    let extra = r#"
-[providers.openai2]
-kind = "openai"
-base_url = "{MOCK}"
-api_key_env = "OPENAI_API_KEY"
-
+    let extra = format!(
+        "{OPENAI2}{}",
+        r#"
 [[models]]
 name = "pp"
 chain = ["openai:gpt-one", "openai2:gpt-two"]
-"#;
+"#
+    );
     let script = r#"{"replies":[
         {"match":{"model":"gpt-one"},"content":[{"type":"text","text":"first"}]},
         {"match":{"model":"gpt-one"},"status":500},
         {"match":{"model":"gpt-one"},"status":500},
         {"match":{"model":"gpt-one"},"status":500}]}"#;
-    let env = harness::start_with(Script::from_json(script).unwrap(), extra).await;
+    let env = harness::start_with(Script::from_json(script).unwrap(), &extra).await;
     let first = responses(&env, r#"{"model":"pp","input":"hi"}"#).await;
     assert_eq!(first.status(), 200);
     let id = first.json::<Value>().await.unwrap()["id"]
@@ -702,12 +708,8 @@ chain = ["openai:gpt-one", "openai2:gpt-two"]
 /// stored input, they are left out when a later turn is rebuilt for a relaying step.
 #[tokio::test]
 async fn reasoning_items_carried_through_a_translated_turn_reach_no_other_provider() {
-    let extra = r#"
-[providers.openai2]
-kind = "openai"
-base_url = "{MOCK}"
-api_key_env = "OPENAI_API_KEY"
-
+    let extra = OPENAI2.to_owned()
+        + r#"
 [[models]]
 name = "one"
 chain = ["openai:gpt-one"]
@@ -724,7 +726,7 @@ chain = ["anthropic:claude-x"]
         {"match":{"model":"gpt-one"},"content":[
             {"type":"thinking","thinking":"hmm","signature":"sig"},
             {"type":"text","text":"first"}]}]}"#;
-    let env = harness::start_with(Script::from_json(script).unwrap(), extra).await;
+    let env = harness::start_with(Script::from_json(script).unwrap(), &extra).await;
     let first = responses(&env, r#"{"model":"one","input":"hi"}"#).await;
     assert_eq!(first.status(), 200);
     let first: Value = first.json().await.unwrap();
