@@ -398,17 +398,23 @@ mod tests {
         assert_eq!(p.delay(Priority::Batch, 0.2), None);
     }
 
-    /// A slot given back (its call was shed) is the next call's; one given back after a later
-    /// booking stays taken, so no two calls share a slot.
-    #[tokio::test(start_paused = true)]
-    async fn a_slot_given_back_is_booked_again() {
-        let p = pacer();
+    /// A reading of 4 requests left of 100 until a reset 2 s away (one slot every 500 ms), and
+    /// the first call, sent at once.
+    fn four_left_over_two_seconds(p: &Pacer) {
         p.observe(&headers(&[
             ("x-ratelimit-limit-requests", "100"),
             ("x-ratelimit-remaining-requests", "4"),
             ("x-ratelimit-reset-requests", "2s"),
         ]));
         assert!(p.book(Priority::Batch, 0.2).is_none());
+    }
+
+    /// A slot given back (its call was shed) is the next call's; one given back after a later
+    /// booking stays taken, so no two calls share a slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_given_back_is_booked_again() {
+        let p = pacer();
+        four_left_over_two_seconds(&p);
         let shed = p.book(Priority::Batch, 0.2).unwrap();
         assert_eq!(shed.wait, Duration::from_millis(500));
         p.give_back(shed);
@@ -428,12 +434,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_held_slot_dropped_is_given_back_and_one_used_is_not() {
         let p = pacer();
-        p.observe(&headers(&[
-            ("x-ratelimit-limit-requests", "100"),
-            ("x-ratelimit-remaining-requests", "4"),
-            ("x-ratelimit-reset-requests", "2s"),
-        ]));
-        assert!(p.book(Priority::Batch, 0.2).is_none());
+        four_left_over_two_seconds(&p);
         let left = p.book(Priority::Batch, 0.2).unwrap();
         drop(p.hold(left));
         let used = p.book(Priority::Batch, 0.2).unwrap();
