@@ -481,11 +481,18 @@ pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn Even
             dir,
             inb.meta.include_usage,
         ))),
-        (Xlate::Responses(target), Some(conv)) => Some(Box::new(Keeping {
-            inner: responses::stream_for(target, conv.ctx(&inb.body)),
-            conv: conv.clone(),
-            saved: false,
-        })),
+        (Xlate::Responses(target), Some(conv)) => {
+            // With several tenants, the caller may delete (or read) the response while it
+            // streams: it is this tenant's from its first event on, as a relayed one is.
+            if conv.keep && conv.several {
+                conv.own(&conv.id());
+            }
+            Some(Box::new(Keeping {
+                inner: responses::stream_for(target, conv.ctx(&inb.body)),
+                conv: conv.clone(),
+                saved: false,
+            }))
+        }
         // A relayed stream passes untranslated: its watch keeps the final response.
         _ => None,
     }
