@@ -81,11 +81,14 @@ def test_tool_call_round_trip(mock, legate, route, streamed):
 
 def test_client_retries_are_counted(mock, legate):
     """A client that times out and retries on its own: the OpenAI SDK under ChatOpenAI marks the
-    retry with `x-stainless-retry-count: 1`, and legate counts it for the operator."""
+    retry with `x-stainless-retry-count: 1`, and legate counts it for the operator. The SDK's
+    read timeout is withheld from legate (the header it sends is replaced): legate would
+    otherwise answer 504 before the timeout, and the SDK would not retry at all."""
     mock.script({"replies": [{"delay_ms": 3000}],
                  "default": {"content": [{"type": "text", "text": ANSWER}]}})
     llm = ChatOpenAI(base_url=legate.url + "/v1", api_key=CLIENT_KEY, model="gpt-4o-mini",
-                     max_retries=1, timeout=1.0)
+                     max_retries=1, timeout=1.0,
+                     model_kwargs={"extra_headers": {"x-stainless-read-timeout": "NOT_GIVEN"}})
     assert llm.invoke("hi").text == ANSWER
     retry_counts = [dict(r["headers"]).get("x-stainless-retry-count") for r in mock.requests()]
     assert retry_counts == ["0", "1"]
