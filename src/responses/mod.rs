@@ -322,9 +322,8 @@ pub fn rebuild(body: &[u8], prior: &Stored, to: Option<&str>) -> Result<Vec<u8>,
     let mut req: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| Untranslatable(format!("the body is not a valid Responses request: {e}")))?;
     let mut items: Vec<Value> = prior.input.iter().chain(prior.output()).cloned().collect();
-    if !prior.provider.is_empty() && to == Some(prior.provider.as_str()) {
-        // Back to the provider whose items these are: its reasoning goes with them.
-    } else {
+    // Back to the provider whose items these are, its reasoning and ids go with them.
+    if prior.provider.is_empty() || to != Some(prior.provider.as_str()) {
         foreign(&mut items);
     }
     items.extend(input_items(body));

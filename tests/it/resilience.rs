@@ -630,9 +630,10 @@ async fn a_callers_short_deadline_does_not_open_the_breaker() {
     assert_eq!(state, Some(0.0));
 }
 
-/// An official SDK's own timeout (`x-stainless-timeout`, seconds) shortens the deadline: legate
-/// answers 504, which the SDK does not retry, before the SDK's timer fires and it retries on
-/// its own. `NOT_GIVEN` (a Python SDK's streaming call) and a longer timeout change nothing.
+/// An official SDK's own timeout (`x-stainless-timeout` or `x-stainless-read-timeout`, seconds)
+/// shortens the deadline: legate answers 504, which the SDK does not retry, before the SDK's
+/// timer fires and it retries on its own. `NOT_GIVEN` (a Python SDK without a timeout on the
+/// call), a longer timeout and what is no number change nothing.
 #[tokio::test]
 async fn an_sdks_own_timeout_shortens_the_deadline() {
     let env = with_script(
@@ -641,10 +642,13 @@ async fn an_sdks_own_timeout_shortens_the_deadline() {
     )
     .await;
     let send = |model: &str, timeout: &str| {
+        let (header, timeout) = timeout
+            .split_once('=')
+            .unwrap_or(("x-stainless-timeout", timeout));
         env.http
             .post(env.url("/v1/messages"))
             .header("anthropic-version", "2023-06-01")
-            .header("x-stainless-timeout", timeout)
+            .header(header, timeout)
             .timeout(std::time::Duration::from_secs(4))
             .body(format!(
                 r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":"hi"}}]}}"#
@@ -654,10 +658,18 @@ async fn an_sdks_own_timeout_shortens_the_deadline() {
     let resp = send("claude-slow", "1").await.unwrap();
     assert_eq!(resp.status(), 504);
     assert_eq!(resp.headers()["x-should-retry"], "false");
-    let resp = send("claude-slow", "1.5").await.unwrap();
+    let resp = send("claude-slow", "x-stainless-read-timeout=1.5")
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 504);
     assert_eq!(env.mock.stats().requests, 2, "one attempt each");
-    for timeout in ["NOT_GIVEN", "600.0", "600", "-1", "nan"] {
+    for timeout in [
+        "NOT_GIVEN",
+        "600.0",
+        "x-stainless-read-timeout=600",
+        "-1",
+        "nan",
+    ] {
         let resp = send("claude-x", timeout).await.unwrap();
         assert_eq!(resp.status(), 200, "{timeout}");
     }

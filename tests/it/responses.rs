@@ -59,6 +59,46 @@ fn first_delta(evs: &[(Instant, String, Value)]) -> usize {
         .expect("a text delta")
 }
 
+/// A Responses stream read up to its `response.created` event: the response's id, and what
+/// reads the rest ([`Opened::last_event`]).
+pub(crate) struct Opened {
+    pub(crate) id: String,
+    parser: SseParser,
+    rest: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+}
+
+impl Opened {
+    pub(crate) async fn read(resp: reqwest::Response) -> Opened {
+        let mut parser = SseParser::new();
+        let mut rest = Box::pin(resp.bytes_stream());
+        while let Some(Ok(chunk)) = rest.next().await {
+            parser.push(&chunk);
+            while let Some(ev) = parser.next_event() {
+                if ev.event.as_deref() == Some("response.created") {
+                    let data: Value = serde_json::from_str(&ev.data).unwrap();
+                    let id = data["response"]["id"].as_str().unwrap().to_owned();
+                    return Opened { id, parser, rest };
+                }
+            }
+        }
+        panic!("the stream ended without response.created");
+    }
+
+    /// Reads the stream to its end: the name of its last event.
+    pub(crate) async fn last_event(mut self) -> String {
+        let mut last = String::new();
+        loop {
+            while let Some(ev) = self.parser.next_event() {
+                last = ev.event.unwrap_or_default();
+            }
+            match self.rest.next().await {
+                Some(Ok(chunk)) => self.parser.push(&chunk),
+                _ => return last,
+            }
+        }
+    }
+}
+
 /// A second provider of the Responses API on the same mock.
 const OPENAI2: &str = r#"
 [providers.openai2]
@@ -846,34 +886,21 @@ async fn a_response_deleted_during_its_stream_is_not_kept_after_it() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let mut parser = SseParser::new();
-    let mut stream = resp.bytes_stream();
-    let mut id = None;
-    let mut last = String::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        parser.push(&chunk);
-        while let Some(ev) = parser.next_event() {
-            let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
-            last = ev.event.clone().unwrap_or_default();
-            if id.is_none() && last == "response.created" {
-                let created = data["response"]["id"].as_str().unwrap().to_owned();
-                let deleted = env
-                    .http
-                    .delete(env.url(&format!("/v1/responses/{created}")))
-                    .header("authorization", "Bearer caller-key")
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(deleted.status(), 200);
-                id = Some(created);
-            }
-        }
-    }
+    let opened = Opened::read(resp).await;
+    let id = opened.id.clone();
+    let deleted = env
+        .http
+        .delete(env.url(&format!("/v1/responses/{id}")))
+        .header("authorization", "Bearer caller-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
     assert_eq!(
-        last, "response.completed",
+        opened.last_event().await,
+        "response.completed",
         "the stream ran to its end after the delete"
     );
-    let id = id.expect("a response.created event");
     let next = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"next"}}"#);
     let resp = responses(&env, &next).await;
     assert_eq!(resp.status(), 400);

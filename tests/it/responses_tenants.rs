@@ -262,7 +262,6 @@ async fn a_relayed_response_the_store_let_go_is_still_its_tenants_alone() {
 /// nothing.
 #[tokio::test]
 async fn a_translated_response_deleted_while_it_streams_is_not_kept() {
-    use futures_util::StreamExt;
     let env = start(
         r#"{"default":{"event_gap_ms":100,"content":[{"type":"text","text":"a b c d e f"}]}}"#,
     )
@@ -277,28 +276,15 @@ async fn a_translated_response_deleted_while_it_streams_is_not_kept() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let mut parser = legate::sse::SseParser::new();
-    let mut stream = resp.bytes_stream();
-    let (mut id, mut last) = (None, String::new());
-    while let Some(Ok(chunk)) = stream.next().await {
-        parser.push(&chunk);
-        while let Some(ev) = parser.next_event() {
-            last = ev.event.clone().unwrap_or_default();
-            if id.is_none() && last == "response.created" {
-                let data: Value = serde_json::from_str(&ev.data).unwrap();
-                let created = data["response"]["id"].as_str().unwrap().to_owned();
-                let path = format!("/v1/responses/{created}");
-                let (status, _) = call(&env, "key-b", "DELETE", &path, None).await;
-                assert_eq!(status, 404, "another tenant's");
-                // Asked of the provider (the mock says it deleted it), no longer refused.
-                let (status, _) = call(&env, "key-a", "DELETE", &path, None).await;
-                assert_eq!(status, 200);
-                id = Some(created);
-            }
-        }
-    }
-    assert_eq!(last, "response.completed");
-    let id = id.expect("a response.created event");
+    let opened = crate::responses::Opened::read(resp).await;
+    let path = format!("/v1/responses/{}", opened.id);
+    let (status, _) = call(&env, "key-b", "DELETE", &path, None).await;
+    assert_eq!(status, 404, "another tenant's");
+    // Asked of the provider (the mock says it deleted it), no longer refused.
+    let (status, _) = call(&env, "key-a", "DELETE", &path, None).await;
+    assert_eq!(status, 200);
+    let id = opened.id.clone();
+    assert_eq!(opened.last_event().await, "response.completed");
     let next = format!(r#"{{"model":"agent","previous_response_id":"{id}","input":"next"}}"#);
     let (status, err) = call(&env, "key-a", "POST", "/v1/responses", Some(&next)).await;
     assert_eq!(status, 400, "{err}");
