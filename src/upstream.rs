@@ -278,15 +278,19 @@ impl Upstream {
     pub async fn build_cloud_request(
         &self,
         cloud: &CloudProvider,
-        target: (&str, bool),
+        target: (&str, bool, ApiKind),
         inbound: &HeaderMap,
         body: Bytes,
         translated: bool,
         wait: crate::cloud::cache::Wait,
     ) -> Result<Request<Full<Bytes>>, ProxyError> {
-        let (model, stream) = target;
-        let body = cloud.body(&body, inbound)?;
-        let path = cloud.path(model, stream);
+        let (model, stream, spoken) = target;
+        let (body, path) = if spoken == ApiKind::Responses {
+            let path = cloud.responses_path("/v1/responses");
+            (cloud.responses_body(&body, model)?, path)
+        } else {
+            (cloud.body(&body, inbound)?, cloud.path(model, stream))
+        };
         let mut req = if cloud.minimal_headers() {
             let uri: Uri = format!("{}{}", self.base_url, path)
                 .parse()
@@ -330,6 +334,38 @@ impl Upstream {
             req
         };
         if cloud.owns_credential() {
+            cloud.authorize(&mut req, &body, wait).await?;
+        }
+        Ok(req)
+    }
+
+    /// The request for one of the Responses API's small endpoints (stored responses,
+    /// `input_tokens`): `target` is the API's own path and query, which a cloud platform that
+    /// serves the API (Azure) has under a path of its own, with its own credential (obtained
+    /// or refreshed here when due, waited for as `wait` says).
+    pub async fn build_plain_request(
+        &self,
+        method: Method,
+        target: &str,
+        inbound: &HeaderMap,
+        body: Bytes,
+        wait: crate::cloud::cache::Wait,
+    ) -> Result<Request<Full<Bytes>>, ProxyError> {
+        let Some(cloud) = &self.cloud else {
+            return self.build_request(method, target, inbound, body, false, true);
+        };
+        if !cloud.serves_responses() {
+            return Err(ProxyError::InvalidRequest {
+                message: format!(
+                    "provider `{}` is a cloud platform that does not serve this endpoint",
+                    self.name
+                ),
+            });
+        }
+        let path = cloud.responses_path(target);
+        let own = cloud.owns_credential();
+        let mut req = self.build_request(method, &path, inbound, body.clone(), false, !own)?;
+        if own {
             cloud.authorize(&mut req, &body, wait).await?;
         }
         Ok(req)
@@ -436,13 +472,13 @@ impl Upstream {
     }
 
     /// The API a step on this provider is called in for a caller of `caller`: the Responses
-    /// API when the caller speaks it and this `openai` provider serves it (cloud platforms are
-    /// reached through their chat endpoints), else the provider's own kind.
+    /// API when the caller speaks it and this `openai` provider serves it (directly, or on
+    /// Azure's v1 surface), else the provider's own kind.
     pub fn speaks(&self, caller: ApiKind) -> ApiKind {
         let responses = caller == ApiKind::Responses
             && self.kind == ApiKind::OpenAi
             && self.responses
-            && self.cloud.is_none();
+            && self.cloud.as_ref().is_none_or(|c| c.serves_responses());
         if responses { caller } else { self.kind }
     }
 

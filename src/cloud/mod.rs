@@ -180,6 +180,36 @@ impl CloudProvider {
         }
     }
 
+    /// Whether the platform serves the Responses API (Azure OpenAI's v1 surface, wire-protocol
+    /// §G); Bedrock and Vertex serve Anthropic models only.
+    pub fn serves_responses(&self) -> bool {
+        matches!(self.platform, Platform::AzureOpenAi(_))
+    }
+
+    /// The platform's path for a Responses API path (`/v1/responses…`): Azure serves it on its
+    /// v1 surface, `/openai/v1/responses…`, where the deployment is named by the body's
+    /// `model` and no `api-version` is asked for.
+    pub fn responses_path(&self, path: &str) -> String {
+        format!("/openai{path}")
+    }
+
+    /// A Responses body for `model` on the platform: Azure names the deployment in the body's
+    /// `model`, so a model mapped to a deployment of another name is rewritten there, every
+    /// other byte left as the caller's.
+    pub fn responses_body(&self, body: &Bytes, model: &str) -> Result<Bytes, ProxyError> {
+        let Platform::AzureOpenAi(a) = &self.platform else {
+            return Ok(body.clone());
+        };
+        let deployment = a.deployment(model);
+        if deployment == model {
+            return Ok(body.clone());
+        }
+        let name = crate::splice::json_string(deployment);
+        crate::splice::replace_top_level(body, "model", &name)
+            .map(Bytes::from)
+            .ok_or(ProxyError::Internal)
+    }
+
     /// Whether the platform answers a stream in Bedrock's binary event stream.
     pub fn event_stream(&self) -> bool {
         matches!(self.platform, Platform::Bedrock(_))

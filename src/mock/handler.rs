@@ -141,7 +141,11 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> R
             return cloud::platforms::handle(&shared, cloud, call, &parts, &body, answer).await;
         }
     }
-    let path = parts.uri.path();
+    // Azure's v1 surface serves the Responses API under `/openai`, with Azure's credential.
+    let azure = shared
+        .cloud()
+        .and_then(|cloud| cloud::platforms::azure_v1(cloud, &parts));
+    let path = azure.map_or(parts.uri.path(), |(path, _)| path);
     let route = Route::of(&parts.method, path, &parts.headers);
     let recorded = RecordedRequest::new(
         parts.method.to_string(),
@@ -160,7 +164,11 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> R
         guard,
     };
     let script = shared.script();
-    if let Some(key) = &script.expect_key
+    if let Some((_, authorized)) = azure {
+        if !authorized {
+            return cloud::platforms::azure_refused(answer);
+        }
+    } else if let Some(key) = &script.expect_key
         && !authorized(&parts.headers, key)
     {
         let message = match answer.api {

@@ -351,7 +351,7 @@ async fn request(
     // every attempt's future (and every one around it) that much larger, platform or not.
     Box::pin(up.build_cloud_request(
         cloud,
-        (call.step.model(), inb.meta.stream),
+        (call.step.model(), inb.meta.stream, spoken),
         &inb.headers,
         call.body.clone(),
         translating,

@@ -76,7 +76,7 @@ fn upgrade_required() -> Response<ProxyBody> {
 fn responses_provider<'a>(snap: &'a Snapshot, cfg: &Config) -> Option<&'a Arc<Upstream>> {
     snap.upstreams
         .get(&cfg.routing.openai)
-        .filter(|u| u.kind == ApiKind::OpenAi && u.responses)
+        .filter(|u| u.speaks(ApiKind::Responses) == ApiKind::Responses)
 }
 
 fn local_json(status: StatusCode, body: &Value) -> Response<ProxyBody> {
@@ -256,7 +256,9 @@ pub async fn forward(
         Some(q) => format!("{path}?{q}"),
         None => path.to_owned(),
     };
-    let req = up.build_request(method, &target, headers, body, false, true)?;
+    // A platform's credential is waited for no longer than the answer would be.
+    let wait = tokio::time::Instant::now() + up.first_byte_timeout;
+    let req = Box::pin(up.build_plain_request(method, &target, headers, body, wait.into())).await?;
     let on = crate::upstream::Sent::default();
     let call = up
         .client()
@@ -383,6 +385,11 @@ pub async fn input_tokens(
             let body = super::conversation::relay_body(inb, step, ApiKind::Responses, None)
                 .await?
                 .map_err(|message| ProxyError::InvalidRequest { message })?;
+            // Azure's v1 surface serves no count endpoint: the body as it would be sent is
+            // estimated, as a translated step's is.
+            if up.cloud.is_some() {
+                return Ok(estimated_count(body.len()));
+            }
             return forward(
                 up,
                 step.target(),
@@ -417,11 +424,17 @@ pub async fn input_tokens(
     })
     .await?
     .map_err(|_| ProxyError::Internal)?;
+    Ok(estimated_count(sent))
+}
+
+/// The local estimate of a count: a token per four bytes of the body the step would get,
+/// marked `x-legate-estimate: true`.
+fn estimated_count(sent: usize) -> Response<ProxyBody> {
     let tokens = (sent as u64).div_ceil(4);
     let mut resp = local_json(
         StatusCode::OK,
         &json!({"object": "response.input_tokens", "input_tokens": tokens}),
     );
     crate::proxy::response::set_header(&mut resp, "x-legate-estimate", "true");
-    Ok(resp)
+    resp
 }

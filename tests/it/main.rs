@@ -17,6 +17,7 @@ mod buffers;
 mod catalog;
 mod check;
 mod cloud;
+mod cloud_responses;
 mod cloud_secrets;
 mod connections;
 mod errors;

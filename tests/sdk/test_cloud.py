@@ -64,6 +64,10 @@ kind = "azure-openai"
 base_url = "{m}"
 token_url = "{m}/tenant/oauth2/v2.0/token"
 
+[routing]
+anthropic = "anthropic"
+openai = "azure"
+
 [[models]]
 name = "claude-on-bedrock"
 chain = ["bedrock:{BEDROCK_MODEL}"]
@@ -134,3 +138,26 @@ def test_openai_sdk_json_and_stream_with_a_tool_call_on_azure_and_bedrock(cloud_
     assert len(platform_requests(cloud_mock, "/openai/deployments/")) == 2
     assert len(platform_requests(cloud_mock, "/model/")) == 2
     assert cloud_legate.metric("legate_credential_refreshes_total", result="error") is None
+
+
+def test_openai_sdk_responses_on_azure_v1_with_a_function_call_retrieve_and_delete(cloud_mock,
+                                                                                   cloud_legate):
+    cloud_mock.script(TOOL_REPLY)
+    client = openai.OpenAI(base_url=cloud_legate.url + "/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "function", "name": "get_weather", "parameters": TOOL["input_schema"]}]
+    resp = client.responses.create(model="gpt-on-azure", input="weather?", tools=tools)
+    call = next(i for i in resp.output if i.type == "function_call")
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    with client.responses.stream(model="gpt-on-azure", input="weather?", tools=tools) as stream:
+        final = stream.get_final_response()
+    call = next(i for i in final.output if i.type == "function_call")
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    assert final.usage.output_tokens > 0
+    assert client.responses.retrieve(resp.id).id == resp.id
+    client.responses.delete(resp.id)
+    reqs = platform_requests(cloud_mock, "/openai/v1/responses")
+    assert [(r["method"], r["path"]) for r in reqs] == [
+        ("POST", "/openai/v1/responses"), ("POST", "/openai/v1/responses"),
+        ("GET", f"/openai/v1/responses/{resp.id}"), ("DELETE", f"/openai/v1/responses/{resp.id}")]
+    assert all(dict(r["headers"])["authorization"].startswith("Bearer entra-") for r in reqs)
+    assert platform_requests(cloud_mock, "/openai/deployments/") == []

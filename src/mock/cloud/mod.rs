@@ -23,7 +23,8 @@
 //! - Vertex `POST /v1/projects/{p}/locations/{r}/publishers/anthropic/models/{m}:rawPredict` and
 //!   `:streamRawPredict`: a bearer token this mock issued; a scripted 429 comes in Google's shape;
 //! - Azure `POST /openai/deployments/{d}/chat/completions?api-version=…`: `api-key` equal to
-//!   `--azure-api-key`, or an Entra token this mock issued.
+//!   `--azure-api-key`, or an Entra token this mock issued; the same credential on the v1
+//!   surface's Responses API (`/openai/v1/responses…`), answered as the mock's own.
 //!
 //! `GET /_mock/cloud` reports how many credentials each endpoint issued and how many platform
 //! calls were refused.

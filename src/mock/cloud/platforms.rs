@@ -228,8 +228,9 @@ fn vertex_checked(
     Ok(answer)
 }
 
-/// The api-key or an Entra token, then `api-version` in the query.
-fn azure_checked(cloud: &Cloud, parts: &Parts, answer: Answer) -> Checked {
+/// Whether a call carries the configured api-key or an Entra token the mock issued; a refusal
+/// is counted.
+fn azure_authorized(cloud: &Cloud, parts: &Parts) -> bool {
     let key_ok = match (&cloud.opts.azure_api_key, parts.headers.get("api-key")) {
         (Some(k), Some(v)) => v.as_bytes() == k.as_bytes(),
         _ => false,
@@ -237,11 +238,31 @@ fn azure_checked(cloud: &Cloud, parts: &Parts, answer: Answer) -> Checked {
     let token_ok = bearer(parts).is_some_and(|t| cloud.check_token(t).is_ok());
     if !key_ok && !token_ok {
         cloud.count("refused");
-        return Err(Box::new(answer.error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "Access denied due to invalid subscription key or wrong API endpoint.",
-        )));
+    }
+    key_ok || token_ok
+}
+
+/// Azure's refusal of a call without a valid credential.
+pub(crate) fn azure_refused(answer: Answer) -> Response<MockBody> {
+    answer.error(
+        StatusCode::UNAUTHORIZED,
+        "invalid_request_error",
+        "Access denied due to invalid subscription key or wrong API endpoint.",
+    )
+}
+
+/// A call on Azure's v1 surface (`/openai/v1/…`, the Responses API): the OpenAI path it
+/// stands for, and whether its credential passed; `None` for any other path.
+pub(crate) fn azure_v1<'a>(cloud: &Cloud, parts: &'a Parts) -> Option<(&'a str, bool)> {
+    let path = parts.uri.path().strip_prefix("/openai")?;
+    path.starts_with("/v1/")
+        .then(|| (path, azure_authorized(cloud, parts)))
+}
+
+/// The api-key or an Entra token, then `api-version` in the query.
+fn azure_checked(cloud: &Cloud, parts: &Parts, answer: Answer) -> Checked {
+    if !azure_authorized(cloud, parts) {
+        return Err(Box::new(azure_refused(answer)));
     }
     if !parts
         .uri
