@@ -172,6 +172,12 @@ impl RequestObs {
         self.0.with(|e| f(&mut e.facts));
     }
 
+    /// The request's id, as its answer's `x-legate-request-id` names it (`None` only once
+    /// the request's record is written and gone).
+    pub fn request_id(&self) -> Option<super::RequestId> {
+        self.0.read(|f| f.request_id)
+    }
+
     pub fn request_started(&self) -> Instant {
         self.0.read(|f| f.started).unwrap_or_else(Instant::now)
     }

@@ -781,7 +781,7 @@ async fn error(call: &Call<'_>, got: Got) -> Exchanged {
     );
     let (body, replaced) = match body.await {
         Some(b) => (b, false),
-        None => (unread_error(up, got.spoken, status), true),
+        None => (unread_error(up, got.spoken, status, &inb.obs), true),
     };
     // The slot and the in-flight count are the upstream call's: it is over.
     drop((got.permit, got.inflight));
@@ -867,7 +867,12 @@ fn passed_through(
 /// or past `max_buffered_bytes`): legate's own error, in the API the step speaks (so that it
 /// is judged and translated like the provider's), naming the status, so that the caller
 /// learns what happened instead of getting an empty body under a JSON content type.
-fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
+fn unread_error(
+    up: &Upstream,
+    spoken: ApiKind,
+    status: StatusCode,
+    obs: &crate::observe::RequestObs,
+) -> Bytes {
     tracing::warn!(provider = %up.name, status = status.as_u16(), "upstream error body not read whole (over 1 MiB, cut, late, or server.max_buffered_bytes reached): replaced");
     let dialect = spoken.dialect();
     let message = format!(
@@ -882,7 +887,8 @@ fn unread_error(up: &Upstream, spoken: ApiKind, status: StatusCode) -> Bytes {
             code: "upstream_error_unreadable",
             message: &message,
         },
-        "",
+        // As every error legate writes names the request (the Anthropic shape carries it).
+        &obs.request_id().map(|id| id.render()).unwrap_or_default(),
     )
 }
 

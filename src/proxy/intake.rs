@@ -17,7 +17,7 @@ use crate::api::{Operation, RequestMeta};
 use crate::config::{Config, Priority};
 use crate::error::ProxyError;
 use crate::observe::RequestObs;
-use crate::policy::ratelimit::{Ask, Charged, Decision, HOLD_PAST_DEADLINE, Reservation};
+use crate::policy::ratelimit::{Ask, Charged, Decision, HOLD_PAST_DEADLINE, Limit, Reservation};
 
 impl Proxy {
     /// Reserves the request's estimated tokens (input + max_tokens) and one request from the
@@ -48,6 +48,12 @@ impl Proxy {
         // never fit.
         let tokens = meta.approx_input_tokens.saturating_add(output);
         if t.tokens_per_minute > 0 && tokens > t.tokens_per_minute {
+            // Refused by the tenant's tokens limit, as a 429 is: a dashboard of refusals sees
+            // the tenant whose requests can never fit.
+            self.metrics
+                .ratelimit_rejections
+                .with_label_values(&[snap.labels.tenant(tenant), Limit::Tokens.as_str()])
+                .inc();
             return Err(ProxyError::NeverFits {
                 tokens,
                 tokens_per_minute: t.tokens_per_minute,

@@ -73,6 +73,14 @@ async fn a_reservation_that_can_never_fit_is_a_400() {
             .contains("1000 tokens per minute")
     );
     assert_eq!(env.mock.stats().requests, 0);
+    // A refusal by the tenant's tokens limit, counted with the 429s.
+    let refused = env
+        .metric(
+            "legate_ratelimit_rejections_total",
+            &[("tenant", "default"), ("limit", "tokens")],
+        )
+        .await;
+    assert_eq!(refused, Some(1.0));
 }
 
 /// An image's base64 counts in the estimate as what the provider bills for an image (1,600

@@ -454,11 +454,17 @@ async fn an_error_body_too_large_to_read_is_replaced_by_one_that_says_so() {
     let resp = env.messages(BODY).await;
     assert_eq!(resp.status(), 400);
     assert_eq!(resp.headers()["content-type"], "application/json");
+    let rid = resp.headers()["x-legate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "invalid_request_error");
     let text = v["error"]["message"].as_str().unwrap();
     assert!(text.contains("could not read whole"), "{text}");
+    // Named as every error legate writes in the Anthropic shape is.
+    assert_eq!(v["request_id"], rid.as_str());
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
