@@ -263,7 +263,7 @@ impl CloudProvider {
             (Cred::Aws(cell), Platform::Bedrock(b)) => {
                 let fetch = || {
                     let (client, source) = (client(), b.credentials.clone());
-                    async move { aws::fetch(&client, &source).await }
+                    async move { aws::fetch(&client, &source).await.and_then(sendable_aws) }
                 };
                 let creds = cell
                     .get(fetch, wait)
@@ -275,7 +275,11 @@ impl CloudProvider {
             (Cred::Token(cell), Platform::Vertex(v)) => {
                 let fetch = || {
                     let (client, source) = (client(), v.credentials.clone());
-                    async move { google::fetch(&client, &source).await }
+                    async move {
+                        google::fetch(&client, &source)
+                            .await
+                            .and_then(sendable_token)
+                    }
                 };
                 let token = cell
                     .get(fetch, wait)
@@ -297,7 +301,11 @@ impl CloudProvider {
                     let client = client();
                     let (file, id, url) =
                         (token_file.clone(), client_id.clone(), token_url.clone());
-                    async move { azure::fetch(&client, &file, &id, &url).await }
+                    async move {
+                        azure::fetch(&client, &file, &id, &url)
+                            .await
+                            .and_then(sendable_token)
+                    }
                 };
                 let token = cell
                     .get(fetch, wait)
@@ -410,6 +418,34 @@ fn platform_body(
             .ok_or_else(not_object)?;
     }
     Ok(Bytes::from(out))
+}
+
+/// A credential is checked when it is fetched, not only when it is used: one that cannot go
+/// in a header (a line break in a token, a NUL in a session token) held as good would fail
+/// every request until it expired, an hour on, with nothing fetched again meanwhile. As a
+/// failed fetch it is retried with the usual pauses, counted, and shown as `last_error`.
+fn sendable(value: &str, what: &str) -> Result<(), String> {
+    if value.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the {what} fetched holds characters a request header cannot carry"
+        ))
+    }
+}
+
+fn sendable_token(f: cache::Fetched<Secret>) -> Result<cache::Fetched<Secret>, String> {
+    sendable(f.value.expose(), "access token").map(|()| f)
+}
+
+fn sendable_aws(f: cache::Fetched<aws::AwsCreds>) -> Result<cache::Fetched<aws::AwsCreds>, String> {
+    let c = &f.value;
+    sendable(c.access_key_id.expose(), "access key id")?;
+    sendable(c.secret_access_key.expose(), "secret access key")?;
+    if let Some(t) = &c.session_token {
+        sendable(t.expose(), "session token")?;
+    }
+    Ok(f)
 }
 
 fn bearer(req: &mut Request<Full<Bytes>>, token: &Arc<Secret>) -> Result<(), String> {

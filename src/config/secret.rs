@@ -314,6 +314,13 @@ pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
         Some("there is no key (empty, or only spaces)")
     } else if key.chars().any(char::is_control) {
         Some("the key holds control characters (a line break, tab or NUL)")
+    } else if !key.is_ascii() {
+        // A key pasted from a web page often brings a no-break or zero-width space along: it
+        // would be sent as its raw bytes and refused by the provider on every call.
+        Some(
+            "the key holds characters outside ASCII (a no-break or zero-width space pasted \
+             with it?)",
+        )
     } else {
         None
     }
@@ -417,6 +424,9 @@ mod tests {
             None,
             "a lone carriage return is a control character"
         );
+        // Pasted from a web page: a no-break space, a zero-width space.
+        assert_eq!(key("sk-6\u{a0}\n"), None);
+        assert_eq!(key("sk-\u{200b}7"), None);
     }
 
     #[test]

@@ -69,6 +69,17 @@ impl Breakers {
     /// models start closed, their series at 0; a breaker a request in flight still holds
     /// decides nothing for later requests.
     pub fn forget_provider(&self, provider: &str) {
+        self.forget(provider, false);
+    }
+
+    /// Forgets the breakers of a provider the config no longer has, their state series
+    /// removed from `/metrics` as well (a removed provider's breakers listed in
+    /// `/admin/state` and exported at 0 said it was still configured).
+    pub fn forget_removed(&self, provider: &str) {
+        self.forget(provider, true);
+    }
+
+    fn forget(&self, provider: &str, removed: bool) {
         let mut map = self.map.lock();
         let ours = |k: &String| {
             k.strip_prefix(provider)
@@ -81,7 +92,9 @@ impl Breakers {
             }
             // A configured model's label is the model itself.
             let model = &k[provider.len() + 1..];
-            if let Ok(g) = gauge.get_metric_with_label_values(&[provider, model]) {
+            if removed {
+                let _ = gauge.remove_label_values(&[provider, model]);
+            } else if let Ok(g) = gauge.get_metric_with_label_values(&[provider, model]) {
                 g.set(0);
             }
             false

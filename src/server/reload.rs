@@ -196,6 +196,13 @@ impl Reloader {
             })
             .map(|(name, _)| name.clone())
             .collect();
+        let removed: Vec<String> = before
+            .cfg
+            .providers
+            .keys()
+            .filter(|name| !snapshot.cfg.providers.contains_key(*name))
+            .cloned()
+            .collect();
         self.proxy.budget.set_ratio(ratio);
         let (max_bytes, ttl) = responses;
         let fixed = self.proxy.conversations.reconfigure(max_bytes, ttl);
@@ -203,6 +210,9 @@ impl Reloader {
         self.proxy.snapshot.store(Arc::new(snapshot));
         for name in &moved {
             self.proxy.breakers.forget_provider(name);
+        }
+        for name in &removed {
+            self.proxy.breakers.forget_removed(name);
         }
         // A key file the new config keeps is watched by the watcher already running (the cell
         // is shared, `Lanes::key`): `fresh` holds the new files' only. The others run on until

@@ -425,6 +425,70 @@ chain = ["broken:anthropic.claude-haiku-4-5-20251001-v1:0", "vertex:claude-haiku
     );
 }
 
+/// A token that cannot go in a header (a line break inside) is a failed fetch, retried after
+/// the usual pause: held as good, it failed every request for its whole hour, with nothing
+/// fetched again and the admin state saying all was well.
+#[tokio::test]
+async fn a_token_no_header_can_carry_is_a_failed_fetch_that_is_tried_again() {
+    use crate::rawup::{Action, RawRequest};
+    let entra = crate::rawup::start(|_: RawRequest| async move {
+        Action::Reply(crate::rawup::json_reply(
+            r#"{"access_token":"eyJ-first-half\nsecond-half","expires_in":3600}"#,
+        ))
+    })
+    .await;
+    let extra = format!(
+        r#"
+[providers.azbad]
+kind = "azure-openai"
+base_url = "{{MOCK}}"
+token_url = "{}/tenant-1/oauth2/v2.0/token"
+
+[[models]]
+name = "bad-token"
+chain = ["azbad:gpt-4o"]
+"#,
+        entra.url
+    );
+    let c = start(r#"{"replies":[]}"#, CloudOptions::default(), &extra).await;
+    let env = &c.env;
+    let ask = || env.chat(r#"{"model":"bad-token","messages":[{"role":"user","content":"hi"}]}"#);
+    let resp = ask().await;
+    assert_eq!(resp.status(), 502);
+    let said = resp.text().await.unwrap();
+    assert!(said.contains("a request header cannot carry"), "{said}");
+    assert!(!said.contains("first-half"), "{said}");
+    let state = env.admin_json("/admin/state").await;
+    let last = state["providers"]["azbad"]["credential"]["last_error"].as_str();
+    assert!(last.is_some_and(|e| e.contains("cannot carry")), "{state}");
+    // Fetched again once the pause after the failure (1 s) is over.
+    let again = async {
+        while entra.requests.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            assert_eq!(ask().await.status(), 502);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), again)
+        .await
+        .expect("a second fetch");
+    let name = "legate_credential_refreshes_total";
+    let ok = env
+        .metric(name, &[("provider", "azbad"), ("result", "ok")])
+        .await;
+    let failed = env
+        .metric(name, &[("provider", "azbad"), ("result", "error")])
+        .await;
+    assert_eq!(ok, None);
+    assert!(failed.is_some_and(|n| n >= 2.0), "{failed:?}");
+    let sent = env
+        .mock
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with("/openai/"))
+        .count();
+    assert_eq!(sent, 0, "nothing was sent with the token");
+}
+
 #[tokio::test]
 async fn a_chain_does_not_wait_out_a_first_credential_fetch_that_hangs() {
     // An STS that takes connections and never answers: legate's fetch waits on it for its

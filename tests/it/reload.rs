@@ -410,3 +410,45 @@ async fn a_provider_moved_to_another_endpoint_starts_with_closed_breakers() {
     assert_eq!(env.mock.requests().len(), 2);
     assert_eq!(healthy.requests().len(), 1);
 }
+
+/// A reload that removes a provider forgets its breakers: `/admin/state` no longer lists them
+/// and `/metrics` no longer exports their state, as if the provider were still configured.
+#[tokio::test]
+async fn a_removed_providers_breakers_leave_the_admin_state_and_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("legate.toml");
+    let failing = harness::start_mock(
+        legate::mock::Script::from_json(r#"{"replies":[{"times":0,"status":503}]}"#).unwrap(),
+    )
+    .await;
+    let url = failing.base_url();
+    let breaker = "[retry]\nmax_attempts = 1\n[breaker]\nmin_calls = 2\nfailure_ratio = 0.5\nopen_for = \"300s\"\n";
+    let spare = format!(
+        "[providers.spare]\nkind = \"anthropic\"\nbase_url = \"{url}\"\napi_key_env = \"ANTHROPIC_API_KEY\"\n[[models]]\nname = \"s\"\nchain = [\"spare:claude-s\"]\n"
+    );
+    std::fs::write(
+        &path,
+        harness::config_toml(&url, &format!("{breaker}{spare}")),
+    )
+    .unwrap();
+    let env = harness::start_file(failing, &path).await;
+    let body = r#"{"model":"s","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..2 {
+        assert_eq!(env.messages(body).await.status(), 503);
+    }
+    let state = [("provider", "spare"), ("model", "claude-s")];
+    env.wait_metric("legate_breaker_state", &state, 1.0).await;
+    let listed = env.admin_json("/admin/state").await;
+    assert!(
+        listed["breakers"].to_string().contains("spare:claude-s"),
+        "{listed}"
+    );
+    std::fs::write(&path, harness::config_toml(&url, breaker)).unwrap();
+    assert_eq!(reload(&env).await.0, 200);
+    let listed = env.admin_json("/admin/state").await;
+    assert!(
+        !listed["breakers"].to_string().contains("spare"),
+        "{listed}"
+    );
+    assert_eq!(env.metric("legate_breaker_state", &state).await, None);
+}
