@@ -250,9 +250,12 @@ impl Pacer {
         // Spread what is left over the time until the reset. No slot lies past the reset:
         // callers beyond what is left wait for the reset, and no longer (slots spaced on past
         // it kept them waiting after the limit had come back).
+        // With nothing left, every call waits for the reset: the first one too (sent at once,
+        // it would meet a limit already spent, and spend legate's retries on the 429).
         let slots = u32::try_from(t.remaining.max(1)).unwrap_or(u32::MAX);
         let interval = t.reset_at.saturating_duration_since(now) / slots;
-        let slot = st.next_slot.map_or(now, |n| n.max(now)).min(t.reset_at);
+        let first = if t.remaining == 0 { t.reset_at } else { now };
+        let slot = st.next_slot.map_or(first, |n| n.max(now)).min(t.reset_at);
         let next = (slot + interval).min(t.reset_at);
         st.next_slot = Some(next);
         let wait = slot.saturating_duration_since(now);
@@ -470,6 +473,19 @@ mod tests {
                 ms(2000)
             ]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_nothing_left_every_call_waits_for_the_reset() {
+        let p = pacer();
+        p.observe(&headers(&[
+            ("x-ratelimit-limit-requests", "50"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "8s"),
+        ]));
+        let waits: Vec<Option<Duration>> = (0..3).map(|_| p.delay(Priority::Batch, 0.2)).collect();
+        assert_eq!(waits, [Some(Duration::from_secs(8)); 3]);
+        assert_eq!(p.delay(Priority::Interactive, 0.2), None);
     }
 
     /// After the reset the gauge reads 1 and `/admin/state` shows no reading: both kept the
