@@ -133,6 +133,20 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The usage of an OpenAI answer, whose prompt count includes its cached parts (`cached`
+    /// read, `written` to the cache): each part at most what the prompt count leaves, so a
+    /// report of more cached tokens than were sent bills no more than the prompt.
+    pub fn of_prompt(prompt: u64, (cached, written): (u64, u64), output: u64) -> Usage {
+        let cache_read = cached.min(prompt);
+        let cache_write = written.min(prompt - cache_read);
+        Usage {
+            input: prompt - cache_read - cache_write,
+            output,
+            cache_read,
+            cache_write,
+        }
+    }
+
     /// Cost in pico-USD, all four kinds priced.
     pub fn cost_pico(&self, price: &Price) -> u128 {
         [
@@ -179,6 +193,16 @@ impl Usage {
     }
 
     /// All tokens of the four kinds (what a tokens-per-minute bucket is charged for).
+    /// Both usages together, kind by kind.
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            input: self.input.saturating_add(other.input),
+            output: self.output.saturating_add(other.output),
+            cache_read: self.cache_read.saturating_add(other.cache_read),
+            cache_write: self.cache_write.saturating_add(other.cache_write),
+        }
+    }
+
     pub fn total(&self) -> u64 {
         self.input
             .saturating_add(self.output)
@@ -346,6 +370,20 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An OpenAI prompt count includes its cached parts: they are split out of it, each at
+    /// most what it leaves (a report of more cached tokens than the prompt bills the prompt).
+    #[test]
+    fn cached_parts_are_split_out_of_the_prompt_and_bounded_by_it() {
+        let u = |p, c, w| {
+            let u = Usage::of_prompt(p, (c, w), 7);
+            (u.input, u.cache_read, u.cache_write, u.output)
+        };
+        assert_eq!(u(100, 30, 20), (50, 30, 20, 7));
+        assert_eq!(u(100, 1 << 40, 0), (0, 100, 0, 7));
+        assert_eq!(u(100, 80, 50), (0, 80, 20, 7));
+        assert_eq!(u(0, 5, 5), (0, 0, 0, 7));
+    }
 
     /// Output is counted at most as asked for; every kind at most 2^24; a sane report as is.
     #[test]

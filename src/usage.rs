@@ -12,16 +12,25 @@ use crate::sse::SseEvent;
 pub struct StreamUsage {
     api: ApiKind,
     usage: Option<Usage>,
+    /// An event carried usage that could not be read: the stream's usage is unknown.
+    unreadable: bool,
 }
 
 impl StreamUsage {
     pub fn new(api: ApiKind) -> Self {
-        Self { api, usage: None }
+        Self {
+            api,
+            usage: None,
+            unreadable: false,
+        }
     }
 
     /// Looks at one event; only events that can carry usage are parsed.
     pub fn observe(&mut self, ev: &SseEvent) {
-        self.api.dialect().observe_usage(ev, &mut self.usage);
+        if !self.api.dialect().observe_usage(ev, &mut self.usage) && !self.unreadable {
+            self.unreadable = true;
+            unreadable();
+        }
     }
 
     /// The usage of one event, read by someone else already (a relayed Responses stream's
@@ -33,9 +42,10 @@ impl StreamUsage {
         }
     }
 
-    /// The usage seen so far (None until an event carried some).
+    /// The usage seen so far (None until an event carried some, and once one carried usage
+    /// that could not be read).
     pub fn usage(&self) -> Option<Usage> {
-        self.usage
+        self.usage.filter(|_| !self.unreadable)
     }
 }
 

@@ -63,8 +63,8 @@ impl Dialect for Anthropic {
         usage::of_body(body)
     }
 
-    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) {
-        usage::observe(ev, seen);
+    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) -> bool {
+        usage::observe(ev, seen)
     }
 
     fn errors(&self) -> &'static ErrorTable {

@@ -116,7 +116,9 @@ pub trait Dialect: Sync {
 
     /// Folds one streamed event into the usage seen so far (only events that carry usage are
     /// parsed).
-    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>);
+    /// Folds one stream event's usage into `seen`; false when the event carried usage that
+    /// cannot be read (the stream is then left unmetered, its reservation kept).
+    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) -> bool;
 
     /// The API's one error type↔status table.
     fn errors(&self) -> &'static ErrorTable;

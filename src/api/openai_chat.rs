@@ -49,8 +49,8 @@ impl Dialect for OpenAiChat {
         usage::of_body(body)
     }
 
-    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) {
-        usage::observe(ev, seen);
+    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) -> bool {
+        usage::observe(ev, seen)
     }
 
     fn errors(&self) -> &'static ErrorTable {

@@ -66,10 +66,12 @@ impl Dialect for OpenAiResponses {
         stream::usage_of_body(body)
     }
 
-    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) {
+    fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) -> bool {
+        // A terminal event's usage that cannot be read leaves `seen` empty: unmetered.
         if let Some(u) = stream::usage_of_event(ev) {
             *seen = Some(u);
         }
+        true
     }
 
     fn errors(&self) -> &'static ErrorTable {

@@ -35,6 +35,9 @@ pub struct RequestRecord {
     /// Tokens and cost reported by attempts that failed before their commit point: the tenant
     /// is charged for them too, whatever the request's outcome.
     earlier: (u64, u128),
+    /// The same attempts' usage by kind: the request's record counts it with the served
+    /// attempt's, so that the access log and journal add up to what was metered.
+    earlier_usage: Usage,
 }
 
 impl RequestRecord {
@@ -51,6 +54,7 @@ impl RequestRecord {
             reservation: None,
             obs: None,
             earlier: (0, 0),
+            earlier_usage: Usage::default(),
         }
     }
 
@@ -78,6 +82,16 @@ impl RequestRecord {
     pub fn charge_attempt(&mut self, usage: Usage, cost_pico: u128) {
         self.earlier.0 = self.earlier.0.saturating_add(usage.total());
         self.earlier.1 = self.earlier.1.saturating_add(cost_pico);
+        self.earlier_usage = self.earlier_usage.plus(usage);
+        // Recorded now: a request whose every attempt fails is charged this, and its record
+        // says so.
+        if let Some(o) = &self.obs {
+            let (usage, cost) = (self.earlier_usage, self.earlier.1);
+            o.update(|f| {
+                f.usage = Some(usage);
+                f.cost_pico = Some(cost);
+            });
+        }
     }
 
     /// Nothing was sent upstream: legate refused the request itself (no platform credential,
@@ -107,9 +121,15 @@ impl RequestRecord {
             .saturating_add(usage.cache_read)
             .saturating_add(usage.cache_write);
         if let Some(o) = &self.obs {
+            // The request's usage and cost: the failed attempts' and the served one's. The
+            // estimate was of one attempt's input: it is compared with the served one's.
+            let (all, cost) = (
+                usage.plus(self.earlier_usage),
+                cost_pico.saturating_add(self.earlier.1),
+            );
             o.update(|f| {
-                f.usage = Some(usage);
-                f.cost_pico = Some(cost_pico);
+                f.usage = Some(all);
+                f.cost_pico = Some(cost);
                 f.estimate_error = estimated.map(|e| e as i64 - input as i64);
             });
         }

@@ -179,9 +179,23 @@ async fn a_retried_stream_meters_the_usage_of_the_attempt_that_broke() {
         .messages(r#"{"model":"claude-r","max_tokens":9,"stream":true,"messages":[]}"#)
         .await;
     assert_eq!(resp.headers()["x-legate-attempts"], "2");
+    let rid = resp.headers()["x-legate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     assert!(resp.text().await.unwrap().contains("message_stop"));
     // The broken attempt's message_start: 700 input, 300 cache read, 20 cache write, 1 output;
     // the served one's: 31, 4, 0, 7. One request.
+    // The request's record adds up to what was metered, the broken attempt's usage included.
+    let rec = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    let counts = [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+    ]
+    .map(|k| rec[k].as_u64());
+    assert_eq!(counts, [Some(731), Some(8), Some(304), Some(20)], "{rec}");
     let doc = env.admin_json("/admin/usage").await;
     let e = &doc["tenants"]["default"]["anthropic:claude-r"];
     assert_eq!(e["requests"], 1);
@@ -249,7 +263,18 @@ async fn usage_of_failed_attempts_is_charged_to_the_tenant_even_when_none_serves
     for _ in 0..2 {
         let resp = env.messages(body).await;
         assert_eq!(resp.status(), 529);
+        let rid = resp.headers()["x-legate-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
         let _ = resp.bytes().await;
+        // What the tenant was charged is in the request's record, though no attempt served.
+        let rec = env.admin_json(&format!("/admin/requests/{rid}")).await;
+        assert_eq!(
+            (rec["input_tokens"].as_u64(), rec["output_tokens"].as_u64()),
+            (Some(400), Some(1)),
+            "{rec}"
+        );
     }
     assert_eq!(env.messages(body).await.status(), 429);
     let doc = env.admin_json("/admin/usage").await;

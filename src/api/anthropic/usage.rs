@@ -80,17 +80,19 @@ const FIELDS: [&str; 4] = [
     "cache_read_input_tokens",
 ];
 
-pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
+pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) -> bool {
     let worth_parsing = match ev.event.as_deref() {
         Some(name) => name == "message_start" || name == "message_delta",
         // Without a name the type is in the data; a usage-less event is skipped unparsed.
         None => has_usage_object(&ev.data),
     };
     if !worth_parsing {
-        return;
+        return true;
     }
+    // A usage event that cannot be read (a count past 2^64, say) is no reason to take the
+    // counts of `message_start` for the whole stream's: the stream is left unmetered.
     let Ok(event) = serde_json::from_str::<Event>(&ev.data) else {
-        return;
+        return !has_usage_object(&ev.data);
     };
     if let Some(start) = event.message.and_then(|m| m.usage) {
         *seen = Some(start.to_usage());
@@ -98,6 +100,7 @@ pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
     if let Some(delta) = event.usage {
         delta.apply_to(seen.get_or_insert_with(Usage::default));
     }
+    true
 }
 
 #[cfg(test)]
@@ -121,6 +124,27 @@ mod tests {
         assert_eq!(of_body(body), Some(want));
         assert_eq!(of_body(br#"{"type":"message"}"#), None);
         assert_eq!(of_body(b"not json"), None);
+    }
+
+    /// A final usage that cannot be read leaves the stream unmetered (its reservation kept),
+    /// as an unreadable JSON answer is: not metered as `message_start`'s counts.
+    #[test]
+    fn an_unreadable_usage_event_leaves_the_stream_unmetered() {
+        let wire = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":100000000000000000000}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":9}}\n\n",
+        );
+        assert_eq!(of_stream(ApiKind::Anthropic, wire), None);
+        // A data line that is not JSON and names no usage changes nothing.
+        let noise = "event: message_delta\ndata: {oops\n\nevent: message_start\ndata: {\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n";
+        assert_eq!(
+            of_stream(ApiKind::Anthropic, noise).map(|u| u.input),
+            Some(3)
+        );
     }
 
     #[test]

@@ -37,18 +37,13 @@ struct PromptDetails {
 impl Reported {
     fn to_usage(&self) -> Usage {
         let details = self.prompt_tokens_details.as_ref();
-        let cache_read = details.and_then(|d| d.cached_tokens).unwrap_or(0);
-        let cache_write = details.and_then(|d| d.cache_write_tokens).unwrap_or(0);
-        Usage {
-            input: self
-                .prompt_tokens
-                .unwrap_or(0)
-                .saturating_sub(cache_read)
-                .saturating_sub(cache_write),
-            output: self.completion_tokens.unwrap_or(0),
-            cache_read,
-            cache_write,
-        }
+        let cached = details.and_then(|d| d.cached_tokens).unwrap_or(0);
+        let written = details.and_then(|d| d.cache_write_tokens).unwrap_or(0);
+        Usage::of_prompt(
+            self.prompt_tokens.unwrap_or(0),
+            (cached, written),
+            self.completion_tokens.unwrap_or(0),
+        )
     }
 }
 
@@ -90,13 +85,16 @@ fn read_in_place(obj: &[u8]) -> Option<Reported> {
     })
 }
 
-pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) {
+pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) -> bool {
     if !has_usage_object(&ev.data) {
-        return;
+        return true;
     }
-    if let Ok(Body { usage: Some(u) }) = serde_json::from_str(&ev.data) {
-        *seen = Some(u.to_usage());
+    match serde_json::from_str(&ev.data) {
+        Ok(Body { usage: Some(u) }) => *seen = Some(u.to_usage()),
+        Ok(Body { usage: None }) => {}
+        Err(_) => return false,
     }
+    true
 }
 
 #[cfg(test)]

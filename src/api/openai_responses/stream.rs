@@ -77,15 +77,7 @@ impl Reported {
             .input_tokens_details
             .as_ref()
             .map_or((0, 0), |d| (d.cached_tokens, d.cache_write_tokens));
-        Usage {
-            input: self
-                .input_tokens
-                .saturating_sub(cached)
-                .saturating_sub(written),
-            output: self.output_tokens,
-            cache_read: cached,
-            cache_write: written,
-        }
+        Usage::of_prompt(self.input_tokens, (cached, written), self.output_tokens)
     }
 }
 
