@@ -51,6 +51,20 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// The JSON size of the earlier turns' items the store holds for `previous_response_id`
+    /// (0 without them): what a provider resolving the id itself adds to the request.
+    pub fn prior_bytes(&self) -> usize {
+        let Some(prior) = &self.prior else {
+            return 0;
+        };
+        prior
+            .input
+            .iter()
+            .chain(prior.output())
+            .map(|item| serde_json::to_vec(item).map_or(0, |v| v.len() + 1))
+            .sum()
+    }
+
     /// Looks `previous_response_id` up once. A store that cannot be reached is an error (a
     /// silent miss would answer without the conversation).
     pub async fn load(

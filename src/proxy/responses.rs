@@ -164,6 +164,15 @@ pub async fn stored_response(
     let bound = (max, &snap.answer_part(tenant));
     let held = kept.is_some();
     let deleting = method == Method::DELETE && action.is_empty();
+    // A relayed response is asked of the provider that made it, where it is kept (with
+    // several OpenAI providers in a chain, a turn may have been served by any of them);
+    // one legate does not hold, of the default provider of the OpenAI APIs.
+    let maker = kept
+        .as_ref()
+        .filter(|k| k.passthrough)
+        .and_then(|k| snap.upstreams.get(&k.provider))
+        .filter(|u| u.speaks(ApiKind::Responses) == ApiKind::Responses)
+        .cloned();
     if let Some(kept) = kept.filter(|k| !k.passthrough) {
         return Ok(match (method, action) {
             // Its events were never kept: answering the response whole to a request for its
@@ -200,7 +209,7 @@ pub async fn stored_response(
     // No provider to ask (a reload took it away): legate holds no such response, which is
     // what the caller is told (not that the endpoint is unknown: it serves the responses it
     // translated); a relayed one's copy, all legate has of it, can still be deleted.
-    let Some(up) = responses_provider(snap, &snap.cfg) else {
+    let Some(up) = maker.or_else(|| responses_provider(snap, &snap.cfg).cloned()) else {
         if deleting && held {
             store.delete(id).await.map_err(unavailable)?;
             return Ok(local_json(
@@ -212,7 +221,7 @@ pub async fn stored_response(
     };
     let upstream_path = format!("/v1/responses/{rest}");
     let answer = forward(
-        up,
+        &up,
         &up.name,
         (answers, max),
         method.clone(),
@@ -258,26 +267,44 @@ pub async fn forward(
     };
     // A platform's credential is waited for no longer than the answer would be.
     let wait = tokio::time::Instant::now() + up.first_byte_timeout;
-    let req = Box::pin(up.build_plain_request(method, &target, headers, body, wait.into())).await?;
-    let on = crate::upstream::Sent::default();
-    let call = up
-        .client()
-        .request_on(req, tokio::time::Instant::now(), &on);
-    let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            return Err(ProxyError::UpstreamUnreachable {
-                provider: up.name.clone(),
-                failed: e.failed(),
-            });
+    let mut renewed = false;
+    let resp = loop {
+        let req =
+            up.build_plain_request(method.clone(), &target, headers, body.clone(), wait.into());
+        let req = Box::pin(req).await?;
+        let on = crate::upstream::Sent::default();
+        let sent = tokio::time::Instant::now();
+        let call = up.client().request_on(req, sent, &on);
+        let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                return Err(ProxyError::UpstreamUnreachable {
+                    provider: up.name.clone(),
+                    failed: e.failed(),
+                });
+            }
+            Err(_) => {
+                // Later requests go on another connection (`upstream::Sent`).
+                on.retire();
+                return Err(ProxyError::UpstreamTimeout {
+                    provider: up.name.clone(),
+                });
+            }
+        };
+        // A platform that refuses the credential it was sent may have revoked it before its
+        // expiry: fetched again and the call made once more, as a generation call's is
+        // (`exchange::error`), so that polling a stored response does not fail until some
+        // generation call happens to renew it.
+        let refused = matches!(resp.status().as_u16(), 401 | 403)
+            && !renewed
+            && up
+                .cloud
+                .as_ref()
+                .is_some_and(|c| c.credential_refused(sent));
+        if !refused {
+            break resp;
         }
-        Err(_) => {
-            // Later requests go on another connection (`upstream::Sent`).
-            on.retire();
-            return Err(ProxyError::UpstreamTimeout {
-                provider: up.name.clone(),
-            });
-        }
+        renewed = true;
     };
     let (parts, incoming) = resp.into_parts();
     if crate::proxy::response::opaque_coding(&parts.headers) {
@@ -386,9 +413,15 @@ pub async fn input_tokens(
                 .await?
                 .map_err(|message| ProxyError::InvalidRequest { message })?;
             // Azure's v1 surface serves no count endpoint: the body as it would be sent is
-            // estimated, as a translated step's is.
+            // estimated, as a translated step's is, with the earlier turns the provider holds
+            // under `previous_response_id` (those the store keeps a copy of) counted too.
             if up.cloud.is_some() {
-                return Ok(estimated_count(body.len()));
+                let (sent, conv) = (body.len(), inb.conversation.clone());
+                let count = move || sent + conv.as_ref().map_or(0, |c| c.prior_bytes());
+                let sent = crate::proxy::estimate::counted(estimates, inb, count)
+                    .await?
+                    .map_err(|_| ProxyError::Internal)?;
+                return Ok(estimated_count(sent));
             }
             return forward(
                 up,

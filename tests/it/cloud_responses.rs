@@ -23,6 +23,12 @@ struct Azure {
 /// legate with one `azure` provider on the mock (the default of the OpenAI APIs), credentialed
 /// by Entra workload identity when `entra`, else by its api-key; `provider` adds keys to it.
 async fn start(entra: bool, provider: &str) -> Azure {
+    start_routed(entra, provider, "azure").await
+}
+
+/// [`start`] with a direct `openai` provider on the same mock too, and `openai` (one of the
+/// two) as the default of the OpenAI APIs.
+async fn start_routed(entra: bool, provider: &str, openai: &str) -> Azure {
     let mut opts = CloudOptions::default();
     if !entra {
         opts.azure_api_key = Some(AZURE_KEY.to_owned());
@@ -51,6 +57,11 @@ kind = "anthropic"
 base_url = "{url}"
 api_key_env = "ANTHROPIC_API_KEY"
 
+[providers.openai]
+kind = "openai"
+base_url = "{url}"
+api_key_env = "OPENAI_API_KEY"
+
 [providers.azure]
 kind = "azure-openai"
 base_url = "{url}"
@@ -60,7 +71,7 @@ deployments = [{{ model = "gpt-4o", deployment = "gpt4o-prod" }}]
 
 [routing]
 anthropic = "anthropic"
-openai = "azure"
+openai = "{openai}"
 
 [[models]]
 name = "agent"
@@ -250,4 +261,85 @@ async fn azure_without_the_responses_api_is_reached_through_translation() {
         reqs[0].path,
         "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
     );
+}
+
+/// A stored response is asked of the provider that relayed it, whatever the default of the
+/// OpenAI APIs is; one legate holds no copy of goes to that default.
+#[tokio::test]
+async fn a_stored_response_is_asked_of_the_provider_that_made_it() {
+    let a = start_routed(true, "", "openai").await;
+    let env = &a.env;
+    let resp = send(
+        env,
+        reqwest::Method::POST,
+        "/v1/responses",
+        r#"{"model":"agent","input":"hi"}"#,
+    )
+    .await;
+    assert_eq!(resp.headers()["x-legate-served-by"], "azure:gpt-4o");
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let got = send(
+        env,
+        reqwest::Method::GET,
+        &format!("/v1/responses/{id}"),
+        "",
+    )
+    .await;
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.headers()["x-legate-served-by"], "azure");
+    let other = send(
+        env,
+        reqwest::Method::GET,
+        "/v1/responses/resp_elsewhere",
+        "",
+    )
+    .await;
+    assert_eq!(other.headers()["x-legate-served-by"], "openai");
+    let reqs = env.mock.requests();
+    let paths: Vec<&str> = reqs
+        .iter()
+        .filter(|r| !r.path.contains("oauth2"))
+        .map(|r| r.path.as_str())
+        .collect();
+    let stored = format!("/openai/v1/responses/{id}");
+    assert_eq!(
+        paths,
+        [
+            "/openai/v1/responses",
+            stored.as_str(),
+            "/v1/responses/resp_elsewhere"
+        ]
+    );
+}
+
+/// Azure serves no count endpoint: the local estimate of a turn continuing a response Azure
+/// keeps counts the earlier turns legate holds a copy of, as the provider would.
+#[tokio::test]
+async fn an_azure_count_of_a_continued_turn_counts_the_earlier_turns() {
+    let a = start(true, "").await;
+    let env = &a.env;
+    let long = "word ".repeat(4000);
+    let first = format!(r#"{{"model":"agent","input":"{long}"}}"#);
+    let resp = send(env, reqwest::Method::POST, "/v1/responses", &first).await;
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let next = format!(r#"{{"model":"agent","input":"and then?","previous_response_id":"{id}"}}"#);
+    let count = send(
+        env,
+        reqwest::Method::POST,
+        "/v1/responses/input_tokens",
+        &next,
+    )
+    .await;
+    assert_eq!(count.headers()["x-legate-estimate"], "true");
+    let tokens = count.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    // 20,000 bytes of the first turn's text: about 5,000 tokens, not the 20 of the body.
+    assert!((5_000..6_000).contains(&tokens), "{tokens}");
 }

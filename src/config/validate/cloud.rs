@@ -403,12 +403,20 @@ fn azure(p: &ProviderFile, key: &KeySource, at: &str, cx: &mut Cx) -> AzureConfi
     let api_version = non_empty(&p.api_version, &format!("{at}.api_version"), cx);
     let token_url = url(&p.token_url, &format!("{at}.token_url"), cx);
     let deployments = deployments(p.deployments.as_deref().unwrap_or(&[]), at, cx);
-    if p.base_url.is_none() {
-        cx.err(
+    match p.base_url.as_deref().map(|u| u.trim_end_matches('/')) {
+        None => cx.err(
             &format!("{at}.base_url"),
             "missing: an azure-openai provider needs its resource endpoint \
              (https://NAME.openai.azure.com)",
-        );
+        ),
+        // The SDKs' instructions for the v1 surface name `…/openai/v1/`: legate adds the
+        // path itself, and every call would go to `/openai/v1/openai/v1/…` and get 404.
+        Some(u) if u.ends_with("/openai") || u.ends_with("/openai/v1") => cx.err(
+            &format!("{at}.base_url"),
+            "give the resource endpoint alone (https://NAME.openai.azure.com): legate adds \
+             /openai/deployments/… and /openai/v1/… itself",
+        ),
+        Some(_) => {}
     }
     let federated = (
         env(cx, "AZURE_FEDERATED_TOKEN_FILE"),

@@ -375,6 +375,15 @@ fn azure_uses_its_api_key_else_workload_identity() {
         "[providers.az]\nkind = \"azure-openai\"\n",
         "providers.az.base_url",
     );
+    // The SDKs' base URL for the v1 surface, pasted: legate adds those paths itself.
+    for pasted in ["/openai/v1/", "/openai/v1", "/openai"] {
+        refused_at(
+            &format!(
+                "[providers.az]\nkind = \"azure-openai\"\nbase_url = \"https://r.openai.azure.com{pasted}\"\n"
+            ),
+            "providers.az.base_url",
+        );
+    }
     for bad in ["..", "a/b", "gpt 4"] {
         let errs = load_str(
             &format!(
