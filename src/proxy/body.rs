@@ -336,8 +336,7 @@ impl TapBody {
     }
 
     fn complete(&mut self, status_override: Option<u16>, outcome: Outcome) {
-        let served = status_override.is_none() && matches!(outcome, Outcome::Success);
-        if let Some(mut acct) = self.settle(served) {
+        if let Some(mut acct) = self.settle() {
             if let Some(t) = acct.ticket.take() {
                 t.report(outcome);
             }
@@ -347,9 +346,9 @@ impl TapBody {
 
     /// Ends the accounting, if still open: the usage seen is recorded and settled; with none
     /// seen, an answer that reached the provider keeps its estimate (it may be billed: no
-    /// refund), and one `served` whole counts as a request in the ledger. The accounting is
+    /// refund), and counts as a request in the ledger, with no tokens. The accounting is
     /// handed back for the caller to close.
-    fn settle(&mut self, served: bool) -> Option<Accounting> {
+    fn settle(&mut self) -> Option<Accounting> {
         let usage = self.usage();
         // A stream's usage is final once its final event came; before it, what was reported
         // (the input, one output token) is a part of what the provider bills.
@@ -362,9 +361,9 @@ impl TapBody {
                 acct.record.settle(u, cost, &acct.sink, partial);
             }
             None if acct.status < 400 => {
-                if served {
-                    acct.sink.record_unreported();
-                }
+                // Counted as a request the provider answered, as one that reported part of
+                // its usage before a cut, or before its caller left, is.
+                acct.sink.record_unreported();
                 acct.record.keep_reservation(acct.sink.price);
             }
             None => {}
@@ -390,7 +389,7 @@ impl Drop for TapBody {
         // Still accounting means the caller went away before the end: whatever usage was seen
         // is still billed by the provider, so it is recorded, and the request counts as 499.
         // The breaker ticket drops unreported: a disconnect is never a provider failure.
-        if let Some(mut acct) = self.settle(false) {
+        if let Some(mut acct) = self.settle() {
             acct.record.client_gone();
         }
     }

@@ -720,7 +720,10 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                         rec.settle(u, cost, &sink, false);
                     }
                     None => {
-                        answer::sink(call, rec).record_unreported();
+                        // A count is no generation: the ledger's requests are generations.
+                        if inb.endpoint.op != Operation::CountTokens {
+                            answer::sink(call, rec).record_unreported();
+                        }
                         rec.keep_reservation(step_price(call));
                     }
                 }

@@ -277,3 +277,28 @@ async fn a_translated_answer_without_usage_keeps_its_reservation() {
         );
     }
 }
+
+/// A forwarded token count is no generation: the ledger's requests count generations only
+/// (Claude Code counts tokens before most turns, and each count was a request of its model).
+#[tokio::test]
+async fn a_forwarded_token_count_is_not_a_request_in_the_ledger() {
+    let env = harness::start_with(legate::mock::Script::default(), PRICES).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages/count_tokens"))
+        .header("x-api-key", "caller-key")
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .body(r#"{"model":"claude-priced","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-legate-estimate").is_none());
+    let _ = resp.bytes().await.unwrap();
+    assert_eq!(env.mock.requests().len(), 1, "forwarded");
+    env.wait_metric("legate_requests_total", &[("status", "200")], 1.0)
+        .await;
+    let doc = usage_doc(&env).await;
+    assert_eq!(doc["tenants"], serde_json::json!({}), "{doc}");
+}

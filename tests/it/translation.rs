@@ -256,8 +256,21 @@ async fn a_translated_stream_cut_before_its_usage_meters_nothing() {
         .to_string();
     let events = anthropic_events(resp).await;
     assert_eq!(events.last().map(|e| e.0.as_str()), Some("error"));
+    // Counted as a request the provider answered, with no tokens and no cost, as every answer
+    // whose usage never came is.
     let usage = env.admin_json("/admin/usage").await;
-    assert_eq!(usage["tenants"], serde_json::json!({}), "{usage}");
+    let entries = usage["tenants"]["default"].as_object().expect("one tenant");
+    assert_eq!(entries.len(), 1, "{usage}");
+    let e = entries.values().next().unwrap();
+    assert_eq!(e["requests"], 1, "{usage}");
+    for kind in [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+    ] {
+        assert_eq!(e[kind], 0, "{usage}");
+    }
     let doc = env.admin_json(&format!("/admin/requests/{rid}")).await;
     assert_eq!(doc["input_tokens"], serde_json::Value::Null, "{doc}");
     assert_eq!(doc["cost_pico_usd"], serde_json::Value::Null, "{doc}");
