@@ -100,6 +100,17 @@ impl Breakers {
             false
         });
         map.others.retain(|k| !ours(k));
+        // A removed provider's `*` patterns go too, their shared series with them (a moved
+        // one's stay: its patterns are still configured, and their breakers start anew).
+        if removed {
+            map.patterns.retain(|k, _| {
+                if !ours(k) {
+                    return true;
+                }
+                let _ = gauge.remove_label_values(&[provider, &k[provider.len() + 1..]]);
+                false
+            });
+        }
     }
 
     /// The breaker of `provider:model`; `model_label` is the bounded metric label.
@@ -223,6 +234,35 @@ mod tests {
         }
         assert_eq!(all.snapshot().len(), MAX_UNCONFIGURED_BREAKERS);
         assert_eq!(series(&all, "m*"), 0);
+    }
+
+    /// A removed provider's breakers leave the metrics: its exact models' series and its
+    /// patterns' shared series; another provider's stay.
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_providers_series_are_removed_with_its_breakers() {
+        let all = breakers();
+        let _exact = all.get("p", "m-1", "m-1").unwrap();
+        let _pattern = all.get("p", "m-x", "m*").unwrap();
+        let _other = all.get("q", "m-1", "m-1").unwrap();
+        use prometheus::core::Collector;
+        let exported = |all: &Breakers| {
+            let mut labels: Vec<String> = all
+                .gauge
+                .collect()
+                .iter()
+                .flat_map(|f| f.get_metric().iter())
+                .map(|m| {
+                    let l = m.get_label();
+                    format!("{}:{}", l[1].value(), l[0].value())
+                })
+                .collect();
+            labels.sort();
+            labels
+        };
+        assert_eq!(exported(&all), ["p:m*", "p:m-1", "q:m-1"]);
+        all.forget_removed("p");
+        assert_eq!(exported(&all), ["q:m-1"]);
+        assert_eq!(all.snapshot().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

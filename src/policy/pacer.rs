@@ -255,7 +255,7 @@ impl Pacer {
         let slots = u32::try_from(t.remaining.max(1)).unwrap_or(u32::MAX);
         let interval = t.reset_at.saturating_duration_since(now) / slots;
         let first = if t.remaining == 0 { t.reset_at } else { now };
-        let slot = st.next_slot.map_or(first, |n| n.max(now)).min(t.reset_at);
+        let slot = st.next_slot.map_or(first, |n| n.max(first)).min(t.reset_at);
         let next = (slot + interval).min(t.reset_at);
         st.next_slot = Some(next);
         let wait = slot.saturating_duration_since(now);
@@ -486,6 +486,24 @@ mod tests {
         let waits: Vec<Option<Duration>> = (0..3).map(|_| p.delay(Priority::Batch, 0.2)).collect();
         assert_eq!(waits, [Some(Duration::from_secs(8)); 3]);
         assert_eq!(p.delay(Priority::Interactive, 0.2), None);
+    }
+
+    /// The same after calls were paced before: the slots booked then are no place for a
+    /// call once nothing is left.
+    #[tokio::test(start_paused = true)]
+    async fn with_nothing_left_after_pacing_every_call_waits_for_the_reset() {
+        let p = pacer();
+        four_left_over_two_seconds(&p);
+        assert_eq!(
+            p.delay(Priority::Batch, 0.2),
+            Some(Duration::from_millis(500))
+        );
+        p.observe(&headers(&[
+            ("x-ratelimit-limit-requests", "100"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "6s"),
+        ]));
+        assert_eq!(p.delay(Priority::Batch, 0.2), Some(Duration::from_secs(6)));
     }
 
     /// After the reset the gauge reads 1 and `/admin/state` shows no reading: both kept the

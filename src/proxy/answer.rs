@@ -59,6 +59,7 @@ pub(crate) fn sink(call: &Call<'_>, rec: &RequestRecord) -> UsageSink {
             crate::meter::Named::Unknown
         },
         max_output: output_bound(call.inb),
+        generation: call.inb.endpoint.op != crate::api::Operation::CountTokens,
     }
 }
 

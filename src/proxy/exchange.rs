@@ -720,10 +720,7 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                         rec.settle(u, cost, &sink, false);
                     }
                     None => {
-                        // A count is no generation: the ledger's requests are generations.
-                        if inb.endpoint.op != Operation::CountTokens {
-                            answer::sink(call, rec).record_unreported();
-                        }
+                        answer::sink(call, rec).record_unreported();
                         rec.keep_reservation(step_price(call));
                     }
                 }

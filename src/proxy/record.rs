@@ -298,6 +298,8 @@ pub struct UsageSink {
     /// The `max_tokens` the request asked for, if it named one: the most output it is
     /// counted for ([`Usage::bounded`]).
     pub max_output: Option<u64>,
+    /// A generation (not a token count): an answer without usage counts as a request.
+    pub generation: bool,
 }
 
 impl UsageSink {
@@ -313,6 +315,10 @@ impl UsageSink {
     /// that ignores `include_usage`): counted in the ledger's requests, with no tokens or cost
     /// (the ledger counts reported usage only). It was left out of the ledger altogether.
     pub fn record_unreported(&self) {
+        // A count is no generation: the ledger's requests are generations.
+        if !self.generation {
+            return;
+        }
         self.ledger.record(
             &self.tenant,
             (&self.target, self.named),

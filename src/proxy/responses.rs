@@ -416,7 +416,10 @@ pub async fn input_tokens(
             // estimated, as a translated step's is, with the earlier turns the provider holds
             // under `previous_response_id` (those the store keeps a copy of) counted too.
             if up.cloud.is_some() {
-                let (sent, conv) = (body.len(), inb.conversation.clone());
+                // A rebuilt body (a prior turn another step made) holds those turns already.
+                let rebuilt = super::conversation::rebuilding(inb, step.provider()).is_some();
+                let conv = inb.conversation.clone().filter(|_| !rebuilt);
+                let sent = body.len();
                 let count = move || sent + conv.as_ref().map_or(0, |c| c.prior_bytes());
                 let sent = crate::proxy::estimate::counted(estimates, inb, count)
                     .await?

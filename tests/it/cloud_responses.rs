@@ -76,6 +76,10 @@ openai = "{openai}"
 [[models]]
 name = "agent"
 chain = ["azure:gpt-4o"]
+
+[[models]]
+name = "claude-first"
+chain = ["anthropic:claude-x"]
 "#
     );
     let mut vars: HashMap<String, String> = harness::test_env_vars();
@@ -341,5 +345,26 @@ async fn an_azure_count_of_a_continued_turn_counts_the_earlier_turns() {
         .as_u64()
         .unwrap();
     // 20,000 bytes of the first turn's text: about 5,000 tokens, not the 20 of the body.
+    assert!((5_000..6_000).contains(&tokens), "{tokens}");
+    // A first turn another step made (translated from Anthropic's answer) is rebuilt into the
+    // body: counted once, not again on top of it.
+    let first = format!(r#"{{"model":"claude-first","input":"{long}"}}"#);
+    let resp = send(env, reqwest::Method::POST, "/v1/responses", &first).await;
+    assert_eq!(resp.headers()["x-legate-served-by"], "anthropic:claude-x");
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let next = format!(r#"{{"model":"agent","input":"and then?","previous_response_id":"{id}"}}"#);
+    let count = send(
+        env,
+        reqwest::Method::POST,
+        "/v1/responses/input_tokens",
+        &next,
+    )
+    .await;
+    let tokens = count.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
     assert!((5_000..6_000).contains(&tokens), "{tokens}");
 }
