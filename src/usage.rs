@@ -79,7 +79,7 @@ pub(crate) fn decode<R: serde::de::DeserializeOwned>(
 /// 2^64) leaves its answer unmetered: said at `warn`, at most once a minute, since a
 /// broken provider may send one per event. The reason is a fixed text: serde's would quote the
 /// object, which an upstream controls.
-fn unreadable() {
+pub(crate) fn unreadable() {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LAST: AtomicU64 = AtomicU64::new(0);
     let now = std::time::SystemTime::now()

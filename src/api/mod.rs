@@ -117,7 +117,8 @@ pub trait Dialect: Sync {
     /// Folds one streamed event into the usage seen so far (only events that carry usage are
     /// parsed).
     /// Folds one stream event's usage into `seen`; false when the event carried usage that
-    /// cannot be read (the stream is then left unmetered, its reservation kept).
+    /// cannot be read and leaves the whole stream's unknown (it is then unmetered, its
+    /// reservation kept): Anthropic's deltas are parts of one running total.
     fn observe_usage(&self, ev: &SseEvent, seen: &mut Option<Usage>) -> bool;
 
     /// The API's one error type↔status table.

@@ -92,7 +92,12 @@ pub(crate) fn observe(ev: &SseEvent, seen: &mut Option<Usage>) -> bool {
     match serde_json::from_str(&ev.data) {
         Ok(Body { usage: Some(u) }) => *seen = Some(u.to_usage()),
         Ok(Body { usage: None }) => {}
-        Err(_) => return false,
+        // Each usage chunk is whole (a later one replaces it): an unreadable one leaves the
+        // stream unmetered unless a readable one follows, so it is forgotten, not sticky.
+        Err(_) => {
+            *seen = None;
+            crate::usage::unreadable();
+        }
     }
     true
 }
@@ -193,5 +198,13 @@ mod tests {
             of_stream(ApiKind::OpenAi, "data: {\"usage\":null}\n\n"),
             None
         );
+        // An unreadable usage chunk is forgotten: the stream is unmetered, unless a readable
+        // one (whole, as each is) comes after it.
+        let bad = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":-1}}\n\n";
+        let good =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n";
+        assert_eq!(of_stream(ApiKind::OpenAi, &format!("{good}{bad}")), None);
+        let then = of_stream(ApiKind::OpenAi, &format!("{bad}{good}"));
+        assert_eq!(then.map(|u| (u.input, u.output)), Some((3, 1)));
     }
 }
