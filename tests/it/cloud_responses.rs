@@ -319,15 +319,16 @@ async fn a_stored_response_is_asked_of_the_provider_that_made_it() {
     );
 }
 
-/// Azure serves no count endpoint: the local estimate of a turn continuing a response Azure
-/// keeps counts the earlier turns legate holds a copy of, as the provider would.
-#[tokio::test]
-async fn an_azure_count_of_a_continued_turn_counts_the_earlier_turns() {
-    let a = start(true, "").await;
-    let env = &a.env;
+/// The count on Azure of a turn continuing the first turn `first_model` answered (20,000
+/// bytes of text), and which step answered that first turn.
+async fn count_after(env: &Env, first_model: &str) -> (u64, String) {
     let long = "word ".repeat(4000);
-    let first = format!(r#"{{"model":"agent","input":"{long}"}}"#);
+    let first = format!(r#"{{"model":"{first_model}","input":"{long}"}}"#);
     let resp = send(env, reqwest::Method::POST, "/v1/responses", &first).await;
+    let served = resp.headers()["x-legate-served-by"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     let id = resp.json::<Value>().await.unwrap()["id"]
         .as_str()
         .unwrap()
@@ -341,30 +342,23 @@ async fn an_azure_count_of_a_continued_turn_counts_the_earlier_turns() {
     )
     .await;
     assert_eq!(count.headers()["x-legate-estimate"], "true");
-    let tokens = count.json::<Value>().await.unwrap()["input_tokens"]
-        .as_u64()
-        .unwrap();
-    // 20,000 bytes of the first turn's text: about 5,000 tokens, not the 20 of the body.
+    let tokens = count.json::<Value>().await.unwrap()["input_tokens"].as_u64();
+    (tokens.unwrap(), served)
+}
+
+/// Azure serves no count endpoint: the local estimate of a turn continuing a response Azure
+/// keeps counts the earlier turns legate holds a copy of, as the provider would.
+#[tokio::test]
+async fn an_azure_count_of_a_continued_turn_counts_the_earlier_turns() {
+    let a = start(true, "").await;
+    let env = &a.env;
+    // About 5,000 tokens for the first turn's text, not the 20 of the body.
+    let (tokens, served) = count_after(env, "agent").await;
+    assert_eq!(served, "azure:gpt-4o");
     assert!((5_000..6_000).contains(&tokens), "{tokens}");
     // A first turn another step made (translated from Anthropic's answer) is rebuilt into the
     // body: counted once, not again on top of it.
-    let first = format!(r#"{{"model":"claude-first","input":"{long}"}}"#);
-    let resp = send(env, reqwest::Method::POST, "/v1/responses", &first).await;
-    assert_eq!(resp.headers()["x-legate-served-by"], "anthropic:claude-x");
-    let id = resp.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let next = format!(r#"{{"model":"agent","input":"and then?","previous_response_id":"{id}"}}"#);
-    let count = send(
-        env,
-        reqwest::Method::POST,
-        "/v1/responses/input_tokens",
-        &next,
-    )
-    .await;
-    let tokens = count.json::<Value>().await.unwrap()["input_tokens"]
-        .as_u64()
-        .unwrap();
+    let (tokens, served) = count_after(env, "claude-first").await;
+    assert_eq!(served, "anthropic:claude-x");
     assert!((5_000..6_000).contains(&tokens), "{tokens}");
 }
