@@ -33,6 +33,9 @@ struct Map {
     /// Where `provider:model` is written for a lookup: reused, so that finding an existing
     /// breaker (every request but the first of an upstream) allocates nothing.
     key: String,
+    /// Providers a reload removed: a request still running on the config before it makes no
+    /// breaker (and no series) for them again. As bounded as the configs' providers.
+    removed: Vec<String>,
 }
 
 /// The largest lookup buffer `Map::key` keeps between lookups.
@@ -53,6 +56,7 @@ impl Breakers {
                 others: Lru::new(MAX_UNCONFIGURED_BREAKERS),
                 patterns: HashMap::default(),
                 key: String::new(),
+                removed: Vec::new(),
             }),
             gauge,
         }
@@ -77,6 +81,16 @@ impl Breakers {
     /// `/admin/state` and exported at 0 said it was still configured).
     pub fn forget_removed(&self, provider: &str) {
         self.forget(provider, true);
+        let mut map = self.map.lock();
+        if !map.removed.iter().any(|p| p == provider) {
+            map.removed.push(provider.to_owned());
+        }
+    }
+
+    /// The providers of the config in force now: one a reload removed and a later one brings
+    /// back has breakers again.
+    pub fn providers_now(&self, configured: impl Fn(&str) -> bool) {
+        self.map.lock().removed.retain(|p| !configured(p));
     }
 
     fn forget(&self, provider: &str, removed: bool) {
@@ -124,6 +138,7 @@ impl Breakers {
             others,
             patterns,
             key,
+            removed,
         } = &mut *map;
         if key.capacity() > MAX_KEPT_KEY {
             // A caller's huge model name must not keep its buffer for the process's life.
@@ -137,6 +152,10 @@ impl Breakers {
             if let Some(b) = configured.get(key.as_str()) {
                 return Some(b.clone());
             }
+            // The rare path: a breaker made. None for a provider the config no longer has.
+            if removed.iter().any(|p| p == provider) {
+                return None;
+            }
             let g = self.gauge.with_label_values(&[provider, model_label]);
             g.set(0);
             let b = Arc::new(Breaker::new(self.cfg.clone(), Series::Own(g)));
@@ -145,6 +164,9 @@ impl Breakers {
         }
         if let Some(b) = others.touch(key.as_str()) {
             return Some(b.clone());
+        }
+        if removed.iter().any(|p| p == provider) {
+            return None;
         }
         // A new breaker: the rare path, where its pattern's series is looked up.
         let series = if model_label == "other" {
@@ -263,6 +285,14 @@ mod tests {
         all.forget_removed("p");
         assert_eq!(exported(&all), ["q:m-1"]);
         assert_eq!(all.snapshot().len(), 1);
+        // A request still running on the old config makes none again...
+        assert!(all.get("p", "m-1", "m-1").is_none());
+        assert!(all.get("p", "m-y", "m*").is_none());
+        assert_eq!(exported(&all), ["q:m-1"]);
+        // ...until a config brings the provider back.
+        all.providers_now(|p| p == "p");
+        assert!(all.get("p", "m-1", "m-1").is_some());
+        assert_eq!(exported(&all), ["p:m-1", "q:m-1"]);
     }
 
     #[tokio::test(start_paused = true)]

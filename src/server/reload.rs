@@ -211,6 +211,10 @@ impl Reloader {
         for name in &moved {
             self.proxy.breakers.forget_provider(name);
         }
+        let providers = &self.proxy.snapshot.load().cfg.providers;
+        self.proxy
+            .breakers
+            .providers_now(|p| providers.contains_key(p));
         for name in &removed {
             self.proxy.breakers.forget_removed(name);
         }
