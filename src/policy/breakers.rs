@@ -38,6 +38,9 @@ struct Map {
     removed: Vec<String>,
 }
 
+/// Removed providers remembered at most (`Map::removed`).
+const MAX_REMOVED: usize = 256;
+
 /// The largest lookup buffer `Map::key` keeps between lookups.
 const MAX_KEPT_KEY: usize = 256;
 
@@ -83,6 +86,11 @@ impl Breakers {
         self.forget(provider, true);
         let mut map = self.map.lock();
         if !map.removed.iter().any(|p| p == provider) {
+            // Reload after reload removing new names: the oldest go first (their configs'
+            // requests ended long ago).
+            if map.removed.len() >= MAX_REMOVED {
+                map.removed.remove(0);
+            }
             map.removed.push(provider.to_owned());
         }
     }
