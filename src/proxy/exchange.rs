@@ -720,8 +720,14 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                         rec.settle(u, cost, &sink, false);
                     }
                     None => {
-                        answer::sink(call, rec).record_unreported();
+                        let sink = answer::sink(call, rec);
+                        sink.record_unreported();
                         rec.keep_reservation(step_price(call));
+                        // A background response relayed as it started: its usage comes with
+                        // the poll that finds it final (`background.rs`).
+                        if inb.endpoint.api == ApiKind::Responses && !got.xl.translating() {
+                            call.proxy.unsettled.expect(&body, sink);
+                        }
                     }
                 }
             }

@@ -12,6 +12,7 @@
 //! layer either: see `policy::retry`.
 
 pub mod answer;
+pub mod background;
 pub mod body;
 pub mod buffers;
 pub mod chain;
@@ -75,6 +76,8 @@ pub struct Proxy {
     pub abort_streams: CancellationToken,
     /// The Responses API's conversation store (chosen at start, like the rate-limit store).
     pub conversations: Arc<crate::responses::ConversationStore>,
+    /// Background responses relayed whose usage comes with a later poll (`background.rs`).
+    pub unsettled: Arc<background::Unsettled>,
     listen_ip: IpAddr,
     /// Request bodies held by all requests together (`max_buffered_bytes`).
     pub buffers: Arc<buffers::BufferBudget>,
@@ -152,6 +155,7 @@ impl Proxy {
         let conversations = Arc::new(responses::conversation_store(&snapshot.cfg));
         Proxy {
             conversations,
+            unsettled: Default::default(),
             breakers,
             budget,
             limiter,
@@ -541,7 +545,7 @@ impl Proxy {
             Operation::StoredResponse => Some(
                 Box::pin(responses::stored_response(
                     snap,
-                    &self.conversations,
+                    (&self.conversations, &self.unsettled),
                     &self.answers,
                     req,
                     tenant,

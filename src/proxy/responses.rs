@@ -124,7 +124,7 @@ fn held_json(
 /// answered whole is counted in `answers` (bound `max`, `server.max_buffered_bytes`).
 pub async fn stored_response(
     snap: &Snapshot,
-    store: &ConversationStore,
+    (store, unsettled): (&ConversationStore, &super::background::Unsettled),
     answers: &Arc<BufferBudget>,
     req: &http::Request<crate::server::CallerBody>,
     tenant: &str,
@@ -220,15 +220,25 @@ pub async fn stored_response(
         return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
     };
     let upstream_path = format!("/v1/responses/{rest}");
+    // A background response's final state, polled or cancelled, carries the usage its request
+    // was answered without: metered once, to that request (`background.rs`).
+    let polled = matches!(
+        (method, action),
+        (&Method::GET, "") | (&Method::POST, "cancel")
+    );
+    let settle = |status: StatusCode, body: &Bytes| {
+        if polled && status == StatusCode::OK {
+            unsettled.settle(id, body, asks_stream(query));
+        }
+    };
     let answer = forward(
         &up,
         &up.name,
         (answers, max),
-        method.clone(),
-        &upstream_path,
-        query,
+        (method.clone(), &upstream_path, query),
         headers,
         Bytes::new(),
+        settle,
     )
     .await;
     // legate's copy goes once the provider's has: a DELETE the provider failed leaves the
@@ -248,18 +258,17 @@ pub async fn stored_response(
 
 /// One plain upstream call for the small endpoints: credential injected, answer passed back,
 /// held whole as the chain's answers are (counted in `answers` with bound `max`, at most
-/// 16 MiB). `served_by` is what `x-legate-served-by` names: the step's `provider:model`, or
+/// 16 MiB), and shown to `seen` as the caller gets it. `served_by` is what `x-legate-served-by` names: the step's `provider:model`, or
 /// the provider alone where no model is asked for (a stored response's id).
 #[allow(clippy::too_many_arguments)]
 pub async fn forward(
     up: &Upstream,
     served_by: &str,
     (answers, max): (&Arc<BufferBudget>, usize),
-    method: Method,
-    path: &str,
-    query: Option<&str>,
+    (method, path, query): (Method, &str, Option<&str>),
     headers: &HeaderMap,
     body: Bytes,
+    seen: impl FnOnce(StatusCode, &Bytes),
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let target = match query {
         Some(q) => format!("{path}?{q}"),
@@ -371,6 +380,7 @@ pub async fn forward(
         Some(r) => r.bytes(body),
         None => body,
     };
+    seen(parts.status, &body);
     let body = buffers::hold(body, share.into_share());
     let mut out = Response::new(ProxyBody::full(body));
     *out.status_mut() = parts.status;
@@ -430,11 +440,10 @@ pub async fn input_tokens(
                 up,
                 step.target(),
                 (answers, snap.cfg.server.limits.max_buffered_bytes),
-                Method::POST,
-                "/v1/responses/input_tokens",
-                None,
+                (Method::POST, "/v1/responses/input_tokens", None),
                 &inb.headers,
                 body,
+                |_, _| {},
             )
             .await;
         }

@@ -62,7 +62,7 @@ impl Default for Owners {
 }
 
 /// An id a path can name, short enough to keep.
-pub(super) fn recordable(id: &str) -> bool {
+pub(crate) fn recordable(id: &str) -> bool {
     (1..=MAX_ID).contains(&id.len())
         && id
             .bytes()

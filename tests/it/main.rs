@@ -10,6 +10,7 @@ mod key_echo;
 mod access_log;
 mod admission;
 mod agents;
+mod background;
 mod binary;
 mod bounded_state;
 mod breaker_metrics;

@@ -83,3 +83,33 @@ def test_stream_cut_after_content_raises_or_fails(mock, legate):
             for _ in stream:
                 pass
             stream.get_final_response()
+
+
+def test_background_response_polled_to_completion_is_metered_once(mock, legate):
+    """`background=True`: answered queued without usage; the SDK polls `retrieve` until the
+    response is final, and that poll's usage is metered, once."""
+    def response(status, usage=None):
+        return {"id": "resp_bgsdk", "object": "response", "created_at": 1, "status": status,
+                "background": True, "model": "gpt-backend", "output": [], "usage": usage}
+    path = "/v1/responses/resp_bgsdk"
+    done = response("completed", {"input_tokens": 40, "output_tokens": 7, "total_tokens": 47,
+                                  "input_tokens_details": {"cached_tokens": 0},
+                                  "output_tokens_details": {"reasoning_tokens": 0}})
+    mock.script({"replies": [
+        {"match": {"path": "/v1/responses"}, "body": response("queued")},
+        {"match": {"path": path}, "body": response("in_progress")},
+        {"match": {"path": path}, "body": done, "times": 2}]})
+    c = client(legate)
+    started = c.responses.create(model="served-by-openai", input="hi", background=True)
+    assert started.status == "queued"
+    labels = {"tenant": "default", "provider": "openai", "model": "gpt-backend"}
+    assert legate.metric("legate_tokens_total", kind="output", **labels) in (None, 0)
+    polled = c.responses.retrieve(started.id)
+    while polled.status in ("queued", "in_progress"):
+        polled = c.responses.retrieve(started.id)
+    assert polled.status == "completed"
+    assert legate.metric("legate_tokens_total", kind="input", **labels) == 40
+    assert legate.metric("legate_tokens_total", kind="output", **labels) == 7
+    assert c.responses.retrieve(started.id).status == "completed"
+    assert legate.metric("legate_tokens_total", kind="output", **labels) == 7
+    assert [r["path"] for r in mock.requests()] == ["/v1/responses", path, path, path]

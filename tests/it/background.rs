@@ -1,0 +1,136 @@
+//! Background responses (`background: true`, SPEC §11): answered `queued` with no usage, and
+//! metered when a poll or a cancel finds them final, once per response.
+
+use serde_json::{Value, json};
+
+use crate::harness::{self, Env};
+
+const CONFIG: &str = r#"
+[[models]]
+name = "gpt-bg"
+chain = ["openai:gpt-bg"]
+
+[[prices]]
+model = "openai:gpt-bg"
+input = "2"
+output = "8"
+cache_write = "0"
+cache_read = "0.5"
+"#;
+
+fn response(id: &str, status: &str, usage: Value) -> Value {
+    json!({"id": id, "object": "response", "created_at": 1, "status": status,
+           "background": true, "model": "gpt-bg", "output": [], "usage": usage})
+}
+
+fn reply(path: &str, body: Value) -> Value {
+    json!({"match": {"path": path}, "body": body})
+}
+
+async fn ask(env: &Env, method: reqwest::Method, path: &str) -> Value {
+    let resp = env
+        .http
+        .request(method, env.url(path))
+        .header("authorization", "Bearer dummy-client-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.json().await.unwrap()
+}
+
+async fn start_background(env: &Env) -> Value {
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"max_output_tokens":100}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// The ledger entry of the model: requests, input, output, cache reads and cost.
+async fn ledger(env: &Env) -> (u64, u64, u64, u64, String) {
+    let doc = env.admin_json("/admin/usage").await;
+    let e = &doc["tenants"]["default"]["openai:gpt-bg"];
+    let n = |k: &str| e[k].as_u64().unwrap_or(0);
+    (
+        n("requests"),
+        n("input_tokens"),
+        n("output_tokens"),
+        n("cache_read_tokens"),
+        e["cost_pico_usd"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+async fn tokens(env: &Env, kind: &str) -> Option<f64> {
+    let labels = [("tenant", "default"), ("model", "gpt-bg"), ("kind", kind)];
+    env.metric("legate_tokens_total", &labels).await
+}
+
+#[tokio::test]
+async fn a_polled_background_response_is_metered_once_when_it_is_final() {
+    let env = harness::start(CONFIG).await;
+    let usage = json!({"input_tokens": 120, "input_tokens_details": {"cached_tokens": 20},
+                       "output_tokens": 30, "total_tokens": 150});
+    let path = "/v1/responses/resp_bg1";
+    let script = json!({"replies": [
+        reply("/v1/responses", response("resp_bg1", "queued", Value::Null)),
+        reply(path, response("resp_bg1", "in_progress", Value::Null)),
+        {"match": {"path": path}, "times": 2, "body": response("resp_bg1", "completed", usage)},
+    ]});
+    env.script(&script.to_string());
+
+    let started = start_background(&env).await;
+    assert_eq!(started["status"], "queued");
+    // Answered without usage: a request in the ledger, no tokens yet.
+    assert_eq!(ledger(&env).await, (1, 0, 0, 0, "0".to_owned()));
+
+    let polled = ask(&env, reqwest::Method::GET, path).await;
+    assert_eq!(polled["status"], "in_progress");
+    assert_eq!(ledger(&env).await, (1, 0, 0, 0, "0".to_owned()));
+
+    let done = ask(&env, reqwest::Method::GET, path).await;
+    assert_eq!(done["status"], "completed");
+    // 100 input at 2, 30 output at 8, 20 cache reads at 0.5 USD per million: 450 µUSD.
+    assert_eq!(ledger(&env).await, (1, 100, 30, 20, "450000000".to_owned()));
+    assert_eq!(tokens(&env, "input").await, Some(100.0));
+    assert_eq!(tokens(&env, "output").await, Some(30.0));
+    assert_eq!(tokens(&env, "cache_read").await, Some(20.0));
+
+    // Polled again, final again: metered once.
+    let again = ask(&env, reqwest::Method::GET, path).await;
+    assert_eq!(again["status"], "completed");
+    assert_eq!(ledger(&env).await, (1, 100, 30, 20, "450000000".to_owned()));
+    assert_eq!(tokens(&env, "output").await, Some(30.0));
+    let paths: Vec<String> = env.mock.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, ["/v1/responses", path, path, path]);
+}
+
+#[tokio::test]
+async fn a_cancelled_background_response_is_metered_with_the_cancel_answer() {
+    let env = harness::start(CONFIG).await;
+    // The mock answers the cancel with the response `cancelled`, its default usage (10, 5).
+    let script = json!({"replies": [reply("/v1/responses", response("resp_bg2", "in_progress", Value::Null))]});
+    env.script(&script.to_string());
+    start_background(&env).await;
+    let cancelled = ask(&env, reqwest::Method::POST, "/v1/responses/resp_bg2/cancel").await;
+    assert_eq!(cancelled["status"], "cancelled");
+    assert_eq!(ledger(&env).await, (1, 10, 5, 0, "60000000".to_owned()));
+    // A poll after the cancel meters nothing more.
+    let polled = ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg2").await;
+    assert_eq!(polled["id"], "resp_bg2");
+    assert_eq!(ledger(&env).await, (1, 10, 5, 0, "60000000".to_owned()));
+}
+
+#[tokio::test]
+async fn a_response_answered_final_is_not_waited_for() {
+    let env = harness::start(CONFIG).await;
+    // A provider that answers `background: true` with the finished response (or ignores it):
+    // metered with the answer, and a poll adds nothing.
+    let script = json!({"replies": [reply("/v1/responses", response("resp_bg3", "completed",
+        json!({"input_tokens": 4, "output_tokens": 2, "total_tokens": 6})))]});
+    env.script(&script.to_string());
+    start_background(&env).await;
+    assert_eq!(ledger(&env).await, (1, 4, 2, 0, "24000000".to_owned()));
+    ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg3").await;
+    assert_eq!(ledger(&env).await, (1, 4, 2, 0, "24000000".to_owned()));
+}
