@@ -7,7 +7,10 @@
 //! with where its usage goes (the tenant, step, model and price of the request that made it),
 //! and the first poll or cancel answered with the response in a final state meters that
 //! state's usage in the token and cost metrics and the ledger, once per id: a later poll of
-//! the same response finds nothing here.
+//! the same response finds nothing here. A background request that streams (`stream: true`)
+//! is metered by its own final event; one whose stream ended before it (the caller left, the
+//! connection broke) is remembered the same way, by the id of its first event, and metered by
+//! the poll or the resumed stream (`?stream=true`) that finds it final.
 //!
 //! The tenant's budget and tokens-per-minute bucket are not settled again: the reservation was
 //! settled when the request was answered, at its estimate (input and `max_output_tokens`, the
@@ -64,14 +67,23 @@ impl Unsettled {
     /// is a background response still running, its usage goes to `sink` once it is final.
     /// Returns whether it was remembered.
     pub fn expect(&self, body: &[u8], sink: UsageSink) -> bool {
-        let (id, state) = read(body);
-        let Some(id) = id.filter(|id| crate::responses::owners::recordable(id)) else {
-            return false;
-        };
-        if state != State::Running {
+        match read(body) {
+            Read {
+                id: Some(id),
+                state: State::Running,
+                ..
+            } => self.expect_id(&id, sink),
+            _ => false,
+        }
+    }
+
+    /// Background response `id`, still running when its request's answer ended without its
+    /// usage (a stream cut before its final event): its usage goes to `sink` once it is final.
+    pub fn expect_id(&self, id: &str, sink: UsageSink) -> bool {
+        if !crate::responses::owners::recordable(id) {
             return false;
         }
-        let id: Arc<str> = Arc::from(id.as_str());
+        let id: Arc<str> = Arc::from(id);
         let mut inner = self.inner.lock();
         if inner.sinks.insert(id.clone(), sink).is_none() {
             inner.order.push_back(id);
@@ -97,16 +109,16 @@ impl Unsettled {
 
     /// The provider's answer to a poll or cancel of response `id` (`stream`: its events
     /// replayed, else the response's JSON): when it shows the response final, its usage is
-    /// metered to the request that made it, and `id` forgotten. Returns the cost metered, in
-    /// pico-USD (None: nothing was).
-    pub fn settle(&self, id: &str, body: &[u8], stream: bool) -> Option<u128> {
+    /// metered to the request that made it, and `id` forgotten. Returns the usage metered and
+    /// its cost in pico-USD (None: nothing was).
+    pub fn settle(&self, id: &str, body: &[u8], stream: bool) -> Option<(Usage, u128)> {
         if !self.waits_for(id) {
             return None;
         }
         let state = if stream {
             final_event(body)
         } else {
-            read(body).1
+            read(body).state
         };
         let State::Final(usage) = state else {
             return None;
@@ -121,7 +133,7 @@ impl Unsettled {
         };
         let usage = usage?.bounded(&sink.target, sink.max_output);
         // The request was counted when it was answered: this is its usage, not another one.
-        Some(sink.record_unserved(usage))
+        Some((usage, sink.record_unserved(usage)))
     }
 
     /// How many background responses wait for their usage.
@@ -134,10 +146,37 @@ impl Unsettled {
     }
 }
 
-/// A response object's `id` and state, read in one walk over its top-level members (nested
-/// values are skipped unparsed); with duplicate keys, the last one.
-fn read(body: &[u8]) -> (Option<String>, State) {
-    let (mut id, mut status, mut usage) = (None, None, None);
+/// The id of the background response a relayed stream's first event starts (its
+/// `response.created`, the response `queued` or `in_progress` with `background: true`).
+pub fn started(ev: &crate::sse::SseEvent) -> Option<String> {
+    // Every relayed stream starts so: the walk is left to those that name background mode.
+    if !ev.data.contains("\"background\"")
+        || crate::api::openai_responses::event_type(ev).as_deref() != Some("response.created")
+    {
+        return None;
+    }
+    let data = ev.data.as_bytes();
+    match read(&data[splice::value_near_end(data, "response")?]) {
+        Read {
+            id,
+            state: State::Running,
+            background: true,
+        } => id,
+        _ => None,
+    }
+}
+
+/// What a response object says of itself.
+struct Read {
+    id: Option<String>,
+    state: State,
+    background: bool,
+}
+
+/// A response object's `id`, state and background mode, read in one walk over its top-level
+/// members (nested values are skipped unparsed); with duplicate keys, the last one.
+fn read(body: &[u8]) -> Read {
+    let (mut id, mut status, mut usage, mut background) = (None, None, None, None);
     let mut members = splice::top_level_members(body);
     for m in members.by_ref() {
         let key = &body[m.key.clone()];
@@ -147,10 +186,16 @@ fn read(body: &[u8]) -> (Option<String>, State) {
             status = Some(m.value);
         } else if splice::key_matches(key, "usage") {
             usage = Some(m.value);
+        } else if splice::key_matches(key, "background") {
+            background = Some(m.value);
         }
     }
     if members.is_malformed() {
-        return (None, State::Unknown);
+        return Read {
+            id: None,
+            state: State::Unknown,
+            background: false,
+        };
     }
     let text = |span: Option<std::ops::Range<usize>>| {
         span.and_then(|s| {
@@ -166,7 +211,11 @@ fn read(body: &[u8]) -> (Option<String>, State) {
         ),
         _ => State::Unknown,
     };
-    (text(id), state)
+    Read {
+        id: text(id),
+        state,
+        background: background.is_some_and(|s| &body[s] == b"true"),
+    }
 }
 
 /// The state of the response in the last event of a replayed stream that carries one in a
@@ -179,7 +228,7 @@ fn final_event(body: &[u8]) -> State {
     while let Some(ev) = parser.next_event() {
         let data = ev.data.as_bytes();
         if let Some(span) = splice::value_near_end(data, "response")
-            && let (_, state @ State::Final(_)) = read(&data[span])
+            && let state @ State::Final(_) = read(&data[span]).state
         {
             last = state;
         }

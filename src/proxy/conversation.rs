@@ -514,11 +514,19 @@ pub(crate) fn stream_translator(xl: Xlate, inb: &Inbound) -> Option<Box<dyn Even
 
 /// The conversation that keeps the final response of a relayed (untranslated) Responses
 /// stream: the stream's one watch reads its events and hands it the terminal one.
-pub(crate) fn stream_keeper(xl: Xlate, inb: &Inbound, provider: &str) -> Option<Keeper> {
+pub(crate) fn stream_keeper(
+    xl: Xlate,
+    inb: &Inbound,
+    provider: &str,
+    unsettled: &Arc<super::background::Unsettled>,
+) -> Option<Keeper> {
     match (xl, &inb.conversation) {
         (Xlate::None, Some(conv)) if conv.keep => Some(Keeper {
             conv: conv.clone(),
             provider: provider.to_owned(),
+            unsettled: unsettled.clone(),
+            background: None,
+            first: true,
         }),
         _ => None,
     }
@@ -529,11 +537,19 @@ pub(crate) fn stream_keeper(xl: Xlate, inb: &Inbound, provider: &str) -> Option<
 pub(crate) struct Keeper {
     conv: Arc<Conversation>,
     provider: String,
+    /// Where a background response cut before its final event waits for its usage
+    /// (`background.rs`), and its id, from the stream's first event.
+    pub(crate) unsettled: Arc<super::background::Unsettled>,
+    pub(crate) background: Option<String>,
+    first: bool,
 }
 
 impl Keeper {
-    pub(crate) fn note_started(&self, ev: &SseEvent) {
+    pub(crate) fn note_started(&mut self, ev: &SseEvent) {
         self.conv.note_started(ev);
+        if std::mem::take(&mut self.first) {
+            self.background = super::background::started(ev);
+        }
     }
 
     pub(crate) fn keep_terminal(&self, ev: &SseEvent) -> Option<Option<Usage>> {

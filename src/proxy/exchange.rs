@@ -554,7 +554,12 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
         SseWatch::new(api)
             .with_max_event(max_event)
             .strip_usage(call.strip_usage)
-            .keeping(conversation::stream_keeper(got.xl, inb, &up.name)),
+            .keeping(conversation::stream_keeper(
+                got.xl,
+                inb,
+                &up.name,
+                &proxy.unsettled,
+            )),
     );
     // Read within a guard that meters what the provider reported if the caller leaves before
     // the commit point: the request's future is then dropped here, mid-read.

@@ -419,7 +419,10 @@ impl Proxy {
                 Err(e) => break 'served Err(e),
             };
             // What is answered without a body: from config, or the conversation store.
-            if let Some(answered) = self.answer_locally(&snap, endpoint, &req, &tenant).await {
+            if let Some(answered) = self
+                .answer_locally(&snap, endpoint, &req, (&tenant, &obs))
+                .await
+            {
                 break 'served answered;
             }
             let inbound = match self
@@ -530,7 +533,7 @@ impl Proxy {
         snap: &Snapshot,
         endpoint: Endpoint,
         req: &Request<CallerBody>,
-        tenant: &str,
+        (tenant, obs): (&str, &crate::observe::RequestObs),
     ) -> Option<Result<Response<ProxyBody>, ProxyError>> {
         let cfg = &snap.cfg;
         match endpoint.op {
@@ -548,7 +551,7 @@ impl Proxy {
                     (&self.conversations, &self.unsettled),
                     &self.answers,
                     req,
-                    tenant,
+                    (tenant, obs),
                 ))
                 .await,
             ),

@@ -282,6 +282,7 @@ impl Drop for InflightGuard {
 }
 
 /// Where a response's usage goes once the response has been read to its end.
+#[derive(Clone)]
 pub struct UsageSink {
     pub metrics: Arc<Metrics>,
     pub ledger: Arc<Ledger>,

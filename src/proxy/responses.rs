@@ -127,7 +127,7 @@ pub async fn stored_response(
     (store, unsettled): (&ConversationStore, &super::background::Unsettled),
     answers: &Arc<BufferBudget>,
     req: &http::Request<crate::server::CallerBody>,
-    tenant: &str,
+    (tenant, obs): (&str, &RequestObs),
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (method, path, query, headers) = (
         req.method(),
@@ -221,14 +221,21 @@ pub async fn stored_response(
     };
     let upstream_path = format!("/v1/responses/{rest}");
     // A background response's final state, polled or cancelled, carries the usage its request
-    // was answered without: metered once, to that request (`background.rs`).
+    // was answered without: metered once, to that request (`background.rs`), and shown in this
+    // request's record, so that the access log and journal add up to what was metered.
     let polled = matches!(
         (method, action),
         (&Method::GET, "") | (&Method::POST, "cancel")
     );
     let settle = |status: StatusCode, body: &Bytes| {
-        if polled && status == StatusCode::OK {
-            unsettled.settle(id, body, asks_stream(query));
+        if polled
+            && status == StatusCode::OK
+            && let Some((usage, cost)) = unsettled.settle(id, body, asks_stream(query))
+        {
+            obs.update(|f| {
+                f.usage = Some(usage);
+                f.cost_pico = Some(cost);
+            });
         }
     };
     let answer = forward(

@@ -83,6 +83,13 @@ impl SseWatch {
         self
     }
 
+    /// The background response this relayed stream started, if any, and where it waits for
+    /// its usage when the stream ends without it.
+    pub(crate) fn background(&self) -> Option<(&crate::proxy::background::Unsettled, &str)> {
+        let keep = self.keep.as_ref()?;
+        Some((&keep.unsettled, keep.background.as_deref()?))
+    }
+
     /// The caller did not ask for the usage chunk legate asked for: it and the `usage: null`
     /// members are removed from what is forwarded (usage is still read from them).
     pub fn strip_usage(mut self, strip: bool) -> Self {
@@ -209,7 +216,7 @@ impl SseWatch {
             let kind = self.api.dialect().classify(&ev);
             // The usage of a terminal event the store already read (`Some(None)`: none).
             let mut read = None;
-            if let Some(conv) = &self.keep
+            if let Some(conv) = &mut self.keep
                 && kind != StreamEventKind::Terminal
             {
                 conv.note_started(&ev);

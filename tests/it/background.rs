@@ -28,6 +28,11 @@ fn reply(path: &str, body: Value) -> Value {
 }
 
 async fn ask(env: &Env, method: reqwest::Method, path: &str) -> Value {
+    ask_with_id(env, method, path).await.0
+}
+
+/// The answer, and the request id legate gave the request.
+async fn ask_with_id(env: &Env, method: reqwest::Method, path: &str) -> (Value, String) {
     let resp = env
         .http
         .request(method, env.url(path))
@@ -36,7 +41,24 @@ async fn ask(env: &Env, method: reqwest::Method, path: &str) -> Value {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "{path}");
-    resp.json().await.unwrap()
+    let rid = resp.headers()["x-legate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (resp.json().await.unwrap(), rid)
+}
+
+/// The request's record in the journal: its tokens and cost.
+async fn record(env: &Env, rid: &str) -> (Option<u64>, Option<u64>, Option<u64>, Value) {
+    let rec = env.admin_json(&format!("/admin/requests/{rid}")).await;
+    let n = |k: &str| rec[k].as_u64();
+    let cost = rec["cost_pico_usd"].clone();
+    (
+        n("input_tokens"),
+        n("output_tokens"),
+        n("cache_read_tokens"),
+        cost,
+    )
 }
 
 async fn start_background(env: &Env) -> Value {
@@ -88,8 +110,13 @@ async fn a_polled_background_response_is_metered_once_when_it_is_final() {
     assert_eq!(polled["status"], "in_progress");
     assert_eq!(ledger(&env).await, (1, 0, 0, 0, "0".to_owned()));
 
-    let done = ask(&env, reqwest::Method::GET, path).await;
+    let (done, rid) = ask_with_id(&env, reqwest::Method::GET, path).await;
     assert_eq!(done["status"], "completed");
+    // The poll's own record carries what it metered: the journal adds up to the ledger.
+    assert_eq!(
+        record(&env, &rid).await,
+        (Some(100), Some(30), Some(20), json!(450000000))
+    );
     // 100 input at 2, 30 output at 8, 20 cache reads at 0.5 USD per million: 450 µUSD.
     assert_eq!(ledger(&env).await, (1, 100, 30, 20, "450000000".to_owned()));
     assert_eq!(tokens(&env, "input").await, Some(100.0));
@@ -97,8 +124,9 @@ async fn a_polled_background_response_is_metered_once_when_it_is_final() {
     assert_eq!(tokens(&env, "cache_read").await, Some(20.0));
 
     // Polled again, final again: metered once.
-    let again = ask(&env, reqwest::Method::GET, path).await;
+    let (again, rid) = ask_with_id(&env, reqwest::Method::GET, path).await;
     assert_eq!(again["status"], "completed");
+    assert_eq!(record(&env, &rid).await, (None, None, None, Value::Null));
     assert_eq!(ledger(&env).await, (1, 100, 30, 20, "450000000".to_owned()));
     assert_eq!(tokens(&env, "output").await, Some(30.0));
     let paths: Vec<String> = env.mock.requests().into_iter().map(|r| r.path).collect();
@@ -133,4 +161,96 @@ async fn a_response_answered_final_is_not_waited_for() {
     assert_eq!(ledger(&env).await, (1, 4, 2, 0, "24000000".to_owned()));
     ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg3").await;
     assert_eq!(ledger(&env).await, (1, 4, 2, 0, "24000000".to_owned()));
+}
+
+/// Server-sent events as a provider sends them: `event:` and `data:` per event.
+fn events(list: &[(&str, Value)]) -> String {
+    list.iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect()
+}
+
+fn stream_reply(path: &str, text: String) -> Value {
+    json!({"match": {"path": path}, "body": text,
+           "headers": {"content-type": "text/event-stream"}})
+}
+
+#[tokio::test]
+async fn a_background_stream_cut_before_its_end_is_metered_by_its_replay() {
+    let env = harness::start(CONFIG).await;
+    let queued = response("resp_bg4", "queued", Value::Null);
+    let running = response("resp_bg4", "in_progress", Value::Null);
+    let done = response(
+        "resp_bg4",
+        "completed",
+        json!({"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}),
+    );
+    let delta = json!({"type": "response.output_text.delta", "item_id": "msg_1",
+                       "output_index": 0, "content_index": 0, "delta": "Hel"});
+    // The first stream ends after its first words, without its final event (the caller's
+    // connection, or the provider's, went); the replay runs to the end.
+    let cut = events(&[
+        (
+            "response.created",
+            json!({"type": "response.created", "response": queued}),
+        ),
+        (
+            "response.in_progress",
+            json!({"type": "response.in_progress", "response": running}),
+        ),
+        ("response.output_text.delta", delta.clone()),
+    ]);
+    let replay = events(&[
+        ("response.output_text.delta", delta),
+        (
+            "response.completed",
+            json!({"type": "response.completed", "response": done}),
+        ),
+    ]);
+    let script = json!({"replies": [
+        stream_reply("/v1/responses", cut),
+        stream_reply("/v1/responses/resp_bg4", replay),
+    ]});
+    env.script(&script.to_string());
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("response.created"), "{text}");
+    assert_eq!(ledger(&env).await, (1, 0, 0, 0, "0".to_owned()));
+
+    let resp = env
+        .http
+        .get(env.url("/v1/responses/resp_bg4?stream=true&starting_after=2"))
+        .header("authorization", "Bearer dummy-client-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("response.completed"));
+    assert_eq!(ledger(&env).await, (1, 12, 3, 0, "48000000".to_owned()));
+    assert_eq!(env.mock.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_that_is_not_in_background_is_not_waited_for() {
+    let env = harness::start(CONFIG).await;
+    // The mock's own stream says `background: false`; cut before its final event.
+    env.script(r#"{"replies":[{"drop_terminal":true}]}"#);
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","stream":true}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let created = text
+        .split("\n\n")
+        .find_map(|ev| ev.strip_prefix("event: response.created\ndata: "))
+        .expect("a response.created event");
+    let created: Value = serde_json::from_str(created).unwrap();
+    let id = created["response"]["id"].as_str().unwrap();
+    assert_eq!(created["response"]["status"], "in_progress");
+    let (_, rid) = ask_with_id(&env, reqwest::Method::GET, &format!("/v1/responses/{id}")).await;
+    assert_eq!(record(&env, &rid).await, (None, None, None, Value::Null));
+    assert_eq!(ledger(&env).await, (1, 0, 0, 0, "0".to_owned()));
 }

@@ -48,7 +48,11 @@ fn a_running_response_is_metered_once_by_the_poll_that_finds_it_final() {
     assert_eq!(u.settle("resp_bg1", running, false), None);
     assert!(u.waits_for("resp_bg1"));
     assert!(tokens(&ledger).is_empty());
-    assert_eq!(u.settle("resp_bg1", DONE, false), Some(0));
+    assert_eq!(
+        u.settle("resp_bg1", DONE, false)
+            .map(|(u, c)| (u.output, c)),
+        Some((30, 0))
+    );
     // Tokens, no second request (the request was counted when it was answered).
     assert_eq!(tokens(&ledger), vec![(0, 100, 30)]);
     let series = metrics.series.usage("t1", "openai", "gpt-x");
@@ -79,7 +83,11 @@ fn a_replayed_stream_is_read_for_its_final_event() {
     assert!(u.expect(QUEUED, sink(&metrics, &ledger)));
     let stream = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_bg1\",\"status\":\"queued\",\"usage\":null}}\n\n\
 event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_bg1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":7,\"output_tokens\":3}}}\n\n";
-    assert_eq!(u.settle("resp_bg1", stream, true), Some(0));
+    assert_eq!(
+        u.settle("resp_bg1", stream, true)
+            .map(|(u, c)| (u.input, c)),
+        Some((7, 0))
+    );
     assert_eq!(tokens(&ledger), vec![(0, 7, 3)]);
 }
 
@@ -116,4 +124,31 @@ fn the_oldest_are_forgotten_past_the_bound() {
     assert!(u.waits_for("resp_1"));
     assert!(u.waits_for(&format!("resp_{MAX_UNSETTLED}")));
     assert_eq!(u.inner.lock().order.len(), MAX_UNSETTLED);
+}
+
+#[test]
+fn a_stream_is_known_as_background_by_its_first_event() {
+    let ev = |name: &str, response: &str| crate::sse::SseEvent {
+        event: Some(name.to_owned()),
+        data: format!(r#"{{"type":"{name}","response":{response}}}"#),
+        end_offset: 0,
+    };
+    let queued = r#"{"id":"resp_s1","status":"queued","background":true,"usage":null}"#;
+    assert_eq!(
+        started(&ev("response.created", queued)).as_deref(),
+        Some("resp_s1")
+    );
+    let running = r#"{"id":"resp_s1","status":"in_progress","background":true}"#;
+    assert_eq!(
+        started(&ev("response.created", running)).as_deref(),
+        Some("resp_s1")
+    );
+    // Not in background, not the first event, already final, or no readable id.
+    let plain = r#"{"id":"resp_s1","status":"in_progress","background":false}"#;
+    assert_eq!(started(&ev("response.created", plain)), None);
+    assert_eq!(started(&ev("response.in_progress", queued)), None);
+    let done = r#"{"id":"resp_s1","status":"completed","background":true}"#;
+    assert_eq!(started(&ev("response.created", done)), None);
+    let no_id = r#"{"id":7,"status":"queued","background":true}"#;
+    assert_eq!(started(&ev("response.created", no_id)), None);
 }
