@@ -347,6 +347,23 @@ pub fn top_level_value_span(body: &[u8], key: &str) -> Option<Range<usize>> {
     found.map(|m| m.value)
 }
 
+/// [`top_level_value_span`] of each of `keys`, in one walk over the object's members. None if
+/// the body is not an object.
+pub(crate) fn top_level_value_spans<const N: usize>(
+    body: &[u8],
+    keys: [&str; N],
+) -> Option<[Option<Range<usize>>; N]> {
+    let mut out = [const { None }; N];
+    let mut members = top_level_members(body);
+    for m in members.by_ref() {
+        let key = &body[m.key.clone()];
+        if let Some(k) = keys.iter().position(|k| key_matches(key, k)) {
+            out[k] = Some(m.value);
+        }
+    }
+    (!members.is_malformed()).then_some(out)
+}
+
 /// Returns a new body with the top-level key's value replaced by `new_json_value` (raw JSON
 /// text, e.g. `"\"claude-x\""` or `"8192"`); every other byte identical. None if the key is
 /// absent or the body is not an object.
@@ -476,6 +493,18 @@ mod tests {
 
     fn s(b: Option<Vec<u8>>) -> Option<String> {
         b.map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    #[test]
+    fn several_keys_are_found_in_one_walk_as_one_by_one() {
+        let body = br#"{"id":"a","n":{"id":"inner"},"\u0069d":"b","status":"x"}"#;
+        let spans = top_level_value_spans(body, ["id", "status", "usage"]).unwrap();
+        let one = ["id", "status", "usage"].map(|k| top_level_value_span(body, k));
+        assert_eq!(spans, one);
+        assert_eq!(&body[spans[0].clone().unwrap()], br#""b""#);
+        assert_eq!(spans[2], None);
+        assert_eq!(top_level_value_spans(br#"{"id":"a","#, ["id"]), None);
+        assert_eq!(top_level_value_spans(b"[]", ["id"]), None);
     }
 
     #[test]

@@ -176,27 +176,14 @@ struct Read {
 /// A response object's `id`, state and background mode, read in one walk over its top-level
 /// members (nested values are skipped unparsed); with duplicate keys, the last one.
 fn read(body: &[u8]) -> Read {
-    let (mut id, mut status, mut usage, mut background) = (None, None, None, None);
-    let mut members = splice::top_level_members(body);
-    for m in members.by_ref() {
-        let key = &body[m.key.clone()];
-        if splice::key_matches(key, "id") {
-            id = Some(m.value);
-        } else if splice::key_matches(key, "status") {
-            status = Some(m.value);
-        } else if splice::key_matches(key, "usage") {
-            usage = Some(m.value);
-        } else if splice::key_matches(key, "background") {
-            background = Some(m.value);
-        }
-    }
-    if members.is_malformed() {
+    let spans = splice::top_level_value_spans(body, ["id", "status", "usage", "background"]);
+    let Some([id, status, usage, background]) = spans else {
         return Read {
             id: None,
             state: State::Unknown,
             background: false,
         };
-    }
+    };
     let text = |span: Option<std::ops::Range<usize>>| {
         span.and_then(|s| {
             serde_json::from_slice::<Option<String>>(&body[s])

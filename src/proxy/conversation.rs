@@ -600,20 +600,10 @@ fn read_relayed(body: &[u8]) -> (Option<Cow<'_, str>>, Option<Usage>) {
 /// unparsed, never built into a tree); with duplicate keys, the last one (what serde_json and
 /// most parsers honour).
 fn read_relayed_walk(body: &[u8]) -> (Option<Cow<'_, str>>, Option<Usage>) {
-    let (mut id, mut usage) = (None, None);
-    let mut members = splice::top_level_members(body);
-    for m in members.by_ref() {
-        let key = &body[m.key.clone()];
-        if splice::key_matches(key, "id") {
-            id = Some(m.value);
-        } else if splice::key_matches(key, "usage") {
-            usage = Some(m.value);
-        }
+    match splice::top_level_value_spans(body, ["id", "usage"]) {
+        Some([id, usage]) => relayed_fields(body, id, usage),
+        None => (None, None),
     }
-    if members.is_malformed() {
-        return (None, None);
-    }
-    relayed_fields(body, id, usage)
 }
 
 /// The string `id` and the usage at the spans found.

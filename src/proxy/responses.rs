@@ -227,10 +227,10 @@ pub async fn stored_response(
         (method, action),
         (&Method::GET, "") | (&Method::POST, "cancel")
     );
-    let settle = |status: StatusCode, body: &Bytes| {
+    let settle = |status: StatusCode, events: bool, body: &Bytes| {
         if polled
             && status == StatusCode::OK
-            && let Some((usage, cost)) = unsettled.settle(id, body, asks_stream(query))
+            && let Some((usage, cost)) = unsettled.settle(id, body, events)
         {
             obs.update(|f| {
                 f.usage = Some(usage);
@@ -265,8 +265,10 @@ pub async fn stored_response(
 
 /// One plain upstream call for the small endpoints: credential injected, answer passed back,
 /// held whole as the chain's answers are (counted in `answers` with bound `max`, at most
-/// 16 MiB), and shown to `seen` as the caller gets it. `served_by` is what `x-legate-served-by` names: the step's `provider:model`, or
-/// the provider alone where no model is asked for (a stored response's id).
+/// 16 MiB), and shown to `seen` as the caller gets it (its status, whether it is an event
+/// stream, its body). `served_by` is what `x-legate-served-by` names: the step's
+/// `provider:model`, or the provider alone where no model is asked for (a stored response's
+/// id).
 #[allow(clippy::too_many_arguments)]
 pub async fn forward(
     up: &Upstream,
@@ -275,7 +277,7 @@ pub async fn forward(
     (method, path, query): (Method, &str, Option<&str>),
     headers: &HeaderMap,
     body: Bytes,
-    seen: impl FnOnce(StatusCode, &Bytes),
+    seen: impl FnOnce(StatusCode, bool, &Bytes),
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let target = match query {
         Some(q) => format!("{path}?{q}"),
@@ -387,7 +389,8 @@ pub async fn forward(
         Some(r) => r.bytes(body),
         None => body,
     };
-    seen(parts.status, &body);
+    // Read as what it is: a replay asked for may still come back as the response's JSON.
+    seen(parts.status, is_event_stream(&parts.headers), &body);
     let body = buffers::hold(body, share.into_share());
     let mut out = Response::new(ProxyBody::full(body));
     *out.status_mut() = parts.status;
@@ -450,7 +453,7 @@ pub async fn input_tokens(
                 (Method::POST, "/v1/responses/input_tokens", None),
                 &inb.headers,
                 body,
-                |_, _| {},
+                |_, _, _| {},
             )
             .await;
         }

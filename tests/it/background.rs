@@ -254,3 +254,26 @@ async fn a_stream_that_is_not_in_background_is_not_waited_for() {
     assert_eq!(record(&env, &rid).await, (None, None, None, Value::Null));
     assert_eq!(ledger(&env).await, (1, 0, 0, 0, "0".to_owned()));
 }
+
+#[tokio::test]
+async fn a_replay_answered_with_the_responses_json_is_read_as_json() {
+    let env = harness::start(CONFIG).await;
+    // A provider that answers `?stream=true` with the finished response's JSON, not events.
+    let script = json!({"replies": [
+        reply("/v1/responses", response("resp_bg5", "queued", Value::Null)),
+        reply("/v1/responses/resp_bg5", response("resp_bg5", "completed",
+            json!({"input_tokens": 6, "output_tokens": 1, "total_tokens": 7}))),
+    ]});
+    env.script(&script.to_string());
+    start_background(&env).await;
+    let resp = env
+        .http
+        .get(env.url("/v1/responses/resp_bg5?stream=true"))
+        .header("authorization", "Bearer dummy-client-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await.unwrap();
+    assert_eq!(ledger(&env).await, (1, 6, 1, 0, "20000000".to_owned()));
+}
