@@ -8,18 +8,20 @@
 //! and the first poll or cancel answered with the response in a final state meters that
 //! state's usage in the token and cost metrics and the ledger, once per id: a later poll of
 //! the same response finds nothing here. A background request that streams (`stream: true`)
-//! is metered by its own final event; one whose stream ended before it (the caller left, the
-//! connection broke) is remembered the same way, by the id of its first event, and metered by
-//! the poll or the resumed stream (`?stream=true`) that finds it final.
+//! commits once its first event names the response (`exchange`: the response exists at the
+//! provider, and another attempt would start a second one), and is metered by its own final
+//! event; one whose stream ended before that (the caller left, the connection broke) is
+//! remembered the same way, by that first event's id, and metered by the poll or the resumed
+//! stream (`?stream=true`) that finds it final.
 //!
-//! The tenant's budget and tokens-per-minute bucket are not settled again: the reservation was
-//! settled when the request was answered, at its estimate (input and `max_output_tokens`, the
-//! most the response may be billed for when the request names it), and stays so.
+//! The tenant's daily budget, charged the estimate when the request was answered, is put right
+//! then too ([`Resettle`]); its tokens-per-minute bucket is not (that minute has passed).
 //!
-//! Bounded by count ([`MAX_UNSETTLED`], the oldest forgotten first, said in the log): a
-//! response never polled in a final state is forgotten once that many newer ones came. Only
-//! ids a path can name are recorded. In this process only: a poll that another replica
-//! relays meters nothing there.
+//! Bounded by count ([`MAX_UNSETTLED`]): past it, the oldest response of the tenant with the
+//! most is forgotten (said in the log), so that one tenant's flood cannot push the others'
+//! out; a forgotten one's estimate stands. Only ids a path can name are recorded. In this
+//! process only, and not across a restart: a poll that another replica relays meters nothing
+//! there.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -27,14 +29,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::policy::ratelimit::Resettle;
 use crate::proxy::record::UsageSink;
 use crate::splice;
 use crate::sse::SseParser;
 use crate::usage::Usage;
 
-/// Responses remembered: an id (at most [`crate::responses::owners::MAX_ID`] bytes) and its
-/// sink (shared handles, the tenant's name and a price), a few hundred bytes each, so at most
-/// about 2 MiB.
+/// Responses remembered: an id (at most [`crate::responses::owners::MAX_ID`] bytes), its
+/// sink and budget handle (shared handles, the tenant's name and a price), a few hundred
+/// bytes each, so at most about 2 MiB.
 pub const MAX_UNSETTLED: usize = 4096;
 
 /// What a response's JSON says of its state.
@@ -49,10 +52,49 @@ pub enum State {
     Unknown,
 }
 
+/// Where one response's usage goes.
+struct Waiting {
+    sink: UsageSink,
+    budget: Option<Resettle>,
+}
+
 #[derive(Default)]
 struct Inner {
-    sinks: HashMap<Arc<str>, UsageSink>,
+    waiting: HashMap<Arc<str>, Waiting>,
+    /// Oldest first.
     order: VecDeque<Arc<str>>,
+    /// How many each tenant has waiting.
+    per_tenant: HashMap<String, usize>,
+}
+
+impl Inner {
+    fn take(&mut self, id: &str) -> Option<Waiting> {
+        let w = self.waiting.remove(id)?;
+        if let Some(at) = self.order.iter().position(|k| &**k == id) {
+            self.order.remove(at);
+        }
+        let tenant: &str = &w.sink.tenant;
+        if let Some(n) = self.per_tenant.get_mut(tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
+        Some(w)
+    }
+
+    /// The oldest id of the tenant with the most waiting.
+    fn evictable(&self) -> Option<Arc<str>> {
+        let (busiest, _) = self.per_tenant.iter().max_by_key(|(_, n)| **n)?;
+        self.order
+            .iter()
+            .find(|id| {
+                self.waiting
+                    .get(*id)
+                    .is_some_and(|w| *w.sink.tenant == **busiest)
+            })
+            .cloned()
+    }
 }
 
 #[derive(Default)]
@@ -63,38 +105,27 @@ pub struct Unsettled {
 }
 
 impl Unsettled {
-    /// A relayed answer without usage (`body`, the response as the caller gets it): when it
-    /// is a background response still running, its usage goes to `sink` once it is final.
-    /// Returns whether it was remembered.
-    pub fn expect(&self, body: &[u8], sink: UsageSink) -> bool {
-        match read(body) {
-            Read {
-                id: Some(id),
-                state: State::Running,
-                ..
-            } => self.expect_id(&id, sink),
-            _ => false,
-        }
-    }
-
     /// Background response `id`, still running when its request's answer ended without its
-    /// usage (a stream cut before its final event): its usage goes to `sink` once it is final.
-    pub fn expect_id(&self, id: &str, sink: UsageSink) -> bool {
+    /// usage: its usage goes to `sink` once it is final, and the tenant's budget is put right
+    /// with `budget`. Returns whether it was remembered.
+    pub fn expect(&self, id: &str, sink: UsageSink, budget: Option<Resettle>) -> bool {
         if !crate::responses::owners::recordable(id) {
             return false;
         }
         let id: Arc<str> = Arc::from(id);
         let mut inner = self.inner.lock();
-        if inner.sinks.insert(id.clone(), sink).is_none() {
-            inner.order.push_back(id);
-        }
-        while inner.order.len() > MAX_UNSETTLED {
-            if let Some(old) = inner.order.pop_front()
-                && inner.sinks.remove(&old).is_some()
-            {
+        // The same id again (a provider that reissues one): the later request's.
+        inner.take(&id);
+        *inner.per_tenant.entry(sink.tenant.to_string()).or_default() += 1;
+        inner.waiting.insert(id.clone(), Waiting { sink, budget });
+        inner.order.push_back(id);
+        while inner.waiting.len() > MAX_UNSETTLED {
+            let Some(old) = inner.evictable() else { break };
+            if let Some(w) = inner.take(&old) {
                 tracing::info!(
                     id = %old,
-                    "a background response's usage will not be metered: more than {MAX_UNSETTLED} newer ones wait for theirs"
+                    tenant = %w.sink.tenant,
+                    "a background response's usage will not be metered: more than {MAX_UNSETTLED} wait for theirs"
                 );
             }
         }
@@ -104,13 +135,14 @@ impl Unsettled {
 
     /// Whether `id` is a background response whose usage is still to come.
     pub fn waits_for(&self, id: &str) -> bool {
-        self.any.load(Ordering::Acquire) && self.inner.lock().sinks.contains_key(id)
+        self.any.load(Ordering::Acquire) && self.inner.lock().waiting.contains_key(id)
     }
 
     /// The provider's answer to a poll or cancel of response `id` (`stream`: its events
     /// replayed, else the response's JSON): when it shows the response final, its usage is
-    /// metered to the request that made it, and `id` forgotten. Returns the usage metered and
-    /// its cost in pico-USD (None: nothing was).
+    /// metered to the request that made it, the tenant's budget put right, and `id`
+    /// forgotten. Returns the usage metered and its cost in pico-USD (None: nothing was; a
+    /// final state without usage leaves the estimate standing).
     pub fn settle(&self, id: &str, body: &[u8], stream: bool) -> Option<(Usage, u128)> {
         if !self.waits_for(id) {
             return None;
@@ -123,22 +155,19 @@ impl Unsettled {
         let State::Final(usage) = state else {
             return None;
         };
-        let sink = {
-            let mut inner = self.inner.lock();
-            let sink = inner.sinks.remove(id)?;
-            if let Some(at) = inner.order.iter().position(|k| &**k == id) {
-                inner.order.remove(at);
-            }
-            sink
-        };
-        let usage = usage?.bounded(&sink.target, sink.max_output);
+        let w = self.inner.lock().take(id)?;
+        let usage = usage?.bounded(&w.sink.target, w.sink.max_output);
         // The request was counted when it was answered: this is its usage, not another one.
-        Some((usage, sink.record_unserved(usage)))
+        let cost = w.sink.record_unserved(usage);
+        if let Some(b) = w.budget {
+            b.settle(cost);
+        }
+        Some((usage, cost))
     }
 
     /// How many background responses wait for their usage.
     pub fn len(&self) -> usize {
-        self.inner.lock().sinks.len()
+        self.inner.lock().waiting.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -146,16 +175,31 @@ impl Unsettled {
     }
 }
 
+/// The id of a relayed whole answer that is a response still running (a background one),
+/// whatever usage it shows (a running response's is not its final one).
+pub fn running_id(body: &[u8]) -> Option<String> {
+    match read(body) {
+        Read {
+            id,
+            state: State::Running,
+            ..
+        } => id,
+        _ => None,
+    }
+}
+
 /// The id of the background response a relayed stream's first event starts (its
 /// `response.created`, the response `queued` or `in_progress` with `background: true`).
 pub fn started(ev: &crate::sse::SseEvent) -> Option<String> {
-    // Every relayed stream starts so: the walk is left to those that name background mode.
-    if !ev.data.contains("\"background\"")
+    // Every relayed stream's first event says whether it is in background mode, usually as
+    // `"background":false`: one vectorised search spares those the walks below.
+    let data = ev.data.as_bytes();
+    let named = |needle: &[u8]| memchr::memmem::find(data, needle).is_some();
+    if !(named(b"\"background\":true") || named(b"\"background\": true"))
         || crate::api::openai_responses::event_type(ev).as_deref() != Some("response.created")
     {
         return None;
     }
-    let data = ev.data.as_bytes();
     match read(&data[splice::value_near_end(data, "response")?]) {
         Read {
             id,

@@ -364,13 +364,15 @@ impl TapBody {
                 // Counted as a request the provider answered, as one that reported part of
                 // its usage before a cut, or before its caller left, is.
                 acct.sink.record_unreported();
-                acct.record.keep_reservation(acct.sink.price);
                 // A background response runs on without its stream: its usage comes with the
                 // poll (or resumed stream) that finds it final (`background.rs`).
                 if let Mode::Sse(watch) = &self.mode
                     && let Some((unsettled, id)) = watch.background()
                 {
-                    unsettled.expect_id(id, acct.sink.clone());
+                    let budget = acct.record.keep_reservation_until_known(acct.sink.price);
+                    unsettled.expect(id, acct.sink.clone(), budget);
+                } else {
+                    acct.record.keep_reservation(acct.sink.price);
                 }
             }
             None => {}

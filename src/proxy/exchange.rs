@@ -717,22 +717,33 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
             if let Some(rec) = record.as_mut() {
                 let usage =
                     usage_read.unwrap_or_else(|| inb.endpoint.api.dialect().usage_of_body(&body));
-                match usage {
-                    Some(u) => {
+                // A relayed response still running (a background one) has its usage to come,
+                // whatever it shows now (zeros, from some servers): it comes with the poll that
+                // finds it final (`background.rs`). An answer that reports usage is not looked
+                // at for it.
+                let running = match usage {
+                    Some(u) if u.total() > 0 => None,
+                    _ if inb.endpoint.api == ApiKind::Responses && !got.xl.translating() => {
+                        super::background::running_id(&body)
+                    }
+                    _ => None,
+                };
+                match (usage, running) {
+                    (_, Some(id)) => {
+                        let sink = answer::sink(call, rec);
+                        sink.record_unreported();
+                        let budget = rec.keep_reservation_until_known(step_price(call));
+                        call.proxy.unsettled.expect(&id, sink, budget);
+                    }
+                    (Some(u), None) => {
                         let u = u.bounded(&up.name, answer::output_bound(inb));
                         let sink = answer::sink(call, rec);
                         let cost = sink.record(u);
                         rec.settle(u, cost, &sink, false);
                     }
-                    None => {
-                        let sink = answer::sink(call, rec);
-                        sink.record_unreported();
+                    (None, None) => {
+                        answer::sink(call, rec).record_unreported();
                         rec.keep_reservation(step_price(call));
-                        // A background response relayed as it started: its usage comes with
-                        // the poll that finds it final (`background.rs`).
-                        if inb.endpoint.api == ApiKind::Responses && !got.xl.translating() {
-                            call.proxy.unsettled.expect(&body, sink);
-                        }
                     }
                 }
             }

@@ -111,6 +111,17 @@ impl RequestRecord {
         }
     }
 
+    /// [`RequestRecord::keep_reservation`] for an answer whose usage a later call reports (a
+    /// background response's), with what puts the tenant's daily budget right then.
+    pub fn keep_reservation_until_known(
+        &mut self,
+        price: Option<crate::meter::Price>,
+    ) -> Option<crate::policy::ratelimit::Resettle> {
+        let later = self.reservation.as_ref()?.resettle(price);
+        self.keep_reservation(price);
+        later
+    }
+
     /// Settles the reservation with what the provider reported to `sink`; `partial`: the
     /// report is not the final one (a stream cut before it), and the charge is at least what
     /// [`RequestRecord::keep_reservation`] would charge.

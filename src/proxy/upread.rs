@@ -98,8 +98,9 @@ pub(super) enum PreCommit {
     Broken(&'static str),
 }
 
-/// Reads a stream up to its commit point (the first content event, or its end), holding the
-/// bytes back; each chunk must come within `idle` and all of it before the deadline.
+/// Reads a stream up to its commit point (the first content event, or its end, or a background
+/// response's first event), holding the bytes back; each chunk must come within `idle` and
+/// all of it before the deadline.
 pub(super) async fn read_to_commit(
     incoming: &mut UpstreamBody,
     watch: &mut SseWatch,
@@ -119,7 +120,13 @@ pub(super) async fn read_to_commit(
                 "an event is larger than server.max_event_bytes",
             ));
         }
-        if watch.saw_content || watch.saw_terminal || held.len() > PREAMBLE_LIMIT {
+        // A background response exists at the provider from its first event on: the caller
+        // gets its id at once (to poll or resume it), and no other attempt starts a second one.
+        if watch.saw_content
+            || watch.saw_terminal
+            || held.len() > PREAMBLE_LIMIT
+            || watch.background().is_some()
+        {
             return Ok(held.freeze());
         }
         match by(timer.as_mut(), idle, deadline, incoming.frame()).await {

@@ -277,3 +277,92 @@ async fn a_replay_answered_with_the_responses_json_is_read_as_json() {
     let _ = resp.bytes().await.unwrap();
     assert_eq!(ledger(&env).await, (1, 6, 1, 0, "20000000".to_owned()));
 }
+
+/// The default tenant's spend today, as the local store keeps it.
+async fn spent(env: &Env) -> Value {
+    let state = env.admin_json("/admin/state").await;
+    state["buckets"]["local"]["default"]["spent_today_pico_usd"].clone()
+}
+
+#[tokio::test]
+async fn the_daily_budget_is_put_right_when_the_usage_comes() {
+    // A budget: the tenant's spend is kept, and the estimate charged when the response is
+    // queued is replaced by what it cost once a poll finds it final.
+    let config = format!("{CONFIG}\n[tenants.default]\ndaily_budget_usd = \"10\"\n");
+    let env = harness::start(&config).await;
+    let small = json!({"input_tokens": 4, "output_tokens": 2, "total_tokens": 6});
+    let large = json!({"input_tokens": 1000, "output_tokens": 50000, "total_tokens": 51000});
+    let script = json!({"replies": [
+        reply("/v1/responses", response("resp_b1", "queued", Value::Null)),
+        reply("/v1/responses/resp_b1", response("resp_b1", "completed", small)),
+        reply("/v1/responses", response("resp_b2", "queued", Value::Null)),
+        reply("/v1/responses/resp_b2", response("resp_b2", "completed", large)),
+    ]});
+    env.script(&script.to_string());
+    // Asked for up to 100 output tokens: the estimate (its input, and 100 output at 8 µUSD)
+    // is spent at first, then the 24 µUSD the response cost.
+    start_background(&env).await;
+    let estimate: u128 = spent(&env).await.as_str().unwrap().parse().unwrap();
+    assert!(estimate >= 800_000_000, "{estimate}");
+    ask(&env, reqwest::Method::GET, "/v1/responses/resp_b1").await;
+    assert_eq!(spent(&env).await, "24000000");
+    // No max_output_tokens: 4,096 output reserved, 50,000 used. The difference is charged.
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","background":true}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    ask(&env, reqwest::Method::GET, "/v1/responses/resp_b2").await;
+    // 24 µUSD, then 1,000 at 2 and 50,000 at 8 (402,000 µUSD).
+    assert_eq!(spent(&env).await, "402024000000");
+    assert_eq!(
+        ledger(&env).await,
+        (2, 1004, 50002, 0, "402024000000".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_background_stream_commits_at_its_first_event() {
+    let env = harness::start(CONFIG).await;
+    let queued = response("resp_bg6", "queued", Value::Null);
+    // The response is created, and the stream ends before any content: no second attempt
+    // (it would start a second response), and the caller has the id to poll.
+    let created = events(&[(
+        "response.created",
+        json!({"type": "response.created", "response": queued}),
+    )]);
+    let done = response(
+        "resp_bg6",
+        "completed",
+        json!({"input_tokens": 5, "output_tokens": 5, "total_tokens": 10}),
+    );
+    let script = json!({"replies": [
+        stream_reply("/v1/responses", created),
+        reply("/v1/responses/resp_bg6", done),
+    ]});
+    env.script(&script.to_string());
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("resp_bg6"), "{text}");
+    assert_eq!(env.mock.requests().len(), 1);
+    ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg6").await;
+    assert_eq!(ledger(&env).await, (1, 5, 5, 0, "50000000".to_owned()));
+}
+
+#[tokio::test]
+async fn a_queued_answer_showing_zero_usage_is_waited_for() {
+    let env = harness::start(CONFIG).await;
+    let zero = json!({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0});
+    let script = json!({"replies": [
+        reply("/v1/responses", response("resp_bg7", "queued", zero)),
+        reply("/v1/responses/resp_bg7", response("resp_bg7", "completed",
+            json!({"input_tokens": 9, "output_tokens": 1, "total_tokens": 10}))),
+    ]});
+    env.script(&script.to_string());
+    start_background(&env).await;
+    ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg7").await;
+    assert_eq!(ledger(&env).await, (1, 9, 1, 0, "26000000".to_owned()));
+}

@@ -101,6 +101,9 @@ impl MemoryStore {
             }
             st.spent.1 = st.spent.1.saturating_add(s.cost_pico);
         }
+        if s.credit_pico > 0 && st.spent.0 == s.credit_day {
+            st.spent.1 = st.spent.1.saturating_sub(s.credit_pico);
+        }
     }
 
     pub fn snapshot(&self, now: Now) -> serde_json::Value {
@@ -174,6 +177,8 @@ mod tests {
             request_back: false,
             held_pico: held,
             hold_id: 0,
+            credit_pico: 0,
+            credit_day: 0,
         }
     }
 

@@ -147,6 +147,10 @@ pub struct Settlement {
     /// The hold its admission took against the daily budget, released now (0: none).
     pub held_pico: u128,
     pub hold_id: u64,
+    /// Spend taken back from UTC day `credit_day` (0: none), and only from that day's: an
+    /// estimate charged before the usage was known, found too high once it was ([`Resettle`]).
+    pub credit_pico: u128,
+    pub credit_day: u64,
 }
 
 impl Settlement {
@@ -164,6 +168,8 @@ impl Settlement {
             request_back: false,
             held_pico: self.held_pico,
             hold_id: self.hold_id,
+            credit_pico: 0,
+            credit_day: 0,
         })
     }
 
@@ -180,6 +186,8 @@ impl Settlement {
             request_back: false,
             held_pico: ask.held(),
             hold_id: ask.hold_id,
+            credit_pico: 0,
+            credit_day: 0,
         }
         .hold_only()
     }
@@ -446,6 +454,22 @@ impl Reservation {
         self.keep_plus(0, 0, price);
     }
 
+    /// What puts the daily budget right once the usage `keep` stands in for is known (a
+    /// background response's, reported by a later poll); None when the tenant's spend is not
+    /// kept (no limit charged it) or the reservation is settled already. Take it before `keep`.
+    pub fn resettle(&self, price: Option<crate::meter::Price>) -> Option<Resettle> {
+        (self.charged != Charged::Nowhere && !self.settled).then(|| Resettle {
+            limiter: self.limiter.clone(),
+            charged: self.charged,
+            tenant: self.tenant.clone(),
+            tpm: self.tpm,
+            rpm: self.rpm,
+            budget_pico: self.budget_pico,
+            kept_pico: self.kept(0, 0, price).1,
+            day: Now::wall().day(),
+        })
+    }
+
     /// Like `keep`, with `tokens` and `cost_pico` charged on top (usage of earlier attempts).
     pub fn keep_plus(&mut self, tokens: u64, cost_pico: u128, price: Option<crate::meter::Price>) {
         let (tokens, cost_pico) = self.kept(tokens, cost_pico, price);
@@ -527,6 +551,48 @@ impl Reservation {
             request_back: self.request_back,
             held_pico: self.held_pico,
             hold_id: self.hold_id,
+            credit_pico: 0,
+            credit_day: 0,
+        };
+        self.limiter.settle_detached(s, self.charged);
+    }
+}
+
+/// A reservation kept at its estimate's cost (`kept_pico`) while the usage is unknown: once
+/// the usage is known, the spend of the tenant's daily budget is put right, in the store that
+/// charged it. Only the spend: the tokens-per-minute bucket's minute has passed by then, and
+/// the request's count stands. A debit of what the usage cost beyond the estimate is charged to
+/// the day it is known; a credit of what it cost less only to the day it was charged, so that
+/// a response finished after midnight never lowers the next day's spend.
+pub struct Resettle {
+    limiter: Arc<Limiter>,
+    charged: Charged,
+    tenant: Cow<'static, str>,
+    tpm: u64,
+    rpm: u64,
+    budget_pico: u128,
+    kept_pico: u128,
+    day: u64,
+}
+
+impl Resettle {
+    /// The usage turned out to cost `cost_pico`.
+    pub fn settle(self, cost_pico: u128) {
+        if cost_pico == self.kept_pico {
+            return;
+        }
+        let s = Settlement {
+            tenant: self.tenant,
+            tpm: self.tpm,
+            refund: 0,
+            cost_pico: cost_pico.saturating_sub(self.kept_pico),
+            budget_pico: self.budget_pico,
+            rpm: self.rpm,
+            request_back: false,
+            held_pico: 0,
+            hold_id: 0,
+            credit_pico: self.kept_pico.saturating_sub(cost_pico),
+            credit_day: self.day,
         };
         self.limiter.settle_detached(s, self.charged);
     }

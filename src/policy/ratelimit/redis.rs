@@ -228,6 +228,8 @@ impl Store for RedisStore {
             let mut call = self.settle.key(&keys.tokens);
             call.key(&keys.spent).key(&keys.requests).key(&keys.held);
             call.arg(&settle_args(s)[..]).arg(self.clock_arg());
+            call.arg(s.credit_pico.min(i64::MAX as u128).to_string())
+                .arg(s.credit_day.to_string());
             let _: i64 = self.run(&call).await?;
             Ok(())
         })

@@ -26,6 +26,11 @@ fn parts() -> (Arc<Metrics>, Arc<Ledger>) {
     )
 }
 
+/// [`Unsettled::expect`] for a relayed answer, as `exchange` calls it.
+fn expect(u: &Unsettled, body: &[u8], sink: UsageSink) -> bool {
+    running_id(body).is_some_and(|id| u.expect(&id, sink, None))
+}
+
 fn tokens(ledger: &Ledger) -> Vec<(u64, u64, u64)> {
     ledger
         .snapshot()
@@ -35,13 +40,13 @@ fn tokens(ledger: &Ledger) -> Vec<(u64, u64, u64)> {
 }
 
 const QUEUED: &[u8] = br#"{"id":"resp_bg1","object":"response","status":"queued","background":true,"output":[],"usage":null}"#;
-const DONE: &[u8] = br#"{"id":"resp_bg1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"\"status\":\"queued\""}]}],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":20},"output_tokens":30,"total_tokens":150}}"#;
+const DONE: &str = r#"{"id":"resp_bg1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"\"status\":\"queued\""}]}],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":20},"output_tokens":30,"total_tokens":150}}"#;
 
 #[test]
 fn a_running_response_is_metered_once_by_the_poll_that_finds_it_final() {
     let (metrics, ledger) = parts();
     let u = Unsettled::default();
-    assert!(u.expect(QUEUED, sink(&metrics, &ledger)));
+    assert!(expect(&u, QUEUED, sink(&metrics, &ledger)));
     assert!(u.waits_for("resp_bg1"));
     // Still running: nothing metered, still waited for.
     let running = br#"{"id":"resp_bg1","status":"in_progress","usage":null}"#;
@@ -49,7 +54,7 @@ fn a_running_response_is_metered_once_by_the_poll_that_finds_it_final() {
     assert!(u.waits_for("resp_bg1"));
     assert!(tokens(&ledger).is_empty());
     assert_eq!(
-        u.settle("resp_bg1", DONE, false)
+        u.settle("resp_bg1", DONE.as_bytes(), false)
             .map(|(u, c)| (u.output, c)),
         Some((30, 0))
     );
@@ -59,7 +64,7 @@ fn a_running_response_is_metered_once_by_the_poll_that_finds_it_final() {
     let [input, output, cache_read, _] = series.tokens(&metrics);
     assert_eq!((input.get(), output.get(), cache_read.get()), (100, 30, 20));
     // Once per id.
-    assert_eq!(u.settle("resp_bg1", DONE, false), None);
+    assert_eq!(u.settle("resp_bg1", DONE.as_bytes(), false), None);
     assert_eq!(tokens(&ledger), vec![(0, 100, 30)]);
     assert!(u.is_empty());
 }
@@ -68,7 +73,7 @@ fn a_running_response_is_metered_once_by_the_poll_that_finds_it_final() {
 fn a_final_state_without_usage_forgets_the_id_and_meters_nothing() {
     let (metrics, ledger) = parts();
     let u = Unsettled::default();
-    assert!(u.expect(QUEUED, sink(&metrics, &ledger)));
+    assert!(expect(&u, QUEUED, sink(&metrics, &ledger)));
     let failed =
         br#"{"id":"resp_bg1","status":"failed","error":{"code":"server_error"},"usage":null}"#;
     assert_eq!(u.settle("resp_bg1", failed, false), None);
@@ -80,7 +85,7 @@ fn a_final_state_without_usage_forgets_the_id_and_meters_nothing() {
 fn a_replayed_stream_is_read_for_its_final_event() {
     let (metrics, ledger) = parts();
     let u = Unsettled::default();
-    assert!(u.expect(QUEUED, sink(&metrics, &ledger)));
+    assert!(expect(&u, QUEUED, sink(&metrics, &ledger)));
     let stream = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_bg1\",\"status\":\"queued\",\"usage\":null}}\n\n\
 event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_bg1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":7,\"output_tokens\":3}}}\n\n";
     assert_eq!(
@@ -95,35 +100,72 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{
 fn only_running_responses_with_a_path_id_are_remembered() {
     let (metrics, ledger) = parts();
     let u = Unsettled::default();
-    assert!(!u.expect(DONE, sink(&metrics, &ledger)), "final already");
-    assert!(!u.expect(
+    assert!(
+        !expect(&u, DONE.as_bytes(), sink(&metrics, &ledger)),
+        "final already"
+    );
+    assert!(!expect(
+        &u,
         br#"{"id":"a/b","status":"queued"}"#,
         sink(&metrics, &ledger)
     ));
-    assert!(!u.expect(br#"{"status":"queued"}"#, sink(&metrics, &ledger)));
-    assert!(!u.expect(
+    assert!(!expect(
+        &u,
+        br#"{"status":"queued"}"#,
+        sink(&metrics, &ledger)
+    ));
+    assert!(!expect(
+        &u,
         br#"{"id":"resp_1","status":"queued""#,
         sink(&metrics, &ledger)
     ));
-    assert!(!u.expect(b"[1]", sink(&metrics, &ledger)));
+    assert!(!expect(&u, b"[1]", sink(&metrics, &ledger)));
     assert!(u.is_empty());
     // An unknown id costs nothing and meters nothing.
-    assert_eq!(u.settle("resp_other", DONE, false), None);
+    assert_eq!(u.settle("resp_other", DONE.as_bytes(), false), None);
 }
 
 #[test]
-fn the_oldest_are_forgotten_past_the_bound() {
+fn past_the_bound_the_busiest_tenants_oldest_is_forgotten() {
     let (metrics, ledger) = parts();
     let u = Unsettled::default();
-    for i in 0..=MAX_UNSETTLED {
-        let body = format!(r#"{{"id":"resp_{i}","status":"queued"}}"#);
-        assert!(u.expect(body.as_bytes(), sink(&metrics, &ledger)));
+    let other = || UsageSink {
+        tenant: "t2".into(),
+        ..sink(&metrics, &ledger)
+    };
+    // Two of another tenant's, the oldest of all among them.
+    assert!(u.expect("resp_t2_a", other(), None));
+    assert!(u.expect("resp_t2_b", other(), None));
+    for i in 0..MAX_UNSETTLED - 1 {
+        assert!(u.expect(&format!("resp_{i}"), sink(&metrics, &ledger), None));
     }
     assert_eq!(u.len(), MAX_UNSETTLED);
-    assert!(!u.waits_for("resp_0"));
+    assert!(!u.waits_for("resp_0"), "t1's oldest went, not t2's");
+    assert!(u.waits_for("resp_t2_a") && u.waits_for("resp_t2_b"));
     assert!(u.waits_for("resp_1"));
-    assert!(u.waits_for(&format!("resp_{MAX_UNSETTLED}")));
-    assert_eq!(u.inner.lock().order.len(), MAX_UNSETTLED);
+    let inner = u.inner.lock();
+    assert_eq!(inner.order.len(), MAX_UNSETTLED);
+    assert_eq!(inner.per_tenant["t2"], 2);
+    assert_eq!(inner.per_tenant["t1"], MAX_UNSETTLED - 2);
+}
+
+#[test]
+fn an_id_given_again_is_the_later_requests() {
+    let (metrics, ledger) = parts();
+    let u = Unsettled::default();
+    let other = UsageSink {
+        tenant: "t2".into(),
+        ..sink(&metrics, &ledger)
+    };
+    assert!(u.expect("resp_same", sink(&metrics, &ledger), None));
+    assert!(u.expect("resp_same", other, None));
+    assert_eq!(u.len(), 1);
+    assert_eq!(u.inner.lock().order.len(), 1);
+    let done = DONE.replace("resp_bg1", "resp_same");
+    assert!(u.settle("resp_same", done.as_bytes(), false).is_some());
+    let tenants: Vec<String> = ledger.snapshot().into_iter().map(|(t, _, _)| t).collect();
+    assert_eq!(tenants, ["t2"]);
+    assert!(u.inner.lock().per_tenant.is_empty());
 }
 
 #[test]

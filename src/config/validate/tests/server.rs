@@ -67,19 +67,25 @@ fn an_otlp_url_with_credentials_is_refused_without_echo() {
     );
 }
 
-/// Each collector URL is checked under the variable that was set; a base URL takes no query
-/// (the signal's path would follow it); and an `OTEL_EXPORTER_OTLP_HEADERS` entry that is no
-/// header is refused by position, never dropped in silence nor quoted.
-#[test]
-fn otlp_variables_are_checked_under_their_own_names() {
-    let errs = |vars: &[(&str, &str)]| match load_str("", &env_of(vars)) {
+/// The path and message of each error an empty config finds under the environment `vars`
+/// (none when it loads).
+fn env_errors(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    match load_str("", &env_of(vars)) {
         Err(e) => {
             e.0.iter()
                 .map(|e| (e.path.clone(), e.message.clone()))
                 .collect()
         }
         Ok(_) => Vec::new(),
-    };
+    }
+}
+
+/// Each collector URL is checked under the variable that was set; a base URL takes no query
+/// (the signal's path would follow it); and an `OTEL_EXPORTER_OTLP_HEADERS` entry that is no
+/// header is refused by position, never dropped in silence nor quoted.
+#[test]
+fn otlp_variables_are_checked_under_their_own_names() {
+    let errs = env_errors;
     let got = errs(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")]);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].0, "OTEL_EXPORTER_OTLP_ENDPOINT");
@@ -119,9 +125,8 @@ fn otlp_variables_are_checked_under_their_own_names() {
 /// exported, neither is looked at.
 #[test]
 fn a_signals_own_otlp_protocol_is_checked_too() {
-    let errs = |vars: &[(&str, &str)]| match load_str("", &env_of(vars)) {
-        Err(e) => e.0.iter().map(|e| e.path.clone()).collect(),
-        Ok(_) => Vec::<String>::new(),
+    let errs = |vars: &[(&str, &str)]| -> Vec<String> {
+        env_errors(vars).into_iter().map(|(path, _)| path).collect()
     };
     let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
     for var in [

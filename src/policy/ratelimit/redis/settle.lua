@@ -4,11 +4,14 @@
 -- KEYS: token bucket, daily spend, request bucket, holds.
 -- ARGV: tpm, refund in tokens (signed), cost in pico-USD (decimal, at most int64),
 --       rpm, 1 to give the request back (nothing was sent upstream) else 0,
---       hold in pico-USD (decimal, '0' = none), the hold's member, clock override ('' = TIME).
+--       hold in pico-USD (decimal, '0' = none), the hold's member, clock override ('' = TIME),
+--       credit in pico-USD (decimal, at most int64, '0' = none) and the UTC day it is taken
+--       from (mod.rs `Resettle`).
 local tpm, refund, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local rpm, request_back = tonumber(ARGV[4]), ARGV[5] == '1'
 local hold, member = ARGV[6], ARGV[7]
 local now = now_ms(ARGV[8])
+local credit, credit_day = ARGV[9] or '0', ARGV[10]
 
 -- A hold already dropped as lapsed was taken off the sum then.
 if hold ~= '0' and redis.call('ZREM', KEYS[4], member) == 1 then
@@ -37,6 +40,14 @@ if cost ~= '0' then
     redis.call('HSET', KEYS[2], 'pico', SPEND_MAX)
   end
   redis.call('PEXPIRE', KEYS[2], int(SPEND_TTL_MS))
+end
+
+-- A credit lowers the spend of the day it was charged to, never another's, never below zero.
+if credit ~= '0' and redis.call('HGET', KEYS[2], 'day') == credit_day then
+  local r = redis.pcall('HINCRBY', KEYS[2], 'pico', '-' .. credit)
+  if type(r) ~= 'number' or r < 0 then
+    redis.call('HSET', KEYS[2], 'pico', '0')
+  end
 end
 
 return 0

@@ -36,6 +36,8 @@ fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlemen
         request_back: false,
         held_pico: 0,
         hold_id: 0,
+        credit_pico: 0,
+        credit_day: 0,
     }
 }
 
@@ -198,6 +200,11 @@ enum Op {
     Wait {
         ms: u64,
     },
+    /// Takes spend back from today (or, `yesterday`, from the day before).
+    Credit {
+        pico: u128,
+        yesterday: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -207,6 +214,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (-800i64..800, 0u128..1_200, any::<bool>())
             .prop_map(|(refund, cost, back)| Op::Settle { refund, cost, back }),
         2 => (0u64..40_000).prop_map(|ms| Op::Wait { ms }),
+        1 => (0u128..1_500, any::<bool>())
+            .prop_map(|(pico, yesterday)| Op::Credit { pico, yesterday }),
     ]
 }
 
@@ -269,6 +278,15 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
                     rt.block_on(redis.settle(&s, now)).unwrap();
                 }
                 Op::Wait { ms } => now.ms += ms,
+                Op::Credit { pico, yesterday } => {
+                    let s = Settlement {
+                        credit_pico: pico,
+                        credit_day: now.day() - u64::from(yesterday),
+                        ..settlement(&tenant, tpm, 0, 0)
+                    };
+                    memory.settle_now(&s, now);
+                    rt.block_on(redis.settle(&s, now)).unwrap();
+                }
             }
         }
         // What both hold at the end, not only what they decided on the way.
@@ -281,6 +299,73 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
     if let Err(e) = outcome {
         panic!("{e}");
     }
+}
+
+#[test]
+fn a_credit_lowers_only_the_day_it_was_charged_to_and_never_below_zero() {
+    let Some((_server, redis, rt)) = store_on_server() else {
+        return;
+    };
+    let memory = MemoryStore::default();
+    let now = Now {
+        ms: 20_000 * DAY_MS + 1_000,
+    };
+    redis.pin_clock(now.ms);
+    let credit = |pico, day| Settlement {
+        credit_pico: pico,
+        credit_day: day,
+        ..settlement("credit", 0, 0, 0)
+    };
+    // Spent 1,000 of a budget of 1,000: refused by both stores.
+    let admit = ask("credit", 0, 0, 0, 1_000);
+    let spend = settlement("credit", 0, 0, 1_000);
+    let budget = |d: Decision| {
+        matches!(
+            d,
+            Decision::Refuse {
+                limit: Limit::Budget,
+                ..
+            }
+        )
+    };
+    rt.block_on(async {
+        assert_eq!(redis.admit(&admit, now).await.unwrap(), Decision::Admit);
+        memory.admit_now(&admit, now).unwrap();
+        redis.settle(&spend, now).await.unwrap();
+        memory.settle_now(&spend, now);
+        assert!(budget(redis.admit(&admit, now).await.unwrap()));
+        assert!(budget(memory.admit_now(&admit, now).unwrap()));
+        // Another day's credit takes nothing from today's spend.
+        redis
+            .settle(&credit(400, now.day() - 1), now)
+            .await
+            .unwrap();
+        memory.settle_now(&credit(400, now.day() - 1), now);
+        assert!(budget(redis.admit(&admit, now).await.unwrap()));
+        assert!(budget(memory.admit_now(&admit, now).unwrap()));
+        // Today's does: 600 spent.
+        redis.settle(&credit(400, now.day()), now).await.unwrap();
+        memory.settle_now(&credit(400, now.day()), now);
+        let spent = |v: serde_json::Value| v["credit"]["spent_today_pico_usd"].clone();
+        assert_eq!(spent(memory.snapshot(now)), "600");
+        assert_eq!(redis.admit(&admit, now).await.unwrap(), Decision::Admit);
+        // More than was spent leaves nothing, not a negative spend.
+        redis.settle(&credit(5_000, now.day()), now).await.unwrap();
+        memory.settle_now(&credit(5_000, now.day()), now);
+        assert_eq!(spent(memory.snapshot(now)), "0");
+        let mut conn = Client::open(_server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let pico: String = redis::cmd("HGET")
+            .arg("legate:rl:{credit}:spent")
+            .arg("pico")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pico, "0");
+    });
 }
 
 #[test]
