@@ -122,9 +122,12 @@ impl Unsettled {
         while inner.waiting.len() > MAX_UNSETTLED {
             let Some(old) = inner.evictable() else { break };
             if let Some(w) = inner.take(&old) {
+                // Not in the span of the request that pushed it out, whose id it would carry.
                 tracing::info!(
+                    parent: None,
                     id = %old,
                     tenant = %w.sink.tenant,
+                    model = %w.sink.target,
                     "a background response's usage will not be metered: more than {MAX_UNSETTLED} wait for theirs"
                 );
             }

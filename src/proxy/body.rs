@@ -350,6 +350,14 @@ impl TapBody {
     /// handed back for the caller to close.
     fn settle(&mut self) -> Option<Accounting> {
         let usage = self.usage();
+        // A background response's stream that ended before its final event: usage read off an
+        // earlier event (zeros, from some servers) is not its usage, which a poll reports.
+        let usage = match &self.mode {
+            Mode::Sse(w) if !w.saw_terminal && w.background().is_some() => {
+                usage.filter(|u| u.total() > 0)
+            }
+            _ => usage,
+        };
         // A stream's usage is final once its final event came; before it, what was reported
         // (the input, one output token) is a part of what the provider bills.
         let partial = matches!(&self.mode, Mode::Sse(watch) if !watch.saw_terminal);

@@ -526,7 +526,7 @@ pub(crate) fn stream_keeper(
             provider: provider.to_owned(),
             unsettled: unsettled.clone(),
             background: None,
-            first: true,
+            looking: LOOK_FOR_START,
         }),
         _ => None,
     }
@@ -541,14 +541,25 @@ pub(crate) struct Keeper {
     /// (`background.rs`), and its id, from the stream's first event.
     pub(crate) unsettled: Arc<super::background::Unsettled>,
     pub(crate) background: Option<String>,
-    first: bool,
+    /// Events still to look at for the response's start: a gateway's ping may come first.
+    looking: u8,
 }
+
+/// The events of a relayed stream looked at for its `response.created`, which comes first.
+const LOOK_FOR_START: u8 = 4;
 
 impl Keeper {
     pub(crate) fn note_started(&mut self, ev: &SseEvent) {
         self.conv.note_started(ev);
-        if std::mem::take(&mut self.first) {
-            self.background = super::background::started(ev);
+        if self.looking > 0 {
+            self.looking -= 1;
+            if ev.event.as_deref() == Some("response.created") {
+                self.looking = 0;
+            }
+            if let Some(id) = super::background::started(ev) {
+                self.background = Some(id);
+                self.looking = 0;
+            }
         }
     }
 

@@ -321,15 +321,19 @@ async fn the_daily_budget_is_put_right_when_the_usage_comes() {
 }
 
 #[tokio::test]
-async fn a_background_stream_commits_at_its_first_event() {
+async fn a_background_stream_commits_at_the_event_that_names_it() {
     let env = harness::start(CONFIG).await;
     let queued = response("resp_bg6", "queued", Value::Null);
-    // The response is created, and the stream ends before any content: no second attempt
-    // (it would start a second response), and the caller has the id to poll.
-    let created = events(&[(
-        "response.created",
-        json!({"type": "response.created", "response": queued}),
-    )]);
+    // The response is created (after a gateway's ping), and the stream ends before any
+    // content: no second attempt (it would start a second response), and the caller has the
+    // id to poll.
+    let created = events(&[
+        ("ping", json!({})),
+        (
+            "response.created",
+            json!({"type": "response.created", "response": queued}),
+        ),
+    ]);
     let done = response(
         "resp_bg6",
         "completed",
@@ -365,4 +369,31 @@ async fn a_queued_answer_showing_zero_usage_is_waited_for() {
     start_background(&env).await;
     ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg7").await;
     assert_eq!(ledger(&env).await, (1, 9, 1, 0, "26000000".to_owned()));
+}
+
+#[tokio::test]
+async fn a_cut_background_stream_whose_start_shows_zero_usage_is_waited_for() {
+    let env = harness::start(CONFIG).await;
+    let zero = json!({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0});
+    let created = events(&[(
+        "response.created",
+        json!({"type": "response.created", "response": response("resp_bg8", "queued", zero)}),
+    )]);
+    let done = response(
+        "resp_bg8",
+        "completed",
+        json!({"input_tokens": 3, "output_tokens": 3, "total_tokens": 6}),
+    );
+    let script = json!({"replies": [
+        stream_reply("/v1/responses", created),
+        reply("/v1/responses/resp_bg8", done),
+    ]});
+    env.script(&script.to_string());
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await.unwrap();
+    ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg8").await;
+    assert_eq!(ledger(&env).await, (1, 3, 3, 0, "30000000".to_owned()));
 }
