@@ -314,7 +314,15 @@ impl TapBody {
             reason = why,
             "upstream stream failed after the response started"
         );
-        let (status, outcome) = fault_of(why);
+        let (status, mut outcome) = fault_of(why);
+        // A background response may sit queued at the provider, silent, for a long while: a
+        // stall before its first content says nothing of the provider's health.
+        if let Mode::Sse(w) = &self.mode
+            && w.background().is_some()
+            && !w.saw_content
+        {
+            outcome = Outcome::Neutral;
+        }
         self.complete(Some(status), outcome);
         let event = match &self.mode {
             Mode::Sse(watch) => watch.error_event(stream_failure(why)),
@@ -351,11 +359,10 @@ impl TapBody {
     fn settle(&mut self) -> Option<Accounting> {
         let usage = self.usage();
         // A background response's stream that ended before its final event: usage read off an
-        // earlier event (zeros, from some servers) is not its usage, which a poll reports.
+        // earlier event (zeros, or a part, from some servers) is not its usage, which the poll
+        // that finds it final reports whole.
         let usage = match &self.mode {
-            Mode::Sse(w) if !w.saw_terminal && w.background().is_some() => {
-                usage.filter(|u| u.total() > 0)
-            }
+            Mode::Sse(w) if !w.saw_terminal && w.background().is_some() => None,
             _ => usage,
         };
         // A stream's usage is final once its final event came; before it, what was reported

@@ -718,11 +718,11 @@ async fn whole(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) ->
                 let usage =
                     usage_read.unwrap_or_else(|| inb.endpoint.api.dialect().usage_of_body(&body));
                 // A relayed response still running (a background one) has its usage to come,
-                // whatever it shows now (zeros, from some servers): it comes with the poll that
-                // finds it final (`background.rs`). An answer that reports usage is not looked
-                // at for it.
+                // whatever it shows now (zeros, or its input, from some servers): it comes with
+                // the poll that finds it final (`background.rs`). An answer that reports output
+                // is not looked at for it.
                 let running = match usage {
-                    Some(u) if u.total() > 0 => None,
+                    Some(u) if u.output > 0 => None,
                     _ if inb.endpoint.api == ApiKind::Responses && !got.xl.translating() => {
                         super::background::running_id(&body)
                     }

@@ -357,9 +357,10 @@ async fn a_background_stream_commits_at_the_event_that_names_it() {
 }
 
 #[tokio::test]
-async fn a_queued_answer_showing_zero_usage_is_waited_for() {
+async fn a_queued_answer_showing_no_output_is_waited_for() {
     let env = harness::start(CONFIG).await;
-    let zero = json!({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0});
+    // Its input only, as some servers report it while the response is queued.
+    let zero = json!({"input_tokens": 7, "output_tokens": 0, "total_tokens": 7});
     let script = json!({"replies": [
         reply("/v1/responses", response("resp_bg7", "queued", zero)),
         reply("/v1/responses/resp_bg7", response("resp_bg7", "completed",
@@ -372,9 +373,10 @@ async fn a_queued_answer_showing_zero_usage_is_waited_for() {
 }
 
 #[tokio::test]
-async fn a_cut_background_stream_whose_start_shows_zero_usage_is_waited_for() {
+async fn a_cut_background_stream_whose_start_shows_usage_is_waited_for() {
     let env = harness::start(CONFIG).await;
-    let zero = json!({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0});
+    // A part of it (its input), from a server that reports usage on every event.
+    let zero = json!({"input_tokens": 3, "output_tokens": 1, "total_tokens": 4});
     let created = events(&[(
         "response.created",
         json!({"type": "response.created", "response": response("resp_bg8", "queued", zero)}),
@@ -396,4 +398,40 @@ async fn a_cut_background_stream_whose_start_shows_zero_usage_is_waited_for() {
     let _ = resp.text().await.unwrap();
     ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg8").await;
     assert_eq!(ledger(&env).await, (1, 3, 3, 0, "30000000".to_owned()));
+}
+
+#[tokio::test]
+async fn a_background_stream_silent_in_its_queue_is_no_failure_of_the_provider() {
+    let mock = harness::start_mock(legate::mock::Script::default()).await;
+    let extra = format!(
+        "{CONFIG}\n[retry]\nmax_attempts = 1\n\n[breaker]\nmin_calls = 2\nopen_for = \"60s\"\n"
+    );
+    let toml = harness::config_toml(&mock.base_url(), &extra)
+        .replace("idle_timeout = \"5s\"", "idle_timeout = \"300ms\"");
+    let env = harness::start_toml(mock, &toml).await;
+    // The response is created, then nothing comes: the mock sends the first half of the body
+    // (the whole `response.created`, and part of a comment after it) and stalls.
+    let stalled = |id: &str| {
+        let created = events(&[(
+            "response.created",
+            json!({"type": "response.created", "response": response(id, "queued", Value::Null)}),
+        )]);
+        let pad = format!(": {}\n\n", "x".repeat(created.len()));
+        json!({"match": {"path": "/v1/responses"}, "body": format!("{created}{pad}"),
+               "headers": {"content-type": "text/event-stream"}, "hang_after": 1})
+    };
+    let script = json!({"replies": [stalled("resp_q1"), stalled("resp_q2")]});
+    env.script(&script.to_string());
+    for id in ["resp_q1", "resp_q2"] {
+        let resp = env
+            .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
+            .await;
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        assert!(text.contains(id), "{text}");
+    }
+    // Two stalls, and the breaker (two calls are enough to judge) stays closed.
+    let labels = [("provider", "openai"), ("model", "gpt-bg")];
+    assert_eq!(env.metric("legate_breaker_state", &labels).await, Some(0.0));
+    assert_eq!(env.mock.requests().len(), 2);
 }

@@ -500,10 +500,15 @@ impl Reservation {
         cost_pico: u128,
         price: Option<crate::meter::Price>,
     ) -> (u64, u128) {
+        // The output at most what legate would meter of it (`Usage::bounded`): a request asking
+        // for more (a `max_output_tokens` of 10^13) is not charged beyond any cost it can have.
         let estimate = match price {
             Some(p) if self.held_pico > 0 => crate::meter::Usage {
                 input: self.estimated_input,
-                output: self.reserved.saturating_sub(self.estimated_input),
+                output: self
+                    .reserved
+                    .saturating_sub(self.estimated_input)
+                    .min(crate::meter::MAX_REPORTED_TOKENS),
                 ..Default::default()
             }
             .cost_pico(&p),

@@ -141,6 +141,20 @@ impl RedisStore {
             .await
             .ok()?
     }
+
+    /// What `tenant` spent on the UTC day of `now`, as kept (None: nothing that day).
+    #[cfg(test)]
+    async fn spent_today(&self, tenant: &str, now: Now) -> Option<String> {
+        let mut leased = self.conn.get().await.ok()?;
+        let (day, pico): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(Keys::of(tenant).spent)
+            .arg("day")
+            .arg("pico")
+            .query_async(&mut leased.conn)
+            .await
+            .ok()?;
+        pico.filter(|_| day == Some(now.day().to_string()))
+    }
 }
 
 fn clamp_tokens(n: u64) -> u64 {

@@ -169,6 +169,40 @@ async fn an_answer_without_usage_spends_its_estimate_at_the_answering_steps_pric
     assert_eq!(limiter.local_snapshot()["t"]["spent_today_pico_usd"], "102");
 }
 
+#[tokio::test]
+async fn a_kept_estimate_counts_no_more_output_than_is_ever_metered_and_is_put_right_later() {
+    let gauge = IntGauge::new("degraded", "degraded").unwrap();
+    let limiter = Arc::new(Limiter::new(None, gauge));
+    // Asked for 10^13 output tokens: the estimate counts 2^24 of them, as metering would.
+    let huge = Ask {
+        budget_pico: u128::MAX,
+        hold_pico: 1,
+        tokens: 10_000_000_000_004,
+        tpm: 0,
+        ..ask("t", 10)
+    };
+    let price = crate::meter::Price {
+        input: 3,
+        output: 15,
+        ..Default::default()
+    };
+    let r = limiter.admit(&huge).await;
+    assert_eq!(r, (Decision::Admit, Charged::Local));
+    let mut reservation = Reservation::new(limiter.clone(), &huge, r.1, 4);
+    let later = reservation.resettle(Some(price)).expect("a spend is kept");
+    reservation.keep(Some(price));
+    let spent = || limiter.local_snapshot()["t"]["spent_today_pico_usd"].clone();
+    let estimate = 4 * 3 + 15 * u128::from(crate::meter::MAX_REPORTED_TOKENS);
+    assert_eq!(spent(), estimate.to_string());
+    // The usage came: 1,000 pico-USD, the estimate taken back.
+    later.settle(1_000);
+    assert_eq!(spent(), "1000");
+    assert!(
+        reservation.resettle(Some(price)).is_none(),
+        "settled already"
+    );
+}
+
 /// A hold of the budget taken in the shared store (or maybe taken: an admission that timed
 /// out may have run there) is released there once it answers again, in order, whatever
 /// happened in between: a settlement made while the store was known to be down is sent

@@ -42,8 +42,10 @@ if cost ~= '0' then
   redis.call('PEXPIRE', KEYS[2], int(SPEND_TTL_MS))
 end
 
--- A credit lowers the spend of the day it was charged to, never another's, never below zero.
-if credit ~= '0' and redis.call('HGET', KEYS[2], 'day') == credit_day then
+-- A credit lowers the spend of the day it was charged to, never another's, never below zero,
+-- and never a spend that saturated: that sum no longer says what was charged.
+if credit ~= '0' and redis.call('HGET', KEYS[2], 'day') == credit_day
+    and redis.call('HGET', KEYS[2], 'pico') ~= SPEND_MAX then
   local r = redis.pcall('HINCRBY', KEYS[2], 'pico', '-' .. credit)
   if type(r) ~= 'number' or r < 0 then
     redis.call('HSET', KEYS[2], 'pico', '0')

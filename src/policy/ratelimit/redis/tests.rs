@@ -289,7 +289,14 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
                 }
             }
         }
-        // What both hold at the end, not only what they decided on the way.
+        // What both hold at the end, not only what they decided on the way: the holds, and
+        // the day's spend (credits included).
+        let spent = memory.snapshot(now)[tenant.as_str()]["spent_today_pico_usd"].clone();
+        let shared: Option<String> = rt.block_on(redis.spent_today(&tenant, now));
+        prop_assert_eq!(
+            spent,
+            serde_json::json!(shared.unwrap_or_else(|| "0".into()))
+        );
         let local = memory.snapshot(now)[tenant.as_str()]["held_pico_usd"].clone();
         let shared: Option<String> = rt.block_on(redis.held_sum(&tenant));
         let shared = shared.filter(|s| s != "0").unwrap_or_else(|| "0".into());
@@ -365,6 +372,19 @@ fn a_credit_lowers_only_the_day_it_was_charged_to_and_never_below_zero() {
             .await
             .unwrap();
         assert_eq!(pico, "0");
+        // A spend that saturated says nothing of what was charged: no credit comes off it.
+        redis
+            .settle(&settlement("credit", 0, 0, u128::MAX), now)
+            .await
+            .unwrap();
+        redis.settle(&credit(5_000, now.day()), now).await.unwrap();
+        let pico: String = redis::cmd("HGET")
+            .arg("legate:rl:{credit}:spent")
+            .arg("pico")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pico, i64::MAX.to_string());
     });
 }
 
