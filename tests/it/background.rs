@@ -320,6 +320,24 @@ async fn the_daily_budget_is_put_right_when_the_usage_comes() {
     );
 }
 
+/// A background stream whose events are `created` (it ends there, before any content), and a
+/// poll that finds the response `id` final with `usage`: what the stream's caller read.
+async fn cut_background_stream(env: &Env, id: &str, created: String, usage: Value) -> String {
+    let script = json!({"replies": [
+        stream_reply("/v1/responses", created),
+        reply(&format!("/v1/responses/{id}"), response(id, "completed", usage)),
+    ]});
+    env.script(&script.to_string());
+    let resp = env
+        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    let text = resp.text().await.unwrap();
+    ask(env, reqwest::Method::GET, &format!("/v1/responses/{id}")).await;
+    text
+}
+
 #[tokio::test]
 async fn a_background_stream_commits_at_the_event_that_names_it() {
     let env = harness::start(CONFIG).await;
@@ -334,25 +352,10 @@ async fn a_background_stream_commits_at_the_event_that_names_it() {
             json!({"type": "response.created", "response": queued}),
         ),
     ]);
-    let done = response(
-        "resp_bg6",
-        "completed",
-        json!({"input_tokens": 5, "output_tokens": 5, "total_tokens": 10}),
-    );
-    let script = json!({"replies": [
-        stream_reply("/v1/responses", created),
-        reply("/v1/responses/resp_bg6", done),
-    ]});
-    env.script(&script.to_string());
-    let resp = env
-        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
-        .await;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["x-legate-attempts"], "1");
-    let text = resp.text().await.unwrap();
+    let usage = json!({"input_tokens": 5, "output_tokens": 5, "total_tokens": 10});
+    let text = cut_background_stream(&env, "resp_bg6", created, usage).await;
     assert!(text.contains("resp_bg6"), "{text}");
-    assert_eq!(env.mock.requests().len(), 1);
-    ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg6").await;
+    assert_eq!(env.mock.requests().len(), 2, "one POST, one poll");
     assert_eq!(ledger(&env).await, (1, 5, 5, 0, "50000000".to_owned()));
 }
 
@@ -381,22 +384,8 @@ async fn a_cut_background_stream_whose_start_shows_usage_is_waited_for() {
         "response.created",
         json!({"type": "response.created", "response": response("resp_bg8", "queued", zero)}),
     )]);
-    let done = response(
-        "resp_bg8",
-        "completed",
-        json!({"input_tokens": 3, "output_tokens": 3, "total_tokens": 6}),
-    );
-    let script = json!({"replies": [
-        stream_reply("/v1/responses", created),
-        reply("/v1/responses/resp_bg8", done),
-    ]});
-    env.script(&script.to_string());
-    let resp = env
-        .responses(r#"{"model":"gpt-bg","input":"hi","background":true,"stream":true}"#)
-        .await;
-    assert_eq!(resp.status(), 200);
-    let _ = resp.text().await.unwrap();
-    ask(&env, reqwest::Method::GET, "/v1/responses/resp_bg8").await;
+    let usage = json!({"input_tokens": 3, "output_tokens": 3, "total_tokens": 6});
+    cut_background_stream(&env, "resp_bg8", created, usage).await;
     assert_eq!(ledger(&env).await, (1, 3, 3, 0, "30000000".to_owned()));
 }
 

@@ -360,31 +360,18 @@ fn a_credit_lowers_only_the_day_it_was_charged_to_and_never_below_zero() {
         redis.settle(&credit(5_000, now.day()), now).await.unwrap();
         memory.settle_now(&credit(5_000, now.day()), now);
         assert_eq!(spent(memory.snapshot(now)), "0");
-        let mut conn = Client::open(_server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let pico: String = redis::cmd("HGET")
-            .arg("legate:rl:{credit}:spent")
-            .arg("pico")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(pico, "0");
+        assert_eq!(redis.spent_today("credit", now).await.as_deref(), Some("0"));
         // A spend that saturated says nothing of what was charged: no credit comes off it.
         redis
             .settle(&settlement("credit", 0, 0, u128::MAX), now)
             .await
             .unwrap();
         redis.settle(&credit(5_000, now.day()), now).await.unwrap();
-        let pico: String = redis::cmd("HGET")
-            .arg("legate:rl:{credit}:spent")
-            .arg("pico")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(pico, i64::MAX.to_string());
+        let saturated = i64::MAX.to_string();
+        assert_eq!(
+            redis.spent_today("credit", now).await.as_deref(),
+            Some(saturated.as_str())
+        );
     });
 }
 
