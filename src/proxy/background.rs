@@ -8,10 +8,10 @@
 //! and the first poll or cancel answered with the response in a final state meters that
 //! state's usage in the token and cost metrics and the ledger, once per id: a later poll of
 //! the same response finds nothing here. A background request that streams (`stream: true`)
-//! commits once its first event names the response (`exchange`: the response exists at the
+//! commits once its `response.created` event names the response (`upread`: it exists at the
 //! provider, and another attempt would start a second one), and is metered by its own final
 //! event; one whose stream ended before that (the caller left, the connection broke) is
-//! remembered the same way, by that first event's id, and metered by the poll or the resumed
+//! remembered the same way, by that event's id, and metered by the poll or the resumed
 //! stream (`?stream=true`) that finds it final.
 //!
 //! The tenant's daily budget, charged the estimate when the request was answered, is put right
@@ -191,10 +191,10 @@ pub fn running_id(body: &[u8]) -> Option<String> {
     }
 }
 
-/// The id of the background response a relayed stream's first event starts (its
+/// The id of the background response a relayed stream's start event names (its
 /// `response.created`, the response `queued` or `in_progress` with `background: true`).
 pub fn started(ev: &crate::sse::SseEvent) -> Option<String> {
-    // Every relayed stream's first event says whether it is in background mode, usually as
+    // Every relayed stream's start says whether it is in background mode, usually as
     // `"background":false`: one vectorised search spares those the walks below.
     let data = ev.data.as_bytes();
     let named = |needle: &[u8]| memchr::memmem::find(data, needle).is_some();

@@ -538,7 +538,7 @@ pub(crate) struct Keeper {
     conv: Arc<Conversation>,
     provider: String,
     /// Where a background response cut before its final event waits for its usage
-    /// (`background.rs`), and its id, from the stream's first event.
+    /// (`background.rs`), and its id, from the stream's `response.created`.
     pub(crate) unsettled: Arc<super::background::Unsettled>,
     pub(crate) background: Option<String>,
     /// Events still to look at for the response's start: a gateway's ping may come first.

@@ -99,8 +99,8 @@ pub(super) enum PreCommit {
 }
 
 /// Reads a stream up to its commit point (the first content event, or its end, or a background
-/// response's first event), holding the bytes back; each chunk must come within `idle` and
-/// all of it before the deadline.
+/// response's `response.created`), holding the bytes back; each chunk must come within `idle`
+/// and all of it before the deadline.
 pub(super) async fn read_to_commit(
     incoming: &mut UpstreamBody,
     watch: &mut SseWatch,
@@ -120,7 +120,7 @@ pub(super) async fn read_to_commit(
                 "an event is larger than server.max_event_bytes",
             ));
         }
-        // A background response exists at the provider from its first event on: the caller
+        // A background response exists at the provider once its start event came: the caller
         // gets its id at once (to poll or resume it), and no other attempt starts a second one.
         if watch.saw_content
             || watch.saw_terminal
