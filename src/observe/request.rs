@@ -112,7 +112,9 @@ impl RequestObs {
         started: std::time::Instant,
     ) -> Self {
         let span = tracing::info_span!("request", request_id = %request_id);
-        let mut facts = Facts::new(
+        // Made in its place in the entry, then filled in: made on the stack and moved in, the
+        // facts (some 700 bytes) were copied twice per request.
+        let mut entry = Arc::new(Entry::new(Facts::new(
             request_id,
             api,
             // Bounded too: a method outside HTTP's own is any token the caller chose (ASCII).
@@ -127,7 +129,11 @@ impl RequestObs {
                 None => borrowed_or_copied(path, API_PATHS),
             },
             started,
-        );
+        )));
+        let facts = match Arc::get_mut(&mut entry) {
+            Some(entry) => &mut entry.facts,
+            None => unreachable!("a new Arc has one owner"),
+        };
         facts.client_retry = client_retry_count(headers);
         if observer.tracing() {
             let parent = headers
@@ -148,7 +154,7 @@ impl RequestObs {
         RequestObs(Arc::new(Inner {
             observer: observer.clone(),
             span,
-            entry: Mutex::new(Some(Arc::new(Entry::new(facts)))),
+            entry: Mutex::new(Some(entry)),
             secrets: std::sync::OnceLock::new(),
         }))
     }

@@ -60,7 +60,7 @@ enum StepEnd {
 pub(super) async fn run(
     proxy: &Proxy,
     snap: &Snapshot,
-    inb: Inbound,
+    inb: &Inbound,
     record: &mut Option<RequestRecord>,
     spent: &mut Spent,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -92,7 +92,7 @@ pub(super) async fn run(
 async fn execute(
     proxy: &Proxy,
     snap: &Snapshot,
-    inb: Inbound,
+    inb: &Inbound,
     record: &mut Option<RequestRecord>,
     exec: &mut Exec,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -131,7 +131,7 @@ async fn execute(
         exec.step_no = i + 1;
         let later = &steps[i + 1..];
         if let StepEnd::Answer(resp) =
-            run_step(proxy, snap, &inb, (step, later), exec, record).await?
+            run_step(proxy, snap, inb, (step, later), exec, record).await?
         {
             return Ok(resp);
         }
@@ -580,7 +580,7 @@ fn commit(
     match exchanged {
         Exchanged::Whole(resp) | Exchanged::Error { resp, .. } => Ok(resp),
         Exchanged::Stream(p) | Exchanged::WholeStreamed(p) => {
-            Ok(answer::commit(call, p, ticket, record))
+            Ok(answer::commit(call, *p, ticket, record))
         }
         // The judge commits answers only.
         _ => Err(ProxyError::Internal),

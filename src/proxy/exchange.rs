@@ -113,10 +113,12 @@ pub(crate) enum Exchanged {
     TimedOut(ProxyError),
     Unreachable(ProxyError),
     Broken(ProxyError),
-    Stream(Pending),
+    /// Boxed, as `WholeStreamed`'s: a pending stream is twice a whole answer's size, and the
+    /// enum is moved a dozen times on its way to the chain (a copy of its full size each).
+    Stream(Box<Pending>),
     Whole(Response<ProxyBody>),
     /// A success too large to hold: streamed through.
-    WholeStreamed(Pending),
+    WholeStreamed(Box<Pending>),
     /// An error answer, read whole: it may be retried, and a key the upstream echoes in it
     /// is removed before the caller sees it.
     Error {
@@ -130,6 +132,12 @@ pub(crate) enum Exchanged {
         resp: Response<ProxyBody>,
     },
 }
+
+// Moved about a dozen times per request on its way to the chain, each move a copy of its full
+// size: kept to a whole answer's (152 bytes) and its error fields, under the 256 from which a
+// copy takes the longer loop.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Exchanged>() <= 192);
 
 impl Exchanged {
     /// The payload-free outcome the judge decides on.
@@ -594,7 +602,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
                     .ttft(&proxy.metrics)
                     .observe(started.elapsed().as_secs_f64());
             }
-            Exchanged::Stream(Pending {
+            Exchanged::Stream(Box::new(Pending {
                 status: got.parts.status,
                 headers: got.parts.headers,
                 incoming,
@@ -602,7 +610,7 @@ async fn stream(call: &Call<'_>, got: Got, record: &mut Option<RequestRecord>) -
                 held: (!held.is_empty()).then_some(held),
                 permit: got.permit,
                 inflight: got.inflight,
-            })
+            }))
         }
         // The translator refused what the provider sent (no error of the provider's own): an
         // answer that cannot reach the caller, as a whole one would be (502, retried or
@@ -871,7 +879,7 @@ fn passed_through(
     incoming: UpstreamBody,
     prefix: Bytes,
 ) -> Exchanged {
-    Exchanged::WholeStreamed(Pending {
+    Exchanged::WholeStreamed(Box::new(Pending {
         status: parts.status,
         headers: parts.headers,
         incoming,
@@ -882,7 +890,7 @@ fn passed_through(
         held: Some(prefix),
         permit,
         inflight,
-    })
+    }))
 }
 
 /// The body that replaces an error body legate could not read whole (over 1 MiB, cut, late,

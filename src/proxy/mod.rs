@@ -445,7 +445,7 @@ impl Proxy {
                 responses::input_tokens(&snap, (&self.answers, &self.estimates), &inbound).await
             } else {
                 // 6. The chain: breakers, fitting, attempts, retries and fallback, in one place.
-                chain::run(&self, &snap, inbound, &mut record, &mut stats).await
+                chain::run(&self, &snap, &inbound, &mut record, &mut stats).await
             };
             // A local token count with no turn free in time is shed with 529, as the
             // admission queue sheds: counted with them.
