@@ -28,8 +28,9 @@ pub struct RequestRecord {
     gone: bool,
     recorded: bool,
     /// The tenant's token/budget reservation, settled with the reported usage (or refunded in
-    /// full if none is reported).
-    reservation: Option<Reservation>,
+    /// full if none is reported). Boxed: the record is moved with the request through its
+    /// layers, and a copy past 256 bytes takes memcpy's longer loop (the reservation is 112).
+    reservation: Option<Box<Reservation>>,
     /// The request's facts for the access log, journal and traces.
     obs: Option<crate::observe::RequestObs>,
     /// Tokens and cost reported by attempts that failed before their commit point: the tenant
@@ -39,6 +40,11 @@ pub struct RequestRecord {
     /// attempt's, so that the access log and journal add up to what was metered.
     earlier_usage: Usage,
 }
+
+// Moved with the request through its layers (into the request's box, out with its outcome):
+// kept within the 256 bytes past which a copy takes memcpy's longer loop.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<RequestRecord>() <= 256);
 
 impl RequestRecord {
     pub fn new(metrics: Arc<Metrics>, api: &'static str, started: Instant) -> Self {
@@ -74,7 +80,7 @@ impl RequestRecord {
     }
 
     pub fn reserve(&mut self, r: Reservation) {
-        self.reservation = Some(r);
+        self.reservation = Some(Box::new(r));
     }
 
     /// An attempt failed before its commit point after the provider reported `usage` (cost

@@ -17,6 +17,11 @@ pub enum ResponseBody {
     H2(Incoming, Option<StreamSlot>),
 }
 
+// Carried in the answer, the exchange's outcome and the pending stream, each moved a few
+// times per request: small, with the connection it reads from boxed (`conns::Conns`).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<ResponseBody>() <= 64);
+
 /// Why an upstream body could not be read to its end.
 #[derive(Debug)]
 pub struct BodyError(Box<dyn std::error::Error + Send + Sync>);

@@ -161,7 +161,14 @@ impl Conn {
 
 /// The connections of one upstream.
 pub(super) struct Conns {
-    list: Mutex<Vec<Conn>>,
+    /// Boxed, once, when opened: a connection (about 130 bytes) is carried in its answer's
+    /// body, which moves through the request's layers, a copy of its full size each time. An
+    /// HTTP/2 connection's per-request handle is boxed as it is made.
+    #[expect(
+        clippy::vec_box,
+        reason = "a connection is handed out and back as its box"
+    )]
+    list: Mutex<Vec<Box<Conn>>>,
     idle_timeout: Duration,
     cap: usize,
     /// A sweep task is running.
@@ -178,14 +185,15 @@ impl Conns {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Conn>> {
+    #[expect(clippy::vec_box, reason = "the list of `Conns::list`")]
+    fn lock(&self) -> MutexGuard<'_, Vec<Box<Conn>>> {
         self.list.lock()
     }
 
     /// An idle connection to `key`, the most recently used first; closed and expired ones met
     /// on the way are dropped. `now`: the caller's reading of the clock, taken an instant
     /// before (a clock read is 30–45 ns on a VM, and the request path had a dozen).
-    pub(super) fn checkout(&self, key: &Key, now: Instant) -> Option<Conn> {
+    pub(super) fn checkout(&self, key: &Key, now: Instant) -> Option<Box<Conn>> {
         let mut list = self.lock();
         let mut i = list.len();
         while i > 0 {
@@ -209,7 +217,7 @@ impl Conns {
                 c.reused = true;
                 shared.reused = true;
                 shared.used = now;
-                return Some(shared);
+                return Some(Box::new(shared));
             }
             c.used = now;
             c.reused = true;
@@ -219,7 +227,7 @@ impl Conns {
     }
 
     /// Puts an HTTP/1 connection back once its answer was read, or a new HTTP/2 one in.
-    pub(super) fn put(self: &Arc<Self>, mut conn: Conn) {
+    pub(super) fn put(self: &Arc<Self>, mut conn: Box<Conn>) {
         if self.idle_timeout.is_zero() {
             return;
         }

@@ -222,15 +222,20 @@ impl PooledClient {
     /// A new connection to `uri`; an HTTP/2 one is listed at once, to be shared. Callers box
     /// it: dialing (TCP, TLS, handshake) is a large future that most requests never run, and
     /// inline it would be carried, and copied, with every request's.
-    async fn open(&self, key: &Key, uri: &Uri) -> Result<Conn, SendError> {
+    async fn open(&self, key: &Key, uri: &Uri) -> Result<Box<Conn>, SendError> {
         let began = Instant::now();
         let (sender, count) =
             dial(&self.connector, uri, self.max_buf, self.connect_timeout).await?;
-        let conn = Conn::new(sender, count, key.clone(), race_window(began.elapsed()));
+        let conn = Box::new(Conn::new(
+            sender,
+            count,
+            key.clone(),
+            race_window(began.elapsed()),
+        ));
         Ok(match conn.shared_handle(true) {
             Some(handle) => {
                 self.conns().put(conn);
-                handle
+                Box::new(handle)
             }
             None => conn,
         })

@@ -23,7 +23,7 @@ enum Reading {
 
 pub struct H1Body {
     /// The connection, while the body is being read.
-    conn: Option<Conn>,
+    conn: Option<Box<Conn>>,
     reading: Reading,
     /// The connection may carry another request once this body ended.
     keep_alive: bool,
@@ -38,7 +38,7 @@ pub struct H1Body {
 
 impl H1Body {
     pub(in crate::upstream) fn new(
-        conn: Conn,
+        conn: Box<Conn>,
         framing: Framing,
         keep_alive: bool,
         home: Arc<Conns>,
@@ -97,7 +97,7 @@ impl Body for H1Body {
     ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
         let this = self.get_mut();
         loop {
-            let Some(h1) = this.conn.as_mut().and_then(Conn::h1_mut) else {
+            let Some(h1) = this.conn.as_deref_mut().and_then(Conn::h1_mut) else {
                 return Poll::Ready(None);
             };
             let taken = match &mut this.reading {
