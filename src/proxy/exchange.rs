@@ -113,8 +113,9 @@ pub(crate) enum Exchanged {
     TimedOut(ProxyError),
     Unreachable(ProxyError),
     Broken(ProxyError),
-    /// Boxed, as `WholeStreamed`'s: a pending stream is twice a whole answer's size, and the
-    /// enum is moved a dozen times on its way to the chain (a copy of its full size each).
+    /// Boxed, as `WholeStreamed`'s: a pending stream is larger than a whole answer (240 bytes
+    /// against 152), and the enum is moved a dozen times on its way to the chain, a copy of
+    /// its full size each.
     Stream(Box<Pending>),
     Whole(Response<ProxyBody>),
     /// A success too large to hold: streamed through.
