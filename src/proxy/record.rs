@@ -123,7 +123,7 @@ impl RequestRecord {
         &mut self,
         price: Option<crate::meter::Price>,
     ) -> Option<crate::policy::ratelimit::Resettle> {
-        let later = self.reservation.as_ref()?.resettle(price);
+        let later = self.reservation.as_mut()?.resettle(price);
         self.keep_reservation(price);
         later
     }

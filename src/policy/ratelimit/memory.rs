@@ -140,10 +140,14 @@ impl Store for MemoryStore {
         Box::pin(async move { self.admit_now(ask, now) })
     }
 
-    fn settle<'a>(&'a self, s: &'a Settlement, now: Now) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn settle<'a>(
+        &'a self,
+        s: &'a Settlement,
+        now: Now,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
             self.settle_now(s, now);
-            Ok(())
+            Ok((s.cost_pico > 0).then(|| now.day()))
         })
     }
 }
@@ -179,6 +183,7 @@ mod tests {
             hold_id: 0,
             credit_pico: 0,
             credit_day: 0,
+            charged_day: None,
         }
     }
 

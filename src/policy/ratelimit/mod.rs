@@ -151,6 +151,10 @@ pub struct Settlement {
     /// estimate charged before the usage was known, found too high once it was ([`Resettle`]).
     pub credit_pico: u128,
     pub credit_day: u64,
+    /// Told the UTC day the store charged `cost_pico` to, by the store's own clock, once it
+    /// has (a kept estimate's settlement: its [`Resettle`] credits that day, not the one
+    /// legate's clock read, which near midnight may be the other).
+    pub charged_day: Option<Arc<AtomicU64>>,
 }
 
 impl Settlement {
@@ -170,7 +174,15 @@ impl Settlement {
             hold_id: self.hold_id,
             credit_pico: 0,
             credit_day: 0,
+            charged_day: None,
         })
+    }
+
+    /// Tells the kept estimate's [`Resettle`], if any, the day the cost went to.
+    fn tell_charged_day(&self, day: Option<u64>) {
+        if let (Some(slot), Some(day)) = (&self.charged_day, day) {
+            slot.store(day, Ordering::Relaxed);
+        }
     }
 
     /// The release of the hold an admission `ask` may have taken in a store that did not
@@ -188,6 +200,7 @@ impl Settlement {
             hold_id: ask.hold_id,
             credit_pico: 0,
             credit_day: 0,
+            charged_day: None,
         }
         .hold_only()
     }
@@ -223,7 +236,13 @@ impl Now {
 
 pub trait Store: Send + Sync {
     fn admit<'a>(&'a self, ask: &'a Ask, now: Now) -> BoxFuture<'a, Result<Decision, StoreError>>;
-    fn settle<'a>(&'a self, s: &'a Settlement, now: Now) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Applies `s`; the UTC day its cost was charged to, by the store's clock (None: it had
+    /// no cost).
+    fn settle<'a>(
+        &'a self,
+        s: &'a Settlement,
+        now: Now,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>>;
 }
 
 /// The limiter legate uses: the shared store when configured and reachable, else the local one.
@@ -365,7 +384,8 @@ impl Limiter {
             return false;
         };
         let why = match tokio::time::timeout(SHARED_TIMEOUT, shared.settle(&s, now)).await {
-            Ok(Ok(())) => {
+            Ok(Ok(day)) => {
+                s.tell_charged_day(day);
                 self.on_shared_ok();
                 return true;
             }
@@ -384,7 +404,11 @@ impl Limiter {
     pub fn settle_detached(self: &Arc<Self>, s: Settlement, charged: Charged) {
         match charged {
             Charged::Nowhere => {}
-            Charged::Local => self.local.settle_now(&s, Now::wall()),
+            Charged::Local => {
+                let now = Now::wall();
+                self.local.settle_now(&s, now);
+                s.tell_charged_day((s.cost_pico > 0).then(|| now.day()));
+            }
             Charged::Shared => {
                 let me = self.clone();
                 tokio::spawn(async move { me.settle_shared(s).await });
@@ -416,6 +440,8 @@ pub struct Reservation {
     /// The estimated cost held against the daily budget (`Ask::held`), and its name.
     held_pico: u128,
     hold_id: u64,
+    /// Where the store will say which day the kept estimate was charged to (`resettle`).
+    charged_day: Option<Arc<AtomicU64>>,
 }
 
 impl Reservation {
@@ -433,6 +459,7 @@ impl Reservation {
             request_back: false,
             held_pico: ask.held(),
             hold_id: ask.hold_id,
+            charged_day: None,
         }
     }
 
@@ -457,8 +484,14 @@ impl Reservation {
     /// What puts the daily budget right once the usage `keep` stands in for is known (a
     /// background response's, reported by a later poll); None when the tenant's spend is not
     /// kept (no limit charged it) or the reservation is settled already. Take it before `keep`.
-    pub fn resettle(&self, price: Option<crate::meter::Price>) -> Option<Resettle> {
-        (self.charged != Charged::Nowhere && !self.settled).then(|| Resettle {
+    pub fn resettle(&mut self, price: Option<crate::meter::Price>) -> Option<Resettle> {
+        if self.charged == Charged::Nowhere || self.settled {
+            return None;
+        }
+        // Legate's day until the store says which day it charged (a shared store's clock).
+        let day = Arc::new(AtomicU64::new(Now::wall().day()));
+        self.charged_day = Some(day.clone());
+        Some(Resettle {
             limiter: self.limiter.clone(),
             charged: self.charged,
             tenant: self.tenant.clone(),
@@ -466,7 +499,7 @@ impl Reservation {
             rpm: self.rpm,
             budget_pico: self.budget_pico,
             kept_pico: self.kept(0, 0, price).1,
-            day: Now::wall().day(),
+            day,
         })
     }
 
@@ -558,6 +591,7 @@ impl Reservation {
             hold_id: self.hold_id,
             credit_pico: 0,
             credit_day: 0,
+            charged_day: self.charged_day.take(),
         };
         self.limiter.settle_detached(s, self.charged);
     }
@@ -577,7 +611,8 @@ pub struct Resettle {
     rpm: u64,
     budget_pico: u128,
     kept_pico: u128,
-    day: u64,
+    /// The day the estimate was charged to: legate's, until the store that charged it says.
+    day: Arc<AtomicU64>,
 }
 
 impl Resettle {
@@ -597,7 +632,8 @@ impl Resettle {
             held_pico: 0,
             hold_id: 0,
             credit_pico: self.kept_pico.saturating_sub(cost_pico),
-            credit_day: self.day,
+            credit_day: self.day.load(Ordering::Relaxed),
+            charged_day: None,
         };
         self.limiter.settle_detached(s, self.charged);
     }

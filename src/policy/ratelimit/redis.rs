@@ -236,7 +236,11 @@ impl Store for RedisStore {
         })
     }
 
-    fn settle<'a>(&'a self, s: &'a Settlement, _now: Now) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn settle<'a>(
+        &'a self,
+        s: &'a Settlement,
+        _now: Now,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
             let keys = Keys::of(&s.tenant);
             let mut call = self.settle.key(&keys.tokens);
@@ -244,8 +248,9 @@ impl Store for RedisStore {
             call.arg(&settle_args(s)[..]).arg(self.clock_arg());
             call.arg(s.credit_pico.min(i64::MAX as u128).to_string())
                 .arg(s.credit_day.to_string());
-            let _: i64 = self.run(&call).await?;
-            Ok(())
+            // The day the script charged the cost to, by the server's clock (0: no cost).
+            let day: i64 = self.run(&call).await?;
+            Ok(u64::try_from(day).ok().filter(|d| *d > 0))
         })
     }
 }

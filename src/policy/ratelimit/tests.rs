@@ -14,6 +14,10 @@ struct Flaky {
     refunds: Mutex<Vec<i64>>,
     /// Every settlement it got: (refund, hold released, the hold's id).
     got: Mutex<Vec<(i64, u128, u64)>>,
+    /// Every cost (pico-USD) and credit (pico-USD, from day) it got.
+    spend: Mutex<Vec<(u128, u128, u64)>>,
+    /// The UTC day its clock reads (0: legate's).
+    day: AtomicU64,
 }
 
 struct FlakyStore(Arc<Flaky>);
@@ -29,15 +33,27 @@ impl Store for FlakyStore {
         })
     }
 
-    fn settle<'a>(&'a self, s: &'a Settlement, _: Now) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn settle<'a>(
+        &'a self,
+        s: &'a Settlement,
+        now: Now,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         let up = self.0.up.load(Ordering::Relaxed);
         if up {
             self.0.refunds.lock().push(s.refund);
             self.0.got.lock().push((s.refund, s.held_pico, s.hold_id));
+            self.0
+                .spend
+                .lock()
+                .push((s.cost_pico, s.credit_pico, s.credit_day));
         }
+        let day = match self.0.day.load(Ordering::Relaxed) {
+            0 => now.day(),
+            day => day,
+        };
         Box::pin(async move {
             match up {
-                true => Ok(()),
+                true => Ok((s.cost_pico > 0).then_some(day)),
                 false => Err(StoreError("down".into())),
             }
         })
@@ -263,4 +279,47 @@ async fn holds_the_shared_store_missed_are_released_once_it_answers() {
         vec![(0, 600, 4), (0, 600, 1), (0, 600, 3), (3, 600, 2)]
     );
     assert_eq!(limiter.deferred_settlements(), 0);
+}
+
+/// A kept estimate's credit goes to the day the shared store charged it to, by the store's
+/// clock: near midnight, with the clocks apart, legate's own day would name the other one,
+/// and the store would credit nothing (or the wrong day).
+#[tokio::test]
+async fn a_credit_goes_to_the_day_the_shared_store_charged() {
+    let (limiter, flaky) = limiter();
+    bring_back(&limiter, &flaky);
+    let store_day = Now::wall().day() - 1;
+    flaky.day.store(store_day, Ordering::Relaxed);
+    let held = Ask {
+        budget_pico: 1_000_000,
+        hold_pico: 600,
+        ..ask("t", 10)
+    };
+    let price = crate::meter::Price {
+        input: 3,
+        output: 15,
+        ..Default::default()
+    };
+    let mut reservation = reserve(&limiter, &held, Charged::Shared).await;
+    let later = reservation.resettle(Some(price)).expect("a spend is kept");
+    reservation.keep(Some(price));
+    let kept = async {
+        while flaky.spend.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), kept)
+        .await
+        .unwrap();
+    // The estimate (nothing of input, 10 output at 15) was charged; the usage cost 100.
+    later.settle(100);
+    let credited = async {
+        while flaky.spend.lock().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), credited)
+        .await
+        .unwrap();
+    assert_eq!(*flaky.spend.lock(), vec![(150, 0, 0), (0, 50, store_day)]);
 }

@@ -30,8 +30,10 @@ if tpm > 0 and refund ~= 0 then
   save(KEYS[1], b, tpm)
 end
 
+local charged_day = 0
 if cost ~= '0' then
-  local day = int(math.floor(now / DAY_MS))
+  charged_day = math.floor(now / DAY_MS)
+  local day = int(charged_day)
   if redis.call('HGET', KEYS[2], 'day') ~= day then
     redis.call('HSET', KEYS[2], 'day', day, 'pico', '0')
   end
@@ -52,4 +54,5 @@ if credit ~= '0' and redis.call('HGET', KEYS[2], 'day') == credit_day
   end
 end
 
-return 0
+-- The day the cost went to (0: none), for a credit of it later (mod.rs `Resettle`).
+return charged_day

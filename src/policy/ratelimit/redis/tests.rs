@@ -38,6 +38,7 @@ fn settlement(tenant: &str, tpm: u64, refund: i64, cost_pico: u128) -> Settlemen
         hold_id: 0,
         credit_pico: 0,
         credit_day: 0,
+        charged_day: None,
     }
 }
 
@@ -306,6 +307,25 @@ fn the_scripts_decide_exactly_as_the_memory_store() {
     if let Err(e) = outcome {
         panic!("{e}");
     }
+}
+
+/// The settlement script answers the day it charged a cost to, by the server's clock (here
+/// pinned a day behind legate's), and none when there was no cost: a later credit of a kept
+/// estimate is taken from that day.
+#[test]
+fn a_settlement_answers_the_day_its_cost_went_to_by_the_servers_clock() {
+    let Some((_server, redis, rt)) = store_on_server() else {
+        return;
+    };
+    let wall = Now::wall();
+    let server_day = wall.day() - 1;
+    redis.pin_clock(server_day * DAY_MS + 5_000);
+    rt.block_on(async {
+        let charged = redis.settle(&settlement("day", 0, 0, 1_000), wall).await;
+        assert_eq!(charged.unwrap(), Some(server_day));
+        let nothing = redis.settle(&settlement("day", 0, 0, 0), wall).await;
+        assert_eq!(nothing.unwrap(), None);
+    });
 }
 
 #[test]
