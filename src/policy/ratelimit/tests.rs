@@ -80,6 +80,36 @@ fn ask(tenant: &'static str, tokens: u64) -> Ask {
     }
 }
 
+/// Yields until `done` holds (the settlements run on spawned tasks), for at most 5 s.
+async fn until(done: impl Fn() -> bool) {
+    let wait = async {
+        while !done() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .unwrap();
+}
+
+/// Tenant `t`'s request of 10 tokens holding 600 pico-USD of a budget of 1,000,000.
+fn held_ask() -> Ask {
+    Ask {
+        budget_pico: 1_000_000,
+        hold_pico: 600,
+        ..ask("t", 10)
+    }
+}
+
+/// 3 and 15 pico-USD per input and output token.
+fn price() -> crate::meter::Price {
+    crate::meter::Price {
+        input: 3,
+        output: 15,
+        ..Default::default()
+    }
+}
+
 /// Admits `a` and returns its reservation, checking which store charged it.
 async fn reserve(limiter: &Arc<Limiter>, a: &Ask, want: Charged) -> Reservation {
     let (decision, charged) = limiter.admit(a).await;
@@ -114,14 +144,7 @@ async fn a_reservation_taken_locally_is_refunded_locally_after_the_shared_store_
     let next = reserve(&limiter, &ask("t", 1), Charged::Shared).await;
     drop(next);
     // The shared store got back only the reservation it charged itself (1, none used).
-    let settled = async {
-        while flaky.refunds.lock().is_empty() {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), settled)
-        .await
-        .unwrap();
+    until(|| !flaky.refunds.lock().is_empty()).await;
     assert_eq!(*flaky.refunds.lock(), vec![1]);
 }
 
@@ -153,16 +176,7 @@ async fn an_answer_without_usage_spends_its_estimate_at_the_answering_steps_pric
     let gauge = IntGauge::new("degraded", "degraded").unwrap();
     let limiter = Arc::new(Limiter::new(None, gauge));
     // 10 tokens reserved, 4 of them the input estimate; held at a dearer step's price.
-    let held = Ask {
-        budget_pico: 1_000_000,
-        hold_pico: 600,
-        ..ask("t", 10)
-    };
-    let price = crate::meter::Price {
-        input: 3,
-        output: 15,
-        ..Default::default()
-    };
+    let (held, price) = (held_ask(), price());
     let mut r = limiter.admit(&held).await;
     assert_eq!(r, (Decision::Admit, Charged::Local));
     let mut reservation = Reservation::new(limiter.clone(), &held, r.1, 4);
@@ -197,11 +211,7 @@ async fn a_kept_estimate_counts_no_more_output_than_is_ever_metered_and_is_put_r
         tpm: 0,
         ..ask("t", 10)
     };
-    let price = crate::meter::Price {
-        input: 3,
-        output: 15,
-        ..Default::default()
-    };
+    let price = price();
     let r = limiter.admit(&huge).await;
     assert_eq!(r, (Decision::Admit, Charged::Local));
     let mut reservation = Reservation::new(limiter.clone(), &huge, r.1, 4);
@@ -239,41 +249,20 @@ async fn holds_the_shared_store_missed_are_released_once_it_answers() {
     // The store stops answering: the first settlement's call fails.
     flaky.up.store(false, Ordering::Relaxed);
     failed_call.settle(4, 0);
-    let degraded = async {
-        while !limiter.is_degraded() {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), degraded)
-        .await
-        .unwrap();
+    until(|| limiter.is_degraded()).await;
     // Still down once its pause is over: an admission tries it, fails, and is served on
     // local buckets. (One made during the pause does not try it: it takes no hold there.)
     limiter.retry_shared_at.store(0, Ordering::Relaxed);
     let _local = reserve(&limiter, &held(3), Charged::Local).await;
     // During the pause: a settlement, never sent.
     while_down.settle(7, 0);
-    let deferred = async {
-        while limiter.deferred_settlements() < 3 {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), deferred)
-        .await
-        .unwrap();
+    until(|| limiter.deferred_settlements() >= 3).await;
     assert!(flaky.got.lock().is_empty());
 
     bring_back(&limiter, &flaky);
     let mut next = reserve(&limiter, &held(4), Charged::Shared).await;
     next.settle(10, 0);
-    let all_sent = async {
-        while flaky.got.lock().len() < 4 {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), all_sent)
-        .await
-        .unwrap();
+    until(|| flaky.got.lock().len() >= 4).await;
     assert_eq!(
         *flaky.got.lock(),
         vec![(0, 600, 4), (0, 600, 1), (0, 600, 3), (3, 600, 2)]
@@ -290,36 +279,13 @@ async fn a_credit_goes_to_the_day_the_shared_store_charged() {
     bring_back(&limiter, &flaky);
     let store_day = Now::wall().day() - 1;
     flaky.day.store(store_day, Ordering::Relaxed);
-    let held = Ask {
-        budget_pico: 1_000_000,
-        hold_pico: 600,
-        ..ask("t", 10)
-    };
-    let price = crate::meter::Price {
-        input: 3,
-        output: 15,
-        ..Default::default()
-    };
+    let (held, price) = (held_ask(), price());
     let mut reservation = reserve(&limiter, &held, Charged::Shared).await;
     let later = reservation.resettle(Some(price)).expect("a spend is kept");
     reservation.keep(Some(price));
-    let kept = async {
-        while flaky.spend.lock().is_empty() {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), kept)
-        .await
-        .unwrap();
+    until(|| !flaky.spend.lock().is_empty()).await;
     // The estimate (nothing of input, 10 output at 15) was charged; the usage cost 100.
     later.settle(100);
-    let credited = async {
-        while flaky.spend.lock().len() < 2 {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), credited)
-        .await
-        .unwrap();
+    until(|| flaky.spend.lock().len() >= 2).await;
     assert_eq!(*flaky.spend.lock(), vec![(150, 0, 0), (0, 50, store_day)]);
 }
