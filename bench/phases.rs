@@ -4,7 +4,7 @@
 //! (open loop, streams) and slice by slice where it does not (closed loop), so the machine's
 //! noise falls on all of them; repeating whole samples shows how much a number moves.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::Plan;
 use crate::children::{self, Memory};
@@ -35,6 +35,13 @@ pub(crate) struct Throughput {
     pub system: Duration,
     /// Every request of those slices, lead-ins included (what `cpu` was spent on).
     pub all_requests: u64,
+    /// The mock's CPU over the side's slices (for the direct side, the same as `cpu`), and the
+    /// load generator's: whether a proxy changes what the other two spend per request.
+    pub mock_cpu: Duration,
+    pub client_cpu: Duration,
+    /// Wall time of the slices, lead-ins included (what the three processes' CPU is set
+    /// against to say how busy the cores were).
+    pub wall: Duration,
 }
 
 impl Throughput {
@@ -299,11 +306,17 @@ async fn throughput(
             let conns = std::mem::take(&mut pools[side]);
             let cpu_before = children::cpu_time(&procs[side]);
             let system_before = children::system_time(&procs[side]);
+            let (mock_before, client_before) =
+                (children::cpu_time(&procs[0]), children::cpu_time(&me));
+            let started = Instant::now();
             let (lead_in, length) = (plan.lead_in, plan.throughput_slice);
             let (slice, elapsed, back) =
                 load::closed_loop(&targets[side], conns, lead_in, length).await?;
             pools[side] = back;
             let total = &mut result[side];
+            total.wall += started.elapsed();
+            total.mock_cpu += children::cpu_time(&procs[0]).saturating_sub(mock_before);
+            total.client_cpu += children::cpu_time(&me).saturating_sub(client_before);
             total.cpu += children::cpu_time(&procs[side]).saturating_sub(cpu_before);
             total.system += children::system_time(&procs[side]).saturating_sub(system_before);
             total.all_requests += slice.lead_in.ok + slice.measured.ok;
@@ -319,6 +332,28 @@ async fn throughput(
         .map(|(t, target)| format!("{} {:.0} req/s", target.label, t.per_second()))
         .collect();
     eprintln!("bench:     {}", rates.join(", "));
+    // Per side: what the mock and the load generator spent per request while that side ran,
+    // and how busy the cores were (all three processes' CPU over cores × wall time).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let per = |d: Duration, t: &Throughput| d.as_secs_f64() * 1e6 / t.all_requests.max(1) as f64;
+    let spent: Vec<String> = result
+        .iter()
+        .zip(targets)
+        .enumerate()
+        .map(|(i, (t, target))| {
+            let proxy = if i == 0 { Duration::ZERO } else { t.cpu };
+            let busy = (t.mock_cpu + t.client_cpu + proxy).as_secs_f64()
+                / (cores * t.wall.as_secs_f64().max(f64::EPSILON));
+            format!(
+                "{}: mock {:.1} µs, load generator {:.1} µs, cores {:.0} % busy",
+                target.label,
+                per(t.mock_cpu, t),
+                per(t.client_cpu, t),
+                busy * 100.0
+            )
+        })
+        .collect();
+    eprintln!("bench:     per request {}", spent.join("; "));
     // The load generator shares the cores: what it spends per request is taken from the sides.
     let own = children::cpu_time(&me).saturating_sub(own_before);
     eprintln!(
