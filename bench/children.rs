@@ -186,6 +186,12 @@ fn config_text(mock_url: &str, observe: Observe) -> String {
         }
         Observe::Off | Observe::AccessLog => String::new(),
     };
+    // The journal (on by default, 1,000 requests) sized otherwise, to see what keeping it
+    // costs: `BENCH_JOURNAL_SIZE=0` turns it off.
+    let journal = match std::env::var("BENCH_JOURNAL_SIZE") {
+        Ok(n) if n.parse::<u64>().is_ok() => format!("\n[journal]\nsize = {n}\n"),
+        _ => String::new(),
+    };
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
@@ -208,7 +214,7 @@ max_concurrency = 4096
 # store in the measurement without letting it dominate it.
 [responses]
 max_bytes = 4194304
-{telemetry}"#
+{telemetry}{journal}"#
     )
 }
 
