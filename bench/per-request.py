@@ -9,7 +9,7 @@ difference of the counts is the cost of one request, start-up and shutdown cance
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
                                  [--stream [--blocks N]] [--nginx] [--floor [BIN]]
-                                 [--by-file ROWS] [--sdk-headers] [--one-send]
+                                 [--by-file ROWS] [--atomics] [--sdk-headers] [--one-send]
 
 `--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
 count what a streamed request costs instead of a whole answer; `--blocks N` makes every answer N
@@ -20,7 +20,8 @@ proxy configuration, one worker, no master process) in front of the same mock, w
 `--floor` counts examples/hyper_floor.rs, a bare hyper-to-hyper proxy with nothing of legate's
 own (build it first: `cargo build --release --example hyper_floor`). `--by-file ROWS` lists
 where the instructions come from by source file and crate (see byfile.py; it needs a build with
-line tables). `--sdk-headers` sends the headers an official SDK sends (the Anthropic Python
+line tables). `--atomics` counts the locked read-modify-write instructions a request runs, by
+where they come from (see atomics.py; the same build). `--sdk-headers` sends the headers an official SDK sends (the Anthropic Python
 SDK's set, wire-protocol §C3: `user-agent`, `accept`, and nine `X-Stainless-*` telemetry
 lines) instead of the few the benchmark's load generator sends.
 """
@@ -48,6 +49,10 @@ _spec = importlib.util.spec_from_file_location(
     "byfile", os.path.join(os.path.dirname(os.path.abspath(__file__)), "byfile.py"))
 byfile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(byfile)
+_spec = importlib.util.spec_from_file_location(
+    "atomics", os.path.join(os.path.dirname(os.path.abspath(__file__)), "atomics.py"))
+atomics = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(atomics)
 
 MESSAGE = {"model": "claude-sonnet-4-5", "max_tokens": 256,
            "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
@@ -270,6 +275,11 @@ def report(label, name, few, many, args, what, workdir):
             *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
         print(f"{label}instructions per request by source ({what}):")
         print(byfile.describe(rows, args.by_file))
+    if args.atomics and name == "callgrind":
+        rows, total = atomics.per_request(
+            args.bin, *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
+        print(f"{label}locked instructions per request by source ({what}):")
+        print(atomics.describe(rows, total))
 
 
 def main():
@@ -292,6 +302,10 @@ def main():
                         help="also list instructions per request by source file or crate, the "
                              "largest ROWS (callgrind; needs a build with line tables, see "
                              "byfile.py)")
+    parser.add_argument("--atomics", action="store_true",
+                        help="also count the locked (atomic) instructions a request runs, by "
+                             "source (callgrind; needs a build with line tables, see "
+                             "atomics.py)")
     parser.add_argument("--sdk-headers", action="store_true",
                         help="send an official SDK's request headers (user-agent, accept, "
                              "X-Stainless-*) too")

@@ -1,0 +1,130 @@
+"""Locked read-modify-write instructions per request, by the source they come from, read from
+two callgrind profiles (made with `--dump-instr=yes`) of a build with line tables.
+
+Every `lock`-prefixed instruction, and every `xchg` with memory (locked without the prefix),
+orders the memory operations around it and costs some tens of cycles even when no other core
+holds the line: reference counts (`Arc`, `bytes`), locks, and atomic counters all compile to
+them. nginx's single-threaded workers run almost none per request. The executed ones are found
+by matching the profiles' instruction addresses against the binary's disassembly (`objdump`),
+and each is read back to the code it was inlined from (`addr2line -i`): it is counted for the
+crate of the innermost frame outside the standard library, and a reference count in legate's
+own code (the standard library's `Arc`, inlined there) as such. Like the totals, the counts are
+differenced between a run of `few` and one of `many` requests. Only the binary's own code is
+read: glibc's locked instructions (its allocator's, in a process with threads) are not counted.
+
+It needs the same build as byfile.py:
+
+    RUSTFLAGS="-Cdebuginfo=line-tables-only -Cstrip=none" CARGO_TARGET_DIR=/tmp/lines \\
+        cargo build --release
+    python3 bench/per-request.py --bin /tmp/lines/release/legate --tool callgrind --atomics
+
+`python3 bench/atomics.py BINARY FEW.out MANY.out N` reads two kept profiles by itself.
+"""
+
+import collections
+import re
+import subprocess
+import sys
+
+# `lock add`, `lock cmpxchg`, … and `xchg reg, mem` (a register-to-register `xchg` has no
+# memory operand: no parenthesis in AT&T syntax).
+_LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock\b.*|xchg\b.*\(.*)$")
+_CRATE = re.compile(r"/registry/src/[^/]+/([A-Za-z0-9_\-]+?)-\d[^/]*/")
+_STD = "/rustc/"
+# `positions: instr line`: the cost lines' first field is the instruction's address.
+_POSITIONS = re.compile(r"^positions: (.*)", re.M)
+
+
+def locked_addresses(binary):
+    """The addresses of the binary's locked instructions."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", binary],
+                         capture_output=True, text=True, check=True).stdout
+    return {int(m.group(1), 16) for m in map(_LOCKED.match, out.splitlines()) if m}
+
+
+def executed(path):
+    """Times each instruction address ran, self costs only (as footprint.py reads them)."""
+    with open(path, errors="replace") as f:
+        text = f.read()
+    m = _POSITIONS.search(text)
+    fields = len(m.group(1).split()) if m else 1
+    counts, last, after_call = collections.Counter(), [0] * fields, False
+    for line in text.splitlines():
+        if not line:
+            continue
+        head = line[0]
+        if head.isdigit() or head in "+-*":
+            parts = line.split()
+            for i in range(fields):
+                p = parts[i] if i < len(parts) else "*"
+                if p == "*":
+                    continue
+                last[i] = last[i] + int(p, 0) if p[0] in "+-" else int(p, 0)
+            if after_call:
+                after_call = False  # a call's inclusive cost, counted where the callee runs
+                continue
+            if len(parts) > fields:
+                counts[last[0]] += int(parts[fields])
+            continue
+        after_call = line.startswith("calls=")
+    return counts
+
+
+def inline_chains(binary, addresses):
+    """Each address's inlined frames, innermost first, as (function, file:line)."""
+    if not addresses:
+        return {}
+    out = subprocess.run(["addr2line", "-i", "-f", "-C", "-a", "-e", binary],
+                         input="\n".join(hex(a) for a in addresses), capture_output=True,
+                         text=True, check=True).stdout
+    chains, current, lines = {}, None, []
+    for line in out.splitlines():
+        if line.startswith("0x"):
+            current = int(line, 16)
+            chains[current], lines = [], []
+            continue
+        lines.append(line)
+        if len(lines) == 2:
+            chains[current].append(tuple(lines))
+            lines = []
+    return chains
+
+
+def source(frames):
+    """Where a locked instruction comes from: a crate, or legate's `Arc` counts, or its own."""
+    outside = [loc for _, loc in frames if _STD not in loc]
+    if not outside:
+        return "(standard library only)"
+    crate = _CRATE.search(outside[0])
+    if crate:
+        return crate.group(1)
+    if any("alloc/src/sync.rs" in loc for _, loc in frames if _STD in loc):
+        return "Arc counts in legate's code"
+    return "legate's own code (other atomics)"
+
+
+def per_request(binary, few_path, many_path, n):
+    """Locked instructions per request by source, largest first, and their total."""
+    few, many = executed(few_path), executed(many_path)
+    locked = locked_addresses(binary)
+    ran = {a: (many[a] - few.get(a, 0)) / n for a in locked if many.get(a, 0) > few.get(a, 0)}
+    chains = inline_chains(binary, sorted(ran))
+    rows = collections.Counter()
+    for address, count in ran.items():
+        rows[source(chains.get(address, []))] += count
+    return rows.most_common(), sum(ran.values())
+
+
+def describe(rows, total, limit=12):
+    out = [f"{total:10,.1f}  locked instructions per request"]
+    out += [f"{count:10,.1f}  {name}" for name, count in rows[:limit]]
+    rest = sum(count for _, count in rows[limit:])
+    if rest:
+        out.append(f"{rest:10,.1f}  ({len(rows) - limit} more)")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5:
+        sys.exit("usage: atomics.py BINARY FEW.out MANY.out N")
+    print(describe(*per_request(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))))
