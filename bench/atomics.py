@@ -22,17 +22,23 @@ It needs the same build as byfile.py:
 """
 
 import collections
+import importlib.util
+import os
 import re
 import subprocess
 import sys
+
+# Loaded by path, as per-request.py loads it: the profile is read the way footprint.py reads it.
+_spec = importlib.util.spec_from_file_location(
+    "footprint", os.path.join(os.path.dirname(os.path.abspath(__file__)), "footprint.py"))
+footprint = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(footprint)
 
 # `lock add`, `lock cmpxchg`, … and `xchg reg, mem` (a register-to-register `xchg` has no
 # memory operand: no parenthesis in AT&T syntax).
 _LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock\b.*|xchg\b.*\(.*)$")
 _CRATE = re.compile(r"/registry/src/[^/]+/([A-Za-z0-9_\-]+?)-\d[^/]*/")
 _STD = "/rustc/"
-# `positions: instr line`: the cost lines' first field is the instruction's address.
-_POSITIONS = re.compile(r"^positions: (.*)", re.M)
 
 
 def locked_addresses(binary):
@@ -42,32 +48,11 @@ def locked_addresses(binary):
     return {int(m.group(1), 16) for m in map(_LOCKED.match, out.splitlines()) if m}
 
 
-def executed(path):
-    """Times each instruction address ran, self costs only (as footprint.py reads them)."""
-    with open(path, errors="replace") as f:
-        text = f.read()
-    m = _POSITIONS.search(text)
-    fields = len(m.group(1).split()) if m else 1
-    counts, last, after_call = collections.Counter(), [0] * fields, False
-    for line in text.splitlines():
-        if not line:
-            continue
-        head = line[0]
-        if head.isdigit() or head in "+-*":
-            parts = line.split()
-            for i in range(fields):
-                p = parts[i] if i < len(parts) else "*"
-                if p == "*":
-                    continue
-                last[i] = last[i] + int(p, 0) if p[0] in "+-" else int(p, 0)
-            if after_call:
-                after_call = False  # a call's inclusive cost, counted where the callee runs
-                continue
-            if len(parts) > fields:
-                counts[last[0]] += int(parts[fields])
-            continue
-        after_call = line.startswith("calls=")
-    return counts
+def executed(path, binary):
+    """Times each of the binary's instructions ran (footprint.py's reading of the profile)."""
+    name = os.path.realpath(binary)
+    return {addr: n for (obj, addr), n in footprint.executed(path).items()
+            if obj and os.path.realpath(obj) == name}
 
 
 def inline_chains(binary, addresses):
@@ -105,7 +90,7 @@ def source(frames):
 
 def per_request(binary, few_path, many_path, n):
     """Locked instructions per request by source, largest first, and their total."""
-    few, many = executed(few_path), executed(many_path)
+    few, many = executed(few_path, binary), executed(many_path, binary)
     locked = locked_addresses(binary)
     ran = {a: (many[a] - few.get(a, 0)) / n for a in locked if many.get(a, 0) > few.get(a, 0)}
     chains = inline_chains(binary, sorted(ran))
