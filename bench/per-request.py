@@ -9,7 +9,8 @@ difference of the counts is the cost of one request, start-up and shutdown cance
     python3 bench/per-request.py [--bin target/release/legate] [--api messages|responses]
                                  [--few 200] [--many 1200] [--tool callgrind|dhat|both]
                                  [--stream [--blocks N]] [--nginx] [--floor [BIN]]
-                                 [--by-file ROWS] [--atomics] [--sdk-headers] [--one-send]
+                                 [--by-file ROWS] [--atomics] [--cache-sim] [--sdk-headers]
+                                 [--one-send]
 
 `--stream` asks for `"stream": true` answers (the mock's event stream, read to its end), to
 count what a streamed request costs instead of a whole answer; `--blocks N` makes every answer N
@@ -21,7 +22,9 @@ proxy configuration, one worker, no master process) in front of the same mock, w
 own (build it first: `cargo build --release --example hyper_floor`). `--by-file ROWS` lists
 where the instructions come from by source file and crate (see byfile.py; it needs a build with
 line tables). `--atomics` counts the locked read-modify-write instructions a request runs, by
-where they come from (see atomics.py; the same build). `--sdk-headers` sends the headers an official SDK sends (the Anthropic Python
+where they come from (see atomics.py; the same build). `--cache-sim` has callgrind simulate
+the caches too and prints the first-level misses per request, of a process with the machine to
+itself (what other processes' work evicts between requests is not in it). `--sdk-headers` sends the headers an official SDK sends (the Anthropic Python
 SDK's set, wire-protocol §C3: `user-agent`, `accept`, and nine `X-Stainless-*` telemetry
 lines) instead of the few the benchmark's load generator sends.
 """
@@ -114,6 +117,8 @@ SDK_HEADERS = {"Accept": "application/json", "User-Agent": "Anthropic/Python 2.1
 # Set by --sdk-headers.
 WITH_SDK_HEADERS = False
 ONE_SEND = False
+# `--cache-sim`: callgrind also simulates the caches (its I1/D1/LL model of this machine).
+CACHE_SIM = []
 
 
 class OneSend(http.client.HTTPConnection):
@@ -165,7 +170,7 @@ def one(args, tool, count, mock_url, workdir):
     config = os.path.join(workdir, "legate.toml")
     with open(config, "w") as f:
         f.write(CONFIG.format(mock=mock_url))
-    opts = {"callgrind": [f"--callgrind-out-file={out}", "--dump-instr=yes"],
+    opts = {"callgrind": [f"--callgrind-out-file={out}", "--dump-instr=yes", *CACHE_SIM],
             "dhat": [f"--dhat-out-file={out}"]}[tool]
     cmd = ["valgrind", f"--tool={tool}", *opts, args.bin, "serve", "--config", config]
     proc, rest = start(cmd, "legate listening on ", ENV)
@@ -230,7 +235,7 @@ def nginx_one(args, count, mock_url, workdir):
                                     mock=mock_url.removeprefix("http://"),
                                     addr=f"127.0.0.1:{port}"))
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                             "--dump-instr=yes", nginx, "-c", config, "-p", workdir],
+                             "--dump-instr=yes", *CACHE_SIM, nginx, "-c", config, "-p", workdir],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_LIMIT
     while True:
@@ -255,12 +260,28 @@ def floor_one(args, count, mock_url, workdir):
         sys.exit(f"--floor: {args.floor} is missing (cargo build --release --example hyper_floor)")
     out = os.path.join(workdir, f"floor.{count}.out")
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=yes",
-           args.floor, "127.0.0.1:0", mock_url]
+           *CACHE_SIM, args.floor, "127.0.0.1:0", mock_url]
     proc, rest = start(cmd, "hyper floor listening on ", {})
     drive(host_port(rest), args.api, count, args.stream)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=STARTUP_LIMIT)
     return int(re.search(r"^summary: (\d+)", open(out).read(), re.M).group(1))
+
+
+def cache_misses(few_path, many_path, n):
+    """Simulated first-level misses per request (instruction, data read, data write) and the
+    caches callgrind modelled, from the two profiles' totals."""
+    def totals(path):
+        text = open(path).read()
+        events = re.search(r"^events: (.*)$", text, re.M).group(1).split()
+        counts = re.search(r"^(?:summary|totals): (.*)$", text, re.M).group(1).split()
+        caches = re.findall(r"^desc: (I1|D1) cache: +(\d+) B", text, re.M)
+        return dict(zip(events, map(int, counts))), caches
+    (few, _), (many, caches) = totals(few_path), totals(many_path)
+    per = {k: (many[k] - few[k]) / n for k in ("I1mr", "D1mr", "D1mw")}
+    model = ", ".join(f"{name} {int(size) // 1024} KiB" for name, size in caches)
+    return (f"instruction {per['I1mr']:,.0f}, data read {per['D1mr']:,.0f}, "
+            f"data write {per['D1mw']:,.0f} ({model})")
 
 
 def report(label, name, few, many, args, what, workdir):
@@ -275,6 +296,10 @@ def report(label, name, few, many, args, what, workdir):
             *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
         print(f"{label}instructions per request by source ({what}):")
         print(byfile.describe(rows, args.by_file))
+    if CACHE_SIM:
+        print(f"{label}cache misses per request ({what}): "
+              + cache_misses(*(os.path.join(workdir, f"{name}.{c}.out")
+                               for c in (args.few, args.many)), n))
     if args.atomics and name == "callgrind":
         rows, total = atomics.per_request(
             args.bin, *(os.path.join(workdir, f"{name}.{c}.out") for c in (args.few, args.many)), n)
@@ -302,6 +327,9 @@ def main():
                         help="also list instructions per request by source file or crate, the "
                              "largest ROWS (callgrind; needs a build with line tables, see "
                              "byfile.py)")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also simulate the caches and print first-level misses per "
+                             "request (callgrind)")
     parser.add_argument("--atomics", action="store_true",
                         help="also count the locked (atomic) instructions a request runs, by "
                              "source (callgrind; needs a build with line tables, see "
@@ -313,9 +341,10 @@ def main():
                         help="write each request's head and body in one send, so that every "
                              "request takes the same path (steadier counts to compare builds)")
     args = parser.parse_args()
-    global WITH_SDK_HEADERS, ONE_SEND
+    global WITH_SDK_HEADERS, ONE_SEND, CACHE_SIM
     WITH_SDK_HEADERS = args.sdk_headers
     ONE_SEND = args.one_send
+    CACHE_SIM = ["--cache-sim=yes"] if args.cache_sim else []
     tools = ["callgrind", "dhat"] if args.tool == "both" else [args.tool]
     mock, mock_url = start([args.bin, "mock", "--listen", "127.0.0.1:0"],
                            "legate mock listening on ", ENV)
