@@ -118,7 +118,7 @@ def windows(path, marker, keep_from):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--bin", default="target/release/legate")
     parser.add_argument("--requests", type=int, default=230)
     parser.add_argument("--last", type=int, default=30)
