@@ -110,7 +110,7 @@ pub(crate) async fn start_observing(
     let config_path = dir.join(format!("legate-bench-{}.toml", observe.name()));
     std::fs::write(&config_path, config_text(mock_url, observe))
         .map_err(io(format!("cannot write {}", config_path.display())))?;
-    let mut command = Command::new(bin);
+    let mut command = legate_command(bin);
     command.arg("serve").arg("--config").arg(&config_path);
     if observe == Observe::AccessLog {
         let path = access_log_path(dir);
@@ -170,6 +170,29 @@ async fn start_floor(floor: &Path, mock_url: &str) -> Result<Running, BenchError
 /// compare others.
 pub(crate) fn legate_workers() -> String {
     std::env::var("BENCH_LEGATE_THREADS").unwrap_or_else(|_| crate::nginx::WORKERS.to_string())
+}
+
+/// The command that starts legate: the binary itself, or, with `BENCH_LEGATE_CPUS` set (a
+/// `taskset` CPU list such as `0`), the binary run by `taskset -c` on those CPUs, every thread
+/// of it: to compare legate's workers spread over the cores with the same workers sharing one,
+/// where nothing they both write has to move between cores.
+fn legate_command(bin: &Path) -> Command {
+    match legate_cpus() {
+        Some(cpus) => {
+            let mut command = Command::new("taskset");
+            command.arg("-c").arg(cpus).arg(bin);
+            command
+        }
+        None => Command::new(bin),
+    }
+}
+
+/// The CPU list `BENCH_LEGATE_CPUS` confines legate to, if set.
+pub(crate) fn legate_cpus() -> Option<String> {
+    std::env::var("BENCH_LEGATE_CPUS")
+        .ok()
+        .map(|cpus| cpus.trim().to_owned())
+        .filter(|cpus| !cpus.is_empty())
 }
 
 /// Where an [`Observe::AccessLog`] instance writes its log.

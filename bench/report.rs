@@ -120,9 +120,13 @@ pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
     } else {
         ""
     };
+    let cpus = match crate::children::legate_cpus() {
+        Some(list) => format!("; legate on CPUs {list} only (BENCH_LEGATE_CPUS)"),
+        None => String::new(),
+    };
     format!(
         "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} at \
-         start; legate worker_threads {}, nginx worker_processes {}{floor}{sdk}",
+         start; legate worker_threads {}, nginx worker_processes {}{cpus}{floor}{sdk}",
         utc_now(),
         crate::children::legate_workers(),
         crate::nginx::WORKERS,
