@@ -39,6 +39,8 @@ _spec.loader.exec_module(footprint)
 _LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock\b.*|xchg\b.*\(.*)$")
 _CRATE = re.compile(r"/registry/src/[^/]+/([A-Za-z0-9_\-]+?)-\d[^/]*/")
 _STD = "/rustc/"
+# A location with a line number (`file:12`, maybe with ` (discriminator 3)` after it).
+_LINE = re.compile(r":[1-9]\d*(?: \(discriminator \d+\))?$")
 
 
 def locked_addresses(binary):
@@ -94,6 +96,12 @@ def per_request(binary, few_path, many_path, n):
     locked = locked_addresses(binary)
     ran = {a: (many[a] - few.get(a, 0)) / n for a in locked if many.get(a, 0) > few.get(a, 0)}
     chains = inline_chains(binary, sorted(ran))
+    # Without line tables addr2line gives no line (`??:0`, or `unit:?`) for any address, and
+    # each would be counted as legate's own: said so instead of a table that looks right and
+    # is not.
+    if ran and not any(_LINE.search(loc) for frames in chains.values() for _, loc in frames):
+        sys.exit(f"{binary} has no line tables: build it as the docstring says "
+                 "(RUSTFLAGS=\"-Cdebuginfo=line-tables-only -Cstrip=none\")")
     rows = collections.Counter()
     for address, count in ran.items():
         rows[source(chains.get(address, []))] += count

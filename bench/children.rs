@@ -108,8 +108,11 @@ pub(crate) async fn start_observing(
     }
     let io = |what: String| move |source| BenchError::Io { what, source };
     let config_path = dir.join(format!("legate-bench-{}.toml", observe.name()));
-    std::fs::write(&config_path, config_text(mock_url, observe))
-        .map_err(io(format!("cannot write {}", config_path.display())))?;
+    std::fs::write(
+        &config_path,
+        config_text(mock_url, observe, journal_size()?),
+    )
+    .map_err(io(format!("cannot write {}", config_path.display())))?;
     let mut command = legate_command(bin);
     command.arg("serve").arg("--config").arg(&config_path);
     if observe == Observe::AccessLog {
@@ -175,7 +178,7 @@ pub(crate) fn legate_workers() -> String {
 /// The command that starts legate: the binary itself, or, with `BENCH_LEGATE_CPUS` set (a
 /// `taskset` CPU list such as `0`), the binary run by `taskset -c` on those CPUs, every thread
 /// of it: to compare legate's workers spread over the cores with the same workers sharing one,
-/// where nothing they both write has to move between cores.
+/// where they never move between cores. The hyper floor (`BENCH_FLOOR=1`) is started as it is.
 fn legate_command(bin: &Path) -> Command {
     match legate_cpus() {
         Some(cpus) => {
@@ -202,18 +205,33 @@ pub(crate) fn access_log_path(dir: &Path) -> std::path::PathBuf {
 
 /// The bench config: both APIs to the mock, and a concurrency limit high enough that
 /// admission never queues during the throughput phase; trace export when asked for.
-fn config_text(mock_url: &str, observe: Observe) -> String {
+/// `BENCH_JOURNAL_SIZE`: legate's `[journal] size` for the run (unset: legate's default,
+/// 1,000; 0 turns the journal off), to see what keeping it costs. A value that is not a whole
+/// number stops the run, rather than measuring the default under a name it does not have.
+fn journal_size() -> Result<Option<u64>, BenchError> {
+    match std::env::var("BENCH_JOURNAL_SIZE") {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| BenchError::Preflight {
+                target: "BENCH_JOURNAL_SIZE",
+                detail: format!("{v:?} is not a whole number of requests (0 turns it off)"),
+            }),
+    }
+}
+
+fn config_text(mock_url: &str, observe: Observe, journal: Option<u64>) -> String {
     let telemetry = match observe {
         Observe::Tracing(collector) => {
             format!("\n[telemetry]\notlp_endpoint = \"http://{collector}\"\n")
         }
         Observe::Off | Observe::AccessLog => String::new(),
     };
-    // The journal (on by default, 1,000 requests) sized otherwise, to see what keeping it
-    // costs: `BENCH_JOURNAL_SIZE=0` turns it off.
-    let journal = match std::env::var("BENCH_JOURNAL_SIZE") {
-        Ok(n) if n.parse::<u64>().is_ok() => format!("\n[journal]\nsize = {n}\n"),
-        _ => String::new(),
+    let journal = match journal {
+        Some(n) => format!("\n[journal]\nsize = {n}\n"),
+        None => String::new(),
     };
     format!(
         r#"[server]

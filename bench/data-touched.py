@@ -124,6 +124,9 @@ def main():
     parser.add_argument("--last", type=int, default=30)
     parser.add_argument("--rows", type=int, default=12)
     args = parser.parse_args()
+    if not 1 <= args.last < args.requests:
+        sys.exit("--last must be at least 1 and fewer than --requests (the first request, "
+                 "start-up's, is never read)")
     syms = symbols(args.bin)
     marker = [a for a, name in syms if name == MARKER]
     if not marker:
@@ -141,7 +144,10 @@ def main():
             address = line * LINE
             if any(start <= address < end for start, end in ranges):
                 return "the binary's own data (statics, tables)"
-            # valgrind puts the client's thread stacks far above its heap and its arenas.
+            # valgrind puts the client's thread stacks far above its heap. With legate's one
+            # worker (its default, and this config's) the request's heap is the main thread's
+            # brk heap; memory mapped for another thread's arena or a large block would be
+            # counted as stack here.
             return "stack" if address >= 0x1000000000 else "heap"
 
         sizes, kept, by_region, by_function = [], [], collections.Counter(), {}
