@@ -156,7 +156,15 @@ impl RetryBudget {
     }
 
     fn with_slots<R>(&self, f: impl FnOnce(&mut [Slot; WINDOW_SECS], u64) -> R) -> R {
-        let now = self.epoch.elapsed().as_secs();
+        self.with_slots_at(Instant::now(), f)
+    }
+
+    fn with_slots_at<R>(
+        &self,
+        at: Instant,
+        f: impl FnOnce(&mut [Slot; WINDOW_SECS], u64) -> R,
+    ) -> R {
+        let now = at.saturating_duration_since(self.epoch).as_secs();
         let mut slots = self.slots.lock();
         let slot = &mut slots[(now % WINDOW_SECS as u64) as usize];
         if slot.second != now {
@@ -173,9 +181,12 @@ impl RetryBudget {
             .store(ratio.to_bits(), std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// A new request (its first attempt) earns retry credit.
-    pub fn deposit(&self) {
-        self.with_slots(|slots, now| slots[(now % WINDOW_SECS as u64) as usize].requests += 1);
+    /// A new request (its first attempt) earns retry credit, in the second of `at` (the
+    /// caller's reading of the clock, shared with its deadline check).
+    pub fn deposit_at(&self, at: Instant) {
+        self.with_slots_at(at, |slots, now| {
+            slots[(now % WINDOW_SECS as u64) as usize].requests += 1
+        });
     }
 
     /// Takes one retry from the budget, or says there is none left.
@@ -330,7 +341,7 @@ mod tests {
     async fn the_budget_allows_the_ratio_or_the_floor_then_refuses() {
         let budget = RetryBudget::new(0.2);
         for _ in 0..1000 {
-            budget.deposit();
+            budget.deposit_at(Instant::now());
         }
         // 1000 requests * 0.2 = 200 retries in the window, above the floor's 10/s * 10 s.
         let granted = (0..400).filter(|_| budget.try_withdraw()).count();
@@ -338,7 +349,7 @@ mod tests {
         // Below the floor's load the floor holds: 100 requests * 0.2 is 20, the floor 100.
         tokio::time::advance(Duration::from_secs(11)).await;
         for _ in 0..100 {
-            budget.deposit();
+            budget.deposit_at(Instant::now());
         }
         let granted = (0..400).filter(|_| budget.try_withdraw()).count();
         assert_eq!(granted, 100);

@@ -107,12 +107,16 @@ async fn execute(
         resolved.steps()
     };
     let requested = snap.labels.model(&inb.meta.model);
-    proxy.budget.deposit();
+    // One reading of the clock for the deposit and the first step's deadline check: nothing
+    // waits between them.
+    let first = Instant::now();
+    proxy.budget.deposit_at(first);
     for (i, step) in steps.iter().enumerate() {
         // Nothing is sent once the deadline has passed: its answer could not be waited for,
         // and the provider would make it all the same (a later step after a slow failure, or
         // `x-legate-deadline-ms: 0`).
-        if Instant::now() >= inb.deadline {
+        let now = if i == 0 { first } else { Instant::now() };
+        if now >= inb.deadline {
             return Err(ProxyError::DeadlineExceeded);
         }
         if i > 0 {

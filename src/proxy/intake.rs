@@ -227,11 +227,14 @@ impl Proxy {
         if let Some(r) = record.as_mut() {
             r.set_model(label.clone());
         }
+        let priority = priority_of();
+        // One write of the facts for all of these: each costs a lock and a compare-and-swap.
         obs.update(|f| {
             f.model = Some(meta.model.clone());
             f.model_label = label;
             f.max_tokens = meta.max_tokens;
             f.stream = meta.stream;
+            f.priority = Some(priority.as_str());
         });
         // From the request's arrival, as its record counts it (one clock read per request).
         let arrived = record
@@ -240,8 +243,6 @@ impl Proxy {
         let deadline = deadline(&parts.headers, cfg.server.default_deadline, arrived);
         // 5. Admission: the tenant's limits, before anything is sent upstream.
         let tenant_cfg = cfg.tenant(tenant);
-        let priority = priority_of();
-        obs.update(|f| f.priority = Some(priority.as_str()));
         // Counting tokens is never metered.
         let counting = matches!(endpoint.op, Operation::CountTokens | Operation::InputTokens);
         if !counting {
