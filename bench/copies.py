@@ -85,7 +85,8 @@ def asker(frame):
         name = plain(frame.name() or "?")
         sal = frame.find_sal()
         file = os.path.basename(sal.symtab.filename) if sal.symtab else ""
-        wrapper = WRAPPER.search(name) or (name in WRAPPER_NAMES and file in WRAPPER_FILES)
+        last = name.rsplit("::", 1)[-1]
+        wrapper = WRAPPER.search(name) or (last in WRAPPER_NAMES and file in WRAPPER_FILES)
         if names or not wrapper:
             names.append(f"{name} {file}:{sal.line}" if file else name)
         frame = frame.older()
