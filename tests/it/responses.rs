@@ -609,7 +609,9 @@ async fn a_long_conversation_evicts_its_own_earlier_turns_first() {
     let env = harness::start_with(
         Script::from_json(r#"{"default":{"content":[{"type":"text","text":"an answer"}]}}"#)
             .unwrap(),
-        &format!("{MODELS}[responses]\nmax_bytes = 10000\n"),
+        // Room for the last turn (which holds the whole conversation) and the other
+        // conversation's, each counted with its bookkeeping, and not for the earlier turns.
+        &format!("{MODELS}[responses]\nmax_bytes = 10500\n"),
     )
     .await;
     let id_of = |obj: &Value| obj["id"].as_str().unwrap().to_owned();
