@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, Method, Request, StatusCode, Version, header};
 
-use super::lines::{Bad, MAX_HEADERS, Spans};
+use super::lines::{MAX_HEADERS, Spans};
 
 /// More interim (1xx) responses than this before the answer is an error.
 const MAX_INTERIM: usize = 8;
@@ -135,10 +135,7 @@ fn parse_with(
             &head,
             crate::proxy::response::OWN_HEADERS,
             |n, v| seen.note(n, v),
-            |bad| match bad {
-                Bad::Name => HeadError::Malformed("invalid header name"),
-                Bad::Value => HeadError::Malformed("invalid header value"),
-            },
+            |_| HeadError::Malformed("invalid header name"),
         )?;
         let framing = seen.framing(status, method);
         // Both a transfer coding and a length is how a response is split (RFC 9112 §6.3): the

@@ -1,7 +1,7 @@
 use bytes::Bytes;
 use http::HeaderName;
 
-use super::{Bad, Spans, name};
+use super::{BadName, Spans, name};
 
 #[test]
 fn every_name_in_the_table_is_the_name_http_makes_of_it_in_any_case() {
@@ -74,7 +74,7 @@ fn values_are_views_of_the_head_and_each_line_is_noted() {
             0,
             |n, v| {
                 noted.push((n.as_str().to_owned(), v.to_vec()));
-                Ok::<(), Bad>(())
+                Ok::<(), BadName>(())
             },
             |b| b,
         )
@@ -95,10 +95,56 @@ fn what_note_refuses_stops_the_map() {
     let out = spans.to_map(
         &head,
         0,
-        |n, _| if n == "b" { Err(Bad::Value) } else { Ok(()) },
-        |b| b,
+        |n, _| if n == "b" { Err("b refused") } else { Ok(()) },
+        |_| "bad name",
     );
-    assert_eq!(out.err(), Some(Bad::Value));
+    assert_eq!(out.err(), Some("b refused"));
+}
+
+/// `value` takes httparse's values without checking them again (`unsafe`): every byte that
+/// httparse lets into a value, requests and answers alike, must be one `http` allows there.
+/// Each byte is tried at the start, in the middle and at the end of a 40-byte value, so that
+/// httparse's vectored scan (32 bytes at a time) and its byte-by-byte tail both see it.
+#[test]
+fn every_byte_httparse_lets_into_a_value_is_one_http_allows() {
+    let mut allowed = 0;
+    for b in 0..=255u8 {
+        for at in [0, 20, 39] {
+            let mut value = vec![b'v'; 40];
+            value[at] = b;
+            let mut request = b"GET / HTTP/1.1\r\nx: ".to_vec();
+            request.extend_from_slice(&value);
+            request.extend_from_slice(b"\r\n\r\n");
+            let mut answer = b"HTTP/1.1 200 OK\r\nx: ".to_vec();
+            answer.extend_from_slice(&value);
+            answer.extend_from_slice(b"\r\n\r\n");
+
+            let mut lines = [httparse::EMPTY_HEADER; 4];
+            let mut req = httparse::Request::new(&mut lines);
+            let req_value =
+                match httparse::ParserConfig::default().parse_request(&mut req, &request) {
+                    Ok(httparse::Status::Complete(_)) => Some(req.headers[0].value.to_vec()),
+                    _ => None,
+                };
+            let mut lines = [httparse::EMPTY_HEADER; 4];
+            let mut resp = httparse::Response::new(&mut lines);
+            let resp_value =
+                match httparse::ParserConfig::default().parse_response(&mut resp, &answer) {
+                    Ok(httparse::Status::Complete(_)) => Some(resp.headers[0].value.to_vec()),
+                    _ => None,
+                };
+            for found in [req_value, resp_value].into_iter().flatten() {
+                allowed += 1;
+                assert!(
+                    http::HeaderValue::from_bytes(&found).is_ok(),
+                    "httparse let byte {b:#04x} into a value at {at}, which http refuses"
+                );
+            }
+        }
+    }
+    // HTAB, SP to `~` and 0x80–0xFF, minus the spaces and tabs trimmed off either end: the
+    // test would pass vacuously if httparse refused everything.
+    assert!(allowed > 2 * 3 * 200, "httparse accepted {allowed} values");
 }
 
 fn map_of(head: &'static [u8]) -> http::HeaderMap {
@@ -127,7 +173,7 @@ fn the_thread_list_holds_only_the_last_head_and_serves_a_head_read_inside_anothe
         assert!(resp.parse(head).expect("a head").is_complete());
         spans.fill(head, resp.headers);
         let inner = map_of(b"HTTP/1.1 200 OK\r\ng: 7\r\n\r\n");
-        let outer = spans.to_map(&Bytes::from_static(head), 0, |_, _| Ok(()), |b: Bad| b);
+        let outer = spans.to_map(&Bytes::from_static(head), 0, |_, _| Ok(()), |b: BadName| b);
         (outer.expect("valid lines"), inner)
     });
     assert_eq!((outer.len(), outer["f"].as_bytes()), (2, &b"6"[..]));
