@@ -69,9 +69,39 @@ pub fn resolve<'a>(cfg: &'a Config, api: ApiKind, model: &str) -> Result<Resolve
             model: model.to_owned(),
         });
     }
-    Ok(Resolved::Default(ChainStep::new(
-        provider, model, None, false,
-    )))
+    Ok(Resolved::Default(default_step(provider, model)))
+}
+
+/// The longest model name [`default_step`] keeps between requests: a caller's choice, so one
+/// far longer than any real name is not held for the thread's life.
+const REMEMBERED_MODEL_MAX: usize = 256;
+
+/// The default route's step for `provider` and `model`: the one this thread made last when it
+/// names the same two, shared (one reference count) instead of written again into a string of
+/// its own, since a caller sends the same model request after request. A step of the default
+/// route is made of these two names alone, so a reload that renames or repoints a provider
+/// can never be handed a stale one; one step per thread is the whole memory.
+fn default_step(provider: &str, model: &str) -> ChainStep {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<ChainStep>> = const { std::cell::RefCell::new(None) };
+    }
+    let made = || ChainStep::new(provider, model, None, false);
+    if model.len() > REMEMBERED_MODEL_MAX {
+        return made();
+    }
+    LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return made();
+        };
+        match &*last {
+            Some(step) if step.provider() == provider && step.model() == model => step.clone(),
+            _ => {
+                let step = made();
+                *last = Some(step.clone());
+                step
+            }
+        }
+    })
 }
 
 /// A chain step's model written as `*`: the caller's own model name.
@@ -204,7 +234,42 @@ pub fn tenant_name(name: &str) -> Cow<'static, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::Labels;
+    use super::{Labels, REMEMBERED_MODEL_MAX, default_step};
+
+    #[test]
+    fn the_default_route_shares_its_last_step_while_provider_and_model_stay_the_same() {
+        let first = default_step("anthropic", "claude-x");
+        let again = default_step("anthropic", "claude-x");
+        assert_eq!(again, first);
+        assert!(
+            std::sync::Arc::ptr_eq(again.shared_target(), first.shared_target()),
+            "the same step, shared"
+        );
+        // Another model, or the same model on another provider, is a step of its own.
+        let other = default_step("anthropic", "claude-y");
+        assert_eq!(other.target(), "anthropic:claude-y");
+        let moved = default_step("openai", "claude-y");
+        assert_eq!((moved.provider(), moved.model()), ("openai", "claude-y"));
+        assert!(!std::sync::Arc::ptr_eq(
+            moved.shared_target(),
+            other.shared_target()
+        ));
+        // A name past the bound is made each time and never kept.
+        let long = "m".repeat(REMEMBERED_MODEL_MAX + 1);
+        let a = default_step("openai", &long);
+        let b = default_step("openai", &long);
+        assert_eq!(a, b);
+        assert!(!std::sync::Arc::ptr_eq(
+            a.shared_target(),
+            b.shared_target()
+        ));
+        // What was kept before the long name is still the last step kept.
+        let kept = default_step("openai", "claude-y");
+        assert!(std::sync::Arc::ptr_eq(
+            kept.shared_target(),
+            moved.shared_target()
+        ));
+    }
 
     #[test]
     fn a_shared_model_label_is_the_label_itself_and_none_for_other() {

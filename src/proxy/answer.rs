@@ -213,7 +213,7 @@ pub(crate) fn media_type(headers: &HeaderMap) -> &str {
 /// Who answered: the only legate header an upstream answer carries from here; the attempt
 /// count and `x-should-retry` are stamped once, by `Proxy::handle`.
 fn served_by(resp: &mut Response<ProxyBody>, call: &Call<'_>) {
-    response::set_header_text(resp, "x-legate-served-by", call.step.target());
+    response::set_served_by(resp, call.step.target());
     let (caller, upstream) = (call.inb.endpoint.api, call.up.kind);
     let named = match (caller, upstream) {
         (ApiKind::Anthropic, ApiKind::OpenAi) => Some(("x-request-id", "request-id")),

@@ -133,7 +133,7 @@ fn estimate_response(step: &ChainStep, tokens: u64) -> Response<ProxyBody> {
         HeaderValue::from_static("application/json"),
     );
     response::set_header(&mut resp, "x-legate-estimate", "true");
-    response::set_header_text(&mut resp, "x-legate-served-by", step.target());
+    response::set_served_by(&mut resp, step.target());
     resp
 }
 

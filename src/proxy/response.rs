@@ -174,15 +174,45 @@ pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &st
     }
 }
 
-/// `set_header` for a value that may hold what a header cannot (a model name the caller
-/// chose, with non-ASCII or control characters): those bytes, and `%`, are written as `%XX`
-/// rather than the header being left out.
-pub fn set_header_text(resp: &mut Response<ProxyBody>, name: &'static str, value: &str) {
-    let v = HeaderValue::from_str(value).or_else(|_| HeaderValue::from_str(&escaped(value)));
-    if let Ok(v) = v {
-        resp.headers_mut().insert(header_name(name), v);
+/// `x-legate-served-by: provider:model`. A target a header cannot hold as it is (a model name
+/// the caller chose, with control characters) is written [`escaped`] rather than left out.
+///
+/// The value is the one this thread wrote last when it names the same target, shared instead
+/// of copied and checked again, since one caller's requests go to the same step one after
+/// another. An escaped target never matches its value, and is written each time.
+pub fn set_served_by(resp: &mut Response<ProxyBody>, target: &str) {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<HeaderValue>> = const { std::cell::RefCell::new(None) };
+    }
+    let made = || {
+        HeaderValue::from_str(target)
+            .or_else(|_| HeaderValue::from_str(&escaped(target)))
+            .ok()
+    };
+    let value = LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return made();
+        };
+        match &*last {
+            Some(v) if v.as_bytes() == target.as_bytes() => Some(v.clone()),
+            _ => {
+                let v = made();
+                // Only a target as long as a step's (its model a config's or a caller's name
+                // within the default route's bound) is kept for the next request.
+                if target.len() <= MAX_REMEMBERED_TARGET {
+                    last.clone_from(&v);
+                }
+                v
+            }
+        }
+    });
+    if let Some(v) = value {
+        resp.headers_mut().insert(X_LEGATE_SERVED_BY, v);
     }
 }
+
+/// The longest `x-legate-served-by` value [`set_served_by`] keeps between requests.
+const MAX_REMEMBERED_TARGET: usize = 320;
 
 /// `value` with every byte outside printable ASCII (and `%`) percent-encoded.
 pub fn escaped(value: &str) -> String {
@@ -243,6 +273,34 @@ mod tests {
         h.iter()
             .map(|(n, v)| format!("{n}={}", v.to_str().unwrap()))
             .collect()
+    }
+
+    fn served_by(target: &str) -> HeaderValue {
+        let mut resp = Response::new(ProxyBody::full(Bytes::new()));
+        set_served_by(&mut resp, target);
+        resp.headers()[X_LEGATE_SERVED_BY].clone()
+    }
+
+    #[test]
+    fn served_by_names_each_target_sharing_the_value_it_wrote_last() {
+        let first = served_by("anthropic:claude-x");
+        let again = served_by("anthropic:claude-x");
+        assert_eq!(again, "anthropic:claude-x");
+        assert_eq!(
+            again.as_bytes().as_ptr(),
+            first.as_bytes().as_ptr(),
+            "the same bytes, shared"
+        );
+        assert_eq!(served_by("openai:gpt-x"), "openai:gpt-x");
+        // A target a header cannot hold is escaped, each time, and never mistaken for another.
+        assert_eq!(served_by("openai:a\nb%"), "openai:a%0Ab%25");
+        assert_eq!(served_by("openai:a\nb%"), "openai:a%0Ab%25");
+        assert_eq!(served_by("anthropic:claude-x"), "anthropic:claude-x");
+        // Past the bound: still written, not kept.
+        let long = format!("openai:{}", "m".repeat(MAX_REMEMBERED_TARGET));
+        assert_eq!(served_by(&long).as_bytes(), long.as_bytes());
+        let kept = served_by("anthropic:claude-x");
+        assert_eq!(kept, "anthropic:claude-x");
     }
 
     #[test]

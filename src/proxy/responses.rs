@@ -398,7 +398,7 @@ pub async fn forward(
     if let Some(r) = redact {
         r.headers(out.headers_mut());
     }
-    crate::proxy::response::set_header_text(&mut out, "x-legate-served-by", served_by);
+    crate::proxy::response::set_served_by(&mut out, served_by);
     Ok(out)
 }
 
