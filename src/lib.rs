@@ -7,6 +7,7 @@ pub mod cli;
 pub mod cloud;
 pub mod config;
 pub mod error;
+pub(crate) mod header_maps;
 #[cfg(test)]
 mod json_gen;
 pub(crate) mod key_shapes;

@@ -557,7 +557,7 @@ fn forwardable(inbound: &HeaderMap, credential: Option<&HeaderName>) -> HeaderMa
     if inbound.len() < COPY_FROM {
         // Sized once for the caller's lines and the few legate adds, instead of growing (a
         // rehash each time) on the way.
-        let mut out = HeaderMap::with_capacity(inbound.len() + ADDED_HEADERS);
+        let mut out = crate::header_maps::take(inbound.len() + ADDED_HEADERS);
         for (name, value) in inbound {
             if !dropped(name) {
                 out.append(name.clone(), value.clone());

@@ -113,6 +113,13 @@ pub struct Inbound {
     pub(crate) obs: crate::observe::RequestObs,
 }
 
+impl Drop for Inbound {
+    /// The caller's head map is kept for the next head this thread reads (`header_maps`).
+    fn drop(&mut self) {
+        crate::header_maps::give(std::mem::take(&mut self.headers));
+    }
+}
+
 /// What `Proxy::serve` hands back: the outcome, and what it owned on the way.
 struct Served {
     proxy: Arc<Proxy>,

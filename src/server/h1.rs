@@ -204,7 +204,7 @@ where
         }
         // The rest of a body left unread is read after the answer, if it may be.
         keep_alive &= (inbound.complete() || inbound.drainable()) && !stop.is_cancelled();
-        let (parts, mut body) = resp.into_parts();
+        let (mut parts, mut body) = resp.into_parts();
         let length = body.size_hint().exact();
         let out = response::encode(
             &parts,
@@ -214,6 +214,8 @@ where
             &mut keep_alive,
             &mut conn.out,
         );
+        // Written: its map is kept for the next head (`header_maps`).
+        crate::header_maps::give(std::mem::take(&mut parts.headers));
         drop(parts);
         let written = {
             let mut writer = Writer { out, done: false };

@@ -190,6 +190,8 @@ impl PooledClient {
             self.to_http1(&mut req, &key);
             let err = match h1.send(&req).await {
                 Ok(head) => {
+                    // Written and answered: its map is kept for the next request's.
+                    crate::header_maps::give(std::mem::take(req.headers_mut()));
                     let home = self.conns().clone();
                     let (parts, framing, keep_alive) = (head.parts, head.framing, head.keep_alive);
                     let body = H1Body::new(conn, framing, keep_alive, home);

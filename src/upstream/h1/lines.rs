@@ -83,7 +83,7 @@ impl Spans {
         mut note: impl FnMut(&HeaderName, &[u8]) -> Result<(), E>,
         bad: impl Fn(BadName) -> E,
     ) -> Result<HeaderMap, E> {
-        let mut headers = HeaderMap::with_capacity(self.count + room);
+        let mut headers = crate::header_maps::take(self.count + room);
         for &[ns, ne, vs, ve] in self.at.iter().take(self.count) {
             let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
             let name = name(&head[ns..ne]).ok_or_else(|| bad(BadName))?;
