@@ -316,3 +316,66 @@ async fn a_slow_upload_is_not_counted_as_legates_overhead() {
         .unwrap();
     assert!(overhead < 500.0, "{overhead} ms");
 }
+
+/// Header maps are emptied and reused between the requests a worker serves
+/// (`src/header_maps.rs`): nothing of one request's head, or of its answer's, may show in the
+/// next one's, on the same keep-alive connection, in either direction.
+#[tokio::test]
+async fn one_requests_headers_never_reach_the_next_on_the_same_connection() {
+    let env = harness::start("").await;
+    env.script(
+        r#"{"replies":[
+            {"headers":{"x-first-answer":"1","anthropic-ratelimit-requests-remaining":"41"}},
+            {},
+            {"headers":{"x-third-answer":"3"}}
+        ]}"#,
+    );
+    let send = |model: &str, beta: Option<&str>, only_first: bool| {
+        let mut req = env
+            .http
+            .post(env.url("/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(format!(
+                r#"{{"model":"{model}","max_tokens":5,"messages":[]}}"#
+            ));
+        if let Some(beta) = beta {
+            req = req.header("anthropic-beta", beta);
+        }
+        if only_first {
+            req = req.header("x-first-only", "yes");
+        }
+        req.send()
+    };
+    let first = send("m1", Some("first-beta"), true).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["x-first-answer"], "1");
+    assert_eq!(first.headers()["x-legate-served-by"], "anthropic:m1");
+    let second = send("m2", None, false).await.unwrap();
+    assert_eq!(second.status(), 200);
+    let h = second.headers();
+    assert!(h.get("x-first-answer").is_none(), "{h:?}");
+    assert!(h.get("anthropic-ratelimit-requests-remaining").is_none());
+    assert_eq!(h["x-legate-served-by"], "anthropic:m2");
+    assert_eq!(h.get_all("x-legate-request-id").iter().count(), 1);
+    let third = send("m1", Some("third-beta"), false).await.unwrap();
+    assert_eq!(third.status(), 200);
+    let h = third.headers();
+    assert_eq!(h["x-third-answer"], "3");
+    assert!(h.get("x-first-answer").is_none());
+    assert_eq!(h["x-legate-served-by"], "anthropic:m1");
+
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 3);
+    let seen = |i: usize, name: &str| header_values(&reqs[i].headers, name);
+    assert_eq!(seen(0, "anthropic-beta"), vec!["first-beta"]);
+    assert_eq!(seen(0, "x-first-only"), vec!["yes"]);
+    assert!(seen(1, "anthropic-beta").is_empty());
+    assert!(seen(1, "x-first-only").is_empty());
+    assert_eq!(seen(2, "anthropic-beta"), vec!["third-beta"]);
+    assert!(seen(2, "x-first-only").is_empty());
+    for i in 0..3 {
+        assert_eq!(seen(i, "x-api-key"), vec![ANTHROPIC_KEY]);
+        assert_eq!(seen(i, "anthropic-version"), vec!["2023-06-01"]);
+    }
+}
