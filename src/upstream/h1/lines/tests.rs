@@ -112,27 +112,21 @@ fn every_byte_httparse_lets_into_a_value_is_one_http_allows() {
         for at in [0, 20, 39] {
             let mut value = vec![b'v'; 40];
             value[at] = b;
-            let mut request = b"GET / HTTP/1.1\r\nx: ".to_vec();
-            request.extend_from_slice(&value);
-            request.extend_from_slice(b"\r\n\r\n");
-            let mut answer = b"HTTP/1.1 200 OK\r\nx: ".to_vec();
-            answer.extend_from_slice(&value);
-            answer.extend_from_slice(b"\r\n\r\n");
-
+            let head = |first: &[u8]| [first, b"x: ", &value, b"\r\n\r\n"].concat();
+            let (request, answer) = (head(b"GET / HTTP/1.1\r\n"), head(b"HTTP/1.1 200 OK\r\n"));
+            let config = httparse::ParserConfig::default();
             let mut lines = [httparse::EMPTY_HEADER; 4];
             let mut req = httparse::Request::new(&mut lines);
-            let req_value =
-                match httparse::ParserConfig::default().parse_request(&mut req, &request) {
-                    Ok(httparse::Status::Complete(_)) => Some(req.headers[0].value.to_vec()),
-                    _ => None,
-                };
+            let req_value = match config.parse_request(&mut req, &request) {
+                Ok(httparse::Status::Complete(_)) => Some(req.headers[0].value.to_vec()),
+                _ => None,
+            };
             let mut lines = [httparse::EMPTY_HEADER; 4];
             let mut resp = httparse::Response::new(&mut lines);
-            let resp_value =
-                match httparse::ParserConfig::default().parse_response(&mut resp, &answer) {
-                    Ok(httparse::Status::Complete(_)) => Some(resp.headers[0].value.to_vec()),
-                    _ => None,
-                };
+            let resp_value = match config.parse_response(&mut resp, &answer) {
+                Ok(httparse::Status::Complete(_)) => Some(resp.headers[0].value.to_vec()),
+                _ => None,
+            };
             for found in [req_value, resp_value].into_iter().flatten() {
                 allowed += 1;
                 assert!(
