@@ -23,8 +23,10 @@ use http::HeaderMap;
 /// connection's request at a time, or a few interleaved.
 const KEPT: usize = 8;
 
-/// A map with room for more lines than this is not kept (a head of that many lines is rare;
-/// the room of 64 is about 7 KiB).
+/// A map with room for more lines than this, or holding more values (repeated lines of one
+/// name are kept apart from the room a map reports, so both are checked), is not kept: a head
+/// of that many lines is rare. Maps grow in steps of 6, 12, 24, 48 and 96 lines' room, so the
+/// largest kept has room for 48, about 5 KiB.
 const MAX_ROOM: usize = 64;
 
 thread_local! {
@@ -34,7 +36,11 @@ thread_local! {
 /// An empty map with room for at least `room` lines: one kept on this thread when there is
 /// one, else a new one.
 pub(crate) fn take(room: usize) -> HeaderMap {
-    let kept = FREE.with(|free| free.try_borrow_mut().ok().and_then(|mut f| f.pop()));
+    // `try_with`: a map taken while the thread's storage is being torn down is a new one.
+    let kept = FREE
+        .try_with(|free| free.try_borrow_mut().ok().and_then(|mut f| f.pop()))
+        .ok()
+        .flatten();
     match kept {
         Some(mut map) => {
             map.reserve(room);
@@ -47,10 +53,11 @@ pub(crate) fn take(room: usize) -> HeaderMap {
 /// Empties `map` and keeps it for a later [`take`] on this thread, unless the thread keeps
 /// enough already or the map has grown past [`MAX_ROOM`].
 pub(crate) fn give(mut map: HeaderMap) {
-    if map.capacity() > MAX_ROOM {
+    if map.capacity() > MAX_ROOM || map.len() > MAX_ROOM {
         return;
     }
-    FREE.with(|free| {
+    // A map given back while the thread's storage is being torn down is freed.
+    let _ = FREE.try_with(|free| {
         let Ok(mut free) = free.try_borrow_mut() else {
             return;
         };
@@ -91,6 +98,34 @@ mod tests {
         let wider = take(40);
         assert!(wider.capacity() >= 40);
         assert!(wider.is_empty());
+    }
+
+    #[test]
+    fn a_map_with_repeated_lines_comes_back_without_them_and_too_many_are_not_kept() {
+        let mut map = take(4);
+        for v in ["1", "2", "3"] {
+            map.append(ACCEPT, HeaderValue::from_static(v));
+        }
+        give(map);
+        let mut again = take(4);
+        assert!(again.is_empty());
+        assert_eq!(again.get_all(ACCEPT).iter().count(), 0);
+        again.append(ACCEPT, HeaderValue::from_static("4"));
+        assert_eq!(again.get_all(ACCEPT).iter().collect::<Vec<_>>(), ["4"]);
+        // Few names, many values: the room a map reports does not count them, its length does.
+        for _ in 0..MAX_ROOM {
+            again.append(ACCEPT, HeaderValue::from_static("x"));
+        }
+        assert!(again.capacity() <= MAX_ROOM);
+        while kept() > 0 {
+            take(0);
+        }
+        give(again);
+        assert_eq!(
+            kept(),
+            0,
+            "a map holding more values than the bound is freed"
+        );
     }
 
     #[test]

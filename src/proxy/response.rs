@@ -179,7 +179,7 @@ pub fn set_header(resp: &mut Response<ProxyBody>, name: &'static str, value: &st
 ///
 /// The value is the one this thread wrote last when it names the same target, shared instead
 /// of copied and checked again, since one caller's requests go to the same step one after
-/// another. An escaped target never matches its value, and is written each time.
+/// another. An escaped one is never kept: it could not match its target.
 pub fn set_served_by(resp: &mut Response<ProxyBody>, target: &str) {
     thread_local! {
         static LAST: std::cell::RefCell<Option<HeaderValue>> = const { std::cell::RefCell::new(None) };
@@ -198,8 +198,11 @@ pub fn set_served_by(resp: &mut Response<ProxyBody>, target: &str) {
             _ => {
                 let v = made();
                 // Only a target as long as a step's (its model a config's or a caller's name
-                // within the default route's bound) is kept for the next request.
-                if target.len() <= MAX_REMEMBERED_TARGET {
+                // within the default route's bound), written as it is, is kept.
+                let as_is = v
+                    .as_ref()
+                    .is_some_and(|v| v.as_bytes() == target.as_bytes());
+                if as_is && target.len() <= MAX_REMEMBERED_TARGET {
                     last.clone_from(&v);
                 }
                 v
@@ -292,15 +295,20 @@ mod tests {
             "the same bytes, shared"
         );
         assert_eq!(served_by("openai:gpt-x"), "openai:gpt-x");
-        // A target a header cannot hold is escaped, each time, and never mistaken for another.
+        let kept = served_by("anthropic:claude-x");
+        // A target a header cannot hold is escaped, each time, and never kept.
         assert_eq!(served_by("openai:a\nb%"), "openai:a%0Ab%25");
         assert_eq!(served_by("openai:a\nb%"), "openai:a%0Ab%25");
-        assert_eq!(served_by("anthropic:claude-x"), "anthropic:claude-x");
-        // Past the bound: still written, not kept.
+        // Past the bound: still written, never kept.
         let long = format!("openai:{}", "m".repeat(MAX_REMEMBERED_TARGET));
         assert_eq!(served_by(&long).as_bytes(), long.as_bytes());
-        let kept = served_by("anthropic:claude-x");
-        assert_eq!(kept, "anthropic:claude-x");
+        let again = served_by("anthropic:claude-x");
+        assert_eq!(again, "anthropic:claude-x");
+        assert_eq!(
+            again.as_bytes().as_ptr(),
+            kept.as_bytes().as_ptr(),
+            "the value kept before the escaped and the long target is still the one kept"
+        );
     }
 
     #[test]

@@ -28,12 +28,16 @@ pub(crate) struct BadName;
 pub(crate) struct Spans {
     at: [[u32; 4]; MAX_HEADERS],
     count: usize,
+    /// Where the buffer `fill` read starts: `to_map`'s head must start there (checked in
+    /// debug builds, as every test runs).
+    base: usize,
 }
 
 impl Spans {
     const EMPTY: Spans = Spans {
         at: [[0; 4]; MAX_HEADERS],
         count: 0,
+        base: 0,
     };
 
     /// Runs `read` with this thread's list of spans. A head is read from its first byte to its
@@ -58,6 +62,7 @@ impl Spans {
     /// left beyond them is never read.
     pub(crate) fn fill(&mut self, buf: &[u8], lines: &[httparse::Header<'_>]) {
         let base = buf.as_ptr() as usize;
+        self.base = base;
         let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
         self.count = lines.len().min(MAX_HEADERS);
         for (span, h) in self.at.iter_mut().zip(lines) {
@@ -83,6 +88,11 @@ impl Spans {
         mut note: impl FnMut(&HeaderName, &[u8]) -> Result<(), E>,
         bad: impl Fn(BadName) -> E,
     ) -> Result<HeaderMap, E> {
+        debug_assert_eq!(
+            head.as_ptr() as usize,
+            self.base,
+            "to_map reads the head fill read"
+        );
         let mut headers = crate::header_maps::take(self.count + room);
         for &[ns, ne, vs, ve] in self.at.iter().take(self.count) {
             let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
@@ -116,8 +126,9 @@ fn value(head: &Bytes, at: std::ops::Range<usize>) -> HeaderValue {
     // SAFETY: `from_maybe_shared_unchecked` asks for bytes valid in a header value. `at` is a
     // value httparse accepted in these bytes: `fill` took it from httparse's lines over the
     // buffer `head` was frozen from, unchanged since (`to_map`'s contract), and httparse's
-    // value grammar admits no byte `http` refuses (above). A bad byte would break no memory
-    // safety either: `HeaderValue::to_str` checks for itself.
+    // value grammar admits no byte `http` refuses (above). What a bad byte would break is the
+    // heads legate writes (both sides write values as they are: a CR or LF would inject a
+    // line), not memory safety: `HeaderValue::to_str` checks for itself.
     unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(at)) }
 }
 
