@@ -4,6 +4,7 @@
 //! Every failure a tool meets is a [`ToolError`] that becomes an `is_error` tool_result the
 //! model can read; nothing a tool does ends the loop.
 
+mod child;
 pub(super) mod edit_file;
 pub(super) mod list_dir;
 mod open;

@@ -7,6 +7,7 @@
 //! A non-zero exit status is a normal result (the model reads the code); only a command that
 //! could not start, timed out or was cancelled is a tool error.
 
+use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,6 +18,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
+use super::child::Shell;
 use super::output::HeadTail;
 use super::{ToolError, ToolKind, ToolSpec};
 use crate::agent::cancel::{Cancel, Signal};
@@ -97,29 +99,27 @@ pub(crate) async fn run(
     if let Some(by) = cancel.signal() {
         return Err(ToolError::NotStarted { by });
     }
-    let mut cmd = tokio::process::Command::new("sh");
+    let mut cmd = std::process::Command::new("sh");
     cmd.arg("-c")
         .arg(&input.command)
         .current_dir(ws.root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .process_group(0);
     // The model reads what the command prints: credentials in the agent's own environment
     // (a provider key exported for `legate serve` in the same shell) are not handed to it.
     for name in crate::agent::secrets::scrubbed_names() {
         cmd.env_remove(name);
     }
-    #[cfg(unix)]
-    cmd.process_group(0);
-    let mut child = cmd.spawn().map_err(ToolError::Spawn)?;
-    let pid = child.id();
+    let (mut child, (out, err)) = Shell::spawn(&mut cmd).map_err(ToolError::Spawn)?;
+    let pid = Some(child.id());
     let _running = Running::set(pid);
     let stdout = Arc::new(Mutex::new(HeadTail::new(KEEP_BYTES)));
     let stderr = Arc::new(Mutex::new(HeadTail::new(KEEP_BYTES)));
     let readers = [
-        child.stdout.take().map(|r| capture(r, stdout.clone())),
-        child.stderr.take().map(|r| capture(r, stderr.clone())),
+        out.map(|r| capture(r, stdout.clone())),
+        err.map(|r| capture(r, stderr.clone())),
     ];
     let secs = input.timeout_secs();
     // Biased towards the shell's own exit: a command that ended is reported as ended, even if
@@ -184,7 +184,7 @@ pub(in crate::agent) fn kill_running() {
 /// Kills the group for a timeout or Ctrl-C and reaps the shell. Its status tells whether the
 /// kill is what ended it: a shell that exited on its own just before is reported as exited,
 /// so a result never says "killed" of a command that ran to its end.
-async fn stop_group(child: &mut tokio::process::Child, pid: Option<u32>, stop: Ended) -> Ended {
+async fn stop_group(child: &mut Shell, pid: Option<u32>, stop: Ended) -> Ended {
     // The shell is not reaped yet (its pid cannot have gone to another process): its
     // descendants are found from it, and killed with the group.
     #[cfg(unix)]
