@@ -3,10 +3,8 @@
 
 One full run (`cargo bench --bench proxy`) moves with the host by more than a change of a few
 percent of instructions moves legate; runs of two builds made in different hours compare the
-hours, not the builds. This runs the benchmark executable again and again, putting build A and
-build B in turn where it looks for legate (the bench finds the binary at the path cargo built it
-to, `CARGO_BIN_EXE_legate`, which is `legate` beside the `deps` directory the executable is in),
-and prints, per row, the median and range over each build's runs of the run's own figure (its
+hours, not the builds. This runs the benchmark executable again and again, naming build A and
+build B in turn as the binary to measure (`BENCH_LEGATE_BIN`), and prints, per row, the median and range over each build's runs of the run's own figure (its
 median of three samples), and how often B read above A against the run of A just before it.
 
     cargo bench --bench proxy --no-run          # prints the executable's path
@@ -14,14 +12,12 @@ median of three samples), and how often B read above A against the run of A just
                         [--pairs 5] [--logs DIR]
     python3 bench/ab.py --parse a:RUN1.log b:RUN2.log a:RUN3.log ...   # runs already made
 
-The binary at the bench's path is put back as it was when it ends. Each run is one full
-benchmark (about two minutes on a 2-core machine); keep the machine otherwise idle.
+Each run is one full benchmark (about two minutes on a 2-core machine); keep the machine otherwise idle.
 """
 
 import argparse
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -89,11 +85,13 @@ def summary(runs):
         print(f"| {label} | {cells[0]} | {cells[1]} | {above} of {pairs} |")
 
 
-def bench_once(bench):
-    """One full run: (exit status, stdout, stderr). The run gets a process group of its own, so
-    that one past RUN_LIMIT_S is stopped with the legate, mock and nginx it started."""
+def bench_once(bench, binary):
+    """One full run of `binary`: (exit status, stdout, stderr). The run gets a process group of
+    its own, so that one past RUN_LIMIT_S is stopped with the legate, mock and nginx it
+    started."""
+    env = dict(os.environ, BENCH_LEGATE_BIN=os.path.abspath(binary))
     child = subprocess.Popen([bench, "--bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+                             text=True, start_new_session=True, env=env)
     try:
         out, err = child.communicate(timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
@@ -104,29 +102,20 @@ def bench_once(bench):
 
 
 def run(args):
-    target = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.bench))), "legate")
-    if not os.path.exists(target):
-        sys.exit(f"ab.py: no legate binary at {target}: build the bench first")
     logs = args.logs or tempfile.mkdtemp(prefix="legate-ab-")
     os.makedirs(logs, exist_ok=True)
-    saved = target + ".ab-saved"
-    shutil.copy2(target, saved)
     runs = []
-    try:
-        for i in range(args.pairs):
-            for build, binary in (("a", args.a), ("b", args.b)):
-                shutil.copy2(binary, target)
-                code, out, err = bench_once(args.bench)
-                path = os.path.join(logs, f"{i + 1:02d}-{build}.log")
-                with open(path, "w") as f:
-                    f.write(out + err)
-                if code != 0:
-                    print(f"ab.py: run {i + 1} of {build.upper()} exited {code} ({path})",
-                          file=sys.stderr)
-                runs.append((build, figures(out)))
-                print(f"run {i + 1} {build.upper()}: {path}", file=sys.stderr)
-    finally:
-        shutil.move(saved, target)
+    for i in range(args.pairs):
+        for build, binary in (("a", args.a), ("b", args.b)):
+            code, out, err = bench_once(args.bench, binary)
+            path = os.path.join(logs, f"{i + 1:02d}-{build}.log")
+            with open(path, "w") as f:
+                f.write(out + err)
+            if code != 0:
+                print(f"ab.py: run {i + 1} of {build.upper()} exited {code} ({path})",
+                      file=sys.stderr)
+            runs.append((build, figures(out)))
+            print(f"run {i + 1} {build.upper()}: {path}", file=sys.stderr)
     summary(runs)
 
 

@@ -12,6 +12,7 @@
 //! `cargo test --all-targets` does) it is a smoke run of a few seconds that checks the
 //! machinery and judges nothing.
 
+mod binary;
 mod children;
 mod client;
 mod error;
@@ -142,24 +143,29 @@ fn main() -> ExitCode {
 
 /// Starts the children, measures, prints the table; returns the number of failed requests.
 async fn run(plan: Plan) -> Result<u64, BenchError> {
-    let bin = Path::new(env!("CARGO_BIN_EXE_legate"));
-    let load_before = report::load_average();
-    eprintln!(
-        "bench: {} with {} (1-min load average {load_before})",
-        plan.name,
-        bin.display()
-    );
     let dir = tempfile::tempdir().map_err(|source| BenchError::Io {
         what: "cannot create a temporary directory".to_owned(),
         source,
     })?;
+    let legate = binary::choose(plan.judged, dir.path())?;
+    let bin = legate.path.as_path();
+    let load_before = report::load_average();
+    eprintln!(
+        "bench: {} with {} ({}; 1-min load average {load_before})",
+        plan.name,
+        bin.display(),
+        legate.origin
+    );
     let mock = children::start_mock(bin).await?;
     let result = with_mock(plan, bin, dir.path(), &mock).await;
     mock.stop().await;
     let tables = result?;
     println!("{}", report::table(&tables.main, &tables.names));
     println!("{}", report::table(&tables.observe, &observe::NAMES));
-    println!("{}", report::machine_line(plan.name, &load_before));
+    println!(
+        "{}",
+        report::machine_line(plan.name, &load_before, legate.origin)
+    );
     if let Some(note) = report::busy_note(&load_before) {
         println!("\n{note}");
     }

@@ -101,9 +101,9 @@ pub(crate) fn load_average() -> String {
 }
 
 /// `Machine: <cpu model>, nproc N; <UTC date and time>; <what kind of run>; load average;
-/// the proxies' workers`.
+/// which legate binary (`legate`: `binary::Legate::origin`) and the proxies' workers`.
 /// The load average is there because other work on a 2-core machine moves every number.
-pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
+pub(crate) fn machine_line(run: &str, load_before: &str, legate: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -126,7 +126,7 @@ pub(crate) fn machine_line(run: &str, load_before: &str) -> String {
     };
     format!(
         "Machine: {model}, nproc {nproc}; {} UTC; {run}; 1-min load average {load_before} at \
-         start; legate worker_threads {}, nginx worker_processes {}{cpus}{floor}{sdk}",
+         start; legate ({legate}) worker_threads {}, nginx worker_processes {}{cpus}{floor}{sdk}",
         utc_now(),
         crate::children::legate_workers(),
         crate::nginx::WORKERS,
