@@ -13,13 +13,13 @@ that ran, by instructions spent in each. The functions that a start-up on the em
 config (no file, the quick start's) runs beyond those follow them.
 
 Symbol names carry hashes of the build's profile, compiler and dependency versions, so the list
-is made from a build of each profile that runs the binary, `release` and `bench` (what
-`cargo bench` measures), and made again after a compiler or dependency update (a name lld does
-not find is skipped: a stale list costs memory, not a build):
+is made from the `release` profile's build (the binary that ships and that the benchmark
+measures), and made again after a compiler or dependency update (a name lld does not find is
+skipped: a stale list costs memory, not a build):
 
-    rm link/symbol-order.txt
     cargo build --release && python3 link/order.py
-    cargo bench --no-run && python3 link/order.py --add
+
+`--add` keeps the names already listed and adds another build's after them.
 """
 
 import argparse
