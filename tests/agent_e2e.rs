@@ -114,8 +114,23 @@ impl Stack {
     /// `legate agent` in the workspace, pointed at legate, with a clean environment.
     fn agent(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
-        cmd.arg("agent")
-            .args(args)
+        cmd.arg("agent");
+        self.agent_args(cmd, args)
+    }
+
+    /// [`Stack::agent`] started by `bash -c 'SETUP; exec legate agent …'`: the agent inherits
+    /// what the shell set up (an ignored signal stays ignored through exec; dash's `trap ''`
+    /// does not pass SIGCHLD on so, bash's does).
+    fn agent_after(&self, setup: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("{setup}; exec \"$0\" agent \"$@\""))
+            .arg(BIN);
+        self.agent_args(cmd, args)
+    }
+
+    fn agent_args(&self, mut cmd: Command, args: &[&str]) -> Command {
+        cmd.args(args)
             .args(["--url", &self.url])
             .current_dir(self.ws())
             .env_remove("LEGATE_URL")
@@ -269,6 +284,30 @@ async fn write_read_edit_run_task_finishes_with_the_files_as_expected() {
     assert!(ran_text.contains("13"), "{ran_text}");
     // The assistant turns went back as they came, so the model keeps its context.
     assert_eq!(requests[4]["messages"].as_array().unwrap().len(), 9);
+}
+
+/// A parent may leave SIGCHLD ignored, and exec keeps it so: children are then reaped by the
+/// kernel as they end, and a wait for one finds none. The agent still reports each command's
+/// exit code.
+#[tokio::test]
+async fn a_command_still_reports_its_exit_code_when_the_agent_inherits_sigchld_ignored() {
+    let s = stack(json!({"replies": [
+        tools_reply(&[("c1", "run_command", json!({"command": "echo ran; exit 3"}))]),
+        tools_reply(&[("c2", "run_command", json!({"command": "sleep 30", "timeout_secs": 1}))]),
+        text_reply("done"),
+    ]}))
+    .await;
+    let out = run(s.agent_after("trap '' CHLD", &["run two commands"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let requests = s.model_requests().await;
+    assert_eq!(requests.len(), 3);
+    let ran = tool_results(&requests[1]);
+    assert_eq!(ran[0]["is_error"], false, "{}", ran[0]);
+    assert_eq!(ran[0]["content"], "exit code: 3\n--- stdout ---\nran\n");
+    let timed_out = tool_results(&requests[2]);
+    assert_eq!(timed_out[0]["is_error"], true, "{}", timed_out[0]);
+    let text = timed_out[0]["content"].as_str().unwrap_or_default();
+    assert!(text.contains("timed out"), "{text}");
 }
 
 #[tokio::test]

@@ -29,6 +29,7 @@ impl Shell {
     /// Spawns `cmd`, whose stdout and stderr should be piped; must run on a tokio runtime
     /// with I/O enabled (the pipes are registered with it).
     pub(super) fn spawn(cmd: &mut Command) -> io::Result<(Shell, Pipes)> {
+        catch_sigchld();
         let mut child = cmd.spawn()?;
         let pid = Pid::from_child(&child);
         let out = child.stdout.take();
@@ -73,6 +74,21 @@ impl Drop for Shell {
             .name("legate-reap".to_owned())
             .spawn(move || rustix::process::waitid(WaitId::Pid(pid), WaitIdOptions::EXITED));
     }
+}
+
+/// Makes sure SIGCHLD is not ignored, once per process. A parent may start legate with it
+/// ignored (exec keeps an ignored signal so), and then the kernel reaps each child as it
+/// ends: a wait finds none ("No child processes") and the command's exit code is lost. A
+/// handler of tokio's, installed once and kept for the process's life, puts children back in
+/// the waitable state; it costs a wake-up of the agent's runtime per child that ends.
+fn catch_sigchld() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Err(e) = signal(SignalKind::child()) {
+            tracing::warn!(error = %e, "cannot handle SIGCHLD: if it is ignored, commands' exit codes are lost");
+        }
+    });
 }
 
 fn stdout(out: ChildStdout) -> io::Result<pipe::Receiver> {
