@@ -4,8 +4,9 @@
 One full run (`cargo bench --bench proxy`) moves with the host by more than a change of a few
 percent of instructions moves legate; runs of two builds made in different hours compare the
 hours, not the builds. This runs the benchmark executable again and again, naming build A and
-build B in turn as the binary to measure (`BENCH_LEGATE_BIN`), and prints, per row, the median and range over each build's runs of the run's own figure (its
-median of three samples), and how often B read above A against the run of A just before it.
+build B in turn as the binary to measure (`BENCH_LEGATE_BIN`), and prints, per row, the median
+and range over each build's runs of the run's own figure (its median of three samples), and how
+often B read above A against the run of A just before it.
 
     cargo bench --bench proxy --no-run          # prints the executable's path
     python3 bench/ab.py --bench target/release/deps/proxy-HASH --a OLD_LEGATE --b NEW_LEGATE \\

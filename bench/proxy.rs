@@ -147,7 +147,7 @@ async fn run(plan: Plan) -> Result<u64, BenchError> {
         what: "cannot create a temporary directory".to_owned(),
         source,
     })?;
-    let legate = binary::choose(plan.judged, dir.path())?;
+    let legate = binary::choose(plan.judged, dir.path()).await?;
     let bin = legate.path.as_path();
     let load_before = report::load_average();
     eprintln!(

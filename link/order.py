@@ -182,7 +182,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "symbol-order.txt"))
     parser.add_argument("--add", action="store_true",
                         help="keep the names already in --out and add this binary's after them "
-                             "(for a build of another profile, such as `cargo bench`'s)")
+                             "(for a build of another cargo profile)")
     args = parser.parse_args()
     binary = os.path.abspath(args.bin)
     with tempfile.TemporaryDirectory() as work:

@@ -48,7 +48,7 @@ BUSY_REQUESTS = 1500
 # Symbol names carry a hash of the cargo profile they were built with, and the profile is
 # looked up by name: the `release` profile's build is trained, the binary that ships and that
 # the benchmark measures (bench/binary.rs). `cargo bench`'s own build of legate, with the
-# tests' tokio features, runs only the benchmark's smoke run and the soak, and goes without.
+# tests' tokio features, runs at most the soak, and goes without.
 BUILDS = [("release", ["build", "--release", "--locked", "--bin", "legate"])]
 
 

@@ -6,8 +6,9 @@
 //! runs. So the shell is a [`std::process::Child`], and a thread of its own blocks in
 //! `waitid(WNOWAIT)` until it ends. That sees the end without reaping the shell: [`Shell::wait`]
 //! reaps it itself, so its pid stays the shell's until then, which `process_tree::kill_tree`
-//! needs. (A pidfd would need no thread, but registering one with tokio's I/O driver takes
-//! `unsafe`, which the crate keeps for hot paths; one thread per command is nothing here.)
+//! needs. (A pidfd would need no thread, but tokio's safe constructors of an `AsyncFd` are
+//! deprecated as unsound and the one left is `unsafe`, which the crate keeps for hot paths;
+//! one thread per command is nothing here.)
 
 use std::io;
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus};
@@ -86,7 +87,10 @@ fn catch_sigchld() {
     ONCE.call_once(|| {
         use tokio::signal::unix::{SignalKind, signal};
         if let Err(e) = signal(SignalKind::child()) {
-            tracing::warn!(error = %e, "cannot handle SIGCHLD: if it is ignored, commands' exit codes are lost");
+            tracing::warn!(
+                error = %e,
+                "cannot handle SIGCHLD (not tried again): if it is ignored, commands' exit codes are lost"
+            );
         }
     });
 }
@@ -108,10 +112,17 @@ async fn ended(pid: Pid) -> io::Result<()> {
     std::thread::Builder::new()
         .name("legate-wait".to_owned())
         .spawn(move || {
-            let waited = rustix::process::waitid(
-                WaitId::Pid(pid),
-                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
-            );
+            // Restarted after a signal: tokio installs its handlers with SA_RESTART, but one
+            // without it must not turn a running command into a failed wait.
+            let waited = loop {
+                match rustix::process::waitid(
+                    WaitId::Pid(pid),
+                    WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+                ) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    other => break other,
+                }
+            };
             let _ = tx.send(waited.map(drop).map_err(io::Error::from));
         })?;
     rx.await
