@@ -332,6 +332,11 @@ pub(super) enum ToolError {
     },
     BadPattern(regex::Error),
     Spawn(io::Error),
+    /// The command started, but waiting for it failed; it was killed.
+    Wait {
+        error: io::Error,
+        output: String,
+    },
     TimedOut {
         secs: u64,
         output: String,
@@ -396,6 +401,12 @@ impl fmt::Display for ToolError {
             ),
             ToolError::BadPattern(e) => write!(f, "invalid regex: {e}"),
             ToolError::Spawn(e) => write!(f, "cannot start sh: {e}"),
+            ToolError::Wait { error, output } => {
+                write!(
+                    f,
+                    "the wait for the command failed ({error}); it was killed\n{output}"
+                )
+            }
             ToolError::TimedOut { secs, output } => {
                 write!(f, "timed out after {secs} s and was killed\n{output}")
             }

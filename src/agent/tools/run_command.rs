@@ -5,7 +5,7 @@
 //! environment lacks the credentials of the agent's own (`secrets`).
 //!
 //! A non-zero exit status is a normal result (the model reads the code); only a command that
-//! could not start, timed out or was cancelled is a tool error.
+//! could not start, timed out, was cancelled or could not be waited for is a tool error.
 
 use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
@@ -133,10 +133,13 @@ pub(crate) async fn run(
     let ended = match waited {
         Ok(Ended::Exited(status)) => Ended::Exited(status),
         Ok(stop) => stop_group(&mut child, pid, stop).await,
-        Err(e) => {
+        Err(error) => {
             kill_group(pid);
             drain(readers, pid).await;
-            return Err(ToolError::Spawn(e));
+            return Err(ToolError::Wait {
+                error,
+                output: render(None, &stdout, &stderr),
+            });
         }
     };
     drain(readers, pid).await;
@@ -421,6 +424,26 @@ mod tests {
         }
         assert!(!dir.path().join("slept.txt").exists());
         Ok(())
+    }
+
+    /// A command that started and then could not be waited for is not reported as one that
+    /// never started, and what it printed is kept.
+    #[test]
+    fn a_failed_wait_says_so_with_the_output() {
+        let error = ToolError::Wait {
+            error: std::io::Error::from_raw_os_error(10),
+            output: "--- stdout ---\nran\n".to_owned(),
+        };
+        let text = error.to_string();
+        assert!(
+            text.starts_with("the wait for the command failed ("),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("it was killed\n--- stdout ---\nran\n"),
+            "{text}"
+        );
+        assert!(!text.contains("cannot start"), "{text}");
     }
 
     #[test]
