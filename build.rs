@@ -14,8 +14,8 @@
 //! 6.7 MiB of the binary resident, against about 2.1 MiB packed. Symbol names carry hashes of
 //! the profile, the compiler and the dependency versions, so the list (written by
 //! `link/order.py`) holds the names of the `release` profile's build (the one that ships and
-//! that the benchmark measures), and goes stale with a compiler or dependency update: a name lld does not find is skipped without
-//! a warning, so a stale list costs memory, never a build.
+//! that the benchmark measures), and goes stale with a compiler or dependency update: a name
+//! lld does not find is skipped without a warning, so a stale list costs memory, never a build.
 
 use std::path::Path;
 use std::process::Command;

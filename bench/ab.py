@@ -13,7 +13,8 @@ often B read above A against the run of A just before it.
                         [--pairs 5] [--logs DIR]
     python3 bench/ab.py --parse a:RUN1.log b:RUN2.log a:RUN3.log ...   # runs already made
 
-Each run is one full benchmark (about two minutes on a 2-core machine); keep the machine otherwise idle.
+Each run is one full benchmark (about two minutes on a 2-core machine); keep the machine
+otherwise idle.
 """
 
 import argparse

@@ -89,7 +89,7 @@ fn catch_sigchld() {
         if let Err(e) = signal(SignalKind::child()) {
             tracing::warn!(
                 error = %e,
-                "cannot handle SIGCHLD (not tried again): if it is ignored, commands' exit codes are lost"
+                "cannot handle SIGCHLD (not retried): if ignored, commands' exit codes are lost"
             );
         }
     });
