@@ -19,7 +19,11 @@ pub fn is_loopback_host(host: &str) -> bool {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    if host.eq_ignore_ascii_case("localhost") {
+    // The names nearly every request carries (the quick start's `127.0.0.1`, and `localhost`)
+    // answered before the address parser: on a request's `Host` line, parsing
+    // `127.0.0.1` as an address cost about 300 instructions (valgrind), the check in all
+    // about 450 of a request's 38,000.
+    if host == "127.0.0.1" || host == "::1" || host.eq_ignore_ascii_case("localhost") {
         return true;
     }
     host.parse::<IpAddr>().is_ok_and(is_loopback_ip)
@@ -62,6 +66,33 @@ mod tests {
                 !is_loopback_ip(ip.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))),
                 "{ip}"
             );
+        }
+    }
+
+    #[test]
+    fn loopback_host_names_pass_and_look_alikes_do_not() {
+        for h in [
+            "127.0.0.1",
+            "::1",
+            "[::1]",
+            "localhost",
+            "LocalHost",
+            "127.0.0.2",
+            "::ffff:127.0.0.1",
+            "0:0:0:0:0:0:0:1",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "127.0.0.1.evil.example",
+            "127.0.0.1 ",
+            "1127.0.0.1",
+            "::2",
+            "localhost.evil.example",
+            "10.0.0.1",
+            "",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
         }
     }
 

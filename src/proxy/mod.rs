@@ -265,15 +265,10 @@ impl Proxy {
         if websocket {
             // legate's own headers, as on every other answer (`x-legate-overhead-ms`).
             let mut refused = responses::refuse_websocket(&obs);
-            let stamped = self.stamp(
-                &mut refused,
-                exchange::Spent::default(),
-                started,
-                api_label,
-                &obs,
-            );
-            rec.finish_at(426, stamped);
-            response::set_header_owned(&mut refused, "x-legate-request-id", rid.render());
+            let (at, stamped) =
+                self.stamp(&mut refused, exchange::Spent::default(), started, api_label);
+            rec.finish_noting(426, at, |f| stamped.note(f, &refused));
+            response::set_request_id(&mut refused, &rid);
             return Either::Left(std::future::ready(Ok(refused)));
         }
         let span = obs.span().clone();
@@ -338,25 +333,31 @@ impl Proxy {
                     resp
                 }
             };
-            let stamped = proxy.stamp(&mut resp, stats, started, api_label, &obs);
-            if let Some(rec) = record.take() {
-                rec.finish_at(resp.status().as_u16(), stamped);
+            let (at, stamped) = proxy.stamp(&mut resp, stats, started, api_label);
+            // One update of the request's facts for the stamp and the record, where the
+            // record is written here (each update takes a lock and a compare-and-swap); a
+            // streamed answer's body holds the record, and the stamp is noted on its own.
+            match record.take() {
+                Some(rec) => {
+                    rec.finish_noting(resp.status().as_u16(), at, |f| stamped.note(f, &resp))
+                }
+                None => obs.update(|f| stamped.note(f, &resp)),
             }
-            response::set_header_owned(&mut resp, "x-legate-request-id", rid.render());
+            response::set_request_id(&mut resp, &rid);
             Ok(crate::observe::capture::wrap(resp, obs, &snap))
         })
     }
 
     /// legate's own response headers, stamped here only, on answers and errors alike, and the
-    /// overhead metric; the instant it was stamped at.
+    /// overhead metric; the instant it was stamped at, and what the request's facts are to
+    /// note of it ([`Stamped::note`], written with the record's own in one update).
     fn stamp(
         &self,
         resp: &mut Response<ProxyBody>,
         stats: exchange::Spent,
         started: Instant,
         api_label: &str,
-        obs: &crate::observe::RequestObs,
-    ) -> Instant {
+    ) -> (Instant, Stamped) {
         // Time inside legate before the response headers, upstream waits excluded.
         let now = Instant::now();
         let overhead = now
@@ -385,24 +386,13 @@ impl Proxy {
             resp.extensions_mut()
                 .insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
         }
-        let served_by = resp
-            .headers()
-            .get(&response::X_LEGATE_SERVED_BY)
-            .and_then(|v| v.to_str().ok());
-        obs.update(|f| {
-            f.overhead = Some(overhead);
-            f.attempts = stats.attempts;
-            // Nearly always the target of the attempt that answered: shared, not copied.
-            // The header escapes what it cannot hold; the record keeps the name itself.
-            f.served_by = served_by.map(|s| match f.steps.last() {
-                Some(a) if a.called.target() == s => a.called.shared_target().clone(),
-                Some(a) if response::escaped(a.called.target()) == s => {
-                    a.called.shared_target().clone()
-                }
-                _ => std::sync::Arc::from(s),
-            });
-        });
-        now
+        (
+            now,
+            Stamped {
+                overhead,
+                attempts: stats.attempts,
+            },
+        )
     }
 
     /// The request's way through legate's policies, in their fixed order (the numbered steps
@@ -569,6 +559,33 @@ impl Proxy {
 
 /// A duration as milliseconds with three decimals, rounded to the microsecond. Integer
 /// formatting: `{:.3}` on an f64 took thousands of instructions per request.
+/// What [`Proxy::stamp`] tells the request's facts.
+struct Stamped {
+    overhead: std::time::Duration,
+    attempts: u32,
+}
+
+impl Stamped {
+    /// Notes the stamp, and who answered (`resp`'s `x-legate-served-by`), in `f`.
+    fn note(&self, f: &mut crate::observe::facts::Facts, resp: &Response<ProxyBody>) {
+        f.overhead = Some(self.overhead);
+        f.attempts = self.attempts;
+        let served_by = resp
+            .headers()
+            .get(&response::X_LEGATE_SERVED_BY)
+            .and_then(|v| v.to_str().ok());
+        // Nearly always the target of the attempt that answered: shared, not copied. The
+        // header escapes what it cannot hold; the record keeps the name itself.
+        f.served_by = served_by.map(|s| match f.steps.last() {
+            Some(a) if a.called.target() == s => a.called.shared_target().clone(),
+            Some(a) if response::escaped(a.called.target()) == s => {
+                a.called.shared_target().clone()
+            }
+            _ => std::sync::Arc::from(s),
+        });
+    }
+}
+
 fn millis_3(d: std::time::Duration) -> String {
     let micros = (d.as_nanos() + 500) / 1_000;
     // Nor `format!`: itoa and three digits by hand are a fraction of its cost.

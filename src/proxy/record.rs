@@ -174,12 +174,11 @@ impl RequestRecord {
         self.model = label;
     }
 
+    /// The tenant's label, noted in the request's facts when the record is written (in the
+    /// same update as the status: nothing reads the facts before the request is reported,
+    /// which is after the record's write).
     pub fn set_tenant(&mut self, label: &str) {
-        let label = crate::route::tenant_name(label);
-        if let Some(o) = &self.obs {
-            o.update(|f| f.tenant = label.clone());
-        }
-        self.tenant = Some(label);
+        self.tenant = Some(crate::route::tenant_name(label));
     }
 
     pub fn started(&self) -> Instant {
@@ -193,11 +192,22 @@ impl RequestRecord {
     }
 
     /// `finish`, the request ended at `at` (the caller's reading of the clock).
-    pub fn finish_at(mut self, status: u16, at: Instant) {
+    pub fn finish_at(self, status: u16, at: Instant) {
+        self.finish_noting(status, at, |_| {});
+    }
+
+    /// `finish_at`, with `more` noted in the request's facts in the same update as the
+    /// record's own.
+    pub fn finish_noting(
+        mut self,
+        status: u16,
+        at: Instant,
+        more: impl FnOnce(&mut crate::observe::facts::Facts),
+    ) {
         if !self.gone {
             self.status = Some(status);
         }
-        self.write_at(at);
+        self.write_at(at, more);
     }
 
     /// Names what ended the request, when it is legate's own doing rather than what its
@@ -218,11 +228,11 @@ impl RequestRecord {
         // Not after `finish_at`, as on every answered request: the clock read for nothing
         // cost about 30 ns (bench/README.md, "Clock reads").
         if !self.recorded {
-            self.write_at(Instant::now());
+            self.write_at(Instant::now(), |_| {});
         }
     }
 
-    fn write_at(&mut self, at: Instant) {
+    fn write_at(&mut self, at: Instant, more: impl FnOnce(&mut crate::observe::facts::Facts)) {
         if self.recorded {
             return;
         }
@@ -235,9 +245,14 @@ impl RequestRecord {
         series.duration(m).observe(elapsed.as_secs_f64());
         if let Some(o) = self.obs.take() {
             let status = self.status;
+            let tenant = &self.tenant;
             o.update(|f| {
                 f.status = status;
                 f.duration = Some(elapsed);
+                if let Some(t) = tenant {
+                    f.tenant = t.clone();
+                }
+                more(f);
             });
         }
     }

@@ -237,6 +237,13 @@ pub fn set_header_owned(resp: &mut Response<ProxyBody>, name: &'static str, valu
     }
 }
 
+/// `x-legate-request-id`, legate's own id of the request.
+pub fn set_request_id(resp: &mut Response<ProxyBody>, id: &crate::observe::RequestId) {
+    if let Some(v) = id.header_value() {
+        resp.headers_mut().insert(X_LEGATE_REQUEST_ID, v);
+    }
+}
+
 /// A small count as a header value: 0 to 9 are static (no allocation), larger ones written.
 pub fn set_count(resp: &mut Response<ProxyBody>, name: &'static str, n: u32) {
     const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];

@@ -300,6 +300,11 @@ async fn unknown_client_keys_are_401_when_clients_are_configured() {
         )
         .await;
     assert_eq!(n, Some(2.0));
+    // The journal names the tenant of each, as the metric does.
+    let listed = env.admin_json("/admin/requests?tenant=team-a").await;
+    let listed = listed["requests"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.iter().all(|r| r["tenant"] == "team-a"), "{listed:?}");
     let reqs = env.mock.requests();
     assert!(
         reqs.iter()
