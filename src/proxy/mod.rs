@@ -557,8 +557,6 @@ impl Proxy {
     }
 }
 
-/// A duration as milliseconds with three decimals, rounded to the microsecond. Integer
-/// formatting: `{:.3}` on an f64 took thousands of instructions per request.
 /// What [`Proxy::stamp`] tells the request's facts.
 struct Stamped {
     overhead: std::time::Duration,
@@ -586,6 +584,8 @@ impl Stamped {
     }
 }
 
+/// A duration as milliseconds with three decimals, rounded to the microsecond. Integer
+/// formatting: `{:.3}` on an f64 took thousands of instructions per request.
 fn millis_3(d: std::time::Duration) -> String {
     let micros = (d.as_nanos() + 500) / 1_000;
     // Nor `format!`: itoa and three digits by hand are a fraction of its cost.
