@@ -33,3 +33,4 @@ pub mod tokens;
 pub mod translate;
 pub mod upstream;
 pub mod usage;
+pub mod verbatim;

@@ -57,6 +57,14 @@ fn dropped_request_header(name: &str) -> bool {
     ) || name.starts_with("x-legate-")
 }
 
+/// Whether a caller's line of this name goes upstream as the caller wrote it
+/// ([`crate::verbatim`]): every name the upstream request carries as it came, which is every
+/// one not dropped but `traceparent`, which legate replaces when it traces the request. Names
+/// a `Connection` line lists are dropped too; a head with such a line has no verbatim lines.
+pub(crate) fn verbatim_name(name: &HeaderName) -> bool {
+    !dropped_request_header(name.as_str()) && name != TRACEPARENT
+}
+
 /// The upstream paths legate calls (see `Endpoint::upstream_path`), each parsed once per
 /// provider: a path missing here is formatted and parsed into a URL on every request (two
 /// allocations and about 1,000 instructions, as every `/v1/responses` call was).
@@ -325,6 +333,7 @@ impl Upstream {
                 Method::POST,
                 &path,
                 inbound,
+                false,
                 body.clone(),
                 translated,
                 !cloud.owns_credential(),
@@ -352,7 +361,7 @@ impl Upstream {
         wait: crate::cloud::cache::Wait,
     ) -> Result<Request<Full<Bytes>>, ProxyError> {
         let Some(cloud) = &self.cloud else {
-            return self.build_request(method, target, inbound, body, false, true);
+            return self.build_request(method, target, inbound, false, body, false, true);
         };
         if !cloud.serves_responses() {
             return Err(ProxyError::InvalidRequest {
@@ -364,7 +373,8 @@ impl Upstream {
         }
         let path = cloud.responses_path(target);
         let own = cloud.owns_credential();
-        let mut req = self.build_request(method, &path, inbound, body.clone(), false, !own)?;
+        let mut req =
+            self.build_request(method, &path, inbound, false, body.clone(), false, !own)?;
         if own {
             cloud.authorize(&mut req, &body, wait).await?;
         }
@@ -373,12 +383,19 @@ impl Upstream {
 
     /// Builds the upstream request: the provider's URL + the inbound path, the caller's headers
     /// minus hop-by-hop and credentials, exactly one provider credential (when `with_key`),
-    /// the body as given.
+    /// the body as given. With `verbatim`, the caller's lines that go as written travel beside
+    /// the request ([`crate::verbatim`], to be passed to the send with it): its map then holds
+    /// only what legate sets and the forwarded lines those leave out.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the request's parts, each used once; a struct of them would be built per request to be taken apart here"
+    )]
     pub fn build_request(
         &self,
         method: Method,
         path_and_query: &str,
         inbound: &HeaderMap,
+        verbatim: bool,
         body: Bytes,
         translated: bool,
         with_key: bool,
@@ -393,7 +410,16 @@ impl Upstream {
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         let key_name = (!self.keyless && with_key).then(|| self.key_name());
-        *req.headers_mut() = forwardable(inbound, key_name.as_ref().map(|(n, _)| n));
+        // A translated request's caller lines are filtered below: never verbatim.
+        debug_assert!(
+            !(verbatim && translated),
+            "a translated request has no verbatim lines"
+        );
+        *req.headers_mut() = if verbatim {
+            beside_verbatim(inbound)
+        } else {
+            forwardable(inbound, key_name.as_ref().map(|(n, _)| n))
+        };
         let headers = req.headers_mut();
         if translated {
             // The caller spoke the other API: its API's headers mean nothing here.
@@ -573,6 +599,20 @@ fn forwardable(inbound: &HeaderMap, credential: Option<&HeaderName>) -> HeaderMa
     }
     out
 }
+
+/// The upstream request's map beside the caller's verbatim lines ([`crate::verbatim`]): those
+/// hold every forwarded line but `traceparent` ([`verbatim_name`]), so the caller's
+/// `traceparent`, if any, is all it takes from the caller's map; the rest is what
+/// `build_request` and the exchange set.
+fn beside_verbatim(inbound: &HeaderMap) -> HeaderMap {
+    let mut out = crate::header_maps::take(ADDED_HEADERS + 1);
+    for value in inbound.get_all(TRACEPARENT) {
+        out.append(TRACEPARENT, value.clone());
+    }
+    out
+}
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The system's trusted roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace them).
 pub(crate) fn add_native_roots(roots: &mut rustls::RootCertStore) {

@@ -255,7 +255,8 @@ pub(crate) async fn run(
     // Counted here, once the request is really about to leave.
     spent.attempts += 1;
     scope.sending();
-    let result = upread::send(up, req, sent, inb.deadline).await;
+    let lines = verbatim(call, xl.translating());
+    let result = upread::send(up, req, lines, sent, inb.deadline).await;
     call.series
         .upstream_duration(metrics)
         .observe(sent.elapsed().as_secs_f64());
@@ -307,6 +308,7 @@ fn direct_request(
         Method::POST,
         &path,
         &inb.headers,
+        verbatim(call, translating).is_some(),
         call.body.clone(),
         translating,
         true,
@@ -334,6 +336,16 @@ fn set_content_length(out: &mut http::HeaderMap, inbound: &http::HeaderMap, len:
         },
     };
     out.insert(header::CONTENT_LENGTH, value);
+}
+
+/// The caller's lines that go upstream as written ([`crate::verbatim`]), for a step whose
+/// request carries the caller's lines as they came: one at a provider reached directly, in the
+/// caller's own API. The request is built for them ([`direct_request`]) and sent with them.
+fn verbatim<'a>(call: &Call<'a>, translating: bool) -> Option<&'a crate::verbatim::Verbatim> {
+    let Call { up, inb, .. } = *call;
+    inb.verbatim
+        .as_ref()
+        .filter(|_| !translating && up.cloud.is_none())
 }
 
 /// The upstream request: the step's path, or a cloud platform's own request for the model.

@@ -197,7 +197,11 @@ impl Proxy {
     ) -> Result<Inbound, ProxyError> {
         let cfg = &snap.cfg;
         // 4. Body: read once under the limit, parsed once into RequestMeta.
-        let (parts, body) = req.into_parts();
+        let (parts, mut body) = req.into_parts();
+        let verbatim = match &mut body {
+            http_body_util::Either::Left(h1) => h1.take_verbatim(),
+            http_body_util::Either::Right(_) => None,
+        };
         let mut share =
             buffers::BufferShare::new(self.buffers.clone()).within(snap.buffer_part(tenant));
         let h2 = parts.version == http::Version::HTTP_2;
@@ -273,6 +277,7 @@ impl Proxy {
             priority,
             endpoint,
             headers: parts.headers,
+            verbatim,
             query: parts.uri.query().map(str::to_string),
             body,
             meta,

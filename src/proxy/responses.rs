@@ -292,7 +292,7 @@ pub async fn forward(
         let req = Box::pin(req).await?;
         let on = crate::upstream::Sent::default();
         let sent = tokio::time::Instant::now();
-        let call = up.client().request_on(req, sent, &on);
+        let call = up.client().request_on(req, None, sent, &on);
         let resp = match tokio::time::timeout(up.first_byte_timeout, call).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {

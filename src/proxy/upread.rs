@@ -269,11 +269,13 @@ pub(super) async fn read_small(
     }
 }
 
-/// One upstream call (sent at `now`) up to its response headers, bounded by the first-byte
-/// timeout and the request's deadline, whichever comes first.
+/// One upstream call (sent at `now`, with the caller's `verbatim` lines it was built for) up
+/// to its response headers, bounded by the first-byte timeout and the request's deadline,
+/// whichever comes first.
 pub(super) async fn send(
     up: &Upstream,
     req: http::Request<Full<Bytes>>,
+    verbatim: Option<&crate::verbatim::Verbatim>,
     now: Instant,
     deadline: Instant,
 ) -> Result<Response<ResponseBody>, ProxyError> {
@@ -283,7 +285,7 @@ pub(super) async fn send(
     // `tokio::time::timeout_at` and that moved again by its `.await`: the call's future is the
     // largest of the request's (about 1.8 KB), and each move was a copy of all of it.
     let on = crate::upstream::Sent::default();
-    let mut call = pin!(up.client().request_on(req, now, &on));
+    let mut call = pin!(up.client().request_on(req, verbatim, now, &on));
     let mut timer = pin!(tokio::time::sleep_until(limit));
     let within = poll_fn(|cx| match call.as_mut().poll(cx) {
         Poll::Ready(r) => Poll::Ready(Ok(r)),

@@ -177,6 +177,7 @@ where
         let http10 = head.parts.version == Version::HTTP_10;
         let mut keep_alive = head.keep_alive;
         let (mut inbound, body) = conn.body_for(&head);
+        let body = body.with_verbatim(head.verbatim);
         let req = Request::from_parts(head.parts, CallerBody::Left(body));
         let resp = {
             let mut fut = pin!(handler(req, peer));

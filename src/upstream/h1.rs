@@ -34,6 +34,7 @@ pub(crate) use head::Head;
 use head::HeadError;
 
 use super::dial::Counted;
+use crate::verbatim::Verbatim;
 
 /// A body up to this size goes out in the same write as the head.
 const INLINE_BODY: usize = 16 << 10;
@@ -86,9 +87,14 @@ impl H1Conn {
         }
     }
 
-    /// Writes `req` (origin-form URI, `host` set) and reads its response head.
-    pub(super) async fn send(&mut self, req: &Request<Full<Bytes>>) -> Result<Head, H1Error> {
-        if let Err(e) = self.write(req).await {
+    /// Writes `req` (origin-form URI, `host` set) and the caller's `verbatim` lines it goes
+    /// with, and reads its response head.
+    pub(super) async fn send(
+        &mut self,
+        req: &Request<Full<Bytes>>,
+        verbatim: Option<&Verbatim>,
+    ) -> Result<Head, H1Error> {
+        if let Err(e) = self.write(req, verbatim).await {
             // A provider may answer before it read the whole request (a 413, say) and close:
             // that answer, if it came, is the answer, and the connection is done.
             return match self.read_head(req.method()).await {
@@ -102,10 +108,14 @@ impl H1Conn {
         self.read_head(req.method()).await
     }
 
-    async fn write(&mut self, req: &Request<Full<Bytes>>) -> io::Result<()> {
+    async fn write(
+        &mut self,
+        req: &Request<Full<Bytes>>,
+        verbatim: Option<&Verbatim>,
+    ) -> io::Result<()> {
         let body = whole(req.body());
         self.out.clear();
-        head::encode(req, body.len(), &mut self.out);
+        head::encode(req, verbatim, body.len(), &mut self.out);
         let inline = body.len() <= INLINE_BODY;
         if inline {
             self.out.extend_from_slice(&body);

@@ -108,16 +108,19 @@ impl PooledClient {
         req: Request<Full<Bytes>>,
         sent: Instant,
     ) -> Result<Response<ResponseBody>, SendError> {
-        self.request_on(req, sent, &Sent::default()).await
+        self.request_on(req, None, sent, &Sent::default()).await
     }
 
     /// Sends `req` (an absolute URI; `sent`, the moment the caller counts it sent from) on an
     /// idle connection, or a new one; on a reused connection that failed before any response
     /// byte, within the connection's race window from `sent`, sends it once more on a fresh one.
-    /// `on` is told the HTTP/2 connection it goes out on.
+    /// `on` is told the HTTP/2 connection it goes out on. `verbatim`, the caller's lines `req`
+    /// was built to go with, are written before its map's on HTTP/1, and added to its map on
+    /// HTTP/2.
     pub async fn request_on(
         &self,
         mut req: Request<Full<Bytes>>,
+        mut verbatim: Option<&crate::verbatim::Verbatim>,
         sent: Instant,
         on: &Sent,
     ) -> Result<Response<ResponseBody>, SendError> {
@@ -133,6 +136,11 @@ impl PooledClient {
                 Sender::H1(h1) => h1,
                 Sender::H2(s, streams) => {
                     on.on(streams);
+                    // Once in the map, they go with it (and with a copy sent again, or a
+                    // request handed back to go on a fresh connection, of either kind).
+                    if let Some(lines) = verbatim.take() {
+                        lines.append_to(req.headers_mut());
+                    }
                     // Kept to send again if the provider leaves the stream unprocessed.
                     let copy = (!resent).then(|| copy_of(&req));
                     let mut err = match s.try_send_request(req).await {
@@ -188,7 +196,7 @@ impl PooledClient {
                 }
             };
             self.to_http1(&mut req, &key);
-            let err = match h1.send(&req).await {
+            let err = match h1.send(&req, verbatim).await {
                 Ok(head) => {
                     // Written and answered: its map is kept for the next request's.
                     crate::header_maps::give(std::mem::take(req.headers_mut()));

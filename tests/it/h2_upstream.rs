@@ -82,6 +82,8 @@ struct Seen {
     let_go: std::sync::atomic::AtomicBool,
     /// The GOAWAY was written.
     goaway_sent: std::sync::atomic::AtomicBool,
+    /// The header lines of each request answered.
+    heads: std::sync::Mutex<Vec<http::HeaderMap>>,
 }
 
 /// A TLS acceptor for `localhost` that offers only `h2`, and the CA to trust.
@@ -175,9 +177,10 @@ async fn serve_h2<T>(io: T, shape: Shape, counts: Arc<Seen>)
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = service_fn(move |_req| {
+    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let counts = counts.clone();
         async move {
+            counts.heads.lock().unwrap().push(req.headers().clone());
             counts.requests.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(shape.pace).await;
             let mut resp = http::Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
@@ -633,4 +636,43 @@ async fn a_connection_whose_stream_stalled_takes_no_new_request() {
     assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
     let_go(&seen).await;
+}
+
+#[tokio::test]
+async fn a_callers_lines_go_on_over_http2_with_one_credential() {
+    let (url, ca_pem, seen) = provider(100, Duration::ZERO, 0, Duration::ZERO).await;
+    let env = legate_before(&url, &ca_pem, |toml| toml).await;
+    let resp = env
+        .http
+        .post(env.url("/v1/messages"))
+        .header("x-api-key", "client-dummy-key")
+        .header("authorization", "Bearer client-dummy-token")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "feature-a")
+        .header("x-stainless-lang", "python")
+        .header("user-agent", "Anthropic/Python 2.14.0")
+        .header("x-legate-priority", "batch")
+        .body(r#"{"model":"claude-x","max_tokens":1,"messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let heads = seen.heads.lock().unwrap();
+    assert_eq!(heads.len(), 1);
+    let h = &heads[0];
+    let all = |name: &str| -> Vec<&str> {
+        h.get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    };
+    assert_eq!(all("x-api-key"), vec![harness::ANTHROPIC_KEY]);
+    assert!(all("authorization").is_empty());
+    assert!(all("x-legate-priority").is_empty());
+    assert_eq!(all("anthropic-version"), vec!["2023-06-01"]);
+    assert_eq!(all("anthropic-beta"), vec!["feature-a"]);
+    assert_eq!(all("x-stainless-lang"), vec!["python"]);
+    assert_eq!(all("user-agent"), vec!["Anthropic/Python 2.14.0"]);
+    assert_eq!(all("accept-encoding"), vec!["identity"]);
+    assert!(!format!("{h:?}").contains("client-dummy"));
 }

@@ -379,3 +379,78 @@ async fn one_requests_headers_never_reach_the_next_on_the_same_connection() {
         assert_eq!(seen(i, "anthropic-version"), vec!["2023-06-01"]);
     }
 }
+
+/// Sends `head` (and a two-byte JSON body) on a connection of its own, which it closes, and
+/// returns the answer's text.
+async fn raw_call(env: &harness::Env, head: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    let body = r#"{"model":"claude-test","max_tokens":1,"messages":[]}"#;
+    let raw = format!("{head}Content-Length: {}\r\n\r\n{body}", body.len());
+    sock.write_all(raw.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        sock.read_to_end(&mut got),
+    )
+    .await
+    .expect("legate answers and closes")
+    .unwrap();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn an_sdks_lines_reach_the_provider_as_written_but_never_a_credential_or_a_hop() {
+    let env = harness::start("").await;
+    // As an SDK writes them (its case, its spacing), with the lines that must not go on
+    // between them: the caller's credentials in two spellings, hop-by-hop lines, legate's own.
+    let head = "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\
+        Accept-Encoding: gzip, deflate\r\nConnection: close\r\nUser-Agent: Anthropic/Python 2.14.0\r\n\
+        X-Stainless-Lang:python\r\nanthropic-version:  2023-06-01\r\nX-API-KEY: client-dummy-key\r\n\
+        X-Legate-Priority: batch\r\nTE: trailers\r\nX-Stainless-Retry-Count: 0\r\n\
+        authorization: Bearer client-dummy-token\r\nContent-Type: application/json\r\n";
+    let answer = raw_call(&env, head).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 1);
+    let mut got: Vec<(&str, &str)> = reqs[0]
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .filter(|(n, _)| *n != "host")
+        .collect();
+    got.sort();
+    let mut want = vec![
+        ("accept", "application/json"),
+        ("accept-encoding", "identity"),
+        ("anthropic-version", "2023-06-01"),
+        ("content-length", "52"),
+        ("content-type", "application/json"),
+        ("user-agent", "Anthropic/Python 2.14.0"),
+        ("x-api-key", ANTHROPIC_KEY),
+        ("x-stainless-lang", "python"),
+        ("x-stainless-retry-count", "0"),
+    ];
+    want.sort();
+    assert_eq!(got, want, "each line once, and only these");
+    assert_eq!(header_values(&reqs[0].headers, "host").len(), 1);
+
+    // A `Connection` line naming a line: that line stays on this hop; the rest goes on.
+    let head = "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close, X-Hop\r\n\
+        X-Hop: secret\r\nX-Stainless-Lang: python\r\nx-api-key: client-dummy-key\r\n";
+    let answer = raw_call(&env, head).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    let reqs = env.mock.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(header_values(&reqs[1].headers, "x-hop").is_empty());
+    assert_eq!(
+        header_values(&reqs[1].headers, "x-stainless-lang"),
+        vec!["python"]
+    );
+    assert_eq!(
+        header_values(&reqs[1].headers, "x-api-key"),
+        vec![ANTHROPIC_KEY]
+    );
+}

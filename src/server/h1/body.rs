@@ -28,7 +28,7 @@ impl std::fmt::Display for ReadError {
 impl std::error::Error for ReadError {}
 
 /// A request body on an HTTP/1 connection.
-pub struct RequestBody(Kind);
+pub struct RequestBody(Kind, Option<crate::verbatim::Verbatim>);
 
 enum Kind {
     /// Arrived with the head (`None` once taken, or when there is none).
@@ -39,11 +39,23 @@ enum Kind {
 
 impl RequestBody {
     pub(super) fn whole(bytes: Bytes) -> Self {
-        RequestBody(Kind::Whole((!bytes.is_empty()).then_some(bytes)))
+        RequestBody(Kind::Whole((!bytes.is_empty()).then_some(bytes)), None)
     }
 
     pub(super) fn piped(pipe: Arc<Pipe>) -> Self {
-        RequestBody(Kind::Piped(pipe))
+        RequestBody(Kind::Piped(pipe), None)
+    }
+
+    /// The head's lines that go upstream as the caller wrote them, carried with the body to
+    /// the handler, which takes them ([`crate::verbatim`]).
+    pub(super) fn with_verbatim(mut self, verbatim: Option<crate::verbatim::Verbatim>) -> Self {
+        self.1 = verbatim;
+        self
+    }
+
+    /// Takes the head's verbatim lines, if the connection found them all keepable.
+    pub fn take_verbatim(&mut self) -> Option<crate::verbatim::Verbatim> {
+        self.1.take()
     }
 }
 

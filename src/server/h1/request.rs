@@ -10,6 +10,7 @@ use crate::api::ApiKind;
 use crate::error::ProxyError;
 use crate::upstream::h1::head::parse_length;
 use crate::upstream::h1::lines::{MAX_HEADERS, Spans};
+use crate::verbatim::Verbatim;
 
 /// How the request body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub(super) struct Head {
     pub keep_alive: bool,
     /// The caller waits for `100 Continue` before it sends the body.
     pub expects_continue: bool,
+    /// The lines that go upstream as the caller wrote them, when they all can.
+    pub verbatim: Option<Verbatim>,
 }
 
 /// Why a request head is refused; the connection answers with the status and closes.
@@ -203,8 +206,29 @@ fn finish(
     // What the connection needs from the head is noted as the lines are added, instead of
     // looked up in the map after.
     let mut seen = Framed::default();
-    let headers = spans.to_map(head, 0, |n, v| seen.note(n, v), |_| Refused::Malformed)?;
+    // Which lines go upstream as they are (bit `i`: line `i`; a head has at most
+    // `MAX_HEADERS`, fewer than 128), told by their names as the map is made.
+    let (mut keep, mut line) = (0u128, 0);
+    let headers = spans.to_map(
+        head,
+        0,
+        |n, v| {
+            seen.note(n, v)?;
+            if crate::upstream::verbatim_name(n) {
+                keep |= 1 << line;
+            }
+            line += 1;
+            Ok(())
+        },
+        |_| Refused::Malformed,
+    )?;
     seen.host(version)?;
+    // A `Connection` line naming other lines drops those, whatever their names.
+    let verbatim = if seen.names_lines {
+        None
+    } else {
+        Verbatim::of(head, spans, keep)
+    };
     let framing = seen.framing(version)?;
     // What follows a CONNECT is the tunnel the client expects, never a request: it is
     // refused (SPEC §14: legate is no open proxy), and the connection ends with it.
@@ -224,6 +248,7 @@ fn finish(
         framing,
         keep_alive,
         expects_continue,
+        verbatim,
     })
 }
 
@@ -255,6 +280,9 @@ struct Framed {
     other_codings: bool,
     close: bool,
     keep_alive: bool,
+    /// A `Connection` line names something other than `close` and `keep-alive`: header lines
+    /// that are this hop's only.
+    names_lines: bool,
     expects_continue: bool,
     /// `Host` lines seen.
     hosts: u8,
@@ -286,8 +314,11 @@ impl Framed {
             self.chunked_last = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
         } else if name == header::CONNECTION {
             for token in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                self.close |= token.eq_ignore_ascii_case(b"close");
-                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                let close = token.eq_ignore_ascii_case(b"close");
+                let keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                self.close |= close;
+                self.keep_alive |= keep_alive;
+                self.names_lines |= !token.is_empty() && !close && !keep_alive;
             }
         } else if name == header::EXPECT {
             self.expects_continue = value.eq_ignore_ascii_case(b"100-continue");
@@ -352,6 +383,82 @@ mod tests {
         assert!(head.keep_alive);
         assert!(!head.expects_continue);
         assert_eq!(&buf[..], b"{}");
+    }
+
+    /// A head's verbatim lines as the upstream head gets them, and as an HTTP/2 map does.
+    fn verbatim_of(raw: &str) -> Option<(String, http::HeaderMap)> {
+        let v = parsed(raw).unwrap().unwrap().verbatim?;
+        let mut written = Vec::new();
+        v.write_to(&mut written);
+        let mut map = http::HeaderMap::new();
+        v.append_to(&mut map);
+        Some((String::from_utf8(written).unwrap(), map))
+    }
+
+    #[test]
+    fn lines_that_go_on_as_they_came_are_kept_as_runs_of_the_head() {
+        let head = "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:1\r\nAccept: application/json\r\n\
+            Accept-Encoding: gzip\r\nConnection: keep-alive\r\nUser-Agent: Anthropic/Python 2.14.0\r\n\
+            X-Stainless-Lang:python\r\nanthropic-version:  2023-06-01\r\nX-API-KEY: caller-secret\r\n\
+            X-Legate-Priority: batch\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\
+            x-stainless-retry-count: 0\r\nAuthorization: Bearer caller-secret\r\nx-empty:\r\n\
+            Content-Length: 2\r\n\r\n{}";
+        let (written, map) = verbatim_of(head).unwrap();
+        // As written (case, spacing), in order; never a credential, a hop's line, legate's
+        // own, or `traceparent` (which goes through the map, for legate to replace).
+        assert_eq!(
+            written,
+            "Accept: application/json\r\nUser-Agent: Anthropic/Python 2.14.0\r\n\
+             X-Stainless-Lang:python\r\nanthropic-version:  2023-06-01\r\n\
+             x-stainless-retry-count: 0\r\nx-empty:\r\n"
+        );
+        let lines: Vec<(&str, &str)> = map
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("accept", "application/json"),
+                ("user-agent", "Anthropic/Python 2.14.0"),
+                ("x-stainless-lang", "python"),
+                ("anthropic-version", "2023-06-01"),
+                ("x-stainless-retry-count", "0"),
+                ("x-empty", ""),
+            ]
+        );
+        // Only the runs' places are shown, never a value.
+        let v = parsed(head).unwrap().unwrap().verbatim.unwrap();
+        assert!(!format!("{v:?}").contains("python"));
+        // A head with nothing to forward as written has an empty set, not none.
+        let (written, map) =
+            verbatim_of("POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n").unwrap();
+        assert_eq!((written.as_str(), map.len()), ("", 0));
+    }
+
+    #[test]
+    fn a_head_whose_lines_cannot_all_go_as_written_has_none_kept() {
+        // A `Connection` line naming a line drops it whatever its name.
+        let named =
+            "GET / HTTP/1.1\r\nhost: a\r\nconnection: keep-alive, x-hop\r\nx-hop: 1\r\n\r\n";
+        assert!(verbatim_of(named).is_none());
+        let plain = "GET / HTTP/1.1\r\nhost: a\r\nconnection: Keep-Alive, close\r\nx-a: 1\r\n\r\n";
+        assert!(verbatim_of(plain).is_some());
+        // A line ended by a bare LF, or by spaces after its value, is not copied as it is.
+        assert!(verbatim_of("GET / HTTP/1.1\r\nhost: a\r\nx-a: 1\n\r\n").is_none());
+        let spaced = parsed("GET / HTTP/1.1\r\nhost: a\r\nx-a: 1 \r\n\r\n").unwrap();
+        assert!(spaced.unwrap().verbatim.is_none());
+        // Runs up to the limit, and not one more: each kept line between two dropped ones.
+        let runs = |n: usize| {
+            let mut h = String::from("GET / HTTP/1.1\r\nhost: a\r\n");
+            for i in 0..n {
+                h.push_str(&format!("x-a-{i}: 1\r\nx-api-key: k\r\n"));
+            }
+            h + "\r\n"
+        };
+        let (written, _) = verbatim_of(&runs(crate::verbatim::MAX_RUNS)).unwrap();
+        assert_eq!(written.lines().count(), crate::verbatim::MAX_RUNS);
+        assert!(verbatim_of(&runs(crate::verbatim::MAX_RUNS + 1)).is_none());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderName, Method, Request, StatusCode, Version, header};
 
 use super::lines::{MAX_HEADERS, Spans};
+use crate::verbatim::Verbatim;
 
 /// More interim (1xx) responses than this before the answer is an error.
 const MAX_INTERIM: usize = 8;
@@ -49,9 +50,14 @@ impl std::fmt::Display for HeadError {
     }
 }
 
-/// Appends `req`'s head (origin-form target, the headers as they are, a `content-length` for
-/// `body_len` unless one is set) to `out`.
-pub(crate) fn encode<B>(req: &Request<B>, body_len: usize, out: &mut Vec<u8>) {
+/// Appends `req`'s head (origin-form target, the caller's `verbatim` lines as they came, the
+/// map's lines, a `content-length` for `body_len` unless one is set) to `out`.
+pub(crate) fn encode<B>(
+    req: &Request<B>,
+    verbatim: Option<&Verbatim>,
+    body_len: usize,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(req.method().as_str().as_bytes());
     out.push(b' ');
     match req.uri().path_and_query() {
@@ -59,6 +65,10 @@ pub(crate) fn encode<B>(req: &Request<B>, body_len: usize, out: &mut Vec<u8>) {
         _ => out.push(b'/'),
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    // The caller's lines first, as a map made of them and legate's would have them.
+    if let Some(lines) = verbatim {
+        lines.write_to(out);
+    }
     for (name, value) in req.headers() {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
@@ -254,14 +264,14 @@ mod tests {
             .body(())
             .unwrap();
         let mut out = Vec::new();
-        encode(&req, 12, &mut out);
+        encode(&req, None, 12, &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/messages?beta=true HTTP/1.1\r\nhost: p.example\r\nx-api-key: k\r\ncontent-length: 12\r\n\r\n"
         );
         let get = Request::get("/v1/models").body(()).unwrap();
         let mut out = Vec::new();
-        encode(&get, 0, &mut out);
+        encode(&get, None, 0, &mut out);
         assert_eq!(out, b"GET /v1/models HTTP/1.1\r\n\r\n");
     }
 

@@ -76,6 +76,16 @@ impl Spans {
         }
     }
 
+    /// How many lines `fill` took.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Line `i`'s name start and end and value start and end, as offsets into the head.
+    pub(crate) fn line(&self, i: usize) -> [usize; 4] {
+        self.at[i].map(|at| at as usize)
+    }
+
     /// The lines as a map over `head`, with room for `room` more; `note` sees each line as it
     /// is added, for what the connection must know of the head (framing, keep-alive).
     ///
