@@ -344,7 +344,7 @@ fn set_content_length(out: &mut http::HeaderMap, inbound: &http::HeaderMap, len:
 fn verbatim<'a>(call: &Call<'a>, translating: bool) -> Option<&'a crate::verbatim::Verbatim> {
     let Call { up, inb, .. } = *call;
     inb.verbatim
-        .as_ref()
+        .as_deref()
         .filter(|_| !translating && up.cloud.is_none())
 }
 

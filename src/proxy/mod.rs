@@ -95,7 +95,7 @@ pub struct Inbound {
     endpoint: Endpoint,
     headers: HeaderMap,
     /// The caller's lines that go upstream as written (an HTTP/1 caller's, when all can).
-    verbatim: Option<crate::verbatim::Verbatim>,
+    verbatim: Option<Box<crate::verbatim::Verbatim>>,
     query: Option<String>,
     body: Bytes,
     meta: RequestMeta,

@@ -158,3 +158,48 @@ async fn the_upstream_request_ends_with_its_host_and_carries_the_length_of_the_b
         assert_eq!(lengths, [&format!("content-length: {want}")], "{head}");
     }
 }
+
+#[tokio::test]
+async fn a_callers_lines_reach_the_provider_as_the_caller_wrote_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    let up = rawup::start(move |req: RawRequest| {
+        seen.lock().unwrap().push(req.head);
+        async { Action::Reply(rawup::json_reply(MESSAGE)) }
+    })
+    .await;
+    let toml = harness::config_toml_with(&up.url, "", "", "");
+    let env = harness::start_alone(&toml).await;
+    // An SDK's spelling and spacing, between lines that do not go on.
+    let lines = "User-Agent: Anthropic/Python 2.14.0\r\nX-Stainless-Lang:python\r\n\
+        anthropic-version:  2023-06-01\r\nContent-Type: application/json\r\n";
+    let raw = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: client-dummy-key\r\n{lines}\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
+        .await
+        .unwrap();
+    sock.write_all(raw.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        sock.read_to_end(&mut answer),
+    )
+    .await
+    .expect("legate answers and closes")
+    .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 "));
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1);
+    let head = &heads[0];
+    assert!(head.contains(&format!("\r\n{lines}")), "{head}");
+    let keys: Vec<String> = header_lines(head)
+        .into_iter()
+        .filter(|l| l.to_ascii_lowercase().starts_with("x-api-key:"))
+        .collect();
+    assert_eq!(keys, [format!("x-api-key: {}", harness::ANTHROPIC_KEY)]);
+    assert!(!head.contains("client-dummy"), "{head}");
+}

@@ -28,7 +28,7 @@ impl std::fmt::Display for ReadError {
 impl std::error::Error for ReadError {}
 
 /// A request body on an HTTP/1 connection.
-pub struct RequestBody(Kind, Option<crate::verbatim::Verbatim>);
+pub struct RequestBody(Kind, Option<Box<crate::verbatim::Verbatim>>);
 
 enum Kind {
     /// Arrived with the head (`None` once taken, or when there is none).
@@ -48,13 +48,16 @@ impl RequestBody {
 
     /// The head's lines that go upstream as the caller wrote them, carried with the body to
     /// the handler, which takes them ([`crate::verbatim`]).
-    pub(super) fn with_verbatim(mut self, verbatim: Option<crate::verbatim::Verbatim>) -> Self {
+    pub(super) fn with_verbatim(
+        mut self,
+        verbatim: Option<Box<crate::verbatim::Verbatim>>,
+    ) -> Self {
         self.1 = verbatim;
         self
     }
 
     /// Takes the head's verbatim lines, if the connection found them all keepable.
-    pub fn take_verbatim(&mut self) -> Option<crate::verbatim::Verbatim> {
+    pub fn take_verbatim(&mut self) -> Option<Box<crate::verbatim::Verbatim>> {
         self.1.take()
     }
 }
