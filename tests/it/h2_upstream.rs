@@ -500,12 +500,25 @@ async fn sent_once_more_as_one_attempt(how: TurnAway) {
     let (resp, seen, text, _env) = one_call(how, |toml| toml).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
+    once_each(&seen);
     assert_eq!(seen.unprocessed.load(Ordering::SeqCst), 1);
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
     assert_eq!(attempts(&text, "ok"), Some(1.0));
     assert_eq!(attempts(&text, "connect_error").unwrap_or(0.0), 0.0);
     assert_eq!(attempts(&text, "retryable").unwrap_or(0.0), 0.0);
+}
+
+/// The request the provider answered, sent again after it was turned away, carries each of
+/// the caller's lines once (they are added to the request's map before its first send, never
+/// again), and one credential.
+fn once_each(seen: &Seen) {
+    let heads = seen.heads.lock().unwrap();
+    assert_eq!(heads.len(), 1);
+    for name in ["anthropic-version", "content-type", "x-api-key"] {
+        assert_eq!(heads[0].get_all(name).iter().count(), 1, "{name}");
+    }
+    assert_eq!(heads[0]["x-api-key"], harness::ANTHROPIC_KEY);
 }
 
 /// A stream past a GOAWAY's last one (a front end retiring a connection): it was counted a
@@ -527,6 +540,7 @@ async fn a_refused_stream_is_sent_once_more_as_one_attempt() {
 async fn a_goaway_before_the_first_request_is_sent_on_a_fresh_connection() {
     let (resp, seen, _text, _env) = one_call(TurnAway::GoAwayAtOnce, |toml| toml).await;
     assert_eq!(resp.status(), 200);
+    once_each(&seen);
     assert_eq!(resp.headers()["x-legate-attempts"], "1");
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
