@@ -223,27 +223,14 @@ async fn a_refused_upload_is_read_to_its_end_and_its_connection_serves_the_next_
 
 #[tokio::test]
 async fn a_refused_upload_beyond_what_is_read_after_it_closes_the_connection_and_says_so() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let env = harness::start("").await;
     // A declared rest beyond what legate reads after a refusal (128 MiB): the answer says the
-    // connection closes, and it does.
-    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
-        .await
-        .unwrap();
+    // connection closes, and it does (the exchange ends only when it is closed).
     let head = format!(
         "POST /v1/nope HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n",
         legate::server::REFUSED_BODY_MAX + 1
     );
-    sock.write_all(head.as_bytes()).await.unwrap();
-    let mut got = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        sock.read_to_end(&mut got),
-    )
-    .await
-    .expect("legate closes the connection after the answer")
-    .unwrap();
-    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let text = env.raw_exchange(&head).await.to_ascii_lowercase();
     assert!(text.starts_with("http/1.1 404"), "{text}");
     assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
 

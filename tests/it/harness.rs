@@ -128,6 +128,26 @@ impl Env {
         format!("http://{}{}", self.legate.admin_addr, path)
     }
 
+    /// Writes `raw` on a connection of its own and returns all legate writes until it closes
+    /// the connection (within 10 s, or the test fails): for a request that asks for the close,
+    /// or one legate closes the connection after.
+    pub(crate) async fn raw_exchange(&self, raw: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut sock = tokio::net::TcpStream::connect(self.legate.data_addr)
+            .await
+            .unwrap();
+        sock.write_all(raw.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            sock.read_to_end(&mut got),
+        )
+        .await
+        .expect("legate answers and closes")
+        .unwrap();
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
     pub(crate) fn script(&self, json: &str) {
         self.mock
             .set_script(Script::from_json(json).expect("test script is valid"));

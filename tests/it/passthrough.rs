@@ -380,25 +380,12 @@ async fn one_requests_headers_never_reach_the_next_on_the_same_connection() {
     }
 }
 
-/// Sends `head` (and a two-byte JSON body) on a connection of its own, which it closes, and
+/// Sends `head` and a small JSON body (its length added) on a connection of its own, and
 /// returns the answer's text.
 async fn raw_call(env: &harness::Env, head: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
-        .await
-        .unwrap();
     let body = r#"{"model":"claude-test","max_tokens":1,"messages":[]}"#;
     let raw = format!("{head}Content-Length: {}\r\n\r\n{body}", body.len());
-    sock.write_all(raw.as_bytes()).await.unwrap();
-    let mut got = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        sock.read_to_end(&mut got),
-    )
-    .await
-    .expect("legate answers and closes")
-    .unwrap();
-    String::from_utf8_lossy(&got).into_owned()
+    env.raw_exchange(&raw).await
 }
 
 #[tokio::test]

@@ -161,7 +161,6 @@ async fn the_upstream_request_ends_with_its_host_and_carries_the_length_of_the_b
 
 #[tokio::test]
 async fn a_callers_lines_reach_the_provider_as_the_caller_wrote_them() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = heads.clone();
     let up = rawup::start(move |req: RawRequest| {
@@ -179,19 +178,8 @@ async fn a_callers_lines_reach_the_provider_as_the_caller_wrote_them() {
          Connection: close\r\nContent-Length: {}\r\n\r\n{BODY}",
         BODY.len()
     );
-    let mut sock = tokio::net::TcpStream::connect(env.legate.data_addr)
-        .await
-        .unwrap();
-    sock.write_all(raw.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        sock.read_to_end(&mut answer),
-    )
-    .await
-    .expect("legate answers and closes")
-    .unwrap();
-    assert!(answer.starts_with(b"HTTP/1.1 200 "));
+    let answer = env.raw_exchange(&raw).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
     let heads = heads.lock().unwrap().clone();
     assert_eq!(heads.len(), 1);
     let head = &heads[0];
