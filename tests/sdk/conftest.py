@@ -82,8 +82,9 @@ def mock():
     _stop(proc)
 
 
-@pytest.fixture
-def legate(mock, tmp_path):
+def start_legate(provider_url, tmp_path, extra=""):
+    """`legate serve` in front of `provider_url` (both APIs, the provider key from the
+    environment), with `extra` TOML after the providers; returns its process and its URLs."""
     cfg = tmp_path / "legate.toml"
     cfg.write_text(
         f"""
@@ -93,14 +94,30 @@ admin_listen = "127.0.0.1:0"
 
 [providers.anthropic]
 kind = "anthropic"
-base_url = "{mock.url}"
+base_url = "{provider_url}"
 api_key_env = "ANTHROPIC_API_KEY"
 
 [providers.openai]
 kind = "openai"
-base_url = "{mock.url}"
+base_url = "{provider_url}"
 api_key_env = "OPENAI_API_KEY"
+{extra}"""
+    )
+    proc, line = _spawn(
+        ["serve", "--config", str(cfg)],
+        env={"ANTHROPIC_API_KEY": PROVIDER_KEY, "OPENAI_API_KEY": PROVIDER_KEY},
+    )
+    words = [w.strip("()") for w in line.split()]
+    urls = [w for w in words if w.startswith("http://")]
+    return proc, Legate(urls[0], urls[1])
 
+
+@pytest.fixture
+def legate(mock, tmp_path):
+    proc, served = start_legate(
+        mock.url,
+        tmp_path,
+        """
 [[models]]
 name = "served-by-openai"
 chain = ["openai:gpt-backend"]
@@ -112,13 +129,7 @@ chain = ["anthropic:claude-backend"]
 [[models]]
 name = "with-fallback"
 chain = ["openai:gpt-down", "anthropic:claude-spare"]
-"""
+""",
     )
-    proc, line = _spawn(
-        ["serve", "--config", str(cfg)],
-        env={"ANTHROPIC_API_KEY": PROVIDER_KEY, "OPENAI_API_KEY": PROVIDER_KEY},
-    )
-    words = [w.strip("()") for w in line.split()]
-    urls = [w for w in words if w.startswith("http://")]
-    yield Legate(urls[0], urls[1])
+    yield served
     _stop(proc)

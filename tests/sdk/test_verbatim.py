@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import PROVIDER_KEY, _spawn, _stop
+from conftest import PROVIDER_KEY, _stop, start_legate
 
 # The lines that never go on as they came: the hop's own, the caller's credentials, and what
 # legate sets itself (README, "Request headers legate reads").
@@ -81,25 +81,8 @@ def provider():
 
 @pytest.fixture
 def legate_url(provider, tmp_path):
-    cfg = tmp_path / "legate.toml"
-    cfg.write_text(f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[providers.anthropic]
-kind = "anthropic"
-base_url = "{provider.url}"
-api_key_env = "ANTHROPIC_API_KEY"
-
-[providers.openai]
-kind = "openai"
-base_url = "{provider.url}"
-api_key_env = "OPENAI_API_KEY"
-""")
-    proc, line = _spawn(["serve", "--config", str(cfg)],
-                        env={"ANTHROPIC_API_KEY": PROVIDER_KEY, "OPENAI_API_KEY": PROVIDER_KEY})
-    yield next(w.strip("()") for w in line.split() if w.strip("()").startswith("http://"))
+    proc, served = start_legate(provider.url, tmp_path)
+    yield served.url
     _stop(proc)
 
 
