@@ -389,10 +389,12 @@ async fn raw_call(env: &harness::Env, head: &str) -> String {
 }
 
 #[tokio::test]
-async fn an_sdks_lines_reach_the_provider_as_written_but_never_a_credential_or_a_hop() {
+async fn an_sdks_lines_reach_the_provider_once_each_but_never_a_credential_or_a_hop() {
     let env = harness::start("").await;
     // As an SDK writes them (its case, its spacing), with the lines that must not go on
     // between them: the caller's credentials in two spellings, hop-by-hop lines, legate's own.
+    // The mock records names lower-cased and values trimmed, so this pins the set of lines
+    // and their count; `upstream_pool` pins the bytes as written.
     let head = "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\
         Accept-Encoding: gzip, deflate\r\nConnection: close\r\nUser-Agent: Anthropic/Python 2.14.0\r\n\
         X-Stainless-Lang:python\r\nanthropic-version:  2023-06-01\r\nX-API-KEY: client-dummy-key\r\n\
